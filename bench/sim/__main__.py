@@ -1,0 +1,106 @@
+"""``python -m bench.sim``: run one or several simulated vLLM engines on localhost."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from .params import PROFILES, EngineParams
+from .server import DEFAULT_MODEL, EngineSpec, parse_engines, serve_engine
+
+_PARAM_HELP = {
+    "max_num_seqs": "seats in the running batch (vLLM --max-num-seqs)",
+    "max_num_batched_tokens": "token budget of one step, prefill chunks included (vLLM --max-num-batched-tokens)",
+    "max_model_len": "longest prompt + output, in tokens (vLLM --max-model-len)",
+    "kv_cache_tokens": "KV-cache capacity in tokens",
+    "base_ms": "fixed cost of one step, ms",
+    "per_seq_ms": "cost of each sequence in a step, ms",
+    "per_context_token_ms": "attention cost per token of context a step reads, ms",
+    "prefill_tokens_per_ms": "prefill speed, tokens per ms (0 = free)",
+    "eos_probability": "chance per token that a sequence stops early (seeded; 0 = always run to max_tokens)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sim",
+        description="Simulated vLLM engines: OpenAI-compatible HTTP servers whose engine "
+        "models continuous batching on one GPU (an 8B model on an H100 by default).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    parser.add_argument("--port", type=int, default=8001, help="port of a single engine (default %(default)s)")
+    parser.add_argument(
+        "--profile", choices=sorted(PROFILES), default="latency", help="engine profile of a single engine (default %(default)s)"
+    )
+    parser.add_argument(
+        "--engines",
+        metavar="PORT:PROFILE,...",
+        help="run several engines, e.g. 8001:latency,8002:throughput (overrides --port/--profile)",
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="served model name (default %(default)s)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="slow the simulated GPU down by this factor (10 = ten times slower) so big engines can be "
+        "saturated on few cores; /metrics reports the GPU's own, unscaled, timings (default %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of output text and EOS draws (default %(default)s)")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default %(default)s)")
+    group = parser.add_argument_group("engine parameters (override the profile's value for every engine)")
+    for field in dataclasses.fields(EngineParams):
+        group.add_argument(
+            "--" + field.name.replace("_", "-"),
+            type=type(field.default),
+            default=None,
+            help=_PARAM_HELP[field.name],
+        )
+    return parser
+
+
+async def _run(specs: Sequence[EngineSpec]) -> None:
+    async with trio.open_nursery() as nursery:
+        for spec in specs:
+            port = await nursery.start(serve_engine, spec)
+            print(f"{spec.name}: http://{spec.host}:{port}/v1  model={spec.model}  {spec.params}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    overrides = {
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(EngineParams)
+        if getattr(args, field.name) is not None
+    }
+    try:
+        pairs = parse_engines(args.engines) if args.engines else [(args.port, args.profile)]
+        specs = [
+            EngineSpec(
+                port=port,
+                params=PROFILES[profile].replace(**overrides),
+                host=args.host,
+                model=args.model,
+                time_scale=args.time_scale,
+                seed=args.seed,
+                name=f"{profile}@{port}",
+            )
+            for port, profile in pairs
+        ]
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        trio.run(_run, specs)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

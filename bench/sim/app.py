@@ -1,0 +1,373 @@
+"""The simulator's OpenAI-compatible API, free of any I/O.
+
+``SimApp.handle`` turns one HTTP request (method, path, headers, body) into a
+``SimResponse``: a complete body, or a ``TokenStream`` of SSE bytes. The socket
+server (``http.py``) and the in-process httpx transport (``transport.py``)
+both drive it, so tests without sockets see exactly what a socket client sees.
+
+Streams are framed by concatenating precomputed bytes: one chunk of bytes per
+engine step per connection, however many tokens it carries, and no JSON
+encoder on the per-token path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .engine import Engine, EngineRequestError, Sequence
+from .metrics import SimMetrics
+from .tokens import TOKEN_JSON, count_chat_tokens, count_text_tokens, detokenize
+
+JSON_HEADERS: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
+SSE_HEADERS: tuple[tuple[str, str], ...] = (
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+)
+
+
+class ApiError(Exception):
+    """A request the API refuses; rendered in vLLM's error shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+        return json.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": kind.get(self.status, "BadRequestError"),
+                    "param": self.param,
+                    "code": self.status,
+                }
+            }
+        ).encode()
+
+
+@dataclass
+class SimResponse:
+    """A response: either ``body`` or, for streams, ``stream``."""
+
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+    stream: TokenStream | None = None
+
+    @classmethod
+    def json(cls, status: int, payload: object, extra: list[tuple[str, str]] | None = None) -> SimResponse:
+        return cls(status, [*JSON_HEADERS, *(extra or [])], json.dumps(payload).encode())
+
+    @classmethod
+    def error(cls, error: ApiError) -> SimResponse:
+        return cls(error.status, list(JSON_HEADERS), error.body())
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """What the engine needs from a completion request."""
+
+    chat: bool
+    prompt_tokens: int
+    prompt_key: str
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    seed: int | None
+    min_tokens: int
+    ignore_eos: bool
+
+
+class TokenStream:
+    """SSE bytes of one streaming request; closing it early aborts the sequence."""
+
+    def __init__(self, engine: Engine, sequence: Sequence, *, chat: bool, model: str, include_usage: bool) -> None:
+        self._engine = engine
+        self._sequence = sequence
+        self._include_usage = include_usage
+        self._seen = 0
+        self._done = False
+        head = {
+            "id": ("chatcmpl-" if chat else "cmpl-") + sequence.request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
+        self._head = json.dumps(head, separators=(",", ":"))[:-1]  # without the closing brace
+        if chat:
+            self._token_prefix = f'data: {self._head},"choices":[{{"index":0,"delta":{{"content":'.encode()
+            self._token_suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+            self._pending = self._event({"choices": [_chat_choice({"role": "assistant", "content": ""}, None)]})
+        else:
+            self._token_prefix = f'data: {self._head},"choices":[{{"index":0,"text":'.encode()
+            self._token_suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
+            self._pending = b""
+        self._chat = chat
+
+    def __aiter__(self) -> TokenStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._pending:
+            pending, self._pending = self._pending, b""
+            return pending
+        if self._done:
+            raise StopAsyncIteration
+        sequence = self._sequence
+        await sequence.wait_for_tokens(self._seen)
+        ids = sequence.token_ids
+        fresh = ids[self._seen :]
+        self._seen = len(ids)
+        prefix, suffix = self._token_prefix, self._token_suffix
+        out = b"".join(prefix + TOKEN_JSON[i] + suffix for i in fresh)
+        if sequence.finished:
+            self._done = True
+            out += self._closing()
+        return out
+
+    async def aclose(self) -> None:
+        """Stop reading: a sequence still in the engine is aborted at once."""
+        self._done = True
+        self._engine.abort(self._sequence)
+
+    def _event(self, fields: Mapping[str, Any]) -> bytes:
+        return f"data: {self._head},{json.dumps(fields, separators=(',', ':'))[1:]}\n\n".encode()
+
+    def _closing(self) -> bytes:
+        sequence = self._sequence
+        reason = sequence.finish_reason
+        if reason == "abort":
+            return b""  # nobody is listening
+        if self._chat:
+            choice = _chat_choice({}, reason)
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+        out = self._event({"choices": [choice]})
+        if self._include_usage:
+            out += self._event({"choices": [], "usage": _usage(sequence)})
+        return out + b"data: [DONE]\n\n"
+
+
+def _chat_choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _usage(sequence: Sequence) -> dict[str, int]:
+    completion = len(sequence.token_ids)
+    return {
+        "prompt_tokens": sequence.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": sequence.prompt_tokens + completion,
+    }
+
+
+class SimApp:
+    """One engine's HTTP API: completions, models, health, tokenize, metrics."""
+
+    def __init__(self, engine: Engine, *, model: str, metrics: SimMetrics | None = None) -> None:
+        self.engine = engine
+        self.model = model
+        self.metrics = metrics if metrics is not None else SimMetrics(engine, model)
+        self._ids = itertools.count()
+        self._created = int(time.time())
+
+    async def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
+        """Answer one request. Never raises for bad input: that is a 4xx response."""
+        try:
+            if path in ("/v1/chat/completions", "/v1/completions"):
+                _require(method, "POST")
+                return await self._complete(path == "/v1/chat/completions", headers, body)
+            if path == "/v1/models":
+                _require(method, "GET")
+                return SimResponse.json(200, self._models())
+            if path == "/health":
+                return SimResponse(200)
+            if path == "/tokenize":
+                _require(method, "POST")
+                return SimResponse.json(200, self._tokenize(body))
+            if path == "/metrics":
+                _require(method, "GET")
+                return SimResponse(200, [("content-type", self.metrics.content_type)], self.metrics.render())
+            raise ApiError(404, f"no route for {path}")
+        except ApiError as error:
+            return SimResponse.error(error)
+
+    async def _complete(self, chat: bool, headers: Mapping[str, str], body: bytes) -> SimResponse:
+        parsed = self._parse(chat, _load_json(body))
+        request_id = headers.get("x-request-id") or f"sim-{next(self._ids)}"
+        try:
+            sequence = self.engine.submit(
+                parsed.prompt_tokens,
+                parsed.max_tokens,
+                prompt_key=parsed.prompt_key,
+                seed=parsed.seed,
+                min_tokens=parsed.min_tokens,
+                ignore_eos=parsed.ignore_eos,
+                request_id=request_id,
+            )
+        except EngineRequestError as error:
+            raise ApiError(400, str(error)) from None
+        echo = [("x-request-id", request_id)]
+        if parsed.stream:
+            stream = TokenStream(self.engine, sequence, chat=chat, model=self.model, include_usage=parsed.include_usage)
+            return SimResponse(200, [*SSE_HEADERS, *echo], stream=stream)
+        try:
+            await sequence.wait_finished()
+        finally:
+            # The caller went away (its cancel scope fired): free the GPU.
+            self.engine.abort(sequence)
+        return SimResponse.json(200, self._completion_body(chat, sequence), echo)
+
+    def _completion_body(self, chat: bool, sequence: Sequence) -> dict[str, Any]:
+        text = detokenize(sequence.token_ids)
+        reason = sequence.finish_reason
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {
+            "id": ("chatcmpl-" if chat else "cmpl-") + sequence.request_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": _usage(sequence),
+        }
+
+    def _parse(self, chat: bool, request: dict[str, Any]) -> _Parsed:
+        model = request.get("model", self.model)
+        if model != self.model:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+        if chat:
+            contents = _message_contents(request.get("messages"))
+            prompt_tokens = count_chat_tokens(contents)
+            prompt_key = "\x00".join(contents)
+        else:
+            prompt_tokens, prompt_key = _prompt_tokens(request.get("prompt"))
+        max_tokens = _optional_int(request, "max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = _optional_int(request, "max_tokens")
+        if max_tokens is not None and max_tokens < 1:
+            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+        n = _optional_int(request, "n")
+        if n not in (None, 1):
+            raise ApiError(400, "the simulator supports n=1 only", param="n")
+        stream = _optional_bool(request, "stream")
+        options = request.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise ApiError(400, "stream_options must be an object", param="stream_options")
+        include_usage = _optional_bool(options, "include_usage")
+        return _Parsed(
+            chat=chat,
+            prompt_tokens=prompt_tokens,
+            prompt_key=prompt_key,
+            max_tokens=max_tokens,
+            stream=stream,
+            include_usage=include_usage,
+            seed=_optional_int(request, "seed"),
+            min_tokens=_optional_int(request, "min_tokens") or 0,
+            ignore_eos=_optional_bool(request, "ignore_eos"),
+        )
+
+    def _models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model,
+                    "object": "model",
+                    "created": self._created,
+                    "owned_by": "tailguard-sim",
+                    "max_model_len": self.engine.params.max_model_len,
+                }
+            ],
+        }
+
+    def _tokenize(self, body: bytes) -> dict[str, Any]:
+        request = _load_json(body)
+        if "messages" in request:
+            count = count_chat_tokens(_message_contents(request["messages"]))
+        else:
+            count, _ = _prompt_tokens(request.get("prompt"))
+        # Ids are positions, not a real vocabulary: only the count is meaningful.
+        return {"count": count, "max_model_len": self.engine.params.max_model_len, "tokens": list(range(count))}
+
+
+def _require(method: str, expected: str) -> None:
+    if method != expected:
+        raise ApiError(405, f"use {expected} for this path")
+
+
+def _load_json(body: bytes) -> dict[str, Any]:
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ApiError(400, f"the body is not valid JSON: {error}") from None
+    if not isinstance(request, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return request
+
+
+def _message_contents(messages: object) -> list[str]:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    contents: list[str] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ApiError(400, f"messages[{index}] must be an object with a string role", param="messages")
+        content = message.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                    raise ApiError(400, f"messages[{index}].content parts must be text parts", param="messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{index}].content must be a string or a list of parts", param="messages")
+        contents.append(content)
+    return contents
+
+
+def _prompt_tokens(prompt: object) -> tuple[int, str]:
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return max(1, count_text_tokens(prompt)), prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return len(prompt), ",".join(map(str, prompt))
+    raise ApiError(400, "prompt must be a string, a one-element list of strings, or a list of token ids", param="prompt")
+
+
+def _optional_int(request: Mapping[str, Any], key: str) -> int | None:
+    value = request.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{key} must be an integer, got {json.dumps(value)}", param=key)
+    return value
+
+
+def _optional_bool(request: Mapping[str, Any], key: str) -> bool:
+    value = request.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key} must be a boolean, got {json.dumps(value)}", param=key)
+    return value
+

@@ -1,0 +1,405 @@
+"""A continuous-batching engine that behaves like one GPU running vLLM, in Trio time.
+
+The engine is a plain object with one task (``run``) that loops over steps:
+
+1. Schedule (vLLM v1 with chunked prefill, decodes first):
+   every decoding sequence gets one token; then sequences still prefilling get
+   chunks from what is left of ``max_num_batched_tokens``; then waiting
+   sequences are admitted first-come-first-served while a seat
+   (``max_num_seqs``), step budget and KV cache for their whole prompt are
+   free. The head of the queue blocks the rest, as in vLLM's FCFS policy.
+2. Sleep the step's duration (``EngineParams.step_ms`` x ``time_scale``).
+3. Every sequence whose prefill is complete emits one token; sequences that
+   reach ``max_tokens``, the context limit or a (seeded) EOS finish.
+
+KV cache is reserved for a prompt at admission and grows by one token per
+decode. When a decode finds the cache full, the newest running sequence is
+preempted: its cache is freed and it goes back to the head of the queue to
+recompute its prompt plus what it has generated (vLLM's recompute mode).
+
+A consumer that goes away calls ``abort``: the sequence leaves the batch and
+frees its seat and cache at once, so the next step no longer carries it.
+
+Time is read only through ``trio.current_time()``, so under
+``trio.testing.MockClock(autojump_threshold=0)`` an hour of traffic runs in
+seconds and every number is deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from .params import EngineParams
+from .tokens import VOCABULARY_SIZE, output_rng
+
+
+class EngineRequestError(ValueError):
+    """The request cannot run on this engine (vLLM answers these with 400)."""
+
+
+@dataclass(frozen=True)
+class EngineStatistics:
+    """A snapshot of the engine, in the terms vLLM's /metrics uses."""
+
+    running: int
+    waiting: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    steps: int
+    preemptions: int
+    finished_total: int
+    aborted_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    max_running_seen: int
+    max_kv_used_seen: int
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV cache in use (vLLM's gpu_cache_usage_perc, 0..1)."""
+        return self.kv_used_tokens / self.kv_capacity_tokens
+
+
+class Sequence:
+    """One request inside the engine: its progress, its output, its timings.
+
+    Timestamps are raw Trio times; divide intervals by the engine's
+    ``time_scale`` to get the GPU's own (unscaled) view.
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt_tokens",
+        "max_tokens",
+        "min_tokens",
+        "ignore_eos",
+        "arrival",
+        "first_token_at",
+        "finished_at",
+        "finish_reason",
+        "token_ids",
+        "preemptions",
+        "_rng",
+        "_prefill_target",
+        "_computed",
+        "_kv_held",
+        "_arrival_seq",
+        "_lot",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        rng: random.Random,
+        *,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        arrival: float,
+        arrival_seq: int,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self.ignore_eos = ignore_eos
+        self.arrival = arrival
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.finish_reason: str | None = None
+        self.token_ids: list[int] = []
+        self.preemptions = 0
+        self._rng = rng
+        self._prefill_target = prompt_tokens
+        self._computed = 0
+        self._kv_held = 0
+        self._arrival_seq = arrival_seq
+        self._lot = trio.lowlevel.ParkingLot()
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    async def wait_for_tokens(self, seen: int) -> None:
+        """Return once there are more than ``seen`` tokens or the sequence ended."""
+        while len(self.token_ids) <= seen and self.finish_reason is None:
+            await self._lot.park()
+
+    async def wait_finished(self) -> None:
+        """Return once the sequence has ended (finished or aborted)."""
+        while self.finish_reason is None:
+            await self._lot.park()
+
+    def _wake(self) -> None:
+        if self._lot:
+            self._lot.unpark_all()
+
+
+FinishHook = Callable[[Sequence], None]
+
+
+class Engine:
+    """One simulated GPU running vLLM. Start ``run`` in a nursery, then ``submit``."""
+
+    def __init__(
+        self,
+        params: EngineParams,
+        *,
+        time_scale: float = 1.0,
+        seed: int = 0,
+        name: str = "engine",
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
+        self.params = params
+        self.time_scale = time_scale
+        self.seed = seed
+        self.name = name
+        self._finish_hooks: list[FinishHook] = []
+        self._waiting: deque[Sequence] = deque()
+        self._waiting_count = 0
+        self._running: list[Sequence] = []
+        self._kv_used = 0
+        self._work = trio.lowlevel.ParkingLot()
+        self._arrivals = itertools.count()
+        self._ids = itertools.count()
+        self._steps = 0
+        self._preemptions = 0
+        self._finished_total = 0
+        self._aborted_total = 0
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+        self._max_running_seen = 0
+        self._max_kv_used_seen = 0
+
+    # -- public surface -------------------------------------------------
+
+    def add_finish_hook(self, hook: FinishHook) -> None:
+        """Call ``hook(sequence)`` whenever a sequence ends (metrics use this)."""
+        self._finish_hooks.append(hook)
+
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        *,
+        prompt_key: str = "",
+        seed: int | None = None,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        request_id: str | None = None,
+    ) -> Sequence:
+        """Queue a request; returns its sequence. ``max_tokens=None`` fills the context.
+
+        Raises EngineRequestError when prompt plus max_tokens exceed
+        ``max_model_len`` (vLLM's 400), or a count is out of range.
+        """
+        limit = self.params.max_model_len
+        if prompt_tokens < 1:
+            raise EngineRequestError("the prompt must contain at least one token")
+        if max_tokens is None:
+            max_tokens = limit - prompt_tokens
+        if max_tokens < 1:
+            raise EngineRequestError(f"max_tokens must be at least 1, got {max_tokens}")
+        if prompt_tokens + max_tokens > limit:
+            raise EngineRequestError(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"messages, {max_tokens} in the completion). Please reduce the length "
+                "of the messages or completion."
+            )
+        if min_tokens < 0 or min_tokens > max_tokens:
+            raise EngineRequestError(f"min_tokens must be in [0, max_tokens], got {min_tokens}")
+        rng = output_rng(self.seed if seed is None else seed, prompt_key)
+        sequence = Sequence(
+            request_id if request_id is not None else f"{self.name}-{next(self._ids)}",
+            prompt_tokens,
+            max_tokens,
+            rng,
+            min_tokens=min_tokens,
+            ignore_eos=ignore_eos,
+            arrival=trio.current_time(),
+            arrival_seq=next(self._arrivals),
+        )
+        self._waiting.append(sequence)
+        self._waiting_count += 1
+        self._prompt_tokens_total += prompt_tokens
+        self._work.unpark_all()
+        return sequence
+
+    def abort(self, sequence: Sequence) -> None:
+        """Drop a sequence at once: its seat and KV cache are free for the next step."""
+        if sequence.finished:
+            return
+        if sequence._kv_held:  # running sequences always hold cache
+            self._running.remove(sequence)
+            self._release_kv(sequence)
+        else:
+            self._waiting_count -= 1  # removed lazily from the deque
+        self._aborted_total += 1
+        self._end(sequence, "abort")
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(
+            running=len(self._running),
+            waiting=self._waiting_count,
+            kv_used_tokens=self._kv_used,
+            kv_capacity_tokens=self.params.kv_cache_tokens,
+            steps=self._steps,
+            preemptions=self._preemptions,
+            finished_total=self._finished_total,
+            aborted_total=self._aborted_total,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+            max_running_seen=self._max_running_seen,
+            max_kv_used_seen=self._max_kv_used_seen,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The engine loop: schedule, sleep the step's duration, emit tokens. Runs forever."""
+        task_status.started()
+        step_end = trio.current_time()
+        while True:
+            if not self._running and not self._waiting_count:
+                await self._work.park()
+                step_end = trio.current_time()
+                continue
+            plan, step_ms = self._schedule()
+            if not plan:
+                # Nothing fits (e.g. the queue head needs KV that running
+                # sequences hold, and none of them can decode): wait for change.
+                await self._work.park()
+                step_end = trio.current_time()
+                continue
+            # Steps are laid end to end on the engine's own timeline, so the
+            # simulator's CPU time does not slow the simulated GPU down.
+            step_end = max(step_end, trio.current_time() - 0.05) + step_ms / 1000 * self.time_scale
+            await trio.sleep_until(step_end)
+            self._complete(plan)
+
+    # -- the step -----------------------------------------------------
+
+    def _schedule(self) -> tuple[list[tuple[Sequence, int]], float]:
+        """Pick this step's sequences and token counts; reserve their KV."""
+        params = self.params
+        budget = params.max_num_batched_tokens
+        plan: list[tuple[Sequence, int]] = []
+        prefill_tokens = 0
+        context_tokens = 0
+
+        # Decodes first: one token each, growing the cache by one.
+        for sequence in list(self._running):
+            # A preempted sequence holds no cache; it left the batch above.
+            if not sequence._kv_held or sequence._computed < sequence._prefill_target:
+                continue
+            if budget < 1:
+                break
+            while self._kv_used + 1 > params.kv_cache_tokens and sequence._kv_held:
+                self._preempt(self._running[-1])
+            if not sequence._kv_held:
+                continue
+            self._kv_used += 1
+            sequence._kv_held += 1
+            budget -= 1
+            plan.append((sequence, 1))
+            context_tokens += sequence._computed + 1
+
+        # Then sequences part-way through a chunked prefill.
+        for sequence in self._running:
+            remaining = sequence._prefill_target - sequence._computed
+            if remaining <= 0 or budget < 1:
+                continue
+            chunk = min(remaining, budget)
+            budget -= chunk
+            prefill_tokens += chunk
+            plan.append((sequence, chunk))
+            context_tokens += sequence._computed + chunk
+
+        # Then new sequences, first come first served.
+        while self._waiting and budget >= 1 and len(self._running) < params.max_num_seqs:
+            head = self._waiting[0]
+            if head.finished:  # aborted while waiting
+                self._waiting.popleft()
+                continue
+            if self._kv_used + head._prefill_target > params.kv_cache_tokens:
+                break
+            self._waiting.popleft()
+            self._waiting_count -= 1
+            self._running.append(head)
+            self._kv_used += head._prefill_target
+            head._kv_held = head._prefill_target
+            chunk = min(head._prefill_target, budget)
+            budget -= chunk
+            prefill_tokens += chunk
+            plan.append((head, chunk))
+            context_tokens += chunk
+
+        self._max_running_seen = max(self._max_running_seen, len(self._running))
+        self._max_kv_used_seen = max(self._max_kv_used_seen, self._kv_used)
+        step_ms = params.step_ms(len(plan), prefill_tokens, context_tokens) if plan else 0.0
+        return plan, step_ms
+
+    def _complete(self, plan: list[tuple[Sequence, int]]) -> None:
+        """End of a step: advance every scheduled sequence, emit and finish."""
+        self._steps += 1
+        now = trio.current_time()
+        params = self.params
+        for sequence, tokens in plan:
+            if sequence.finished:  # aborted during the step
+                continue
+            sequence._computed += tokens
+            if sequence._computed < sequence._prefill_target:
+                continue
+            sequence.token_ids.append(sequence._rng.randrange(VOCABULARY_SIZE))
+            self._generation_tokens_total += 1
+            produced = len(sequence.token_ids)
+            if sequence.first_token_at is None:
+                sequence.first_token_at = now
+            if produced >= sequence.max_tokens or sequence.prompt_tokens + produced >= params.max_model_len:
+                self._finish(sequence, "length")
+            elif (
+                params.eos_probability
+                and not sequence.ignore_eos
+                and produced >= sequence.min_tokens
+                and sequence._rng.random() < params.eos_probability
+            ):
+                self._finish(sequence, "stop")
+            else:
+                sequence._wake()
+
+    def _finish(self, sequence: Sequence, reason: str) -> None:
+        self._running.remove(sequence)
+        self._release_kv(sequence)
+        self._finished_total += 1
+        self._end(sequence, reason)
+
+    def _end(self, sequence: Sequence, reason: str) -> None:
+        sequence.finish_reason = reason
+        sequence.finished_at = trio.current_time()
+        sequence._wake()
+        for hook in self._finish_hooks:
+            hook(sequence)
+        if reason == "abort":
+            self._work.unpark_all()
+
+    def _release_kv(self, sequence: Sequence) -> None:
+        self._kv_used -= sequence._kv_held
+        sequence._kv_held = 0
+
+    def _preempt(self, victim: Sequence) -> None:
+        """Free a running sequence's cache; it recomputes from the queue's head."""
+        self._running.remove(victim)
+        self._release_kv(victim)
+        victim._prefill_target = victim.prompt_tokens + len(victim.token_ids)
+        victim._computed = 0
+        victim.preemptions += 1
+        self._preemptions += 1
+        self._waiting.appendleft(victim)
+        self._waiting_count += 1

@@ -1,0 +1,80 @@
+"""Engine parameters and the named profiles, calibrated to an 8B model on one H100.
+
+The cost model of one engine step (one forward pass of a continuous batch):
+
+    step_ms = base_ms
+            + per_seq_ms * sequences in the step
+            + prefill tokens in the step / prefill_tokens_per_ms
+            + per_context_token_ms * tokens of context the step attends to
+
+The figures are derived in the README ("Simulator calibration"): decode steps
+of ~7.8 ms at batch 1 and ~29 ms at batch 256 with ~1k tokens of context per
+sequence, prefill at ~25k tokens/s, ~400k tokens of KV cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """What one simulated GPU running vLLM can do, and how fast."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 32768
+    kv_cache_tokens: int = 400_000
+    base_ms: float = 7.7
+    per_seq_ms: float = 0.033
+    per_context_token_ms: float = 0.00005
+    prefill_tokens_per_ms: float = 25.0
+    eos_probability: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("base_ms", "per_seq_ms", "per_context_token_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.prefill_tokens_per_ms < 0:
+            raise ValueError("prefill_tokens_per_ms must not be negative (0 means instant prefill)")
+        if not 0.0 <= self.eos_probability < 1.0:
+            raise ValueError(f"eos_probability must be in [0, 1), got {self.eos_probability}")
+        if self.kv_cache_tokens < self.max_model_len:
+            raise ValueError("kv_cache_tokens must hold at least one max_model_len sequence")
+
+    def step_ms(self, sequences: int, prefill_tokens: int, context_tokens: int) -> float:
+        """Duration of one step that runs ``sequences`` with these token counts."""
+        prefill = prefill_tokens / self.prefill_tokens_per_ms if self.prefill_tokens_per_ms else 0.0
+        return (
+            self.base_ms
+            + self.per_seq_ms * sequences
+            + prefill
+            + self.per_context_token_ms * context_tokens
+        )
+
+    def replace(self, **changes: object) -> EngineParams:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+PROFILES: dict[str, EngineParams] = {
+    # Few seats and a small step budget: a long prompt can stall a step for at
+    # most 2048/25 = 82 ms, and a full batch of 64 decodes in ~13 ms a token.
+    "latency": EngineParams(max_num_seqs=64, max_num_batched_tokens=2048),
+    # vLLM's H100 defaults: many seats, big prefill chunks, slower tokens.
+    "throughput": EngineParams(max_num_seqs=256, max_num_batched_tokens=8192),
+    # No GPU cost at all: for measuring the router's own overhead.
+    "instant": EngineParams(
+        max_num_seqs=1024,
+        max_num_batched_tokens=1 << 20,
+        base_ms=0.0,
+        per_seq_ms=0.0,
+        per_context_token_ms=0.0,
+        prefill_tokens_per_ms=0.0,
+        kv_cache_tokens=1 << 26,
+    ),
+}

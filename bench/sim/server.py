@@ -1,0 +1,55 @@
+"""Run simulated engines behind sockets: one engine, one port, one API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from .app import SimApp
+from .engine import Engine
+from .http import serve
+from .params import PROFILES, EngineParams
+
+DEFAULT_MODEL = "sim-llama-3.1-8b"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Where one engine listens and what it simulates."""
+
+    port: int
+    params: EngineParams
+    host: str = "127.0.0.1"
+    model: str = DEFAULT_MODEL
+    time_scale: float = 1.0
+    seed: int = 0
+    name: str = "engine"
+
+
+def parse_engines(text: str) -> list[tuple[int, str]]:
+    """Parse ``8001:latency,8002:throughput`` into (port, profile) pairs."""
+    pairs: list[tuple[int, str]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        port_text, _, profile = item.partition(":")
+        profile = profile or "latency"
+        if profile not in PROFILES:
+            raise ValueError(f"unknown profile {profile!r} in {item!r}; choose from {', '.join(PROFILES)}")
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise ValueError(f"bad port {port_text!r} in {item!r}") from None
+        pairs.append((port, profile))
+    if not pairs:
+        raise ValueError("no engines given")
+    return pairs
+
+
+async def serve_engine(spec: EngineSpec, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run one engine and its HTTP API until cancelled; reports the bound port."""
+    engine = Engine(spec.params, time_scale=spec.time_scale, seed=spec.seed, name=spec.name)
+    app = SimApp(engine, model=spec.model)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        port = await nursery.start(serve, app.handle, spec.host, spec.port)
+        task_status.started(port)

@@ -1,0 +1,83 @@
+"""The simulator's tokenizer rule and its deterministic output text.
+
+Token counting ("the backend's truth", deliberately not the router's
+estimate): every CJK character is one token; all other text costs one token
+per 4 UTF-8 bytes, rounded up per text. A chat prompt adds 4 tokens per
+message (role and separators) and 3 for the assistant's turn, like Llama-3's
+template. Output tokens come from a fixed vocabulary of words, each a token
+that decodes to " word", drawn from a generator seeded by the request.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from collections.abc import Sequence
+
+PER_MESSAGE_TOKENS = 4
+ASSISTANT_PRIMING_TOKENS = 3
+
+_CJK_RANGES = (
+    (0x3040, 0x30FF),  # Hiragana, Katakana
+    (0x3400, 0x4DBF),  # CJK Extension A
+    (0x4E00, 0x9FFF),  # CJK Unified Ideographs
+    (0xAC00, 0xD7AF),  # Hangul syllables
+    (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0xFF00, 0xFFEF),  # full-width forms
+    (0x20000, 0x2FA1F),  # Extensions B..F and supplements
+)
+
+
+def is_cjk(char: str) -> bool:
+    """Whether the tokenizer rule counts this character as a whole token."""
+    code = ord(char)
+    return any(low <= code <= high for low, high in _CJK_RANGES)
+
+
+def count_text_tokens(text: str) -> int:
+    """Tokens of one text: CJK characters one each, the rest 4 UTF-8 bytes each."""
+    if text.isascii():
+        return (len(text) + 3) // 4
+    cjk = 0
+    other_bytes = 0
+    for char in text:
+        if is_cjk(char):
+            cjk += 1
+        else:
+            other_bytes += len(char.encode("utf-8"))
+    return cjk + (other_bytes + 3) // 4
+
+
+def count_chat_tokens(contents: Sequence[str]) -> int:
+    """Tokens of a chat prompt given its messages' contents, template included."""
+    return sum(count_text_tokens(c) + PER_MESSAGE_TOKENS for c in contents) + ASSISTANT_PRIMING_TOKENS
+
+
+VOCABULARY: tuple[str, ...] = tuple(
+    """the of and to in is that for it as with was on be by at this are from or
+    an but not have which one all their were they has been more when will there
+    would can its into time only new some could than other these two may first
+    then do any like my now over such our man me even most made after also did
+    many before must through back years where much your way well down should
+    because each just those people how too little state good very make world
+    still own see men work long get here between both life being under never day
+    same another know while last might us great old year off come since against
+    go came right used take three""".split()
+)
+VOCABULARY_SIZE = len(VOCABULARY)
+
+# Each token decodes to " word"; the JSON string literal is precomputed so the
+# server can frame SSE events by concatenating bytes.
+TOKEN_TEXT: tuple[str, ...] = tuple(" " + word for word in VOCABULARY)
+TOKEN_JSON: tuple[bytes, ...] = tuple(json.dumps(text).encode() for text in TOKEN_TEXT)
+
+
+def output_rng(seed: int, prompt_key: str) -> random.Random:
+    """The generator behind one request's output: same seed and prompt, same text."""
+    return random.Random((seed << 32) ^ zlib.crc32(prompt_key.encode("utf-8", "surrogatepass")))
+
+
+def detokenize(token_ids: Sequence[int]) -> str:
+    """The text of a run of output tokens."""
+    return "".join(TOKEN_TEXT[i] for i in token_ids)

@@ -1,0 +1,124 @@
+"""Every error the router core raises, named for what the caller should do.
+
+The core knows nothing of HTTP or gRPC; each front end maps these classes to
+its own status codes (``server/errors_map.py``) using the table in DESIGN.md.
+
+    TailguardError
+    ├── RequestRejected              the caller must change the request; retrying is useless
+    │   ├── InvalidRequest           malformed or out-of-range field
+    │   ├── PromptTooLong            estimated prompt over the input cap (or the model's context)
+    │   ├── MaxTokensTooLarge        max_tokens over the output cap in "reject" mode
+    │   ├── ModelNotFound            no pool serves the requested model
+    │   ├── Unauthenticated          missing or unknown API key
+    │   └── Forbidden                the key may not do this (e.g. force a class)
+    ├── Overloaded                   try again later; carries ``retry_after`` seconds
+    │   ├── QueueFull                the pool's wait queue is at its bound
+    │   ├── QueueTimeout             waited the class's queue deadline without a slot
+    │   ├── NoBackend                no healthy endpoint in the pool
+    │   └── Draining                 the process is shutting down
+    ├── DeadlineExceeded             the request's end-to-end deadline passed
+    └── BackendError                 the inference server failed the request
+        ├── BackendRejected          it answered 4xx: the caller's fault, passed through
+        └── BackendUnavailable       it answered 5xx or could not be reached
+"""
+
+from __future__ import annotations
+
+
+class TailguardError(Exception):
+    """Base of every error the router raises on purpose.
+
+    ``param`` names the offending request field when there is one, so a
+    front end can fill OpenAI's ``error.param``.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class RequestRejected(TailguardError):
+    """The request itself is wrong; the same request will fail again."""
+
+
+class InvalidRequest(RequestRejected):
+    """A field is missing, of the wrong type, or out of range."""
+
+
+class PromptTooLong(RequestRejected):
+    """The prompt's estimated size is over the input cap or the model's context."""
+
+
+class MaxTokensTooLarge(RequestRejected):
+    """``max_tokens`` is over the output cap and the cap is configured to reject."""
+
+
+class ModelNotFound(RequestRejected):
+    """No pool serves the model the request names."""
+
+
+class Unauthenticated(RequestRejected):
+    """The API key is missing or unknown."""
+
+
+class Forbidden(RequestRejected):
+    """The API key is known but may not do what the request asks."""
+
+
+class Overloaded(TailguardError):
+    """The request is fine but cannot be served now; retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFull(Overloaded):
+    """The pool's wait queue is at its bound; rejected at once."""
+
+
+class QueueTimeout(Overloaded):
+    """The request waited its class's queue deadline without getting a slot."""
+
+
+class NoBackend(Overloaded):
+    """The pool has no healthy endpoint to send the request to."""
+
+
+class Draining(Overloaded):
+    """The process is shutting down and admits no new requests."""
+
+
+class DeadlineExceeded(TailguardError):
+    """The request's end-to-end deadline passed before it finished."""
+
+
+class BackendError(TailguardError):
+    """The inference server failed the request."""
+
+
+class BackendRejected(BackendError):
+    """The backend answered 4xx: passed through to the caller as it came."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        error_type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.status = status
+        self.error_type = error_type
+        self.code = code
+
+
+class BackendUnavailable(BackendError):
+    """The backend answered 5xx, broke the connection, or could not be reached."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
