@@ -1,0 +1,252 @@
+"""A priority + deadline wait queue for a resource handed out by a callback.
+
+The owner (the GPU pool) decides *whether* a resource is free through its
+``grant()`` callback; this queue only decides *who* gets it next: the lowest
+priority number first, first come first served within a number.
+
+The hand-off is race-free because a parked task leaves the queue
+synchronously, in the abort callback trio runs the moment the task is
+cancelled or its deadline passes. So :meth:`WaitQueue.dispatch` can never
+hand a resource to a task that will not receive it, and every value
+``grant()`` returns reaches exactly one caller.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Generic, TypeVar
+
+import outcome
+import trio
+
+from .errors import QueueFull, QueueTimeout
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WaitQueueStatistics:
+    """A snapshot of a :class:`WaitQueue`, read by tests and metrics.
+
+    ``granted_total`` counts only resources handed to parked waiters, not the
+    fast path; ``rejected_full_total`` counts every :exc:`QueueFull`,
+    displaced waiters included.
+    """
+
+    waiting: int
+    max_waiting: int
+    waiting_by_priority: Mapping[int, int]
+    granted_total: int
+    timed_out_total: int
+    rejected_full_total: int
+
+
+class _Waiter:
+    """One parked ``get()``; ``alive`` turns False the moment it leaves."""
+
+    __slots__ = ("alive", "priority", "retry_after", "since", "task")
+
+    def __init__(
+        self, task: trio.lowlevel.Task, priority: int, retry_after: float, since: float
+    ) -> None:
+        self.task = task
+        self.priority = priority
+        self.retry_after = retry_after
+        self.since = since
+        self.alive = True
+
+
+# (sort key, arrival sequence or its negation, waiter)
+_Entry = tuple[int, int, _Waiter]
+
+
+def _peek(heap: list[_Entry]) -> _Waiter | None:
+    """The first live waiter of ``heap``, dropping dead entries on the way."""
+    while heap:
+        waiter = heap[0][2]
+        if waiter.alive:
+            return waiter
+        heapq.heappop(heap)
+    return None
+
+
+def _pruned(heap: list[_Entry]) -> list[_Entry]:
+    live = [entry for entry in heap if entry[2].alive]
+    heapq.heapify(live)
+    return live
+
+
+class WaitQueue(Generic[T]):
+    """Tasks waiting for a resource that ``grant()`` hands out, best first.
+
+    ``grant()`` returns a resource, or None when none is free (so ``T`` must
+    not itself include None). The owner calls :meth:`dispatch` whenever one
+    may have become free. At most ``max_waiting`` tasks park at once; past
+    that a more urgent arrival displaces the least urgent waiter, and any
+    other arrival is rejected with :exc:`QueueFull`.
+    """
+
+    def __init__(self, grant: Callable[[], T | None], *, max_waiting: int) -> None:
+        self._grant = grant
+        self.max_waiting = max_waiting
+        self._arrivals = itertools.count()
+        # Both heaps hold every parked waiter: best first by (priority,
+        # arrival) for dispatch, worst first for displacement. Leaving only
+        # marks the waiter dead (as trio's Deadlines does); dead entries are
+        # skipped when they surface and pruned once they are the majority.
+        self._best: list[_Entry] = []
+        self._worst: list[_Entry] = []
+        self._by_priority: dict[int, int] = {}
+        self._waiting = 0
+        self._granted_total = 0
+        self._timed_out_total = 0
+        self._rejected_full_total = 0
+
+    @property
+    def max_waiting(self) -> int:
+        """The bound on parked tasks; lowering it evicts no one already parked."""
+        return self._max_waiting
+
+    @max_waiting.setter
+    def max_waiting(self, value: int) -> None:
+        if value < 0:
+            raise ValueError(f"max_waiting must be >= 0, not {value}")
+        self._max_waiting = value
+
+    @trio.lowlevel.enable_ki_protection
+    def get_nowait(self, priority: int) -> T:
+        """Take a resource if one is free and no one as urgent is waiting.
+
+        Raises:
+          trio.WouldBlock: if a waiter with priority <= ``priority`` is
+            parked, or ``grant()`` has nothing to give.
+        """
+        best = _peek(self._best)
+        if best is not None and best.priority <= priority:
+            raise trio.WouldBlock
+        value = self._grant()
+        if value is None:
+            raise trio.WouldBlock
+        return value
+
+    @trio.lowlevel.enable_ki_protection
+    async def get(self, priority: int, deadline: float, *, retry_after: float) -> T:
+        """Take a resource, waiting in line until ``deadline`` if none is free.
+
+        ``deadline`` is absolute, in :func:`trio.current_time` units;
+        ``retry_after`` is the hint carried by the errors below.
+
+        Raises:
+          QueueFull: if the queue is at its bound and no less urgent waiter
+            can be displaced, or if this waiter is itself displaced.
+          QueueTimeout: if ``deadline`` passes before a resource is free.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            value = self.get_nowait(priority)
+        except trio.WouldBlock:
+            pass
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return value
+
+        now = trio.current_time()
+        if deadline <= now:
+            # Don't displace anyone for a request that cannot wait at all.
+            self._timed_out_total += 1
+            raise QueueTimeout(
+                f"queue deadline already passed and no slot is free; "
+                f"retry after {retry_after:g} s",
+                retry_after=retry_after,
+            )
+        if self._waiting >= self._max_waiting:
+            self._make_room(priority, retry_after)
+
+        waiter = _Waiter(trio.lowlevel.current_task(), priority, retry_after, now)
+        arrival = next(self._arrivals)
+        heapq.heappush(self._best, (priority, arrival, waiter))
+        heapq.heappush(self._worst, (-priority, -arrival, waiter))
+        self._waiting += 1
+        self._by_priority[priority] = self._by_priority.get(priority, 0) + 1
+
+        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            self._remove(waiter)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        with trio.move_on_at(deadline):
+            granted: T = await trio.lowlevel.wait_task_rescheduled(abort)
+            return granted
+        # Only our own deadline lands here; outer cancellation propagates.
+        self._timed_out_total += 1
+        raise QueueTimeout(
+            f"waited {trio.current_time() - now:.1f} s in the queue without a free "
+            f"slot; retry after {retry_after:g} s",
+            retry_after=retry_after,
+        )
+
+    @trio.lowlevel.enable_ki_protection
+    def dispatch(self) -> None:
+        """Hand resources to the best waiters until ``grant()`` runs dry.
+
+        The owner calls this whenever room may have appeared: a resource
+        released, a cap raised, an endpoint healthy again. Never blocks.
+        """
+        while (waiter := _peek(self._best)) is not None:
+            value = self._grant()
+            if value is None:
+                return
+            self._remove(waiter)
+            self._granted_total += 1
+            trio.lowlevel.reschedule(waiter.task, outcome.Value(value))
+
+    def statistics(self) -> WaitQueueStatistics:
+        """Return a snapshot of the queue's size and counters."""
+        return WaitQueueStatistics(
+            waiting=self._waiting,
+            max_waiting=self._max_waiting,
+            waiting_by_priority=MappingProxyType(
+                dict(sorted(self._by_priority.items()))
+            ),
+            granted_total=self._granted_total,
+            timed_out_total=self._timed_out_total,
+            rejected_full_total=self._rejected_full_total,
+        )
+
+    def _make_room(self, priority: int, retry_after: float) -> None:
+        """Displace the least urgent waiter if it is less urgent than us.
+
+        Raises:
+          QueueFull: if no parked waiter is less urgent than ``priority``.
+        """
+        self._rejected_full_total += 1
+        worst = _peek(self._worst)
+        if worst is None or worst.priority <= priority:
+            raise QueueFull(
+                f"queue full: {self._waiting} requests already waiting; "
+                f"retry after {retry_after:g} s",
+                retry_after=retry_after,
+            )
+        self._remove(worst)
+        waited = trio.current_time() - worst.since
+        error = QueueFull(
+            f"queue full: displaced by a more urgent request after waiting "
+            f"{waited:.1f} s; retry after {worst.retry_after:g} s",
+            retry_after=worst.retry_after,
+        )
+        trio.lowlevel.reschedule(worst.task, outcome.Error(error))
+
+    def _remove(self, waiter: _Waiter) -> None:
+        """Take a parked waiter out of the line; its heap entries go stale."""
+        waiter.alive = False
+        self._waiting -= 1
+        left = self._by_priority.pop(waiter.priority) - 1
+        if left:
+            self._by_priority[waiter.priority] = left
+        if len(self._best) > 2 * self._waiting:
+            self._best = _pruned(self._best)
+        if len(self._worst) > 2 * self._waiting:
+            self._worst = _pruned(self._worst)

@@ -1,0 +1,25 @@
+"""Shared set-ups for tests that need simulated engines."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import trio
+
+from bench.sim import DEFAULT_MODEL, Engine, EngineParams, SimApp, SimTransport
+
+MODEL = DEFAULT_MODEL
+
+
+@asynccontextmanager
+async def in_process_engine(params: EngineParams, **kwargs: object) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
+    """An engine behind an httpx client with no sockets (works under MockClock)."""
+    engine = Engine(params, **kwargs)  # type: ignore[arg-type]
+    app = SimApp(engine, model=MODEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with httpx.AsyncClient(transport=SimTransport(app), base_url="http://sim") as client:
+            yield engine, client
+        nursery.cancel_scope.cancel()

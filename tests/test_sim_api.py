@@ -1,0 +1,249 @@
+"""The simulator's OpenAI API: shapes, errors, streaming, disconnects, metrics."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import trio
+import trio.testing
+
+from bench.sim import PROFILES, Engine, EngineParams, SimApp
+from bench.sim.http import serve
+
+from .sim_helpers import MODEL, in_process_engine
+
+FAST = PROFILES["latency"].replace(max_model_len=4096, kv_cache_tokens=100_000)
+
+
+def sse_events(text: str) -> list[str]:
+    return [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
+
+
+async def test_chat_stream_and_plain_agree(autojump_clock: trio.testing.MockClock) -> None:
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 12}
+    async with in_process_engine(FAST) as (_, client):
+        plain = (await client.post("/v1/chat/completions", json=request)).json()
+        streamed = await client.post(
+            "/v1/chat/completions", json={**request, "stream": True, "stream_options": {"include_usage": True}}
+        )
+    assert plain["object"] == "chat.completion"
+    assert plain["choices"][0]["finish_reason"] == "length"
+    assert plain["usage"] == {"prompt_tokens": 3 + 4 + 3, "completion_tokens": 12, "total_tokens": 22}
+    assert streamed.headers["content-type"] == "text/event-stream"
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert content == plain["choices"][0]["message"]["content"]
+    assert len(content.split()) == 12
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+async def test_completion_prompt_forms_and_token_rule(autojump_clock: trio.testing.MockClock) -> None:
+    async with in_process_engine(FAST) as (_, client):
+        text = (await client.post("/v1/completions", json={"model": MODEL, "prompt": "abcdefgh", "max_tokens": 3})).json()
+        listed = (await client.post("/v1/completions", json={"prompt": ["abcdefgh"], "max_tokens": 3})).json()
+        ids = (await client.post("/v1/completions", json={"prompt": [1, 2, 3, 4, 5], "max_tokens": 1})).json()
+        cjk = (await client.post("/tokenize", json={"prompt": "你好世界, hello"})).json()
+    assert text["object"] == "text_completion" and text["usage"]["prompt_tokens"] == 2
+    assert listed["choices"][0]["text"] == text["choices"][0]["text"]
+    assert ids["usage"]["prompt_tokens"] == 5
+    # Four CJK characters, one token each; ", hello" is 7 bytes, two tokens.
+    assert cjk["count"] == 6 and cjk["max_model_len"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"\xff\xfe\x00", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (json.dumps({"messages": []}).encode(), 400, "non-empty"),
+        (json.dumps({"prompt": "x"}).encode(), 400, "messages"),
+        (json.dumps({"messages": [{"content": "x"}]}).encode(), 400, "role"),
+        (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), 400, "content"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}).encode(), 400, "integer"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(), 400, "at least 1"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}).encode(), 400, "integer"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), 400, "boolean"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), 400, "n=1"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}).encode(), 400, "maximum context length is 4096"),
+        (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).encode(), 404, "does not exist"),
+    ],
+)
+async def test_bad_requests_get_vllm_style_errors(
+    autojump_clock: trio.testing.MockClock, body: bytes, status: int, needle: str
+) -> None:
+    async with in_process_engine(FAST) as (engine, client):
+        response = await client.post("/v1/chat/completions", content=body)
+        assert engine.statistics().waiting == 0 and engine.statistics().running == 0
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert needle in error["message"] and error["code"] == status
+
+
+async def test_routes_models_health_and_methods(autojump_clock: trio.testing.MockClock) -> None:
+    async with in_process_engine(FAST) as (_, client):
+        models = (await client.get("/v1/models")).json()
+        assert models["data"][0]["id"] == MODEL and models["data"][0]["max_model_len"] == 4096
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/v1/chat/completions")).status_code == 405
+        assert (await client.get("/nowhere")).status_code == 404
+
+
+async def test_metrics_use_vllm_names_and_move(autojump_clock: trio.testing.MockClock) -> None:
+    params = FAST.replace(max_num_seqs=1)
+    async with in_process_engine(params) as (engine, client):
+        async with trio.open_nursery() as nursery:
+            async def complete() -> None:
+                await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 50})
+
+            for _ in range(3):
+                nursery.start_soon(complete)
+            await trio.sleep(0.05)
+            busy = (await client.get("/metrics")).text
+            assert 'vllm:num_requests_running{model_name="sim-llama-3.1-8b"} 1.0' in busy
+            assert 'vllm:num_requests_waiting{model_name="sim-llama-3.1-8b"} 2.0' in busy
+            assert float(_metric(busy, "vllm:gpu_cache_usage_perc")) > 0
+        done = (await client.get("/metrics")).text
+        assert engine.statistics().finished_total == 3
+    assert _metric(done, "vllm:time_to_first_token_seconds_count") == "3.0"
+    assert _metric(done, "vllm:e2e_request_latency_seconds_count") == "3.0"
+    assert _metric(done, "vllm:generation_tokens_total") == "150.0"
+    assert _metric(done, "vllm:num_requests_running") == "0.0"
+
+
+def _metric(text: str, name: str) -> str:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return line.rsplit(" ", 1)[1]
+    raise AssertionError(f"{name} not in metrics")
+
+
+async def test_closing_an_in_process_stream_aborts_the_sequence(autojump_clock: trio.testing.MockClock) -> None:
+    async with in_process_engine(FAST) as (engine, client):
+        async with client.stream("POST", "/v1/completions", json={"prompt": "hi", "max_tokens": 1000, "stream": True}) as r:
+            async for _ in r.aiter_bytes():
+                if engine.statistics().generation_tokens_total >= 5:
+                    break
+        assert engine.statistics().running == 0
+        assert engine.statistics().aborted_total == 1
+
+
+async def test_socket_client_disconnect_frees_the_seat_within_a_step() -> None:
+    params = FAST.replace(max_num_seqs=2)
+    engine = Engine(params)
+    app = SimApp(engine, model=MODEL)
+    aborted = trio.Event()
+    engine.add_finish_hook(lambda s: aborted.set() if s.finish_reason == "abort" else None)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            port = await nursery.start(serve, app.handle, "127.0.0.1", 0)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                for body in ({"prompt": "x", "max_tokens": 3000, "stream": True}, {"prompt": "x", "max_tokens": 3000}):
+                    aborted = trio.Event()
+                    with trio.move_on_after(0.3):  # hang up mid-generation
+                        async with client.stream("POST", "/v1/completions", json=body) as response:
+                            async for _ in response.aiter_bytes():
+                                pass
+                    await aborted.wait()
+                    stats = engine.statistics()
+                    assert stats.running == 0 and stats.kv_used_tokens == 0
+            assert engine.statistics().aborted_total == 2
+            nursery.cancel_scope.cancel()
+
+
+async def test_socket_server_refuses_oversize_and_garbage() -> None:
+    engine = Engine(FAST)
+    app = SimApp(engine, model=MODEL)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            port = await nursery.start(serve, app.handle, "127.0.0.1", 0)
+            for raw, expected in [
+                (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n", b"413"),
+                (b"GARBAGE\r\n\r\n", b"400"),
+            ]:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(raw)
+                reply = b""
+                while chunk := await stream.receive_some(65536):
+                    reply += chunk
+                assert reply.split(b" ", 2)[1] == expected
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_openai_sdk_over_a_real_socket() -> None:
+    engine = Engine(FAST.replace(base_ms=1.0))
+    app = SimApp(engine, model=MODEL)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            port = await nursery.start(serve, app.handle, "127.0.0.1", 0)
+            base_url = f"http://127.0.0.1:{port}/v1"
+            client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+            messages = [{"role": "user", "content": "Tell me a story"}]
+            reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)  # type: ignore[arg-type]
+            assert reply.usage is not None and reply.usage.completion_tokens == 8
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=8, stream=True  # type: ignore[arg-type]
+            )
+            pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+            assert "".join(pieces) == reply.choices[0].message.content
+            with pytest.raises(openai.BadRequestError, match="maximum context length"):
+                await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10_000)  # type: ignore[arg-type]
+
+            def sync_calls() -> tuple[str, list[str]]:
+                with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as sync:
+                    text = sync.completions.create(model=MODEL, prompt="Once", max_tokens=4).choices[0].text
+                    streamed = [c.choices[0].text for c in sync.completions.create(model=MODEL, prompt="Once", max_tokens=4, stream=True)]
+                return text, streamed
+
+            text, streamed = await trio.to_thread.run_sync(sync_calls)
+            assert len(text.split()) == 4 and "".join(streamed) == text
+            await client.close()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_burst_of_hang_ups_leaves_the_server_serving() -> None:
+    engine = Engine(FAST.replace(base_ms=2.0))
+    app = SimApp(engine, model=MODEL)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            port = await nursery.start(serve, app.handle, "127.0.0.1", 0)
+            started = 0
+            all_streaming = trio.Event()
+
+            async def stream_until_cancelled(client: httpx.AsyncClient) -> None:
+                nonlocal started
+                body = {"prompt": "x", "max_tokens": 3000, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as response:
+                    async for _ in response.aiter_bytes():
+                        started += 1
+                        if started == 64:
+                            all_streaming.set()
+                        break
+                    await trio.sleep_forever()
+
+            limits = httpx.Limits(max_connections=100)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits) as client:
+                async with trio.open_nursery() as clients:
+                    for _ in range(64):
+                        clients.start_soon(stream_until_cancelled, client)
+                    await all_streaming.wait()
+                    clients.cancel_scope.cancel()  # everyone hangs up at once
+                while engine.statistics().aborted_total < 64:
+                    await trio.sleep(0.01)
+                assert engine.statistics().running == 0
+                after = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                assert after.status_code == 200
+            nursery.cancel_scope.cancel()
