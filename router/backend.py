@@ -1,0 +1,140 @@
+"""Calls to one inference server: the only module that knows httpx.
+
+One ``httpx.AsyncClient`` per endpoint, its connection pool sized to the
+endpoint's concurrency cap (httpcore scans every pooled connection per
+request, so an oversized pool costs CPU on every call). httpx's exceptions
+are mapped here, at the boundary, into the router's error tree.
+
+Read timeouts are deliberately absent: the request's end-to-end cancel scope
+bounds every call, and cancelling it closes the backend stream, which is
+what makes vLLM abort the generation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from .errors import BackendRejected, BackendUnavailable
+
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+class BackendResponse:
+    """An open response from the backend; read it with ``read`` or ``chunks``."""
+
+    def __init__(self, response: httpx.Response, url: str) -> None:
+        self._response = response
+        self._url = url
+
+    @property
+    def content_type(self) -> str:
+        return self._response.headers.get("content-type", "application/json")
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.aread()
+        except httpx.TransportError as error:
+            raise BackendUnavailable(f"the backend {self._url} broke the response: {_describe(error)}") from None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The raw body as it arrives (SSE bytes are relayed unparsed)."""
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.TransportError as error:
+            raise BackendUnavailable(f"the backend {self._url} broke the stream: {_describe(error)}") from None
+
+
+class BackendClient:
+    """POSTs completion requests to one endpoint and opens their responses."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_concurrency: int,
+        connect_timeout: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url
+        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+        timeout = httpx.Timeout(None, connect=connect_timeout, pool=connect_timeout)
+        self._client = httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout, transport=transport)
+        # Health probes get their own connection: a busy endpoint's pool is
+        # full of streams, and a probe must not wait behind them.
+        self._probe = httpx.AsyncClient(
+            base_url=url, limits=httpx.Limits(max_connections=1), timeout=timeout, transport=transport
+        )
+
+    @asynccontextmanager
+    async def post(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> AsyncIterator[BackendResponse]:
+        """Send the request; yield the open response; close it on every exit.
+
+        Raises BackendRejected for 4xx (the caller's fault, passed through)
+        and BackendUnavailable for 5xx, refused or broken connections.
+        """
+        request = self._client.build_request("POST", path, content=json.dumps(body).encode(), headers={"content-type": "application/json", **headers})
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.TransportError as error:
+            raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}") from None
+        try:
+            if response.status_code >= 400:
+                await _raise_for_status(response, self.url)
+            yield BackendResponse(response, self.url)
+        finally:
+            await response.aclose()
+
+    async def health(self) -> bool:
+        """Whether ``GET /health`` answers 200 (vLLM's readiness probe)."""
+        try:
+            response = await self._probe.get("/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        await self._probe.aclose()
+
+
+async def _raise_for_status(response: httpx.Response, url: str) -> None:
+    try:
+        raw = (await response.aread())[:_ERROR_BODY_LIMIT]
+    except httpx.TransportError:
+        raw = b""
+    message, error_type, code, param = _error_fields(raw, response.status_code)
+    if response.status_code < 500:
+        raise BackendRejected(message, status=response.status_code, error_type=error_type, code=code, param=param)
+    raise BackendUnavailable(f"the backend {url} failed with {response.status_code}: {message}")
+
+
+def _error_fields(raw: bytes, status: int) -> tuple[str, str | None, str | None, str | None]:
+    """Message, type, code and param of an OpenAI- or vLLM-shaped error body."""
+    try:
+        payload = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        text = raw.decode("utf-8", "replace").strip()
+        return (text[:500] or f"HTTP {status}"), None, None, None
+    error = payload.get("error", payload) if isinstance(payload, dict) else {}
+    if isinstance(error, str):
+        return error, None, None, None
+    if not isinstance(error, dict):
+        return f"HTTP {status}", None, None, None
+    code = error.get("code")
+    param = error.get("param")
+    return (
+        str(error.get("message") or f"HTTP {status}"),
+        str(error["type"]) if error.get("type") else None,
+        str(code) if code is not None and not isinstance(code, int) else None,
+        str(param) if param is not None else None,
+    )
+
+
+def _describe(error: httpx.TransportError) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

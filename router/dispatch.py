@@ -1,0 +1,282 @@
+"""The request's path through the core: caps -> class -> admission -> backend.
+
+:meth:`Router.open` is the one entry point both front ends use. It yields a
+:class:`Completion` whose body the front end relays; leaving the ``async
+with`` block -- normally, by error, by cancellation -- closes the backend
+stream (vLLM aborts the generation) and releases the seat, always.
+
+The front end owns the request's end-to-end cancel scope (its deadline comes
+from :meth:`Router.deadline_for`) and cancels it when the caller goes away;
+everything here unwinds through ``async with`` blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import trio
+
+from .backend import BackendResponse
+from .classify import classify, forced
+from .config_types import Config, EndpointConfig
+from .errors import BackendUnavailable, Draining, Forbidden, ModelNotFound
+from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
+from .pool import Endpoint, Pool, PoolStatistics
+from .request import Routing, RouterRequest
+
+log = logging.getLogger("tailguard.router")
+
+TransportFactory = Callable[[EndpointConfig], "httpx.AsyncBaseTransport | None"]
+
+_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+
+@dataclass
+class Completion:
+    """An admitted request with its backend response open."""
+
+    routing: Routing
+    response: BackendResponse
+    stream: bool
+    first_byte_at: float | None = None
+
+    @property
+    def content_type(self) -> str:
+        return self.response.content_type
+
+    async def read(self) -> bytes:
+        """The whole body of a non-streaming response."""
+        body = await self.response.read()
+        self.first_byte_at = trio.current_time()
+        return body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The SSE bytes of a streaming response, relayed as they arrive."""
+        async for chunk in self.response.chunks():
+            if self.first_byte_at is None:
+                self.first_byte_at = trio.current_time()
+            yield chunk
+
+
+@dataclass(frozen=True)
+class RouterStatistics:
+    pools: tuple[PoolStatistics, ...]
+    requests_total: int
+    config_digest: str
+
+    @property
+    def in_flight(self) -> int:
+        return sum(p.in_flight for p in self.pools)
+
+    @property
+    def waiting(self) -> int:
+        return sum(p.queue.waiting for p in self.pools)
+
+    def pool(self, name: str) -> PoolStatistics:
+        return next(p for p in self.pools if p.name == name)
+
+
+class Router:
+    """Classifies, caps, queues and routes requests over the configured pools."""
+
+    def __init__(self, config: Config, *, transport_factory: TransportFactory | None = None, seed: int | None = None) -> None:
+        self._transport_factory = transport_factory or (lambda _: None)
+        self._rng = random.Random(seed)
+        self._endpoints: dict[str, Endpoint] = {}
+        self._pools: dict[str, Pool] = {}
+        self._requests_total = 0
+        self._draining = False
+        self._retired_endpoints: list[Endpoint] = []
+        self.config = config
+        self.apply(config)
+
+    # -- configuration ------------------------------------------------
+
+    def apply(self, config: Config) -> None:
+        """Swap to a validated config at once (synchronously: no request sees half of it).
+
+        Endpoints are kept by URL, pools by name, so in-flight counts carry
+        over: a moved endpoint's running requests finish where they started
+        and still count against its cap.
+        """
+        endpoints: dict[str, Endpoint] = {}
+        for pool_config in config.pools:
+            for endpoint_config in pool_config.endpoints:
+                endpoint = self._endpoints.get(endpoint_config.url)
+                if endpoint is None:
+                    endpoint = Endpoint(
+                        endpoint_config,
+                        connect_timeout=config.timeouts.connect_timeout,
+                        transport=self._transport_factory(endpoint_config),
+                    )
+                else:
+                    endpoint.reconfigure(endpoint_config)
+                endpoints[endpoint.url] = endpoint
+        pools: dict[str, Pool] = {}
+        for pool_config in config.pools:
+            pool = self._pools.get(pool_config.name) or Pool(pool_config, rng=self._rng)
+            pools[pool.name] = pool
+        for endpoint in self._endpoints.values():
+            if endpoint.url not in endpoints:
+                endpoint.pool = None  # removed: running requests finish, nobody new
+        for pool in self._pools.values():
+            if pool.name not in pools:
+                pool.reconfigure(pool.config, [])  # removed: its waiters time out
+        for pool_config in config.pools:
+            pools[pool_config.name].reconfigure(pool_config, [endpoints[e.url] for e in pool_config.endpoints])
+        self._retired_endpoints = [e for url, e in self._endpoints.items() if url not in endpoints]
+        self._endpoints = endpoints
+        self._pools = pools
+        self.config = config
+
+    def drain(self) -> None:
+        """Stop admitting: new requests get 503 with Retry-After."""
+        self._draining = True
+
+    # -- the request's path -----------------------------------------------
+
+    def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
+        """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
+        arrival = trio.current_time() if arrival is None else arrival
+        deadline = arrival + self.config.timeouts.end_to_end_timeout
+        return deadline if request.deadline is None else min(deadline, request.deadline)
+
+    @asynccontextmanager
+    async def open(self, request: RouterRequest, *, arrival: float | None = None, may_force_class: bool = False) -> AsyncIterator[Completion]:
+        """Admit the request and open its backend response.
+
+        Raises (before yielding) any RequestRejected or Overloaded error, or
+        BackendError when the backend refuses or cannot be reached.
+        """
+        arrival = trio.current_time() if arrival is None else arrival
+        config = self.config
+        self._requests_total += 1
+        if self._draining:
+            raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
+        prompt_tokens = estimate_prompt_tokens(request, config.estimate)
+        check_prompt(prompt_tokens, config.limits)
+        max_tokens, clamped = effective_max_tokens(request.max_tokens, config.limits)
+        if request.forced_class is not None:
+            if not may_force_class:
+                raise Forbidden("this caller may not choose a request class", param="class")
+            klass = forced(request.forced_class, config.classes)
+        else:
+            klass = classify(prompt_tokens, max_tokens, config.classes)
+        pool = self._pools[klass.pool]
+        model = request.model or pool.config.models[0]
+        if model not in pool.config.models:
+            raise ModelNotFound(
+                f"the model {model!r} is not served here (class {klass.name!r} routes to pool "
+                f"{pool.name!r}, which serves {', '.join(pool.config.models)})",
+                param="model",
+            )
+        check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
+
+        queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
+        lease = await pool.admit(klass.priority, queue_deadline, retry_after=config.timeouts.retry_after)
+        try:
+            admitted = trio.current_time()
+            routing = Routing(
+                request_id=request.request_id,
+                request_class=klass.name,
+                pool=pool.name,
+                endpoint=lease.endpoint.url,
+                prompt_tokens=prompt_tokens,
+                requested_max_tokens=request.max_tokens,
+                max_tokens=max_tokens,
+                clamped=clamped,
+                queue_seconds=admitted - arrival,
+            )
+            body = self._backend_body(request, model, max_tokens)
+            try:
+                async with lease.client.post(_PATHS[request.kind], body, {"x-request-id": request.request_id}) as response:
+                    yield Completion(routing, response, request.stream)
+            except BackendUnavailable:
+                lease.endpoint.mark_down()
+                raise
+        finally:
+            lease.release()
+
+    @staticmethod
+    def _backend_body(request: RouterRequest, model: str, max_tokens: int) -> dict[str, Any]:
+        body: dict[str, Any] = dict(request.params)
+        body["model"] = model
+        if request.kind == "chat":
+            body["messages"] = list(request.messages or ())
+            body.pop("max_completion_tokens", None)
+        else:
+            body["prompt"] = request.prompt
+        body["max_tokens"] = max_tokens
+        body["stream"] = request.stream
+        return body
+
+    # -- background work --------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Health checks, forever: an endpoint is marked up or down only from here
+        (and down by live failures)."""
+        task_status.started()
+        while True:
+            await self.check_health()
+            await trio.sleep(self.config.timeouts.health_check_interval)
+
+    async def check_health(self) -> None:
+        """Probe every endpoint's /health once, concurrently; wake waiters on recovery."""
+        timeout = self.config.timeouts.health_check_timeout
+
+        async def probe(endpoint: Endpoint) -> None:
+            with trio.move_on_after(timeout):
+                healthy = await endpoint.client.health()
+                was = endpoint.healthy
+                endpoint.healthy = healthy
+                if healthy and not was:
+                    log.info("endpoint %s is healthy again", endpoint.url)
+                    if endpoint.pool is not None:
+                        endpoint.pool.queue.dispatch()
+                elif was and not healthy:
+                    log.warning("endpoint %s failed its health check", endpoint.url)
+                return
+            if endpoint.healthy:
+                log.warning("endpoint %s did not answer its health check in %.1f s", endpoint.url, timeout)
+            endpoint.healthy = False
+
+        async with trio.open_nursery() as nursery:
+            for endpoint in list(self._endpoints.values()):
+                nursery.start_soon(probe, endpoint)
+
+    async def aclose(self) -> None:
+        for endpoint in [*self._endpoints.values(), *self._retired_endpoints]:
+            await endpoint.aclose()
+
+    # -- views ------------------------------------------------------------
+
+    def statistics(self) -> RouterStatistics:
+        return RouterStatistics(
+            pools=tuple(pool.statistics() for pool in self._pools.values()),
+            requests_total=self._requests_total,
+            config_digest=self.config.digest,
+        )
+
+    def health(self) -> dict[str, Any]:
+        """Ready only when every pool has a healthy endpoint; says which are not."""
+        pools = {
+            pool.name: {
+                "healthy": pool.healthy,
+                "endpoints": {e.url: ("up" if e.healthy else "down") for e in pool.endpoints},
+            }
+            for pool in self._pools.values()
+        }
+        ready = not self._draining and all(p["healthy"] for p in pools.values())
+        return {"status": "ready" if ready else "unavailable", "draining": self._draining, "pools": pools}
+
+    def models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for pool in self.config.pools:
+            seen.update(dict.fromkeys(pool.models))
+        return list(seen)
