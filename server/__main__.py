@@ -1,0 +1,7 @@
+"""``python -m server``: the same as the ``tailguard`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,102 @@
+"""The process: one nursery holding the router, its front end, reload and shutdown."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from router.config_types import Config
+from router.dispatch import Router
+
+from .http_api import HttpApi
+from .reload import ConfigReloader
+from .simulate import SimulatedFleet
+
+log = logging.getLogger("tailguard")
+
+
+@dataclass(frozen=True)
+class Running:
+    """What ``serve`` reports once it is listening (tests use it)."""
+
+    router: Router
+    http_url: str
+    reloader: ConfigReloader | None
+
+
+def _hypercorn_config(config: Config, port: int | None) -> hypercorn.config.Config:
+    hc = hypercorn.config.Config()
+    host = config.server.http_host
+    bind_port = config.server.http_port if port is None else port
+    hc.bind = [f"[{host}]:{bind_port}" if ":" in host else f"{host}:{bind_port}"]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.graceful_timeout = 5.0
+    hc.keep_alive_timeout = 75.0
+    hc.backlog = 1024
+    return hc
+
+
+async def serve(
+    config: Config,
+    config_path: Path | None,
+    *,
+    simulate: bool = False,
+    http_port: int | None = None,
+    shutdown: trio.Event | None = None,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run tailguard until ``shutdown`` is set or SIGINT/SIGTERM arrives.
+
+    ``http_port`` overrides the configured port (0 picks a free one).
+    """
+    shutdown = trio.Event() if shutdown is None else shutdown
+    async with trio.open_nursery() as nursery:
+        fleet = SimulatedFleet(nursery) if simulate else None
+        if fleet is not None:
+            await fleet.ensure(config)
+        router = Router(config)
+        await router.check_health()
+        nursery.start_soon(router.run)
+
+        async def apply(new: Config) -> None:
+            if fleet is not None:
+                await fleet.ensure(new)
+            router.apply(new)
+
+        reloader = ConfigReloader(config_path, config, apply) if config_path is not None else None
+        if reloader is not None:
+            await nursery.start(reloader.watch_signals)
+            if config.server.reload_poll_interval > 0:
+                nursery.start_soon(reloader.watch_file, config.server.reload_poll_interval)
+        nursery.start_soon(_stop_on_signals, shutdown)
+
+        app = HttpApi(router, max_body_bytes=config.server.max_body_bytes)
+        hypercorn_config = _hypercorn_config(config, http_port)
+        # hypercorn returns once the shutdown trigger fired and its in-flight
+        # requests finished (or graceful_timeout passed); the rest of the
+        # nursery is background work, cancelled after it.
+        async with trio.open_nursery() as front:
+            binds = await front.start(
+                lambda task_status: hypercorn.trio.serve(
+                    app, hypercorn_config, shutdown_trigger=shutdown.wait, task_status=task_status
+                )
+            )
+            log.info("tailguard listening on %s", binds[0])
+            task_status.started(Running(router, binds[0], reloader))
+        nursery.cancel_scope.cancel()
+    await router.aclose()
+
+
+async def _stop_on_signals(shutdown: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            shutdown.set()
+            return

@@ -1,0 +1,63 @@
+"""``tailguard``: serve the router, or check a config file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from router.config import ConfigError, load_config, render_config
+
+from .app import serve
+
+# The shipped reference config, used when no --config is given and the
+# working directory has none (e.g. `tailguard serve --simulate` anywhere).
+_SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+
+
+def _default_config() -> Path:
+    local = Path("config.toml")
+    return local if local.exists() else _SHIPPED_CONFIG
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tailguard", description="A tail-latency router in front of vLLM.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser("serve", help="run the router")
+    serve_cmd.add_argument("--config", type=Path, default=None, help="config file (default: ./config.toml, else the shipped one)")
+    serve_cmd.add_argument(
+        "--simulate",
+        action="store_true",
+        help="also run a simulated vLLM engine for every endpoint in the config (no GPU needed)",
+    )
+    serve_cmd.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    check = commands.add_parser("check-config", help="validate a config and print the effective settings")
+    check.add_argument("path", type=Path, nargs="?", default=None, help="config file (default: ./config.toml, else the shipped one)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    path: Path = args.config if getattr(args, "config", None) else (args.path if getattr(args, "path", None) else _default_config())
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        print(f"tailguard: {path}: invalid config\n{error}", file=sys.stderr)
+        return 2
+    if args.command == "check-config":
+        print(render_config(config))
+        return 0
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        trio.run(lambda: serve(config, path, simulate=args.simulate))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Hot reload: SIGHUP or a changed file -> validate -> swap atomically, or refuse."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+
+from router.config import ConfigError, load_config
+from router.config_types import Config
+
+log = logging.getLogger("tailguard.reload")
+
+Apply = Callable[[Config], Awaitable[None]]
+
+
+class ConfigReloader:
+    """Watches one config file; applies each valid new version, refuses the rest."""
+
+    def __init__(self, path: Path, current: Config, apply: Apply) -> None:
+        self._path = path
+        self._current = current
+        self._apply = apply
+        self._lock = trio.Lock()
+        self._mtime = _mtime(path)
+        self.reloads_ok = 0
+        self.reloads_failed = 0
+
+    async def reload(self) -> bool:
+        """Load, validate and apply the file now; False (and a log line) if refused."""
+        async with self._lock:
+            self._mtime = _mtime(self._path)
+            try:
+                config = load_config(self._path)
+            except ConfigError as error:
+                self.reloads_failed += 1
+                log.error("config reload refused, keeping the running config: %s", error)
+                return False
+            if config.digest == self._current.digest:
+                return True
+            if (config.server.http_host, config.server.http_port) != (self._current.server.http_host, self._current.server.http_port):
+                log.warning("server.http_listen changed; it takes effect only after a restart")
+            await self._apply(config)
+            self._current = config
+            self.reloads_ok += 1
+            log.info("config reloaded from %s (digest %s)", self._path, config.digest)
+            return True
+
+    async def watch_signals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Reload on every SIGHUP."""
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            task_status.started()
+            async for _ in signals:
+                await self.reload()
+
+    async def watch_file(self, interval: float) -> None:
+        """Reload when the file's modification time changes (polled; no inotify dependency)."""
+        while True:
+            await trio.sleep(interval)
+            if _mtime(self._path) != self._mtime:
+                await self.reload()
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
