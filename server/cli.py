@@ -52,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render_config(config))
         return 0
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
     try:
         trio.run(lambda: serve(config, path, simulate=args.simulate))
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ the engine aborts the sequence within a step (as vLLM does).
 from __future__ import annotations
 
 import errno
+import http
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
@@ -160,7 +161,7 @@ class _Connection:
 
     async def _send_simple(self, response: SimResponse) -> None:
         headers = [*response.headers, ("content-length", str(len(response.body)))]
-        data = self._h11.send(h11.Response(status_code=response.status, headers=headers))
+        data = self._h11.send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
         if response.body:
             data += self._h11.send(h11.Data(data=response.body))
         data += self._h11.send(h11.EndOfMessage())
@@ -168,7 +169,7 @@ class _Connection:
 
     async def _send_stream(self, response: SimResponse) -> None:
         assert response.stream is not None
-        head = self._h11.send(h11.Response(status_code=response.status, headers=response.headers))
+        head = self._h11.send(h11.Response(status_code=response.status, headers=response.headers, reason=_reason(response.status)))
         await self._sock.send_all(head)
         send_all = self._sock.send_all
         if b"transfer-encoding: chunked" in head.lower():
@@ -179,6 +180,13 @@ class _Connection:
             async for chunk in response.stream:
                 await send_all(self._h11.send(h11.Data(data=chunk)))
         await send_all(self._h11.send(h11.EndOfMessage()))
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 def _listen(host: str, port: int) -> socket.socket:
