@@ -33,7 +33,7 @@ class BackendResponse:
 
     @property
     def content_type(self) -> str:
-        return self._response.headers.get("content-type", "application/json")
+        return str(self._response.headers.get("content-type", "application/json"))
 
     async def read(self) -> bytes:
         try:

@@ -85,7 +85,10 @@ async def serve(
         async with trio.open_nursery() as front:
             binds = await front.start(
                 lambda task_status: hypercorn.trio.serve(
-                    app, hypercorn_config, shutdown_trigger=shutdown.wait, task_status=task_status
+                    app,  # type: ignore[arg-type]  # hypercorn's ASGI types are stricter than ASGI's dicts
+                    hypercorn_config,
+                    shutdown_trigger=shutdown.wait,
+                    task_status=task_status,
                 )
             )
             log.info("tailguard listening on %s", binds[0])
