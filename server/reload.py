@@ -35,7 +35,7 @@ class ConfigReloader:
         async with self._lock:
             self._mtime = _mtime(self._path)
             try:
-                config = load_config(self._path)
+                config = await trio.to_thread.run_sync(load_config, self._path)
             except ConfigError as error:
                 self.reloads_failed += 1
                 log.error("config reload refused, keeping the running config: %s", error)

@@ -1,0 +1,612 @@
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from router.config import ConfigError, limits_document, load_config, parse_config, render_config
+from router.config_types import ClassConfig, Config, EndpointConfig
+
+SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
+
+# A small valid configuration; each rule test changes one thing in it.
+BASE = """\
+[timeouts]
+end_to_end_timeout = 120
+
+[pools.interactive]
+max_concurrency = 64
+max_queue = 256
+max_model_len = 32768
+models = ["m"]
+endpoints = [{ url = "http://127.0.0.1:8001", max_concurrency = 64 }]
+
+[pools.batch]
+max_concurrency = 256
+max_queue = 512
+max_model_len = 32768
+models = ["m"]
+endpoints = [
+    { url = "http://127.0.0.1:8002", max_concurrency = 128 },
+    { url = "http://127.0.0.1:8003", max_concurrency = 128 },
+]
+
+[classes.interactive]
+pool = "interactive"
+max_prompt_tokens = 500
+max_output_tokens = 128
+queue_timeout = 3.0
+priority = 0
+
+[classes.batch]
+pool = "batch"
+queue_timeout = 30.0
+priority = 1
+"""
+
+
+def edit(old: str, new: str, text: str = BASE) -> str:
+    """``text`` with the one occurrence of ``old`` replaced (a guard against stale tests)."""
+    assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
+    return text.replace(old, new)
+
+
+def problems_of(text: str) -> tuple[str, ...]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert info.value.problems, "a ConfigError must carry at least one problem"
+    return info.value.problems
+
+
+# --------------------------------------------------------------------------
+# The shipped config.toml
+
+
+def test_shipped_config_parses_with_the_documented_values() -> None:
+    config = load_config(SHIPPED)
+
+    server = config.server
+    assert (server.http_host, server.http_port) == ("127.0.0.1", 8080)
+    assert (server.grpc_host, server.grpc_port) == ("127.0.0.1", 50051)
+    assert server.max_body_bytes == 4 * 1024 * 1024
+    assert server.reload_poll_interval == 1.0
+
+    limits = config.limits
+    assert (limits.input_cap_tokens, limits.default_max_tokens) == (8192, 256)
+    assert (limits.output_cap_tokens, limits.over_cap) == (1024, "clamp")
+
+    timeouts = config.timeouts
+    assert timeouts.connect_timeout == 2.0
+    assert timeouts.end_to_end_timeout == 120.0
+    assert timeouts.health_check_interval == 2.0
+    assert timeouts.health_check_timeout == 1.0
+    assert timeouts.retry_after == 1.0
+
+    assert [pool.name for pool in config.pools] == ["interactive", "batch"]
+    interactive, batch = config.pool("interactive"), config.pool("batch")
+    assert interactive.endpoints == (EndpointConfig("http://127.0.0.1:8001", 64),)
+    assert batch.endpoints == (EndpointConfig("http://127.0.0.1:8002", 256),)
+    assert (interactive.max_concurrency, batch.max_concurrency) == (64, 256)
+    assert (interactive.simulate_profile, batch.simulate_profile) == ("latency", "throughput")
+    assert interactive.max_queue >= 1 and batch.max_queue >= 1
+    for pool in config.pools:
+        assert pool.max_model_len == 32768
+        assert pool.models == ("sim-llama-3.1-8b",)
+
+    assert config.classes == (
+        ClassConfig(
+            name="interactive",
+            pool="interactive",
+            queue_timeout=3.0,
+            priority=0,
+            max_prompt_tokens=500,
+            max_output_tokens=128,
+        ),
+        ClassConfig(name="batch", pool="batch", queue_timeout=30.0, priority=1),
+    )
+
+
+def test_shipped_config_model_name_is_what_the_simulator_serves() -> None:
+    from bench.sim.server import DEFAULT_MODEL
+
+    config = load_config(SHIPPED)
+    assert all(pool.models[0] == DEFAULT_MODEL for pool in config.pools)
+
+
+def test_shipped_config_documents_that_a_request_without_max_tokens_is_batch() -> None:
+    config = load_config(SHIPPED)
+    interactive = config.class_named("interactive")
+    assert interactive.max_output_tokens is not None
+    assert config.limits.default_max_tokens > interactive.max_output_tokens
+    text = SHIPPED.read_text(encoding="utf-8")
+    assert "WITHOUT max_tokens is classified as batch" in text
+
+
+def test_shipped_config_comments_every_key() -> None:
+    """Each key line is preceded by a comment somewhere in its table or on the line before."""
+    lines = SHIPPED.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines):
+        match = re.match(r"^([a-z_]+) = ", line)
+        if match is None:
+            continue
+        above = lines[max(0, number - 12) : number]
+        assert any(
+            match.group(1) in previous or previous.startswith("#") for previous in above
+        ), f"config.toml line {number + 1}: {line!r} has no comment near it"
+
+
+# --------------------------------------------------------------------------
+# Accepted inputs
+
+
+def test_base_config_parses_and_fills_defaults() -> None:
+    config = parse_config(BASE)
+    assert config.server.http_port == 8080
+    assert config.estimate.chars_per_token == 4.0
+    assert config.limits.over_cap == "clamp"
+    assert config.pool("batch").simulate_profile == "latency"
+    assert config.class_named("batch").max_prompt_tokens is None
+
+
+def test_integers_are_accepted_for_seconds_and_become_floats() -> None:
+    config = parse_config(edit("queue_timeout = 3.0", "queue_timeout = 3"))
+    queue_timeout = config.class_named("interactive").queue_timeout
+    assert queue_timeout == 3.0 and isinstance(queue_timeout, float)
+    assert isinstance(config.timeouts.end_to_end_timeout, float)
+
+
+def test_a_pool_may_have_no_endpoints() -> None:
+    text = edit(
+        'endpoints = [{ url = "http://127.0.0.1:8001", max_concurrency = 64 }]', "endpoints = []"
+    )
+    assert parse_config(text).pool("interactive").endpoints == ()
+
+
+@pytest.mark.parametrize(
+    ("written", "url"),
+    [
+        ("https://gpu-3.internal:8443/", "https://gpu-3.internal:8443"),
+        ("HTTP://GPU-3:8001", "http://gpu-3:8001"),
+        ("http://gpu-3", "http://gpu-3:80"),
+        ("https://gpu-3/", "https://gpu-3:443"),
+        ("http://[::1]:8001/", "http://[::1]:8001"),
+    ],
+)
+def test_endpoint_urls_are_normalised(written: str, url: str) -> None:
+    """One spelling per server: a reload can match endpoints by URL."""
+    text = edit('"http://127.0.0.1:8001"', json.dumps(written))
+    assert parse_config(text).pool("interactive").endpoints[0].url == url
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "port"),
+    [
+        ("[::1]:8080", "::1", 8080),
+        ("[2001:db8::7]:443", "2001:db8::7", 443),
+        ("0.0.0.0:0", "0.0.0.0", 0),
+        ("localhost:9000", "localhost", 9000),
+    ],
+)
+def test_listen_addresses(listen: str, host: str, port: int) -> None:
+    config = parse_config(f'[server]\nhttp_listen = "{listen}"\ngrpc_listen = "{listen}"\n' + BASE)
+    assert (config.server.http_host, config.server.http_port) == (host, port)
+    assert (config.server.grpc_host, config.server.grpc_port) == (host, port)
+    assert f"http_listen           {listen}" in render_config(config)
+
+
+def test_classes_keep_file_order_even_when_interleaved_with_pools() -> None:
+    text = (
+        '[classes.tiny]\npool = "interactive"\nmax_output_tokens = 16\nqueue_timeout = 1\n'
+        "priority = 0\n\n" + BASE
+    )
+    assert [klass.name for klass in parse_config(text).classes] == ["tiny", "interactive", "batch"]
+
+
+def test_pool_and_class_names_may_hold_dots_and_dashes() -> None:
+    text = BASE.replace("[pools.interactive]", '[pools."chat-8b.v2"]')
+    text = text.replace("[classes.interactive]", '[classes."chat-8b.v2"]')
+    text = text.replace('pool = "interactive"', 'pool = "chat-8b.v2"')
+    config = parse_config(text)
+    assert config.pool("chat-8b.v2").name == "chat-8b.v2"
+    assert config.classes[0] == config.class_named("chat-8b.v2")
+    assert config.classes[0].pool == "chat-8b.v2"
+    # and a problem inside one quotes the name, as TOML would
+    (problem,) = problems_of(edit("max_queue = 256", "max_queue = -1", text))
+    assert problem.startswith('pools."chat-8b.v2".max_queue: ')
+
+
+# --------------------------------------------------------------------------
+# Every rule rejects, naming its dotted key
+
+ONE_PROBLEM = [
+    # (old, new, the problem line starts with this dotted key, and contains this)
+    (
+        '"http://127.0.0.1:8003", max_concurrency = 128',
+        '"http://127.0.0.1:8003", max_concurrency = 0',
+        "pools.batch.endpoints[1].max_concurrency",
+        "must be an integer >= 1, got 0",
+    ),
+    ("max_concurrency = 64\n", "max_concurrency = 0\n", "pools.interactive.max_concurrency", ">= 1"),
+    ("max_queue = 256", "max_queue = -1", "pools.interactive.max_queue", ">= 0, got -1"),
+    ("max_queue = 256", 'max_queue = "256"', "pools.interactive.max_queue", 'got "256"'),
+    ("max_queue = 256", "max_queue = true", "pools.interactive.max_queue", "got true"),
+    ("max_queue = 256", "max_queue = 2.5", "pools.interactive.max_queue", "integer"),
+    ("max_queue = 256\n", "", "pools.interactive.max_queue", "missing"),
+    ("max_concurrency = 256", "max_concurrency = 257", "pools.batch.max_concurrency", "256"),
+    ("max_concurrency = 64\n", "max_concurrency = 65\n", "pools.interactive.max_concurrency", "64"),
+    (
+        'models = ["m"]\nendpoints = [{',
+        'models = []\nendpoints = [{',
+        "pools.interactive.models",
+        "non-empty",
+    ),
+    (
+        'models = ["m"]\nendpoints = [{',
+        'models = ["m", ""]\nendpoints = [{',
+        "pools.interactive.models[1]",
+        "non-empty string",
+    ),
+    (
+        'models = ["m"]\nendpoints = [{',
+        'models = "m"\nendpoints = [{',
+        "pools.interactive.models",
+        "array",
+    ),
+    (
+        "max_concurrency = 256",
+        'max_concurrency = 256\nsimulate_profile = "fast"',
+        "pools.batch.simulate_profile",
+        '"latency", "throughput", "instant"',
+    ),
+    ("max_model_len = 32768\nmodels = [\"m\"]\nendpoints = [{", "models = [\"m\"]\nendpoints = [{",
+     "pools.interactive.max_model_len", "missing"),
+    ('"http://127.0.0.1:8001"', '"ftp://127.0.0.1:8001"', "pools.interactive.endpoints[0].url", "http"),
+    ('"http://127.0.0.1:8001"', '"127.0.0.1:8001"', "pools.interactive.endpoints[0].url", "http"),
+    ('"http://127.0.0.1:8001"', '"http://:8001"', "pools.interactive.endpoints[0].url", "base URL"),
+    ('"http://127.0.0.1:8001"', '"http://127.0.0.1:8001/v1"', "pools.interactive.endpoints[0].url", "path"),
+    ('"http://127.0.0.1:8001"', '"http://127.0.0.1:8001/?a=1"', "pools.interactive.endpoints[0].url", "base URL"),
+    ('"http://127.0.0.1:8001"', '"http://127.0.0.1:99999"', "pools.interactive.endpoints[0].url", "base URL"),
+    ('"http://127.0.0.1:8001"', '"http://127.0.0.1:0"', "pools.interactive.endpoints[0].url", "base URL"),
+    ('"http://127.0.0.1:8001"', '"http://u:p@127.0.0.1:8001"', "pools.interactive.endpoints[0].url", "base URL"),
+    ('"http://127.0.0.1:8001"', "8001", "pools.interactive.endpoints[0].url", "string"),
+    (
+        '{ url = "http://127.0.0.1:8001", max_concurrency = 64 }',
+        '{ max_concurrency = 64 }',
+        "pools.interactive.endpoints[0].url",
+        "missing",
+    ),
+    (
+        '{ url = "http://127.0.0.1:8002", max_concurrency = 128 },',
+        '"http://127.0.0.1:8002",',
+        "pools.batch.endpoints[0]",
+        "must be a table",
+    ),
+    ('pool = "interactive"', 'pool = "chat"', "classes.interactive.pool", '"chat"'),
+    ("queue_timeout = 3.0", "queue_timeout = 0", "classes.interactive.queue_timeout", "> 0"),
+    ("queue_timeout = 3.0", "queue_timeout = nan", "classes.interactive.queue_timeout", "> 0"),
+    ("queue_timeout = 30.0", "queue_timeout = inf", "classes.batch.queue_timeout", "> 0"),
+    ("queue_timeout = 30.0", "queue_timeout = 120", "classes.batch.queue_timeout", "end_to_end_timeout"),
+    ("priority = 1", "priority = 1.5", "classes.batch.priority", "integer"),
+    ("[timeouts]", "server = 3\n[timeouts]", "server", "must be a table, got 3"),
+    ("priority = 1\n", "", "classes.batch.priority", "missing"),
+    ("max_prompt_tokens = 500", "max_prompt_tokens = 0", "classes.interactive.max_prompt_tokens", ">= 1"),
+    ("max_output_tokens = 128", "max_output_tokens = -5", "classes.interactive.max_output_tokens", ">= 1"),
+    ('pool = "batch"', 'pool = "batch"\nmax_output_tokens = 9999', "classes.batch", "catch-all"),
+    ("[classes.batch]", '[classes."bulk jobs"]', 'classes."bulk jobs"', "[A-Za-z0-9_.-]+"),
+    ("end_to_end_timeout = 120", "end_to_end_timeout = 0", "timeouts.end_to_end_timeout", "> 0"),
+    ("end_to_end_timeout = 120", 'end_to_end_timeout = "2m"', "timeouts.end_to_end_timeout", '"2m"'),
+    ("end_to_end_timeout = 120", "connect_timeout = -1", "timeouts.connect_timeout", "> 0"),
+    ("end_to_end_timeout = 120", "health_check_timeout = 0", "timeouts.health_check_timeout", "> 0"),
+    ("end_to_end_timeout = 120", "health_check_interval = 0", "timeouts.health_check_interval", "> 0"),
+    ("end_to_end_timeout = 120", "retry_after = 0", "timeouts.retry_after", "> 0"),
+]
+
+APPENDED = [
+    # (TOML added at the end of BASE, key, fragment)
+    ("[limits]\ndefault_max_tokens = 2048\n", "limits.default_max_tokens", "limits.output_cap_tokens 1024"),
+    ("[limits]\noutput_cap_tokens = 0\n", "limits.output_cap_tokens", ">= 1"),
+    ("[limits]\ninput_cap_tokens = 0\n", "limits.input_cap_tokens", ">= 1"),
+    ('[limits]\nover_cap = "truncate"\n', "limits.over_cap", '"clamp", "reject"'),
+    ("[estimate]\nchars_per_token = 0\n", "estimate.chars_per_token", "> 0"),
+    ("[estimate]\ncjk_chars_per_token = -1.0\n", "estimate.cjk_chars_per_token", "> 0"),
+    ("[estimate]\nper_message_tokens = -1\n", "estimate.per_message_tokens", ">= 0"),
+    ('[server]\nhttp_listen = "localhost"\n', "server.http_listen", "host:port"),
+    ('[server]\nhttp_listen = "::1:8080"\n', "server.http_listen", "brackets"),
+    ('[server]\ngrpc_listen = "[localhost]:80"\n', "server.grpc_listen", "IPv6"),
+    ('[server]\ngrpc_listen = "127.0.0.1:65536"\n', "server.grpc_listen", "65535"),
+    ('[server]\ngrpc_listen = "127.0.0.1:http"\n', "server.grpc_listen", "port"),
+    ('[server]\ngrpc_listen = ":50051"\n', "server.grpc_listen", "host:port"),
+    ("[server]\nmax_body_bytes = 0\n", "server.max_body_bytes", ">= 1"),
+    ("[server]\nreload_poll_interval = -1\n", "server.reload_poll_interval", ">= 0"),
+    (
+        '[pools."gpu 7"]\nmax_concurrency = 1\nmax_queue = 0\nmax_model_len = 32768\n'
+        'models = ["m"]\nendpoints = []\n',
+        'pools."gpu 7"',
+        "[A-Za-z0-9_.-]+",
+    ),
+    ("[pools.spare]\n", "pools.spare.max_concurrency", "missing"),
+    (
+        '[classes.late]\npool = "batch"\nmax_prompt_tokens = 10\nqueue_timeout = 1\npriority = 0\n',
+        "classes.late",
+        "unreachable: classes.batch",
+    ),
+    ("[limits]\ninput_cap_tokens = 32768\n", "pools.interactive.max_model_len", "limits.input_cap_tokens 32768"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "key", "fragment"), ONE_PROBLEM)
+def test_each_rule_rejects_with_its_dotted_key(old: str, new: str, key: str, fragment: str) -> None:
+    problems = problems_of(edit(old, new))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{key}: "), problems
+    assert fragment in problems[0]
+
+
+@pytest.mark.parametrize(("added", "key", "fragment"), APPENDED)
+def test_each_added_mistake_rejects_with_its_dotted_key(added: str, key: str, fragment: str) -> None:
+    problems = problems_of(BASE + "\n" + added)
+    matching = [line for line in problems if line.startswith(f"{key}: ")]
+    assert matching, problems
+    assert any(fragment in line for line in matching), problems
+
+
+def test_queue_timeout_message_names_both_values() -> None:
+    (problem,) = problems_of(edit("queue_timeout = 30.0", "queue_timeout = 150"))
+    assert problem.startswith("classes.batch.queue_timeout: ")
+    assert "150" in problem and "timeouts.end_to_end_timeout 120" in problem
+
+
+def test_input_cap_over_max_model_len_is_reported_for_every_pool() -> None:
+    problems = problems_of(BASE + "\n[limits]\ninput_cap_tokens = 32768\n")
+    assert [line.split(":")[0] for line in problems] == [
+        "pools.interactive.max_model_len",
+        "pools.batch.max_model_len",
+    ]
+    # max_model_len == input cap + 1 is just enough
+    parse_config(BASE + "\n[limits]\ninput_cap_tokens = 32767\n")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "first", "second"),
+    [
+        (  # across pools
+            '"http://127.0.0.1:8002"',
+            '"http://127.0.0.1:8001"',
+            "pools.batch.endpoints[0].url",
+            "pools.interactive.endpoints[0].url",
+        ),
+        (  # twice in one pool
+            '"http://127.0.0.1:8003"',
+            '"http://127.0.0.1:8002"',
+            "pools.batch.endpoints[1].url",
+            "pools.batch.endpoints[0].url",
+        ),
+        (  # the same server written differently
+            '"http://127.0.0.1:8003"',
+            '"HTTP://127.0.0.1:8002/"',
+            "pools.batch.endpoints[1].url",
+            "pools.batch.endpoints[0].url",
+        ),
+    ],
+)
+def test_an_endpoint_url_may_appear_only_once(old: str, new: str, first: str, second: str) -> None:
+    (problem,) = problems_of(edit(old, new))
+    assert problem.startswith(f"{first}: ")
+    assert second in problem
+
+
+def test_default_ports_make_urls_equal() -> None:
+    text = edit('"http://127.0.0.1:8001"', '"http://gpu"')
+    text = edit('"http://127.0.0.1:8002"', '"http://GPU:80"', text)
+    (problem,) = problems_of(text)
+    assert problem.startswith("pools.batch.endpoints[0].url: ")
+
+
+def test_a_class_after_the_catch_all_is_unreachable_even_without_thresholds() -> None:
+    problems = problems_of(
+        BASE + '\n[classes.extra]\npool = "batch"\nqueue_timeout = 1\npriority = 0\n'
+    )
+    assert problems == (
+        "classes.extra: unreachable: classes.batch before it has no thresholds"
+        " and takes every request",
+    )
+
+
+def test_a_single_class_with_thresholds_is_not_a_catch_all() -> None:
+    text = BASE[: BASE.index("[classes.batch]")]
+    (problem,) = problems_of(text)
+    assert problem.startswith("classes.interactive: ") and "catch-all" in problem
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (BASE[: BASE.index("[pools.interactive]")] + BASE[BASE.index("[classes.interactive]") :], "pools"),
+        (BASE[: BASE.index("[classes.interactive]")], "classes"),
+        (BASE[: BASE.index("[classes.interactive]")] + "classes = {}\n", "classes"),
+        (BASE[: BASE.index("[classes.interactive]")] + "classes = []\n", "classes"),
+    ],
+)
+def test_pools_and_classes_are_required(text: str, key: str) -> None:
+    problems = problems_of(text)
+    assert any(line.startswith(f"{key}: ") and "at least one" in line for line in problems)
+
+
+# --------------------------------------------------------------------------
+# Unknown keys
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("[timeouts]", "colour = 1\n[timeouts]", "colour"),
+        ("[timeouts]", "[timeout]\nconnect_timeout = 1\n[timeouts]", "timeout"),
+        ("end_to_end_timeout = 120", "end_to_end_timeout = 120\nread_timeout = 5", "timeouts.read_timeout"),
+        (
+            '{ url = "http://127.0.0.1:8002", max_concurrency = 128 }',
+            '{ url = "http://127.0.0.1:8002", max_concurrency = 128, weight = 2 }',
+            "pools.batch.endpoints[0].weight",
+        ),
+        ("max_queue = 512", "max_queue = 512\nmax_queued = 5", "pools.batch.max_queued"),
+        ("priority = 1", "priority = 1\nmax_tokens = 5", "classes.batch.max_tokens"),
+        ("[timeouts]", '[server]\n"http port" = 1\n[timeouts]', 'server."http port"'),
+    ],
+)
+def test_unknown_keys_are_rejected_by_dotted_name(old: str, new: str, key: str) -> None:
+    (problem,) = problems_of(edit(old, new))
+    assert problem.startswith(f"{key}: unknown key")
+
+
+def test_a_misspelt_key_is_unknown_with_a_suggestion_and_the_real_one_missing() -> None:
+    problems = problems_of(edit("max_queue = 512", "max_queeu = 512"))
+    assert sorted(problems) == [
+        "pools.batch.max_queeu: unknown key (did you mean 'max_queue'?)",
+        "pools.batch.max_queue: missing: must be an integer >= 0",
+    ]
+
+
+# --------------------------------------------------------------------------
+# Many problems at once
+
+
+def test_all_problems_are_reported_together() -> None:
+    text = edit("max_queue = 256", "max_queue = -1")
+    text = edit('pool = "batch"', 'pool = "bulk"', text)
+    text = edit('"http://127.0.0.1:8003", max_concurrency = 128', '"http://127.0.0.1:8003", max_concurrency = 0', text)
+    text = "zone = 'eu'\n" + text + "\n[limits]\nover_cap = 'drop'\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source="many.toml")
+    keys = sorted(line.split(": ")[0] for line in info.value.problems)
+    assert keys == sorted(
+        [
+            "zone",
+            "limits.over_cap",
+            "pools.interactive.max_queue",
+            "pools.batch.endpoints[1].max_concurrency",
+            "classes.batch.pool",
+        ]
+    )
+    message = str(info.value)
+    assert message.startswith("many.toml: ")
+    assert "5 problems" in message
+    assert all(line in message for line in info.value.problems)
+
+
+def test_one_mistake_is_one_problem() -> None:
+    """A bad value does not also fail the cross checks that would use it."""
+    assert len(problems_of(edit("end_to_end_timeout = 120", "end_to_end_timeout = -1"))) == 1
+    assert len(problems_of(BASE + "\n[limits]\ninput_cap_tokens = 'many'\n")) == 1
+    text = edit('"http://127.0.0.1:8002", max_concurrency = 128', '"http://127.0.0.1:8002", max_concurrency = "x"')
+    assert len(problems_of(text)) == 1  # no "pool cap over endpoints' sum" on top
+
+
+# --------------------------------------------------------------------------
+# Loading files, digest
+
+
+def test_load_config_reads_a_file_and_digests_its_text(tmp_path: Path) -> None:
+    path = tmp_path / "tailguard.toml"
+    path.write_text(BASE, encoding="utf-8")
+    config = load_config(path)
+    assert config == parse_config(BASE)
+    assert re.fullmatch(r"[0-9a-f]{16}", config.digest)
+    assert load_config(str(path)).digest == config.digest
+
+
+def test_digest_changes_when_the_text_changes() -> None:
+    first = parse_config(BASE).digest
+    assert parse_config(BASE).digest == first
+    assert parse_config(BASE + "# a comment\n").digest != first
+    assert parse_config(edit("max_queue = 256", "max_queue = 255")).digest != first
+
+
+def test_load_config_of_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert len(info.value.problems) == 1
+
+
+def test_load_config_of_a_non_utf8_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(BASE.encode("utf-8") + b"# caf\xe9\n")
+    with pytest.raises(ConfigError, match="UTF-8"):
+        load_config(path)
+
+
+def test_toml_syntax_error_names_the_source_and_the_position(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[pools\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (problem,) = info.value.problems
+    assert problem.startswith("invalid TOML: ")
+    assert "line 1" in problem or "end of document" in problem
+    assert str(path) in str(info.value)
+
+
+# --------------------------------------------------------------------------
+# render_config and limits_document
+
+
+def test_render_config_shows_every_pool_endpoint_and_class() -> None:
+    config = parse_config(BASE)
+    text = render_config(config)
+    for pool in config.pools:
+        assert f"pool {pool.name}" in text
+        for endpoint in pool.endpoints:
+            assert re.search(rf"{re.escape(endpoint.url)}\s+max_concurrency {endpoint.max_concurrency}\b", text)
+    for klass in config.classes:
+        assert re.search(rf"^  {klass.name}\s", text, re.MULTILINE)
+    assert re.search(r"^  interactive\s+<= 500\s+<= 128\s+interactive\s+3 s\s+0$", text, re.MULTILINE)
+    assert re.search(r"^  batch\s+any\s+any\s+batch\s+30 s\s+1$", text, re.MULTILINE)
+    assert config.digest in text
+
+
+def test_render_config_of_the_shipped_file_is_a_readable_page() -> None:
+    text = render_config(load_config(SHIPPED))
+    assert 30 <= len(text.splitlines()) <= 50
+    for expected in ("127.0.0.1:8080", "127.0.0.1:50051", "8192", "1024 (over the cap: clamp)", "120 s"):
+        assert expected in text
+
+
+def test_render_config_of_an_empty_pool_says_so() -> None:
+    text = edit('endpoints = [{ url = "http://127.0.0.1:8001", max_concurrency = 64 }]', "endpoints = []")
+    assert "(none" in render_config(parse_config(text))
+
+
+def test_limits_document_is_json_and_has_no_endpoint_urls() -> None:
+    config = load_config(SHIPPED)
+    document = limits_document(config)
+    encoded = json.dumps(document)
+    assert "http" not in encoded and "127.0.0.1" not in encoded
+    assert json.loads(encoded) == document
+    assert document["input_cap_tokens"] == 8192
+    assert document["default_max_tokens"] == 256
+    assert document["output_cap_tokens"] == 1024
+    assert document["over_cap"] == "clamp"
+    assert document["end_to_end_timeout"] == 120.0
+    assert document["estimate"] == {"chars_per_token": 4.0, "cjk_chars_per_token": 1.0, "per_message_tokens": 4}
+    assert document["classes"] == [
+        {"name": "interactive", "max_prompt_tokens": 500, "max_output_tokens": 128,
+         "queue_timeout": 3.0, "priority": 0, "pool": "interactive"},
+        {"name": "batch", "max_prompt_tokens": None, "max_output_tokens": None,
+         "queue_timeout": 30.0, "priority": 1, "pool": "batch"},
+    ]
+    assert document["pools"] == [
+        {"name": "interactive", "max_model_len": 32768, "models": ["sim-llama-3.1-8b"]},
+        {"name": "batch", "max_model_len": 32768, "models": ["sim-llama-3.1-8b"]},
+    ]
+
+
+def test_config_error_str_lists_every_problem() -> None:
+    error = ConfigError(["a.b: one", "c: two"], source="x.toml")
+    assert error.problems == ("a.b: one", "c: two")
+    assert str(error).splitlines() == ["x.toml: configuration refused, 2 problems:", "  a.b: one", "  c: two"]
+
+
+def test_config_type_is_the_contract() -> None:
+    assert isinstance(parse_config(BASE), Config)
