@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import trio
 from router.config_types import Config
 from router.dispatch import Router
 
+from .grpc_bridge import AsyncioHost
 from .http_api import HttpApi
 from .reload import ConfigReloader
 from .simulate import SimulatedFleet
@@ -28,6 +30,7 @@ class Running:
     router: Router
     http_url: str
     reloader: ConfigReloader | None
+    grpc_port: int | None = None
 
 
 def _hypercorn_config(config: Config, port: int | None) -> hypercorn.config.Config:
@@ -49,12 +52,16 @@ async def serve(
     *,
     simulate: bool = False,
     http_port: int | None = None,
+    asyncio_host: AsyncioHost | None = None,
+    grpc_port: int | None = None,
     shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run tailguard until ``shutdown`` is set or SIGINT/SIGTERM arrives.
 
-    ``http_port`` overrides the configured port (0 picks a free one).
+    With an ``asyncio_host`` (Trio running as its guest) the gRPC front end
+    runs too. ``http_port``/``grpc_port`` override the configured ports (0
+    picks a free one). Signals are handled only on the main thread.
     """
     shutdown = trio.Event() if shutdown is None else shutdown
     async with trio.open_nursery() as nursery:
@@ -70,12 +77,15 @@ async def serve(
                 await fleet.ensure(new)
             router.apply(new)
 
+        on_main_thread = threading.current_thread() is threading.main_thread()
         reloader = ConfigReloader(config_path, config, apply) if config_path is not None else None
         if reloader is not None:
-            await nursery.start(reloader.watch_signals)
+            if on_main_thread:
+                await nursery.start(reloader.watch_signals)
             if config.server.reload_poll_interval > 0:
                 nursery.start_soon(reloader.watch_file, config.server.reload_poll_interval)
-        nursery.start_soon(_stop_on_signals, shutdown)
+        if on_main_thread:
+            nursery.start_soon(_stop_on_signals, shutdown)
 
         app = HttpApi(router, max_body_bytes=config.server.max_body_bytes)
         hypercorn_config = _hypercorn_config(config, http_port)
@@ -92,7 +102,13 @@ async def serve(
                 )
             )
             log.info("tailguard listening on %s", binds[0])
-            task_status.started(Running(router, binds[0], reloader))
+            bound_grpc: int | None = None
+            if asyncio_host is not None:
+                from .grpc_api import serve_grpc
+
+                listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
+                bound_grpc = await front.start(serve_grpc, router, asyncio_host, listen, shutdown)
+            task_status.started(Running(router, binds[0], reloader, bound_grpc))
         nursery.cancel_scope.cancel()
     await router.aclose()
 

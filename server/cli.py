@@ -13,6 +13,7 @@ import trio
 from router.config import ConfigError, load_config, render_config
 
 from .app import serve
+from .grpc_bridge import run_with_asyncio_host
 
 # The shipped reference config, used when no --config is given and the
 # working directory has none (e.g. `tailguard serve --simulate` anywhere).
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run a simulated vLLM engine for every endpoint in the config (no GPU needed)",
     )
+    serve_cmd.add_argument(
+        "--no-grpc", action="store_true", help="serve only the HTTP API (plain trio.run, no asyncio host)"
+    )
     serve_cmd.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     check = commands.add_parser("check-config", help="validate a config and print the effective settings")
     check.add_argument("path", type=Path, nargs="?", default=None, help="config file (default: ./config.toml, else the shipped one)")
@@ -54,7 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
     try:
-        trio.run(lambda: serve(config, path, simulate=args.simulate))
+        if args.no_grpc:
+            trio.run(lambda: serve(config, path, simulate=args.simulate))
+        else:
+            # gRPC needs asyncio (grpc.aio): Trio runs as its guest, see server/grpc_bridge.py.
+            run_with_asyncio_host(lambda host: serve(config, path, simulate=args.simulate, asyncio_host=host))
     except KeyboardInterrupt:
         pass
     return 0

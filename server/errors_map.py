@@ -11,6 +11,8 @@ import json
 import math
 from dataclasses import dataclass
 
+import grpc
+
 from router import errors
 
 # (HTTP status, error.type, error.code) per router error class; most specific first.
@@ -72,3 +74,51 @@ def invalid(message: str, *, param: str | None = None, status: int = 400, code: 
     """A front-end-level rejection (bad JSON, body too large, unknown route)."""
     error_type = "invalid_request_error" if status < 500 else "internal_error"
     return HttpError(status, _body(message, error_type, param, code), None)
+
+
+# -- gRPC -------------------------------------------------------------------
+
+_GRPC_TABLE: tuple[tuple[type[errors.TailguardError], grpc.StatusCode], ...] = (
+    (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.Forbidden, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.RequestRejected, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Overloaded, grpc.StatusCode.UNAVAILABLE),
+    (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.BackendUnavailable, grpc.StatusCode.UNAVAILABLE),
+)
+
+_GRPC_FOR_HTTP = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ABORTED,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+@dataclass(frozen=True)
+class GrpcError:
+    """An error ready for ``context.abort``: code, details, trailing metadata."""
+
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str], ...]
+
+
+def grpc_error(error: errors.TailguardError) -> GrpcError:
+    """The gRPC rendering of a router error; retry hints go in trailing metadata."""
+    if isinstance(error, errors.BackendRejected):
+        code = _GRPC_FOR_HTTP.get(error.status, grpc.StatusCode.FAILED_PRECONDITION)
+        return GrpcError(code, f"the backend refused the request ({error.status}): {error.message}", ())
+    code = next((c for cls, c in _GRPC_TABLE if isinstance(error, cls)), grpc.StatusCode.INTERNAL)
+    retry_after = getattr(error, "retry_after", None)
+    metadata: tuple[tuple[str, str], ...] = ()
+    if retry_after is not None:
+        seconds = max(1, math.ceil(retry_after))
+        metadata = (("retry-after", str(seconds)), ("grpc-retry-pushback-ms", str(int(retry_after * 1000))))
+    return GrpcError(code, error.message, metadata)

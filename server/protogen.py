@@ -1,0 +1,58 @@
+"""Regenerate the gRPC Python code from ``proto/`` with grpcio-tools.
+
+    python -m server.protogen            # rewrites server/grpc_gen/
+
+The generated modules live next to their one user (``server/grpc_api.py``)
+under ``server/grpc_gen/``; the proto path is mapped so that their imports
+read ``server.grpc_gen.tailguard.v1``. A test regenerates into a temporary
+folder and fails if the committed code is stale.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import resources
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_ROOT = ROOT / "proto"
+PROTO_FILES = ("tailguard/v1/tailguard.proto",)
+PACKAGE_PREFIX = "server/grpc_gen"
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Write the generated modules under ``out_dir/server/grpc_gen``; returns them."""
+    include = resources.files("grpc_tools") / "_proto"
+    args = [
+        "grpc_tools.protoc",
+        f"-I{PACKAGE_PREFIX}={PROTO_ROOT}",
+        f"-I{include}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        *(f"{PACKAGE_PREFIX}/{name}" for name in PROTO_FILES),
+    ]
+    if protoc.main(args) != 0:
+        raise RuntimeError(f"protoc failed: {' '.join(args)}")
+    generated = sorted((out_dir / PACKAGE_PREFIX).rglob("*_pb2*.py*"))
+    package_root = out_dir / PACKAGE_PREFIX
+    for path in generated:
+        folder = path.parent
+        while True:
+            (folder / "__init__.py").touch()
+            if folder == package_root:
+                break
+            folder = folder.parent
+    return generated
+
+
+def main() -> int:
+    for path in generate(ROOT):
+        print(path.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
