@@ -179,7 +179,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             await _abort(context, request)
         params = dict(request.params)
         params["stream_options"] = {"include_usage": True}
-        request = dataclasses.replace(request, params=params)
+        request = dataclasses.replace(request, params=params, stream=True)
         routing: pb.Routing | None = None
         try:
             async for item in self._portal.stream(self._trio.stream, request, context.time_remaining()):

@@ -1,0 +1,111 @@
+"""tailguard with its gRPC front end, hosted by asyncio in a background thread.
+
+pytest-trio runs tests under ``trio.run``, but gRPC needs an asyncio host
+with Trio as its guest; so the whole service (and its simulated engines)
+runs in a thread of its own, and gRPC tests are plain synchronous tests
+using the generated clients over a real socket.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from bench.sim import Engine, EngineParams, SimApp, SimResponse
+from bench.sim.http import serve as serve_sim
+from router.config_types import Config
+from server.app import Running, serve
+from server.grpc_bridge import AsyncioHost, run_with_asyncio_host
+
+from .sim_helpers import MODEL
+
+class Switchable:
+    """An engine whose /health (and everything else) can be turned off."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.app = SimApp(engine, model=MODEL)
+        self.up = True
+
+    async def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
+        if not self.up:
+            return SimResponse(503, [("content-type", "application/json")], b'{"error": {"message": "down"}}')
+        return await self.app.handle(method, path, headers, body)
+
+@dataclass
+class Service:
+    running: Running
+    engines: list[Engine]
+    switches: list[Switchable]
+    urls: list[str]
+    token: trio.lowlevel.TrioToken
+    _shutdown: trio.Event = field(repr=False)
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.running.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return self.running.http_url
+
+@contextmanager
+def grpc_service(engine_params: list[EngineParams], make_config: Callable[[list[str]], Config]) -> Iterator[Service]:
+    """Engines on free ports, then tailguard (HTTP + gRPC) configured by ``make_config(urls)``."""
+    ready = threading.Event()
+    box: dict[str, object] = {}
+
+    async def trio_main(host: AsyncioHost) -> None:
+        shutdown = trio.Event()
+        engines = [Engine(params) for params in engine_params]
+        switches = [Switchable(engine) for engine in engines]
+        async with trio.open_nursery() as nursery:
+            urls = []
+            for engine, switch in zip(engines, switches):
+                await nursery.start(engine.run)
+                port = await nursery.start(serve_sim, switch.handle, "127.0.0.1", 0)
+                urls.append(f"http://127.0.0.1:{port}")
+            config = make_config(urls)
+
+            async def run_service(task_status: trio.TaskStatus[Running]) -> None:
+                await serve(config, None, http_port=0, grpc_port=0, asyncio_host=host, shutdown=shutdown, task_status=task_status)
+
+            running = await nursery.start(run_service)
+            box["service"] = Service(running, engines, switches, urls, trio.lowlevel.current_trio_token(), shutdown)
+            ready.set()
+            await shutdown.wait()
+            nursery.cancel_scope.cancel()
+
+    def thread_main() -> None:
+        try:
+            run_with_asyncio_host(trio_main)
+        except BaseException as error:  # noqa: BLE001 - reported to the test thread
+            box["error"] = error
+            ready.set()
+
+    thread = threading.Thread(target=thread_main, name="tailguard-service", daemon=True)
+    thread.start()
+    if not ready.wait(60) or "error" in box:
+        raise RuntimeError(f"the service did not start: {box.get('error')!r}")
+    service = box["service"]
+    assert isinstance(service, Service)
+    try:
+        yield service
+    finally:
+        service.token.run_sync_soon(service._shutdown.set)
+        thread.join(30)
+        assert not thread.is_alive(), "the service did not stop"
+        if "error" in box:
+            raise RuntimeError("the service failed") from box["error"]  # type: ignore[arg-type]
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Bounded wait for a condition another thread makes true."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)

@@ -1,0 +1,201 @@
+"""The gRPC front end over a real socket: generated sync and aio clients."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from router.config_types import Config, TimeoutsConfig
+from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+
+from .grpc_helpers import Service, grpc_service, wait_for
+from .http_helpers import QUICK
+from .router_helpers import two_pool_config
+
+SLOW = QUICK.replace(base_ms=10.0)  # ~10 ms a token
+
+
+def config(urls: list[str], **kwargs: object) -> Config:
+    timeouts = kwargs.pop("timeouts", TimeoutsConfig(health_check_interval=0.1))
+    return two_pool_config(interactive_urls=[urls[0]], batch_urls=[urls[1]], timeouts=timeouts, **kwargs)  # type: ignore[arg-type]
+
+
+def chat(text: str = "What is the capital of France?", **options: object) -> pb.ChatRequest:
+    return pb.ChatRequest(messages=[pb.Message(role="user", content=text)], options=pb.Options(**options))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def service() -> Service:  # type: ignore[misc]
+    with grpc_service([QUICK, QUICK], config) as running:
+        yield running
+
+
+@pytest.fixture
+def stub(service: Service) -> pb_grpc.CompletionsStub:  # type: ignore[misc]
+    with grpc.insecure_channel(service.grpc_target) as channel:
+        yield pb_grpc.CompletionsStub(channel)
+
+
+def test_unary_and_streaming_chat_and_completion(service: Service, stub: pb_grpc.CompletionsStub) -> None:
+    reply, call = stub.Chat.with_call(chat(max_tokens=12), metadata=[("x-request-id", "grpc-1")])
+    metadata = dict(call.initial_metadata())
+    assert metadata["x-request-id"] == "grpc-1" and metadata["x-tailguard-pool"] == "interactive"
+    assert metadata["x-tailguard-max-tokens"] == "12"
+    assert reply.usage.completion_tokens == 12 and reply.finish_reason == "length"
+    assert reply.routing.request_class == "interactive" and reply.routing.request_id == "grpc-1"
+
+    chunks = list(stub.ChatStream(chat(max_tokens=12)))
+    assert chunks[0].routing.pool == "interactive"
+    assert "".join(c.content for c in chunks) == reply.content
+    assert chunks[-1].usage.completion_tokens == 12
+    assert any(c.finish_reason == "length" for c in chunks)
+
+    text = stub.Complete(pb.CompletionRequest(prompt="Once upon a time", options=pb.Options(max_tokens=5000)))
+    assert text.routing.max_tokens == 1024 and text.routing.max_tokens_clamped and text.routing.pool == "batch"
+    assert text.usage.completion_tokens == 1024
+    streamed = list(stub.CompleteStream(pb.CompletionRequest(prompt="Once upon a time", options=pb.Options(max_tokens=4))))
+    assert len("".join(c.content for c in streamed).split()) == 4
+    assert service.engines[0].statistics().finished_total == 3  # two chats and the short completion
+    assert service.engines[1].statistics().finished_total == 1  # the clamped completion
+
+
+def test_http_and_grpc_agree_on_class_pool_and_max_tokens(service: Service, stub: pb_grpc.CompletionsStub) -> None:
+    cases = [("short", 64), ("short", None), ("long " * 900, 32), ("short", 4000)]
+    for text, max_tokens in cases:
+        options = {} if max_tokens is None else {"max_tokens": max_tokens}
+        over_grpc = stub.Chat(chat(text, **options)).routing
+        body: dict[str, object] = {"messages": [{"role": "user", "content": text}], **options}
+        over_http = httpx.post(service.http_url + "/v1/chat/completions", json=body, timeout=30).headers
+        assert (over_grpc.request_class, over_grpc.pool, str(over_grpc.max_tokens)) == (
+            over_http["x-tailguard-class"],
+            over_http["x-tailguard-pool"],
+            over_http["x-tailguard-max-tokens"],
+        )
+
+
+def test_limits_match_the_http_document(service: Service, stub: pb_grpc.CompletionsStub) -> None:
+    limits = stub.GetLimits(pb.GetLimitsRequest())
+    document = httpx.get(service.http_url + "/v1/limits").json()
+    assert limits.input_cap_tokens == document["input_cap_tokens"] == 8192
+    assert limits.output_cap_tokens == document["output_cap_tokens"]
+    assert [c.name for c in limits.classes] == [c["name"] for c in document["classes"]]
+    assert limits.classes[0].max_output_tokens == 128 and not limits.classes[1].HasField("max_output_tokens")
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "needle"),
+    [
+        (pb.ChatRequest(options=pb.Options(max_tokens=8)), grpc.StatusCode.INVALID_ARGUMENT, "messages"),
+        (chat(max_tokens=-3), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+        (chat("word " * 40_000, max_tokens=8), grpc.StatusCode.INVALID_ARGUMENT, "input cap"),
+        (chat(max_tokens=8, request_class="batch"), grpc.StatusCode.PERMISSION_DENIED, "may not choose"),
+        (pb.ChatRequest(model="gpt-9", messages=[pb.Message(role="user", content="x")]), grpc.StatusCode.NOT_FOUND, "not served"),
+        (chat(max_tokens=8, n=2), grpc.StatusCode.INVALID_ARGUMENT, "n=1"),
+    ],
+)
+def test_rejections_have_clear_status_codes(stub: pb_grpc.CompletionsStub, request_: pb.ChatRequest, code: grpc.StatusCode, needle: str) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Chat(request_)
+    assert caught.value.code() == code and needle in caught.value.details()
+
+
+def test_overload_and_deadlines() -> None:
+    def make(urls: list[str]) -> Config:
+        return config(urls, interactive_cap=1, max_queue=1, interactive_timeout=0.3)
+
+    with grpc_service([SLOW, QUICK], make) as service, grpc.insecure_channel(service.grpc_target) as channel:
+        stub = pb_grpc.CompletionsStub(channel)
+        holder = stub.ChatStream(chat(max_tokens=128))  # ~1.3 s on the one interactive seat
+        next(holder)
+        queued = stub.Chat.future(chat("second", max_tokens=8))
+        wait_for(lambda: service.running.router.statistics().waiting == 1)
+        with pytest.raises(grpc.RpcError) as full:
+            stub.Chat(chat("third", max_tokens=8))
+        assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        trailing = dict(full.value.trailing_metadata())
+        assert trailing["retry-after"] == "1" and trailing["grpc-retry-pushback-ms"] == "1000"
+        with pytest.raises(grpc.RpcError) as timed_out:
+            queued.result()
+        assert timed_out.value.code() == grpc.StatusCode.UNAVAILABLE and "retry-after" in dict(timed_out.value.trailing_metadata())
+        holder.cancel()
+
+        # The caller's deadline, shorter than the generation: DEADLINE_EXCEEDED, and the engine aborts.
+        engine = service.engines[1]
+        with pytest.raises(grpc.RpcError) as late:
+            stub.Chat(chat(max_tokens=1000), timeout=0.3)
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_for(lambda: engine.statistics().aborted_total == 1 and engine.statistics().running == 0)
+        wait_for(lambda: service.running.router.statistics().in_flight == 0)
+
+
+def test_configured_deadline_and_client_cancel_abort_the_engine() -> None:
+    def make(urls: list[str]) -> Config:
+        return config(urls, timeouts=TimeoutsConfig(end_to_end_timeout=0.4, health_check_interval=0.1), interactive_timeout=0.2, batch_timeout=0.2)
+
+    with grpc_service([SLOW, SLOW], make) as service, grpc.insecure_channel(service.grpc_target) as channel:
+        stub = pb_grpc.CompletionsStub(channel)
+        with pytest.raises(grpc.RpcError) as late:
+            list(stub.ChatStream(chat(max_tokens=1000)))
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        batch = service.engines[1]
+        wait_for(lambda: batch.statistics().aborted_total == 1 and batch.statistics().running == 0)
+
+        stream = stub.ChatStream(chat(max_tokens=100))
+        next(stream)
+        stream.cancel()
+        interactive = service.engines[0]
+        wait_for(lambda: interactive.statistics().aborted_total == 1 and interactive.statistics().running == 0)
+        wait_for(lambda: service.running.router.statistics().in_flight == 0)
+
+
+def test_health_flips_when_a_pool_loses_its_endpoints(service: Service) -> None:
+    with grpc.insecure_channel(service.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def status(name: str = "") -> int:
+            return int(health.Check(health_pb2.HealthCheckRequest(service=name)).status)
+
+        assert status() == health_pb2.HealthCheckResponse.SERVING
+        assert status("tailguard.v1.Completions") == health_pb2.HealthCheckResponse.SERVING
+        service.switches[1].up = False
+        wait_for(lambda: status() == health_pb2.HealthCheckResponse.NOT_SERVING)
+        with pytest.raises(grpc.RpcError) as caught:
+            pb_grpc.CompletionsStub(channel).Chat(chat(max_tokens=500))
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE and "no healthy endpoint" in caught.value.details()
+        service.switches[1].up = True
+        wait_for(lambda: status() == health_pb2.HealthCheckResponse.SERVING)
+
+
+def test_reflection_lists_the_service(service: Service) -> None:
+    with grpc.insecure_channel(service.grpc_target) as channel:
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for s in next(replies).list_services_response.service}
+    assert {"tailguard.v1.Completions", "grpc.health.v1.Health"} <= names
+
+
+def test_aio_client_unary_and_stream(service: Service) -> None:
+    async def main() -> tuple[str, str]:
+        async with grpc.aio.insecure_channel(service.grpc_target) as channel:
+            stub = pb_grpc.CompletionsStub(channel)
+            reply = await stub.Chat(chat(max_tokens=10))
+            pieces = [c.content async for c in stub.ChatStream(chat(max_tokens=10))]
+            return reply.content, "".join(pieces)
+
+    plain, streamed = asyncio.run(main())
+    assert plain == streamed and len(plain.split()) == 10
+
+
+def test_extra_parameters_pass_through(service: Service, stub: pb_grpc.CompletionsStub) -> None:
+    request = chat(max_tokens=5, seed=7)
+    request.options.extra.update({"ignore_eos": True, "min_tokens": 5})
+    first = stub.Chat(request)
+    second = stub.Chat(request)
+    other_seed = stub.Chat(chat(max_tokens=5, seed=8))
+    assert first.content == second.content != other_seed.content

@@ -1,0 +1,30 @@
+"""The committed gRPC code is what grpcio-tools generates from proto/ today."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from server.protogen import PACKAGE_PREFIX, ROOT, generate
+
+# Lines that only stamp the generator's version: a newer grpcio-tools may
+# change them without the contract changing.
+_VERSION_STAMP = re.compile(rb"^(# Protobuf Python Version:.*|GRPC_GENERATED_VERSION = .*|\s*\d+,\s*\d+,\s*\d+,?\s*)$", re.M)
+
+
+def _normalised(data: bytes) -> bytes:
+    return _VERSION_STAMP.sub(b"", data)
+
+
+def test_generated_code_is_not_stale(tmp_path: Path) -> None:
+    fresh = generate(tmp_path)
+    assert fresh, "protoc generated nothing"
+    for path in fresh:
+        relative = path.relative_to(tmp_path)
+        committed = ROOT / relative
+        assert committed.exists(), f"{relative} is not committed; run: python -m server.protogen"
+        assert _normalised(committed.read_bytes()) == _normalised(path.read_bytes()), (
+            f"{relative} is stale; run: python -m server.protogen"
+        )
+    committed_files = {p.relative_to(ROOT) for p in (ROOT / PACKAGE_PREFIX).rglob("*_pb2*.py*")}
+    assert committed_files == {p.relative_to(tmp_path) for p in fresh}
