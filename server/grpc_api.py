@@ -27,7 +27,7 @@ from grpc_reflection.v1alpha import reflection
 
 from router.config_types import Config
 from router.dispatch import Router
-from router.errors import DeadlineExceeded, InvalidRequest, TailguardError
+from router.errors import DeadlineExceeded, Draining, InvalidRequest, TailguardError
 from router.request import RequestKind, Routing, RouterRequest
 
 from .errors_map import grpc_error
@@ -40,6 +40,7 @@ log = logging.getLogger("tailguard.grpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Completions"].full_name
 GRACE_SECONDS = 5.0
+_SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance", retry_after=1.0)
 
 
 # -- the Trio side: the router, and OpenAI JSON -> protobuf ---------------------
@@ -169,6 +170,8 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             response: pb.CompletionResponse = await self._portal.call(self._trio.unary, build, context.time_remaining())
         except TailguardError as error:
             await _abort(context, error, build.request_id)
+        except ConnectionAbortedError:
+            await _abort(context, _SHUTTING_DOWN, build.request_id)
         await context.send_initial_metadata(_routing_metadata(response.routing))
         return response
 
@@ -193,6 +196,8 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
                 yield item
         except TailguardError as error:
             await _abort(context, error, request.request_id)
+        except ConnectionAbortedError:
+            await _abort(context, _SHUTTING_DOWN, request.request_id)
 
 
 def _request_id(options: pb.Options, context: grpc.aio.ServicerContext) -> str:

@@ -74,10 +74,11 @@ def grpc_service(engine_params: list[EngineParams], make_config: Callable[[list[
             async def run_service(task_status: trio.TaskStatus[Running]) -> None:
                 await serve(config, None, http_port=0, grpc_port=0, asyncio_host=host, shutdown=shutdown, task_status=task_status)
 
-            running = await nursery.start(run_service)
-            box["service"] = Service(running, engines, switches, urls, trio.lowlevel.current_trio_token(), shutdown)
-            ready.set()
-            await shutdown.wait()
+            async with trio.open_nursery() as service_nursery:
+                running = await service_nursery.start(run_service)
+                box["service"] = Service(running, engines, switches, urls, trio.lowlevel.current_trio_token(), shutdown)
+                ready.set()
+            # serve() returned: it shut down gracefully; now the engines can go.
             nursery.cancel_scope.cancel()
 
     def thread_main() -> None:

@@ -199,3 +199,17 @@ def test_extra_parameters_pass_through(service: Service, stub: pb_grpc.Completio
     second = stub.Chat(request)
     other_seed = stub.Chat(chat(max_tokens=5, seed=8))
     assert first.content == second.content != other_seed.content
+
+
+def test_shutdown_lets_in_flight_streams_finish() -> None:
+    with grpc_service([SLOW, QUICK], config) as service, grpc.insecure_channel(service.grpc_target) as channel:
+        stub = pb_grpc.CompletionsStub(channel)
+        stream = stub.ChatStream(chat(max_tokens=60))  # ~0.6 s
+        chunks = [next(stream)]
+        service.token.run_sync_soon(service._shutdown.set)
+        chunks.extend(stream)
+        assert stream.code() == grpc.StatusCode.OK
+        assert chunks[-1].usage.completion_tokens == 60
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Chat(chat(max_tokens=4), timeout=2)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
