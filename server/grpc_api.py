@@ -61,15 +61,16 @@ class _TrioSide:
         raise DeadlineExceeded("the request did not finish within its deadline")
 
     async def stream(self, emit: Callable[[Any], Awaitable[None]], request: RouterRequest, remaining: float | None) -> None:
+        """Emit the Routing, then a list of chunks per backend read (one hand-off each)."""
         request = _with_deadline(request, remaining)
         with trio.CancelScope(deadline=self._router.deadline_for(request)):
             async with self._router.open(request) as completion:
                 await emit(_routing(completion.routing))
                 decoder = SseDecoder()
                 async for raw in completion.chunks():
-                    for data in decoder.feed(raw):
-                        if data != DONE:
-                            await emit(_chunk(request.kind, json.loads(data)))
+                    chunks = [_chunk(request.kind, json.loads(data)) for data in decoder.feed(raw) if data != DONE]
+                    if chunks:
+                        await emit(chunks)
                 return
         raise DeadlineExceeded("the request did not finish within its deadline")
 
@@ -190,10 +191,11 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
                     routing = item
                     await context.send_initial_metadata(_routing_metadata(item))
                     continue
-                if routing is not None:
-                    item.routing.CopyFrom(routing)
-                    routing = None
-                yield item
+                for chunk in item:
+                    if routing is not None:
+                        chunk.routing.CopyFrom(routing)
+                        routing = None
+                    yield chunk
         except TailguardError as error:
             await _abort(context, error, request.request_id)
         except ConnectionAbortedError:

@@ -97,7 +97,10 @@ def grpc_service(engine_params: list[EngineParams], make_config: Callable[[list[
     try:
         yield service
     finally:
-        service.token.run_sync_soon(service._shutdown.set)
+        try:
+            service.token.run_sync_soon(service._shutdown.set)
+        except trio.RunFinishedError:
+            pass  # the test shut it down itself, and it already stopped
         thread.join(30)
         assert not thread.is_alive(), "the service did not stop"
         if "error" in box:
