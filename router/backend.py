@@ -78,6 +78,9 @@ class BackendClient:
     ) -> None:
         self.url = url
         timeout = httpx.Timeout(None, connect=connect_timeout, pool=connect_timeout)
+        # One TLS context for all shards: httpx builds (and loads CA roots
+        # into) a new one per client otherwise, ~1 MB and ~10 ms each.
+        tls = httpx.create_ssl_context()
         sizes = [SHARD_CONNECTIONS] * (max_concurrency // SHARD_CONNECTIONS)
         if max_concurrency % SHARD_CONNECTIONS:
             sizes.append(max_concurrency % SHARD_CONNECTIONS)
@@ -88,6 +91,7 @@ class BackendClient:
                     limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
                     timeout=timeout,
                     transport=transport,
+                    verify=tls,
                 ),
                 size,
             )
@@ -96,7 +100,7 @@ class BackendClient:
         # Health probes get their own connection: a busy endpoint's pool is
         # full of streams, and a probe must not wait behind them.
         self._probe = httpx.AsyncClient(
-            base_url=url, limits=httpx.Limits(max_connections=1), timeout=timeout, transport=transport
+            base_url=url, limits=httpx.Limits(max_connections=1), timeout=timeout, transport=transport, verify=tls
         )
 
     @asynccontextmanager
