@@ -92,7 +92,7 @@ class Router:
         self._pools: dict[str, Pool] = {}
         self._requests_total = 0
         self._draining = False
-        self._retired_endpoints: list[Endpoint] = []
+        self._retired_endpoints: dict[str, Endpoint] = {}
         self.config = config
         self.apply(config)
 
@@ -108,7 +108,8 @@ class Router:
         endpoints: dict[str, Endpoint] = {}
         for pool_config in config.pools:
             for endpoint_config in pool_config.endpoints:
-                endpoint = self._endpoints.get(endpoint_config.url)
+                # A removed endpoint that comes back keeps its in-flight count.
+                endpoint = self._endpoints.get(endpoint_config.url) or self._retired_endpoints.pop(endpoint_config.url, None)
                 if endpoint is None:
                     endpoint = Endpoint(
                         endpoint_config,
@@ -130,7 +131,7 @@ class Router:
                 pool.reconfigure(pool.config, [])  # removed: its waiters time out
         for pool_config in config.pools:
             pools[pool_config.name].reconfigure(pool_config, [endpoints[e.url] for e in pool_config.endpoints])
-        self._retired_endpoints = [e for url, e in self._endpoints.items() if url not in endpoints]
+        self._retired_endpoints.update((url, e) for url, e in self._endpoints.items() if url not in endpoints)
         self._endpoints = endpoints
         self._pools = pools
         self.config = config
@@ -251,7 +252,7 @@ class Router:
                 nursery.start_soon(probe, endpoint)
 
     async def aclose(self) -> None:
-        for endpoint in [*self._endpoints.values(), *self._retired_endpoints]:
+        for endpoint in [*self._endpoints.values(), *self._retired_endpoints.values()]:
             await endpoint.aclose()
 
     # -- views ------------------------------------------------------------

@@ -280,3 +280,23 @@ async def test_lowered_cap_admits_nobody_until_in_flight_falls(autojump_clock: t
                     assert engine.statistics().running <= 1
         assert samples > 100 and engine.statistics().finished_total == 8
         assert fleet.router.statistics().pool("interactive").max_concurrency == 1
+
+
+async def test_an_endpoint_removed_and_restored_keeps_its_in_flight_count(autojump_clock: trio.testing.MockClock) -> None:
+    config = two_pool_config(interactive_cap=2, interactive_timeout=30.0)
+    async with router_over_engines(config) as fleet:
+        async with trio.open_nursery() as nursery:
+            for i in range(2):
+                nursery.start_soon(run_to_end, fleet.router, chat(f"long-running {i}", max_tokens=128))
+            await trio.testing.wait_all_tasks_blocked()
+            emptied = with_digest(two_pool_config(interactive_cap=2, interactive_urls=()), "emptied")
+            fleet.router.apply(emptied)
+            with pytest.raises(errors.NoBackend):
+                await run_to_end(fleet.router, chat("while empty"))
+            fleet.router.apply(with_digest(config, "restored"))
+            endpoint = fleet.router._pools["interactive"].endpoints[0]
+            assert endpoint.in_flight == 2  # the same object: its running requests still count
+            nursery.start_soon(run_to_end, fleet.router, chat("third", max_tokens=8))
+            await trio.testing.wait_all_tasks_blocked()
+            assert fleet.router.statistics().pool("interactive").queue.waiting == 1  # the cap holds
+        assert fleet.engine(INTERACTIVE_URL).statistics().max_running_seen == 2
