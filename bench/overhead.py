@@ -1,0 +1,560 @@
+"""``python -m bench overhead``: what tailguard adds per request and per relayed event, HTTP and gRPC, in one run.
+
+Engines in the ``instant`` profile (no GPU time: every millisecond is HTTP,
+gRPC, JSON and scheduling); tailguard in front of them from a temporary
+config; the engine called directly beside it. Four phases, side by side:
+
+1. Added latency, open loop: Poisson arrivals at fixed rates (default 100
+   and 400 req/s, the same arrivals for every path), each latency from its
+   *scheduled* send time, to the engine directly (HTTP), through tailguard's
+   HTTP API and through its gRPC API. A closed loop at saturation would
+   measure the router's queue, not the router.
+2. Saturation: a closed loop at concurrency 64 through each API, req/s with
+   the router's cores beside it (and the engine direct for scale); then,
+   unmeasured, the HTTP loop goes on while py-spy profiles the router.
+3. SSE relay: 64 and 256 concurrent streaming chats (max_tokens 128)
+   through tailguard's HTTP API and directly; events/s and router CPU per
+   event, then a py-spy profile of the 256-stream relay (unmeasured).
+4. The issue's targets, reported (not tuned for).
+
+Load generators (none of them the bottleneck; their CPU is in every row):
+``bench.router_overhead``'s lean keep-alive HTTP/1.1 client on raw Trio
+sockets, grpc.aio on its own asyncio thread (``bench.grpc_overhead``), and
+``bench.sim_cpu``'s lean SSE client. Router CPU comes from /proc/PID/stat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from bench.grpc_overhead import (
+    WARMUP_CALLS,
+    WARMUP_SECONDS,
+    AsyncioThread,
+    GrpcClient,
+    StreamRun,
+    Target,
+    _run_result,  # RunResult from a gRPC closed loop, router CPU per call included
+    chat_request,
+    grpc_closed_loop,
+    raise_nofile,
+)
+from bench.overhead_load import (
+    ConnectionPool,
+    MachineClock,
+    OpenTally,
+    ProfileSummary,
+    grpc_open_loop,
+    http_open_loop,
+    poisson_offsets,
+    py_spy_speedscope,
+    sse_streams,
+    summarize_speedscope,
+)
+from bench.router_overhead import (
+    CHAT_PATH,
+    HOST,
+    MAX_TOKENS,
+    MESSAGE,
+    CpuClock,
+    KeepAliveClient,
+    Plan,
+    PoolSpec,
+    RunResult,
+    _run,  # one measured closed loop (warm-up included) on the lean HTTP client
+    closed_loop,
+    http_request,
+    log_tail,
+    percentile,
+    start_simulator,
+    start_tailguard,
+    tailguard_config,
+    wait_ready,
+    write_json,
+)
+from bench.sim_cpu import free_ports, interrupted, stop
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results" / "overhead"
+
+# The issue's targets.
+TARGET_RATE = 400.0  # req/s at which the added latency is judged
+TARGET_ADDED_P50_MS = 1.0
+TARGET_ADDED_P99_MS = 3.0
+TARGET_SATURATION = 1_500.0  # req/s
+TARGET_EVENTS_PER_S = 30_000.0
+
+SATURATION_CONCURRENCY = 64
+SATURATION_WARMUP = 500  # requests
+STREAM_MAX_TOKENS = 128  # the interactive class's max_output_tokens: still interactive
+POOL_CAP = 1024
+_CANCEL_GRACE_S = 30.0
+
+DIRECT, HTTP, GRPC = "direct HTTP", "tailguard HTTP", "tailguard gRPC"
+
+
+@dataclass(frozen=True)
+class Options:
+    rates: Sequence[float]
+    seconds: float  # each open-loop run
+    warmup_s: float  # unmeasured open loop before each run, same rate
+    sat_seconds: float
+    streams: Sequence[int]
+    sse_warmup_s: float
+    sse_seconds: float
+    profile_s: float  # 0: no py-spy
+    seed: int
+    out_dir: Path
+
+
+@dataclass
+class OpenRun:
+    path: str
+    rate: float  # scheduled req/s
+    arrivals: int
+    completed: int
+    errors: int
+    dropped: int  # the client's connection cap was reached: never sent
+    unfinished: int  # still running when the run's time bound cut it off
+    connections: int
+    wall_s: float
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+    lag_p50_ms: float  # how late the client started sending, from the schedule
+    lag_p99_ms: float
+    cores: dict[str, float]
+    machine_busy_cores: float  # every process on the machine, ours included
+    router_cpu_us_per_request: float | None
+
+
+@dataclass
+class Added:
+    path: str
+    rate: float
+    added_p50_ms: float
+    added_p99_ms: float
+
+
+@dataclass
+class Result:
+    cpu_count: int
+    engine_profile: str
+    message: str
+    max_tokens: int
+    stream_max_tokens: int
+    arrivals: str
+    load_generators: list[str]
+    parameters: dict[str, object]
+    open_loop: list[OpenRun]
+    added: list[Added]
+    saturation: list[RunResult]
+    streams: list[StreamRun]
+    profiles: dict[str, ProfileSummary]
+    targets: list[Target]
+    machine_busy_cores: dict[str, float]  # saturation and SSE runs (warm-up included), keyed "PATH" / "PATH STREAMS"
+    wall_s: float = 0.0
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+async def measure(options: Options, aio: AsyncioThread) -> Result:
+    """Start the simulator and tailguard, run every phase, tear it all down on every path."""
+    sim_port, batch_port, http_port, grpc_port = free_ports(4)
+    with tempfile.TemporaryDirectory(prefix="tailguard-overhead-") as tmp:
+        config = Path(tmp) / "config.toml"
+        pool = partial(PoolSpec, max_concurrency=POOL_CAP, max_queue=4 * POOL_CAP)
+        config.write_text(
+            tailguard_config(http_port, grpc_port, pool("interactive", [(sim_port, POOL_CAP)]), pool("batch", [(batch_port, POOL_CAP)]))
+        )
+        logs = {name: Path(tmp) / f"{name}.log" for name in ("simulator", "tailguard")}
+        with logs["simulator"].open("wb") as sim_out, logs["tailguard"].open("wb") as tg_out:
+            try:
+                async with trio.open_nursery() as nursery:
+                    sim = await start_simulator(nursery, [(sim_port, "instant"), (batch_port, "instant")], log=sim_out)
+                    await wait_ready(sim_port, sim, "the simulator")
+                    await wait_ready(batch_port, sim, "the simulator")
+                    tg = await start_tailguard(nursery, config, log=tg_out)
+                    await wait_ready(http_port, tg, "tailguard")
+                    client = await aio.run(partial(GrpcClient.open, f"{HOST}:{grpc_port}", 1))
+                    try:
+                        pids = {"simulator": sim.pid, "tailguard": tg.pid}
+                        result = await _phases(options, aio, client, {DIRECT: sim_port, HTTP: http_port}, pids)
+                    finally:
+                        with trio.CancelScope(shield=True), trio.move_on_after(_CANCEL_GRACE_S):
+                            await aio.run(client.close)
+                    for process, name in ((tg, "tailguard"), (sim, "the simulator")):
+                        if process.returncode is not None:
+                            raise RuntimeError(f"{name} exited with {process.returncode} during the run")
+                    await stop(tg)  # tailguard first: it must not see its backends vanish
+                    nursery.cancel_scope.cancel()
+            except Exception:
+                for name, path in logs.items():
+                    print(f"--- {name} log ---\n{log_tail(path)}", file=sys.stderr)
+                raise
+    return result
+
+
+async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int]) -> Result:
+    open_runs = await open_loop_phase(options, aio, client, ports, pids)
+    busy: dict[str, float] = {}
+    saturation, profiles = await saturation_phase(options, aio, client, ports, pids, busy)
+    streams, sse_profile = await sse_phase(options, ports, pids, busy)
+    profiles.update(sse_profile)
+    added = _added(open_runs)
+    return Result(
+        cpu_count=len(os.sched_getaffinity(0)),
+        engine_profile="instant",
+        message=MESSAGE,
+        max_tokens=MAX_TOKENS,
+        stream_max_tokens=STREAM_MAX_TOKENS,
+        arrivals=f"Poisson (exponential gaps, seed {options.seed} + rate), the same arrivals for every path at a rate",
+        load_generators=[
+            "HTTP: bench.router_overhead.KeepAliveClient (raw Trio sockets, keep-alive HTTP/1.1, hand-parsed), "
+            "a pool of idle connections: each arrival takes one or opens one, never waits",
+            "gRPC: grpc.aio on its own asyncio thread (bench.grpc_overhead), one channel, one call per arrival",
+            "SSE: bench.sim_cpu.client (raw Trio sockets, one connection per stream, events counted with bytes.count)",
+        ],
+        parameters={k: (list(v) if isinstance(v, Sequence) else str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
+        open_loop=open_runs,
+        added=added,
+        saturation=saturation,
+        streams=streams,
+        profiles=profiles,
+        targets=_targets(added, saturation, streams),
+        machine_busy_cores=busy,
+    )
+
+
+async def open_loop_phase(options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int]) -> list[OpenRun]:
+    """Every rate, every path, the same Poisson arrivals; unmeasured warm-up at the same rate before each run."""
+    payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS}
+    requests = {path: http_request(port, CHAT_PATH, payload) for path, port in ports.items()}
+    pools = {path: ConnectionPool(port) for path, port in ports.items()}
+    stub, grpc_request = client.stubs[0], chat_request(MAX_TOKENS)
+    runs: list[OpenRun] = []
+
+    async def send(path: str, offsets: Sequence[float]) -> OpenTally:
+        if path == GRPC:
+            return await aio.run(partial(grpc_open_loop, stub, grpc_request, offsets))
+        return await http_open_loop(pools[path], requests[path], offsets)
+
+    try:
+        for rate in options.rates:
+            offsets = poisson_offsets(rate, options.seconds, options.seed + int(rate))
+            warm = poisson_offsets(rate, options.warmup_s, options.seed + int(rate) + 1)
+            for path in (DIRECT, HTTP, GRPC):
+                if warm:
+                    await send(path, warm)
+                before, machine = CpuClock.read(pids), MachineClock.read()
+                tally = await send(path, offsets)
+                after = CpuClock.read(pids)
+                runs.append(_open_run(path, rate, len(offsets), tally, before, after, MachineClock.read().cores_since(machine)))
+                print(_open_progress(runs[-1]), file=sys.stderr, flush=True)
+    finally:
+        with trio.CancelScope(shield=True):
+            for pool in pools.values():
+                await pool.aclose()
+    return runs
+
+
+async def saturation_phase(
+    options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int], busy: dict[str, float]
+) -> tuple[list[RunResult], dict[str, ProfileSummary]]:
+    """Closed loops at concurrency 64: direct, tailguard HTTP (then profiled), tailguard gRPC."""
+    payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS}
+    plan = Plan(concurrencies=[SATURATION_CONCURRENCY], requests=lambda _: 10**7, seconds=options.sat_seconds, warmup=SATURATION_WARMUP)
+    runs: list[RunResult] = []
+    for path, target in ((DIRECT, "direct"), (HTTP, "tailguard")):
+        request = http_request(ports[path], CHAT_PATH, payload)
+        machine = MachineClock.read()
+        run = await _run(target, ports[path], request, SATURATION_CONCURRENCY, plan, pids)
+        busy[path] = MachineClock.read().cores_since(machine)
+        runs.append(replace(run, target=path))
+        print(_sat_progress(runs[-1]), file=sys.stderr, flush=True)
+    profiles: dict[str, ProfileSummary] = {}
+    if options.profile_s > 0:
+        request = http_request(ports[HTTP], CHAT_PATH, payload)
+        summary = await _profile_http(ports[HTTP], request, pids["tailguard"], options.out_dir / "profile_http.json", options.profile_s)
+        if summary is not None:
+            profiles["http_saturation"] = summary
+    grpc_request = chat_request(MAX_TOKENS)
+    machine = MachineClock.read()
+    await aio.run(partial(grpc_closed_loop, client, grpc_request, SATURATION_CONCURRENCY, max(WARMUP_CALLS, SATURATION_CONCURRENCY), WARMUP_SECONDS))
+    before = CpuClock.read(pids)
+    tally, wall = await aio.run(partial(grpc_closed_loop, client, grpc_request, SATURATION_CONCURRENCY, 10**7, options.sat_seconds))
+    after = CpuClock.read(pids)
+    busy[GRPC] = MachineClock.read().cores_since(machine)
+    runs.append(replace(_run_result("grpc", SATURATION_CONCURRENCY, tally, wall, before, after), target=GRPC))
+    print(_sat_progress(runs[-1]), file=sys.stderr, flush=True)
+    return runs, profiles
+
+
+async def _profile_http(port: int, request: bytes, tg_pid: int, path: Path, seconds: float) -> ProfileSummary | None:
+    """The HTTP saturation loop again, unmeasured, while py-spy records tailguard."""
+    clients = [KeepAliveClient(port) for _ in range(SATURATION_CONCURRENCY)]
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(closed_loop, clients, request, 10**7, seconds + 60)
+            await trio.sleep(0.5)
+            written = await py_spy_speedscope(tg_pid, path, seconds)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            for c in clients:
+                await c.aclose()
+    return summarize_speedscope(path) if written else _no_profile(path)
+
+
+async def sse_phase(options: Options, ports: dict[str, int], pids: dict[str, int], busy: dict[str, float]) -> tuple[list[StreamRun], dict[str, ProfileSummary]]:
+    """Streaming chats (max_tokens 128): direct and through tailguard HTTP, at each stream count."""
+    payload = {
+        "messages": [{"role": "user", "content": MESSAGE}],
+        "max_tokens": STREAM_MAX_TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},  # tailguard asks the engine for it too
+    }
+    runs: list[StreamRun] = []
+    profiles: dict[str, ProfileSummary] = {}
+    top = max(options.streams)
+    for streams in options.streams:
+        for path, target in ((DIRECT, "direct"), (HTTP, "tailguard")):
+            profile = options.out_dir / "profile_sse.json" if path == HTTP and streams == top and options.profile_s > 0 else None
+            request = http_request(ports[path], CHAT_PATH, payload)
+            machine = MachineClock.read()
+            run = await sse_streams(target, ports[path], request, streams, options.sse_warmup_s, options.sse_seconds, pids, profile, options.profile_s)
+            busy[f"{path} {streams}"] = MachineClock.read().cores_since(machine)
+            runs.append(replace(run, target=path))
+            print(_sse_progress(runs[-1]), file=sys.stderr, flush=True)
+            if profile is not None:
+                summary = summarize_speedscope(profile) if profile.exists() else _no_profile(profile)
+                if summary is not None:
+                    profiles[f"sse_{streams}_streams"] = summary
+    return runs, profiles
+
+
+def _no_profile(path: Path) -> ProfileSummary | None:
+    """None, after saying so: a missing profile must not sink the run's numbers."""
+    print(f"warning: py-spy wrote no profile to {path}", file=sys.stderr)
+    return None
+
+
+def _open_run(path: str, rate: float, arrivals: int, tally: OpenTally, before: CpuClock, after: CpuClock, machine_cores: float) -> OpenRun:
+    latencies, lags = sorted(tally.latencies), sorted(tally.lags)
+    n = len(latencies)
+    wall = after.wall - before.wall
+    cpu = after.seconds_since(before)["tailguard"]
+    return OpenRun(
+        path=path,
+        rate=rate,
+        arrivals=arrivals,
+        completed=n,
+        errors=tally.errors,
+        dropped=tally.dropped,
+        unfinished=arrivals - n - tally.errors - tally.dropped,
+        connections=tally.connections,
+        wall_s=wall,
+        p50_ms=percentile(latencies, 50) * 1000,
+        p99_ms=percentile(latencies, 99) * 1000,
+        mean_ms=sum(latencies) / n * 1000 if n else math.nan,
+        max_ms=latencies[-1] * 1000 if n else math.nan,
+        lag_p50_ms=percentile(lags, 50) * 1000,
+        lag_p99_ms=percentile(lags, 99) * 1000,
+        cores=after.cores_since(before),
+        machine_busy_cores=machine_cores,
+        router_cpu_us_per_request=cpu / n * 1e6 if path != DIRECT and n else None,
+    )
+
+
+def _added(runs: Sequence[OpenRun]) -> list[Added]:
+    direct = {r.rate: r for r in runs if r.path == DIRECT}
+    return [Added(r.path, r.rate, r.p50_ms - direct[r.rate].p50_ms, r.p99_ms - direct[r.rate].p99_ms) for r in runs if r.path != DIRECT and r.rate in direct]
+
+
+def _targets(added: Sequence[Added], saturation: Sequence[RunResult], streams: Sequence[StreamRun]) -> list[Target]:
+    targets = []
+    rates = sorted({a.rate for a in added})
+    rate = TARGET_RATE if TARGET_RATE in rates else (rates[-1] if rates else TARGET_RATE)
+    for a in added:
+        if a.rate == rate:
+            met = a.added_p50_ms < TARGET_ADDED_P50_MS and a.added_p99_ms < TARGET_ADDED_P99_MS
+            goal = f"P50 < {TARGET_ADDED_P50_MS:g} ms, P99 < {TARGET_ADDED_P99_MS:g} ms"
+            targets.append(Target(f"added latency at {rate:g} req/s, {a.path}", goal, f"P50 {a.added_p50_ms:+.2f} ms, P99 {a.added_p99_ms:+.2f} ms", met))
+    for r in saturation:
+        if r.target != DIRECT:
+            measured = f"{r.req_per_s:,.0f} req/s (router {r.cores['tailguard']:.2f} cores)"
+            targets.append(Target(f"saturation throughput, {r.target}", f">= {TARGET_SATURATION:,.0f} req/s", measured, r.req_per_s >= TARGET_SATURATION))
+    relayed = [s for s in streams if s.target == HTTP]
+    if relayed:
+        best = max(relayed, key=lambda s: s.chunks_per_s)
+        measured = f"{best.chunks_per_s:,.0f} events/s ({best.streams} streams, router {best.cores['tailguard']:.2f} cores)"
+        targets.append(Target("SSE events/s relayed per router process", f">= {TARGET_EVENTS_PER_S:,.0f}", measured, best.chunks_per_s >= TARGET_EVENTS_PER_S))
+    return targets
+
+
+# -- reporting ---------------------------------------------------------------------------
+
+
+def _cores(cores: dict[str, float]) -> str:
+    return f"{cores['simulator']:.2f} / {cores['tailguard']:.2f} / {cores['client']:.2f}"
+
+
+def _opt(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render(result: Result) -> str:
+    """The markdown report: tables, targets, profile summaries, how it was measured."""
+    added = {(a.path, a.rate): a for a in result.added}
+    lines = [
+        f"## Added latency, open loop (non-streaming chat, max_tokens {result.max_tokens}; {result.arrivals})",
+        "",
+        "| path | rate req/s | arrivals | done | errors / dropped / cut off | conns | P50 ms | P99 ms | added P50 / P99 ms | send lag P50 / P99 ms "
+        "| cores: sim / router / client | machine busy cores | router CPU µs/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.open_loop:
+        a = added.get((r.path, r.rate))
+        plus = f"{a.added_p50_ms:+.2f} / {a.added_p99_ms:+.2f}" if a else "-"
+        lines.append(
+            f"| {r.path} | {r.rate:g} | {r.arrivals:,} | {r.completed:,} | {r.errors} / {r.dropped} / {r.unfinished} | {r.connections} | {r.p50_ms:.2f} "
+            f"| {r.p99_ms:.2f} | {plus} | {r.lag_p50_ms:.2f} / {r.lag_p99_ms:.2f} | {_cores(r.cores)} | {r.machine_busy_cores:.2f} "
+            f"| {_opt(r.router_cpu_us_per_request, ',.0f')} |"
+        )
+    lines += [
+        "",
+        f"## Saturation, closed loop at concurrency {SATURATION_CONCURRENCY}",
+        "",
+        "| path | requests | errors | req/s | P50 ms | P99 ms | router cores | req/s per router core | router CPU µs/req "
+        "| cores: sim / router / client | machine busy cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result.saturation:
+        tg = c.cores["tailguard"]
+        per_core = f"{c.req_per_s / tg:,.0f}" if c.target != DIRECT and tg > 0 else "-"
+        cpu = _opt(c.router_cpu_ms_per_request * 1000 if c.router_cpu_ms_per_request is not None else None, ",.0f")
+        lines.append(
+            f"| {c.target} | {c.requests:,} | {c.errors} | {c.req_per_s:,.0f} | {c.p50_ms:.2f} | {c.p99_ms:.2f} | {tg:.2f} | {per_core} | {cpu} | {_cores(c.cores)} "
+            f"| {_opt(result.machine_busy_cores.get(c.target), '.2f')} |"
+        )
+    lines += [
+        "",
+        f"## SSE relay, streaming chat (max_tokens {result.stream_max_tokens}), streams restarted as they end",
+        "",
+        "| path | streams | window s | events/s | streams done | errors | cores: sim / router / client | machine busy cores | router CPU µs/event |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in result.streams:
+        lines.append(
+            f"| {s.target} | {s.streams} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {_cores(s.cores)} "
+            f"| {_opt(result.machine_busy_cores.get(f'{s.target} {s.streams}'), '.2f')} | {_opt(s.tailguard_cpu_us_per_chunk, '.1f')} |"
+        )
+    lines += ["", "## Targets (reported, not tuned for)", "", "| target | goal | measured | verdict |", "|---|---|---|---|"]
+    for t in result.targets:
+        lines.append(f"| {t.name} | {t.goal} | {t.measured} | {'PASS' if t.met else 'MISS'} |")
+    for name, p in result.profiles.items():
+        others = ", ".join(f"{thread} {n}" for thread, n in p.other_thread_samples.items()) or "none"
+        lines += [
+            "",
+            f"## Router profile: {name} (py-spy, `{_rel(p.path)}`)",
+            "",
+            f"{p.samples:,} samples of the main thread (other threads, mostly blocked waits: {others}).",
+            "Self time by component (the leaf frame's package): " + ", ".join(f"{c} {s:.0%}" for c, s in p.self_by_component[:8]) + ".",
+            "Inclusive by component (anywhere on the stack): " + ", ".join(f"{c} {s:.0%}" for c, s in p.inclusive_by_component[:10]) + ".",
+            "",
+            "| top self frames | share |",
+            "|---|---|",
+        ]
+        lines += [f"| `{f}` | {s:.1%} |" for f, s in p.top_self[:10]]
+        inclusive = [(f, s) for f, s in p.top_inclusive if s < 0.9][:12]
+        lines += ["", "| top inclusive frames (below 90%) | share |", "|---|---|"]
+        lines += [f"| `{f}` | {s:.1%} |" for f, s in inclusive]
+    lines += ["", "Load generators: " + "; ".join(result.load_generators) + "."]
+    lines.append(
+        f"Engines in the '{result.engine_profile}' profile; {result.cpu_count} CPUs shared by the simulator, tailguard and the load "
+        f"generators (and whatever else runs: 'machine busy cores' counts every process; the saturation and SSE rows' include their warm-ups). "
+        f"'send lag' is how late the client started a request after its scheduled time (in every latency); percentiles are over the "
+        f"requests done (dropped and cut-off ones are counted beside them). "
+        f"Wall time {result.wall_s:.0f} s."
+    )
+    return "\n".join(lines)
+
+
+def _rel(path: str) -> str:
+    return path.rsplit("/work/main/", 1)[-1]
+
+
+def _open_progress(r: OpenRun) -> str:
+    return f"  open {r.path:>14} {r.rate:g}/s: n={r.completed} P50 {r.p50_ms:.2f} P99 {r.p99_ms:.2f} ms, lag P99 {r.lag_p99_ms:.2f} ms, router {r.cores['tailguard']:.2f} cores"
+
+
+def _sat_progress(r: RunResult) -> str:
+    return f"  saturation {r.target:>14}: {r.req_per_s:,.0f} req/s, router {r.cores['tailguard']:.2f} cores, client {r.cores['client']:.2f}"
+
+
+def _sse_progress(s: StreamRun) -> str:
+    return f"  sse {s.target:>14} {s.streams} streams: {s.chunks_per_s:,.0f} events/s, router {s.cores['tailguard']:.2f} cores, {s.errors} errors"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench overhead", description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="100,400", help="comma-separated open-loop rates, req/s (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="each open-loop run (default %(default)s)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured open loop before each run (default %(default)s)")
+    parser.add_argument("--sat-seconds", type=float, default=8.0, help="each saturation run (default %(default)s)")
+    parser.add_argument("--streams", default="64,256", help="comma-separated concurrent SSE streams (default %(default)s)")
+    parser.add_argument("--sse-warmup", type=float, default=2.0, help="SSE load before each window (default %(default)s)")
+    parser.add_argument("--sse-seconds", type=float, default=6.0, help="each SSE window (default %(default)s)")
+    parser.add_argument("--profile-seconds", type=float, default=8.0, help="py-spy recording of the router; 0 skips it (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the Poisson arrivals (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of overhead.json, overhead.md, profiles (default %(default)s)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rates = sorted({float(r) for r in args.rates.split(",") if r.strip()})
+        streams = sorted({int(s) for s in args.streams.split(",") if s.strip()})
+    except ValueError:
+        parser.error("--rates and --streams must be comma-separated numbers")
+    if not rates or min(rates) <= 0 or not streams or min(streams) < 1:
+        parser.error("--rates must be > 0 and --streams >= 1")
+    if min(args.seconds, args.sat_seconds, args.sse_seconds) <= 0 or min(args.warmup, args.sse_warmup, args.profile_seconds) < 0:
+        parser.error("durations must be > 0 (warm-ups and --profile-seconds >= 0)")
+    options = Options(rates, args.seconds, args.warmup, args.sat_seconds, streams, args.sse_warmup, args.sse_seconds, args.profile_seconds, args.seed, args.out)
+    raise_nofile(8192)  # children inherit it: 256 streams are 512 sockets in tailguard
+    started = time.perf_counter()
+    try:
+        with AsyncioThread() as aio:
+            result = trio.run(measure, options, aio)
+    except BaseException as error:
+        if not interrupted(error):
+            raise
+        print("interrupted; the simulator and tailguard were stopped", file=sys.stderr)
+        return 130
+    result.wall_s = time.perf_counter() - started
+    report = render(result)
+    print(report)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "overhead.json", asdict(result))
+    (args.out / "overhead.md").write_text(report + "\n")
+    print(f"wrote {args.out / 'overhead.json'} and {args.out / 'overhead.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

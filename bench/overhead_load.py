@@ -1,0 +1,318 @@
+"""Load pieces of ``python -m bench overhead``: open-loop arrivals, SSE streams, py-spy profiles.
+
+Open loop, because added latency measured in a closed loop at saturation is
+the router's queue, not the router: requests are sent at pre-drawn Poisson
+arrival times whatever the server does, and each latency runs from the
+*scheduled* send time, so a late sender or a slow server both show up. The
+HTTP side takes an idle keep-alive connection for each request or opens a new
+one (up to a cap), so the client never queues; the gRPC side starts one call
+per arrival on one HTTP/2 channel (gRPC multiplexes, so it never queues
+either). The lean HTTP client is ``bench.router_overhead``'s, the gRPC
+client and its asyncio thread are ``bench.grpc_overhead``'s, and the SSE
+client is ``bench.sim_cpu``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import trio
+
+from bench.grpc_overhead import CALL_TIMEOUT_S, StreamRun
+from bench.router_overhead import CpuClock, KeepAliveClient, ProtocolError
+from bench.sim_cpu import LoadCounters
+from bench.sim_cpu import client as sse_client
+from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+
+START_DELAY_S = 0.05  # between drawing the schedule's origin and its first arrival
+MAX_CONNECTIONS = 2048  # per open-loop HTTP pool; beyond it an arrival is dropped (and counted)
+_PY_SPY_GRACE_S = 30.0  # py-spy's own start-up and writing of the file
+
+
+# -- the machine's CPU --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MachineClock:
+    """Busy CPU seconds of the whole machine (every core, every process), at one instant.
+
+    Other work on a shared machine takes cores from the router; the
+    machine's busy cores beside the measured processes' show how much.
+    """
+
+    wall: float
+    busy: float
+
+    @staticmethod
+    def read() -> MachineClock:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        busy = sum(values) - values[3] - values[4]
+        return MachineClock(time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"))
+
+    def cores_since(self, before: MachineClock) -> float:
+        return (self.busy - before.busy) / max(self.wall - before.wall, 1e-9)
+
+
+# -- arrivals -------------------------------------------------------------------------
+
+
+def poisson_offsets(rate: float, seconds: float, seed: int) -> list[float]:
+    """Arrival times (s from the start) of a Poisson process at ``rate``; the same seed gives the same arrivals."""
+    rng = random.Random(seed)
+    offsets: list[float] = []
+    t = rng.expovariate(rate)
+    limit = int(rate * seconds * 2) + 100  # a bound besides the horizon
+    while t < seconds and len(offsets) < limit:
+        offsets.append(t)
+        t += rng.expovariate(rate)
+    return offsets
+
+
+@dataclass
+class OpenTally:
+    """One open-loop run as the client saw it (seconds)."""
+
+    latencies: list[float] = field(default_factory=list)  # completion - scheduled send time
+    lags: list[float] = field(default_factory=list)  # actual send start - scheduled send time
+    errors: int = 0
+    dropped: int = 0  # no connection could be had (HTTP pool at MAX_CONNECTIONS)
+    connections: int = 0  # connections opened (HTTP) or channels used (gRPC)
+
+
+# -- HTTP: Trio, keep-alive pool ---------------------------------------------------------
+
+
+class ConnectionPool:
+    """Idle keep-alive connections to one port: take one, or open one; never wait for one."""
+
+    def __init__(self, port: int, cap: int = MAX_CONNECTIONS) -> None:
+        self.port = port
+        self.cap = cap
+        self.opened = 0
+        self._idle: list[KeepAliveClient] = []
+
+    def take(self) -> KeepAliveClient | None:
+        if self._idle:
+            return self._idle.pop()
+        if self.opened >= self.cap:
+            return None
+        self.opened += 1
+        return KeepAliveClient(self.port)  # connects on its first exchange
+
+    def give(self, client: KeepAliveClient) -> None:
+        self._idle.append(client)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for client in idle:
+            await client.aclose()
+
+
+async def _http_call(pool: ConnectionPool, request: bytes, due: float, tally: OpenTally) -> None:
+    client = pool.take()
+    if client is None:
+        tally.dropped += 1
+        return
+    tally.lags.append(time.perf_counter() - due)
+    try:
+        reply = await client.exchange(request)
+    except (OSError, trio.BrokenResourceError, ProtocolError):
+        tally.errors += 1
+    else:
+        if reply.status == 200:
+            tally.latencies.append(time.perf_counter() - due)
+        else:
+            tally.errors += 1
+    finally:
+        pool.give(client)  # a failed client closed itself and reconnects on its next use
+
+
+async def http_open_loop(pool: ConnectionPool, request: bytes, offsets: Sequence[float]) -> OpenTally:
+    """Send ``request`` at ``offsets`` (s from now) whatever the server does; wait for the stragglers (bounded)."""
+    tally = OpenTally()
+    opened_before = pool.opened
+    start = time.perf_counter() + START_DELAY_S
+    horizon = offsets[-1] if offsets else 0.0
+    with trio.move_on_after(START_DELAY_S + horizon + CALL_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            for offset in offsets:
+                due = start + offset
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await trio.sleep(delay)
+                nursery.start_soon(_http_call, pool, request, due, tally)
+    tally.connections = pool.opened - opened_before
+    return tally
+
+
+# -- gRPC: grpc.aio on bench.grpc_overhead's asyncio thread ---------------------------------
+
+
+async def grpc_open_loop(stub: pb_grpc.CompletionsStub, request: pb.ChatRequest, offsets: Sequence[float]) -> OpenTally:
+    """The same schedule as ``http_open_loop``, one unary ``Chat`` call per arrival (runs on the asyncio thread)."""
+    tally = OpenTally(connections=1)
+    start = time.perf_counter() + START_DELAY_S
+    pending: set[asyncio.Task[None]] = set()
+
+    async def call(due: float) -> None:
+        tally.lags.append(time.perf_counter() - due)
+        try:
+            await stub.Chat(request, timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
+            tally.errors += 1
+        else:
+            tally.latencies.append(time.perf_counter() - due)
+
+    try:
+        for offset in offsets:
+            due = start + offset
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.ensure_future(call(due))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.wait(set(pending), timeout=CALL_TIMEOUT_S + 1)
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    return tally
+
+
+# -- SSE relay ---------------------------------------------------------------------------
+
+
+async def sse_streams(
+    target: str,
+    port: int,
+    request: bytes,
+    streams: int,
+    warmup_s: float,
+    window_s: float,
+    pids: dict[str, int],
+    profile: Path | None = None,
+    profile_s: float = 0.0,
+) -> StreamRun:
+    """``streams`` concurrent streams, each restarted when it ends (a connection each); events/s over the window.
+
+    With ``profile``, the load goes on after the window while py-spy records
+    tailguard, so the profile does not perturb the measured numbers.
+    """
+    counters = LoadCounters()
+    extra = profile_s + _PY_SPY_GRACE_S if profile is not None else 0.0
+    deadline = trio.current_time() + warmup_s + window_s + extra + 1.0
+    async with trio.open_nursery() as load:
+        for _ in range(streams):
+            load.start_soon(sse_client, port, request, deadline, counters)
+        await trio.sleep(warmup_s)
+        before, at_start = CpuClock.read(pids), LoadCounters(**asdict(counters))
+        await trio.sleep(window_s)
+        after, at_end = CpuClock.read(pids), LoadCounters(**asdict(counters))
+        if profile is not None:
+            await py_spy_speedscope(pids["tailguard"], profile, profile_s)
+        load.cancel_scope.cancel()
+    done = at_end.streams_done - at_start.streams_done
+    events = at_end.events - at_start.events - done  # a finished stream's [DONE] is not a relayed chunk
+    wall = after.wall - before.wall
+    cpu = after.seconds_since(before)["tailguard"]
+    per_event = cpu / events * 1e6 if target != "direct" and events else None
+    return StreamRun(target, streams, wall, events, events / wall, done, at_end.errors - at_start.errors, after.cores_since(before), per_event)
+
+
+# -- profiles ----------------------------------------------------------------------------
+
+
+async def py_spy_speedscope(pid: int, path: Path, seconds: float) -> bool:
+    """``py-spy record --format speedscope`` of ``pid`` for ``seconds``; whether the file was written."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    command = [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "100", "--format", "speedscope", "--output", str(path)]
+    with trio.move_on_after(seconds + _PY_SPY_GRACE_S):
+        await trio.run_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return path.exists()
+
+
+@dataclass
+class ProfileSummary:
+    """Where the sampled CPU went, as shares of the main thread's samples.
+
+    The other threads (Trio's thread cache, the guest-mode I/O poller) are
+    almost always blocked in a wait py-spy cannot tell from work; their
+    sample counts are kept apart so a reader can check.
+    """
+
+    path: str
+    samples: int  # main thread
+    other_thread_samples: dict[str, int]
+    top_self: list[tuple[str, float]]  # leaf frames
+    top_inclusive: list[tuple[str, float]]  # frames anywhere on the stack
+    self_by_component: list[tuple[str, float]]  # the leaf frame's package or project module
+    inclusive_by_component: list[tuple[str, float]]  # packages anywhere on the stack
+
+
+def summarize_speedscope(path: Path, top: int = 25) -> ProfileSummary:
+    """Self and inclusive shares per frame and per component, from a py-spy speedscope file."""
+    data = json.loads(path.read_text())
+    frames = data["shared"]["frames"]
+    names = [f"{f['name']} ({_short_file(f.get('file', '?'))}:{f.get('line', 0)})" for f in frames]
+    components = [_component(f.get("file", "")) for f in frames]
+    profiles = data["profiles"]
+    main = [p for p in profiles if "MainThread" in p.get("name", "")] or profiles
+    others = {p.get("name", "?"): len(p.get("samples", [])) for p in profiles if p not in main}
+    self_w: collections.Counter[str] = collections.Counter()
+    incl_w: collections.Counter[str] = collections.Counter()
+    comp_self: collections.Counter[str] = collections.Counter()
+    comp_incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for profile in main:
+        for stack in profile.get("samples", []):
+            if not stack:
+                continue
+            total += 1
+            self_w[names[stack[-1]]] += 1
+            comp_self[components[stack[-1]]] += 1
+            incl_w.update({names[i] for i in stack})
+            comp_incl.update({components[i] for i in stack})
+
+    def shares(counter: collections.Counter[str]) -> list[tuple[str, float]]:
+        return [(name, n / total) for name, n in counter.most_common(top)] if total else []
+
+    return ProfileSummary(str(path), total, others, shares(self_w), shares(incl_w), shares(comp_self), shares(comp_incl))
+
+
+def _short_file(file: str) -> str:
+    for marker in ("site-packages/", "/lib/python3"):
+        if marker in file:
+            return file.split(marker, 1)[1].lstrip("/").removeprefix(".11/").removeprefix("1/")
+    return file.rsplit("/work/main/", 1)[-1]
+
+
+def _component(file: str) -> str:
+    """The package a frame's file belongs to: a third-party package, a project package, or the stdlib module."""
+    if "site-packages/" in file:
+        return file.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    for project in ("router", "server", "bench"):
+        if f"/{project}/" in file:
+            return f"tailguard {project}/"
+    if "/lib/python3" in file:
+        rest = file.split("/lib/python3", 1)[1].split("/", 1)[-1]
+        return "stdlib " + rest.split("/", 1)[0].removesuffix(".py")
+    return file or "?"

@@ -1,0 +1,143 @@
+"""The sweep's tables and plots: markdown for people, PNG where a picture beats a table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .sweep_check import Comparison
+from .sweep_sim import ClassStats, PointResult
+
+OK_SHARE_FLAG = 0.99  # below this share of ok answers a percentile hides failures: say so
+
+
+def _ms(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _ok_share(stats: ClassStats) -> float:
+    return stats.ok / stats.n if stats.n else math.nan
+
+
+def full_table(results: Sequence[PointResult]) -> str:
+    """Every point and class: counts, outcomes, percentiles, goodput."""
+    lines = [
+        "| set-up | load | req/s | class | n | ok | 429 | 503 | timeout | TTFT P50 ms | TTFT P99 ms "
+        "| E2E P50 ms | E2E P99 ms | goodput req/s | goodput tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for c in r.classes:
+            o = c.outcomes
+            lines.append(
+                f"| {r.setup} | {r.load:g} | {r.rate:.1f} | {c.kind} | {c.n} | {c.ok} | {o.get('429', 0)} | {o.get('503', 0)} "
+                f"| {o.get('timeout', 0)} | {_ms(c.ttft_p50_ms)} | {_ms(c.ttft_p99_ms)} | {_ms(c.e2e_p50_ms)} "
+                f"| {_ms(c.e2e_p99_ms)} | {c.goodput_rps:.1f} | {c.goodput_tokens_per_s:,.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def pivot(results: Sequence[PointResult], kind: str, metric: str, title: str) -> str:
+    """One metric of one class: loads down, set-ups across; '(n% ok)' where answers failed."""
+    setups = list(dict.fromkeys(r.setup for r in results))
+    loads = sorted({r.load for r in results})
+    cells = {(r.setup, r.load): r.stats(kind) for r in results}
+    lines = [f"**{title}**", "", "| load | " + " | ".join(setups) + " |", "|---|" + "---|" * len(setups)]
+    for load in loads:
+        row = []
+        for setup in setups:
+            stats = cells.get((setup, load))
+            if stats is None:
+                row.append("")
+                continue
+            cell = _ms(getattr(stats, metric))
+            share = _ok_share(stats)
+            if share < OK_SHARE_FLAG:
+                cell += f" ({share:.0%} ok)"
+            row.append(cell)
+        lines.append(f"| {load:g} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def comparison_table(rows: Sequence[Comparison]) -> str:
+    lines = ["| set-up | class | metric | real ms | virtual ms | virtual / real |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.setup} | {r.kind} | {r.metric} | {_ms(r.real_ms)} | {_ms(r.virtual_ms)} | {r.ratio:.2f} |")
+    return "\n".join(lines)
+
+
+# -- plots ----------------------------------------------------------------------------
+
+
+def _series(results: Sequence[PointResult], setup: str, kind: str, metric: str) -> tuple[list[float], list[float], list[bool]]:
+    """Loads, values and whether each point's percentile hides failures (> 1% not ok)."""
+    points = sorted((r for r in results if r.setup == setup and r.stats(kind) is not None), key=lambda r: r.load)
+    loads, values, flagged = [], [], []
+    for r in points:
+        stats = r.stats(kind)
+        assert stats is not None
+        value = getattr(stats, metric)
+        if math.isnan(value):
+            continue
+        loads.append(r.load)
+        values.append(value)
+        flagged.append(_ok_share(stats) < OK_SHARE_FLAG)
+    return loads, values, flagged
+
+
+def _panel(axes: object, results: Sequence[PointResult], setups: Sequence[str], kind: str, metric: str, title: str) -> None:
+    for setup in setups:
+        loads, values, flagged = _series(results, setup, kind, metric)
+        if not loads:
+            continue
+        (line,) = axes.plot(loads, values, marker="o", label=setup)  # type: ignore[attr-defined]
+        bad = [(x, y) for x, y, f in zip(loads, values, flagged) if f]
+        if bad:
+            axes.scatter(*zip(*bad), s=120, facecolors="none", edgecolors=line.get_color(), linewidths=1.5)  # type: ignore[attr-defined]
+    axes.set_yscale("log")  # type: ignore[attr-defined]
+    axes.set_xlabel("offered load (fraction of the shared fleet's capacity)")  # type: ignore[attr-defined]
+    axes.set_ylabel("ms")  # type: ignore[attr-defined]
+    axes.set_title(title)  # type: ignore[attr-defined]
+    axes.grid(True, which="both", alpha=0.3)  # type: ignore[attr-defined]
+    axes.legend(fontsize=8)  # type: ignore[attr-defined]
+
+
+def _figure(path: Path, panels: Sequence[Callable[[object], None]], suptitle: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    for draw, ax in zip(panels, axes[0]):
+        draw(ax)
+    figure.suptitle(suptitle + "\n(circled: more than 1% of that class's requests failed; the percentile covers the ok ones)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_headline(results: Sequence[PointResult], path: Path, note: str) -> Path:
+    """Short requests' E2E P99 against load, every set-up on one log axis."""
+    setups = list(dict.fromkeys(r.setup for r in results))
+    return _figure(
+        path,
+        [lambda ax: _panel(ax, results, setups, "short", "e2e_p99_ms", "short requests: E2E P99")],
+        f"Short E2E P99 vs load, virtual time ({note})",
+    )
+
+
+def plot_split(results: Sequence[PointResult], split_setup: str, path: Path, note: str) -> Path:
+    """One split against the baselines: short TTFT P99, short E2E P99, long E2E P99."""
+    setups = [s for s in dict.fromkeys(r.setup for r in results) if not s.startswith("disaggregated") or s == split_setup]
+    return _figure(
+        path,
+        [
+            lambda ax: _panel(ax, results, setups, "short", "ttft_p99_ms", "short: TTFT P99"),
+            lambda ax: _panel(ax, results, setups, "short", "e2e_p99_ms", "short: E2E P99"),
+            lambda ax: _panel(ax, results, setups, "long", "e2e_p99_ms", "long: E2E P99"),
+        ],
+        f"{split_setup} vs shared / priority / short-only ({note})",
+    )
