@@ -1,0 +1,303 @@
+"""The traffic and the open loop of ``python -m bench tail``: schedules, a token-timing client, per-class statistics.
+
+Times inside a schedule are real seconds; traces on disk are in GPU seconds
+(real seconds divided by the simulator's time scale), so a trace recorded at
+one time scale replays the same GPU load at another.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from bench.quick_mixed import SHORT_SHARE, TOKEN_MARKER, ConnectionPool, long_document, payloads, prompt_tokens
+from bench.router_overhead import KeepAliveClient, ProtocolError, Reply, _Scan, percentile
+from bench.sim.params import EngineParams
+from bench.sim.tokens import count_chat_tokens
+
+INTERACTIVE_PROMPT_MAX = 500  # the shipped interactive class's thresholds (config.toml)
+INTERACTIVE_OUTPUT_MAX = 128
+MAX_ARRIVALS = 50_000  # a hard bound on any schedule
+
+
+# -- the workload -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float  # real seconds after the start
+    kind: str  # the reporting class: "short" or "long"
+    prompt: int  # prompt tokens (the simulator's count)
+    max_tokens: int
+    measured: bool  # arrived after the warm-up
+
+
+def origin_shapes() -> dict[str, tuple[int, int]]:
+    """(prompt tokens, max_tokens) of the origin's two requests, by class."""
+    return {kind: (prompt_tokens(body), int(body["max_tokens"])) for kind, body in payloads().items()}  # type: ignore[call-overload]
+
+
+def kind_of(prompt: int, max_tokens: int) -> str:
+    """The class tailguard's shipped config would give this request."""
+    return "short" if prompt <= INTERACTIVE_PROMPT_MAX and max_tokens <= INTERACTIVE_OUTPUT_MAX else "long"
+
+
+def generated(rate: float, warmup: float, seconds: float, seed: int, bursty_period: float | None) -> list[Arrival]:
+    """The origin's mix at ``rate`` req/s real: Poisson, or on/off (2x rate for half of each period, then silence)."""
+    rng = random.Random(seed)
+    shapes = origin_shapes()
+    peak = rate * 2 if bursty_period else rate
+    arrivals: list[Arrival] = []
+    at = rng.expovariate(peak)
+    while at < warmup + seconds and len(arrivals) < MAX_ARRIVALS:
+        kind = "short" if rng.random() < SHORT_SHARE else "long"
+        if not bursty_period or at % bursty_period < bursty_period / 2:
+            arrivals.append(Arrival(at, kind, *shapes[kind], measured=at >= warmup))
+        at += rng.expovariate(peak)
+    return arrivals
+
+
+def read_trace(path: Path, time_scale: float, warmup: float, seconds: float) -> list[Arrival]:
+    """JSONL lines {"at": GPU s, "prompt_tokens": n, "max_tokens": m, "class": "short"|"long"}, cut to warm-up + window."""
+    arrivals: list[Arrival] = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompt, max_tokens, at = int(row["prompt_tokens"]), int(row["max_tokens"]), float(row["at"]) * time_scale
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}:{number}: {error!r}") from None
+        if at >= warmup + seconds or len(arrivals) >= MAX_ARRIVALS:
+            break
+        kind = str(row.get("class") or kind_of(prompt, max_tokens))
+        arrivals.append(Arrival(at, kind, prompt, max_tokens, measured=at >= warmup))
+    return sorted(arrivals, key=lambda a: a.at)
+
+
+def write_trace(path: Path, arrivals: Sequence[Arrival], time_scale: float) -> None:
+    """The schedule as a replayable trace (GPU seconds)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = (
+        json.dumps({"at": round(a.at / time_scale, 6), "prompt_tokens": a.prompt, "max_tokens": a.max_tokens, "class": a.kind})
+        for a in arrivals
+    )
+    path.write_text("\n".join(rows) + "\n")
+
+
+def body_for(prompt: int, max_tokens: int) -> dict[str, object]:
+    """A streaming chat body of ``prompt`` tokens (the origin's own when the shape is one of its two)."""
+    for kind, shape in origin_shapes().items():
+        if shape == (prompt, max_tokens):
+            return payloads()[kind]
+    chars = max(1, prompt - count_chat_tokens([""])) * 4
+    text = long_document(chars + 100)[:chars]
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "stream": True}
+
+
+# -- capacity, from the engine model -------------------------------------------------
+
+
+def engine_capacity(params: EngineParams, mix: Sequence[tuple[float, int, int]]) -> float:
+    """Requests/s one engine sustains for ``mix`` = [(share, prompt, max_tokens)] with every usable seat busy.
+
+    quick_mixed.shared_capacity's model, plus the KV cache: seats are
+    ``max_num_seqs`` or as many average contexts as the cache holds, whichever is fewer.
+    """
+    total = sum(share for share, _, _ in mix)
+    decode = sum(s * out for s, _, out in mix) / total
+    prefill = sum(s * p for s, p, _ in mix) / total
+    context = sum(s * out * (p + out / 2) for s, p, out in mix) / total / decode
+    seats = min(params.max_num_seqs, params.kv_cache_tokens / context)
+    step_ms = params.base_ms + seats * (params.per_seq_ms + params.per_context_token_ms * context)
+    return 1000 / (decode / seats * step_ms + prefill / params.prefill_tokens_per_ms)
+
+
+def mix_of(arrivals: Sequence[Arrival]) -> dict[str, list[tuple[float, int, int]]]:
+    """The schedule's shapes and their shares, by class (shares of all arrivals)."""
+    counts: dict[tuple[str, int, int], int] = {}
+    for a in arrivals:
+        counts[(a.kind, a.prompt, a.max_tokens)] = counts.get((a.kind, a.prompt, a.max_tokens), 0) + 1
+    mix: dict[str, list[tuple[float, int, int]]] = {}
+    for (kind, prompt, out), n in counts.items():
+        mix.setdefault(kind, []).append((n / len(arrivals), prompt, out))
+    return mix
+
+
+def pooled_capacity(engines: int, params: EngineParams, mix: Sequence[tuple[float, int, int]]) -> float:
+    """Total arrival rate (all classes) at which ``engines`` serving only ``mix`` are full; inf if the mix is empty."""
+    share = sum(s for s, _, _ in mix)
+    return math.inf if not mix or engines == 0 else engines * engine_capacity(params, mix) / share
+
+
+# -- a client that times every token -------------------------------------------------
+
+
+class TokenClient(KeepAliveClient):
+    """KeepAliveClient that also notes when each token event arrives (for inter-token latency)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
+        self.token_times: list[float] = []
+
+    async def exchange(self, request: bytes, marker: bytes | None = None) -> Reply:
+        self.token_times = []
+        return await super().exchange(request, marker)
+
+    async def _read_exactly(self, size: int, scan: _Scan | None) -> None:
+        if scan is not None:
+            while len(self._buffer) < size:
+                await self._fill()
+            now = time.perf_counter()
+            self.token_times.extend([now] * self._buffer[:size].count(TOKEN_MARKER))
+        await super()._read_exactly(size, scan)
+
+
+class TokenPool(ConnectionPool):
+    """ConnectionPool of TokenClients."""
+
+    def take(self) -> TokenClient:
+        if self._idle:
+            client = self._idle.pop()
+            assert isinstance(client, TokenClient)
+            return client
+        client = TokenClient(self.port)
+        self._all.append(client)
+        return client
+
+
+@dataclass
+class Sample:
+    """One request's fate; real seconds."""
+
+    kind: str
+    measured: bool
+    lag: float
+    outcome: str = "cut"  # ok | 429 | 503 | timeout | other | cut (still running at the bound)
+    status: int | None = None
+    ttft: float | None = None
+    e2e: float | None = None
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+
+
+_STATUS_OUTCOMES = {429: "429", 503: "503", 504: "timeout"}
+
+
+async def send_one(pool: TokenPool, request: bytes, sample: Sample) -> None:
+    """One streaming request; fills ``sample``."""
+    client = pool.take()
+    start = time.perf_counter()
+    try:
+        reply = await client.exchange(request, TOKEN_MARKER)
+    except (OSError, trio.BrokenResourceError, ProtocolError):
+        sample.outcome = "other"
+        return
+    finally:
+        pool.give_back(client)
+    times = client.token_times
+    sample.e2e, sample.status, sample.tokens = time.perf_counter() - start, reply.status, len(times)
+    sample.ttft = times[0] - start if times else None
+    sample.gaps = [b - a for a, b in zip(times, times[1:])]
+    if reply.status != 200:
+        sample.outcome = _STATUS_OUTCOMES.get(reply.status, "other")
+    else:
+        sample.outcome = "ok" if reply.done_seen and times else "other"
+
+
+async def play(
+    targets: Mapping[str, Sequence[TokenPool]],
+    request_of: Callable[[int, Arrival], bytes],
+    arrivals: Sequence[Arrival],
+    drain: float,
+    label: str,
+) -> tuple[list[Sample], float]:
+    """Send each arrival on time, round robin over its class's pools; wait ``drain`` s at most after the last."""
+    samples: list[Sample] = []
+    origin = time.perf_counter()
+    last = arrivals[-1].at if arrivals else 0.0
+    async with trio.open_nursery() as outer:
+        outer.start_soon(_progress, label, samples, len(arrivals), origin)
+        with trio.move_on_after(last + drain):
+            async with trio.open_nursery() as nursery:
+                for index, arrival in enumerate(arrivals):
+                    await trio.sleep_until(trio.current_time() + arrival.at - (time.perf_counter() - origin))
+                    choices = targets[arrival.kind]
+                    pool = choices[index % len(choices)]
+                    sample = Sample(arrival.kind, arrival.measured, lag=time.perf_counter() - origin - arrival.at)
+                    samples.append(sample)
+                    nursery.start_soon(send_one, pool, request_of(pool.port, arrival), sample)
+        outer.cancel_scope.cancel()
+    print(f"\r{_progress_line(label, samples, len(arrivals), origin)}", file=sys.stderr, flush=True)
+    return samples, time.perf_counter() - origin
+
+
+def _progress_line(label: str, samples: Sequence[Sample], total: int, origin: float) -> str:
+    done = sum(1 for s in samples if s.e2e is not None or s.outcome != "cut")
+    width = 20
+    bar = "#" * int(width * len(samples) / max(total, 1))
+    return f"  {label:<28} [{bar:<{width}}] sent {len(samples)}/{total} done {done} {time.perf_counter() - origin:5.0f} s"
+
+
+async def _progress(label: str, samples: Sequence[Sample], total: int, origin: float) -> None:
+    while True:
+        print(f"\r{_progress_line(label, samples, total, origin)}", end="", file=sys.stderr, flush=True)
+        await trio.sleep(1.0)
+
+
+# -- statistics --------------------------------------------------------------------
+
+
+@dataclass
+class ClassStats:
+    kind: str
+    n: int
+    outcomes: dict[str, int]
+    ttft_ms: dict[str, float]  # p50 / p95 / p99, GPU time
+    e2e_ms: dict[str, float]
+    itl_ms: dict[str, float]  # p50 / p99
+    goodput_tok_s: float  # completion tokens/s (GPU time) of the window's requests that finished
+    rejected_ms: dict[str, float]  # how fast 429/503 came back: p50 / p99
+    within_deadline: float | None  # share of the class's requests finished ok within the deadline
+    e2e_sorted_ms: list[float] = field(repr=False, default_factory=list)  # for the CDF plot
+
+
+def class_stats(kind: str, samples: Sequence[Sample], scale: float, window: float, deadline: float | None) -> ClassStats:
+    """One class's numbers over the measured window; latencies divided by ``scale`` (GPU time)."""
+    mine = [s for s in samples if s.kind == kind and s.measured]
+    ok = [s for s in mine if s.outcome == "ok"]
+    outcomes: dict[str, int] = {}
+    for s in mine:
+        outcomes[s.outcome] = outcomes.get(s.outcome, 0) + 1
+
+    def ms(values: Sequence[float | None]) -> list[float]:
+        return sorted(v / scale * 1000 for v in values if v is not None)
+
+    ttft, e2e = ms([s.ttft for s in ok]), ms([s.e2e for s in ok])
+    itl = ms([g for s in ok for g in s.gaps])
+    rejected = ms([s.e2e for s in mine if s.outcome in ("429", "503")])
+    met = None if deadline is None or not mine else sum(1 for v in e2e if v <= deadline * 1000) / len(mine)
+    return ClassStats(
+        kind=kind,
+        n=len(mine),
+        outcomes=outcomes,
+        ttft_ms=_quantiles(ttft, (50, 95, 99)),
+        e2e_ms=_quantiles(e2e, (50, 95, 99)),
+        itl_ms=_quantiles(itl, (50, 99)),
+        goodput_tok_s=sum(s.tokens for s in ok) / (window / scale) if window > 0 else math.nan,
+        rejected_ms=_quantiles(rejected, (50, 99)),
+        within_deadline=met,
+        e2e_sorted_ms=e2e,
+    )
+
+
+def _quantiles(values: Sequence[float], qs: Sequence[int]) -> dict[str, float]:
+    return {f"p{q}": percentile(values, q) for q in qs}
