@@ -16,6 +16,7 @@ import trio
 from router.config_types import Config
 from router.dispatch import Router
 
+from .grpc_api import serve_grpc
 from .grpc_bridge import AsyncioHost
 from .http_api import HttpApi
 from .reload import ConfigReloader
@@ -105,8 +106,6 @@ async def serve(
             log.info("tailguard listening on %s", binds[0])
             bound_grpc: int | None = None
             if asyncio_host is not None:
-                from .grpc_api import serve_grpc
-
                 listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
                 bound_grpc = await front.start(serve_grpc, router, asyncio_host, listen, shutdown)
             _tune_gc()
