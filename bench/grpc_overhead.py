@@ -72,7 +72,7 @@ from bench.router_overhead import (
     PoolSpec,
     RunResult,
     Tally,
-    _start,  # the process starter behind start_simulator, which takes no engine flags
+    start_process,
     closed_loop,
     http_request,
     log_tail,
@@ -528,7 +528,7 @@ async def start_slow_simulator(nursery: trio.Nursery, ports: Sequence[int], log:
     """Engines that step every 4 s with 20,000 seats each: streams stay open for minutes."""
     engines = ",".join(f"{port}:instant" for port in ports)
     command = [sys.executable, "-m", "bench.sim", "--engines", engines, *SLOW_ENGINE_ARGS]
-    return await _start(nursery, command, log)
+    return await start_process(nursery, command, log)
 
 
 async def _phases(
@@ -567,7 +567,7 @@ async def _phases(
     )
 
 
-def _run_result(target: str, concurrency: int, tally: Tally, wall: float, before: CpuClock, after: CpuClock) -> RunResult:
+def run_result(target: str, concurrency: int, tally: Tally, wall: float, before: CpuClock, after: CpuClock) -> RunResult:
     latencies = sorted(tally.latencies)
     n = len(latencies)
     return RunResult(
@@ -598,7 +598,7 @@ async def direct_unary(port: int, concurrency: int, pids: dict[str, int]) -> Run
     finally:
         for client in clients:
             await client.aclose()
-    return _run_result("http-direct", concurrency, tally, wall, before, after)
+    return run_result("http-direct", concurrency, tally, wall, before, after)
 
 
 async def grpc_unary(
@@ -613,7 +613,7 @@ async def grpc_unary(
         before = CpuClock.read(pids)
         tally, wall = await aio.run(partial(grpc_closed_loop, client, request, concurrency, UNARY_MAX_CALLS, seconds))
         after = CpuClock.read(pids)
-    return _run_result("grpc", concurrency, tally, wall, before, after)
+    return run_result("grpc", concurrency, tally, wall, before, after)
 
 
 async def direct_streams(port: int, pids: dict[str, int]) -> StreamRun:

@@ -45,7 +45,7 @@ from bench.grpc_overhead import (
     GrpcClient,
     StreamRun,
     Target,
-    _run_result,  # RunResult from a gRPC closed loop, router CPU per call included
+    run_result,
     chat_request,
     grpc_closed_loop,
     raise_nofile,
@@ -72,7 +72,7 @@ from bench.router_overhead import (
     Plan,
     PoolSpec,
     RunResult,
-    _run,  # one measured closed loop (warm-up included) on the lean HTTP client
+    measure_closed_loop,
     closed_loop,
     http_request,
     log_tail,
@@ -280,7 +280,7 @@ async def saturation_phase(
     for path, target in ((DIRECT, "direct"), (HTTP, "tailguard")):
         request = http_request(ports[path], CHAT_PATH, payload)
         machine = MachineClock.read()
-        run = await _run(target, ports[path], request, SATURATION_CONCURRENCY, plan, pids)
+        run = await measure_closed_loop(target, ports[path], request, SATURATION_CONCURRENCY, plan, pids)
         busy[path] = MachineClock.read().cores_since(machine)
         runs.append(replace(run, target=path))
         print(_sat_progress(runs[-1]), file=sys.stderr, flush=True)
@@ -297,7 +297,7 @@ async def saturation_phase(
     tally, wall = await aio.run(partial(grpc_closed_loop, client, grpc_request, SATURATION_CONCURRENCY, 10**7, options.sat_seconds))
     after = CpuClock.read(pids)
     busy[GRPC] = MachineClock.read().cores_since(machine)
-    runs.append(replace(_run_result("grpc", SATURATION_CONCURRENCY, tally, wall, before, after), target=GRPC))
+    runs.append(replace(run_result("grpc", SATURATION_CONCURRENCY, tally, wall, before, after), target=GRPC))
     print(_sat_progress(runs[-1]), file=sys.stderr, flush=True)
     return runs, profiles
 

@@ -202,7 +202,7 @@ async def start_simulator(
     """``python -m bench.sim`` with (port, profile) engines; cancelling ``nursery`` terminates it."""
     spec = ",".join(f"{port}:{profile}" for port, profile in engines)
     command = [sys.executable, "-m", "bench.sim", "--engines", spec, "--time-scale", f"{time_scale:g}"]
-    return await _start(nursery, command, log)
+    return await start_process(nursery, command, log)
 
 
 async def start_tailguard(
@@ -210,10 +210,10 @@ async def start_tailguard(
 ) -> trio.Process:
     """``python -m server serve --config CONFIG``; cancelling ``nursery`` terminates it."""
     command = [sys.executable, "-m", "server", "serve", "--config", str(config), "--log-level", "WARNING", *extra_args]
-    return await _start(nursery, command, log)
+    return await start_process(nursery, command, log)
 
 
-async def _start(nursery: trio.Nursery, command: list[str], log: IO[bytes] | None) -> trio.Process:
+async def start_process(nursery: trio.Nursery, command: list[str], log: IO[bytes] | None) -> trio.Process:
     # trio.run_process terminates the child (SIGTERM, then SIGKILL) when its
     # scope is cancelled: by an error, by Ctrl-C, or at the end of the run.
     run = partial(
@@ -472,7 +472,7 @@ async def measure(plan: Plan) -> Result:
                     for concurrency in plan.concurrencies:
                         for target, port in targets.items():
                             request = http_request(port, CHAT_PATH, payload)
-                            runs.append(await _run(target, port, request, concurrency, plan, pids))
+                            runs.append(await measure_closed_loop(target, port, request, concurrency, plan, pids))
                             print(_progress(runs[-1]), file=sys.stderr, flush=True)
                     for process, name in ((tg, "tailguard"), (sim, "the simulator")):
                         if process.returncode is not None:
@@ -495,7 +495,7 @@ async def measure(plan: Plan) -> Result:
     )
 
 
-async def _run(target: str, port: int, request: bytes, concurrency: int, plan: Plan, pids: dict[str, int]) -> RunResult:
+async def measure_closed_loop(target: str, port: int, request: bytes, concurrency: int, plan: Plan, pids: dict[str, int]) -> RunResult:
     """Warm the connections up, then measure one closed loop on them."""
     clients = [KeepAliveClient(port) for _ in range(concurrency)]
     try:
