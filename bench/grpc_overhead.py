@@ -568,22 +568,8 @@ async def _phases(
 
 
 def run_result(target: str, concurrency: int, tally: Tally, wall: float, before: CpuClock, after: CpuClock) -> RunResult:
-    latencies = sorted(tally.latencies)
-    n = len(latencies)
-    return RunResult(
-        target=target,
-        concurrency=concurrency,
-        requests=n,
-        errors=tally.errors,
-        wall_s=wall,
-        p50_ms=percentile(latencies, 50) * 1000,
-        p99_ms=percentile(latencies, 99) * 1000,
-        mean_ms=sum(latencies) / n * 1000 if n else math.nan,
-        max_ms=latencies[-1] * 1000 if n else math.nan,
-        req_per_s=n / wall,
-        cores=after.cores_since(before),
-        router_cpu_ms_per_request=after.seconds_since(before)["tailguard"] / n * 1000 if target == "grpc" and n else None,
-    )
+    """A RunResult for one gRPC or direct loop; router CPU counted for the gRPC path."""
+    return RunResult.from_tally(target, concurrency, tally, wall, before, after, through_router=target == "grpc")
 
 
 async def direct_unary(port: int, concurrency: int, pids: dict[str, int]) -> RunResult:

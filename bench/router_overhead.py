@@ -411,6 +411,28 @@ class RunResult:
     cores: dict[str, float]  # CPU cores used during the run: simulator, tailguard, client
     router_cpu_ms_per_request: float | None
 
+    @classmethod
+    def from_tally(
+        cls, target: str, concurrency: int, tally: Tally, wall: float, before: CpuClock, after: CpuClock, *, through_router: bool
+    ) -> RunResult:
+        """Percentiles and CPU of one measured loop (router CPU only when it was in the path)."""
+        latencies = sorted(tally.latencies)
+        n = len(latencies)
+        return cls(
+            target=target,
+            concurrency=concurrency,
+            requests=n,
+            errors=tally.errors,
+            wall_s=wall,
+            p50_ms=percentile(latencies, 50) * 1000,
+            p99_ms=percentile(latencies, 99) * 1000,
+            mean_ms=sum(latencies) / n * 1000 if n else math.nan,
+            max_ms=latencies[-1] * 1000 if n else math.nan,
+            req_per_s=n / wall,
+            cores=after.cores_since(before),
+            router_cpu_ms_per_request=after.seconds_since(before)["tailguard"] / n * 1000 if through_router and n else None,
+        )
+
 
 @dataclass
 class Overhead:
@@ -506,23 +528,7 @@ async def measure_closed_loop(target: str, port: int, request: bytes, concurrenc
     finally:
         for client in clients:
             await client.aclose()
-    latencies = sorted(tally.latencies)
-    n = len(latencies)
-    router_cpu = after.seconds_since(before)["tailguard"] / n * 1000 if target == "tailguard" and n else None
-    return RunResult(
-        target=target,
-        concurrency=concurrency,
-        requests=n,
-        errors=tally.errors,
-        wall_s=wall,
-        p50_ms=percentile(latencies, 50) * 1000,
-        p99_ms=percentile(latencies, 99) * 1000,
-        mean_ms=sum(latencies) / n * 1000 if n else math.nan,
-        max_ms=latencies[-1] * 1000 if n else math.nan,
-        req_per_s=n / wall,
-        cores=after.cores_since(before),
-        router_cpu_ms_per_request=router_cpu,
-    )
+    return RunResult.from_tally(target, concurrency, tally, wall, before, after, through_router=target == "tailguard")
 
 
 def _overheads(runs: Sequence[RunResult]) -> list[Overhead]:
