@@ -25,15 +25,16 @@ from server.grpc_bridge import AsyncioHost, run_with_asyncio_host
 from .sim_helpers import MODEL
 
 class Switchable:
-    """An engine whose /health (and everything else) can be turned off."""
+    """An engine that can be turned off (``up``), or made to fail only its completions."""
 
     def __init__(self, engine: Engine) -> None:
         self.app = SimApp(engine, model=MODEL)
         self.up = True
+        self.fail_completions = False
 
     async def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
-        if not self.up:
-            return SimResponse(503, [("content-type", "application/json")], b'{"error": {"message": "down"}}')
+        if not self.up or (self.fail_completions and path.endswith("completions")):
+            return SimResponse(500 if self.up else 503, [("content-type", "application/json")], b'{"error": {"message": "engine failure"}}')
         return await self.app.handle(method, path, headers, body)
 
 @dataclass

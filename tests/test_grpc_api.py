@@ -213,3 +213,12 @@ def test_shutdown_lets_in_flight_streams_finish() -> None:
         with pytest.raises(grpc.RpcError) as refused:
             stub.Chat(chat(max_tokens=4), timeout=2)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_backend_failure_is_unavailable_with_a_retry_hint(service: Service, stub: pb_grpc.CompletionsStub) -> None:
+    service.switches[0].fail_completions = True
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Chat(chat(max_tokens=8))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE and "engine failure" in caught.value.details()
+    assert "retry-after" in dict(caught.value.trailing_metadata())
+    wait_for(lambda: service.running.router.statistics().in_flight == 0)

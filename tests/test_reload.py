@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
@@ -54,7 +55,9 @@ priority = 1
 """
 
 
-async def test_sighup_moves_an_endpoint_under_traffic_and_refuses_a_broken_file(tmp_path: Path) -> None:
+async def test_sighup_moves_an_endpoint_under_traffic_and_refuses_a_broken_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from router.config import load_config
 
     slower = QUICK.replace(base_ms=3.0)
@@ -104,6 +107,8 @@ async def test_sighup_moves_an_endpoint_under_traffic_and_refuses_a_broken_file(
                     os.kill(os.getpid(), signal.SIGHUP)
                     await eventually(lambda: running.reloader.reloads_failed == 1)  # type: ignore[union-attr]
                     assert running.router.config.digest == digest
+                    refused = [r.getMessage() for r in caplog.records if r.name == "tailguard.reload"]
+                    assert any("refused" in m and "classes.batch.oops" in m for m in refused), refused
                 watcher.cancel()
             assert statuses and set(statuses) == {200}, statuses
             assert len(statuses) == 96
