@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from http.cookiejar import CookieJar
 from typing import Any
 
 import httpx
@@ -26,6 +27,17 @@ from .errors import BackendRejected, BackendUnavailable
 
 _ERROR_BODY_LIMIT = 64 * 1024
 SHARD_CONNECTIONS = 32
+
+
+class _NoCookies(CookieJar):
+    """A jar that keeps nothing: one caller's backend cookie must never reach
+    another caller, and parsing Set-Cookie on every response costs CPU."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def add_cookie_header(self, request: Any) -> None:
+        return None
 
 
 class _Shard:
@@ -92,6 +104,7 @@ class BackendClient:
                     timeout=timeout,
                     transport=transport,
                     verify=tls,
+                    cookies=_NoCookies(),
                 ),
                 size,
             )

@@ -74,3 +74,18 @@ async def test_calls_fill_shards_that_add_up_to_the_cap(autojump_clock: trio.tes
         release.set()
     assert all(s.in_flight == 0 for s in backend._shards)
     await backend.aclose()
+
+
+async def test_backend_cookies_are_never_kept_or_sent() -> None:
+    sent_cookies: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent_cookies.append(request.headers.get("cookie"))
+        return httpx.Response(200, json={"ok": True}, headers={"set-cookie": "session=caller-a; Path=/"})
+
+    backend = client_for(handler)
+    for _ in range(2):
+        async with backend.post("/v1/completions", {"prompt": "x"}, {}) as response:
+            await response.read()
+    assert sent_cookies == [None, None]  # caller A's cookie never reaches caller B
+    await backend.aclose()
