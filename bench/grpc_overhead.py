@@ -76,7 +76,6 @@ from bench.router_overhead import (
     closed_loop,
     http_request,
     log_tail,
-    percentile,
     start_simulator,
     start_tailguard,
     tailguard_config,

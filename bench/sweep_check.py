@@ -24,7 +24,7 @@ from bench.quick_mixed import SHORT_SHARE, Capacity, payloads, prompt_tokens, sc
 from bench.sim import PROFILES, Engine
 from bench.sim import Sequence as EngineSequence
 
-from .sweep_sim import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, run_point, shared, split_direct
+from .sweep_sim import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, shared, split_direct
 
 QUICK_MIXED_JSON = Path(__file__).resolve().parent / "results" / "quick_mixed.json"
 COMPARED = (("ttft_p50_ms", "TTFT P50"), ("ttft_p99_ms", "TTFT P99"), ("e2e_p50_ms", "E2E P50"), ("e2e_p99_ms", "E2E P99"))

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from bench.sim import PROFILES, Engine, EngineParams, SimApp
-from bench.sim.http import serve
+from bench.sim import PROFILES
 
+from .http_helpers import engines_on_sockets
 from .sim_helpers import MODEL, in_process_engine
 
 FAST = PROFILES["latency"].replace(max_model_len=4096, kv_cache_tokens=100_000)
@@ -137,16 +137,13 @@ async def test_closing_an_in_process_stream_aborts_the_sequence(autojump_clock: 
 
 
 async def test_socket_client_disconnect_frees_the_seat_within_a_step() -> None:
-    params = FAST.replace(max_num_seqs=2)
-    engine = Engine(params)
-    app = SimApp(engine, model=MODEL)
     aborted = trio.Event()
-    engine.add_finish_hook(lambda s: aborted.set() if s.finish_reason == "abort" else None)
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(engine.run)
-            port = await nursery.start(serve, app.handle, "127.0.0.1", 0)
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        async with engines_on_sockets([FAST.replace(max_num_seqs=2)]) as backends:
+            engine = backends.engines[0]
+            assert engine is not None
+            engine.add_finish_hook(lambda s: aborted.set() if s.finish_reason == "abort" else None)
+            async with httpx.AsyncClient(base_url=backends.urls[0]) as client:
                 for body in ({"prompt": "x", "max_tokens": 3000, "stream": True}, {"prompt": "x", "max_tokens": 3000}):
                     aborted = trio.Event()
                     with trio.move_on_after(0.3):  # hang up mid-generation
@@ -157,16 +154,12 @@ async def test_socket_client_disconnect_frees_the_seat_within_a_step() -> None:
                     stats = engine.statistics()
                     assert stats.running == 0 and stats.kv_used_tokens == 0
             assert engine.statistics().aborted_total == 2
-            nursery.cancel_scope.cancel()
 
 
 async def test_socket_server_refuses_oversize_and_garbage() -> None:
-    engine = Engine(FAST)
-    app = SimApp(engine, model=MODEL)
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(engine.run)
-            port = await nursery.start(serve, app.handle, "127.0.0.1", 0)
+        async with engines_on_sockets([FAST]) as backends:
+            port = int(backends.urls[0].rsplit(":", 1)[1])
             for raw, expected in [
                 (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n", b"413"),
                 (b"GARBAGE\r\n\r\n", b"400"),
@@ -178,17 +171,12 @@ async def test_socket_server_refuses_oversize_and_garbage() -> None:
                     reply += chunk
                 assert reply.split(b" ", 2)[1] == expected
                 await stream.aclose()
-            nursery.cancel_scope.cancel()
 
 
 async def test_openai_sdk_over_a_real_socket() -> None:
-    engine = Engine(FAST.replace(base_ms=1.0))
-    app = SimApp(engine, model=MODEL)
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(engine.run)
-            port = await nursery.start(serve, app.handle, "127.0.0.1", 0)
-            base_url = f"http://127.0.0.1:{port}/v1"
+        async with engines_on_sockets([FAST.replace(base_ms=1.0)]) as backends:
+            base_url = backends.urls[0] + "/v1"
             client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
             messages = [{"role": "user", "content": "Tell me a story"}]
             reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)  # type: ignore[arg-type]
@@ -210,16 +198,13 @@ async def test_openai_sdk_over_a_real_socket() -> None:
             text, streamed = await trio.to_thread.run_sync(sync_calls)
             assert len(text.split()) == 4 and "".join(streamed) == text
             await client.close()
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_burst_of_hang_ups_leaves_the_server_serving() -> None:
-    engine = Engine(FAST.replace(base_ms=2.0))
-    app = SimApp(engine, model=MODEL)
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(engine.run)
-            port = await nursery.start(serve, app.handle, "127.0.0.1", 0)
+        async with engines_on_sockets([FAST.replace(base_ms=2.0)]) as backends:
+            engine = backends.engines[0]
+            assert engine is not None
             started = 0
             all_streaming = trio.Event()
 
@@ -235,7 +220,7 @@ async def test_a_burst_of_hang_ups_leaves_the_server_serving() -> None:
                     await trio.sleep_forever()
 
             limits = httpx.Limits(max_connections=100)
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits) as client:
+            async with httpx.AsyncClient(base_url=backends.urls[0], limits=limits) as client:
                 async with trio.open_nursery() as clients:
                     for _ in range(64):
                         clients.start_soon(stream_until_cancelled, client)
@@ -246,4 +231,3 @@ async def test_a_burst_of_hang_ups_leaves_the_server_serving() -> None:
                 assert engine.statistics().running == 0
                 after = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
                 assert after.status_code == 200
-            nursery.cancel_scope.cancel()
