@@ -262,6 +262,19 @@ class PoolSpec:
     max_concurrency: int
     max_queue: int
 
+    def toml(self) -> list[str]:
+        """The pool's table, as config.toml lines (endpoints on this host)."""
+        endpoints = ", ".join(f'{{ url = "http://{HOST}:{port}", max_concurrency = {cap} }}' for port, cap in self.endpoints)
+        return [
+            f"[pools.{self.name}]",
+            f"max_concurrency = {self.max_concurrency}",
+            f"max_queue = {self.max_queue}",
+            "max_model_len = 32768",
+            'models = ["sim-llama-3.1-8b"]',
+            f"endpoints = [{endpoints}]",
+            "",
+        ]
+
 
 def tailguard_config(http_port: int, grpc_port: int, interactive: PoolSpec, batch: PoolSpec) -> str:
     """A config.toml: the shipped classes (interactive <= 500 prompt / 128 output tokens, batch the rest)."""
@@ -273,16 +286,7 @@ def tailguard_config(http_port: int, grpc_port: int, interactive: PoolSpec, batc
         "",
     ]
     for pool in (interactive, batch):
-        endpoints = ", ".join(f'{{ url = "http://{HOST}:{port}", max_concurrency = {cap} }}' for port, cap in pool.endpoints)
-        lines += [
-            f"[pools.{pool.name}]",
-            f"max_concurrency = {pool.max_concurrency}",
-            f"max_queue = {pool.max_queue}",
-            "max_model_len = 32768",
-            'models = ["sim-llama-3.1-8b"]',
-            f"endpoints = [{endpoints}]",
-            "",
-        ]
+        lines += pool.toml()
     lines += [
         "[classes.interactive]",
         f'pool = "{interactive.name}"',

@@ -180,16 +180,7 @@ def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: floa
         "",
     ]
     for pool in setup.pools:
-        endpoints = ", ".join(f'{{ url = "http://{HOST}:{port}", max_concurrency = {cap} }}' for port, cap in pool.endpoints)
-        lines += [
-            f"[pools.{pool.name}]",
-            f"max_concurrency = {pool.max_concurrency}",
-            f"max_queue = {pool.max_queue}",
-            "max_model_len = 32768",
-            'models = ["sim-llama-3.1-8b"]',
-            f"endpoints = [{endpoints}]",
-            "",
-        ]
+        lines += pool.toml()
     thresholds = {"interactive": ["max_prompt_tokens = 500", "max_output_tokens = 128"], "batch": []}
     for priority, name in enumerate(("interactive", "batch")):
         lines += [f"[classes.{name}]", f'pool = "{setup.class_pool[name]}"', *thresholds[name]]
