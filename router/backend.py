@@ -26,6 +26,9 @@ import httpx
 from .errors import BackendRejected, BackendUnavailable
 
 _ERROR_BODY_LIMIT = 64 * 1024
+# vLLM's /metrics is ~100 KB; a URL that serves something else must not make
+# the router buffer an arbitrary download every scrape.
+METRICS_BODY_LIMIT = 4 * 1024 * 1024
 SHARD_CONNECTIONS = 32
 
 
@@ -150,6 +153,29 @@ class BackendClient:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+    async def metrics_text(self) -> str | None:
+        """The body of ``GET /metrics`` (Prometheus text), or None if there is none to read.
+
+        None for any non-200, an unreachable endpoint, a broken body, or one
+        over ``METRICS_BODY_LIMIT`` bytes: a backend without /metrics is
+        normal, so nothing here raises. Uses the probe connection, so a busy
+        endpoint's full pool of streams never delays it; ``health`` shares
+        that one connection and waits while a scrape holds it. Unbounded in
+        time: the caller's cancel scope sets the timeout.
+        """
+        body = bytearray()
+        try:
+            async with self._probe.stream("GET", "/metrics", headers={"accept": "text/plain"}) as response:
+                if response.status_code != 200:
+                    return None
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > METRICS_BODY_LIMIT:
+                        return None
+        except httpx.HTTPError:
+            return None
+        return body.decode("utf-8", "replace")
 
     async def aclose(self) -> None:
         for shard in self._shards:

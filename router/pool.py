@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import httpx
 
 from .backend import BackendClient
+from .backend_load import BackendLoad
 from .config_types import EndpointConfig, PoolConfig
 from .errors import NoBackend
 from .queue import WaitQueue, WaitQueueStatistics
@@ -33,6 +34,7 @@ class Endpoint:
         self.in_flight = 0
         self.healthy = True
         self.pool: Pool | None = None
+        self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
         self._connect_timeout = connect_timeout
         self._transport = transport
         self.client = self._new_client()
