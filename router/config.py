@@ -24,12 +24,19 @@ from urllib.parse import urlsplit
 
 import tomli
 
+from .auth import hash_key
 from .config_types import (
+    ApiKeyConfig,
+    AuthConfig,
     ClassConfig,
     Config,
     EndpointConfig,
     EstimateConfig,
     LimitsConfig,
+    LogFormat,
+    LoggingConfig,
+    LogLevel,
+    MetricsConfig,
     OverCapMode,
     PoolConfig,
     ServerConfig,
@@ -46,6 +53,10 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _OVER_CAP_MODES: tuple[OverCapMode, ...] = get_args(OverCapMode)
 _SIMULATE_PROFILES: tuple[SimulateProfile, ...] = get_args(SimulateProfile)
+_LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
+_LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -64,11 +75,14 @@ class ConfigError(Exception):
         super().__init__("\n".join([header, *(f"  {line}" for line in self.problems)]))
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> Config:
     """Read and validate the configuration file at ``path``.
 
-    Raises :exc:`ConfigError` if the file cannot be read, is not UTF-8 TOML,
-    or fails validation.
+    ``environ`` (default ``os.environ``) resolves ``key_env`` and
+    ``keys_file_env``, as in :func:`parse_config`. Raises :exc:`ConfigError`
+    if the file cannot be read, is not UTF-8 TOML, or fails validation.
     """
     source = os.fspath(path)
     try:
@@ -80,14 +94,21 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError([f"not UTF-8 text: {exc}"], source=source) from exc
-    return parse_config(text, source=source)
+    return parse_config(text, source=source, environ=environ)
 
 
-def parse_config(text: str, *, source: str = "<string>") -> Config:
+def parse_config(
+    text: str, *, source: str = "<string>", environ: Mapping[str, str] | None = None
+) -> Config:
     """Parse and validate TOML ``text``; ``source`` names it in error messages.
 
-    Raises :exc:`ConfigError` listing every problem found.
+    API keys named by environment variable (``key_env``) and the keys file
+    (``keys_file_env``) are resolved now, from ``environ`` (default
+    ``os.environ``), so a missing secret stops the load rather than a request.
+    Raises :exc:`ConfigError` listing every problem found; no problem quotes a
+    key or a value that might be one.
     """
+    environ = os.environ if environ is None else environ
     try:
         document = tomli.loads(text)
     except tomli.TOMLDecodeError as exc:
@@ -104,9 +125,17 @@ def parse_config(text: str, *, source: str = "<string>") -> Config:
     end_to_end = timeouts.end_to_end_timeout if timeouts_table.ok("end_to_end_timeout") else None
     pool_tables = root.children("pools", noun="pool")
     pools = _read_pools(pool_tables, input_cap)
-    classes = _read_classes(
-        root.children("classes", noun="class"), [name for name, _ in pool_tables], end_to_end
+    class_tables = root.children("classes", noun="class")
+    classes = _read_classes(class_tables, [name for name, _ in pool_tables], end_to_end)
+    auth_table = root.table("auth")
+    auth = _read_auth(
+        auth_table,
+        present=root.has("auth") and root.ok("auth"),
+        class_names=[name for name, _ in class_tables],
+        environ=environ,
     )
+    logging_config = _read_logging(root.table("logging"))
+    metrics = _read_metrics(root.table("metrics"))
     root.finish()
     if problems:
         raise ConfigError(problems, source=source)
@@ -117,8 +146,41 @@ def parse_config(text: str, *, source: str = "<string>") -> Config:
         timeouts=timeouts,
         pools=pools,
         classes=classes,
-        digest=hashlib.sha256(text.encode("utf-8")).hexdigest()[:16],
+        digest=_digest(text, auth),
+        auth=auth,
+        logging=logging_config,
+        metrics=metrics,
+        warnings=_warnings(timeouts),
     )
+
+
+def _digest(text: str, auth: AuthConfig) -> str:
+    """A short hash of the text and of the keys it resolved from outside itself.
+
+    The keys go in as their digests, names and rights (never a key, and not the
+    keys file's text), so rotating a key in the keys file or the environment
+    changes the digest and a reload applies it; with auth off this is the
+    hash of the text alone.
+    """
+    digest = hashlib.sha256(text.encode("utf-8"))
+    for key in auth.keys:
+        classes = ",".join(sorted(key.may_force_classes))
+        digest.update(f"\0{key.name}\0{key.sha256}\0{classes}\0{key.max_concurrency}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _warnings(timeouts: TimeoutsConfig) -> tuple[str, ...]:
+    """Settings that tailguard can run with but that will hurt, and what to change."""
+    warnings: list[str] = []
+    front, end_to_end = timeouts.front_proxy_timeout, timeouts.end_to_end_timeout
+    if front is not None and front <= end_to_end:
+        warnings.append(
+            f"timeouts.front_proxy_timeout ({front:g} s) is not above"
+            f" timeouts.end_to_end_timeout ({end_to_end:g} s): the proxy in front would cut off"
+            " requests tailguard is still serving (and hide its 504); raise the proxy's read"
+            f" timeout (nginx proxy_read_timeout) above {end_to_end:g} s"
+        )
+    return tuple(warnings)
 
 
 # --------------------------------------------------------------------------
@@ -230,11 +292,39 @@ class _Table:
 
         return self._read(name, expect, convert, default, max(minimum, 1.0))
 
+    def optional_number(self, name: str, *, minimum: float) -> float | None:
+        """A number above ``minimum`` that may be left out (``None``: unknown)."""
+        if name not in self._data:
+            self._known.add(name)
+            return None
+        return self.number(name, minimum=minimum)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        def convert(value: object) -> bool | None:
+            return value if isinstance(value, bool) else None
+
+        return self._read(name, "true or false", convert, default, default)
+
     def string(self, name: str, default: str | None = None) -> str:
         def convert(value: object) -> str | None:
             return value if isinstance(value, str) else None
 
         return self._read(name, "a string", convert, default, "")
+
+    def optional_string(self, name: str) -> str | None:
+        if name not in self._data:
+            self._known.add(name)
+            return None
+        return self.string(name)
+
+    def secret(self, name: str) -> str | None:
+        """A string that may be a key: absent is None, and a wrong one is never quoted."""
+        self._known.add(name)
+        value = self._data.get(name)
+        if value is None or isinstance(value, str):
+            return value
+        self.problem(name, f"must be a string, got {_kind(value)} (its value is not shown)")
+        return None
 
     def choice(self, name: str, options: tuple[_S, ...], default: _S | None = None) -> _S:
         expect = "one of " + ", ".join(json.dumps(option) for option in options)
@@ -244,11 +334,11 @@ class _Table:
 
         return self._read(name, expect, convert, default, options[0])
 
-    def array(self, name: str, expect: str) -> list[object]:
+    def array(self, name: str, expect: str, default: list[object] | None = None) -> list[object]:
         def convert(value: object) -> list[object] | None:
             return list(value) if isinstance(value, list) else None
 
-        return self._read(name, expect, convert, None, [])
+        return self._read(name, expect, convert, default, [])
 
     def table(self, name: str) -> _Table:
         """An optional sub-table; an absent one reads as empty, so defaults apply."""
@@ -296,6 +386,19 @@ def _join(path: str, name: str) -> str:
     """``path.name``, with ``name`` quoted when it is not a bare TOML key."""
     part = name if _BARE_KEY.fullmatch(name) else json.dumps(name)
     return f"{path}.{part}" if path else part
+
+
+def _kind(value: object) -> str:
+    """A value's TOML type without the value, for what may be a secret."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, (dict, list)):
+        return _describe(value)
+    return "a date or time"
 
 
 def _describe(value: object) -> str:
@@ -410,8 +513,41 @@ def _read_timeouts(table: _Table) -> TimeoutsConfig:
             "retry_after",
         )
     }
+    front_proxy = table.optional_number("front_proxy_timeout", minimum=0.0)
+    drain = table.number("drain_timeout", default.drain_timeout, minimum=0.0, inclusive=True)
     table.finish()
-    return TimeoutsConfig(**values)
+    return TimeoutsConfig(**values, front_proxy_timeout=front_proxy, drain_timeout=drain)
+
+
+def _read_logging(table: _Table) -> LoggingConfig:
+    default = LoggingConfig()
+    written = table.string("level", default.level)
+    level = next((name for name in _LOG_LEVELS if name == written.upper()), default.level)
+    if table.ok("level") and written.upper() not in _LOG_LEVELS:
+        names = ", ".join(json.dumps(name) for name in _LOG_LEVELS)
+        table.problem("level", f"must be one of {names} (any case), got {json.dumps(written)}")
+    log_format = table.choice("format", _LOG_FORMATS, default.format)
+    access_log = table.boolean("access_log", default.access_log)
+    log_prompts = table.boolean("log_prompts", default.log_prompts)
+    table.finish()
+    return LoggingConfig(
+        level=level, format=log_format, access_log=access_log, log_prompts=log_prompts
+    )
+
+
+def _read_metrics(table: _Table) -> MetricsConfig:
+    default = MetricsConfig()
+    scrape = table.number(
+        "backend_scrape_interval", default.backend_scrape_interval, minimum=0.0, inclusive=True
+    )
+    window = table.number(
+        "duplicate_request_id_window",
+        default.duplicate_request_id_window,
+        minimum=0.0,
+        inclusive=True,
+    )
+    table.finish()
+    return MetricsConfig(backend_scrape_interval=scrape, duplicate_request_id_window=window)
 
 
 def _read_pools(
@@ -600,6 +736,247 @@ def _read_class(
 
 
 # --------------------------------------------------------------------------
+# API keys
+#
+# A key reaches the router as a digest (key_sha256), through an environment
+# variable (key_env), or in plaintext (key) from the keys file, which is the
+# secret store; config.toml may not hold a plaintext key. Whatever the route,
+# only the digest is kept, and no problem quotes a value that may be a key.
+
+# A key read cleanly: its table (to report a clash on), the key that gave it.
+_KeyEntry = tuple[_Table, str, ApiKeyConfig]
+
+
+def _read_auth(
+    table: _Table,
+    *,
+    present: bool,
+    class_names: Collection[str],
+    environ: Mapping[str, str],
+) -> AuthConfig:
+    """The keys of config.toml, then those of the keys file, all checked unique.
+
+    An ``[auth]`` table that ends up with no key is refused rather than read as
+    "auth off": an empty keys file must not open the router by accident.
+    """
+    variable = table.optional_string("keys_file_env")
+    entries = _read_keys(table, in_keys_file=False, class_names=class_names, environ=environ)
+    keys_file: str | None = None
+    file_problems: list[str] = []
+    if variable is not None and table.ok("keys_file_env"):
+        keys_file = _keys_file_path(table, variable, environ)
+        if keys_file is not None:
+            file_root = _read_keys_file(table, keys_file, variable, file_problems)
+            if file_root is not None:
+                entries += _read_keys(
+                    file_root, in_keys_file=True, class_names=class_names, environ=environ
+                )
+                file_root.finish()
+    _check_unique(entries)
+    for problem in file_problems:  # after _check_unique, which may add to them
+        table.report(table.key("keys_file_env"), f"in the keys file {keys_file}: {problem}")
+    if table.finish() and present and not entries:
+        where = "in [[auth.keys]]" + (f" or in the keys file {keys_file}" if keys_file else "")
+        table.report(
+            table.path,
+            f"no API key {where}: delete [auth] to run without authentication, or add a key",
+        )
+    return AuthConfig(keys=tuple(key for _, _, key in entries), keys_file=keys_file)
+
+
+def _keys_file_path(auth: _Table, variable: str, environ: Mapping[str, str]) -> str | None:
+    if not _ENV_NAME.fullmatch(variable):
+        auth.problem(
+            "keys_file_env", f"must be the name of an environment variable ({_ENV_NAME.pattern})"
+        )
+        return None
+    path = environ.get(variable)
+    if not path:
+        state = "is not set" if path is None else "is empty"
+        auth.problem(
+            "keys_file_env",
+            f"environment variable {variable} {state} (it should hold the keys file's path)",
+        )
+        return None
+    return path
+
+
+def _read_keys_file(
+    auth: _Table, path: str, variable: str, problems: list[str]
+) -> _Table | None:
+    """The keys file's top-level table, its problems collected in ``problems``.
+
+    TOML errors are reported by position only (tomli quotes no text), so a
+    broken line holding a key does not print it.
+    """
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+        document = tomli.loads(data.decode("utf-8"))
+    except OSError as exc:
+        auth.problem(
+            "keys_file_env",
+            f"cannot read the keys file {path} (from {variable}):"
+            f" {exc.strerror or type(exc).__name__}",
+        )
+        return None
+    except UnicodeDecodeError:
+        auth.problem("keys_file_env", f"the keys file {path} (from {variable}) is not UTF-8 text")
+        return None
+    except tomli.TOMLDecodeError as exc:
+        auth.problem(
+            "keys_file_env", f"the keys file {path} (from {variable}) is not valid TOML: {exc}"
+        )
+        return None
+    return _Table(document, "", problems)
+
+
+def _read_keys(
+    parent: _Table,
+    *,
+    in_keys_file: bool,
+    class_names: Collection[str],
+    environ: Mapping[str, str],
+) -> list[_KeyEntry]:
+    """The ``[[keys]]`` tables under ``parent`` that read cleanly, in file order."""
+    items = parent.array("keys", f"an array of tables ([[{parent.key('keys')}]])", [])
+    entries: list[_KeyEntry] = []
+    for index, item in enumerate(items):
+        key = f"{parent.key('keys')}[{index}]"
+        table = parent.nested(key, item)
+        if table is None:
+            parent.report(key, f"must be a table, got {_kind(item)}")
+            parent.invalidate("keys")
+            continue
+        entry = _read_key(
+            table, in_keys_file=in_keys_file, class_names=class_names, environ=environ
+        )
+        if entry is None:
+            parent.invalidate("keys")
+        else:
+            entries.append(entry)
+    return entries
+
+
+def _read_key(
+    table: _Table,
+    *,
+    in_keys_file: bool,
+    class_names: Collection[str],
+    environ: Mapping[str, str],
+) -> _KeyEntry | None:
+    name = table.string("name")
+    if table.ok("name") and not _NAME.fullmatch(name):
+        table.problem("name", f"must match {_NAME.pattern}, got {json.dumps(name)}")
+    source, digest = _read_key_digest(table, in_keys_file=in_keys_file, environ=environ)
+    classes = _read_force_classes(table, class_names)
+    max_concurrency = table.optional_integer("max_concurrency", minimum=1)
+    if not table.finish() or digest is None:
+        return None
+    return table, source, ApiKeyConfig(name, digest, classes, max_concurrency)
+
+
+def _read_key_digest(
+    table: _Table, *, in_keys_file: bool, environ: Mapping[str, str]
+) -> tuple[str, str | None]:
+    """(the key that gave it, the lower-case hex digest), or a problem and None."""
+    written = {name: table.secret(name) for name in ("key_sha256", "key_env", "key")}
+    if written["key"] is not None and not in_keys_file:
+        table.problem(
+            "key",
+            "a plaintext key does not belong in config.toml: write its SHA-256 as key_sha256"
+            " (python -m router.auth prints it), name an environment variable with key_env,"
+            " or move it to the keys file (auth.keys_file_env)",
+        )
+        return "key", None
+    allowed = ("key_sha256", "key_env", "key") if in_keys_file else ("key_sha256", "key_env")
+    given = [name for name in allowed if table.has(name)]
+    if len(given) != 1:
+        table.report(
+            table.path,
+            f"needs exactly one of {', '.join(allowed)}"
+            + (f", got {' and '.join(given)}" if given else ""),
+        )
+        return (given or allowed)[0], None
+    (source,) = given
+    value = written[source]
+    if value is None:  # of the wrong type, reported
+        return source, None
+    if source == "key_sha256":
+        if not _HEX_DIGEST.fullmatch(value):
+            table.problem(
+                source,
+                "must be the key's SHA-256 as 64 hex digits (python -m router.auth <key>"
+                " prints it); the value is not shown, in case it is the key itself",
+            )
+            return source, None
+        return source, value.lower()
+    if source == "key_env":
+        if not _ENV_NAME.fullmatch(value):
+            table.problem(
+                source,
+                f"must be the name of an environment variable ({_ENV_NAME.pattern});"
+                " the value is not shown, in case it is the key itself",
+            )
+            return source, None
+        from_env = environ.get(value)
+        if from_env is None:
+            table.problem(source, f"environment variable {value} is not set")
+            return source, None
+        return source, _key_digest(table, source, from_env, f"environment variable {value}")
+    return source, _key_digest(table, source, value, "the key")
+
+
+def _key_digest(table: _Table, source: str, key: str, what: str) -> str | None:
+    """The digest of ``key`` (surrounding whitespace dropped), if a header can carry it."""
+    key = key.strip()  # a trailing newline in a secret store is a classic
+    if not key:
+        table.problem(source, f"{what} is empty")
+        return None
+    if not all("!" <= char <= "~" for char in key):
+        table.problem(
+            source,
+            f"{what} holds characters an Authorization header cannot carry"
+            " (printable ASCII without spaces only)",
+        )
+        return None
+    return hash_key(key)
+
+
+def _read_force_classes(table: _Table, class_names: Collection[str]) -> frozenset[str]:
+    items = table.array("may_force_classes", "an array of class names", [])
+    classes: set[str] = set()
+    for index, item in enumerate(items):
+        key = f"{table.key('may_force_classes')}[{index}]"
+        if not isinstance(item, str):
+            table.report(key, f"must be a class name, got {_describe(item)}")
+        elif item not in class_names:
+            defined = ", ".join(json.dumps(name) for name in class_names) or "none"
+            table.report(key, f"names no defined class: {json.dumps(item)} (defined: {defined})")
+        else:
+            classes.add(item)
+            continue
+        table.invalidate("may_force_classes")
+    return frozenset(classes)
+
+
+def _check_unique(entries: Sequence[_KeyEntry]) -> None:
+    """One name per caller and one caller per key, across config.toml and the keys file."""
+    names: dict[str, str] = {}
+    digests: dict[str, tuple[str, str]] = {}
+    for table, source, key in entries:
+        first_name = names.setdefault(key.name, table.key("name"))
+        if first_name != table.key("name"):
+            table.problem("name", f"{json.dumps(key.name)} is already {first_name}")
+        first_path, holder = digests.setdefault(key.sha256, (table.path, key.name))
+        if first_path != table.path:
+            table.problem(
+                source,
+                f"the same key as {first_path} ({json.dumps(holder)}): a key must name one caller",
+            )
+
+
+# --------------------------------------------------------------------------
 # Showing the configuration
 
 
@@ -612,6 +989,12 @@ def render_config(config: Config) -> str:
     server, estimate = config.server, config.estimate
     limits, timeouts = config.limits, config.timeouts
     lines = [f"tailguard configuration, digest {config.digest or '(none)'}", ""]
+    if config.warnings:
+        lines += [
+            "warnings (tailguard runs, but fix these)",
+            *(f"  {warning}" for warning in config.warnings),
+            "",
+        ]
     lines += _section("server", [
         ("http_listen", _host_port(server.http_host, server.http_port)),
         ("grpc_listen", _host_port(server.grpc_host, server.grpc_port)),
@@ -635,6 +1018,21 @@ def render_config(config: Config) -> str:
         ("health_check_interval", _seconds(timeouts.health_check_interval)),
         ("health_check_timeout", _seconds(timeouts.health_check_timeout)),
         ("retry_after", _seconds(timeouts.retry_after)),
+        ("front_proxy_timeout",
+         "unknown" if timeouts.front_proxy_timeout is None
+         else _seconds(timeouts.front_proxy_timeout)),
+        ("drain_timeout", _seconds(timeouts.drain_timeout)),
+    ])
+    logging_config, metrics = config.logging, config.metrics
+    lines += _section("logging", [
+        ("level", logging_config.level),
+        ("format", logging_config.format),
+        ("access_log", _on_off(logging_config.access_log)),
+        ("log_prompts", _on_off(logging_config.log_prompts)),
+    ])
+    lines += _section("metrics", [
+        ("backend_scrape_interval", _seconds_or_off(metrics.backend_scrape_interval)),
+        ("duplicate_request_id_window", _seconds_or_off(metrics.duplicate_request_id_window)),
     ])
     for pool in config.pools:
         lines += _render_pool(pool)
@@ -646,7 +1044,24 @@ def render_config(config: Config) -> str:
         for klass in config.classes
     ]
     lines += _aligned(rows, indent="  ")
+    lines += ["", *_render_auth(config.auth)]
     return "\n".join(lines) + "\n"
+
+
+def _render_auth(auth: AuthConfig) -> list[str]:
+    """Who may call: names, rights and a digest prefix to tell keys apart; no secret."""
+    if not auth.enabled:
+        return ["auth", "  off (no keys: every caller is anonymous and may force no class)"]
+    lines = ["auth (API keys; sha256 is the start of each key's digest)"]
+    if auth.keys_file is not None:
+        lines.append(f"  keys_file  {auth.keys_file}")
+    rows = [("name", "sha256", "may_force_classes", "max_concurrency")]
+    rows += [
+        (key.name, key.sha256[:8], ", ".join(sorted(key.may_force_classes)) or "none",
+         "no cap" if key.max_concurrency is None else str(key.max_concurrency))
+        for key in auth.keys
+    ]
+    return lines + _aligned(rows, indent="  ")
 
 
 def _render_pool(pool: PoolConfig) -> list[str]:
@@ -684,6 +1099,14 @@ def _aligned(rows: Sequence[Sequence[str]], *, indent: str) -> list[str]:
 
 def _seconds(value: float) -> str:
     return f"{value:g} s"
+
+
+def _seconds_or_off(value: float) -> str:
+    return _seconds(value) if value else "off"
+
+
+def _on_off(value: bool) -> str:
+    return "on" if value else "off"
 
 
 def _threshold(value: int | None) -> str:

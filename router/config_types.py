@@ -7,11 +7,13 @@ Durations are seconds (``*_timeout``); sizes are tokens unless named bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 OverCapMode = Literal["clamp", "reject"]
 SimulateProfile = Literal["latency", "throughput", "instant"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+LogFormat = Literal["json", "text"]
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,62 @@ class LimitsConfig:
 
 @dataclass(frozen=True)
 class TimeoutsConfig:
-    """Deadlines and intervals, layered: queue deadline < end-to-end timeout."""
+    """Deadlines and intervals, layered: queue deadline < end-to-end < front proxy."""
 
     connect_timeout: float = 2.0
     end_to_end_timeout: float = 120.0
     health_check_interval: float = 2.0
     health_check_timeout: float = 1.0
     retry_after: float = 1.0  # Retry-After hint when nothing better is known
+    # The read timeout of the proxy in front (nginx proxy_read_timeout), if known:
+    # only checked against end_to_end_timeout, to warn; tailguard never enforces it.
+    front_proxy_timeout: float | None = None
+    drain_timeout: float = 30.0  # on SIGTERM, time in-flight requests get before cancellation
+
+
+@dataclass(frozen=True)
+class ApiKeyConfig:
+    """One API key: who holds it and what it may do.
+
+    Only the key's SHA-256 hex digest is kept, never the key; it stays out of
+    ``repr`` all the same, so a logged config shows no credential material.
+    """
+
+    name: str  # the caller's name in logs and metrics
+    sha256: str = field(repr=False)  # lower-case hex digest of the key
+    may_force_classes: frozenset[str] = frozenset()  # classes this caller may ask for
+    max_concurrency: int | None = None  # its requests in flight at most; None = no cap
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """API keys; with none, auth is off and every caller is anonymous."""
+
+    keys: tuple[ApiKeyConfig, ...] = ()
+    keys_file: str | None = None  # the keys file read (a path, not a secret), if any
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """What the process logs and in which shape."""
+
+    level: LogLevel = "INFO"
+    format: LogFormat = "json"  # json: one object a line, for a log pipeline
+    access_log: bool = True  # one line per finished request
+    log_prompts: bool = False  # access log lines may carry the prompt text
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """How the router observes its backends and its callers."""
+
+    backend_scrape_interval: float = 5.0  # seconds between scrapes of vLLM /metrics; 0 = off
+    # seconds: a caller-supplied x-request-id seen again within it counts as a retry; 0 = off
+    duplicate_request_id_window: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +146,14 @@ class ClassConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """The whole configuration; ``digest`` is a hash of the source text."""
+    """The whole configuration.
+
+    ``digest`` is a hash of the source text and, when auth is on, of the
+    resolved keys (digests, names, rights): a key rotated in the keys file or
+    the environment changes it, so a reload applies the rotation.
+    ``warnings`` are problems that do not stop the process (e.g. timeout
+    layers broken outside tailguard); they are shown and logged, not refused.
+    """
 
     server: ServerConfig
     estimate: EstimateConfig
@@ -104,6 +162,10 @@ class Config:
     pools: tuple[PoolConfig, ...]
     classes: tuple[ClassConfig, ...]
     digest: str = ""
+    auth: AuthConfig = AuthConfig()
+    logging: LoggingConfig = LoggingConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    warnings: tuple[str, ...] = ()
 
     def pool(self, name: str) -> PoolConfig:
         for pool in self.pools:

@@ -15,6 +15,7 @@ its own status codes (``server/errors_map.py``) using the table in DESIGN.md.
     │   ├── QueueFull                the pool's wait queue is at its bound
     │   ├── QueueTimeout             waited the class's queue deadline without a slot
     │   ├── NoBackend                no healthy endpoint in the pool
+    │   ├── CallerOverLimit          the API key has its per-key cap of requests in flight
     │   └── Draining                 the process is shutting down
     ├── DeadlineExceeded             the request's end-to-end deadline passed
     └── BackendError                 the inference server failed the request
@@ -84,6 +85,10 @@ class QueueTimeout(Overloaded):
 
 class NoBackend(Overloaded):
     """The pool has no healthy endpoint to send the request to."""
+
+
+class CallerOverLimit(Overloaded):
+    """The API key has its per-key concurrency cap of requests in flight."""
 
 
 class Draining(Overloaded):

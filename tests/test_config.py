@@ -1,13 +1,23 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from router.auth import hash_key
 from router.config import ConfigError, limits_document, load_config, parse_config, render_config
-from router.config_types import ClassConfig, Config, EndpointConfig
+from router.config_types import (
+    ApiKeyConfig,
+    AuthConfig,
+    ClassConfig,
+    Config,
+    EndpointConfig,
+    LoggingConfig,
+    MetricsConfig,
+)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
 
@@ -83,6 +93,13 @@ def test_shipped_config_parses_with_the_documented_values() -> None:
     assert timeouts.health_check_interval == 2.0
     assert timeouts.health_check_timeout == 1.0
     assert timeouts.retry_after == 1.0
+    assert timeouts.front_proxy_timeout is None
+    assert timeouts.drain_timeout == 30.0
+
+    assert config.logging == LoggingConfig(level="INFO", format="json", access_log=True, log_prompts=False)
+    assert config.metrics == MetricsConfig(backend_scrape_interval=5.0, duplicate_request_id_window=10.0)
+    assert config.auth == AuthConfig() and not config.auth.enabled
+    assert config.warnings == ()
 
     assert [pool.name for pool in config.pools] == ["interactive", "batch"]
     interactive, batch = config.pool("interactive"), config.pool("batch")
@@ -333,6 +350,23 @@ APPENDED = [
         "unreachable: classes.batch",
     ),
     ("[limits]\ninput_cap_tokens = 32768\n", "pools.interactive.max_model_len", "limits.input_cap_tokens 32768"),
+    ('[logging]\nlevel = "verbose"\n', "logging.level", '"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"'),
+    ("[logging]\nlevel = 10\n", "logging.level", "a string, got 10"),
+    ('[logging]\nformat = "xml"\n', "logging.format", '"json", "text"'),
+    ('[logging]\naccess_log = "yes"\n', "logging.access_log", 'true or false, got "yes"'),
+    ("[logging]\nlog_prompts = 1\n", "logging.log_prompts", "true or false, got 1"),
+    ("[logging]\nlog_prompt = true\n", "logging.log_prompt", "did you mean 'log_prompts'?"),
+    ("[metrics]\nbackend_scrape_interval = -1\n", "metrics.backend_scrape_interval", ">= 0"),
+    ("[metrics]\nduplicate_request_id_window = -0.5\n", "metrics.duplicate_request_id_window", ">= 0"),
+    ("[metrics]\nscrape_interval = 5\n", "metrics.scrape_interval", "unknown key"),
+]
+
+# Timeouts are added to BASE's [timeouts] table (TOML allows a table only once).
+TIMEOUT_PROBLEMS = [
+    ("front_proxy_timeout = 0", "timeouts.front_proxy_timeout", "> 0"),
+    ('front_proxy_timeout = "60s"', "timeouts.front_proxy_timeout", '"60s"'),
+    ("drain_timeout = -1", "timeouts.drain_timeout", ">= 0"),
+    ("drain_timeout = inf", "timeouts.drain_timeout", ">= 0"),
 ]
 
 
@@ -350,6 +384,12 @@ def test_each_added_mistake_rejects_with_its_dotted_key(added: str, key: str, fr
     matching = [line for line in problems if line.startswith(f"{key}: ")]
     assert matching, problems
     assert any(fragment in line for line in matching), problems
+
+
+@pytest.mark.parametrize(("line", "key", "fragment"), TIMEOUT_PROBLEMS)
+def test_each_timeout_mistake_rejects_with_its_dotted_key(line: str, key: str, fragment: str) -> None:
+    (problem,) = problems_of(edit("end_to_end_timeout = 120", f"end_to_end_timeout = 120\n{line}"))
+    assert problem.startswith(f"{key}: ") and fragment in problem
 
 
 def test_queue_timeout_message_names_both_values() -> None:
@@ -568,7 +608,7 @@ def test_render_config_shows_every_pool_endpoint_and_class() -> None:
 
 def test_render_config_of_the_shipped_file_is_a_readable_page() -> None:
     text = render_config(load_config(SHIPPED))
-    assert 30 <= len(text.splitlines()) <= 50
+    assert 30 <= len(text.splitlines()) <= 65
     for expected in ("127.0.0.1:8080", "127.0.0.1:50051", "8192", "1024 (over the cap: clamp)", "120 s"):
         assert expected in text
 
@@ -610,3 +650,272 @@ def test_config_error_str_lists_every_problem() -> None:
 
 def test_config_type_is_the_contract() -> None:
     assert isinstance(parse_config(BASE), Config)
+
+
+# --------------------------------------------------------------------------
+# [logging], [metrics], the new [timeouts] keys and warnings
+
+
+def test_logging_and_metrics_are_read_and_the_level_is_any_case() -> None:
+    text = BASE + (
+        '\n[logging]\nlevel = "debug"\nformat = "text"\naccess_log = false\nlog_prompts = true\n'
+        "\n[metrics]\nbackend_scrape_interval = 0\nduplicate_request_id_window = 2.5\n"
+    )
+    config = parse_config(text)
+    assert config.logging == LoggingConfig(level="DEBUG", format="text", access_log=False, log_prompts=True)
+    assert config.metrics == MetricsConfig(backend_scrape_interval=0.0, duplicate_request_id_window=2.5)
+    rendered = render_config(config)
+    assert re.search(r"^  backend_scrape_interval\s+off$", rendered, re.MULTILINE)
+    assert re.search(r"^  log_prompts\s+on$", rendered, re.MULTILINE)
+
+
+def test_drain_timeout_may_be_zero_and_front_proxy_timeout_is_read() -> None:
+    config = parse_config(
+        edit("end_to_end_timeout = 120", "end_to_end_timeout = 120\ndrain_timeout = 0\nfront_proxy_timeout = 300")
+    )
+    assert config.timeouts.drain_timeout == 0.0
+    assert config.timeouts.front_proxy_timeout == 300.0
+    assert config.warnings == ()
+    assert re.search(r"^  front_proxy_timeout\s+300 s$", render_config(config), re.MULTILINE)
+
+
+@pytest.mark.parametrize("front", ["60", "120"])
+def test_a_front_proxy_timeout_not_above_end_to_end_is_a_warning(front: str) -> None:
+    config = parse_config(edit("end_to_end_timeout = 120", f"end_to_end_timeout = 120\nfront_proxy_timeout = {front}"))
+    (warning,) = config.warnings
+    assert warning.startswith(f"timeouts.front_proxy_timeout ({front} s) is not above timeouts.end_to_end_timeout (120 s)")
+    assert "proxy_read_timeout" in warning and "above 120 s" in warning
+    rendered = render_config(config)
+    assert rendered.splitlines()[2].startswith("warnings")
+    assert f"  {warning}" in rendered
+
+
+def test_without_a_front_proxy_timeout_there_is_no_warning() -> None:
+    config = parse_config(BASE)
+    assert config.timeouts.front_proxy_timeout is None and config.warnings == ()
+    assert "warnings" not in render_config(config)
+    assert re.search(r"^  front_proxy_timeout\s+unknown$", render_config(config), re.MULTILINE)
+
+
+# --------------------------------------------------------------------------
+# [auth]
+
+KEY = "tg-live-webapp-Zq3x9"  # a plaintext key: must never show in output
+OTHER_KEY = "tg-live-reports-88aa"
+DIGEST = hashlib.sha256(KEY.encode()).hexdigest()
+
+
+def with_keys(*tables: str, auth: str = "") -> str:
+    """BASE with an [auth] table (``auth`` lines) and these [[auth.keys]] bodies."""
+    text = BASE + "\n[auth]\n" + auth
+    for body in tables:
+        text += "\n[[auth.keys]]\n" + body
+    return text
+
+
+def auth_problems(text: str, environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, environ=environ or {})
+    assert KEY not in str(info.value) and OTHER_KEY not in str(info.value)
+    return info.value.problems
+
+
+def test_hash_key_is_the_sha256_hex_digest() -> None:
+    assert hash_key(KEY) == DIGEST
+
+
+def test_auth_is_off_without_an_auth_table() -> None:
+    config = parse_config(BASE, environ={})
+    assert config.auth == AuthConfig() and not config.auth.enabled
+    assert "off (no keys" in render_config(config)
+
+
+def test_a_key_by_digest_is_kept_lower_case_with_its_rights() -> None:
+    text = with_keys(
+        f'name = "webapp"\nkey_sha256 = "{DIGEST.upper()}"\nmay_force_classes = ["batch", "interactive"]\n'
+        "max_concurrency = 8\n",
+        f'name = "cron"\nkey_sha256 = "{hash_key(OTHER_KEY)}"\n',
+    )
+    config = parse_config(text, environ={})
+    assert config.auth.enabled
+    assert config.auth.keys == (
+        ApiKeyConfig("webapp", DIGEST, frozenset({"batch", "interactive"}), 8),
+        ApiKeyConfig("cron", hash_key(OTHER_KEY), frozenset(), None),
+    )
+
+
+def test_a_key_from_the_environment_is_hashed_and_its_whitespace_dropped() -> None:
+    text = with_keys('name = "webapp"\nkey_env = "TG_KEY_WEBAPP"\n')
+    config = parse_config(text, environ={"TG_KEY_WEBAPP": f"  {KEY}\n"})
+    (key,) = config.auth.keys
+    assert key.sha256 == DIGEST
+
+
+def test_load_config_resolves_keys_from_the_given_environ(tmp_path: Path) -> None:
+    path = tmp_path / "tailguard.toml"
+    path.write_text(with_keys('name = "webapp"\nkey_env = "TG_KEY_WEBAPP"\n'), encoding="utf-8")
+    assert load_config(path, environ={"TG_KEY_WEBAPP": KEY}).auth.keys[0].sha256 == DIGEST
+    with pytest.raises(ConfigError, match="TG_KEY_WEBAPP is not set"):
+        load_config(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("body", "environ", "key", "fragment"),
+    [
+        ('name = "w"\nkey_env = "TG_KEY_X"\n', {}, "auth.keys[0].key_env",
+         "environment variable TG_KEY_X is not set"),
+        ('name = "w"\nkey_env = "TG_KEY_X"\n', {"TG_KEY_X": " \n"}, "auth.keys[0].key_env",
+         "environment variable TG_KEY_X is empty"),
+        ('name = "w"\nkey_env = "TG_KEY_X"\n', {"TG_KEY_X": "two words"}, "auth.keys[0].key_env",
+         "cannot carry"),
+        ('name = "w"\nkey_env = "TG_KEY_X"\n', {"TG_KEY_X": "clé"}, "auth.keys[0].key_env", "printable ASCII"),
+        (f'name = "w"\nkey_env = "{KEY}"\n', {}, "auth.keys[0].key_env", "name of an environment variable"),
+        (f'name = "w"\nkey_sha256 = "{KEY}"\n', {}, "auth.keys[0].key_sha256", "64 hex digits"),
+        (f'name = "w"\nkey_sha256 = "{DIGEST[:-1]}g"\n', {}, "auth.keys[0].key_sha256", "64 hex digits"),
+        (f'name = "w"\nkey = "{KEY}"\n', {}, "auth.keys[0].key", "plaintext key does not belong in config.toml"),
+        ('name = "w"\n', {}, "auth.keys[0]", "exactly one of key_sha256, key_env"),
+        (f'name = "w"\nkey_sha256 = "{DIGEST}"\nkey_env = "TG_KEY_X"\n', {"TG_KEY_X": KEY}, "auth.keys[0]",
+         "got key_sha256 and key_env"),
+        ("name = \"w\"\nkey_sha256 = 12345\n", {}, "auth.keys[0].key_sha256", "must be a string, got an integer"),
+        (f'key_sha256 = "{DIGEST}"\n', {}, "auth.keys[0].name", "missing"),
+        (f'name = "web app"\nkey_sha256 = "{DIGEST}"\n', {}, "auth.keys[0].name", "[A-Za-z0-9_.-]+"),
+        (f'name = "w"\nkey_sha256 = "{DIGEST}"\nmay_force_classes = ["bulk"]\n', {},
+         "auth.keys[0].may_force_classes[0]", 'names no defined class: "bulk" (defined: "interactive", "batch")'),
+        (f'name = "w"\nkey_sha256 = "{DIGEST}"\nmay_force_classes = "batch"\n', {},
+         "auth.keys[0].may_force_classes", "array"),
+        (f'name = "w"\nkey_sha256 = "{DIGEST}"\nmax_concurrency = 0\n', {}, "auth.keys[0].max_concurrency", ">= 1"),
+        (f'name = "w"\nkey_sha256 = "{DIGEST}"\nmax_inflight = 3\n', {}, "auth.keys[0].max_inflight", "unknown key"),
+    ],
+)
+def test_each_key_rule_rejects_with_its_dotted_key_and_never_shows_a_key(
+    body: str, environ: dict[str, str], key: str, fragment: str
+) -> None:
+    (problem,) = auth_problems(with_keys(body), environ)
+    assert problem.startswith(f"{key}: "), problem
+    assert fragment in problem, problem
+
+
+def test_a_good_key_next_to_a_bad_one_still_refuses_the_file() -> None:
+    problems = auth_problems(
+        with_keys(f'name = "ok"\nkey_sha256 = "{DIGEST}"\n', 'name = "bad"\nkey_env = "TG_ABSENT"\n')
+    )
+    assert problems == ("auth.keys[1].key_env: environment variable TG_ABSENT is not set",)
+
+
+def test_names_and_keys_are_each_used_once() -> None:
+    same_name = with_keys(f'name = "w"\nkey_sha256 = "{DIGEST}"\n', f'name = "w"\nkey_sha256 = "{hash_key(OTHER_KEY)}"\n')
+    assert auth_problems(same_name) == ('auth.keys[1].name: "w" is already auth.keys[0].name',)
+    same_key = with_keys(f'name = "a"\nkey_sha256 = "{DIGEST}"\n', 'name = "b"\nkey_env = "TG_KEY_B"\n')
+    (problem,) = auth_problems(same_key, {"TG_KEY_B": KEY})
+    assert problem.startswith("auth.keys[1].key_env: the same key as auth.keys[0] (\"a\")")
+
+
+def test_an_auth_table_without_keys_is_refused_rather_than_read_as_auth_off() -> None:
+    assert auth_problems(BASE + "\n[auth]\n") == (
+        "auth: no API key in [[auth.keys]]: delete [auth] to run without authentication, or add a key",
+    )
+    assert any(line.startswith("auth.keys: ") for line in auth_problems(BASE + "\n[auth]\nkeys = 3\n"))
+    (problem,) = auth_problems("auth = 3\n" + BASE)
+    assert problem == "auth: must be a table, got 3"
+    (problem,) = auth_problems(BASE + "\n[auth]\nkeys_files_env = 'X'\n")
+    assert problem.startswith("auth.keys_files_env: unknown key (did you mean 'keys_file_env'?)")
+
+
+# Keys file
+
+def keys_file(tmp_path: Path, text: str) -> dict[str, str]:
+    path = tmp_path / "keys.toml"
+    path.write_text(text, encoding="utf-8")
+    return {"TG_KEYS": str(path)}
+
+
+def test_keys_file_adds_keys_in_plaintext_by_digest_or_by_environment(tmp_path: Path) -> None:
+    environ = keys_file(
+        tmp_path,
+        f'[[keys]]\nname = "reports"\nkey = "{OTHER_KEY}"\nmay_force_classes = ["batch"]\nmax_concurrency = 2\n'
+        f'[[keys]]\nname = "ops"\nkey_env = "TG_KEY_OPS"\n'
+        f'[[keys]]\nname = "hashed"\nkey_sha256 = "{"ab" * 32}"\n',
+    )
+    environ["TG_KEY_OPS"] = "ops-key-1"
+    text = with_keys(f'name = "webapp"\nkey_sha256 = "{DIGEST}"\n', auth='keys_file_env = "TG_KEYS"\n')
+    config = parse_config(text, environ=environ)
+    assert config.auth.keys == (
+        ApiKeyConfig("webapp", DIGEST),
+        ApiKeyConfig("reports", hash_key(OTHER_KEY), frozenset({"batch"}), 2),
+        ApiKeyConfig("ops", hash_key("ops-key-1")),
+        ApiKeyConfig("hashed", "ab" * 32),
+    )
+    assert config.auth.keys_file == environ["TG_KEYS"]
+    # the keys file alone is enough
+    alone = parse_config(BASE + '\n[auth]\nkeys_file_env = "TG_KEYS"\n', environ=environ)
+    assert [key.name for key in alone.auth.keys] == ["reports", "ops", "hashed"]
+
+
+def test_the_digest_follows_a_key_rotated_outside_the_text(tmp_path: Path) -> None:
+    text = BASE + '\n[auth]\nkeys_file_env = "TG_KEYS"\n'
+    first = parse_config(text, environ=keys_file(tmp_path, f'[[keys]]\nname = "r"\nkey = "{KEY}"\n')).digest
+    again = parse_config(text, environ=keys_file(tmp_path, f'# rotated never\n[[keys]]\nname = "r"\nkey = "{KEY}"\n'))
+    rotated = parse_config(text, environ=keys_file(tmp_path, f'[[keys]]\nname = "r"\nkey = "{OTHER_KEY}"\n'))
+    assert again.digest == first  # same keys: a reload would be a no-op
+    assert rotated.digest != first
+    # with auth off the digest is the text's alone, as before
+    assert parse_config(BASE).digest == hashlib.sha256(BASE.encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "cannot read the keys file"),
+        (f'[[keys]]\nname = "r"\nkey = {KEY}\n', "is not valid TOML"),  # unquoted: a TOML error
+        ("[[keys]]\nname = \"r\"\nkey = 12345\n", "keys[0].key: must be a string, got an integer"),
+        (f'[[keys]]\nname = "r"\nkey = "{KEY}"\ncolour = 1\n', "keys[0].colour: unknown key"),
+        (f'[[keys]]\nname = "r"\nkey = "{KEY}"\nkey_env = "TG_X"\n', "keys[0]: needs exactly one of key_sha256, key_env, key"),
+        (f'[[keys]]\nname = "webapp"\nkey = "{OTHER_KEY}"\n', 'keys[0].name: "webapp" is already auth.keys[0].name'),
+        (f'[[keys]]\nname = "r"\nkey = "{KEY}"\n', 'keys[0].key: the same key as auth.keys[0] ("webapp")'),
+        (f'[[keys]]\nname = "r"\nkey = "{KEY}"\nmay_force_classes = ["gold"]\n', 'keys[0].may_force_classes[0]: names no defined class: "gold"'),
+        (f'key = "{KEY}"\n', "key: unknown key (did you mean 'keys'?)"),
+    ],
+)
+def test_keys_file_problems_name_the_file_and_the_key_in_it(
+    tmp_path: Path, content: str | None, fragment: str
+) -> None:
+    environ = {"TG_KEYS": str(tmp_path / "keys.toml")} if content is None else keys_file(tmp_path, content)
+    text = with_keys(f'name = "webapp"\nkey_sha256 = "{DIGEST}"\n', auth='keys_file_env = "TG_KEYS"\n')
+    (problem,) = auth_problems(text, environ)
+    assert problem.startswith("auth.keys_file_env: "), problem
+    assert environ["TG_KEYS"] in problem
+    assert fragment in problem, problem
+
+
+def test_keys_file_env_must_be_set_and_name_a_variable() -> None:
+    text = with_keys(f'name = "w"\nkey_sha256 = "{DIGEST}"\n', auth='keys_file_env = "TG_KEYS"\n')
+    assert auth_problems(text) == (
+        "auth.keys_file_env: environment variable TG_KEYS is not set (it should hold the keys file's path)",
+    )
+    (problem,) = auth_problems(text, {"TG_KEYS": ""})
+    assert "TG_KEYS is empty" in problem
+    (problem,) = auth_problems(edit('"TG_KEYS"', '"/etc/keys.toml"', text))
+    assert problem.startswith("auth.keys_file_env: must be the name of an environment variable")
+
+
+def test_an_empty_keys_file_does_not_turn_auth_off(tmp_path: Path) -> None:
+    environ = keys_file(tmp_path, "# every key was revoked\n")
+    (problem,) = auth_problems(BASE + '\n[auth]\nkeys_file_env = "TG_KEYS"\n', environ)
+    assert problem.startswith("auth: no API key in [[auth.keys]] or in the keys file ")
+
+
+def test_no_key_shows_in_repr_render_or_errors(tmp_path: Path) -> None:
+    environ = keys_file(tmp_path, f'[[keys]]\nname = "reports"\nkey = "{OTHER_KEY}"\nmax_concurrency = 3\n')
+    environ["TG_KEY_WEBAPP"] = KEY
+    text = with_keys(
+        'name = "webapp"\nkey_env = "TG_KEY_WEBAPP"\nmay_force_classes = ["batch"]\n',
+        auth='keys_file_env = "TG_KEYS"\n',
+    )
+    config = parse_config(text, environ=environ)
+    rendered, shown = render_config(config), repr(config)
+    for secret in (KEY, OTHER_KEY, DIGEST, hash_key(OTHER_KEY)):
+        assert secret not in rendered and secret not in shown and secret not in str(config)
+    assert "sha256=" not in shown
+    assert re.search(rf"^  webapp\s+{DIGEST[:8]}\s+batch\s+no cap$", rendered, re.MULTILINE)
+    assert re.search(rf"^  reports\s+{hash_key(OTHER_KEY)[:8]}\s+none\s+3$", rendered, re.MULTILINE)
+    assert f"keys_file  {environ['TG_KEYS']}" in rendered

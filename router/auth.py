@@ -1,0 +1,107 @@
+"""API keys: who is calling, and what they may do.
+
+Keys are configured as SHA-256 digests (``[[auth.keys]]`` in config.toml), so
+neither the file nor the process's memory holds a key the router could leak;
+a request's key is hashed and the digest looked up. With no keys configured
+auth is off and every caller is :data:`ANONYMOUS`.
+
+To get the digest of a key for config.toml::
+
+    python -m router.auth <key>       # or with no argument: read it from stdin,
+                                      # keeping it out of shell history and ps
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .config_types import AuthConfig
+from .errors import Unauthenticated
+
+__all__ = ["ANONYMOUS", "Authenticator", "Caller", "hash_key"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, as the router needs to know it: never the key itself."""
+
+    name: str
+    may_force_classes: frozenset[str]
+    max_concurrency: int | None  # requests in flight at most; None = no cap
+
+
+ANONYMOUS = Caller("anonymous", frozenset(), None)
+"""The caller when auth is off: it may not force a class and has no cap of its own."""
+
+
+def hash_key(key: str) -> str:
+    """The lower-case SHA-256 hex digest of ``key`` (UTF-8), as config.toml holds it."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class Authenticator:
+    """Maps an ``Authorization`` header to its :class:`Caller`.
+
+    Built from one :class:`AuthConfig`; a reload builds a new one. Messages of
+    the errors it raises never contain what the caller sent, since a mistyped
+    header may still hold a real key.
+    """
+
+    def __init__(self, auth: AuthConfig) -> None:
+        self._callers: dict[str, Caller] = {
+            key.sha256: Caller(key.name, frozenset(key.may_force_classes), key.max_concurrency)
+            for key in auth.keys
+        }
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._callers)
+
+    def authenticate(self, authorization: str | None) -> Caller:
+        """The caller whose key ``Authorization: Bearer <key>`` carries.
+
+        Returns :data:`ANONYMOUS` when auth is off, whatever the header says.
+        Raises :exc:`Unauthenticated` when the header is missing, is not
+        ``Bearer <key>`` (scheme in any case), or carries an unknown key.
+        """
+        if not self._callers:
+            return ANONYMOUS
+        if authorization is None or not authorization.strip():
+            raise Unauthenticated("missing API key: send Authorization: Bearer <key>")
+        parts = authorization.split()
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            raise Unauthenticated(
+                "malformed Authorization header: expected Authorization: Bearer <key>"
+            )
+        caller = self._callers.get(hash_key(parts[1]))
+        if caller is None:
+            raise Unauthenticated("unknown API key")
+        return caller
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m router.auth [KEY]``: print the digest to paste as ``key_sha256``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) > 1 or any(arg in ("-h", "--help") for arg in args):
+        print(__doc__.strip() if __doc__ else "", file=sys.stderr)
+        return 2
+    if args:
+        key = args[0]
+    elif sys.stdin.isatty():
+        key = getpass.getpass("API key (not echoed): ")
+    else:
+        key = sys.stdin.readline()
+    key = key.strip()  # as config does for key and key_env
+    if not key:
+        print("router.auth: empty key", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
