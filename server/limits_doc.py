@@ -1,0 +1,430 @@
+"""``docs/limits.md``: the caller-facing limits, rendered from the code so they cannot drift.
+
+Regenerate it with::
+
+    python -m server.limits_doc [config.toml] > docs/limits.md
+
+``tests/test_docs.py`` fails when the committed file differs from the
+rendering of the shipped ``config.toml``. The facts come from
+``router.config.limits_document`` (what ``GET /v1/limits`` serves); every
+status, error code, gRPC status and ``Retry-After`` value comes from
+``server.errors_map`` applied to the router's own error classes, so a change
+to the config, to the limits document or to the error table shows up here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from router import errors
+from router.config import ConfigError, limits_document, load_config
+from router.config_types import Config
+
+from .errors_map import HttpError, grpc_error, http_error, invalid
+
+SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+REGENERATE = "python -m server.limits_doc config.toml > docs/limits.md"
+
+# Error classes a caller never sees under their own status: a backend's 4xx is
+# passed through as it came (documented as its own row).
+_PASSED_THROUGH = (errors.BackendRejected,)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One line of the error table."""
+
+    error: HttpError
+    grpc: str
+    when: str
+    advice: str
+
+
+# -- reading the limits document -------------------------------------------
+#
+# ``limits_document`` returns plain JSON-shaped data; these accessors give it
+# types back and fail loudly if its shape ever changes under this renderer.
+
+
+def _get(doc: Mapping[str, object], key: str) -> object:
+    if key not in doc:
+        raise KeyError(f"limits_document() has no {key!r}; update server/limits_doc.py")
+    return doc[key]
+
+
+def _int(doc: Mapping[str, object], key: str) -> int:
+    value = _get(doc, key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"limits_document()[{key!r}] is {value!r}, not an integer")
+    return value
+
+
+def _opt_int(doc: Mapping[str, object], key: str) -> int | None:
+    return None if _get(doc, key) is None else _int(doc, key)
+
+
+def _float(doc: Mapping[str, object], key: str) -> float:
+    value = _get(doc, key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"limits_document()[{key!r}] is {value!r}, not a number")
+    return float(value)
+
+
+def _str(doc: Mapping[str, object], key: str) -> str:
+    value = _get(doc, key)
+    if not isinstance(value, str):
+        raise TypeError(f"limits_document()[{key!r}] is {value!r}, not a string")
+    return value
+
+
+def _table(doc: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = _get(doc, key)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"limits_document()[{key!r}] is not a table")
+    return value
+
+
+def _tables(doc: Mapping[str, object], key: str) -> list[Mapping[str, object]]:
+    value = _get(doc, key)
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise TypeError(f"limits_document()[{key!r}] is not a list of tables")
+    return list(value)
+
+
+def _strs(doc: Mapping[str, object], key: str) -> list[str]:
+    value = _get(doc, key)
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"limits_document()[{key!r}] is not a list of strings")
+    return list(value)
+
+
+# -- formatting ---------------------------------------------------------------
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:g} s"
+
+
+def _bytes(size: int) -> str:
+    if size % 2**20 == 0:
+        return f"{size // 2**20} MiB ({_n(size)} bytes)"
+    if size % 2**10 == 0:
+        return f"{size // 2**10} KiB ({_n(size)} bytes)"
+    return f"{_n(size)} bytes"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def _threshold(value: int | None) -> str:
+    return "any" if value is None else f"≤ {_n(value)}"
+
+
+def _names(names: Sequence[str]) -> str:
+    quoted = [f"`{name}`" for name in names]
+    if len(quoted) <= 1:
+        return "".join(quoted)
+    return ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+# -- the error table ------------------------------------------------------------
+
+
+def documented_error_classes() -> list[type[errors.TailguardError]]:
+    """Every concrete router error a caller can receive, in the hierarchy's order.
+
+    Found by walking ``TailguardError``'s subclasses, so an error added to
+    ``router/errors.py`` appears in the document without editing this module.
+    """
+
+    def leaves(cls: type[errors.TailguardError]) -> Iterator[type[errors.TailguardError]]:
+        children = cls.__subclasses__()
+        if not children:
+            yield cls
+        for child in children:
+            yield from leaves(child)
+
+    return [cls for cls in leaves(errors.TailguardError) if not issubclass(cls, _PASSED_THROUGH)]
+
+
+def _instance(cls: type[errors.TailguardError], config: Config) -> errors.TailguardError:
+    """An instance as the router raises it: overload errors carry the configured hint."""
+    if issubclass(cls, errors.Overloaded):
+        return cls("example", retry_after=config.timeouts.retry_after)
+    return cls("example")
+
+
+def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]) -> tuple[str, str]:
+    """Caller-facing words for an error class; unknown classes fall back to their docstring."""
+    input_cap = _n(_int(doc, "input_cap_tokens"))
+    output_cap = _n(_int(doc, "output_cap_tokens"))
+    classes = _tables(doc, "classes")
+    deadlines = ", ".join(f"{_str(k, 'name')} {_s(_float(k, 'queue_timeout'))}" for k in classes)
+    retry = "retry after `Retry-After` seconds, with backoff and jitter, at most twice"
+    known: dict[str, tuple[str, str]] = {
+        "InvalidRequest": (
+            "malformed JSON, a field of the wrong type, no messages, max_tokens < 1, an unknown class",
+            "fix the request; the same request fails again",
+        ),
+        "PromptTooLong": (
+            f"the prompt is estimated above {input_cap} tokens, or prompt + max_tokens exceeds the model's context",
+            "shorten or split the prompt, or lower max_tokens; never retry as is",
+        ),
+        "MaxTokensTooLarge": (
+            f"max_tokens above {output_cap}, when over-cap requests are rejected"
+            + (" (this deployment clamps instead: never sent)" if _str(doc, "over_cap") == "clamp" else ""),
+            f"ask for at most {output_cap} tokens",
+        ),
+        "ModelNotFound": ("`model` names no model a pool serves", "use a model from `GET /v1/models`"),
+        "Unauthenticated": (
+            "missing or unknown API key, when the deployment requires keys",
+            "send `Authorization: Bearer <key>`",
+        ),
+        "Forbidden": (
+            "`x-tailguard-class` sent by a caller that may not force a class",
+            "leave the class to tailguard",
+        ),
+        "QueueFull": (
+            "the pool's wait queue is full, or a more urgent request displaced this one from it",
+            retry,
+        ),
+        "QueueTimeout": (f"no seat freed within the class's queue deadline ({deadlines})", retry),
+        "NoBackend": ("the pool has no healthy GPU endpoint", retry),
+        "CallerOverLimit": ("your API key already has its maximum number of requests in flight", retry),
+        "Draining": ("this tailguard instance is shutting down", retry + " (the retry reaches another instance)"),
+        "DeadlineExceeded": (
+            f"the request ran past the {_s(_float(doc, 'end_to_end_timeout'))} end-to-end deadline; "
+            "the generation was aborted",
+            "don't retry as is: ask for fewer tokens or split the work",
+        ),
+        "BackendUnavailable": ("the GPU server answered 5xx, broke the connection or could not be reached", retry),
+    }
+    if cls.__name__ in known:
+        return known[cls.__name__]
+    summary = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
+    return summary, retry if issubclass(cls, errors.Overloaded) else "see the error message"
+
+
+def _error_rows(config: Config, doc: Mapping[str, object]) -> list[_Row]:
+    rows = []
+    for cls in documented_error_classes():
+        error = _instance(cls, config)
+        when, advice = _when_and_advice(cls, doc)
+        rows.append(_Row(http_error(error), grpc_error(error).code.name, when, advice))
+    body_limit = _bytes(config.server.max_body_bytes)
+    rows.append(
+        _Row(
+            invalid("example", status=413, code="body_too_large"),
+            "— (HTTP only)",
+            f"the HTTP request body is over {body_limit}; refused before it is read",
+            "send less",
+        )
+    )
+    return rows
+
+
+def _retry_after(error: HttpError) -> str:
+    values = [value.decode() for name, value in error.headers() if name == b"retry-after"]
+    return f"{values[0]} s" if values else "—"
+
+
+def _type_code(error: HttpError) -> str:
+    body = error.body["error"]
+    assert isinstance(body, dict)
+    code = body.get("code")
+    return f"`{body['type']}`" + (f" / `{code}`" if code else "")
+
+
+# -- the document -----------------------------------------------------------------
+
+
+def render_limits_markdown(config: Config) -> str:
+    """The limits of ``config`` as a caller-facing Markdown page (``docs/limits.md``)."""
+    doc = limits_document(config)
+    estimate = _table(doc, "estimate")
+    classes = _tables(doc, "classes")
+    pools = _tables(doc, "pools")
+    input_cap = _int(doc, "input_cap_tokens")
+    default_max = _int(doc, "default_max_tokens")
+    output_cap = _int(doc, "output_cap_tokens")
+    over_cap = _str(doc, "over_cap")
+    e2e = _float(doc, "end_to_end_timeout")
+    rows = _error_rows(config, doc)
+    overload_hint = next((_retry_after(r.error) for r in rows if r.error.status == 429), "—")
+
+    out = [
+        "<!-- Generated from config.toml by server/limits_doc.py; do not edit by hand.",
+        f"     Regenerate: {REGENERATE}",
+        "     tests/test_docs.py fails when this file is stale. -->",
+        "",
+        "# Limits: what tailguard accepts, and what it answers",
+        "",
+        "The limits below are those of the shipped `config.toml`. A running tailguard",
+        "serves the ones in force as JSON at `GET /v1/limits` (gRPC: `GetLimits`);",
+        "read them from there if your operator may have changed them.",
+        "",
+        "## Prompt size: the input cap",
+        "",
+        f"- A prompt estimated above **{_n(input_cap)} tokens** is refused at once with",
+        "  **HTTP 413**, `code` `context_length_exceeded`. Nothing is queued and no GPU",
+        "  time is spent; the same request will fail again, so shorten the prompt or",
+        "  split the document.",
+        "- The estimate needs no tokenizer and errs on the large side: one token per",
+        f"  {_float(estimate, 'chars_per_token'):g} characters of text, one per "
+        f"{_float(estimate, 'cjk_chars_per_token'):g} CJK character (Chinese, Japanese,",
+        f"  Korean), plus {_int(estimate, 'per_message_tokens')} tokens per chat message for the chat template.",
+        "- The prompt plus the effective `max_tokens` must also fit the model's context",
+        "  (below); otherwise the answer is the same 413.",
+        f"- The HTTP request body may be at most {_bytes(config.server.max_body_bytes)};",
+        "  a bigger one is refused with 413 `body_too_large` before it is read.",
+        "",
+    ]
+    out += _markdown_table(
+        ["pool", "models", "context (prompt + max_tokens)"],
+        [
+            (f"`{_str(p, 'name')}`", ", ".join(f"`{m}`" for m in _strs(p, "models")), f"{_n(_int(p, 'max_model_len'))} tokens")
+            for p in pools
+        ],
+    )
+    out += [
+        "",
+        "## Answer length: max_tokens",
+        "",
+        f"- **Always send `max_tokens`.** Without it a request gets **{_n(default_max)}**.",
+        f"- The most a request may ask for is **{_n(output_cap)}**. Above it the request is",
+    ]
+    if over_cap == "clamp":
+        out += [
+            f"  **clamped**: served with `max_tokens` = {_n(output_cap)}, not refused.",
+        ]
+    else:
+        out += [
+            "  **rejected**: HTTP 400, `code` `max_tokens_too_large`.",
+        ]
+    out += [
+        "- The response reports the effective value in the `x-tailguard-max-tokens`",
+        "  header (gRPC: metadata and `Routing.max_tokens`), and the class it fell in",
+        "  in `x-tailguard-class`.",
+        "",
+        "## Classes: which requests are fast",
+        "",
+        "A request falls in the **first** class below whose thresholds both admit it:",
+        "estimated prompt tokens and effective `max_tokens` (its own, or the default",
+        "when it sets none, after the cap). Each class is served by its own pool and",
+        "may wait for a seat at most its queue deadline; a lower priority number is",
+        "served first where classes share a pool.",
+        "",
+    ]
+    out += _markdown_table(
+        ["class", "prompt (estimated tokens)", "max_tokens", "pool", "queue deadline", "priority"],
+        [
+            (
+                f"`{_str(k, 'name')}`",
+                _threshold(_opt_int(k, "max_prompt_tokens")),
+                _threshold(_opt_int(k, "max_output_tokens")),
+                f"`{_str(k, 'pool')}`",
+                _s(_float(k, "queue_timeout")),
+                str(_int(k, "priority")),
+            )
+            for k in classes
+        ],
+    )
+    out.append("")
+    out += _default_max_tokens_note(classes, default_max, output_cap)
+    out += [
+        "## Deadlines",
+        "",
+        f"- **End to end: {_s(e2e)}** from arrival to the last token, queueing included.",
+        "  Past it the request is cancelled (the GPU stops generating) and the caller",
+        "  gets HTTP 504 `deadline_exceeded`; in a stream that already began, the error",
+        '  arrives as a last `data: {"error": ...}` event. A gRPC caller\'s own, shorter',
+        "  deadline wins.",
+        "- **Queueing**: when a pool is busy a request waits in line, ordered by class",
+        "  priority then arrival, at most its class's queue deadline, then gets 503",
+        "  `queue_timeout`. A full queue answers 429 `queue_full` at once.",
+        f"- Set your client's timeout **above {_s(e2e)}** (and above any proxy's), so you",
+        "  receive tailguard's answer instead of cutting it off.",
+        "",
+        "## Errors, and what to do",
+        "",
+        "Every HTTP error body has OpenAI's shape, `{\"error\": {\"message\", \"type\",",
+        "\"param\", \"code\"}}`. gRPC carries `Retry-After` as `retry-after` (seconds) and",
+        "`grpc-retry-pushback-ms` in the trailing metadata.",
+        "",
+    ]
+    out += _markdown_table(
+        ["HTTP", "`type` / `code`", "gRPC", "Retry-After", "when", "what to do"],
+        [
+            (str(r.error.status), _type_code(r.error), r.grpc, _retry_after(r.error), r.when, r.advice)
+            for r in rows
+        ]
+        + [("4xx", "vLLM's own", "INVALID_ARGUMENT etc.", "—", "vLLM refused the request; passed through as it came", "fix the request")],
+    )
+    out += [
+        "",
+        "## Retrying",
+        "",
+        "- Retry only answers that carry `Retry-After`, and wait at least that long",
+        f"  ({overload_hint} under this config), with exponential backoff and random jitter; at most",
+        "  **two retries**. Never retry another 4xx, and not a 504 as is.",
+        "- Send an `X-Request-Id` (1 to 128 printable ASCII characters, no spaces) and",
+        "  reuse it on every retry of the same request: tailguard counts repeated ids",
+        "  to spot retry storms. Never reuse an id for a different request.",
+        "- Reuse one HTTP client (its connection pool) for all requests.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _default_max_tokens_note(classes: Sequence[Mapping[str, object]], default_max: int, output_cap: int) -> list[str]:
+    """Say which classes a request without max_tokens can never reach, and how to reach them."""
+    effective = min(default_max, output_cap)
+    unreachable = [k for k in classes if (limit := _opt_int(k, "max_output_tokens")) is not None and effective > limit]
+    if not unreachable:
+        return []
+    lines = [
+        f"**A request without `max_tokens` gets {_n(default_max)}, so it can never be in "
+        f"{_names([_str(k, 'name') for k in unreachable])}.**",
+    ]
+    for klass in unreachable:
+        prompt_limit = _opt_int(klass, "max_prompt_tokens")
+        condition = f"set `max_tokens` ≤ {_n(_int(klass, 'max_output_tokens'))}"
+        if prompt_limit is not None:
+            condition += f" and keep the prompt ≤ {_n(prompt_limit)} estimated tokens"
+        lines.append(f"To be served as `{_str(klass, 'name')}`, {condition}.")
+    lines.append("An unbounded answer is not an interactive request.")
+    return [" ".join(lines), ""]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m server.limits_doc [config.toml]``: print the page to stdout."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) > 1 or any(arg.startswith("-") for arg in args):
+        print(f"usage: {REGENERATE}", file=sys.stderr)
+        return 2
+    path = Path(args[0]) if args else SHIPPED_CONFIG
+    try:
+        config = load_config(path)
+    except (ConfigError, OSError) as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_limits_markdown(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The documentation under docs/ is checked against the code and the shipped config.
+
+- docs/limits.md is generated (server/limits_doc.py) and must equal the
+  rendering of the shipped config.toml.
+- docs/deployment.md's vLLM commands, nginx config, tailguard snippets and
+  client examples must agree with config.toml and with each other.
+- docs/grafana/tailguard.json must parse, and every metric it queries must be
+  one tailguard exports (DASHBOARD_METRICS; the metrics tests compare it with
+  the real /metrics output).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from router import errors
+from router.config import load_config, parse_config
+from router.config_types import Config, EndpointConfig, PoolConfig, TimeoutsConfig
+from server import limits_doc
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+SHIPPED = ROOT / "config.toml"
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Config:
+    return load_config(SHIPPED)
+
+
+def code_blocks(path: Path, language: str) -> list[str]:
+    """The bodies of the fenced code blocks tagged ``language`` in a Markdown file."""
+    text = path.read_text(encoding="utf-8")
+    return re.findall(rf"^```{re.escape(language)}[ \t]*\n(.*?)^```[ \t]*$", text, flags=re.M | re.S)
+
+
+# -- docs/limits.md ---------------------------------------------------------------
+
+
+def test_limits_md_is_the_rendering_of_the_shipped_config(shipped: Config) -> None:
+    committed = (DOCS / "limits.md").read_text(encoding="utf-8")
+    assert committed == limits_doc.render_limits_markdown(shipped), (
+        f"docs/limits.md is stale; regenerate it: .venv/bin/{limits_doc.REGENERATE}"
+    )
+
+
+def test_limits_doc_main_prints_the_page(capsys: pytest.CaptureFixture[str], shipped: Config) -> None:
+    assert limits_doc.main([str(SHIPPED)]) == 0
+    assert capsys.readouterr().out == limits_doc.render_limits_markdown(shipped)
+    assert limits_doc.main(["--help"]) == 2
+    assert limits_doc.main([str(ROOT / "no-such-config.toml")]) == 2
+
+
+def test_limits_doc_covers_every_router_error(shipped: Config) -> None:
+    """An error added to router/errors.py gets a row (so callers learn of it)."""
+    page = limits_doc.render_limits_markdown(shipped)
+    table = [line for line in page.splitlines() if re.match(r"\| \d{3} \|", line)]
+    classes = limits_doc.documented_error_classes()
+    assert errors.QueueFull in classes and errors.BackendRejected not in classes
+    assert len(table) == len(classes) + 1  # + the front end's body_too_large
+
+
+def test_limits_doc_follows_the_config() -> None:
+    text = SHIPPED.read_text(encoding="utf-8")
+    text = text.replace('over_cap = "clamp"', 'over_cap = "reject"').replace("input_cap_tokens = 8192", "input_cap_tokens = 4000")
+    text = text.replace("retry_after = 1.0", "retry_after = 2.5")
+    page = limits_doc.render_limits_markdown(parse_config(text))
+    assert "**rejected**: HTTP 400" in page and "clamps instead" not in page
+    assert "above **4,000 tokens**" in page
+    assert "| 429 | `rate_limit_error` / `queue_full` | RESOURCE_EXHAUSTED | 3 s |" in page
+
+
+# -- docs/deployment.md: vLLM -----------------------------------------------------
+
+
+def vllm_commands() -> list[dict[str, str]]:
+    """Each documented ``vllm serve`` command as {flag: value} (switches map to "")."""
+    commands = []
+    for block in code_blocks(DOCS / "deployment.md", "sh"):
+        words = shlex.split(block.replace("\\\n", " "), comments=True)
+        if "vllm" not in words:
+            continue
+        args = words[words.index("vllm") + 1 :]
+        assert args[:1] == ["serve"], block
+        flags: dict[str, str] = {"model": args[1]}
+        rest = args[2:]
+        while rest:
+            flag = rest.pop(0)
+            assert flag.startswith("--"), f"unexpected word {flag!r} in {block}"
+            value = rest.pop(0) if rest and not rest[0].startswith("--") else ""
+            flags[flag] = value
+        commands.append(flags)
+    return commands
+
+
+def endpoint_on_port(config: Config, port: int) -> tuple[PoolConfig, EndpointConfig]:
+    found = [(pool, point) for pool in config.pools for point in pool.endpoints if urlsplit(point.url).port == port]
+    assert len(found) == 1, f"no single endpoint of config.toml on port {port}"
+    return found[0]
+
+
+def test_vllm_commands_match_the_shipped_endpoints(shipped: Config) -> None:
+    commands = vllm_commands()
+    documented_ports = set()
+    for flags in commands:
+        port = int(flags["--port"])
+        documented_ports.add(port)
+        pool, endpoint = endpoint_on_port(shipped, port)
+        assert int(flags["--max-num-seqs"]) == endpoint.max_concurrency, f"--port {port}: --max-num-seqs"
+        assert int(flags["--max-model-len"]) == pool.max_model_len, f"--port {port}: --max-model-len"
+        assert flags["--served-model-name"] in pool.models, f"--port {port}: --served-model-name"
+        # vLLM refuses a step budget smaller than its batch.
+        assert int(flags["--max-num-batched-tokens"]) >= int(flags["--max-num-seqs"])
+        for switch in ("--enable-chunked-prefill", "--enable-prefix-caching"):
+            assert flags[switch] == ""
+        assert 0 < float(flags["--gpu-memory-utilization"]) <= 1
+    shipped_ports = {urlsplit(point.url).port for pool in shipped.pools for point in pool.endpoints}
+    assert documented_ports == shipped_ports, "one vllm serve command per endpoint of config.toml"
+
+
+def test_latency_pool_has_the_smaller_step_budget(shipped: Config) -> None:
+    budget = {}
+    for flags in vllm_commands():
+        pool, _ = endpoint_on_port(shipped, int(flags["--port"]))
+        budget[pool.simulate_profile] = int(flags["--max-num-batched-tokens"])
+    assert budget["latency"] <= 2048 < 8192 <= budget["throughput"]
+
+
+def test_tailguard_snippets_match_the_shipped_config(shipped: Config) -> None:
+    snippets = [tomllib.loads(block) for block in code_blocks(DOCS / "deployment.md", "toml")]
+    pools = [snippet["pools"] for snippet in snippets if "pools" in snippet]
+    assert pools, "deployment.md shows the pools' config"
+    for documented in pools:
+        for name, table in documented.items():
+            pool = shipped.pool(name)
+            for key in ("max_concurrency", "max_queue", "max_model_len"):
+                if key in table:
+                    assert table[key] == getattr(pool, key), f"pools.{name}.{key}"
+            assert tuple(table["models"]) == pool.models
+            assert [(e["url"], e["max_concurrency"]) for e in table["endpoints"]] == [
+                (e.url, e.max_concurrency) for e in pool.endpoints
+            ], f"pools.{name}.endpoints"
+    for snippet in snippets:
+        if "timeouts" in snippet and "end_to_end_timeout" in snippet["timeouts"]:
+            assert snippet["timeouts"]["end_to_end_timeout"] == shipped.timeouts.end_to_end_timeout
+
+
+# -- docs/deployment.md: nginx ------------------------------------------------------
+
+
+def nginx_config() -> str:
+    blocks = code_blocks(DOCS / "deployment.md", "nginx")
+    assert len(blocks) == 1, "one complete nginx config"
+    return re.sub(r"#.*", "", blocks[0])
+
+
+def directive(config: str, name: str) -> list[str]:
+    return [value.strip() for value in re.findall(rf"^\s*{name}\s+([^;]+);", config, flags=re.M)]
+
+
+def nginx_seconds(value: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "": 1}
+    match = re.fullmatch(r"(\d+)(ms|s|m|h|)", value)
+    assert match, f"nginx time {value!r}"
+    return int(match[1]) * units[match[2]]
+
+
+def nginx_bytes(value: str) -> int:
+    match = re.fullmatch(r"(\d+)([kKmMgG]?)", value)
+    assert match, f"nginx size {value!r}"
+    return int(match[1]) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[match[2].lower()]
+
+
+def test_nginx_waits_longer_than_tailguard(shipped: Config) -> None:
+    config = nginx_config()
+    e2e = shipped.timeouts.end_to_end_timeout
+    for name in ("proxy_read_timeout", "proxy_send_timeout", "grpc_read_timeout", "grpc_send_timeout"):
+        values = directive(config, name)
+        assert values, f"the nginx config sets {name}"
+        for value in values:
+            assert nginx_seconds(value) > e2e, f"{name} {value} must be above end_to_end_timeout {e2e:g} s"
+
+
+def test_nginx_accepts_the_bodies_tailguard_accepts(shipped: Config) -> None:
+    sizes = directive(nginx_config(), "client_max_body_size")
+    assert sizes
+    for size in sizes:
+        assert nginx_bytes(size) >= shipped.server.max_body_bytes
+
+
+def test_nginx_points_at_tailguards_listeners(shipped: Config) -> None:
+    config = nginx_config()
+    servers = directive(config, "server")
+    assert f"{shipped.server.http_host}:{shipped.server.http_port}" in servers
+    assert f"{shipped.server.grpc_host}:{shipped.server.grpc_port}" in servers
+    assert directive(config, "grpc_pass") == ["grpc://tailguard_grpc"]
+    assert "off" in directive(config, "proxy_buffering")
+    assert "off" in directive(config, "proxy_cache")
+    assert "1.1" in directive(config, "proxy_http_version")
+    assert 'Connection ""' in directive(config, "proxy_set_header")
+    assert "X-Request-Id $tailguard_request_id" in directive(config, "proxy_set_header")
+    assert "x-request-id $tailguard_request_id" in directive(config, "grpc_set_header")
+    assert directive(config, "http2") == ["on"]
+
+
+def test_nginx_drops_idle_connections_before_tailguard_does(shipped: Config) -> None:
+    from server.app import _hypercorn_config
+
+    tailguard_idle = _hypercorn_config(shipped, None).keep_alive_timeout
+    for value in directive(nginx_config(), "keepalive_timeout"):
+        assert nginx_seconds(value) < tailguard_idle
+
+
+def test_front_proxy_timeout_snippet_is_nginxs_timeout(shipped: Config) -> None:
+    """The documented front_proxy_timeout is nginx's, and tailguard accepts it without a warning."""
+    read_timeout = nginx_seconds(directive(nginx_config(), "proxy_read_timeout")[0])
+    documented = [
+        snippet["timeouts"]["front_proxy_timeout"]
+        for snippet in map(tomllib.loads, code_blocks(DOCS / "deployment.md", "toml"))
+        if "front_proxy_timeout" in snippet.get("timeouts", {})
+    ]
+    assert documented == [read_timeout]
+    if "front_proxy_timeout" not in {field.name for field in dataclasses.fields(TimeoutsConfig)}:
+        pytest.skip("timeouts.front_proxy_timeout is not in this build's config")
+    text = SHIPPED.read_text(encoding="utf-8").replace(
+        "[timeouts]\n", f"[timeouts]\nfront_proxy_timeout = {documented[0]}\n", 1
+    )
+    config = parse_config(text)
+    assert config.timeouts.front_proxy_timeout == read_timeout
+    assert not [w for w in getattr(config, "warnings", ()) if "front_proxy_timeout" in w]
+
+
+# -- docs/deployment.md: client rules -----------------------------------------------
+
+
+def test_client_examples_are_python_and_follow_the_rules(shipped: Config) -> None:
+    blocks = code_blocks(DOCS / "deployment.md", "python")
+    assert len(blocks) >= 2
+    proxy_timeout = nginx_seconds(directive(nginx_config(), "proxy_read_timeout")[0])
+    interactive = shipped.class_named("interactive")
+    assert interactive.max_output_tokens is not None
+    for block in blocks:
+        ast.parse(block)
+        assert "X-Request-Id" in block
+        max_tokens = [int(v) for v in re.findall(r"""["']?max_tokens["']?\s*[=:]\s*(\d+)""", block)]
+        assert max_tokens and all(v <= interactive.max_output_tokens for v in max_tokens), "explicit, interactive"
+        timeouts = [float(v) for v in re.findall(r"\btimeout\s*=\s*(?:httpx\.Timeout\()?([\d.]+)", block)]
+        assert timeouts and all(v > proxy_timeout for v in timeouts), "client timeout above the proxy's"
+        retries = [int(v) for v in re.findall(r"(?i)max_retries\s*=\s*(\d+)", block)]
+        assert retries and all(v <= 2 for v in retries)
+    models = {model for pool in shipped.pools for model in pool.models}
+    for block in blocks:
+        assert set(re.findall(r"""model["']?\s*[=:]\s*["']([^"']+)""", block)) <= models
+
+
+# -- docs/grafana/tailguard.json ------------------------------------------------------
+
+# Every metric tailguard exports (histograms by their base name).
+EXPORTED_METRICS = frozenset({
+    "tailguard_request_queue_seconds",
+    "tailguard_request_ttft_seconds",
+    "tailguard_request_decode_seconds",
+    "tailguard_request_time_per_output_token_seconds",
+    "tailguard_request_e2e_seconds",
+    "tailguard_request_prompt_tokens",
+    "tailguard_request_completion_tokens",
+    "tailguard_requests_total",
+    "tailguard_rejections_total",
+    "tailguard_max_tokens_clamped_total",
+    "tailguard_config_reloads_total",
+    "tailguard_duplicate_request_ids_total",
+    "tailguard_config_info",
+    "tailguard_draining",
+    "tailguard_pool_in_flight",
+    "tailguard_pool_max_concurrency",
+    "tailguard_pool_queue_length",
+    "tailguard_pool_max_queue",
+    "tailguard_pool_healthy_endpoints",
+    "tailguard_endpoint_in_flight",
+    "tailguard_endpoint_max_concurrency",
+    "tailguard_endpoint_healthy",
+    "tailguard_backend_requests_running",
+    "tailguard_backend_requests_waiting",
+    "tailguard_backend_kv_cache_usage_ratio",
+    "tailguard_backend_scrape_ok",
+})
+
+DASHBOARD_PATH = DOCS / "grafana" / "tailguard.json"
+
+
+def dashboard_metrics(dashboard: dict[str, object]) -> frozenset[str]:
+    """The metric names the dashboard's queries use, histogram suffixes stripped."""
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]  # type: ignore[attr-defined, index]
+    exprs += [v["definition"] for v in dashboard["templating"]["list"]]  # type: ignore[index]
+    names = {name for expr in exprs for name in re.findall(r"tailguard_[a-z0-9_]+", expr)}
+    return frozenset(re.sub(r"_(bucket|sum|count)$", "", name) for name in names)
+
+
+# What the metrics tests compare with the real /metrics output.
+DASHBOARD_METRICS = dashboard_metrics(json.loads(DASHBOARD_PATH.read_text(encoding="utf-8")))
+
+
+def test_dashboard_panels_have_titles_and_queries() -> None:
+    dashboard = json.loads(DASHBOARD_PATH.read_text(encoding="utf-8"))
+    assert dashboard["schemaVersion"] >= 36
+    assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]
+    assert {v["name"] for v in dashboard["templating"]["list"]} >= {"pool", "class"}
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel.get("title"), panel
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["expr"].strip(), panel["title"]
+            assert target["datasource"]["uid"] == "${DS_PROMETHEUS}"
+            assert target["expr"].count("(") == target["expr"].count(")"), panel["title"]
+
+
+def test_dashboard_uses_only_exported_metrics() -> None:
+    assert DASHBOARD_METRICS
+    assert DASHBOARD_METRICS <= EXPORTED_METRICS, sorted(DASHBOARD_METRICS - EXPORTED_METRICS)
+
+
+def test_dashboard_shows_the_tail_per_class() -> None:
+    dashboard = json.loads(DASHBOARD_PATH.read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    for metric in ("tailguard_request_e2e_seconds", "tailguard_request_ttft_seconds"):
+        quantiles = {
+            q for q, m in re.findall(r"histogram_quantile\(([\d.]+), sum by \(le, class\) \(rate\((\w+)_bucket", " ".join(exprs))
+            if m == metric
+        }
+        assert quantiles == {"0.5", "0.95", "0.99"}, metric
