@@ -113,10 +113,11 @@ class BackendClient:
             )
             for size in sizes
         ]
-        # Health probes get their own connection: a busy endpoint's pool is
-        # full of streams, and a probe must not wait behind them.
+        # Health probes and /metrics scrapes get their own two connections: a
+        # busy endpoint's pool is full of streams, and a probe must wait
+        # neither behind them nor behind a slow scrape.
         self._probe = httpx.AsyncClient(
-            base_url=url, limits=httpx.Limits(max_connections=1), timeout=timeout, transport=transport, verify=tls
+            base_url=url, limits=httpx.Limits(max_connections=2), timeout=timeout, transport=transport, verify=tls
         )
 
     @asynccontextmanager

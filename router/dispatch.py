@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import trio
 
+from .auth import ANONYMOUS, Authenticator, Caller
 from .backend import BackendResponse
+from .backend_load import BackendLoad, scrape
 from .classify import classify, forced
 from .config_types import Config, EndpointConfig
-from .errors import BackendUnavailable, Draining, Forbidden, ModelNotFound
+from .errors import BackendUnavailable, CallerOverLimit, Draining, Forbidden, ModelNotFound
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
 from .pool import Endpoint, Pool, PoolStatistics
 from .request import Routing, RouterRequest
+from .telemetry import RequestRecord
 
 log = logging.getLogger("tailguard.router")
 
@@ -44,7 +47,7 @@ class Completion:
     routing: Routing
     response: BackendResponse
     stream: bool
-    first_byte_at: float | None = None
+    record: RequestRecord
 
     @property
     def content_type(self) -> str:
@@ -53,22 +56,38 @@ class Completion:
     async def read(self) -> bytes:
         """The whole body of a non-streaming response."""
         body = await self.response.read()
-        self.first_byte_at = trio.current_time()
+        self.record.saw_body(body)
         return body
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The SSE bytes of a streaming response, relayed as they arrive."""
+        saw_chunk = self.record.saw_chunk
         async for chunk in self.response.chunks():
-            if self.first_byte_at is None:
-                self.first_byte_at = trio.current_time()
+            saw_chunk(chunk)
             yield chunk
+
+
+@dataclass(frozen=True)
+class EndpointStatistics:
+    """One endpoint as the router sees it, next to what the engine says of itself."""
+
+    url: str
+    pool: str
+    in_flight: int
+    max_concurrency: int
+    healthy: bool
+    load: BackendLoad | None
 
 
 @dataclass(frozen=True)
 class RouterStatistics:
     pools: tuple[PoolStatistics, ...]
+    endpoints: tuple[EndpointStatistics, ...]
     requests_total: int
     config_digest: str
+    draining: bool
+    open_requests: int
+    caller_in_flight: dict[str, int]
 
     @property
     def in_flight(self) -> int:
@@ -92,6 +111,11 @@ class Router:
         self._pools: dict[str, Pool] = {}
         self._requests_total = 0
         self._draining = False
+        self._open_requests = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._caller_in_flight: dict[str, int] = {}
+        self._authenticator = Authenticator(config.auth)
         self._retired_endpoints: dict[str, Endpoint] = {}
         self.config = config
         self.apply(config)
@@ -134,11 +158,27 @@ class Router:
         self._retired_endpoints.update((url, e) for url, e in self._endpoints.items() if url not in endpoints)
         self._endpoints = endpoints
         self._pools = pools
+        self._authenticator = Authenticator(config.auth)
         self.config = config
 
     def drain(self) -> None:
-        """Stop admitting: new requests get 503 with Retry-After."""
+        """Stop admitting: new requests get 503 with Retry-After, /health turns unready."""
         self._draining = True
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    async def wait_idle(self) -> None:
+        """Return once no request is inside :meth:`open` (queued or running)."""
+        await self._idle.wait()
+
+    def authenticate(self, authorization: str | None) -> Caller:
+        """The caller an ``Authorization`` header names (anonymous when auth is off).
+
+        Raises Unauthenticated for a missing or unknown key while keys are configured.
+        """
+        return self._authenticator.authenticate(authorization)
 
     # -- the request's path -----------------------------------------------
 
@@ -149,27 +189,45 @@ class Router:
         return deadline if request.deadline is None else min(deadline, request.deadline)
 
     @asynccontextmanager
-    async def open(self, request: RouterRequest, *, arrival: float | None = None, may_force_class: bool = False) -> AsyncIterator[Completion]:
+    async def open(
+        self,
+        request: RouterRequest,
+        *,
+        arrival: float | None = None,
+        caller: Caller = ANONYMOUS,
+        record: RequestRecord | None = None,
+    ) -> AsyncIterator[Completion]:
         """Admit the request and open its backend response.
 
         Raises (before yielding) any RequestRejected or Overloaded error, or
-        BackendError when the backend refuses or cannot be reached.
+        BackendError when the backend refuses or cannot be reached. ``record``
+        (made by the front end) receives the decisions and timestamps.
         """
         arrival = trio.current_time() if arrival is None else arrival
+        record = RequestRecord(request.request_id, "http", arrival) if record is None else record
+        record.kind = request.kind
+        record.stream = request.stream
+        record.caller = caller.name
+        record.requested_max_tokens = request.max_tokens
         config = self.config
         self._requests_total += 1
         if self._draining:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
         prompt_tokens = estimate_prompt_tokens(request, config.estimate)
+        record.prompt_tokens = prompt_tokens
         check_prompt(prompt_tokens, config.limits)
         max_tokens, clamped = effective_max_tokens(request.max_tokens, config.limits)
+        record.max_tokens, record.clamped = max_tokens, clamped
         if request.forced_class is not None:
-            if not may_force_class:
-                raise Forbidden("this caller may not choose a request class", param="class")
+            if request.forced_class not in caller.may_force_classes:
+                raise Forbidden(
+                    f"the caller {caller.name!r} may not force the class {request.forced_class!r}", param="class"
+                )
             klass = forced(request.forced_class, config.classes)
         else:
             klass = classify(prompt_tokens, max_tokens, config.classes)
         pool = self._pools[klass.pool]
+        record.request_class, record.pool = klass.name, pool.name
         model = request.model or pool.config.models[0]
         if model not in pool.config.models:
             raise ModelNotFound(
@@ -179,30 +237,59 @@ class Router:
             )
         check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
 
-        queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
-        lease = await pool.admit(klass.priority, queue_deadline, retry_after=config.timeouts.retry_after)
-        try:
-            admitted = trio.current_time()
-            routing = Routing(
-                request_id=request.request_id,
-                request_class=klass.name,
-                pool=pool.name,
-                endpoint=lease.endpoint.url,
-                prompt_tokens=prompt_tokens,
-                requested_max_tokens=request.max_tokens,
-                max_tokens=max_tokens,
-                clamped=clamped,
-                queue_seconds=admitted - arrival,
-            )
-            body = self._backend_body(request, model, max_tokens)
+        with self._holding(caller, config.timeouts.retry_after):
+            queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
+            lease = await pool.admit(klass.priority, queue_deadline, retry_after=config.timeouts.retry_after)
             try:
-                async with lease.client.post(_PATHS[request.kind], body, {"x-request-id": request.request_id}) as response:
-                    yield Completion(routing, response, request.stream)
-            except BackendUnavailable:
-                lease.endpoint.mark_down()
-                raise
+                admitted = trio.current_time()
+                record.admitted_at = admitted
+                record.endpoint = lease.endpoint.url
+                routing = Routing(
+                    request_id=request.request_id,
+                    request_class=klass.name,
+                    pool=pool.name,
+                    endpoint=lease.endpoint.url,
+                    prompt_tokens=prompt_tokens,
+                    requested_max_tokens=request.max_tokens,
+                    max_tokens=max_tokens,
+                    clamped=clamped,
+                    queue_seconds=admitted - arrival,
+                )
+                body = self._backend_body(request, model, max_tokens)
+                try:
+                    async with lease.client.post(_PATHS[request.kind], body, {"x-request-id": request.request_id}) as response:
+                        yield Completion(routing, response, request.stream, record)
+                except BackendUnavailable:
+                    lease.endpoint.mark_down()
+                    raise
+            finally:
+                lease.release()
+
+    @contextmanager
+    def _holding(self, caller: Caller, retry_after: float) -> Iterator[None]:
+        """Count the request against its caller's cap and the drain, from queue to end."""
+        held = self._caller_in_flight.get(caller.name, 0)
+        if caller.max_concurrency is not None and held >= caller.max_concurrency:
+            raise CallerOverLimit(
+                f"the caller {caller.name!r} already has {held} requests in flight, its cap; "
+                f"retry after {retry_after:g} s",
+                retry_after=retry_after,
+            )
+        self._caller_in_flight[caller.name] = held + 1
+        self._open_requests += 1
+        if self._open_requests == 1:
+            self._idle = trio.Event()
+        try:
+            yield
         finally:
-            lease.release()
+            left = self._caller_in_flight[caller.name] - 1
+            if left:
+                self._caller_in_flight[caller.name] = left
+            else:
+                del self._caller_in_flight[caller.name]
+            self._open_requests -= 1
+            if self._open_requests == 0:
+                self._idle.set()
 
     @staticmethod
     def _backend_body(request: RouterRequest, model: str, max_tokens: int) -> dict[str, Any]:
@@ -220,12 +307,28 @@ class Router:
     # -- background work --------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Health checks, forever: an endpoint is marked up or down only from here
-        (and down by live failures)."""
-        task_status.started()
+        """Background work, forever: health checks (an endpoint is marked up or
+        down only from here, and down by live failures) and backend load scrapes."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._check_health_forever)
+            nursery.start_soon(self._scrape_loads_forever)
+            task_status.started()
+
+    async def _check_health_forever(self) -> None:
         while True:
             await self.check_health()
             await trio.sleep(self.config.timeouts.health_check_interval)
+
+    async def _scrape_loads_forever(self) -> None:
+        """Each endpoint's own /metrics (running, waiting, KV cache), for the dashboards.
+
+        Read on every turn, so a reload can switch scraping on or off.
+        """
+        while True:
+            interval = self.config.metrics.backend_scrape_interval
+            if interval > 0:
+                await scrape(list(self._endpoints.values()), timeout=self.config.timeouts.health_check_timeout)
+            await trio.sleep(interval if interval > 0 else self.config.timeouts.health_check_interval)
 
     async def check_health(self) -> None:
         """Probe every endpoint's /health once, concurrently; wake waiters on recovery."""
@@ -260,8 +363,16 @@ class Router:
     def statistics(self) -> RouterStatistics:
         return RouterStatistics(
             pools=tuple(pool.statistics() for pool in self._pools.values()),
+            endpoints=tuple(
+                EndpointStatistics(e.url, pool.name, e.in_flight, e.max_concurrency, e.healthy, e.load)
+                for pool in self._pools.values()
+                for e in pool.endpoints
+            ),
             requests_total=self._requests_total,
             config_digest=self.config.digest,
+            draining=self._draining,
+            open_requests=self._open_requests,
+            caller_in_flight=dict(self._caller_in_flight),
         )
 
     def health(self) -> dict[str, Any]:

@@ -16,9 +16,13 @@ import trio
 from router.config_types import Config
 from router.dispatch import Router
 
-from .grpc_api import serve_grpc
+from router.telemetry import RepeatedIds, Telemetry
+
+from .grpc_api import Observers, serve_grpc
 from .grpc_bridge import AsyncioHost
 from .http_api import HttpApi
+from .logs import AccessLog
+from .metrics import Metrics
 from .reload import ConfigReloader
 from .simulate import SimulatedFleet
 
@@ -27,11 +31,17 @@ log = logging.getLogger("tailguard")
 
 @dataclass(frozen=True)
 class Running:
-    """What ``serve`` reports once it is listening (tests use it)."""
+    """What ``serve`` reports once it is listening (tests use it).
+
+    Setting ``drain`` does what SIGTERM does: stop admitting, let in-flight
+    requests finish up to ``timeouts.drain_timeout``, then shut down.
+    """
 
     router: Router
     http_url: str
     reloader: ConfigReloader | None
+    metrics: Metrics
+    drain: trio.Event
     grpc_port: int | None = None
 
 
@@ -59,13 +69,16 @@ async def serve(
     shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run tailguard until ``shutdown`` is set or SIGINT/SIGTERM arrives.
+    """Run tailguard until ``shutdown`` is set, or a drain (SIGTERM, SIGINT) ends.
 
     With an ``asyncio_host`` (Trio running as its guest) the gRPC front end
     runs too. ``http_port``/``grpc_port`` override the configured ports (0
     picks a free one). Signals are handled only on the main thread.
     """
     shutdown = trio.Event() if shutdown is None else shutdown
+    drain = trio.Event()
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
     async with trio.open_nursery() as nursery:
         fleet = SimulatedFleet(nursery) if simulate else None
         if fleet is not None:
@@ -73,23 +86,40 @@ async def serve(
         router = Router(config)
         await router.check_health()
         nursery.start_soon(router.run)
+        metrics = Metrics(router)
+        access_log = AccessLog(log_prompts=config.logging.log_prompts, enabled=config.logging.access_log)
+        telemetry = Telemetry([metrics.observe, access_log])
+        repeated_ids = RepeatedIds(config.metrics.duplicate_request_id_window)
 
         async def apply(new: Config) -> None:
             if fleet is not None:
                 await fleet.ensure(new)
             router.apply(new)
+            access_log.enabled, access_log.log_prompts = new.logging.access_log, new.logging.log_prompts
+            repeated_ids.window = new.metrics.duplicate_request_id_window
+            logging.getLogger().setLevel(new.logging.level.upper())
+            for warning in new.warnings:
+                log.warning("config: %s", warning)
 
         on_main_thread = threading.current_thread() is threading.main_thread()
-        reloader = ConfigReloader(config_path, config, apply) if config_path is not None else None
+        reloader = ConfigReloader(config_path, config, apply, on_result=metrics.reloaded) if config_path is not None else None
         if reloader is not None:
             if on_main_thread:
                 await nursery.start(reloader.watch_signals)
             if config.server.reload_poll_interval > 0:
                 nursery.start_soon(reloader.watch_file, config.server.reload_poll_interval)
         if on_main_thread:
-            nursery.start_soon(_stop_on_signals, shutdown)
+            nursery.start_soon(_drain_on_signals, drain, shutdown)
+        nursery.start_soon(_drain_then_stop, router, drain, shutdown)
 
-        app = HttpApi(router, max_body_bytes=config.server.max_body_bytes)
+        app = HttpApi(
+            router,
+            max_body_bytes=config.server.max_body_bytes,
+            telemetry=telemetry,
+            metrics=metrics,
+            repeated_ids=repeated_ids,
+            access_log=access_log,
+        )
         hypercorn_config = _hypercorn_config(config, http_port)
         # hypercorn returns once the shutdown trigger fired and its in-flight
         # requests finished (or graceful_timeout passed); the rest of the
@@ -107,11 +137,41 @@ async def serve(
             bound_grpc: int | None = None
             if asyncio_host is not None:
                 listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
-                bound_grpc = await front.start(serve_grpc, router, asyncio_host, listen, shutdown)
+                observers = Observers(telemetry, repeated_ids, metrics.repeated_request_id)
+                bound_grpc = await front.start(serve_grpc, router, asyncio_host, listen, shutdown, observers)
             _tune_gc()
-            task_status.started(Running(router, binds[0], reloader, bound_grpc))
+            task_status.started(Running(router, binds[0], reloader, metrics, drain, bound_grpc))
         nursery.cancel_scope.cancel()
     await router.aclose()
+
+
+async def drain_router(router: Router, timeout: float) -> bool:
+    """Stop admitting and wait up to ``timeout`` s for in-flight requests; True if all finished."""
+    router.drain()
+    stats = router.statistics()
+    log.info("draining: %d requests in flight or queued; waiting up to %g s", stats.open_requests, timeout)
+    with trio.move_on_after(timeout):
+        await router.wait_idle()
+        log.info("drained: no request in flight")
+        return True
+    log.warning("drain timeout (%g s) passed with %d requests left; cancelling them", timeout, router.statistics().open_requests)
+    return False
+
+
+async def _drain_then_stop(router: Router, drain: trio.Event, shutdown: trio.Event) -> None:
+    await drain.wait()
+    with trio.CancelScope() as scope:
+        # shutdown set meanwhile (a second signal) cuts the drain short
+        async with trio.open_nursery() as nursery:
+
+            async def cut_short() -> None:
+                await shutdown.wait()
+                scope.cancel()
+
+            nursery.start_soon(cut_short)
+            await drain_router(router, router.config.timeouts.drain_timeout)
+            nursery.cancel_scope.cancel()
+    shutdown.set()
 
 
 def _tune_gc() -> None:
@@ -127,9 +187,15 @@ def _tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-async def _stop_on_signals(shutdown: trio.Event) -> None:
+async def _drain_on_signals(drain: trio.Event, shutdown: trio.Event) -> None:
+    """SIGTERM or SIGINT drains gracefully; a second one stops at once."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            shutdown.set()
-            return
+            name = signal.Signals(signum).name
+            if not drain.is_set():
+                log.info("received %s: draining (send it again to stop at once)", name)
+                drain.set()
+            else:
+                log.info("received %s again: stopping now", name)
+                shutdown.set()
+                return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ from router.config import ConfigError, load_config, render_config
 
 from .app import serve
 from .grpc_bridge import run_with_asyncio_host
+from .logs import configured_logging
 
 # The shipped reference config, used when no --config is given and the
 # working directory has none (e.g. `tailguard serve --simulate` anywhere).
@@ -38,7 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--no-grpc", action="store_true", help="serve only the HTTP API (plain trio.run, no asyncio host)"
     )
-    serve_cmd.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    serve_cmd.add_argument("--log-level", default=None, help="logging level (default: the config's logging.level)")
+    serve_cmd.add_argument(
+        "--log-format", choices=("json", "text"), default=None, help="log line format (default: the config's logging.format)"
+    )
     check = commands.add_parser("check-config", help="validate a config and print the effective settings")
     check.add_argument("path", type=Path, nargs="?", default=None, help="config file (default: ./config.toml, else the shipped one)")
     return parser
@@ -54,17 +57,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "check-config":
         print(render_config(config))
+        for warning in config.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         return 0
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
-    try:
-        if args.no_grpc:
-            trio.run(lambda: serve(config, path, simulate=args.simulate))
-        else:
-            # gRPC needs asyncio (grpc.aio): Trio runs as its guest, see server/grpc_bridge.py.
-            run_with_asyncio_host(lambda host: serve(config, path, simulate=args.simulate, asyncio_host=host))
-    except KeyboardInterrupt:
-        pass
+    level = args.log_level or config.logging.level
+    log_format = args.log_format or config.logging.format
+    with configured_logging(level, log_format):
+        try:
+            if args.no_grpc:
+                trio.run(lambda: serve(config, path, simulate=args.simulate))
+            else:
+                # gRPC needs asyncio (grpc.aio): Trio runs as its guest, see server/grpc_bridge.py.
+                run_with_asyncio_host(lambda host: serve(config, path, simulate=args.simulate, asyncio_host=host))
+        except KeyboardInterrupt:
+            pass
     return 0
 
 

@@ -16,6 +16,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import grpc
@@ -25,16 +26,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from router.auth import Caller
 from router.config_types import Config
 from router.dispatch import Router
 from router.errors import DeadlineExceeded, Draining, InvalidRequest, TailguardError
 from router.request import RequestKind, Routing, RouterRequest
+from router.telemetry import RepeatedIds, RequestRecord, Telemetry, is_valid_request_id
 
 from .errors_map import grpc_error
 from .grpc_bridge import AsyncioHost, TrioPortal
 from .grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from .grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from .sse import DONE, SseDecoder
+from .timing import server_timing
 
 log = logging.getLogger("tailguard.grpc")
 
@@ -46,39 +50,104 @@ _SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance
 # -- the Trio side: the router, and OpenAI JSON -> protobuf ---------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What the asyncio side hands the Trio side for one call."""
+
+    request: RouterRequest | TailguardError  # the translated request, or why it could not be
+    request_id: str
+    supplied_id: bool  # the caller sent the id (so a repeat means a retry)
+    authorization: str | None
+    remaining: float | None  # the caller's deadline, in seconds from now
+
+
+class _Timing(str):
+    """The stream's last item: its ``server-timing`` value for the trailing metadata."""
+
+
 class _TrioSide:
-    """Runs requests on the router; everything here executes in Trio."""
+    """Runs requests on the router; everything here executes in Trio.
 
-    def __init__(self, router: Router) -> None:
+    Each call is finished exactly once on its telemetry record; a call
+    cancelled from outside (the caller went away, or its deadline) counts as
+    cancelled.
+    """
+
+    def __init__(self, router: Router, telemetry: Telemetry, repeated_ids: RepeatedIds | None, on_repeat: Callable[[], None]) -> None:
         self._router = router
+        self._telemetry = telemetry
+        self._repeated_ids = repeated_ids
+        self._on_repeat = on_repeat
 
-    async def unary(self, request: RouterRequest, remaining: float | None) -> pb.CompletionResponse:
-        request = _with_deadline(request, remaining)
-        with trio.CancelScope(deadline=self._router.deadline_for(request)):
-            async with self._router.open(request) as completion:
-                body = json.loads(await completion.read())
-                return _response(request.kind, body, completion.routing)
-        raise DeadlineExceeded("the request did not finish within its deadline")
+    async def unary(self, call: _Call) -> tuple[pb.CompletionResponse, str]:
+        record = self._start(call)
+        async with self._finishing(record) as outcome:
+            request, caller = self._admit(call, record)
+            with trio.CancelScope(deadline=self._router.deadline_for(request, record.arrival)):
+                async with self._router.open(request, arrival=record.arrival, caller=caller, record=record) as completion:
+                    body = json.loads(await completion.read())
+                    response = _response(request.kind, body, completion.routing)
+                outcome.ok = True
+                return response, server_timing(record, total=True)
+            raise DeadlineExceeded("the request did not finish within its deadline")
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    async def stream(self, emit: Callable[[Any], Awaitable[None]], request: RouterRequest, remaining: float | None) -> None:
-        """Emit the Routing, then a list of chunks per backend read (one hand-off each)."""
-        request = _with_deadline(request, remaining)
-        with trio.CancelScope(deadline=self._router.deadline_for(request)):
-            async with self._router.open(request) as completion:
-                await emit(_routing(completion.routing))
-                decoder = SseDecoder()
-                async for raw in completion.chunks():
-                    chunks = [_chunk(request.kind, json.loads(data)) for data in decoder.feed(raw) if data != DONE]
-                    if chunks:
-                        await emit(chunks)
+    async def stream(self, emit: Callable[[Any], Awaitable[None]], call: _Call) -> None:
+        """Emit the Routing, then a list of chunks per backend read (one hand-off each), then the timing."""
+        record = self._start(call)
+        async with self._finishing(record) as outcome:
+            request, caller = self._admit(call, record)
+            with trio.CancelScope(deadline=self._router.deadline_for(request, record.arrival)):
+                async with self._router.open(request, arrival=record.arrival, caller=caller, record=record) as completion:
+                    await emit(_routing(completion.routing))
+                    decoder = SseDecoder()
+                    async for raw in completion.chunks():
+                        chunks = [_chunk(request.kind, json.loads(data)) for data in decoder.feed(raw) if data != DONE]
+                        if chunks:
+                            await emit(chunks)
+                outcome.ok = True
+                await emit(_Timing(server_timing(record, total=True)))
                 return
-        raise DeadlineExceeded("the request did not finish within its deadline")
+            raise DeadlineExceeded("the request did not finish within its deadline")
+
+    def _start(self, call: _Call) -> RequestRecord:
+        record = self._telemetry.start(call.request_id, "grpc")
+        if not isinstance(call.request, TailguardError):
+            record.kind, record.stream = call.request.kind, call.request.stream
+        if call.supplied_id and self._repeated_ids is not None and self._repeated_ids.observe(call.request_id):
+            self._on_repeat()
+        return record
+
+    def _admit(self, call: _Call, record: RequestRecord) -> tuple[RouterRequest, Caller]:
+        """The caller and the request with its deadline, or the error that stops them."""
+        caller = self._router.authenticate(call.authorization)
+        record.caller = caller.name
+        if isinstance(call.request, TailguardError):
+            raise call.request
+        request = call.request
+        if call.remaining is not None:
+            request = dataclasses.replace(request, deadline=record.arrival + call.remaining)
+        return request, caller
+
+    @asynccontextmanager
+    async def _finishing(self, record: RequestRecord) -> AsyncIterator[_Finished]:
+        outcome = _Finished()
+        try:
+            yield outcome
+        except TailguardError as error:
+            self._telemetry.finish(record, error, status=grpc_error(error).code.name)
+            raise
+        finally:
+            if outcome.ok:
+                self._telemetry.finish(record, None, status=grpc.StatusCode.OK.name)
+            else:  # ignored when the error branch already finished it
+                self._telemetry.finish(record, None, status=grpc.StatusCode.CANCELLED.name, client_gone=True)
 
 
-def _with_deadline(request: RouterRequest, remaining: float | None) -> RouterRequest:
-    if remaining is None:
-        return request
-    return dataclasses.replace(request, deadline=trio.current_time() + remaining)
+class _Finished:
+    """Set ``ok`` once the call's answer is complete."""
+
+    ok = False
 
 
 def _routing(routing: Routing) -> pb.Routing:
@@ -139,57 +208,56 @@ def _chunk(kind: RequestKind, event: dict[str, Any]) -> pb.CompletionChunk:
 class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # generated, untyped
     """``tailguard.v1.Completions``: translation only; the work runs in Trio."""
 
-    def __init__(self, router: Router, portal: TrioPortal) -> None:
+    def __init__(self, router: Router, portal: TrioPortal, observers: Observers) -> None:
         self._router = router
         self._portal = portal
-        self._trio = _TrioSide(router)
+        self._trio = _TrioSide(router, observers.telemetry, observers.repeated_ids, observers.on_repeat)
 
     async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:  # noqa: N802
-        return await self._unary(_chat_request(request, context), context)
+        return await self._unary(_call(_chat_request, request, context), context)
 
     async def Complete(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:  # noqa: N802
-        return await self._unary(_completion_request(request, context), context)
+        return await self._unary(_call(_completion_request, request, context), context)
 
     # grpc.aio recognises streaming handlers by being async generator functions.
     async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:  # noqa: N802
-        async for chunk in self._stream(_chat_request(request, context), context):
+        async for chunk in self._stream(_call(_chat_request, request, context), context):
             yield chunk
 
     async def CompleteStream(  # noqa: N802
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        async for chunk in self._stream(_completion_request(request, context), context):
+        async for chunk in self._stream(_call(_completion_request, request, context), context):
             yield chunk
 
     async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:  # noqa: N802
         return limits_message(self._router.config)
 
-    async def _unary(self, build: RouterRequest | TailguardError, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
-        if isinstance(build, TailguardError):
-            await _abort(context, build)
+    async def _unary(self, call: _Call, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
         try:
-            response: pb.CompletionResponse = await self._portal.call(self._trio.unary, build, context.time_remaining())
+            response, timing = await self._portal.call(self._trio.unary, call)
         except TailguardError as error:
-            await _abort(context, error, build.request_id)
+            await _abort(context, error, call.request_id)
         except ConnectionAbortedError:
-            await _abort(context, _SHUTTING_DOWN, build.request_id)
+            await _abort(context, _SHUTTING_DOWN, call.request_id)
         await context.send_initial_metadata(_routing_metadata(response.routing))
+        context.set_trailing_metadata((("server-timing", timing),))
         return response
 
-    async def _stream(
-        self, request: RouterRequest | TailguardError, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.CompletionChunk]:
-        if isinstance(request, TailguardError):
-            await _abort(context, request)
-        params = dict(request.params)
-        params["stream_options"] = {"include_usage": True}
-        request = dataclasses.replace(request, params=params, stream=True)
+    async def _stream(self, call: _Call, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:
+        if not isinstance(call.request, TailguardError):
+            params = dict(call.request.params)
+            params["stream_options"] = {"include_usage": True}
+            call = dataclasses.replace(call, request=dataclasses.replace(call.request, params=params, stream=True))
         routing: pb.Routing | None = None
         try:
-            async for item in self._portal.stream(self._trio.stream, request, context.time_remaining()):
+            async for item in self._portal.stream(self._trio.stream, call):
                 if isinstance(item, pb.Routing):
                     routing = item
                     await context.send_initial_metadata(_routing_metadata(item))
+                    continue
+                if isinstance(item, _Timing):
+                    context.set_trailing_metadata((("server-timing", str(item)),))
                     continue
                 for chunk in item:
                     if routing is not None:
@@ -197,18 +265,35 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
                         routing = None
                     yield chunk
         except TailguardError as error:
-            await _abort(context, error, request.request_id)
+            await _abort(context, error, call.request_id)
         except ConnectionAbortedError:
-            await _abort(context, _SHUTTING_DOWN, request.request_id)
+            await _abort(context, _SHUTTING_DOWN, call.request_id)
 
 
-def _request_id(options: pb.Options, context: grpc.aio.ServicerContext) -> str:
-    if options.request_id:
-        return str(options.request_id)
-    for key, value in context.invocation_metadata() or ():
-        if key == "x-request-id" and value:
-            return str(value)
-    return uuid.uuid4().hex
+@dataclasses.dataclass(frozen=True)
+class Observers:
+    """Where the gRPC front end reports finished calls and repeated request ids."""
+
+    telemetry: Telemetry
+    repeated_ids: RepeatedIds | None = None
+    on_repeat: Callable[[], None] = lambda: None
+
+
+_Build = Callable[[Any, str, grpc.aio.ServicerContext], "RouterRequest | TailguardError"]
+
+
+def _call(build: _Build, message: Any, context: grpc.aio.ServicerContext) -> _Call:
+    """Translate one call's message and metadata (asyncio side)."""
+    metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+    supplied = message.options.request_id or metadata.get("x-request-id") or ""
+    request_id = supplied or uuid.uuid4().hex
+    request: RouterRequest | TailguardError
+    if supplied and not is_valid_request_id(supplied):
+        request_id = uuid.uuid4().hex
+        request = InvalidRequest("the request id must be 1 to 128 printable ASCII characters without spaces", param="request_id")
+    else:
+        request = build(message, request_id, context)
+    return _Call(request, request_id, bool(supplied), metadata.get("authorization"), context.time_remaining())
 
 
 def _params(options: pb.Options) -> dict[str, Any]:
@@ -230,26 +315,28 @@ def _integral(value: Any) -> Any:
     return value
 
 
-def _common(options: pb.Options, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+def _common(options: pb.Options, request_id: str) -> dict[str, Any]:
     return {
-        "request_id": _request_id(options, context),
+        "request_id": request_id,
         "max_tokens": options.max_tokens if options.HasField("max_tokens") else None,
         "params": _params(options),
         "forced_class": options.request_class or None,
     }
 
 
-def _chat_request(request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> RouterRequest | TailguardError:
+def _chat_request(request: pb.ChatRequest, request_id: str, context: grpc.aio.ServicerContext) -> RouterRequest | TailguardError:
     try:
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        return RouterRequest(kind="chat", model=request.model or None, messages=messages, **_common(request.options, context))
+        return RouterRequest(kind="chat", model=request.model or None, messages=messages, **_common(request.options, request_id))
     except TailguardError as error:
         return error
 
 
-def _completion_request(request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> RouterRequest | TailguardError:
+def _completion_request(
+    request: pb.CompletionRequest, request_id: str, context: grpc.aio.ServicerContext
+) -> RouterRequest | TailguardError:
     try:
-        return RouterRequest(kind="completion", model=request.model or None, prompt=request.prompt, **_common(request.options, context))
+        return RouterRequest(kind="completion", model=request.model or None, prompt=request.prompt, **_common(request.options, request_id))
     except TailguardError as error:
         return error
 
@@ -312,9 +399,10 @@ def limits_message(config: Config) -> pb.Limits:
 class GrpcServer:
     """The grpc.aio server with tailguard's service, health and reflection (asyncio side)."""
 
-    def __init__(self, router: Router, portal: TrioPortal) -> None:
+    def __init__(self, router: Router, portal: TrioPortal, observers: Observers) -> None:
         self._router = router
         self._portal = portal
+        self._observers = observers
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._health_task: asyncio.Task[None] | None = None
@@ -328,7 +416,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pb_grpc.add_CompletionsServicer_to_server(CompletionsService(self._router, self._portal), server)
+        pb_grpc.add_CompletionsServicer_to_server(CompletionsService(self._router, self._portal, self._observers), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
@@ -368,12 +456,13 @@ async def serve_grpc(
     host: AsyncioHost,
     listen: tuple[str, int],
     shutdown: trio.Event,
+    observers: Observers | None = None,
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """From Trio: run the gRPC server until ``shutdown``; reports the bound port."""
     async with trio.open_nursery() as calls:
-        grpc_server = GrpcServer(router, TrioPortal(calls, host.loop))
+        grpc_server = GrpcServer(router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()))
         port = await host.run(lambda: grpc_server.start(*listen))
         log.info("gRPC listening on %s:%s", listen[0], port)
         task_status.started(port)

@@ -21,10 +21,11 @@ Apply = Callable[[Config], Awaitable[None]]
 class ConfigReloader:
     """Watches one config file; applies each valid new version, refuses the rest."""
 
-    def __init__(self, path: Path, current: Config, apply: Apply) -> None:
+    def __init__(self, path: Path, current: Config, apply: Apply, *, on_result: Callable[[bool], None] | None = None) -> None:
         self._path = path
         self._current = current
         self._apply = apply
+        self._on_result = on_result or (lambda ok: None)
         self._lock = trio.Lock()
         self._mtime = _mtime(path)
         self.reloads_ok = 0
@@ -38,6 +39,7 @@ class ConfigReloader:
                 config = await trio.to_thread.run_sync(load_config, self._path)
             except ConfigError as error:
                 self.reloads_failed += 1
+                self._on_result(False)
                 log.error("config reload refused, keeping the running config: %s", error)
                 return False
             if config.digest == self._current.digest:
@@ -47,6 +49,7 @@ class ConfigReloader:
             await self._apply(config)
             self._current = config
             self.reloads_ok += 1
+            self._on_result(True)
             log.info("config reloaded from %s (digest %s)", self._path, config.digest)
             return True
 

@@ -6,6 +6,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -40,10 +42,13 @@ def test_check_config_lists_every_problem(tmp_path: Path, capsys: pytest.Capture
     assert "pools.interactive.max_queue" in err and "limits.bogus" in err
 
 
-async def test_serve_simulate_answers_and_stops_on_sigint(tmp_path: Path) -> None:
-    ports = [free_port() for _ in range(3)]
+@asynccontextmanager
+async def serve_process(tmp_path: Path) -> AsyncIterator[tuple[subprocess.Popen[bytes], httpx.AsyncClient]]:
+    """``tailguard serve --simulate`` on free ports, ready (healthy), killed if the test leaves it up."""
+    ports = [free_port() for _ in range(4)]
     text = (ROOT / "config.toml").read_text()
     text = text.replace("127.0.0.1:8080", f"127.0.0.1:{ports[0]}").replace(":8001", f":{ports[1]}").replace(":8002", f":{ports[2]}")
+    text = text.replace("127.0.0.1:50051", f"127.0.0.1:{ports[3]}")
     path = tmp_path / "config.toml"
     path.write_text(text)
     process = subprocess.Popen(
@@ -52,7 +57,7 @@ async def test_serve_simulate_answers_and_stops_on_sigint(tmp_path: Path) -> Non
         stderr=subprocess.STDOUT,
     )
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports[0]}") as client:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports[0]}", timeout=30) as client:
             with trio.fail_after(30):
                 while True:
                     try:
@@ -61,18 +66,63 @@ async def test_serve_simulate_answers_and_stops_on_sigint(tmp_path: Path) -> Non
                     except httpx.TransportError:
                         pass
                     await trio.sleep(0.1)
-            body = {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}
-            response = await client.post("/v1/chat/completions", json=body)
-            assert response.status_code == 200 and response.headers["x-tailguard-pool"] == "interactive"
-            assert response.json()["usage"]["completion_tokens"] == 8
-        process.send_signal(signal.SIGINT)
-        with trio.fail_after(15):
-            while process.poll() is None:
-                await trio.sleep(0.05)
-        assert process.returncode == 0
+            yield process, client
     finally:
         if process.poll() is None:
             process.kill()
         process.wait()
         assert process.stdout is not None
         process.stdout.close()
+
+
+async def exited(process: subprocess.Popen[bytes], timeout: float = 15) -> int:
+    with trio.fail_after(timeout):
+        while process.poll() is None:
+            await trio.sleep(0.05)
+    return process.returncode
+
+
+async def test_serve_simulate_answers_and_stops_on_sigint(tmp_path: Path) -> None:
+    async with serve_process(tmp_path) as (process, client):
+        body = {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200 and response.headers["x-tailguard-pool"] == "interactive"
+        assert response.json()["usage"]["completion_tokens"] == 8
+        process.send_signal(signal.SIGINT)
+        assert await exited(process) == 0
+
+
+async def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path: Path) -> None:
+    async with serve_process(tmp_path) as (process, client):
+        body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 120, "stream": True}
+        streams: list[bytes] = []
+
+        async def one_stream(first_bytes: trio.Event) -> None:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200
+                chunks = []
+                async for chunk in response.aiter_bytes():
+                    chunks.append(chunk)
+                    first_bytes.set()
+                streams.append(b"".join(chunks))
+
+        async with trio.open_nursery() as nursery:
+            started = [trio.Event() for _ in range(3)]
+            for event in started:
+                nursery.start_soon(one_stream, event)
+            for event in started:
+                await event.wait()
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(10):
+                while (health := await client.get("/health")).status_code == 200:
+                    await trio.sleep(0.01)
+            assert health.status_code == 503 and health.json()["draining"] is True
+            refused = await client.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 4})
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+            assert refused.headers["retry-after"] == "1"
+            assert len(streams) < 3, "the streams should still be running while the drain refuses new work"
+        # Every in-flight stream ran to its end: 120 tokens and the [DONE] marker.
+        assert len(streams) == 3
+        for text in streams:
+            assert text.rstrip().endswith(b"data: [DONE]") and b'"finish_reason":"length"' in text
+        assert await exited(process) == 0

@@ -94,7 +94,7 @@ def test_limits_match_the_http_document(service: Service, stub: pb_grpc.Completi
         (pb.ChatRequest(options=pb.Options(max_tokens=8)), grpc.StatusCode.INVALID_ARGUMENT, "messages"),
         (chat(max_tokens=-3), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
         (chat("word " * 40_000, max_tokens=8), grpc.StatusCode.INVALID_ARGUMENT, "input cap"),
-        (chat(max_tokens=8, request_class="batch"), grpc.StatusCode.PERMISSION_DENIED, "may not choose"),
+        (chat(max_tokens=8, request_class="batch"), grpc.StatusCode.PERMISSION_DENIED, "may not force the class"),
         (pb.ChatRequest(model="gpt-9", messages=[pb.Message(role="user", content="x")]), grpc.StatusCode.NOT_FOUND, "not served"),
         (chat(max_tokens=8, n=2), grpc.StatusCode.INVALID_ARGUMENT, "n=1"),
     ],

@@ -108,7 +108,7 @@ async def test_forced_class_is_forbidden_and_reject_mode_refuses() -> None:
         config = config_for(backends.urls, limits=LimitsConfig(over_cap="reject"))
         async with tailguard(config) as running:
             client = openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0)
-            with pytest.raises(openai.PermissionDeniedError, match="may not choose"):
+            with pytest.raises(openai.PermissionDeniedError, match="may not force the class"):
                 await client.chat.completions.create(
                     model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"}  # type: ignore[arg-type]
                 )

@@ -116,9 +116,6 @@ class TokenStream:
         return self
 
     async def __anext__(self) -> bytes:
-        if self._pending:
-            pending, self._pending = self._pending, b""
-            return pending
         if self._done:
             raise StopAsyncIteration
         sequence = self._sequence
@@ -127,7 +124,10 @@ class TokenStream:
         fresh = ids[self._seen :]
         self._seen = len(ids)
         prefix, suffix = self._token_prefix, self._token_suffix
-        out = b"".join(prefix + TOKEN_JSON[i] + suffix for i in fresh)
+        # vLLM sends a chat stream's role chunk with the first output, after
+        # the prefill: the first byte of a stream marks its first token.
+        out = self._pending + b"".join(prefix + TOKEN_JSON[i] + suffix for i in fresh)
+        self._pending = b""
         if sequence.finished:
             self._done = True
             out += self._closing()

@@ -1,0 +1,250 @@
+"""What happened to one request, where its time went, and who gets told.
+
+A front end opens a :class:`RequestRecord` when the request arrives, the
+router fills in its decisions and timestamps as the request moves, and the
+front end finishes it exactly once with the error (or none) it answered.
+:class:`Telemetry` then hands the finished record to its sinks: metrics and
+the access log. Nothing here knows Prometheus, JSON or a wire format.
+
+The origin's first question about a slow request -- did the time go to
+queueing or to generation? -- is answered by ``queue_seconds`` against
+``ttft_seconds`` and ``decode_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import trio
+
+from . import errors
+
+log = logging.getLogger("tailguard.telemetry")
+
+Outcome = Literal["ok", "rejected", "overloaded", "timeout", "cancelled", "backend_error"]
+Api = Literal["http", "grpc"]
+UNKNOWN = "none"  # label value for a class or pool not yet decided
+
+# Most specific first: (error class, outcome, reason).
+_REASONS: tuple[tuple[type[errors.TailguardError], Outcome, str], ...] = (
+    (errors.PromptTooLong, "rejected", "input_cap"),
+    (errors.MaxTokensTooLarge, "rejected", "max_tokens_cap"),
+    (errors.ModelNotFound, "rejected", "model_not_found"),
+    (errors.Unauthenticated, "rejected", "unauthenticated"),
+    (errors.Forbidden, "rejected", "forbidden"),
+    (errors.InvalidRequest, "rejected", "invalid_request"),
+    (errors.RequestRejected, "rejected", "invalid_request"),
+    (errors.QueueFull, "overloaded", "queue_full"),
+    (errors.QueueTimeout, "overloaded", "queue_timeout"),
+    (errors.NoBackend, "overloaded", "no_backend"),
+    (errors.Draining, "overloaded", "draining"),
+    (errors.CallerOverLimit, "overloaded", "caller_limit"),
+    (errors.Overloaded, "overloaded", "overloaded"),
+    (errors.DeadlineExceeded, "timeout", "e2e_timeout"),
+    (errors.BackendRejected, "rejected", "backend_rejected"),
+    (errors.BackendError, "backend_error", "backend_error"),
+)
+
+# One SSE event per engine step carrying output; vLLM emits one per token
+# unless it batches several tokens into one step's delta.
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+# A caller's request id goes into headers, logs and the backend's request.
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def is_valid_request_id(request_id: str) -> bool:
+    """1 to 128 printable ASCII characters, no spaces: safe in a header and a log line."""
+    return _REQUEST_ID.fullmatch(request_id) is not None
+
+
+def outcome_of(error: errors.TailguardError | None, *, client_gone: bool = False) -> tuple[Outcome, str | None]:
+    """The outcome label and, for anything but success, the reason it failed."""
+    if client_gone:
+        return "cancelled", "client_cancelled"
+    if error is None:
+        return "ok", None
+    for cls, outcome, reason in _REASONS:
+        if isinstance(error, cls):
+            return outcome, reason
+    return "backend_error", "internal"
+
+
+@dataclass
+class RequestRecord:
+    """One request's facts, filled in as it goes; times are Trio clock seconds."""
+
+    request_id: str
+    api: Api
+    arrival: float
+    caller: str = "anonymous"
+    kind: str = UNKNOWN
+    stream: bool = False
+    request_class: str = UNKNOWN
+    pool: str = UNKNOWN
+    endpoint: str | None = None
+    prompt_tokens: int | None = None  # estimated
+    requested_max_tokens: int | None = None
+    max_tokens: int | None = None  # effective, as sent to the backend
+    clamped: bool = False
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    completion_tokens: int | None = None
+    outcome: Outcome | None = None
+    reason: str | None = None
+    status: int | str | None = None  # the HTTP status or gRPC code the caller saw
+    error: str | None = None
+    prompt_text: str | None = field(default=None, repr=False)  # only when log_prompts is on
+    _events: int = field(default=0, repr=False)
+    _done_seen: bool = field(default=False, repr=False)
+
+    # -- filled in by the router and the relay --------------------------------
+
+    def saw_body(self, body: bytes) -> None:
+        """A whole non-streaming body: its usage says how many tokens came out."""
+        self.first_token_at = trio.current_time()
+        match = _USAGE.search(body)
+        if match is not None:
+            self.completion_tokens = int(match.group(1))
+
+    def saw_chunk(self, chunk: bytes) -> None:
+        """Some relayed SSE bytes: the first marks the first token, each event counts."""
+        if self.first_token_at is None:
+            self.first_token_at = trio.current_time()
+        self._events += chunk.count(b"data:")
+        if b"[DONE]" in chunk:
+            self._done_seen = True
+        match = _USAGE.search(chunk)
+        if match is not None:  # a usage chunk (stream_options.include_usage) is exact
+            self.completion_tokens = int(match.group(1))
+
+    # -- derived timings -----------------------------------------------------
+
+    @property
+    def queue_seconds(self) -> float | None:
+        return None if self.admitted_at is None else self.admitted_at - self.arrival
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        """Arrival to the first streamed token (None for non-streaming requests)."""
+        if not self.stream or self.first_token_at is None:
+            return None
+        return self.first_token_at - self.arrival
+
+    @property
+    def decode_seconds(self) -> float | None:
+        """First token to the end: generation after the prefill."""
+        if not self.stream or self.first_token_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.first_token_at
+
+    @property
+    def generation_seconds(self) -> float | None:
+        """Admission to the end: all the time the backend had the request."""
+        if self.admitted_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.admitted_at
+
+    @property
+    def e2e_seconds(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.arrival
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        decode = self.decode_seconds
+        tokens = self.completion_tokens
+        if decode is None or tokens is None or tokens < 2:
+            return None
+        return decode / (tokens - 1)
+
+    def finish_tokens(self) -> None:
+        """Settle the completion token count from the stream's events if no usage came."""
+        if self.completion_tokens is None and self.stream and self._events:
+            # The role-only first chunk of a chat stream and the [DONE] marker carry no token.
+            overhead = int(self._done_seen) + int(self.kind == "chat")
+            self.completion_tokens = max(0, self._events - overhead)
+
+
+Sink = Callable[[RequestRecord], None]
+
+
+class Telemetry:
+    """Finishes records exactly once and hands them to every sink."""
+
+    def __init__(self, sinks: Sequence[Sink] = ()) -> None:
+        self._sinks = list(sinks)
+
+    def add_sink(self, sink: Sink) -> None:
+        self._sinks.append(sink)
+
+    def start(self, request_id: str, api: Api, *, arrival: float | None = None) -> RequestRecord:
+        return RequestRecord(request_id, api, trio.current_time() if arrival is None else arrival)
+
+    def finish(
+        self,
+        record: RequestRecord,
+        error: errors.TailguardError | None,
+        *,
+        status: int | str,
+        client_gone: bool = False,
+    ) -> None:
+        """Settle the outcome and report the record; a second call is ignored."""
+        if record.outcome is not None:
+            return
+        record.finished_at = trio.current_time()
+        record.outcome, record.reason = outcome_of(error, client_gone=client_gone)
+        record.status = status
+        record.error = None if error is None else error.message
+        record.finish_tokens()
+        for sink in self._sinks:
+            try:
+                sink(record)
+            except Exception:  # a broken sink must never fail a request
+                log.exception("telemetry sink %r failed", sink)
+
+
+class RepeatedIds:
+    """Counts caller-supplied request ids seen again within a window.
+
+    The same ``x-request-id`` twice in a few seconds is a client retrying
+    (the origin's retry-storm warning: retries multiply load exactly when
+    the fleet is slow). Memory is bounded: ids older than the window, and
+    the oldest beyond ``max_ids``, are forgotten.
+    """
+
+    def __init__(self, window: float, *, max_ids: int = 100_000) -> None:
+        self.window = window
+        self._max_ids = max_ids
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self.repeats = 0
+
+    def observe(self, request_id: str, now: float | None = None) -> bool:
+        """Remember the id; True when it was already seen within the window."""
+        if self.window <= 0:
+            return False
+        now = trio.current_time() if now is None else now
+        self._expire(now)
+        repeated = request_id in self._seen
+        if repeated:
+            self.repeats += 1
+            self._seen.move_to_end(request_id)
+        self._seen[request_id] = now
+        if len(self._seen) > self._max_ids:
+            self._seen.popitem(last=False)
+        return repeated
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window
+        seen = self._seen
+        while seen:
+            oldest, at = next(iter(seen.items()))
+            if at >= horizon:
+                return
+            del seen[oldest]

@@ -1,0 +1,137 @@
+"""Logging: JSON or text lines, written off the event loop, and the access log.
+
+Handlers write from a :class:`logging.handlers.QueueListener` thread: a slow
+stderr (a full pipe, a stalled journald) must not stall every request. The
+access log is a telemetry sink, one line per finished request, with the
+facts an SRE greps for and nothing secret: no API key ever, no prompt text
+unless ``logging.log_prompts`` is on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import queue
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from router.telemetry import RequestRecord
+
+ACCESS_LOGGER = "tailguard.access"
+_PROMPT_LOG_LIMIT = 4000  # characters of prompt text in one access line, when enabled
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and any ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": _iso_time(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """Human lines; ``extra`` fields appended as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            text += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
+        return text
+
+
+@contextmanager
+def configured_logging(level: str, log_format: Literal["json", "text"]) -> Iterator[None]:
+    """Route the root logger through a queue to stderr for the process's lifetime."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, handler, respect_handler_level=False)
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    root.handlers = [logging.handlers.QueueHandler(records)]
+    root.setLevel(level.upper())
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
+    listener.start()
+    try:
+        yield
+    finally:
+        listener.stop()
+        root.setLevel(saved[0])
+        root.handlers = saved[1]
+
+
+class AccessLog:
+    """Telemetry sink: one log line per finished request."""
+
+    def __init__(self, *, log_prompts: bool = False, enabled: bool = True, logger: logging.Logger | None = None) -> None:
+        self.log_prompts = log_prompts
+        self.enabled = enabled
+        self._logger = logger or logging.getLogger(ACCESS_LOGGER)
+
+    def __call__(self, record: RequestRecord) -> None:
+        if not self.enabled or not self._logger.isEnabledFor(logging.INFO):
+            return
+        fields = access_fields(record, log_prompts=self.log_prompts)
+        message = f"{fields['api']} {fields['kind']} {fields['status']} {fields['outcome']}"
+        self._logger.info(message, extra={"fields": fields})
+
+
+def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[str, Any]:
+    """The access line's fields, in a stable order; times in milliseconds."""
+    fields: dict[str, Any] = {
+        "request_id": record.request_id,
+        "api": record.api,
+        "kind": record.kind,
+        "stream": record.stream,
+        "caller": record.caller,
+        "class": record.request_class,
+        "pool": record.pool,
+        "endpoint": record.endpoint,
+        "prompt_tokens_est": record.prompt_tokens,
+        "max_tokens_requested": record.requested_max_tokens,
+        "max_tokens": record.max_tokens,
+        "clamped": record.clamped,
+        "completion_tokens": record.completion_tokens,
+        "outcome": record.outcome,
+        "reason": record.reason,
+        "status": record.status,
+        "queue_ms": _ms(record.queue_seconds),
+        "ttft_ms": _ms(record.ttft_seconds),
+        "decode_ms": _ms(record.decode_seconds),
+        "e2e_ms": _ms(record.e2e_seconds),
+    }
+    if record.error is not None:
+        fields["error"] = record.error
+    if log_prompts and record.prompt_text is not None:
+        fields["prompt"] = record.prompt_text[:_PROMPT_LOG_LIMIT]
+    return fields
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _iso_time(created: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
+
+
+def _text_value(value: object) -> str:
+    text = "-" if value is None else str(value)
+    return json.dumps(text) if (" " in text or not text) else text

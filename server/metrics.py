@@ -1,0 +1,195 @@
+"""Prometheus metrics at ``GET /metrics``: one explicit registry per process, no globals.
+
+Per-request histograms and counters are fed by :meth:`Metrics.observe` (a
+telemetry sink); pool, endpoint and backend gauges are read from the router
+at scrape time by a collector, so they are never stale and cost nothing
+between scrapes. Buckets resolve both 20 ms (an interactive TTFT) and 60 s
+(a long generation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from router.dispatch import Router
+from router.telemetry import RequestRecord
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+SECONDS_BUCKETS = (
+    0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75,
+    1.0, 1.5, 2.5, 4.0, 6.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0,
+)  # fmt: skip
+PER_TOKEN_BUCKETS = (0.002, 0.005, 0.008, 0.012, 0.016, 0.02, 0.025, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+_REQUEST_LABELS = ("class", "pool", "outcome")
+
+
+class Metrics:
+    """tailguard's metrics on their own registry; ``render()`` is the scrape."""
+
+    def __init__(self, router: Router, *, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
+        r = self.registry
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, _REQUEST_LABELS, buckets=buckets, registry=r)
+
+        self.queue = histogram(
+            "tailguard_request_queue_seconds", "Arrival to admission: time waiting for a seat in the pool.", SECONDS_BUCKETS
+        )
+        self.ttft = histogram(
+            "tailguard_request_ttft_seconds", "Arrival to the first streamed token (streaming requests).", SECONDS_BUCKETS
+        )
+        self.decode = histogram(
+            "tailguard_request_decode_seconds", "First streamed token to the end: generation after prefill.", SECONDS_BUCKETS
+        )
+        self.per_token = histogram(
+            "tailguard_request_time_per_output_token_seconds",
+            "Decode time per output token after the first (streaming requests).",
+            PER_TOKEN_BUCKETS,
+        )
+        self.e2e = histogram("tailguard_request_e2e_seconds", "Arrival to the last byte or the error.", SECONDS_BUCKETS)
+        self.prompt_tokens = histogram(
+            "tailguard_request_prompt_tokens", "Estimated prompt tokens of requests that were sized.", TOKEN_BUCKETS
+        )
+        self.completion_tokens = histogram(
+            "tailguard_request_completion_tokens",
+            "Completion tokens: the backend's usage when it reports one, else streamed events.",
+            TOKEN_BUCKETS,
+        )
+        self.requests = Counter("tailguard_requests", "Finished requests by class, pool and outcome.", _REQUEST_LABELS, registry=r)
+        self.rejections = Counter(
+            "tailguard_rejections",
+            "Requests that did not end well, by reason (input_cap, queue_full, queue_timeout, no_backend, "
+            "e2e_timeout, client_cancelled, ...).",
+            ("class", "pool", "reason"),
+            registry=r,
+        )
+        self.clamped = Counter(
+            "tailguard_max_tokens_clamped", "Requests whose max_tokens was lowered to the output cap.", ("class", "pool"), registry=r
+        )
+        self.reloads = Counter("tailguard_config_reloads", "Config reloads by result (ok, failed).", ("result",), registry=r)
+        self.repeated_ids = Counter(
+            "tailguard_duplicate_request_ids",
+            "Caller-supplied x-request-ids seen again within the window: client retries.",
+            registry=r,
+        )
+        for result in ("ok", "failed"):
+            self.reloads.labels(result)
+        self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        r.register(_RouterCollector(router))
+
+    def observe(self, record: RequestRecord) -> None:
+        """Telemetry sink: one finished request."""
+        outcome = record.outcome or "ok"
+        key = (record.request_class, record.pool, outcome)
+        children = self._children.get(key)
+        if children is None:  # .labels() costs a lock and a tuple build: cache per label set
+            children = tuple(
+                metric.labels(*key)
+                for metric in (self.queue, self.ttft, self.decode, self.per_token, self.e2e, self.prompt_tokens, self.completion_tokens, self.requests)
+            )
+            self._children[key] = children
+        queue, ttft, decode, per_token, e2e, prompt_tokens, completion_tokens, requests = children
+        requests.inc()
+        for histogram, value in (
+            (queue, record.queue_seconds),
+            (ttft, record.ttft_seconds),
+            (decode, record.decode_seconds),
+            (per_token, record.time_per_output_token),
+            (e2e, record.e2e_seconds),
+            (prompt_tokens, record.prompt_tokens),
+            (completion_tokens, record.completion_tokens),
+        ):
+            if value is not None:
+                histogram.observe(value)
+        if record.reason is not None:
+            self.rejections.labels(record.request_class, record.pool, record.reason).inc()
+        if record.clamped:
+            self.clamped.labels(record.request_class, record.pool).inc()
+
+    def reloaded(self, ok: bool) -> None:
+        self.reloads.labels("ok" if ok else "failed").inc()
+
+    def repeated_request_id(self) -> None:
+        self.repeated_ids.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _RouterCollector(Collector):
+    """Gauges read from the router at scrape time."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # label sets change with the config: describe nothing, collect all
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._router.statistics()
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        info = gauge("tailguard_config_info", "The loaded config's digest (value 1).", ("digest",))
+        info.add_metric((stats.config_digest,), 1)
+        yield info
+        draining = gauge("tailguard_draining", "1 while shutting down: new requests get 503.", ())
+        draining.add_metric((), int(stats.draining))
+        yield draining
+
+        pool = ("pool",)
+        pool_gauges = {
+            "in_flight": gauge("tailguard_pool_in_flight", "Requests holding a seat in the pool.", pool),
+            "max_concurrency": gauge("tailguard_pool_max_concurrency", "The pool's concurrency cap.", pool),
+            "queue_length": gauge("tailguard_pool_queue_length", "Requests waiting for a seat.", pool),
+            "max_queue": gauge("tailguard_pool_max_queue", "The pool's queue bound; beyond it, 429.", pool),
+            "healthy_endpoints": gauge("tailguard_pool_healthy_endpoints", "Endpoints passing their health check.", pool),
+        }
+        for p in stats.pools:
+            values = {
+                "in_flight": p.in_flight,
+                "max_concurrency": p.max_concurrency,
+                "queue_length": p.queue.waiting,
+                "max_queue": p.queue.max_waiting,
+                "healthy_endpoints": p.healthy_endpoints,
+            }
+            for key, family in pool_gauges.items():
+                family.add_metric((p.name,), values[key])
+        yield from pool_gauges.values()
+
+        endpoint = ("pool", "endpoint")
+        in_flight = gauge("tailguard_endpoint_in_flight", "Requests tailguard has running on the endpoint.", endpoint)
+        cap = gauge("tailguard_endpoint_max_concurrency", "The endpoint's concurrency cap.", endpoint)
+        healthy = gauge("tailguard_endpoint_healthy", "1 when the endpoint passes its health check.", endpoint)
+        running = gauge("tailguard_backend_requests_running", "The engine's own running count (vllm:num_requests_running).", endpoint)
+        waiting = gauge("tailguard_backend_requests_waiting", "The engine's own queue (vllm:num_requests_waiting).", endpoint)
+        kv = gauge("tailguard_backend_kv_cache_usage_ratio", "The engine's KV-cache usage, 0 to 1.", endpoint)
+        scrape_ok = gauge("tailguard_backend_scrape_ok", "1 when the last scrape of the engine's /metrics worked.", endpoint)
+        for e in stats.endpoints:
+            labels = (e.pool, e.url)
+            in_flight.add_metric(labels, e.in_flight)
+            cap.add_metric(labels, e.max_concurrency)
+            healthy.add_metric(labels, int(e.healthy))
+            if e.load is None:
+                continue
+            scrape_ok.add_metric(labels, int(e.load.ok))
+            for family, value in ((running, e.load.running), (waiting, e.load.waiting), (kv, e.load.kv_cache_usage)):
+                if value is not None:
+                    family.add_metric(labels, value)
+        yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok)
+
+        callers = gauge("tailguard_caller_in_flight", "Requests in flight (queued or running) per API key name.", ("caller",))
+        for name, count in stats.caller_in_flight.items():
+            callers.add_metric((name,), count)
+        yield callers
