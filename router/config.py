@@ -1146,4 +1146,7 @@ def limits_document(config: Config) -> dict[str, object]:
             {"name": pool.name, "max_model_len": pool.max_model_len, "models": list(pool.models)}
             for pool in config.pools
         ],
+        "max_body_bytes": config.server.max_body_bytes,
+        "retry_after": config.timeouts.retry_after,
+        "auth_required": config.auth.enabled,
     }

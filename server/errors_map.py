@@ -45,6 +45,11 @@ class HttpError:
         headers = [(b"content-type", b"application/json")]
         if self.retry_after is not None:
             headers.append((b"retry-after", str(max(1, math.ceil(self.retry_after))).encode()))
+        if self.status == 504:
+            # The request already used its whole end-to-end budget: an automatic
+            # retry (the openai SDK retries 5xx) would double the load of the
+            # slowest requests. The SDK obeys this header.
+            headers.append((b"x-should-retry", b"false"))
         return headers
 
     def encoded(self) -> bytes:

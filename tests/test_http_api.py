@@ -189,6 +189,7 @@ async def test_end_to_end_deadline_is_504_or_a_final_error_event() -> None:
         async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
             plain = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1000})
             assert plain.status_code == 504 and plain.json()["error"]["type"] == "timeout"
+            assert plain.headers["x-should-retry"] == "false"  # the openai SDK would retry a 5xx otherwise
             streamed = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1000, "stream": True})
             assert streamed.status_code == 200
             last = [line for line in streamed.text.splitlines() if line.startswith("data: ")][-1]

@@ -160,6 +160,7 @@ async def test_api_keys_401_403_class_override_and_per_key_cap() -> None:
             assert missing.status_code == 401 and "missing API key" in missing.json()["error"]["message"]
             assert (await raw.get("/v1/models")).status_code == 401
             assert (await raw.get("/health")).status_code == 200 and (await raw.get("/metrics")).status_code == 200
+            assert (await raw.get("/v1/limits", headers={"authorization": f"Bearer {WEB_KEY}"})).json()["auth_required"] is True
 
         models = await web.models.list()
         assert [m.id for m in models.data] == [MODEL]
