@@ -115,7 +115,7 @@ async def test_access_log_and_timing_headers(caplog: pytest.LogCaptureFixture) -
                 assert set(timing) == {"queue", "total"} and 0 <= float(timing["queue"]) <= float(timing["total"])
 
                 body = {"messages": MESSAGES, "max_tokens": 8, "stream": True}
-                async with client.stream("POST", "/v1/chat/completions", json=body) as streamed:
+                async with client.stream("POST", "/v1/chat/completions", json=body, headers={"x-request-id": "stream-1"}) as streamed:
                     timing = dict(part.split(";dur=") for part in streamed.headers["server-timing"].split(", "))
                     assert set(timing) == {"queue", "ttft"} and float(timing["ttft"]) >= float(timing["queue"])
                     assert streamed.headers["x-accel-buffering"] == "no"
@@ -136,6 +136,8 @@ async def test_access_log_and_timing_headers(caplog: pytest.LogCaptureFixture) -
     assert (ok["outcome"], ok["status"], ok["caller"], ok["class"], ok["pool"]) == ("ok", 200, "webapp", "interactive", "interactive")
     assert ok["endpoint"] == backends.urls[0] and ok["max_tokens"] == 8 and ok["completion_tokens"] == 8
     assert ok["prompt_tokens_est"] > 0 and ok["e2e_ms"] >= ok["queue_ms"] >= 0
+    streamed_line = lines["stream-1"]  # no usage in the stream: tokens counted from its events
+    assert streamed_line["completion_tokens"] == 8 and streamed_line["ttft_ms"] <= streamed_line["e2e_ms"]
     big = lines["big-1"]
     assert (big["outcome"], big["reason"], big["status"]) == ("rejected", "input_cap", 413)
     gone = lines["gone-1"]

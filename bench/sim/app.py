@@ -124,13 +124,20 @@ class TokenStream:
         fresh = ids[self._seen :]
         self._seen = len(ids)
         prefix, suffix = self._token_prefix, self._token_suffix
+        finished = sequence.finished and sequence.finish_reason != "abort"
+        # As vLLM does, the last token's chunk carries the finish reason.
+        last = fresh[-1:] if finished else []
+        body = fresh[: len(fresh) - len(last)]
         # vLLM sends a chat stream's role chunk with the first output, after
         # the prefill: the first byte of a stream marks its first token.
-        out = self._pending + b"".join(prefix + TOKEN_JSON[i] + suffix for i in fresh)
+        out = self._pending + b"".join(prefix + TOKEN_JSON[i] + suffix for i in body)
         self._pending = b""
+        if last:
+            reason = json.dumps(sequence.finish_reason).encode()
+            out += prefix + TOKEN_JSON[last[0]] + suffix.replace(b'"finish_reason":null', b'"finish_reason":' + reason)
         if sequence.finished:
             self._done = True
-            out += self._closing()
+            out += self._closing(reason_sent=bool(last))
         return out
 
     async def aclose(self) -> None:
@@ -141,16 +148,18 @@ class TokenStream:
     def _event(self, fields: Mapping[str, Any]) -> bytes:
         return f"data: {self._head},{json.dumps(fields, separators=(',', ':'))[1:]}\n\n".encode()
 
-    def _closing(self) -> bytes:
+    def _closing(self, *, reason_sent: bool) -> bytes:
         sequence = self._sequence
         reason = sequence.finish_reason
         if reason == "abort":
             return b""  # nobody is listening
-        if self._chat:
-            choice = _chat_choice({}, reason)
-        else:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
-        out = self._event({"choices": [choice]})
+        out = b""
+        if not reason_sent:  # finished without a new token: the reason goes alone
+            if self._chat:
+                choice = _chat_choice({}, reason)
+            else:
+                choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+            out = self._event({"choices": [choice]})
         if self._include_usage:
             out += self._event({"choices": [], "usage": _usage(sequence)})
         return out + b"data: [DONE]\n\n"
