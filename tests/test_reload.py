@@ -130,3 +130,24 @@ async def test_a_changed_file_is_picked_up_without_a_signal(tmp_path: Path) -> N
             assert response.headers["x-tailguard-pool"] == "batch"
             limits = (await http.get("/v1/limits")).json()
             assert limits["classes"][0]["max_output_tokens"] == 8
+
+
+async def test_reload_warns_of_inverted_timeout_layers_and_counts_results(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from router.config import load_config
+
+    async with engines_on_sockets([QUICK, QUICK]) as backends:
+        a, b = backends.urls
+        path = tmp_path / "config.toml"
+        path.write_text(toml([a], [b]))
+        async with tailguard(load_config(path), path) as running:
+            assert running.reloader is not None
+            path.write_text(toml([a], [b], extra="[timeouts]\nend_to_end_timeout = 120\nfront_proxy_timeout = 60\n"))
+            assert await running.reloader.reload()
+            warnings = [r.getMessage() for r in caplog.records if r.name == "tailguard" and r.levelname == "WARNING"]
+            assert any("front_proxy_timeout (60 s)" in m and "end_to_end_timeout (120 s)" in m for m in warnings), warnings
+            path.write_text("[pools.nope]\n")
+            assert not await running.reloader.reload()
+            page = running.metrics.render().decode()
+            assert 'tailguard_config_reloads_total{result="ok"} 1.0' in page
+            assert 'tailguard_config_reloads_total{result="failed"} 1.0' in page
+            assert f'tailguard_config_info{{digest="{running.router.config.digest}"}} 1.0' in page
