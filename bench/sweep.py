@@ -1,10 +1,10 @@
 """``python -m bench sweep``: the routing policy in virtual time, loads x set-ups x engine splits.
 
 The router core and the simulated engines share one process per point under
-Trio's MockClock (in-process transport, no sockets), so a sweep measures the
-policy, not the machine. On the same engines and the same seeded open-loop
-Poisson traffic (quick_mixed's mix: 80% short chat, 20% ~2,000-token
-documents with max_tokens 512, all streaming), it compares:
+Trio's MockClock (in-process, no sockets), so a sweep measures the policy,
+not the machine. On the same engines and the same seeded open-loop Poisson
+traffic (quick_mixed's mix: 80% short chat, 20% ~2,000-token documents with
+max_tokens 512, all streaming), it compares:
 
 - ``shared``: round robin straight to throughput engines (no router);
 - ``priority``: a Router with one pool of the same engines, interactive
@@ -15,13 +15,19 @@ documents with max_tokens 512, all streaming), it compares:
 - ``short-only``: shared without the long requests, the ideal.
 
 Load is a fraction of the shared fleet's capacity for the mix. Each point is
-an independent simulation (warm-up, then a measured window; traffic goes on
-until the window's requests end); points run in parallel processes. An hour
-of simulated traffic per point would cost hours of wall time in Python (the
-engines and the router cost ~1 ms of CPU per request), so the default is a
-60 s window after a 20 s warm-up; ``--seconds`` buys steadier P99s. It also
-replays ``bench/quick_mixed.py``'s real-time schedule in virtual time and
-prints both side by side.
+an independent simulation (warm-up, then a measured window -- an hour by
+default; traffic goes on until the window's requests end); points run in
+parallel processes. What makes an hour affordable (bench/sweep_sim.py,
+bench/sweep_engine.py, bench/sweep_clock.py): the engine model steps in
+aggregate and wakes only when a sequence starts or ends, requests carry no
+bytes (first-token and finish times are the engine's own), and timers do not
+go through Trio cancel scopes. Every routed request still goes through the
+router's own ``Router.open`` (limits, classes, pools, caps, wait queue).
+
+Also checked and reported: the sweep's engine against ``bench.sim.Engine`` on
+the same seeded traffic (every timestamp), the capacity model against a
+saturation run, and ``bench/quick_mixed.py``'s real-time run replayed in
+virtual time.
 """
 
 from __future__ import annotations
@@ -34,27 +40,45 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.quick_mixed import Capacity
+
 from .sweep_check import (
     QUICK_MIXED_JSON,
+    Comparison,
+    EngineAgreement,
+    Saturation,
     compare,
     comparison_json,
+    engine_agreements,
     load_real,
     mix_prompt_tokens,
     model_capacity,
     replay_points,
     saturation_run,
 )
-from .sweep_report import comparison_table, full_table, pivot, plot_headline, plot_split
+from .sweep_report import comparison_table, cost_summary, engine_table, full_table, pivot, plot_headline, plot_split
 from .sweep_sim import PointResult, Setup, disaggregated, priority, run_point, shared
 from .sweep_sim import Point as SimPoint
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sweep"
 DEFAULT_LOADS = "0.1,0.3,0.5,0.7,0.8,0.9,1.0,1.1,1.3,1.5"
 DEFAULT_SPLITS = "1:3,2:2"
+DEFAULT_SECONDS = 3600.0  # an hour of simulated traffic per point
+MAX_SECONDS = 24 * 3600.0  # a day: the bound on one point's window
+MAX_LOADS = 40
+MAX_LOAD = 5.0
+
+
+def parse_loads(text: str) -> list[float]:
+    """Comma-separated loads, each in (0, MAX_LOAD], at most MAX_LOADS of them."""
+    loads = [float(x) for x in text.split(",") if x.strip()]
+    if not 1 <= len(loads) <= MAX_LOADS or not all(0 < load <= MAX_LOAD for load in loads):
+        raise ValueError(f"--loads needs 1 to {MAX_LOADS} loads, each above 0 and at most {MAX_LOAD:g}")
+    return loads
 
 
 def parse_splits(text: str, engines: int) -> list[tuple[int, int]]:
@@ -89,7 +113,12 @@ def run_parallel(points: Sequence[SimPoint], jobs: int, label: str) -> list[Poin
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         for done, (index, result) in enumerate(pool.imap_unordered(_indexed, [(i, points[i]) for i in order]), 1):
             results[index] = result
-            print(f"  {label} {done}/{len(points)}: {result.setup} @ {result.load:g} ({result.wall_s:.1f} s wall)", file=sys.stderr, flush=True)
+            print(
+                f"  {label} {done}/{len(points)}: {result.setup} @ {result.load:g} "
+                f"({result.requests:,} requests, {result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU)",
+                file=sys.stderr,
+                flush=True,
+            )
     return [results[i] for i in range(len(points))]
 
 
@@ -100,7 +129,12 @@ def _indexed(item: tuple[int, SimPoint]) -> tuple[int, PointResult]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=60.0, help="simulated measured window per point (default %(default)s)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=DEFAULT_SECONDS,
+        help=f"simulated measured window per point, at most {MAX_SECONDS:g} (default %(default)s: an hour)",
+    )
     parser.add_argument("--warmup", type=float, default=20.0, help="simulated warm-up per point, not measured (default %(default)s)")
     parser.add_argument("--loads", default=DEFAULT_LOADS, help="offered loads, fractions of the shared fleet's capacity (default %(default)s)")
     parser.add_argument("--engines", type=int, default=4, help="engines (GPUs) in every set-up (default %(default)s)")
@@ -110,6 +144,94 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-compare", action="store_true", help="skip the virtual-vs-real replay of quick_mixed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where JSON, markdown and plots go (default %(default)s)")
     return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[float], list[tuple[int, int]]]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        loads = parse_loads(args.loads)
+        splits = parse_splits(args.splits, args.engines)
+    except ValueError as error:
+        parser.error(str(error))
+    if not 0 < args.seconds <= MAX_SECONDS or not 0 <= args.warmup <= MAX_SECONDS or args.jobs < 1:
+        parser.error(f"--seconds must be in (0, {MAX_SECONDS:g}], --warmup in [0, {MAX_SECONDS:g}], --jobs positive")
+    return args, loads, splits
+
+
+# -- the run ----------------------------------------------------------------------
+
+
+@dataclass
+class Checks:
+    """What the sweep checks besides its points."""
+
+    engines: list[EngineAgreement]
+    saturation: Saturation
+    real: dict[str, Any] | None
+    comparison: list[Comparison]
+
+
+def run_checks(args: argparse.Namespace, per_engine: Capacity) -> Checks:
+    engines = engine_agreements(per_engine)
+    for check in engines:
+        print(
+            f"  engine check, {check.profile}: {check.requests} requests, {check.differing} ended differently, "
+            f"largest timestamp difference {check.max_difference_s:.3g} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    saturation = saturation_run(per_engine)
+    real = load_real() if not args.no_compare and QUICK_MIXED_JSON.exists() else None
+    comparison = compare(real, run_parallel(replay_points(real), args.jobs, "replay")) if real else []
+    return Checks(engines, saturation, real, comparison)
+
+
+# -- the report ----------------------------------------------------------------------
+
+
+def header(args: argparse.Namespace, setups: int, loads: int, per_engine: Capacity, checks: Checks, wall: float) -> str:
+    short_tokens, long_tokens = mix_prompt_tokens()
+    capacity = per_engine.req_per_s * args.engines
+    saturated = checks.saturation.completed_req_per_s
+    checked = sum(c.requests for c in checks.engines)
+    engine = (
+        f"The sweep's engine gave the same first-token and finish times as bench.sim.Engine for all {checked:,} requests "
+        "of its check (hang-ups and preemptions included)."
+        if all(c.agrees for c in checks.engines)
+        else "WARNING: the sweep's engine and bench.sim.Engine disagree (see the engine table below); "
+        "bench/sweep_engine.py no longer follows bench/sim/engine.py."
+    )
+    return (
+        f"Virtual time (Trio MockClock), {args.engines} engines, {loads} loads x {setups} set-ups; per point "
+        f"{args.warmup:g} s warm-up + {args.seconds:g} s measured window of simulated traffic (traffic continues until the "
+        f"window's requests end), seed {args.seed}. Mix: 80% short ({short_tokens} prompt tokens, max_tokens 64), 20% long "
+        f"({long_tokens} prompt tokens, max_tokens 512), all streaming, Poisson. Load 1.0 = {capacity:.1f} req/s = "
+        f"{args.engines} x {per_engine.req_per_s:.2f} (cost model); saturation run of one throughput engine in virtual time: "
+        f"{saturated:.2f} req/s ({saturated / per_engine.req_per_s:.0%} of the model). Caller deadline 120 s everywhere; "
+        f"percentiles over ok answers (nearest rank). Wall time {wall:.0f} s with {args.jobs} processes. {engine}"
+    )
+
+
+def markdown(head: str, results: Sequence[PointResult], checks: Checks) -> tuple[list[str], str]:
+    """The headline tables (also printed) and the whole sweep.md."""
+    tables = [
+        pivot(results, "short", "e2e_p99_ms", "short E2E P99, ms"),
+        pivot(results, "short", "ttft_p99_ms", "short TTFT P99, ms"),
+        pivot(results, "long", "e2e_p99_ms", "long E2E P99, ms"),
+    ]
+    sections = ["# python -m bench sweep", head, cost_summary(results), *tables, "## every point", full_table(results)]
+    sections += ["## the sweep's engine against bench.sim.Engine", engine_table(checks.engines)]
+    if checks.comparison and checks.real is not None:
+        sections += ["## virtual vs real (bench/quick_mixed.py)", replay_title(checks.real), comparison_table(checks.comparison)]
+    return tables, "\n\n".join(sections) + "\n"
+
+
+def replay_title(real: dict[str, Any]) -> str:
+    return (
+        f"quick_mixed's schedule ({real['rate_req_per_s_real']:.1f} req/s = {real['target_load']:g} x one engine, "
+        f"{real['warmup_s']:g} s warm-up + {real['window_s']:g} s window, seed {real['seed']}), real time against virtual time:"
+    )
 
 
 def _json_safe(value: Any) -> Any:
@@ -122,85 +244,62 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        loads = [float(x) for x in args.loads.split(",") if x.strip()]
-        splits = parse_splits(args.splits, args.engines)
-    except ValueError as error:
-        parser.error(str(error))
-    if args.seconds <= 0 or args.warmup < 0 or args.jobs < 1 or not loads:
-        parser.error("--seconds and --jobs must be positive, --warmup non-negative, --loads non-empty")
-    started = time.perf_counter()
-    per_engine = model_capacity()
-    capacity = per_engine.req_per_s * args.engines
-    setups = build_setups(args.engines, splits)
-    points = build_points(setups, loads, capacity, args)
+def payload(args: argparse.Namespace, setups: Sequence[Setup], per_engine: Capacity, results: Sequence[PointResult], checks: Checks, wall: float) -> dict[str, Any]:
     short_tokens, long_tokens = mix_prompt_tokens()
-    note = f"{args.engines} engines, {args.seconds:g} s window per point"
-    print(
-        f"sweep: {len(setups)} set-ups x {len(loads)} loads on {args.engines} engines; shared capacity "
-        f"{capacity:.1f} req/s (model: {per_engine.req_per_s:.2f} per throughput engine); window {args.seconds:g} s "
-        f"after {args.warmup:g} s warm-up per point, simulated; {args.jobs} processes",
-        file=sys.stderr,
-        flush=True,
-    )
-
-    results = run_parallel(points, args.jobs, "point")
-    saturation = saturation_run(per_engine)
-    real = load_real() if not args.no_compare and QUICK_MIXED_JSON.exists() else None
-    comparison = compare(real, run_parallel(replay_points(real), args.jobs, "replay")) if real else []
-    wall = time.perf_counter() - started
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    paths = [plot_headline(results, args.out / "short_e2e_p99.png", note)]
-    paths += [plot_split(results, f"disaggregated {i}:{b}", args.out / f"split_{i}-{b}.png", note) for i, b in splits]
-
-    header = (
-        f"Virtual time (Trio MockClock), {args.engines} engines, {len(loads)} loads x {len(setups)} set-ups; per point "
-        f"{args.warmup:g} s warm-up + {args.seconds:g} s measured window of simulated traffic (traffic continues until the "
-        f"window's requests end), seed {args.seed}. Mix: 80% short ({short_tokens} prompt tokens, max_tokens 64), 20% long "
-        f"({long_tokens} prompt tokens, max_tokens 512), all streaming, Poisson. Load 1.0 = {capacity:.1f} req/s = "
-        f"{args.engines} x {per_engine.req_per_s:.2f} (cost model); saturation run of one throughput engine in virtual time: "
-        f"{saturation.completed_req_per_s:.2f} req/s ({saturation.completed_req_per_s / per_engine.req_per_s:.0%} of the model). "
-        f"Caller deadline 120 s everywhere; percentiles over ok answers (nearest rank). Wall time {wall:.0f} s."
-    )
-    tables = [
-        pivot(results, "short", "e2e_p99_ms", "short E2E P99, ms"),
-        pivot(results, "short", "ttft_p99_ms", "short TTFT P99, ms"),
-        pivot(results, "long", "e2e_p99_ms", "long E2E P99, ms"),
-    ]
-    print("\n\n".join(tables))
-    if comparison:
-        print(
-            f"\n**virtual vs real: quick_mixed's schedule ({real['rate_req_per_s_real']:.1f} req/s = {real['target_load']:g} "  # type: ignore[index]
-            f"x one engine, {real['warmup_s']:g} s warm-up + {real['window_s']:g} s window, seed {real['seed']})**\n"  # type: ignore[index]
-        )
-        print(comparison_table(comparison))
-    print("\n" + header)
-    markdown = "\n\n".join(
-        ["# python -m bench sweep", header, *tables, "## every point", full_table(results)]
-        + (["## virtual vs real (bench/quick_mixed.py)", comparison_table(comparison)] if comparison else [])
-    )
-    (args.out / "sweep.md").write_text(markdown + "\n")
-    payload = {
+    return {
         "what": "routing policy in virtual time: loads x set-ups x splits",
         "parameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "short_prompt_tokens": short_tokens,
         "long_prompt_tokens": long_tokens,
         "capacity": {
             "model_per_engine": asdict(per_engine),
-            "shared_req_per_s": capacity,
-            "saturation_one_engine": asdict(saturation),
+            "shared_req_per_s": per_engine.req_per_s * args.engines,
+            "saturation_one_engine": asdict(checks.saturation),
         },
+        "engine_checks": [asdict(check) for check in checks.engines],
         "setups": [{"name": s.name, "description": s.description} for s in setups],
         "wall_s": wall,
+        "cpu_s": sum(r.cpu_s for r in results),
         "points": [asdict(r) for r in results],
-        "virtual_vs_real": comparison_json(comparison),
+        "virtual_vs_real": comparison_json(checks.comparison),
     }
-    (args.out / "sweep.json").write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
-    print(f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.md'}, " + ", ".join(str(p) for p in paths))
+
+
+def write_outputs(args: argparse.Namespace, splits: Sequence[tuple[int, int]], results: Sequence[PointResult], text: str, data: dict[str, Any]) -> list[Path]:
+    args.out.mkdir(parents=True, exist_ok=True)
+    note = f"{args.engines} engines, {args.seconds:g} s window per point"
+    paths = [plot_headline(results, args.out / "short_e2e_p99.png", note)]
+    paths += [plot_split(results, f"disaggregated {i}:{b}", args.out / f"split_{i}-{b}.png", note) for i, b in splits]
+    (args.out / "sweep.md").write_text(text)
+    (args.out / "sweep.json").write_text(json.dumps(_json_safe(data), indent=2) + "\n")
+    return [args.out / "sweep.json", args.out / "sweep.md", *paths]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, loads, splits = parse_args(argv)
+    started = time.perf_counter()
+    per_engine = model_capacity()
+    setups = build_setups(args.engines, splits)
+    points = build_points(setups, loads, per_engine.req_per_s * args.engines, args)
+    print(
+        f"sweep: {len(setups)} set-ups x {len(loads)} loads on {args.engines} engines; shared capacity "
+        f"{per_engine.req_per_s * args.engines:.1f} req/s (model: {per_engine.req_per_s:.2f} per throughput engine); "
+        f"window {args.seconds:g} s after {args.warmup:g} s warm-up per point, simulated; {args.jobs} processes",
+        file=sys.stderr,
+        flush=True,
+    )
+    checks = run_checks(args, per_engine)
+    results = run_parallel(points, args.jobs, "point")
+    wall = time.perf_counter() - started
+    head = header(args, len(setups), len(loads), per_engine, checks, wall)
+    tables, text = markdown(head, results, checks)
+    print("\n\n".join(tables))
+    if checks.comparison and checks.real is not None:
+        print(f"\n**virtual vs real: {replay_title(checks.real)}**\n")
+        print(comparison_table(checks.comparison))
+    print("\n" + head + "\n" + cost_summary(results))
+    paths = write_outputs(args, splits, results, text, payload(args, setups, per_engine, results, checks, wall))
+    print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 

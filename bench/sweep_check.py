@@ -1,5 +1,8 @@
-"""Checks the sweep leans on: the shared fleet's capacity, and virtual vs real time.
+"""Checks the sweep leans on: its engine, the shared fleet's capacity, and virtual vs real time.
 
+- The sweep's engine (``bench/sweep_engine.py``) against ``bench.sim.Engine``:
+  the same seeded submissions and hang-ups through both, every first-token
+  and finish time compared.
 - Capacity: the analytic figure ``quick_mixed.shared_capacity`` computes, and
   a saturation run of one throughput engine in virtual time (offered twice
   its capacity, completions counted over a window) to confirm it.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ from bench.quick_mixed import SHORT_SHARE, Capacity, payloads, prompt_tokens, sc
 from bench.sim import PROFILES, Engine
 from bench.sim import Sequence as EngineSequence
 
+from .sweep_clock import Timeline
+from .sweep_engine import SweepEngine
 from .sweep_sim import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, shared, split_direct
 
 QUICK_MIXED_JSON = Path(__file__).resolve().parent / "results" / "quick_mixed.json"
@@ -39,6 +44,136 @@ def mix_prompt_tokens() -> tuple[int, int]:
 def model_capacity() -> Capacity:
     """One throughput engine's capacity for the mix, from the cost model (as quick_mixed uses)."""
     return shared_capacity(PROFILES["throughput"], *mix_prompt_tokens())
+
+
+# -- the sweep's engine against bench.sim.Engine ------------------------------------
+
+
+@dataclass(frozen=True)
+class Submission:
+    at: float
+    kind: str
+    hang_up_after: float | None  # seconds after submitting, or never
+
+
+@dataclass(frozen=True)
+class EngineAgreement:
+    """One engine profile, the same submissions through bench.sim.Engine and SweepEngine."""
+
+    profile: str
+    offered_req_per_s: float
+    seconds: float
+    requests: int
+    hang_ups: int
+    preemptions_reference: int
+    preemptions_sweep: int
+    differing: int  # requests that ended differently (or only in one engine) by the cut-off
+    max_difference_s: float  # largest difference of a first-token or finish time
+
+    @property
+    def agrees(self) -> bool:
+        return self.differing == 0 and self.max_difference_s <= 1e-9
+
+
+Timings = list[tuple[float | None, float | None, str | None]]  # first token, finish, reason; per submission
+
+
+def submissions(rate: float, seconds: float, hang_up_share: float, seed: int) -> list[Submission]:
+    """Poisson submissions of the mix; a share of them hang up at a random moment."""
+    rng = random.Random(seed)
+    out: list[Submission] = []
+    at = rng.expovariate(rate)
+    while at < seconds:
+        kind = "short" if rng.random() < SHORT_SHARE else "long"
+        hang_up = rng.uniform(0.01, 30.0) if rng.random() < hang_up_share else None
+        out.append(Submission(at, kind, hang_up))
+        at += rng.expovariate(rate)
+    return out
+
+
+async def _submit_all(
+    nursery: trio.Nursery, plan: Sequence[Submission], submit: Callable[[Submission], Any], abort: Callable[[Any], None]
+) -> list[Any]:
+    async def hang_up(sequence: Any, after: float) -> None:
+        await trio.sleep(after)
+        abort(sequence)
+
+    start = trio.current_time()
+    sequences = []
+    for item in plan:
+        await trio.sleep_until(start + item.at)
+        sequences.append(submit(item))
+        if item.hang_up_after is not None:
+            nursery.start_soon(hang_up, sequences[-1], item.hang_up_after)
+    return sequences
+
+
+async def _through_reference(profile: str, plan: Sequence[Submission], seconds: float) -> tuple[Timings, int]:
+    engine = Engine(PROFILES[profile])
+    prompts = dict(zip(("short", "long"), mix_prompt_tokens()))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        sequences = await _submit_all(
+            nursery, plan, lambda s: engine.submit(prompts[s.kind], MAX_TOKENS[s.kind], ignore_eos=True), engine.abort
+        )
+        await trio.sleep_until(trio.current_time() + seconds - plan[-1].at)
+        nursery.cancel_scope.cancel()
+    return [(q.first_token_at, q.finished_at, q.finish_reason) for q in sequences], engine.statistics().preemptions
+
+
+async def _through_sweep(profile: str, plan: Sequence[Submission], seconds: float, clock: trio.testing.MockClock) -> tuple[Timings, int]:
+    timeline = Timeline(clock)
+    engine = SweepEngine(PROFILES[profile], timeline)
+    prompts = dict(zip(("short", "long"), mix_prompt_tokens()))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(timeline.run)
+        sequences = await _submit_all(nursery, plan, lambda s: engine.submit(prompts[s.kind], MAX_TOKENS[s.kind]), engine.abort)
+        await trio.sleep_until(trio.current_time() + seconds - plan[-1].at)
+        nursery.cancel_scope.cancel()
+    return [(q.first_token_at, q.finished_at, q.finish_reason) for q in sequences], engine.statistics().preemptions
+
+
+def _differences(reference: Timings, sweep: Timings) -> tuple[int, float]:
+    differing, largest = 0, 0.0
+    for mine, theirs in zip(reference, sweep):
+        if mine[2] != theirs[2] or (mine[0] is None) != (theirs[0] is None):
+            differing += 1
+            continue
+        for a, b in zip(mine[:2], theirs[:2]):
+            if a is not None and b is not None:
+                largest = max(largest, abs(a - b))
+    return differing, largest
+
+
+def engine_agreement(profile: str, rate: float, seconds: float, *, hang_up_share: float = 0.05, seed: int = 0) -> EngineAgreement:
+    """Submit the same seeded traffic to both engines for ``seconds``; compare every timestamp."""
+    plan = submissions(rate, seconds, hang_up_share, seed)
+    reference, reference_preemptions = trio.run(
+        _through_reference, profile, plan, seconds, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    sweep, sweep_preemptions = trio.run(_through_sweep, profile, plan, seconds, clock, clock=clock)
+    differing, largest = _differences(reference, sweep)
+    return EngineAgreement(
+        profile=profile,
+        offered_req_per_s=rate,
+        seconds=seconds,
+        requests=len(plan),
+        hang_ups=sum(s.hang_up_after is not None for s in plan),
+        preemptions_reference=reference_preemptions,
+        preemptions_sweep=sweep_preemptions,
+        differing=differing,
+        max_difference_s=largest,
+    )
+
+
+def engine_agreements(model: Capacity) -> list[EngineAgreement]:
+    """A throughput engine mostly idle, one offered twice its capacity (preemptions), a latency engine past its own."""
+    return [
+        engine_agreement("throughput", 0.3 * model.req_per_s, 120.0),
+        engine_agreement("throughput", 2 * model.req_per_s, 120.0),
+        engine_agreement("latency", 3 * model.req_per_s, 60.0),
+    ]
 
 
 # -- saturation run ------------------------------------------------------------------

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .sweep_check import Comparison
+from .sweep_check import Comparison, EngineAgreement
 from .sweep_sim import ClassStats, PointResult
 
 OK_SHARE_FLAG = 0.99  # below this share of ok answers a percentile hides failures: say so
@@ -21,11 +21,11 @@ def _ok_share(stats: ClassStats) -> float:
 
 
 def full_table(results: Sequence[PointResult]) -> str:
-    """Every point and class: counts, outcomes, percentiles, goodput."""
+    """Every point and class: counts, outcomes, percentiles, goodput; what the point cost."""
     lines = [
         "| set-up | load | req/s | class | n | ok | 429 | 503 | timeout | TTFT P50 ms | TTFT P99 ms "
-        "| E2E P50 ms | E2E P99 ms | goodput req/s | goodput tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| E2E P50 ms | E2E P99 ms | goodput req/s | goodput tok/s | preemptions | CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for c in r.classes:
@@ -33,8 +33,45 @@ def full_table(results: Sequence[PointResult]) -> str:
             lines.append(
                 f"| {r.setup} | {r.load:g} | {r.rate:.1f} | {c.kind} | {c.n} | {c.ok} | {o.get('429', 0)} | {o.get('503', 0)} "
                 f"| {o.get('timeout', 0)} | {_ms(c.ttft_p50_ms)} | {_ms(c.ttft_p99_ms)} | {_ms(c.e2e_p50_ms)} "
-                f"| {_ms(c.e2e_p99_ms)} | {c.goodput_rps:.1f} | {c.goodput_tokens_per_s:,.0f} |"
+                f"| {_ms(c.e2e_p99_ms)} | {c.goodput_rps:.1f} | {c.goodput_tokens_per_s:,.0f} | {r.preemptions} | {r.cpu_s:.1f} |"
             )
+    return "\n".join(lines)
+
+
+def cost_summary(results: Sequence[PointResult]) -> str:
+    """What simulating cost: CPU per simulated request, and per point by load and set-up."""
+    cpu = sum(r.cpu_s for r in results)
+    requests = sum(r.requests for r in results)
+    simulated = sum(r.simulated_s for r in results)
+    setups = list(dict.fromkeys(r.setup for r in results))
+    loads = sorted({r.load for r in results})
+    cells = {(r.setup, r.load): r for r in results}
+    lines = [
+        f"**CPU cost**: {cpu:,.0f} s of CPU for {len(results)} points, {requests:,} simulated requests and "
+        f"{simulated / 3600:,.1f} h of simulated traffic: {cpu / requests * 1e6 if requests else math.nan:.0f} µs per request. "
+        "CPU seconds per point (its window, warm-up and tail):",
+        "",
+        "| load | " + " | ".join(setups) + " |",
+        "|---|" + "---|" * len(setups),
+    ]
+    for load in loads:
+        row = [f"{cells[(s, load)].cpu_s:.1f}" if (s, load) in cells else "" for s in setups]
+        lines.append(f"| {load:g} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def engine_table(checks: Sequence[EngineAgreement]) -> str:
+    """The same seeded submissions (some hung up) through bench.sim.Engine and the sweep's engine."""
+    lines = [
+        "| engine | offered req/s | simulated s | requests | hung up | preemptions (sim / sweep) "
+        "| ended differently | largest timestamp difference |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in checks:
+        lines.append(
+            f"| {c.profile} | {c.offered_req_per_s:.1f} | {c.seconds:g} | {c.requests} | {c.hang_ups} "
+            f"| {c.preemptions_reference} / {c.preemptions_sweep} | {c.differing} | {c.max_difference_s:.3g} s |"
+        )
     return "\n".join(lines)
 
 

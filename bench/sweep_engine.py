@@ -1,0 +1,439 @@
+"""The sweep's engine: ``bench.sim.Engine``'s model of one GPU, stepped in aggregate.
+
+``bench.sim.Engine`` touches every running sequence on every step (a token, a
+reader to wake): ~70 sequences x ~40 steps a second per engine, tens of
+millions of Python operations per simulated hour. A sweep needs two instants
+of each request, its first token and its end, so this engine runs the same
+schedule -- vLLM v1 with chunked prefill, decodes first, then prefill chunks,
+then first-come-first-served admission while a seat, the step budget and KV
+cache for the whole prompt are free; recompute preemption of the newest
+sequence when a decode finds the cache full -- with three economies:
+
+- A decoding sequence's progress is a linear function of the step number
+  since the step that ended its prefill (its *anchor*), so a decode step costs
+  O(1): the batch's size and its summed context are two running totals, and
+  who finishes when is a heap keyed by step number.
+- Steps are computed on demand (``_advance(now)``, on every submit and
+  abort), and the engine has no task: a ``Timeline`` timer calls it at the
+  end of the next step that ends a sequence -- across any number of
+  decode-only steps -- instead of once a step. Only a submit or an abort can
+  change a decode-only batch before then, and both bring the engine up to
+  date and move the timer to the end of the step in progress.
+- A decode step the cache cannot take is planned one sequence at a time, in
+  running order, exactly as ``bench.sim.Engine`` does (preemptions included).
+
+Step durations are ``EngineParams.step_ms`` of the same counts, laid end to
+end on the same timeline, so first-token and finish times are those of
+``bench.sim.Engine`` (``bench/sweep_check.py`` replays seeded traffic through
+both and reports the largest difference). Not modelled: output token ids and
+EOS (``eos_probability`` must be 0), per-token readers, ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from bench.sim import EngineParams, EngineRequestError
+
+from .sweep_clock import Timeline, Timer
+
+
+LOOKAHEAD_STEPS = 64  # decode-only steps computed ahead per wake: a submit usually cuts the run short anyway
+
+
+class SweepSequence:
+    """One request inside the engine: where it is and its two timestamps (Trio time).
+
+    While ``decoding``, ``computed``, ``kv_held`` and ``produced`` hold their
+    values at the end of step ``anchor``; each later step adds one to each.
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt_tokens",
+        "limit",
+        "first_token_at",
+        "finished_at",
+        "finish_reason",
+        "target",
+        "computed",
+        "kv_held",
+        "produced",
+        "decoding",
+        "anchor",
+        "finish_step",
+        "order",
+        "submitted_at",
+        "rank",
+        "preemptions",
+        "_waiter",
+    )
+
+    def __init__(self, request_id: str, prompt_tokens: int, limit: int, submitted_at: float, rank: float) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit  # output tokens at which it ends ("length")
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.finish_reason: str | None = None
+        self.target = prompt_tokens  # tokens to prefill (prompt, plus output after a preemption)
+        self.computed = 0
+        self.kv_held = 0
+        self.produced = 0
+        self.decoding = False
+        self.anchor = 0
+        self.finish_step = 0
+        self.order = 0  # running order (admission count), for ties
+        self.submitted_at = submitted_at
+        self.rank = rank  # orders submissions of one instant
+        self.preemptions = 0
+        self._waiter: trio.lowlevel.Task | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    async def wait_finished(self) -> None:
+        """Return once the sequence has ended (finished or aborted); one waiter at a time.
+
+        A bare park rather than a ``trio.Event``: one per request, and the
+        sweep makes hundreds of thousands.
+        """
+        if self.finish_reason is not None:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._waiter is not None:
+            raise RuntimeError(f"{self.request_id} already has a waiter")
+        self._waiter = trio.lowlevel.current_task()
+
+        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            self._waiter = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            trio.lowlevel.reschedule(self._waiter)
+            self._waiter = None
+
+
+@dataclass(frozen=True)
+class SweepEngineStatistics:
+    steps: int
+    wakes: int  # times the timeline called the engine back (fewer than steps: decode-only runs are skipped)
+    preemptions: int
+    finished: int
+    aborted: int
+    max_running_seen: int
+    max_kv_used_seen: int
+
+
+class SweepEngine:
+    """One simulated GPU on a Timeline: ``submit``, and ``abort`` to hang up."""
+
+    def __init__(self, params: EngineParams, timeline: Timeline, *, time_scale: float = 1.0, name: str = "engine") -> None:
+        if params.eos_probability:
+            raise ValueError("the sweep engine has no output tokens, so no EOS: eos_probability must be 0")
+        if params.max_num_seqs >= params.max_num_batched_tokens:
+            raise ValueError("max_num_seqs must be below max_num_batched_tokens (every step then has room for a prefill)")
+        if params.base_ms <= 0 or time_scale <= 0:
+            raise ValueError("base_ms and time_scale must be positive: every step takes time")
+        self.params = params
+        self.timeline = timeline
+        self.time_scale = time_scale
+        self.name = name
+        self._waiting: deque[SweepSequence] = deque()  # aborted ones are dropped lazily
+        self._waiting_count = 0
+        self._running: dict[SweepSequence, None] = {}  # admission order
+        self._prefilling: list[SweepSequence] = []  # running, prefill not done, admission order
+        self._decoding = 0  # running sequences past their prefill
+        self._context_base = 0  # sum of (computed - anchor - 1) over them
+        self._finishes: list[tuple[int, int, SweepSequence]] = []  # (step, order, sequence); stale ones skipped
+        self._kv_used = 0
+        self._step = 0  # number of the step in progress (or of the last one)
+        self._step_end: float | None = None  # None: no step in progress
+        self._entries: list[tuple[SweepSequence, int]] = []  # its explicit (sequence, tokens): prefills
+        self._kick = False  # a submit or abort since the engine last found nothing to run
+        self._wake_at = math.inf
+        self._alarm: Timer | None = None
+        self._orders = itertools.count()
+        self._ids = itertools.count()
+        self._steps = 0
+        self._wakes = 0
+        self._preemptions = 0
+        self._finished = 0
+        self._aborted = 0
+        self._max_running = 0
+        self._max_kv = 0
+
+    # -- public surface -------------------------------------------------
+
+    def submit(self, prompt_tokens: int, max_tokens: int, *, request_id: str | None = None, rank: float = 0.0) -> SweepSequence:
+        """Queue a request. Raises EngineRequestError when it cannot run here (vLLM's 400).
+
+        Requests submitted at one instant queue in ``rank`` order (the sweep
+        passes the arrival index): several callers woken at one instant run
+        in an order Trio randomises, and the table must not depend on it.
+        """
+        limit = self.params.max_model_len
+        if prompt_tokens < 1 or max_tokens < 1:
+            raise EngineRequestError("the prompt and max_tokens must be at least one token")
+        if prompt_tokens + max_tokens > limit:
+            raise EngineRequestError(f"{prompt_tokens} + {max_tokens} tokens are over max_model_len {limit}")
+        now = trio.current_time()
+        self._advance(now)
+        sequence = SweepSequence(request_id or f"{self.name}-{next(self._ids)}", prompt_tokens, max_tokens, now, rank)
+        # Behind a head that the decode-only step in progress could not admit,
+        # a newcomer changes nothing until a sequence ends (which wakes us).
+        blocked = self._waiting_count > 0 and self._step_end is not None and not self._entries
+        self._enqueue(sequence)
+        self._kick = True
+        if not blocked:
+            self._wake(now if self._step_end is None else self._step_end)
+        return sequence
+
+    def _enqueue(self, sequence: SweepSequence) -> None:
+        """Append to the queue, before same-instant submissions of higher rank."""
+        waiting = self._waiting
+        position = len(waiting)
+        while position and waiting[position - 1].submitted_at == sequence.submitted_at and waiting[position - 1].rank > sequence.rank:
+            position -= 1
+        waiting.insert(position, sequence)
+        self._waiting_count += 1
+
+    def abort(self, sequence: SweepSequence) -> None:
+        """Drop a sequence at once: its seat and KV cache are free for the next step."""
+        if sequence.finished:
+            return
+        now = trio.current_time()
+        self._advance(now)
+        if sequence.finished:
+            return
+        if sequence in self._running:
+            del self._running[sequence]
+            if sequence.decoding:
+                self._stop_decoding(sequence, planned=self._step - sequence.anchor, emitted=self._step - 1 - sequence.anchor)
+            else:
+                self._prefilling.remove(sequence)
+            self._release_kv(sequence)
+        else:
+            self._waiting_count -= 1
+        self._aborted += 1
+        self._end(sequence, "abort", now)
+        self._kick = True
+        self._wake(now if self._step_end is None else self._step_end)
+
+    def statistics(self) -> SweepEngineStatistics:
+        return SweepEngineStatistics(
+            self._steps, self._wakes, self._preemptions, self._finished, self._aborted, self._max_running, self._max_kv
+        )
+
+    # -- time ---------------------------------------------------------------
+
+    def _on_alarm(self) -> None:
+        """A step that matters has ended (or a submit found the engine idle): catch up."""
+        self._alarm = None
+        self._wake_at = math.inf
+        self._wakes += 1
+        now = trio.current_time()
+        self._advance(now)
+        if self._step_end is None and self._kick:
+            self._plan(now)
+        self._wake(self._next_wake())
+
+    def _wake(self, at: float) -> None:
+        """Be called back at ``at`` if that is sooner than planned."""
+        if at < self._wake_at:
+            self._wake_at = at
+            if self._alarm is not None:
+                self._alarm.cancel()
+            self._alarm = self.timeline.call_at(at, self._on_alarm) if at < math.inf else None
+
+    def _advance(self, now: float) -> None:
+        """Run every step that ends by ``now``, planning each next one at its start."""
+        while self._step_end is not None and self._step_end <= now:
+            end = self._step_end
+            self._complete(end)
+            self._plan(end)
+
+    def _next_wake(self) -> float:
+        """The end of the next step that ends a sequence, or after which a step needs care."""
+        end = self._step_end
+        if end is None:
+            return math.inf
+        if self._entries:
+            return end  # prefills change the batch: take it a step at a time
+        heap = self._finishes
+        while heap and not (heap[0][2].decoding and heap[0][2].finish_step == heap[0][0]):
+            heapq.heappop(heap)
+        stop = min(heap[0][0] if heap else self._step, self._step + LOOKAHEAD_STEPS)
+        params, scale = self.params, self.time_scale
+        n, base, kv, cap = self._decoding, self._context_base, self._kv_used, params.kv_cache_tokens
+        step = self._step
+        while step < stop and kv + n <= cap:  # decode-only steps, at most LOOKAHEAD_STEPS
+            step += 1
+            kv += n
+            end = end + params.step_ms(n, 0, base + n * step + n) / 1000 * scale
+        return end
+
+    # -- the step -----------------------------------------------------------
+
+    def _plan(self, start: float) -> None:
+        """Pick the step that starts at ``start``: decodes, prefill chunks, admissions."""
+        params = self.params
+        self._kick = False  # this plan sees every submission so far
+        step = self._step + 1
+        entries: list[tuple[SweepSequence, int]] = []
+        n = self._decoding
+        if n and self._kv_used + n > params.kv_cache_tokens:
+            count, context = self._plan_decodes_one_by_one(step, entries)
+        else:
+            count, context = n, self._context_base + n * step + n
+            self._kv_used += n
+        budget = params.max_num_batched_tokens - count
+        prefill_tokens = 0
+        for sequence in self._prefilling:
+            remaining = sequence.target - sequence.computed
+            if budget < 1:
+                break
+            if remaining <= 0:
+                continue
+            chunk = min(remaining, budget)
+            budget -= chunk
+            prefill_tokens += chunk
+            count += 1
+            context += sequence.computed + chunk
+            entries.append((sequence, chunk))
+        waiting = self._waiting
+        while waiting and budget >= 1 and len(self._running) < params.max_num_seqs:
+            head = waiting[0]
+            if head.finish_reason is not None:  # aborted while waiting
+                waiting.popleft()
+                continue
+            if self._kv_used + head.target > params.kv_cache_tokens:
+                break
+            waiting.popleft()
+            self._waiting_count -= 1
+            head.order = next(self._orders)
+            self._running[head] = None
+            self._prefilling.append(head)
+            self._kv_used += head.target
+            head.kv_held = head.target
+            chunk = min(head.target, budget)
+            budget -= chunk
+            prefill_tokens += chunk
+            count += 1
+            context += chunk
+            entries.append((head, chunk))
+        self._max_running = max(self._max_running, len(self._running))
+        self._max_kv = max(self._max_kv, self._kv_used)
+        self._entries = entries
+        if not count:
+            self._step_end = None  # idle, or the queue's head does not fit: wait for a submit or abort
+            return
+        self._step = step
+        self._step_end = start + params.step_ms(count, prefill_tokens, context) / 1000 * self.time_scale
+
+    def _plan_decodes_one_by_one(self, step: int, entries: list[tuple[SweepSequence, int]]) -> tuple[int, int]:
+        """Decodes when the cache is short: bench.sim.Engine's loop, preempting the newest.
+
+        A victim that already had its decode planned keeps that entry (and
+        its share of the step's cost), as in bench.sim.Engine.
+        """
+        cap = self.params.kv_cache_tokens
+        planned: set[SweepSequence] = set()
+        count = context = 0
+        for sequence in list(self._running):
+            if not sequence.decoding:
+                continue
+            while self._kv_used + 1 > cap and sequence.decoding:
+                self._preempt(next(reversed(self._running)), step, planned, entries)
+            if not sequence.decoding:
+                continue
+            self._kv_used += 1
+            planned.add(sequence)
+            count += 1
+            context += sequence.computed + (step - sequence.anchor - 1) + 1
+        return count, context
+
+    def _preempt(self, victim: SweepSequence, step: int, planned: set[SweepSequence], entries: list[tuple[SweepSequence, int]]) -> None:
+        """Free a running sequence's cache; it recomputes prompt and output from the queue's head."""
+        del self._running[victim]
+        if victim.decoding:
+            got = victim in planned
+            self._stop_decoding(victim, planned=step - victim.anchor - (0 if got else 1), emitted=step - 1 - victim.anchor)
+            if got:
+                entries.append((victim, 1))
+        else:
+            self._prefilling.remove(victim)
+        self._release_kv(victim)
+        victim.target = victim.prompt_tokens + victim.produced
+        victim.computed = 0
+        victim.preemptions += 1
+        self._preemptions += 1
+        self._waiting.appendleft(victim)
+        self._waiting_count += 1
+
+    def _complete(self, end: float) -> None:
+        """End of the step in progress: sequences that reach their limit end; prefills that finish emit."""
+        step = self._step
+        self._steps += 1
+        heap = self._finishes
+        while heap and heap[0][0] <= step:
+            finish_step, _, sequence = heapq.heappop(heap)
+            if sequence.decoding and sequence.finish_step == finish_step:
+                del self._running[sequence]
+                self._stop_decoding(sequence, planned=step - sequence.anchor, emitted=step - sequence.anchor)
+                self._release_kv(sequence)
+                self._finished += 1
+                self._end(sequence, "length", end)
+        for sequence, tokens in self._entries:
+            if sequence.finish_reason is not None:  # aborted during the step
+                continue
+            sequence.computed += tokens
+            if sequence.computed < sequence.target:
+                continue
+            sequence.produced += 1
+            if sequence.first_token_at is None:
+                sequence.first_token_at = end
+            self._prefilling.remove(sequence)
+            if sequence.produced >= sequence.limit:
+                del self._running[sequence]
+                self._release_kv(sequence)
+                self._finished += 1
+                self._end(sequence, "length", end)
+            else:
+                self._start_decoding(sequence, step)
+
+    def _start_decoding(self, sequence: SweepSequence, step: int) -> None:
+        sequence.decoding = True
+        sequence.anchor = step
+        sequence.finish_step = step + sequence.limit - sequence.produced
+        self._decoding += 1
+        self._context_base += sequence.computed - step - 1
+        heapq.heappush(self._finishes, (sequence.finish_step, sequence.order, sequence))
+
+    def _stop_decoding(self, sequence: SweepSequence, *, planned: int, emitted: int) -> None:
+        """Make its counters explicit: ``planned`` decode steps reserved cache, ``emitted`` produced a token."""
+        self._decoding -= 1
+        self._context_base -= sequence.computed - sequence.anchor - 1
+        sequence.decoding = False
+        sequence.kv_held += planned
+        sequence.computed += emitted
+        sequence.produced += emitted
+
+    def _release_kv(self, sequence: SweepSequence) -> None:
+        self._kv_used -= sequence.kv_held
+        sequence.kv_held = 0
+
+    def _end(self, sequence: SweepSequence, reason: str, at: float) -> None:
+        sequence.finish_reason = reason
+        sequence.finished_at = at
+        sequence._wake()
