@@ -571,6 +571,14 @@ def _read_pool(
     max_model_len = table.integer("max_model_len", minimum=1)
     models = _read_models(table)
     profile = table.choice("simulate_profile", _SIMULATE_PROFILES, PoolConfig.simulate_profile)
+    fail_fast = table.number(
+        "fail_fast_fraction", PoolConfig.fail_fast_fraction, minimum=0.0, inclusive=True
+    )
+    if table.ok("fail_fast_fraction") and fail_fast > 1:
+        table.problem(
+            "fail_fast_fraction",
+            f"must be at most 1 (a fraction of the class's queue_timeout; 0 turns it off), got {fail_fast:g}",
+        )
     if endpoints and table.ok("endpoints", "max_concurrency"):
         total = sum(endpoint.max_concurrency for endpoint in endpoints)
         if max_concurrency > total:
@@ -595,6 +603,7 @@ def _read_pool(
         max_model_len=max_model_len,
         models=models,
         simulate_profile=profile,
+        fail_fast_fraction=fail_fast,
     )
 
 
@@ -1076,6 +1085,7 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         ("max_model_len", str(pool.max_model_len)),
         ("models", ", ".join(pool.models)),
         ("simulate_profile", pool.simulate_profile),
+        ("fail_fast_fraction", _fail_fast(pool.fail_fast_fraction)),
         ("endpoints", endpoints[0]),
         *(("", line) for line in endpoints[1:]),
     ]
@@ -1103,6 +1113,12 @@ def _seconds(value: float) -> str:
 
 def _seconds_or_off(value: float) -> str:
     return _seconds(value) if value else "off"
+
+
+def _fail_fast(fraction: float) -> str:
+    if not fraction:
+        return "off (requests wait out their queue_timeout)"
+    return f"{fraction:g} (refuse at arrival when the expected wait is over {fraction:g} x queue_timeout)"
 
 
 def _on_off(value: bool) -> str:

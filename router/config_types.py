@@ -126,6 +126,9 @@ class PoolConfig:
     max_model_len: int  # prompt + max_tokens must fit
     models: tuple[str, ...]  # served model names; the first is the default
     simulate_profile: SimulateProfile = "latency"  # engine profile under --simulate
+    # Refuse at arrival a request whose expected wait (from the pool's measured
+    # drain rate) is over this fraction of the time its class may queue; 0 = off.
+    fail_fast_fraction: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,14 @@ synchronously, in the abort callback trio runs the moment the task is
 cancelled or its deadline passes. So :meth:`WaitQueue.dispatch` can never
 hand a resource to a task that will not receive it, and every value
 ``grant()`` returns reaches exactly one caller.
+
+Failing fast: under sustained overload a bounded queue fills with requests
+that will only wait out their deadline and then fail. When the owner can say
+how fast it frees resources (its ``drain_rate()`` callback), :meth:`WaitQueue.get`
+refuses at arrival a request whose expected wait -- everyone parked as urgent
+or more, plus itself, at that rate -- is over what it may wait. The check
+runs after the fast path failed and before the task parks, in the same
+synchronous step, so it changes nothing in the hand-off.
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ class WaitQueueStatistics:
 
     ``granted_total`` counts only resources handed to parked waiters, not the
     fast path; ``rejected_full_total`` counts every :exc:`QueueFull`,
-    displaced waiters included.
+    displaced waiters included; ``refused_early_total`` counts the
+    :exc:`QueueTimeout` raised at arrival on the expected wait (not in
+    ``timed_out_total``).
     """
 
     waiting: int
@@ -43,6 +53,7 @@ class WaitQueueStatistics:
     granted_total: int
     timed_out_total: int
     rejected_full_total: int
+    refused_early_total: int = 0
 
 
 class _Waiter:
@@ -80,6 +91,10 @@ def _pruned(heap: list[_Entry]) -> list[_Entry]:
     return live
 
 
+def _unknown_rate() -> float | None:
+    return None
+
+
 class WaitQueue(Generic[T]):
     """Tasks waiting for a resource that ``grant()`` hands out, best first.
 
@@ -88,10 +103,21 @@ class WaitQueue(Generic[T]):
     may have become free. At most ``max_waiting`` tasks park at once; past
     that a more urgent arrival displaces the least urgent waiter, and any
     other arrival is rejected with :exc:`QueueFull`.
+
+    ``drain_rate()`` is the owner's estimate of resources freed per second
+    while none is free, or None when it has none it trusts -- and whenever a
+    resource is free, so that a request is never refused while one is.
     """
 
-    def __init__(self, grant: Callable[[], T | None], *, max_waiting: int) -> None:
+    def __init__(
+        self,
+        grant: Callable[[], T | None],
+        *,
+        max_waiting: int,
+        drain_rate: Callable[[], float | None] = _unknown_rate,
+    ) -> None:
         self._grant = grant
+        self._drain_rate = drain_rate
         self.max_waiting = max_waiting
         self._arrivals = itertools.count()
         # Both heaps hold every parked waiter: best first by (priority,
@@ -105,6 +131,7 @@ class WaitQueue(Generic[T]):
         self._granted_total = 0
         self._timed_out_total = 0
         self._rejected_full_total = 0
+        self._refused_early_total = 0
 
     @property
     def max_waiting(self) -> int:
@@ -133,17 +160,40 @@ class WaitQueue(Generic[T]):
             raise trio.WouldBlock
         return value
 
+    def ahead_of(self, priority: int) -> int:
+        """Parked waiters that will be served before a new arrival at ``priority``."""
+        return sum(count for level, count in self._by_priority.items() if level <= priority)
+
+    def expected_wait(self, priority: int) -> float | None:
+        """Seconds an arrival at ``priority`` would wait now, or None when unknown.
+
+        It needs one release for each waiter served before it and one for
+        itself, at the owner's ``drain_rate()``. (Later, more urgent arrivals
+        may still pass it: this is a lower bound on a busy queue.)
+        """
+        rate = self._drain_rate()
+        if rate is None or rate <= 0:
+            return None
+        return (self.ahead_of(priority) + 1) / rate
+
     @trio.lowlevel.enable_ki_protection
-    async def get(self, priority: int, deadline: float, *, retry_after: float) -> T:
+    async def get(
+        self, priority: int, deadline: float, *, retry_after: float, max_wait: float | None = None
+    ) -> T:
         """Take a resource, waiting in line until ``deadline`` if none is free.
 
         ``deadline`` is absolute, in :func:`trio.current_time` units;
-        ``retry_after`` is the hint carried by the errors below.
+        ``retry_after`` is the hint carried by the errors below. With
+        ``max_wait`` (seconds), a request that cannot get a resource at once
+        and whose :meth:`expected_wait` is over ``max_wait`` or past its
+        deadline is refused without parking; None never refuses on the
+        estimate.
 
         Raises:
           QueueFull: if the queue is at its bound and no less urgent waiter
             can be displaced, or if this waiter is itself displaced.
-          QueueTimeout: if ``deadline`` passes before a resource is free.
+          QueueTimeout: if ``deadline`` passes before a resource is free, or
+            (at once) if the expected wait is over what this request may wait.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
@@ -163,6 +213,8 @@ class WaitQueue(Generic[T]):
                 f"retry after {retry_after:g} s",
                 retry_after=retry_after,
             )
+        if max_wait is not None:
+            self._refuse_if_too_long(priority, min(max_wait, deadline - now), retry_after)
         if self._waiting >= self._max_waiting:
             self._make_room(priority, retry_after)
 
@@ -214,6 +266,26 @@ class WaitQueue(Generic[T]):
             granted_total=self._granted_total,
             timed_out_total=self._timed_out_total,
             rejected_full_total=self._rejected_full_total,
+            refused_early_total=self._refused_early_total,
+        )
+
+    def _refuse_if_too_long(self, priority: int, budget: float, retry_after: float) -> None:
+        """Refuse now a request that would wait longer than ``budget`` seconds.
+
+        Checked before a full queue displaces anyone: a request that would
+        time out anyway must not push out one that might not.
+
+        Raises:
+          QueueTimeout: if :meth:`expected_wait` is known and over ``budget``.
+        """
+        expected = self.expected_wait(priority)
+        if expected is None or expected <= budget:
+            return
+        self._refused_early_total += 1
+        raise QueueTimeout(
+            f"no slot is expected for {expected:.1f} s ({self.ahead_of(priority)} requests ahead), "
+            f"more than the {max(budget, 0.0):.1f} s this request may wait; retry after {retry_after:g} s",
+            retry_after=retry_after,
         )
 
     def _make_room(self, priority: int, retry_after: float) -> None:

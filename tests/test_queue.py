@@ -15,13 +15,20 @@ INF = math.inf
 
 
 class Slots:
-    """A fake pool: ``capacity`` slots, tokens are ints, release re-dispatches."""
+    """A fake pool: ``capacity`` slots, tokens are ints, release re-dispatches.
 
-    def __init__(self, capacity: int, *, max_waiting: int = 100) -> None:
+    ``rate`` is its drain rate (slots freed a second) once all are taken; None: unknown.
+    """
+
+    def __init__(self, capacity: int, *, max_waiting: int = 100, rate: float | None = None) -> None:
         self.capacity = capacity
         self.in_use = 0
         self.grants = 0
-        self.queue: WaitQueue[int] = WaitQueue(self.grant, max_waiting=max_waiting)
+        self.rate = rate
+        self.queue: WaitQueue[int] = WaitQueue(self.grant, max_waiting=max_waiting, drain_rate=self.drain_rate)
+
+    def drain_rate(self) -> float | None:
+        return self.rate if self.in_use >= self.capacity else None
 
     def grant(self) -> int | None:
         if self.in_use >= self.capacity:
@@ -391,3 +398,83 @@ async def test_deadline_and_release_in_same_instant_lose_nothing(
     assert trio.current_time() == deadline
     stats = slots.queue.statistics()
     assert stats.waiting == 0 and stats.granted_total + stats.timed_out_total == 2
+
+
+# -- failing fast on the expected wait -----------------------------------------------
+
+
+async def park(slots: Slots, priority: int, count: int, nursery: trio.Nursery, *, deadline: float = INF) -> None:
+    for _ in range(count):
+        nursery.start_soon(partial(slots.queue.get, priority, deadline, retry_after=1))
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_expected_wait_over_the_budget_is_refused_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(1, rate=2.0)  # one slot, freed twice a second
+    slots.queue.get_nowait(0)
+    async with trio.open_nursery() as nursery:
+        await park(slots, 1, 3, nursery)
+        assert slots.queue.expected_wait(1) == 2.0  # 3 ahead + itself, at 2/s
+        start = trio.current_time()
+        with pytest.raises(QueueTimeout, match=r"expected for 2.0 s \(3 requests ahead\).*1.5 s") as caught:
+            await slots.queue.get(1, INF, retry_after=4, max_wait=1.5)
+        assert trio.current_time() == start and caught.value.retry_after == 4
+        # Within the budget, or more urgent than those parked: it waits in line.
+        await park(slots, 0, 1, nursery)
+        stats = slots.queue.statistics()
+        assert stats.waiting == 4 and stats.refused_early_total == 1 and stats.timed_out_total == 0
+        slots.capacity = 5
+        await serve_everyone(slots)
+    assert slots.in_use == 5
+
+
+async def test_the_deadline_caps_the_budget(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(1, rate=1.0)
+    slots.queue.get_nowait(0)
+    with pytest.raises(QueueTimeout, match="expected for 1.0 s"):
+        await slots.queue.get(0, trio.current_time() + 0.5, retry_after=1, max_wait=10.0)
+    assert slots.queue.statistics().refused_early_total == 1
+
+
+async def test_no_estimate_or_no_budget_means_no_refusal(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(1, rate=None)
+    slots.queue.get_nowait(0)
+    async with trio.open_nursery() as nursery:
+        await park(slots, 0, 50, nursery)
+        assert slots.queue.expected_wait(0) is None
+        slots.rate = 1.0
+        nursery.start_soon(partial(slots.queue.get, 0, INF, retry_after=1))  # max_wait None: never refused
+        await trio.testing.wait_all_tasks_blocked()
+        assert slots.queue.statistics().waiting == 51
+        slots.capacity = 52
+        await serve_everyone(slots)
+    assert slots.queue.statistics().refused_early_total == 0
+
+
+async def test_a_free_slot_is_never_refused(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(0, rate=0.001)
+    async with trio.open_nursery() as nursery:
+        await park(slots, 0, 3, nursery)
+        slots.capacity = 1  # room appeared, nobody dispatched yet: the owner reports no rate
+        nursery.start_soon(partial(slots.queue.get, 0, INF, retry_after=1, max_wait=0.0))
+        await trio.testing.wait_all_tasks_blocked()
+        assert slots.queue.statistics().waiting == 4 and slots.queue.statistics().refused_early_total == 0
+        slots.capacity = 4
+        await serve_everyone(slots)
+    # And with the fast path open, max_wait does not matter at all.
+    slots.capacity = 5
+    assert await slots.queue.get(0, INF, retry_after=1, max_wait=0.0) == 5
+
+
+async def test_a_hopeless_arrival_displaces_no_one(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(1, max_waiting=3, rate=1.0)
+    slots.queue.get_nowait(0)
+    async with trio.open_nursery() as nursery:
+        await park(slots, 0, 1, nursery)
+        await park(slots, 1, 2, nursery)  # the queue is full; a priority-0 arrival could push a 1 out
+        with pytest.raises(QueueTimeout):
+            await slots.queue.get(0, INF, retry_after=1, max_wait=1.5)  # 1 ahead + itself at 1/s = 2 s
+        stats = slots.queue.statistics()
+        assert stats.waiting == 3 and stats.rejected_full_total == 0 and dict(stats.waiting_by_priority) == {0: 1, 1: 2}
+        slots.capacity = 4
+        await serve_everyone(slots)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,7 +14,9 @@ import trio.testing
 
 from bench.sim import PROFILES
 from router import errors
-from router.config_types import LimitsConfig, TimeoutsConfig
+from router.config import ConfigError, parse_config
+from router.config_types import Config, LimitsConfig, TimeoutsConfig
+from router.dispatch import Router
 from router.request import RouterRequest
 
 from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
@@ -300,3 +304,132 @@ async def test_an_endpoint_removed_and_restored_keeps_its_in_flight_count(autoju
             await trio.testing.wait_all_tasks_blocked()
             assert fleet.router.statistics().pool("interactive").queue.waiting == 1  # the cap holds
         assert fleet.engine(INTERACTIVE_URL).statistics().max_running_seen == 2
+
+
+# -- failing fast under sustained overload ---------------------------------------------
+
+
+@dataclasses.dataclass
+class Fates:
+    """What happened to each request of a run: served (with its queue wait), refused, timed out."""
+
+    served: list[float] = dataclasses.field(default_factory=list)  # queue seconds of each
+    refused_at_once: list[float] = dataclasses.field(default_factory=list)  # 503 at arrival: seconds to the answer
+    timed_out: list[float] = dataclasses.field(default_factory=list)  # 503 after waiting: seconds waited
+    full: int = 0
+
+
+def fail_fast(config: Config, fraction: float) -> Config:
+    pools = tuple(dataclasses.replace(p, fail_fast_fraction=fraction) for p in config.pools)
+    return with_digest(config, f"fail-fast-{fraction:g}", pools=pools)
+
+
+async def offer(router: Router, rate: float, seconds: float, *, seed: int = 7, max_tokens: int = 100) -> Fates:
+    """Poisson arrivals of short chats at ``rate`` a second for ``seconds``; every request's fate."""
+    rng = random.Random(seed)
+    fates = Fates()
+
+    async def one(i: int) -> None:
+        arrival = trio.current_time()
+        try:
+            _, routing = await run_to_end(router, chat(f"question {i}", max_tokens=max_tokens, request_id=f"r{i}"))
+        except errors.QueueTimeout as error:
+            waited = trio.current_time() - arrival
+            (fates.refused_at_once if "expected" in error.message else fates.timed_out).append(waited)
+        except errors.QueueFull:
+            fates.full += 1
+        else:
+            fates.served.append(routing.queue_seconds)  # type: ignore[attr-defined]
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        at, i = rng.expovariate(rate), 0
+        while at < seconds:
+            await trio.sleep_until(start + at)
+            nursery.start_soon(one, i)
+            at, i = at + rng.expovariate(rate), i + 1
+    return fates
+
+
+# One latency engine behind a cap of 8; 100-token answers hold a seat ~0.9 s: ~9 requests a second.
+OVERLOADED = two_pool_config(interactive_cap=8, max_queue=200, interactive_timeout=3.0)
+
+
+async def test_sustained_overload_is_refused_at_arrival(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(fail_fast(OVERLOADED, 1.0)) as fleet:
+        fates = await offer(fleet.router, rate=20.0, seconds=60.0)
+        stats = fleet.router.statistics().pool("interactive")
+        assert stats.in_flight == 0 and stats.queue.waiting == 0  # nothing leaked
+        assert fleet.engine(INTERACTIVE_URL).statistics().running == 0
+    assert stats.drain_rate is not None and 8 < stats.drain_rate < 12
+    assert fates.full == 0
+    assert len(fates.refused_at_once) > 450  # about half of the ~1,200 arrivals
+    assert max(fates.refused_at_once) == 0.0  # answered in no (virtual) time
+    assert stats.queue.refused_early_total == len(fates.refused_at_once)
+    # Refusing only what is expected to time out leaves the boundary cases
+    # (expected 2.5-3 s, releases come in bursts): some of those still wait
+    # it out, about one for ten refused -- against one for one without (below).
+    assert max(fates.served) < 3.0
+    assert len(fates.timed_out) <= 0.12 * len(fates.refused_at_once)
+
+
+async def test_fail_fast_serves_as_many_as_waiting_does(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(fail_fast(OVERLOADED, 0.0)) as fleet:
+        waited = await offer(fleet.router, rate=20.0, seconds=60.0)
+        assert fleet.router.statistics().pool("interactive").queue.refused_early_total == 0
+    async with router_over_engines(fail_fast(OVERLOADED, 1.0)) as fleet:
+        fast = await offer(fleet.router, rate=20.0, seconds=60.0)
+    # Without it, the overflow waits its 3 s out and then fails; with it, it fails at once.
+    assert not waited.refused_at_once and len(waited.timed_out) > 450
+    assert min(waited.timed_out) == pytest.approx(3.0)
+    assert len(fast.served) >= 0.97 * len(waited.served)
+    # A lower fraction keeps the standing queue short (the admitted wait less)
+    # and leaves a margin for the estimate: only the cold start's requests,
+    # queued before the pool had measured 32 releases, still time out.
+    async with router_over_engines(fail_fast(OVERLOADED, 0.5)) as fleet:
+        margin = await offer(fleet.router, rate=20.0, seconds=60.0)
+    assert len(margin.served) >= 0.97 * len(waited.served)
+    assert max(margin.served[100:]) < 0.5 * 3.0 + 0.3  # past the cold start
+    assert len(margin.timed_out) <= 15
+
+
+async def test_normal_load_refuses_nobody(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(fail_fast(OVERLOADED, 1.0)) as fleet:
+        fates = await offer(fleet.router, rate=6.5, seconds=60.0)  # ~0.7 of the pool
+        stats = fleet.router.statistics().pool("interactive")
+    assert not fates.refused_at_once and not fates.timed_out and fates.full == 0
+    assert stats.seat_seconds is not None and stats.queue.refused_early_total == 0
+
+
+async def test_a_cold_pool_refuses_nobody_on_a_guess(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(fail_fast(OVERLOADED, 1.0)) as fleet:
+        fates = await offer(fleet.router, rate=2000.0, seconds=0.03)  # ~60 at once, before any release
+    # Many could not be seated in time, but with no release measured yet, none was refused on a guess.
+    assert not fates.refused_at_once and len(fates.timed_out) > 10
+    assert len(fates.served) + len(fates.timed_out) > 50
+
+
+async def test_the_drain_rate_follows_a_reloaded_cap(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(fail_fast(OVERLOADED, 1.0)) as fleet:
+        await offer(fleet.router, rate=20.0, seconds=10.0)
+        before = fleet.router.statistics().pool("interactive")
+        assert before.drain_rate is not None and before.seat_seconds is not None
+        # Seats are free now: the queue gets no estimate, so nobody could be refused.
+        assert fleet.router._pools["interactive"].queue.expected_wait(0) is None
+        halved = two_pool_config(interactive_cap=4, max_queue=200, interactive_timeout=3.0)
+        fleet.router.apply(fail_fast(halved, 1.0))
+        after = fleet.router.statistics().pool("interactive")
+        assert after.drain_rate == pytest.approx(before.drain_rate / 2)
+        # Served at the new cap, the pool refuses a share of the same offered load it did not refuse before.
+        fates = await offer(fleet.router, rate=6.5, seconds=30.0, seed=8)
+        assert fates.refused_at_once and max(fates.served) < 3.0
+        assert fleet.router.statistics().pool("interactive").in_flight == 0
+
+
+def test_fail_fast_fraction_is_a_fraction() -> None:
+    text = (Path(__file__).resolve().parents[1] / "config.toml").read_text()
+    text = text.replace("fail_fast_fraction = 1.0", "fail_fast_fraction = 1.5")
+    with pytest.raises(ConfigError, match=r"pools.interactive.fail_fast_fraction: must be at most 1"):
+        parse_config(text)
+    assert parse_config(text.replace("1.5", "0")).pool("interactive").fail_fast_fraction == 0.0
+    assert parse_config(text.replace("fail_fast_fraction = 1.5\n", "")).pool("interactive").fail_fast_fraction == 1.0
