@@ -142,14 +142,20 @@ def pooled_capacity(engines: int, params: EngineParams, mix: Sequence[tuple[floa
 
 
 class TokenClient(KeepAliveClient):
-    """KeepAliveClient that also notes when each token event arrives (for inter-token latency)."""
+    """KeepAliveClient that also notes when each token event arrives (for inter-token latency).
+
+    It keeps the last piece of body it read, so an error reply's JSON (one
+    Content-Length body) can say which error it was.
+    """
 
     def __init__(self, port: int) -> None:
         super().__init__(port)
         self.token_times: list[float] = []
+        self.last_piece = b""
 
     async def exchange(self, request: bytes, marker: bytes | None = None) -> Reply:
         self.token_times = []
+        self.last_piece = b""
         return await super().exchange(request, marker)
 
     async def _read_exactly(self, size: int, scan: _Scan | None) -> None:
@@ -157,7 +163,8 @@ class TokenClient(KeepAliveClient):
             while len(self._buffer) < size:
                 await self._fill()
             now = time.perf_counter()
-            self.token_times.extend([now] * self._buffer[:size].count(TOKEN_MARKER))
+            self.last_piece = self._buffer[:size]
+            self.token_times.extend([now] * self.last_piece.count(TOKEN_MARKER))
         await super()._read_exactly(size, scan)
 
 
@@ -176,20 +183,42 @@ class TokenPool(ConnectionPool):
 
 @dataclass
 class Sample:
-    """One request's fate; real seconds."""
+    """One request's fate; real seconds.
+
+    ``e2e`` is what the client saw (connect, if a new connection was needed,
+    to the last byte); ``router_e2e`` is what tailguard's access log says of
+    the same request (from its ASGI call to its answer), when it was joined.
+    """
 
     kind: str
     measured: bool
     lag: float
+    request_id: str = ""
     outcome: str = "cut"  # ok | 429 | 503 | timeout | other | cut (still running at the bound)
     status: int | None = None
+    code: str | None = None  # an error reply's error.code (queue_full, queue_timeout, ...)
     ttft: float | None = None
     e2e: float | None = None
+    router_e2e: float | None = None
     tokens: int = 0
     gaps: list[float] = field(default_factory=list)
 
 
 _STATUS_OUTCOMES = {429: "429", 503: "503", 504: "timeout"}
+
+
+def error_code(body: bytes) -> str:
+    """``error.code`` of an OpenAI-shaped error body ("?" when there is none to read)."""
+    try:
+        error = json.loads(body)["error"]
+        return str(error.get("code") or error.get("type") or "?")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "?"
+
+
+def with_request_id(request: bytes, request_id: str) -> bytes:
+    """``request`` with an ``x-request-id`` header after its request line (joins the access log)."""
+    return request.replace(b"\r\n", b"\r\nx-request-id: " + request_id.encode() + b"\r\n", 1)
 
 
 async def send_one(pool: TokenPool, request: bytes, sample: Sample) -> None:
@@ -209,6 +238,7 @@ async def send_one(pool: TokenPool, request: bytes, sample: Sample) -> None:
     sample.gaps = [b - a for a, b in zip(times, times[1:])]
     if reply.status != 200:
         sample.outcome = _STATUS_OUTCOMES.get(reply.status, "other")
+        sample.code = error_code(client.last_piece)
     else:
         sample.outcome = "ok" if reply.done_seen and times else "other"
 
@@ -232,9 +262,11 @@ async def play(
                     await trio.sleep_until(trio.current_time() + arrival.at - (time.perf_counter() - origin))
                     choices = targets[arrival.kind]
                     pool = choices[index % len(choices)]
-                    sample = Sample(arrival.kind, arrival.measured, lag=time.perf_counter() - origin - arrival.at)
+                    lag = time.perf_counter() - origin - arrival.at
+                    sample = Sample(arrival.kind, arrival.measured, lag, request_id=f"tail-{index}")
                     samples.append(sample)
-                    nursery.start_soon(send_one, pool, request_of(pool.port, arrival), sample)
+                    request = with_request_id(request_of(pool.port, arrival), sample.request_id)
+                    nursery.start_soon(send_one, pool, request, sample)
         outer.cancel_scope.cancel()
     print(f"\r{_progress_line(label, samples, len(arrivals), origin)}", file=sys.stderr, flush=True)
     return samples, time.perf_counter() - origin
@@ -255,6 +287,27 @@ async def _progress(label: str, samples: Sequence[Sample], total: int, origin: f
 
 # -- statistics --------------------------------------------------------------------
 
+FAST_REJECTION_MS = 10.0  # real ms: the issue's bound on a rejection of a full queue
+
+
+@dataclass
+class RejectionStats:
+    """How fast one kind of rejection (status + error code) came back.
+
+    Real milliseconds, because a rejection is the router's own work (the
+    GPU's time scale does not apply to it): ``client_ms`` as the load
+    generator saw it, ``router_ms`` as tailguard's access log timed it (the
+    difference is the socket, hypercorn's parsing, and the client's own
+    lag). ``gpu_ms`` is ``client_ms`` divided by the time scale, comparable
+    to the class's deadline in GPU time.
+    """
+
+    n: int
+    client_ms: dict[str, float]  # p50 / p99 / max, real
+    router_ms: dict[str, float]  # p50 / p99 / max, real; NaN when no access line was joined
+    gpu_ms: dict[str, float]  # p50 / p99, GPU time
+    under_10ms: float  # share answered within FAST_REJECTION_MS, real, as the client saw it
+
 
 @dataclass
 class ClassStats:
@@ -265,8 +318,9 @@ class ClassStats:
     e2e_ms: dict[str, float]
     itl_ms: dict[str, float]  # p50 / p99
     goodput_tok_s: float  # completion tokens/s (GPU time) of the window's requests that finished
-    rejected_ms: dict[str, float]  # how fast 429/503 came back: p50 / p99
-    within_deadline: float | None  # share of the class's requests finished ok within the deadline
+    rejections: dict[str, RejectionStats]  # by "status code", e.g. "429 queue_full"
+    within_deadline: float | None  # share of ALL the class's requests that finished ok within the deadline
+    ok_within_deadline: float | None  # share of the ones that finished ok that did so within the deadline
     e2e_sorted_ms: list[float] = field(repr=False, default_factory=list)  # for the CDF plot
 
 
@@ -283,8 +337,7 @@ def class_stats(kind: str, samples: Sequence[Sample], scale: float, window: floa
 
     ttft, e2e = ms([s.ttft for s in ok]), ms([s.e2e for s in ok])
     itl = ms([g for s in ok for g in s.gaps])
-    rejected = ms([s.e2e for s in mine if s.outcome in ("429", "503")])
-    met = None if deadline is None or not mine else sum(1 for v in e2e if v <= deadline * 1000) / len(mine)
+    on_time = None if deadline is None else sum(1 for v in e2e if v <= deadline * 1000)
     return ClassStats(
         kind=kind,
         n=len(mine),
@@ -293,10 +346,31 @@ def class_stats(kind: str, samples: Sequence[Sample], scale: float, window: floa
         e2e_ms=_quantiles(e2e, (50, 95, 99)),
         itl_ms=_quantiles(itl, (50, 99)),
         goodput_tok_s=sum(s.tokens for s in ok) / (window / scale) if window > 0 else math.nan,
-        rejected_ms=_quantiles(rejected, (50, 99)),
-        within_deadline=met,
+        rejections=rejection_stats(mine, scale),
+        within_deadline=None if on_time is None or not mine else on_time / len(mine),
+        ok_within_deadline=None if on_time is None or not ok else on_time / len(ok),
         e2e_sorted_ms=e2e,
     )
+
+
+def rejection_stats(samples: Sequence[Sample], scale: float) -> dict[str, RejectionStats]:
+    """Per "status code" (429 queue_full, 503 queue_timeout, ...): how fast the rejections came back."""
+    groups: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.outcome in ("429", "503") and s.e2e is not None:
+            groups.setdefault(f"{s.status} {s.code}", []).append(s)
+    found: dict[str, RejectionStats] = {}
+    for name, group in sorted(groups.items()):
+        client = sorted(s.e2e * 1000 for s in group if s.e2e is not None)
+        router = sorted(s.router_e2e * 1000 for s in group if s.router_e2e is not None)
+        found[name] = RejectionStats(
+            n=len(group),
+            client_ms=_quantiles(client, (50, 99)) | {"max": client[-1]},
+            router_ms=_quantiles(router, (50, 99)) | {"max": router[-1] if router else math.nan},
+            gpu_ms=_quantiles([v / scale for v in client], (50, 99)),
+            under_10ms=sum(1 for v in client if v < FAST_REJECTION_MS) / len(client),
+        )
+    return found
 
 
 def _quantiles(values: Sequence[float], qs: Sequence[int]) -> dict[str, float]:

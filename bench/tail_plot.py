@@ -50,3 +50,30 @@ def plot_p99_vs_load(path: Path, series: Mapping[str, Sequence[tuple[float, floa
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def plot_timelines(
+    path: Path, load: float, series: Mapping[str, Sequence[tuple[float, float, float | None]]], window: tuple[float, float]
+) -> None:
+    """The router's RSS (top) and its waiting requests (bottom) over a run, one line per set-up.
+
+    ``series[setup]`` is [(real s, RSS MiB, waiting or None)]; ``window`` (real s)
+    is shaded: memory that keeps rising there, at a steady load, is a leak.
+    """
+    figure, (rss_axis, queue_axis) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+    for setup, points in series.items():
+        rss_axis.plot([t for t, _, _ in points], [m for _, m, _ in points], label=setup)
+        queued = [(t, w) for t, _, w in points if w is not None]
+        queue_axis.plot([t for t, _ in queued], [w for _, w in queued], label=setup)
+    for axis in (rss_axis, queue_axis):
+        axis.axvspan(*window, color="grey", alpha=0.12, label="measured window" if axis is rss_axis else None)
+        axis.grid(True, alpha=0.3)
+    rss_axis.set_ylim(bottom=0)
+    rss_axis.set_ylabel("router RSS, MiB")
+    rss_axis.set_title(f"tailguard process, load {load:g}")
+    rss_axis.legend(fontsize=8)
+    queue_axis.set_ylabel("requests waiting for a seat")
+    queue_axis.set_xlabel("real seconds since the first arrival")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
