@@ -67,6 +67,7 @@ from bench.tail_load import (
     play,
     pooled_capacity,
     read_trace,
+    write_samples,
     write_trace,
 )
 from bench.tail_plot import plot_cdfs, plot_p99_vs_load, plot_timelines
@@ -75,6 +76,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "tail"
 SETUP_NAMES = ("shared", "priority", "disaggregated", "short-only")
 SHORT_DEADLINE_S = 3.0  # GPU s: the interactive class's queue_timeout in the shipped config
 QUEUE_TIMEOUTS = {"interactive": 3.0, "batch": 30.0}  # GPU s, as shipped
+_CLASS_OF = {"short": "interactive", "long": "batch"}  # reporting class -> tailguard class
 END_TO_END_TIMEOUT = 120.0
 PROBE_S = 2.0  # real s between two looks at the router (memory, CPU, sockets, queue)
 ROUTER_LOG_LEVEL = "INFO"  # the shipped default: the access log is on (it times every rejection)
@@ -98,6 +100,7 @@ class Options:
     out: Path
     name: str
     fail_fast_fraction: float | None = None  # pools.*.fail_fast_fraction in the router's config; None: the default
+    samples_dir: Path | None = None  # write every request's fate there (JSONL per set-up and load)
 
 
 @dataclass(frozen=True)
@@ -364,6 +367,8 @@ async def _run_setup(
             for pool in pools:
                 await pool.aclose()
     joined = _join_access_log(router, samples) if router else math.nan
+    if options.samples_dir:
+        write_samples(options.samples_dir / f"{options.name}-{setup.name}-load{load:g}.jsonl", samples)
     await trio.sleep(1.0)  # aborted sequences leave the engines before the next set-up
     window = _window(played, options)
     deadline = {"short": SHORT_DEADLINE_S}
@@ -378,7 +383,7 @@ async def _run_setup(
         client_lag_p99_ms=percentile(lags, 99) * 1000,
         cores=cores,
         router_rss_mib=_rss_summary(timeline, options),
-        classes=[class_stats(k, samples, options.time_scale, window, deadline.get(k)) for k in CLASSES],
+        classes=[class_stats(k, samples, options.time_scale, window, deadline.get(k), QUEUE_TIMEOUTS[_CLASS_OF[k]]) for k in CLASSES],
         router_cores_max=max((p.cores for p in timeline), default=math.nan),
         access_lines_joined=joined,
         timeline=timeline,
@@ -612,12 +617,12 @@ def _overload_checks(run: SetupResult, scale: float) -> list[dict[str, object]]:
     add("short ok ones within deadline", round(on_time, 3), ">= 0.99", on_time >= 0.99)
     add("short served (ok / all)", round(short.outcomes.get("ok", 0) / short.n, 3) if short.n else "-", "-", None)
     for c in run.classes:
-        class_deadline_ms = QUEUE_TIMEOUTS["interactive" if c.kind == "short" else "batch"] * scale * 1000
+        class_deadline_ms = QUEUE_TIMEOUTS[_CLASS_OF[c.kind]] * scale * 1000
         for kind, r in c.rejections.items():
             p99 = r.client_ms["p99"]
             if kind.startswith("429"):
                 add(f"{c.kind} {kind} P99 real ms", round(p99, 1), f"< {FAST_REJECTION_MS:g}", p99 < FAST_REJECTION_MS)
-            elif kind == "503 queue_timeout":
+            elif kind.startswith("503 queue_timeout"):
                 bound = class_deadline_ms + 50
                 add(f"{c.kind} {kind} P99 real ms", round(p99, 1), f"<= {bound:g} (deadline + 50)", p99 <= bound)
             else:
@@ -744,8 +749,7 @@ def _trio(q: dict[str, float]) -> str:
 
 def write_outputs(result: Result, options: Options, table: str) -> list[Path]:
     """JSON, markdown and the plots; returns their paths."""
-    base = options.out / options.name
-    paths = [base.with_suffix(".json"), base.with_suffix(".md")]
+    paths = [options.out / f"{options.name}.json", options.out / f"{options.name}.md"]  # a name may hold dots
     payload = asdict(result)
     for run_json in payload["runs"]:
         for class_json in run_json["classes"]:
@@ -792,6 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--setup", action="append", choices=SETUP_NAMES, help="run only this set-up, repeatable (default: all)")
     add("--out", type=Path, default=RESULTS, help="output folder (default %(default)s)")
     add("--name", default=None, help="base name of the outputs (default tail, or tail-quick)")
+    add("--samples", type=Path, default=None, help="also write every request's fate (JSONL, one file per set-up and load) to this folder")
     add(
         "--fail-fast-fraction",
         type=float,
@@ -835,6 +840,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         out=args.out,
         name=args.name or ("tail-quick" if args.quick else "tail"),
         fail_fast_fraction=args.fail_fast_fraction,
+        samples_dir=args.samples,
     )
 
 

@@ -194,6 +194,7 @@ class Sample:
     measured: bool
     lag: float
     request_id: str = ""
+    at: float = 0.0  # when it was due, real s after the start
     outcome: str = "cut"  # ok | 429 | 503 | timeout | other | cut (still running at the bound)
     status: int | None = None
     code: str | None = None  # an error reply's error.code (queue_full, queue_timeout, ...)
@@ -205,6 +206,13 @@ class Sample:
 
 
 _STATUS_OUTCOMES = {429: "429", 503: "503", 504: "timeout"}
+
+
+def write_samples(path: Path, samples: Sequence[Sample]) -> None:
+    """Every request's fate as JSONL (real s), for looking into a run after the fact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = ("request_id", "kind", "at", "measured", "outcome", "status", "code", "ttft", "e2e", "router_e2e", "tokens")
+    path.write_text("".join(json.dumps({k: getattr(s, k) for k in keys}) + "\n" for s in samples))
 
 
 def error_code(body: bytes) -> str:
@@ -263,7 +271,7 @@ async def play(
                     choices = targets[arrival.kind]
                     pool = choices[index % len(choices)]
                     lag = time.perf_counter() - origin - arrival.at
-                    sample = Sample(arrival.kind, arrival.measured, lag, request_id=f"tail-{index}")
+                    sample = Sample(arrival.kind, arrival.measured, lag, request_id=f"tail-{index}", at=arrival.at)
                     samples.append(sample)
                     request = with_request_id(request_of(pool.port, arrival), sample.request_id)
                     nursery.start_soon(send_one, pool, request, sample)
@@ -324,8 +332,15 @@ class ClassStats:
     e2e_sorted_ms: list[float] = field(repr=False, default_factory=list)  # for the CDF plot
 
 
-def class_stats(kind: str, samples: Sequence[Sample], scale: float, window: float, deadline: float | None) -> ClassStats:
-    """One class's numbers over the measured window; latencies divided by ``scale`` (GPU time)."""
+def class_stats(
+    kind: str, samples: Sequence[Sample], scale: float, window: float, deadline: float | None, queue_deadline: float | None = None
+) -> ClassStats:
+    """One class's numbers over the measured window; latencies divided by ``scale`` (GPU time).
+
+    ``deadline`` (GPU s) is the one end-to-end latency is held to; ``queue_deadline``
+    (GPU s) is the class's queue timeout, which tells a 503 queue_timeout refused
+    at arrival from one that waited (see :func:`rejection_stats`).
+    """
     mine = [s for s in samples if s.kind == kind and s.measured]
     ok = [s for s in mine if s.outcome == "ok"]
     outcomes: dict[str, int] = {}
@@ -346,19 +361,24 @@ def class_stats(kind: str, samples: Sequence[Sample], scale: float, window: floa
         e2e_ms=_quantiles(e2e, (50, 95, 99)),
         itl_ms=_quantiles(itl, (50, 99)),
         goodput_tok_s=sum(s.tokens for s in ok) / (window / scale) if window > 0 else math.nan,
-        rejections=rejection_stats(mine, scale),
+        rejections=rejection_stats(mine, scale, queue_deadline),
         within_deadline=None if on_time is None or not mine else on_time / len(mine),
         ok_within_deadline=None if on_time is None or not ok else on_time / len(ok),
         e2e_sorted_ms=e2e,
     )
 
 
-def rejection_stats(samples: Sequence[Sample], scale: float) -> dict[str, RejectionStats]:
-    """Per "status code" (429 queue_full, 503 queue_timeout, ...): how fast the rejections came back."""
+def rejection_stats(samples: Sequence[Sample], scale: float, queue_deadline: float | None = None) -> dict[str, RejectionStats]:
+    """Per "status code" (429 queue_full, 503 queue_timeout, ...): how fast the rejections came back.
+
+    With ``queue_deadline`` (GPU s), 503 queue_timeout is split in two: those
+    answered within half the deadline were refused at arrival (fail fast),
+    the others waited for a seat until the deadline.
+    """
     groups: dict[str, list[Sample]] = {}
     for s in samples:
         if s.outcome in ("429", "503") and s.e2e is not None:
-            groups.setdefault(f"{s.status} {s.code}", []).append(s)
+            groups.setdefault(_rejection_kind(s, scale, queue_deadline), []).append(s)
     found: dict[str, RejectionStats] = {}
     for name, group in sorted(groups.items()):
         client = sorted(s.e2e * 1000 for s in group if s.e2e is not None)
@@ -371,6 +391,13 @@ def rejection_stats(samples: Sequence[Sample], scale: float) -> dict[str, Reject
             under_10ms=sum(1 for v in client if v < FAST_REJECTION_MS) / len(client),
         )
     return found
+
+
+def _rejection_kind(s: Sample, scale: float, queue_deadline: float | None) -> str:
+    kind = f"{s.status} {s.code}"
+    if s.code != "queue_timeout" or queue_deadline is None or s.e2e is None:
+        return kind
+    return f"{kind} at arrival" if s.e2e / scale < queue_deadline / 2 else f"{kind} after waiting"
 
 
 def _quantiles(values: Sequence[float], qs: Sequence[int]) -> dict[str, float]:
