@@ -198,7 +198,8 @@ class Telemetry:
         """Settle the outcome and report the record; a second call is ignored."""
         if record.outcome is not None:
             return
-        record.finished_at = trio.current_time()
+        if record.finished_at is None:  # a front end may have stamped its last byte already
+            record.finished_at = trio.current_time()
         record.outcome, record.reason = outcome_of(error, client_gone=client_gone)
         record.status = status
         record.error = None if error is None else error.message

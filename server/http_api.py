@@ -257,6 +257,9 @@ class _Exchange:
     async def _body(self, data: bytes, *, more: bool) -> None:
         if not more:
             self.finished = True
+            # The caller's end-to-end time ends with its last byte, not when
+            # the request's tasks have wound down.
+            self._record.finished_at = trio.current_time()
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
 

@@ -202,7 +202,11 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]
             "the pool's wait queue is full, or a more urgent request displaced this one from it",
             retry,
         ),
-        "QueueTimeout": (f"no seat freed within the class's queue deadline ({deadlines})", retry),
+        "QueueTimeout": (
+            f"no seat freed within the class's queue deadline ({deadlines}), or none expected within it "
+            "(refused at arrival under sustained overload)",
+            retry,
+        ),
         "NoBackend": ("the pool has no healthy GPU endpoint", retry),
         "CallerOverLimit": ("your API key already has its maximum number of requests in flight", retry),
         "Draining": ("this tailguard instance is shutting down", retry + " (the retry reaches another instance)"),
@@ -355,7 +359,8 @@ def render_limits_markdown(config: Config) -> str:
         "  deadline wins.",
         "- **Queueing**: when a pool is busy a request waits in line, ordered by class",
         "  priority then arrival, at most its class's queue deadline, then gets 503",
-        "  `queue_timeout`. A full queue answers 429 `queue_full` at once.",
+        "  `queue_timeout` -- at once when the pool's measured drain rate says no seat",
+        "  would come in time. A full queue answers 429 `queue_full` at once.",
         f"- Set your client's timeout **above {_s(e2e)}** (and above any proxy's), so you",
         "  receive tailguard's answer instead of cutting it off.",
         "",
