@@ -42,6 +42,7 @@ from bench.router_overhead import (
     KeepAliveClient,
     PoolSpec,
     ProtocolError,
+    add_serve_arg,
     http_request,
     log_tail,
     percentile,
@@ -519,13 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--setup", action="append", default=[], choices=SETUP_NAMES, help="run only this set-up, repeatable (default: all)"
     )
-    parser.add_argument(
-        "--serve-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for `tailguard serve`, repeatable; write it as --serve-arg=--no-grpc",
-    )
+    add_serve_arg(parser)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results (default %(default)s)")
     return parser
 

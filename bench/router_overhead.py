@@ -593,6 +593,17 @@ def write_json(path: Path, payload: object) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
+def add_serve_arg(parser: argparse.ArgumentParser) -> None:
+    """``--serve-arg``: what every benchmark that starts tailguard passes on to ``tailguard serve``."""
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for `tailguard serve`, repeatable; write it as --serve-arg=--no-grpc",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.router_overhead", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -604,13 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=15.0, help="time bound of each measured run (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=500, help="unmeasured requests before each run (default %(default)s)")
     parser.add_argument("--concurrency", default="1,64", help="comma-separated concurrencies (default %(default)s)")
-    parser.add_argument(
-        "--serve-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for `tailguard serve`, repeatable; write it as --serve-arg=--no-grpc",
-    )
+    add_serve_arg(parser)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results (default %(default)s)")
     return parser
 
