@@ -18,9 +18,14 @@ its own status codes (``server/errors_map.py``) using the table in DESIGN.md.
     │   ├── CallerOverLimit          the API key has its per-key cap of requests in flight
     │   └── Draining                 the process is shutting down
     ├── DeadlineExceeded             the request's end-to-end deadline passed
+    ├── InternalError                a bug inside the router (logged with its traceback)
     └── BackendError                 the inference server failed the request
         ├── BackendRejected          it answered 4xx: the caller's fault, passed through
-        └── BackendUnavailable       it answered 5xx or could not be reached
+        ├── BackendUnavailable       it answered 5xx or could not be reached
+        │   └── BackendTimeout       no first byte within the pool's first_byte_timeout
+        └── BadBackendReply          it answered, but not a valid reply (3xx, not the
+                                     expected JSON/SSE, a stream cut before [DONE],
+                                     a body over its cap, a broken encoding)
 """
 
 from __future__ import annotations
@@ -122,8 +127,39 @@ class BackendRejected(BackendError):
 
 
 class BackendUnavailable(BackendError):
-    """The backend answered 5xx, broke the connection, or could not be reached."""
+    """The backend answered 5xx, broke the connection, or could not be reached.
+
+    ``before_response`` is True when the failure came before the backend sent
+    a response head (connection refused, reset, timed out): nothing of the
+    request can have been answered, so it may be retried on another endpoint.
+    """
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, before_response: bool = False) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.before_response = before_response
+
+
+class BackendTimeout(BackendUnavailable):
+    """The backend sent no first byte within the pool's ``first_byte_timeout``."""
+
+
+class BadBackendReply(BackendError):
+    """The backend answered, but its reply is not a valid completion.
+
+    A 3xx, a 2xx that is not the expected JSON or SSE, a stream that ended
+    without ``[DONE]`` or a finish reason, a body over its cap, or a body
+    whose content encoding does not decode. Answered as 502.
+    """
 
     def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class InternalError(TailguardError):
+    """Something failed inside the router that no rule anticipated: a bug.
+
+    Front ends answer 500 (gRPC INTERNAL) and log the traceback once; the
+    request's outcome is ``internal_error``.
+    """
