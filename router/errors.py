@@ -23,9 +23,11 @@ its own status codes (``server/errors_map.py``) using the table in DESIGN.md.
         ├── BackendRejected          it answered 4xx: the caller's fault, passed through
         ├── BackendUnavailable       it answered 5xx or could not be reached
         │   └── BackendTimeout       no first byte within the pool's first_byte_timeout
-        └── BadBackendReply          it answered, but not a valid reply (3xx, not the
-                                     expected JSON/SSE, a stream cut before [DONE],
-                                     a body over its cap, a broken encoding)
+        ├── BadBackendReply          it answered, but not a valid reply (3xx, not the
+        │                            expected JSON/SSE, a stream cut before [DONE],
+        │                            a body over its cap, a broken encoding)
+        └── BackendStreamError       it reported an error event inside a stream that had
+                                     begun (the event was already relayed to the caller)
 """
 
 from __future__ import annotations
@@ -155,6 +157,15 @@ class BadBackendReply(BackendError):
     def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class BackendStreamError(BackendError):
+    """The backend sent an error event (``data: {"error": ...}``) inside a stream.
+
+    Raised when the stream ends, after every byte of it was relayed: an HTTP
+    caller already has the backend's own error event, so the front end adds
+    nothing; gRPC ends the call with an error status.
+    """
 
 
 class InternalError(TailguardError):
