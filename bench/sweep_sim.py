@@ -251,25 +251,34 @@ class EngineResponse:
 
     content_type = "text/event-stream"
 
-    def __init__(self, sequence: SweepSequence) -> None:
+    def __init__(self, engine: SweepEngine, sequence: SweepSequence) -> None:
+        self._engine = engine
         self.sequence = sequence
+
+    async def start(self) -> None:
+        """No first byte to wait for: the caller reads the sequence's own times."""
+
+    async def aclose(self) -> None:
+        self._engine.abort(self.sequence)  # nothing to do once it has finished
 
 
 class EngineClient:
     """The router's backend client for one endpoint, calling its engine in-process.
 
-    It stands in for ``router.backend.BackendClient`` (the same ``post``):
+    It stands in for ``router.backend.BackendClient`` (the same ``open``):
     no JSON, no HTTP, no bytes per token. The caller reads the sequence's own
     first-token and finish times, which are the instants a token-by-token
-    reader would have seen them, and leaving ``post`` hangs up (aborts).
+    reader would have seen them, and closing the response hangs up (aborts).
     """
 
     def __init__(self, engine: SweepEngine, prompts: PromptTokens) -> None:
         self._engine = engine
         self._prompts = prompts
+        self.url = engine.name
+        self.leases = 0
+        self.max_body_bytes = 0
 
-    @asynccontextmanager
-    async def post(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> AsyncIterator[EngineResponse]:
+    async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> EngineResponse:
         """Submit the body's prompt; raises BackendRejected (400) when the engine refuses it."""
         try:
             request_id = headers["x-request-id"]
@@ -278,10 +287,7 @@ class EngineClient:
             )
         except EngineRequestError as error:
             raise BackendRejected(str(error), status=400) from None
-        try:
-            yield EngineResponse(sequence)
-        finally:
-            self._engine.abort(sequence)  # nothing to do once it has finished
+        return EngineResponse(self._engine, sequence)
 
     async def health(self) -> bool:
         return True

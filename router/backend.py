@@ -8,28 +8,42 @@ half the router's CPU while opening 10,000 streams). A call takes the shard
 with the most free connections. httpx's exceptions are mapped here, at the
 boundary, into the router's error tree.
 
+A reply is trusted only as far as it is checked: a status that is neither
+2xx, 4xx nor 5xx, a 2xx that is not the JSON or SSE asked for, a body over
+its cap, a stream that ends without ``[DONE]`` or a finish reason -- each is
+an error here, never a 200 with an empty body further up. Bodies are read
+only up to their caps.
+
 Read timeouts are deliberately absent: the request's end-to-end cancel scope
-bounds every call, and cancelling it closes the backend stream, which is
-what makes vLLM abort the generation.
+bounds every call (and the caller's first-byte scope its start), and
+cancelling it closes the backend stream, which is what makes vLLM abort the
+generation.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from http.cookiejar import CookieJar
 from typing import Any
 
 import httpx
 
-from .errors import BackendRejected, BackendUnavailable
+from .errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
-_ERROR_BODY_LIMIT = 64 * 1024
+ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make
 # the router buffer an arbitrary download every scrape.
 METRICS_BODY_LIMIT = 4 * 1024 * 1024
 SHARD_CONNECTIONS = 32
+
+_DONE = b"[DONE]"
+_FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
+_ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*"error"\s*:.*)')
+# What the router asks of every backend: no compression (a relayed stream is
+# bytes as they come), its own content types.
+_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
 
 class _NoCookies(CookieJar):
@@ -55,33 +69,120 @@ class _Shard:
 
 
 class BackendResponse:
-    """An open response from the backend; read it with ``read`` or ``chunks``."""
+    """An open 2xx response from the backend, checked for what was asked.
 
-    def __init__(self, response: httpx.Response, url: str) -> None:
+    ``start`` waits for the first byte of the body (the whole body when not
+    streaming); then ``read`` gives the body, or ``chunks`` the SSE bytes as
+    they arrive. ``aclose`` hangs up, which makes vLLM abort a generation
+    still running.
+    """
+
+    def __init__(self, response: httpx.Response, shard: _Shard, url: str, *, stream: bool, max_body_bytes: int) -> None:
         self._response = response
+        self._shard = shard
         self._url = url
+        self.stream = stream
+        self._max_body_bytes = max_body_bytes
+        self._body = b""
+        self._first: bytes | None = None
+        self._closed = False
+        encoding = response.headers.get("content-encoding", "identity").lower()
+        # Bytes are relayed raw unless the backend compressed them anyway.
+        self._raw = encoding in ("", "identity")
+        self._iterator = self._iterate()  # one pass over the body, shared by start and chunks
 
     @property
     def content_type(self) -> str:
-        return str(self._response.headers.get("content-type", "application/json"))
+        return "text/event-stream" if self.stream else "application/json"
+
+    async def start(self) -> None:
+        """Wait for the first byte (non-streaming: the whole body, checked as JSON).
+
+        Raises BackendUnavailable when the connection breaks and
+        BadBackendReply when the body is not what was asked for.
+        """
+        if not self.stream:
+            self._body = await self._read_all()
+            return
+        async for chunk in self._iterator:
+            if chunk:
+                self._first = chunk
+                return
+        self._first = b""
 
     async def read(self) -> bytes:
+        """The whole body of a non-streaming response (read by ``start``)."""
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The SSE bytes as they arrive, the first (read by ``start``) included.
+
+        Ends with BackendStreamError when the backend sent an error event (the
+        bytes were relayed first), BadBackendReply when the stream ended
+        without ``[DONE]`` or a finish reason, BackendUnavailable when the
+        connection broke.
+        """
+        ended = False
+        error_event: bytes | None = None
+        first, self._first = self._first, None
+        if first:
+            ended, error_event = _observe(first, ended, error_event)
+            yield first
+        async for chunk in self._iterator:
+            if not ended or error_event is None:
+                ended, error_event = _observe(chunk, ended, error_event)
+            yield chunk
+        if error_event is not None:
+            raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")
+        if not ended:
+            raise BadBackendReply(f"the backend {self._url} ended its stream without [DONE] or a finish reason")
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._shard.in_flight -= 1
         try:
-            return await self._response.aread()
+            await self._iterator.aclose()
+        finally:
+            await self._response.aclose()
+
+    async def _iterate(self) -> AsyncGenerator[bytes, None]:
+        response = self._response
+        try:
+            # A body already in memory (an in-process transport) can only be re-read decoded.
+            raw = self._raw and not response.is_stream_consumed
+            iterator = response.aiter_raw() if raw else response.aiter_bytes()
+            async for chunk in iterator:
+                yield chunk
+        except httpx.DecodingError as error:
+            raise BadBackendReply(f"the backend {self._url} sent a body that does not decode: {_describe(error)}") from None
         except httpx.TransportError as error:
             raise BackendUnavailable(f"the backend {self._url} broke the response: {_describe(error)}") from None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The raw body as it arrives (SSE bytes are relayed unparsed)."""
+    async def _read_all(self) -> bytes:
+        body = bytearray()
+        async for chunk in self._iterator:
+            body += chunk
+            if len(body) > self._max_body_bytes:
+                raise BadBackendReply(
+                    f"the backend {self._url} sent a body over {self._max_body_bytes} bytes (server.max_backend_body_bytes)"
+                )
         try:
-            async for chunk in self._response.aiter_raw():
-                yield chunk
-        except httpx.TransportError as error:
-            raise BackendUnavailable(f"the backend {self._url} broke the stream: {_describe(error)}") from None
+            payload = json.loads(body)
+        except (ValueError, RecursionError):
+            payload = None
+        if not isinstance(payload, dict):
+            raise BadBackendReply(f"the backend {self._url} answered 200 with a body that is not a JSON object")
+        return bytes(body)
 
 
 class BackendClient:
-    """POSTs completion requests to one endpoint and opens their responses."""
+    """POSTs completion requests to one endpoint and opens their responses.
+
+    ``leases`` counts the seats that hold this client; a client replaced by a
+    reload is closed once it drops to zero (see ``router.pool.Endpoint``).
+    """
 
     def __init__(
         self,
@@ -90,8 +191,11 @@ class BackendClient:
         max_concurrency: int,
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_body_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.url = url
+        self.leases = 0
+        self.max_body_bytes = max_body_bytes
         timeout = httpx.Timeout(None, connect=connect_timeout, pool=connect_timeout)
         # One TLS context for all shards: httpx builds (and loads CA roots
         # into) a new one per client otherwise, ~1 MB and ~10 ms each.
@@ -120,37 +224,55 @@ class BackendClient:
             base_url=url, limits=httpx.Limits(max_connections=2), timeout=timeout, transport=transport, verify=tls
         )
 
-    @asynccontextmanager
-    async def post(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> AsyncIterator[BackendResponse]:
-        """Send the request; yield the open response; close it on every exit.
+    async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> BackendResponse:
+        """Send the request and return its open 2xx response; the caller must ``aclose`` it.
 
-        Raises BackendRejected for 4xx (the caller's fault, passed through)
-        and BackendUnavailable for 5xx, refused or broken connections.
+        Raises BackendRejected for 4xx (the caller's fault, passed through),
+        BackendUnavailable for 5xx and for refused or broken connections
+        (``before_response`` when no response head came), and BadBackendReply
+        for any other status or a 2xx of the wrong content type. Error bodies
+        are read up to ``ERROR_BODY_LIMIT`` bytes, no further.
         """
         shard = max(self._shards, key=_room)
         client = shard.client
-        request = client.build_request(
-            "POST", path, content=json.dumps(body).encode(), headers={"content-type": "application/json", **headers}
-        )
+        request = client.build_request("POST", path, content=json.dumps(body).encode(), headers={**_HEADERS, **headers})
         shard.in_flight += 1
         try:
-            try:
-                response = await client.send(request, stream=True)
-            except httpx.TransportError as error:
-                raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}") from None
-            try:
-                if response.status_code >= 400:
-                    await _raise_for_status(response, self.url)
-                yield BackendResponse(response, self.url)
-            finally:
-                await response.aclose()
-        finally:
+            response = await client.send(request, stream=True)
+        except httpx.TransportError as error:
             shard.in_flight -= 1
+            raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}", before_response=True) from None
+        except BaseException:
+            shard.in_flight -= 1
+            raise
+        opened = BackendResponse(response, shard, self.url, stream=stream, max_body_bytes=self.max_body_bytes)
+        try:
+            status = response.status_code
+            if not 200 <= status < 300:
+                await _raise_for_status(response, self.url)
+            content_type = response.headers.get("content-type", "")
+            expected = "text/event-stream" if stream else "application/json"
+            if not content_type.lower().startswith(expected):
+                raise BadBackendReply(f"the backend {self.url} answered {status} with content-type {content_type[:80]!r}, not {expected}")
+        except BaseException:
+            await opened.aclose()
+            raise
+        return opened
 
     async def health(self) -> bool:
         """Whether ``GET /health`` answers 200 (vLLM's readiness probe)."""
         try:
             response = await self._probe.get("/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def completes(self, model: str) -> bool:
+        """Whether a one-token completion answers 200: the probe that catches an
+        engine whose /health is fine but whose scheduler hangs."""
+        body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        try:
+            response = await self._probe.post("/v1/completions", json=body, headers={"accept-encoding": "identity"})
         except httpx.HTTPError:
             return False
         return response.status_code == 200
@@ -165,18 +287,14 @@ class BackendClient:
         that one connection and waits while a scrape holds it. Unbounded in
         time: the caller's cancel scope sets the timeout.
         """
-        body = bytearray()
         try:
             async with self._probe.stream("GET", "/metrics", headers={"accept": "text/plain"}) as response:
                 if response.status_code != 200:
                     return None
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > METRICS_BODY_LIMIT:
-                        return None
+                body = await _read_capped(response, METRICS_BODY_LIMIT)
         except httpx.HTTPError:
             return None
-        return body.decode("utf-8", "replace")
+        return None if body is None else body.decode("utf-8", "replace")
 
     async def aclose(self) -> None:
         for shard in self._shards:
@@ -189,38 +307,72 @@ def _room(shard: _Shard) -> int:
     return shard.size - shard.in_flight
 
 
+def _observe(chunk: bytes, ended: bool, error_event: bytes | None) -> tuple[bool, bytes | None]:
+    """Whether the stream has ended properly so far, and its first error event."""
+    if not ended and (_DONE in chunk or _FINISH_REASON.search(chunk) is not None):
+        ended = True
+    if error_event is None and b'"error"' in chunk:
+        match = _ERROR_EVENT.search(chunk)
+        if match is not None:
+            error_event = match.group(1)
+    return ended, error_event
+
+
+def _event_message(event: bytes) -> str:
+    message, _, _, _ = _error_fields(event.split(b"\n", 1)[0], 500)
+    return message
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of the body, or None once it goes over (reading stops there)."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
 async def _raise_for_status(response: httpx.Response, url: str) -> None:
+    status = response.status_code
+    raw = b""
     try:
-        raw = (await response.aread())[:_ERROR_BODY_LIMIT]
-    except httpx.TransportError:
-        raw = b""
-    message, error_type, code, param = _error_fields(raw, response.status_code)
-    if response.status_code < 500:
-        raise BackendRejected(message, status=response.status_code, error_type=error_type, code=code, param=param)
-    raise BackendUnavailable(f"the backend {url} failed with {response.status_code}: {message}")
+        async for chunk in response.aiter_bytes():
+            raw += chunk
+            if len(raw) >= ERROR_BODY_LIMIT:
+                raw = raw[:ERROR_BODY_LIMIT]
+                break  # the rest is never read: closing the response drops it
+    except (httpx.TransportError, httpx.DecodingError):
+        pass
+    message, error_type, code, param = _error_fields(raw, status)
+    if 400 <= status < 500:
+        raise BackendRejected(message, status=status, error_type=error_type, code=code, param=param)
+    if status >= 500:
+        raise BackendUnavailable(f"the backend {url} failed with {status}: {message}")
+    raise BadBackendReply(f"the backend {url} answered {status}, not a completion")
 
 
 def _error_fields(raw: bytes, status: int) -> tuple[str, str | None, str | None, str | None]:
     """Message, type, code and param of an OpenAI- or vLLM-shaped error body."""
     try:
         payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         text = raw.decode("utf-8", "replace").strip()
         return (text[:500] or f"HTTP {status}"), None, None, None
     error = payload.get("error", payload) if isinstance(payload, dict) else {}
     if isinstance(error, str):
-        return error, None, None, None
+        return error[:500], None, None, None
     if not isinstance(error, dict):
         return f"HTTP {status}", None, None, None
     code = error.get("code")
     param = error.get("param")
     return (
-        str(error.get("message") or f"HTTP {status}"),
-        str(error["type"]) if error.get("type") else None,
-        str(code) if code is not None and not isinstance(code, int) else None,
-        str(param) if param is not None else None,
+        str(error.get("message") or f"HTTP {status}")[:2000],
+        str(error["type"])[:200] if error.get("type") else None,
+        str(code)[:200] if code is not None and not isinstance(code, int) else None,
+        str(param)[:200] if param is not None else None,
     )
 
 
-def _describe(error: httpx.TransportError) -> str:
+def _describe(error: httpx.HTTPError) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

@@ -32,11 +32,13 @@ from .config_types import (
     Config,
     EndpointConfig,
     EstimateConfig,
+    HealthCheckKind,
     LimitsConfig,
     LogFormat,
     LoggingConfig,
     LogLevel,
     MetricsConfig,
+    OutlierDetectionConfig,
     OverCapMode,
     PoolConfig,
     ServerConfig,
@@ -55,6 +57,7 @@ _OVER_CAP_MODES: tuple[OverCapMode, ...] = get_args(OverCapMode)
 _SIMULATE_PROFILES: tuple[SimulateProfile, ...] = get_args(SimulateProfile)
 _LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 _LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
+_HEALTH_CHECKS: tuple[HealthCheckKind, ...] = get_args(HealthCheckKind)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -423,6 +426,9 @@ def _read_server(table: _Table) -> ServerConfig:
     http_host, http_port = _listen(table, "http_listen", default.http_host, default.http_port)
     grpc_host, grpc_port = _listen(table, "grpc_listen", default.grpc_host, default.grpc_port)
     max_body_bytes = table.integer("max_body_bytes", default.max_body_bytes, minimum=1)
+    max_backend_body_bytes = table.integer(
+        "max_backend_body_bytes", default.max_backend_body_bytes, minimum=1024
+    )
     reload_poll_interval = table.number(
         "reload_poll_interval", default.reload_poll_interval, minimum=0.0, inclusive=True
     )
@@ -433,6 +439,7 @@ def _read_server(table: _Table) -> ServerConfig:
         grpc_host=grpc_host,
         grpc_port=grpc_port,
         max_body_bytes=max_body_bytes,
+        max_backend_body_bytes=max_backend_body_bytes,
         reload_poll_interval=reload_poll_interval,
     )
 
@@ -579,6 +586,9 @@ def _read_pool(
             "fail_fast_fraction",
             f"must be at most 1 (a fraction of the class's queue_timeout; 0 turns it off), got {fail_fast:g}",
         )
+    first_byte = table.number("first_byte_timeout", PoolConfig.first_byte_timeout, minimum=0.0)
+    health_check = table.choice("health_check", _HEALTH_CHECKS, PoolConfig.health_check)
+    outlier = _read_outlier_detection(table.table("outlier_detection"))
     if endpoints and table.ok("endpoints", "max_concurrency"):
         total = sum(endpoint.max_concurrency for endpoint in endpoints)
         if max_concurrency > total:
@@ -604,6 +614,34 @@ def _read_pool(
         models=models,
         simulate_profile=profile,
         fail_fast_fraction=fail_fast,
+        first_byte_timeout=first_byte,
+        health_check=health_check,
+        outlier_detection=outlier,
+    )
+
+
+def _read_outlier_detection(table: _Table) -> OutlierDetectionConfig:
+    default = OutlierDetectionConfig()
+    # One failure is never enough: a single request can fail on its own account.
+    consecutive = table.integer("consecutive_failures", default.consecutive_failures, minimum=2)
+    base = table.number("base_ejection_time", default.base_ejection_time, minimum=0.0)
+    longest = table.number("max_ejection_time", default.max_ejection_time, minimum=0.0)
+    percent = table.number(
+        "max_ejection_percent", default.max_ejection_percent, minimum=0.0, inclusive=True
+    )
+    if table.ok("max_ejection_percent") and percent > 100:
+        table.problem("max_ejection_percent", f"must be at most 100, got {percent:g}")
+    if table.ok("base_ejection_time", "max_ejection_time") and longest < base:
+        table.problem(
+            "max_ejection_time",
+            f"{longest:g} must be >= {table.key('base_ejection_time')} {base:g}",
+        )
+    table.finish()
+    return OutlierDetectionConfig(
+        consecutive_failures=consecutive,
+        base_ejection_time=base,
+        max_ejection_time=longest,
+        max_ejection_percent=percent,
     )
 
 
@@ -1008,6 +1046,8 @@ def render_config(config: Config) -> str:
         ("http_listen", _host_port(server.http_host, server.http_port)),
         ("grpc_listen", _host_port(server.grpc_host, server.grpc_port)),
         ("max_body_bytes", f"{server.max_body_bytes} ({server.max_body_bytes / 2**20:g} MiB)"),
+        ("max_backend_body_bytes",
+         f"{server.max_backend_body_bytes} ({server.max_backend_body_bytes / 2**20:g} MiB)"),
         ("reload_poll_interval",
          _seconds(server.reload_poll_interval) if server.reload_poll_interval else "off"),
     ])
@@ -1086,10 +1126,22 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         ("models", ", ".join(pool.models)),
         ("simulate_profile", pool.simulate_profile),
         ("fail_fast_fraction", _fail_fast(pool.fail_fast_fraction)),
+        ("first_byte_timeout", _seconds(pool.first_byte_timeout)),
+        ("health_check", pool.health_check),
+        ("outlier_detection", _outlier(pool.outlier_detection)),
         ("endpoints", endpoints[0]),
         *(("", line) for line in endpoints[1:]),
     ]
     return _section(f"pool {pool.name}", pairs)
+
+
+def _outlier(outlier: OutlierDetectionConfig) -> str:
+    return (
+        f"eject after {outlier.consecutive_failures} failures in a row for"
+        f" {_seconds(outlier.base_ejection_time)} x ejections (at most"
+        f" {_seconds(outlier.max_ejection_time)}), at most {outlier.max_ejection_percent:g}%"
+        " of endpoints"
+    )
 
 
 def _section(title: str, pairs: Sequence[tuple[str, str]]) -> list[str]:

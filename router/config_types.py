@@ -14,6 +14,7 @@ OverCapMode = Literal["clamp", "reject"]
 SimulateProfile = Literal["latency", "throughput", "instant"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LogFormat = Literal["json", "text"]
+HealthCheckKind = Literal["http", "completion"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class ServerConfig:
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051
     max_body_bytes: int = 4 * 1024 * 1024
+    # A backend's non-streaming body (or error body) larger than this is not
+    # read on: the caller gets 502. Far above any real completion.
+    max_backend_body_bytes: int = 16 * 1024 * 1024
     reload_poll_interval: float = 1.0  # seconds between config file mtime checks; 0 = off
 
 
@@ -116,6 +120,25 @@ class EndpointConfig:
 
 
 @dataclass(frozen=True)
+class OutlierDetectionConfig:
+    """When live failures take an endpoint out of a pool for a while (Envoy's words).
+
+    ``consecutive_failures`` failed requests in a row (connect failures,
+    resets, 5xx, first-byte timeouts, broken replies) eject the endpoint for
+    ``base_ejection_time`` times the number of times it was ejected, at most
+    ``max_ejection_time``. Outlier detection alone never ejects more than
+    ``max_ejection_percent`` of the pool's endpoints (rounded down): the only
+    endpoint of a pool is taken out by its health check, never by requests
+    that clients may have made fail on purpose.
+    """
+
+    consecutive_failures: int = 5
+    base_ejection_time: float = 5.0
+    max_ejection_time: float = 300.0
+    max_ejection_percent: float = 50.0
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """A group of endpoints tuned alike, with a strict concurrency cap and a queue."""
 
@@ -129,6 +152,14 @@ class PoolConfig:
     # Refuse at arrival a request whose expected wait (from the pool's measured
     # drain rate) is over this fraction of the time its class may queue; 0 = off.
     fail_fast_fraction: float = 1.0
+    # Seconds from sending a request to the first byte of the backend's body
+    # (the first event of a stream, the whole answer otherwise); past it the
+    # call fails (counts for outlier detection) and is retried elsewhere once.
+    first_byte_timeout: float = 60.0
+    # "http": GET /health; "completion": a one-token completion, which also
+    # catches an engine that answers /health but hangs on work.
+    health_check: HealthCheckKind = "http"
+    outlier_detection: OutlierDetectionConfig = OutlierDetectionConfig()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,13 +24,22 @@ import httpx
 import trio
 
 from .auth import ANONYMOUS, Authenticator, Caller
-from .backend import BackendResponse
+from .backend import BackendClient, BackendResponse
 from .backend_load import BackendLoad, scrape
 from .classify import classify, forced
 from .config_types import Config, EndpointConfig
-from .errors import BackendUnavailable, CallerOverLimit, Draining, Forbidden, ModelNotFound
+from .errors import (
+    BackendError,
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    CallerOverLimit,
+    Draining,
+    Forbidden,
+    ModelNotFound,
+)
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
-from .pool import Endpoint, Pool, PoolStatistics
+from .pool import Endpoint, Lease, Pool, PoolStatistics
 from .request import Routing, RouterRequest
 from .telemetry import RequestRecord
 
@@ -77,6 +87,9 @@ class EndpointStatistics:
     max_concurrency: int
     healthy: bool
     load: BackendLoad | None
+    ejected: bool = False  # taken out by outlier detection for now
+    ejections: int = 0  # times ejected since the process started
+    failures_in_a_row: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,8 @@ class RouterStatistics:
     draining: bool
     open_requests: int
     caller_in_flight: dict[str, int]
+    retries: dict[str, int] | None = None  # per pool: failed calls tried again on another endpoint
+    backend_clients: int = 0  # open HTTP clients to backends, the retired ones still closing included
 
     @property
     def in_flight(self) -> int:
@@ -117,6 +132,9 @@ class Router:
         self._caller_in_flight: dict[str, int] = {}
         self._authenticator = Authenticator(config.auth)
         self._retired_endpoints: dict[str, Endpoint] = {}
+        self._retries: Counter[str] = Counter()
+        self._to_close: list[BackendClient] = []
+        self._close_wanted = trio.Event()
         self.config = config
         self.apply(config)
 
@@ -125,41 +143,67 @@ class Router:
     def apply(self, config: Config) -> None:
         """Swap to a validated config at once (synchronously: no request sees half of it).
 
+        All or nothing: everything that can fail (new endpoints and their
+        clients) is built first, then the swap changes plain fields only. If
+        building raises, nothing has changed.
+
         Endpoints are kept by URL, pools by name, so in-flight counts carry
         over: a moved endpoint's running requests finish where they started
-        and still count against its cap.
+        and still count against its cap. A removed endpoint is retired: no
+        new requests, its client closed when its last seat is released.
         """
+        built: dict[str, Endpoint] = {}
+        for pool_config in config.pools:
+            for endpoint_config in pool_config.endpoints:
+                url = endpoint_config.url
+                if url not in self._endpoints and url not in self._retired_endpoints:
+                    built[url] = self._new_endpoint(endpoint_config, config)
+        pools_built = {p.name: Pool(p, rng=self._rng) for p in config.pools if p.name not in self._pools}
+
+        # -- the swap: nothing below raises ------------------------------------
         endpoints: dict[str, Endpoint] = {}
         for pool_config in config.pools:
             for endpoint_config in pool_config.endpoints:
-                # A removed endpoint that comes back keeps its in-flight count.
-                endpoint = self._endpoints.get(endpoint_config.url) or self._retired_endpoints.pop(endpoint_config.url, None)
+                url = endpoint_config.url
+                endpoint = built.get(url)
                 if endpoint is None:
-                    endpoint = Endpoint(
-                        endpoint_config,
-                        connect_timeout=config.timeouts.connect_timeout,
-                        transport=self._transport_factory(endpoint_config),
-                    )
-                else:
-                    endpoint.reconfigure(endpoint_config)
-                endpoints[endpoint.url] = endpoint
-        pools: dict[str, Pool] = {}
-        for pool_config in config.pools:
-            pool = self._pools.get(pool_config.name) or Pool(pool_config, rng=self._rng)
-            pools[pool.name] = pool
-        for endpoint in self._endpoints.values():
-            if endpoint.url not in endpoints:
-                endpoint.pool = None  # removed: running requests finish, nobody new
+                    # A removed endpoint that comes back keeps its in-flight count.
+                    endpoint = self._endpoints.get(url) or self._retired_endpoints.pop(url)
+                    endpoint.revive()
+                    endpoint.reconfigure(endpoint_config, max_body_bytes=config.server.max_backend_body_bytes)
+                endpoints[url] = endpoint
+        pools = {p.name: self._pools.get(p.name) or pools_built[p.name] for p in config.pools}
+        for url, endpoint in self._endpoints.items():
+            if url not in endpoints:
+                endpoint.retire()  # running requests finish, nobody new
+                if endpoint.in_flight:
+                    self._retired_endpoints[url] = endpoint
         for pool in self._pools.values():
             if pool.name not in pools:
                 pool.reconfigure(pool.config, [])  # removed: its waiters time out
         for pool_config in config.pools:
             pools[pool_config.name].reconfigure(pool_config, [endpoints[e.url] for e in pool_config.endpoints])
-        self._retired_endpoints.update((url, e) for url, e in self._endpoints.items() if url not in endpoints)
         self._endpoints = endpoints
         self._pools = pools
         self._authenticator = Authenticator(config.auth)
         self.config = config
+
+    def _new_endpoint(self, endpoint_config: EndpointConfig, config: Config) -> Endpoint:
+        endpoint = Endpoint(
+            endpoint_config,
+            connect_timeout=config.timeouts.connect_timeout,
+            transport=self._transport_factory(endpoint_config),
+            closer=self._close_later,
+            max_body_bytes=config.server.max_backend_body_bytes,
+        )
+        return endpoint
+
+    def _close_later(self, client: BackendClient) -> None:
+        """Hand an idle retired client to the closer task (closing is async; releases are not)."""
+        self._to_close.append(client)
+        self._close_wanted.set()
+        if self._retired_endpoints:
+            self._retired_endpoints = {u: e for u, e in self._retired_endpoints.items() if e.in_flight}
 
     def drain(self) -> None:
         """Stop admitting: new requests get 503 with Retry-After, /health turns unready."""
@@ -244,26 +288,77 @@ class Router:
                 admitted = trio.current_time()
                 record.admitted_at = admitted
                 record.endpoint = lease.endpoint.url
-                routing = Routing(
-                    request_id=request.request_id,
-                    request_class=klass.name,
-                    pool=pool.name,
-                    endpoint=lease.endpoint.url,
-                    prompt_tokens=prompt_tokens,
-                    requested_max_tokens=request.max_tokens,
-                    max_tokens=max_tokens,
-                    clamped=clamped,
-                    queue_seconds=admitted - arrival,
-                )
                 body = self._backend_body(request, model, max_tokens)
+                response = await self._start_call(pool, lease, request, body)
                 try:
-                    async with lease.client.post(_PATHS[request.kind], body, {"x-request-id": request.request_id}) as response:
+                    record.endpoint = lease.endpoint.url  # a retry may have moved it
+                    routing = Routing(
+                        request_id=request.request_id,
+                        request_class=klass.name,
+                        pool=pool.name,
+                        endpoint=lease.endpoint.url,
+                        prompt_tokens=prompt_tokens,
+                        requested_max_tokens=request.max_tokens,
+                        max_tokens=max_tokens,
+                        clamped=clamped,
+                        queue_seconds=admitted - arrival,
+                    )
+                    try:
                         yield Completion(routing, response, request.stream, record)
-                except BackendUnavailable:
-                    lease.endpoint.mark_down()
-                    raise
+                    except BackendError as error:
+                        if not isinstance(error, BackendRejected):
+                            self._failed(pool, lease.endpoint, error)
+                        raise
+                    pool.record_success(lease.endpoint)
+                finally:
+                    with trio.CancelScope(shield=True):  # hanging up must happen, and is quick
+                        await response.aclose()
             finally:
                 lease.release()
+
+    async def _start_call(self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any]) -> BackendResponse:
+        """Send the request and wait for its first byte, trying once more elsewhere if that fails.
+
+        A failure before any response came (refused, reset, no first byte in
+        the pool's ``first_byte_timeout``) is retried once on another
+        endpoint of the pool that has room; the seat moves with it, so the
+        pool's cap holds. Nothing has reached the caller yet, so a retry is
+        invisible to it. An answered 5xx or a 4xx is never retried.
+        """
+        headers = {"x-request-id": request.request_id}
+        path = _PATHS[request.kind]
+        timeout = pool.config.first_byte_timeout
+        for attempt in (1, 2):
+            endpoint = lease.endpoint
+            try:
+                return await _first_byte(lease.client, path, body, headers, stream=request.stream, timeout=timeout)
+            except BackendRejected:
+                pool.record_success(endpoint)  # it answered: the request was at fault
+                raise
+            except BackendError as error:
+                self._failed(pool, endpoint, error)
+                retry_to = pool.retry_endpoint(lease) if attempt == 1 and _retryable(error) else None
+                if retry_to is None:
+                    raise
+                log.info("request %s: %s; trying again on %s", request.request_id, error.message, retry_to.url)
+                self._retries[pool.name] += 1
+                lease.move(retry_to)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _failed(self, pool: Pool, endpoint: Endpoint, error: BackendError) -> None:
+        """Count a failed call for outlier detection; log an ejection."""
+        if endpoint.pool is not pool:
+            return  # moved or removed by a reload meanwhile: its new pool judges it
+        seconds = pool.record_failure(endpoint)
+        if seconds is not None:
+            log.warning(
+                "endpoint %s ejected from pool %s for %g s after %d failures in a row (last: %s)",
+                endpoint.url,
+                pool.name,
+                seconds,
+                pool.config.outlier_detection.consecutive_failures,
+                error.message,
+            )
 
     @contextmanager
     def _holding(self, caller: Caller, retry_after: float) -> Iterator[None]:
@@ -307,42 +402,68 @@ class Router:
     # -- background work --------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Background work, forever: health checks (an endpoint is marked up or
-        down only from here, and down by live failures) and backend load scrapes."""
+        """Background work, forever: health checks (``healthy`` is set only from
+        here), backend load scrapes, and closing clients that reloads retired.
+
+        A turn that fails is logged and the loop goes on: a broken probe must
+        never stop health checking for the life of the process.
+        """
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._check_health_forever)
-            nursery.start_soon(self._scrape_loads_forever)
+            nursery.start_soon(
+                _forever, "health check", self.check_health, lambda: self.config.timeouts.health_check_interval
+            )
+            nursery.start_soon(_forever, "backend load scrape", self._scrape_loads, self._scrape_interval)
+            nursery.start_soon(self._close_retired_forever)
             task_status.started()
 
-    async def _check_health_forever(self) -> None:
-        while True:
-            await self.check_health()
-            await trio.sleep(self.config.timeouts.health_check_interval)
+    def _scrape_interval(self) -> float:
+        interval = self.config.metrics.backend_scrape_interval
+        return interval if interval > 0 else self.config.timeouts.health_check_interval
 
-    async def _scrape_loads_forever(self) -> None:
+    async def _scrape_loads(self) -> None:
         """Each endpoint's own /metrics (running, waiting, KV cache), for the dashboards.
 
         Read on every turn, so a reload can switch scraping on or off.
         """
+        if self.config.metrics.backend_scrape_interval > 0:
+            await scrape(list(self._endpoints.values()), timeout=self.config.timeouts.health_check_timeout)
+
+    async def _close_retired_forever(self) -> None:
         while True:
-            interval = self.config.metrics.backend_scrape_interval
-            if interval > 0:
-                await scrape(list(self._endpoints.values()), timeout=self.config.timeouts.health_check_timeout)
-            await trio.sleep(interval if interval > 0 else self.config.timeouts.health_check_interval)
+            await self._close_wanted.wait()
+            self._close_wanted = trio.Event()
+            await self._close_retired()
+
+    async def _close_retired(self) -> None:
+        while self._to_close:
+            client = self._to_close.pop()
+            with trio.CancelScope(shield=True):
+                await client.aclose()
 
     async def check_health(self) -> None:
-        """Probe every endpoint's /health once, concurrently; wake waiters on recovery."""
+        """Probe every endpoint once, concurrently; wake waiters on recovery.
+
+        A pool's ``health_check`` picks the probe: ``GET /health``, or a
+        one-token completion, which also proves the engine can work (and so
+        ends an ejection at once). Every turn also re-offers each pool's
+        seats to its waiters, since ejections run out by themselves.
+        """
         timeout = self.config.timeouts.health_check_timeout
 
         async def probe(endpoint: Endpoint) -> None:
+            pool = endpoint.pool
+            completion = pool is not None and pool.config.health_check == "completion"
             with trio.move_on_after(timeout):
-                healthy = await endpoint.client.health()
+                if pool is not None and completion:
+                    healthy = await endpoint.client.completes(pool.config.models[0])
+                else:
+                    healthy = await endpoint.client.health()
                 was = endpoint.healthy
                 endpoint.healthy = healthy
+                if healthy and completion:
+                    endpoint.end_ejection()
                 if healthy and not was:
                     log.info("endpoint %s is healthy again", endpoint.url)
-                    if endpoint.pool is not None:
-                        endpoint.pool.queue.dispatch()
                 elif was and not healthy:
                     log.warning("endpoint %s failed its health check", endpoint.url)
                 return
@@ -353,10 +474,13 @@ class Router:
         async with trio.open_nursery() as nursery:
             for endpoint in list(self._endpoints.values()):
                 nursery.start_soon(probe, endpoint)
+        for pool in self._pools.values():
+            pool.queue.dispatch()
 
     async def aclose(self) -> None:
         for endpoint in [*self._endpoints.values(), *self._retired_endpoints.values()]:
             await endpoint.aclose()
+        await self._close_retired()
 
     # -- views ------------------------------------------------------------
 
@@ -364,7 +488,17 @@ class Router:
         return RouterStatistics(
             pools=tuple(pool.statistics() for pool in self._pools.values()),
             endpoints=tuple(
-                EndpointStatistics(e.url, pool.name, e.in_flight, e.max_concurrency, e.healthy, e.load)
+                EndpointStatistics(
+                    e.url,
+                    pool.name,
+                    e.in_flight,
+                    e.max_concurrency,
+                    e.healthy,
+                    e.load,
+                    ejected=e.ejected,
+                    ejections=e.ejections,
+                    failures_in_a_row=e.failures_in_a_row,
+                )
                 for pool in self._pools.values()
                 for e in pool.endpoints
             ),
@@ -373,6 +507,9 @@ class Router:
             draining=self._draining,
             open_requests=self._open_requests,
             caller_in_flight=dict(self._caller_in_flight),
+            retries={name: self._retries[name] for name in self._pools},
+            backend_clients=sum(e.open_clients for e in [*self._endpoints.values(), *self._retired_endpoints.values()])
+            + len(self._to_close),
         )
 
     def health(self) -> dict[str, Any]:
@@ -380,7 +517,7 @@ class Router:
         pools = {
             pool.name: {
                 "healthy": pool.healthy,
-                "endpoints": {e.url: ("up" if e.healthy else "down") for e in pool.endpoints},
+                "endpoints": {e.url: _state(e) for e in pool.endpoints},
             }
             for pool in self._pools.values()
         }
@@ -392,3 +529,45 @@ class Router:
         for pool in self.config.pools:
             seen.update(dict.fromkeys(pool.models))
         return list(seen)
+
+
+async def _first_byte(
+    client: BackendClient, path: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool, timeout: float
+) -> BackendResponse:
+    """Open the call and wait for the first byte of its body, at most ``timeout`` s."""
+    response: BackendResponse | None = None
+    with trio.move_on_after(timeout):
+        response = await client.open(path, body, headers, stream=stream)
+        try:
+            await response.start()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+            raise
+        return response
+    if response is not None:
+        with trio.CancelScope(shield=True):
+            await response.aclose()
+    raise BackendTimeout(f"the backend {client.url} sent no first byte within {timeout:g} s", before_response=True)
+
+
+def _retryable(error: BackendError) -> bool:
+    """Failed before any response: a second endpoint may well succeed."""
+    return isinstance(error, BackendUnavailable) and error.before_response
+
+
+def _state(endpoint: Endpoint) -> str:
+    """An endpoint's state for /health: up, down (health check) or ejected (outlier detection)."""
+    if not endpoint.healthy:
+        return "down"
+    return "ejected" if endpoint.ejected else "up"
+
+
+async def _forever(what: str, turn: Callable[[], Awaitable[None]], interval: Callable[[], float]) -> None:
+    """Run ``turn`` every ``interval()`` seconds; a failing turn is logged, never fatal."""
+    while True:
+        try:
+            await turn()
+        except Exception:
+            log.exception("%s failed; trying again in %g s", what, interval())
+        await trio.sleep(interval())

@@ -22,7 +22,9 @@ at once. Hold times measured at light load are shorter than at full load
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -30,49 +32,162 @@ import trio
 
 from .backend import BackendClient
 from .backend_load import BackendLoad
-from .config_types import EndpointConfig, PoolConfig
+from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig
 from .errors import NoBackend
 from .queue import WaitQueue, WaitQueueStatistics
 
 
-class Endpoint:
-    """One inference server: its cap, its load, its health, its HTTP client."""
+Closer = Callable[[BackendClient], None]
 
-    def __init__(self, config: EndpointConfig, *, connect_timeout: float, transport: httpx.AsyncBaseTransport | None) -> None:
+
+class Endpoint:
+    """One inference server: its cap, its load, its health, its HTTP client.
+
+    Two verdicts decide whether it gets new requests. ``healthy`` is the
+    active health check's (only it sets it). ``ejected_until`` is outlier
+    detection's, from live traffic: ``consecutive_failures`` failed requests
+    in a row take it out for a while (see :meth:`Pool.record_failure`); the
+    time out ends by itself.
+
+    A client replaced by a reload (a new cap means a new connection pool) is
+    handed to ``closer`` as soon as the last seat that holds it is released,
+    so a reload never leaves connections behind.
+    """
+
+    def __init__(
+        self,
+        config: EndpointConfig,
+        *,
+        connect_timeout: float,
+        transport: httpx.AsyncBaseTransport | None,
+        closer: Closer,
+        max_body_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
         self.url = config.url
         self.max_concurrency = config.max_concurrency
         self.in_flight = 0
         self.healthy = True
         self.pool: Pool | None = None
         self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
+        self.failures_in_a_row = 0
+        self.ejections = 0  # times ejected in all, for /metrics
+        self._ejections_in_a_row = 0  # times ejected lately: the ejection time's multiplier
+        self.ejected_until: float | None = None
+        self._ejection_ended_at = -math.inf
         self._connect_timeout = connect_timeout
         self._transport = transport
+        self._closer = closer
+        self._max_body_bytes = max_body_bytes
+        self.retired = False  # left the config; kept only while seats still hold it
         self.client = self._new_client()
-        self._retired: list[BackendClient] = []
+        self._client_closed = False
+        self._replaced: set[BackendClient] = set()  # old clients that seats still hold
 
     def _new_client(self) -> BackendClient:
         return BackendClient(
-            self.url, max_concurrency=self.max_concurrency, connect_timeout=self._connect_timeout, transport=self._transport
+            self.url,
+            max_concurrency=self.max_concurrency,
+            connect_timeout=self._connect_timeout,
+            transport=self._transport,
+            max_body_bytes=self._max_body_bytes,
         )
 
-    def reconfigure(self, config: EndpointConfig) -> None:
-        """Take a new cap; a new client sized to it serves new requests."""
+    def reconfigure(self, config: EndpointConfig, *, max_body_bytes: int) -> None:
+        """Take a new cap; a new client sized to it serves new requests.
+
+        The old client is closed now if no seat holds it, else when its last
+        seat is released.
+        """
+        if max_body_bytes != self._max_body_bytes:
+            self._max_body_bytes = max_body_bytes
+            self.client.max_body_bytes = max_body_bytes
         if config.max_concurrency != self.max_concurrency:
             self.max_concurrency = config.max_concurrency
-            self._retired.append(self.client)
+            old, self.client = self.client, self._new_client()
+            if old.leases:
+                self._replaced.add(old)
+            else:
+                self._closer(old)
+
+    def lease_ended(self, client: BackendClient) -> None:
+        """A seat holding ``client`` was released: close the client if it was replaced and is idle."""
+        client.leases -= 1
+        if client.leases:
+            return
+        if client is not self.client:
+            self._replaced.discard(client)
+            self._closer(client)
+        elif self.retired and not self._client_closed:
+            self._client_closed = True
+            self._closer(client)
+
+    def retire(self) -> None:
+        """The endpoint left the config: nobody new; its client closes once no seat holds it."""
+        self.pool = None
+        self.retired = True
+        if self.client.leases == 0 and not self._client_closed:
+            self._client_closed = True
+            self._closer(self.client)
+
+    def revive(self) -> None:
+        """A retired endpoint is back in the config (its running requests still count)."""
+        if not self.retired:
+            return
+        self.retired = False
+        if self._client_closed:
+            self._client_closed = False
             self.client = self._new_client()
 
     @property
-    def has_room(self) -> bool:
-        return self.healthy and self.in_flight < self.max_concurrency
+    def open_clients(self) -> int:
+        """HTTP clients of this endpoint not yet handed to the closer."""
+        return (0 if self._client_closed else 1) + len(self._replaced)
 
-    def mark_down(self) -> None:
-        """Live traffic saw a failure; only the health check brings it back."""
-        self.healthy = False
+    @property
+    def ejected(self) -> bool:
+        """Whether outlier detection has it out now (an ejection that has run out ends here)."""
+        until = self.ejected_until
+        if until is None:
+            return False
+        if trio.current_time() < until:
+            return True
+        self.ejected_until = None
+        self._ejection_ended_at = until
+        return False
+
+    @property
+    def usable(self) -> bool:
+        """Healthy and not ejected: may take new requests when it has room."""
+        return self.healthy and (self.ejected_until is None or not self.ejected)
+
+    @property
+    def has_room(self) -> bool:
+        return self.in_flight < self.max_concurrency and self.usable
+
+    def eject(self, outlier: OutlierDetectionConfig) -> float:
+        """Take it out for base x (times ejected), at most the maximum; returns the seconds.
+
+        The multiplier forgets an endpoint's past once it has gone a whole
+        ``max_ejection_time`` without an ejection.
+        """
+        now = trio.current_time()
+        if now - self._ejection_ended_at > outlier.max_ejection_time:
+            self._ejections_in_a_row = 0
+        self._ejections_in_a_row += 1
+        self.ejections += 1
+        seconds = min(outlier.base_ejection_time * self._ejections_in_a_row, outlier.max_ejection_time)
+        self.ejected_until = now + seconds
+        self.failures_in_a_row = 0
+        return seconds
+
+    def end_ejection(self) -> None:
+        """A completion health probe proved it works: back in at once."""
+        if self.ejected_until is not None:
+            self.ejected_until = None
+            self._ejection_ended_at = trio.current_time()
 
     async def aclose(self) -> None:
-        for client in [self.client, *self._retired]:
-            await client.aclose()
+        await self.client.aclose()
 
 
 @dataclass(frozen=True)
@@ -130,8 +245,20 @@ class Lease:
         self.pool = pool
         self.endpoint = endpoint
         self.client = endpoint.client
+        self.client.leases += 1
         self.granted_at = trio.current_time()
         self._released = False
+
+    def move(self, endpoint: Endpoint) -> None:
+        """Carry the seat to another endpoint of the pool (a retry); the pool's count is unchanged."""
+        old = self.endpoint
+        old.in_flight -= 1
+        old.lease_ended(self.client)
+        endpoint.in_flight += 1
+        self.endpoint = endpoint
+        self.client = endpoint.client
+        self.client.leases += 1
+        self.pool.queue.dispatch()  # the old endpoint's seat may seat a waiter
 
     def release(self) -> None:
         if self._released:
@@ -139,6 +266,7 @@ class Lease:
         self._released = True
         self.pool.in_flight -= 1
         self.endpoint.in_flight -= 1
+        self.endpoint.lease_ended(self.client)
         self.pool.seat_time.observe(trio.current_time() - self.granted_at)
         self.pool.queue.dispatch()
         moved_to = self.endpoint.pool
@@ -169,13 +297,45 @@ class Pool:
 
     @property
     def healthy(self) -> bool:
-        return any(endpoint.healthy for endpoint in self.endpoints)
+        """Some endpoint may take requests (healthy and not ejected)."""
+        return any(endpoint.usable for endpoint in self.endpoints)
 
     @property
     def seats(self) -> int:
-        """Requests the pool may run at once now: its cap, or its healthy endpoints' caps if fewer."""
-        healthy = sum(e.max_concurrency for e in self.endpoints if e.healthy)
-        return min(self.config.max_concurrency, healthy)
+        """Requests the pool may run at once now: its cap, or its usable endpoints' caps if fewer."""
+        usable = sum(e.max_concurrency for e in self.endpoints if e.usable)
+        return min(self.config.max_concurrency, usable)
+
+    # -- outlier detection ----------------------------------------------------
+
+    def record_success(self, endpoint: Endpoint) -> None:
+        """The endpoint answered properly (a 4xx included): its run of failures ends."""
+        endpoint.failures_in_a_row = 0
+
+    def record_failure(self, endpoint: Endpoint) -> float | None:
+        """Count a failed request; eject the endpoint after enough in a row.
+
+        Returns the ejection's length in seconds, or None when the endpoint
+        stays in: not enough failures yet, or the pool already has its
+        ``max_ejection_percent`` of endpoints ejected (rounded down, so the
+        only endpoint of a pool is never ejected by live traffic alone).
+        """
+        outlier = self.config.outlier_detection
+        endpoint.failures_in_a_row += 1
+        if endpoint.failures_in_a_row < outlier.consecutive_failures or endpoint.ejected:
+            return None
+        allowed = math.floor(len(self.endpoints) * outlier.max_ejection_percent / 100 + 1e-9)
+        if sum(e.ejected for e in self.endpoints) + 1 > allowed:
+            return None
+        return endpoint.eject(outlier)
+
+    def retry_endpoint(self, lease: Lease) -> Endpoint | None:
+        """Another endpoint with room for a failed request's second try, or None."""
+        candidates = [e for e in self.endpoints if e is not lease.endpoint and e.has_room]
+        if not candidates:
+            return None
+        least = min(e.in_flight for e in candidates)
+        return self._rng.choice([e for e in candidates if e.in_flight == least])
 
     def _full_drain_rate(self) -> float | None:
         """Seats a second the pool frees when all are taken (Little's law), or None without an estimate.
@@ -225,7 +385,7 @@ class Pool:
             name=self.name,
             in_flight=self.in_flight,
             max_concurrency=self.config.max_concurrency,
-            healthy_endpoints=sum(e.healthy for e in self.endpoints),
+            healthy_endpoints=sum(e.usable for e in self.endpoints),
             endpoints=len(self.endpoints),
             queue=self.queue.statistics(),
             seat_seconds=self.seat_time.mean,

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import httpx
 import pytest
 import trio
 import trio.testing
 
-from router.backend import SHARD_CONNECTIONS, BackendClient
+from router.backend import SHARD_CONNECTIONS, BackendClient, BackendResponse
 from router.errors import BackendRejected, BackendUnavailable
 
 
 def client_for(handler: object, cap: int = 8) -> BackendClient:
     return BackendClient("http://gpu-0:8000", max_concurrency=cap, connect_timeout=1.0, transport=httpx.MockTransport(handler))  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def opened(backend: BackendClient, headers: dict[str, str] | None = None) -> AsyncIterator[BackendResponse]:
+    """One non-streaming call, read to its end, closed on exit."""
+    response = await backend.open("/v1/completions", {"prompt": "x"}, headers or {}, stream=False)
+    try:
+        await response.start()
+        yield response
+    finally:
+        await response.aclose()
 
 
 @pytest.mark.parametrize(
@@ -28,7 +42,7 @@ def client_for(handler: object, cap: int = 8) -> BackendClient:
 async def test_error_statuses_map_into_the_router_tree(status: int, body: bytes, error: type[Exception], needle: str) -> None:
     backend = client_for(lambda request: httpx.Response(status, content=body))
     with pytest.raises(error, match=needle) as caught:
-        async with backend.post("/v1/completions", {"prompt": "x"}, {}):
+        async with opened(backend):
             pass
     if isinstance(caught.value, BackendRejected):
         assert caught.value.status == status
@@ -41,7 +55,7 @@ async def test_refused_connection_is_unavailable() -> None:
 
     backend = client_for(refuse)
     with pytest.raises(BackendUnavailable, match="could not be reached"):
-        async with backend.post("/v1/completions", {"prompt": "x"}, {}):
+        async with opened(backend):
             pass
     assert not await backend.health()
     await backend.aclose()
@@ -61,7 +75,7 @@ async def test_calls_fill_shards_that_add_up_to_the_cap(autojump_clock: trio.tes
     assert sorted(s.size for s in backend._shards) == [5, SHARD_CONNECTIONS, SHARD_CONNECTIONS]
 
     async def call(i: int) -> None:
-        async with backend.post("/v1/completions", {"prompt": "x"}, {"x-request-id": str(i)}) as response:
+        async with opened(backend, {"x-request-id": str(i)}) as response:
             await response.read()
 
     async with trio.open_nursery() as nursery:
@@ -85,7 +99,7 @@ async def test_backend_cookies_are_never_kept_or_sent() -> None:
 
     backend = client_for(handler)
     for _ in range(2):
-        async with backend.post("/v1/completions", {"prompt": "x"}, {}) as response:
+        async with opened(backend) as response:
             await response.read()
     assert sent_cookies == [None, None]  # caller A's cookie never reaches caller B
     await backend.aclose()

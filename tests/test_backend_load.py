@@ -141,7 +141,7 @@ def test_a_broken_line_elsewhere_does_not_spoil_the_load() -> None:
 
 
 def endpoint_for(handler: Callable[[httpx.Request], object], url: str = "http://gpu-0:8000") -> Endpoint:
-    return Endpoint(EndpointConfig(url, 4), connect_timeout=1.0, transport=httpx.MockTransport(handler))  # type: ignore[arg-type]
+    return Endpoint(EndpointConfig(url, 4), connect_timeout=1.0, transport=httpx.MockTransport(handler), closer=lambda client: None)  # type: ignore[arg-type]
 
 
 def serve_text(text: str) -> Callable[[httpx.Request], httpx.Response]:
@@ -185,7 +185,7 @@ async def test_a_refused_connection_is_not_ok() -> None:
         await sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     # Nothing listens on the port now: connecting is refused.
-    endpoint = Endpoint(EndpointConfig(f"http://127.0.0.1:{port}", 4), connect_timeout=1.0, transport=None)
+    endpoint = Endpoint(EndpointConfig(f"http://127.0.0.1:{port}", 4), connect_timeout=1.0, transport=None, closer=lambda client: None)
     with trio.fail_after(5):
         await scrape([endpoint], timeout=3.0)
     assert endpoint.load is not None and not endpoint.load.ok and endpoint.load.running is None
@@ -242,7 +242,7 @@ async def streams(client: httpx.AsyncClient, count: int, *, started: int) -> Asy
 async def test_scrape_follows_the_simulated_engine_queue(autojump_clock: trio.testing.MockClock) -> None:
     params = PROFILES["latency"].replace(max_num_seqs=2)
     async with in_process_engine(params) as (engine, client):
-        endpoint = Endpoint(EndpointConfig("http://sim", 4), connect_timeout=1.0, transport=SimTransport(SimApp(engine, model=MODEL)))
+        endpoint = Endpoint(EndpointConfig("http://sim", 4), connect_timeout=1.0, transport=SimTransport(SimApp(engine, model=MODEL)), closer=lambda client: None)
         await scrape([endpoint], timeout=1.0)
         assert endpoint.load is not None
         assert (endpoint.load.running, endpoint.load.waiting, endpoint.load.kv_cache_usage) == (0.0, 0.0, 0.0)
@@ -259,7 +259,7 @@ async def test_scrape_follows_the_simulated_engine_queue(autojump_clock: trio.te
 
 async def test_scrape_reads_a_simulated_engine_over_a_socket() -> None:
     async with engines_on_sockets([QUICK.replace(max_num_seqs=2)]) as backends:
-        endpoint = Endpoint(EndpointConfig(backends.urls[0], 4), connect_timeout=1.0, transport=None)
+        endpoint = Endpoint(EndpointConfig(backends.urls[0], 4), connect_timeout=1.0, transport=None, closer=lambda client: None)
         async with httpx.AsyncClient(base_url=backends.urls[0]) as client:
             async with streams(client, 3, started=2):
                 with trio.fail_after(5):

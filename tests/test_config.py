@@ -210,7 +210,7 @@ def test_listen_addresses(listen: str, host: str, port: int) -> None:
     config = parse_config(f'[server]\nhttp_listen = "{listen}"\ngrpc_listen = "{listen}"\n' + BASE)
     assert (config.server.http_host, config.server.http_port) == (host, port)
     assert (config.server.grpc_host, config.server.grpc_port) == (host, port)
-    assert f"http_listen           {listen}" in render_config(config)
+    assert re.search(rf"http_listen +{re.escape(listen)}\n", render_config(config))
 
 
 def test_classes_keep_file_order_even_when_interleaved_with_pools() -> None:
@@ -608,7 +608,7 @@ def test_render_config_shows_every_pool_endpoint_and_class() -> None:
 
 def test_render_config_of_the_shipped_file_is_a_readable_page() -> None:
     text = render_config(load_config(SHIPPED))
-    assert 30 <= len(text.splitlines()) <= 65
+    assert 30 <= len(text.splitlines()) <= 80
     for expected in ("127.0.0.1:8080", "127.0.0.1:50051", "8192", "1024 (over the cap: clamp)", "120 s"):
         assert expected in text
 

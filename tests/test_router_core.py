@@ -195,7 +195,7 @@ async def test_end_to_end_deadline_aborts_the_generation(autojump_clock: trio.te
         assert fleet.router.deadline_for(sooner) == pytest.approx(trio.current_time() + 1.0)
 
 
-async def test_backend_4xx_passes_through_and_5xx_marks_down(autojump_clock: trio.testing.MockClock) -> None:
+async def test_backend_4xx_passes_through(autojump_clock: trio.testing.MockClock) -> None:
     # The router believes the model takes 32k tokens; this engine takes 4k: vLLM's 400 comes back.
     small = {INTERACTIVE_URL: PROFILES["latency"], BATCH_URL: PROFILES["throughput"].replace(max_model_len=4096, kv_cache_tokens=100_000)}
     async with router_over_engines(two_pool_config(), params=small) as fleet:
@@ -205,7 +205,7 @@ async def test_backend_4xx_passes_through_and_5xx_marks_down(autojump_clock: tri
         assert fleet.router.statistics().in_flight == 0
 
 
-async def test_unreachable_endpoint_is_marked_down_until_health_returns(autojump_clock: trio.testing.MockClock) -> None:
+async def test_unreachable_endpoint_fails_fast_and_only_its_health_check_takes_it_down(autojump_clock: trio.testing.MockClock) -> None:
     async with router_over_engines(two_pool_config()) as fleet:
         endpoint = fleet.router._pools["interactive"].endpoints[0]
         real = endpoint.client
@@ -221,6 +221,9 @@ async def test_unreachable_endpoint_is_marked_down_until_health_returns(autojump
         endpoint.client = BackendClient(endpoint.url, max_concurrency=8, connect_timeout=1.0, transport=httpx.MockTransport(refuse))
         with pytest.raises(errors.BackendUnavailable, match="could not be reached"):
             await run_to_end(fleet.router, chat())
+        # One failed request is no verdict: the endpoint stays in until its health check fails.
+        assert endpoint.healthy and endpoint.failures_in_a_row == 1
+        await fleet.router.check_health()
         assert not endpoint.healthy
         with pytest.raises(errors.NoBackend):
             await run_to_end(fleet.router, chat())
