@@ -5,12 +5,19 @@ Public surface; the modules behind it are small and private in spirit.
 
 from __future__ import annotations
 
+from .app import DropConnection as DropConnection
 from .app import SimApp as SimApp
 from .app import SimResponse as SimResponse
 from .engine import Engine as Engine
 from .engine import EngineRequestError as EngineRequestError
 from .engine import EngineStatistics as EngineStatistics
 from .engine import Sequence as Sequence
+from .faults import MODES as FAULT_MODES
+from .faults import AdminApp as AdminApp
+from .faults import Fault as Fault
+from .faults import FaultError as FaultError
+from .faults import FaultInjector as FaultInjector
+from .faults import FaultSwitch as FaultSwitch
 from .params import PROFILES as PROFILES
 from .params import EngineParams as EngineParams
 from .server import DEFAULT_MODEL as DEFAULT_MODEL

@@ -1,4 +1,9 @@
-"""``python -m bench.sim``: run one or several simulated vLLM engines on localhost."""
+"""``python -m bench.sim``: run one or several simulated vLLM engines on localhost.
+
+``--fault MODE[:key=value,...]`` starts every engine in a fault mode (see
+``bench.sim.faults``); ``--admin-port`` serves ``/_sim/faults/PORT`` for each
+engine, which reaches an engine even while it is killed.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,12 @@ import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 import trio
 
+from .faults import MODES, AdminApp, Fault, FaultSwitch
+from .http import serve
 from .params import PROFILES, EngineParams
 from .server import DEFAULT_MODEL, EngineSpec, parse_engines, serve_engine
 
@@ -51,6 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
         "saturated on few cores; /metrics reports the GPU's own, unscaled, timings (default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of output text and EOS draws (default %(default)s)")
+    parser.add_argument(
+        "--fault",
+        default="none",
+        metavar="MODE[:KEY=VALUE,...]",
+        help=f"start every engine in this fault mode, e.g. error_rate:p=0.3 or huge:size=1000000,status=200; "
+        f"modes: {', '.join(MODES)}; change it later with POST /_sim/faults (default %(default)s)",
+    )
+    parser.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        help="also serve /_sim/faults/ENGINE_PORT here, for every engine (reaches a killed engine); 0 picks a port",
+    )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default %(default)s)")
     group = parser.add_argument_group("engine parameters (override the profile's value for every engine)")
     for field in dataclasses.fields(EngineParams):
@@ -63,11 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run(specs: Sequence[EngineSpec]) -> None:
+async def _run(specs: Sequence[EngineSpec], admin_port: int | None) -> None:
+    switches: dict[int, FaultSwitch] = {}
     async with trio.open_nursery() as nursery:
         for spec in specs:
-            port = await nursery.start(serve_engine, spec)
-            print(f"{spec.name}: http://{spec.host}:{port}/v1  model={spec.model}  {spec.params}", flush=True)
+            switch = FaultSwitch(spec.fault, seed=spec.seed)
+            port = await nursery.start(partial(serve_engine, spec, switch=switch))
+            switches[port] = switch
+            fault = "" if spec.fault.mode == "none" else f"  fault={spec.fault.to_json()}"
+            print(f"{spec.name}: http://{spec.host}:{port}/v1  model={spec.model}  {spec.params}{fault}", flush=True)
+        if admin_port is not None:
+            host = specs[0].host
+            port = await nursery.start(serve, AdminApp(switches).handle, host, admin_port)
+            print(f"admin: http://{host}:{port}/_sim/faults", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         pairs = parse_engines(args.engines) if args.engines else [(args.port, args.profile)]
+        fault = Fault.parse(args.fault)
         specs = [
             EngineSpec(
                 port=port,
@@ -90,13 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time_scale=args.time_scale,
                 seed=args.seed,
                 name=f"{profile}@{port}",
+                fault=fault,
             )
             for port, profile in pairs
         ]
     except ValueError as error:
         parser.error(str(error))
     try:
-        trio.run(_run, specs)
+        trio.run(_run, specs, args.admin_port)
     except KeyboardInterrupt:
         return 0
     return 0

@@ -14,20 +14,40 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .engine import Engine, EngineRequestError, Sequence
 from .metrics import SimMetrics
 from .tokens import TOKEN_JSON, count_chat_tokens, count_text_tokens, detokenize
+
+log = logging.getLogger("bench.sim.app")
 
 JSON_HEADERS: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
 SSE_HEADERS: tuple[tuple[str, str], ...] = (
     ("content-type", "text/event-stream"),
     ("cache-control", "no-cache"),
 )
+
+
+class DropConnection(Exception):
+    """Close the connection without a response (or in the middle of one's body).
+
+    vLLM does this when its tokenizer fails on a request; the fault modes use
+    it to cut a body short. The in-process transport raises httpx's
+    ``RemoteProtocolError`` instead, as httpx does over a socket.
+    """
+
+
+class BodyStream(Protocol):
+    """A response body produced piece by piece; ``aclose`` when the reader stops early."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
 
 
 class ApiError(Exception):
@@ -40,7 +60,13 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> bytes:
-        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+        kind = {
+            400: "BadRequestError",
+            404: "NotFoundError",
+            405: "MethodNotAllowed",
+            413: "RequestTooLarge",
+            500: "InternalServerError",
+        }
         return json.dumps(
             {
                 "error": {
@@ -55,12 +81,12 @@ class ApiError(Exception):
 
 @dataclass
 class SimResponse:
-    """A response: either ``body`` or, for streams, ``stream``."""
+    """A response: either ``body`` or, for streams (and bodies written in pieces), ``stream``."""
 
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
-    stream: TokenStream | None = None
+    stream: BodyStream | None = None
 
     @classmethod
     def json(cls, status: int, payload: object, extra: list[tuple[str, str]] | None = None) -> SimResponse:
@@ -262,10 +288,13 @@ class SimApp:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model")
         if chat:
             contents = _message_contents(request.get("messages"))
+            _require_encodable(contents)
             prompt_tokens = count_chat_tokens(contents)
             prompt_key = "\x00".join(contents)
         else:
-            prompt_tokens, prompt_key = _prompt_tokens(request.get("prompt"))
+            prompt = request.get("prompt")
+            _require_encodable(prompt if isinstance(prompt, list) else [prompt])
+            prompt_tokens, prompt_key = _prompt_tokens(prompt)
         max_tokens = _optional_int(request, "max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = _optional_int(request, "max_tokens")
@@ -308,9 +337,13 @@ class SimApp:
     def _tokenize(self, body: bytes) -> dict[str, Any]:
         request = _load_json(body)
         if "messages" in request:
-            count = count_chat_tokens(_message_contents(request["messages"]))
+            contents = _message_contents(request["messages"])
+            _require_encodable(contents)
+            count = count_chat_tokens(contents)
         else:
-            count, _ = _prompt_tokens(request.get("prompt"))
+            prompt = request.get("prompt")
+            _require_encodable(prompt if isinstance(prompt, list) else [prompt])
+            count, _ = _prompt_tokens(prompt)
         # Ids are positions, not a real vocabulary: only the count is meaningful.
         return {"count": count, "max_model_len": self.engine.params.max_model_len, "tokens": list(range(count))}
 
@@ -351,6 +384,22 @@ def _message_contents(messages: object) -> list[str]:
             raise ApiError(400, f"messages[{index}].content must be a string or a list of parts", param="messages")
         contents.append(content)
     return contents
+
+
+def _require_encodable(texts: list[Any]) -> None:
+    """Drop the connection on text UTF-8 cannot encode (a lone UTF-16 surrogate such as "\\ud866").
+
+    JSON allows such escapes and Python decodes them, but vLLM's tokenizer
+    fails on them and the client gets no response at all: the simulator
+    does the same, so a router in front meets it.
+    """
+    for text in texts:
+        if isinstance(text, str) and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                log.info("dropping the connection: the prompt holds a lone surrogate")
+                raise DropConnection("the prompt holds a lone surrogate") from None
 
 
 def _prompt_tokens(prompt: object) -> tuple[int, str]:

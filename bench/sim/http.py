@@ -10,6 +10,11 @@ profile showed those trips were a third of the simulator's CPU.
 While a response is being produced, a watcher reads the socket: end of file
 means the client went away, and the response's cancel scope is cancelled, so
 the engine aborts the sequence within a step (as vLLM does).
+
+A handler (or a body stream) that raises ``DropConnection`` closes the socket
+at once, without a response or in the middle of one. A ``Gate`` (the fault
+switch) may close the listening socket and every connection, and open the
+same port again later: a killed and revived engine.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ import http
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 import h11
 import trio
 
-from .app import ApiError, SimResponse
+from .app import ApiError, DropConnection, SimResponse
 
 log = logging.getLogger("bench.sim.http")
 
@@ -32,6 +38,15 @@ Handler = Callable[[str, str, Mapping[str, str], bytes], Awaitable[SimResponse]]
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _READ_SIZE = 64 * 1024
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ECONNABORTED}
+
+
+class Gate(Protocol):
+    """Whether the server listens now, and a way to wait for that to change."""
+
+    @property
+    def listening(self) -> bool: ...
+
+    async def wait_changed(self) -> None: ...
 
 
 class _Socket:
@@ -95,6 +110,8 @@ class _Connection:
                 self._h11.start_next_cycle()
         except* (trio.BrokenResourceError, h11.ProtocolError):
             pass  # the client went away or broke the protocol mid-response
+        except* DropConnection:
+            pass  # on purpose: the socket closes with no (or half a) response
         finally:
             self._sock.close()
 
@@ -208,34 +225,56 @@ async def serve(
     host: str,
     port: int,
     *,
+    gate: Gate | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``handler`` on host:port until cancelled; reports the bound port."""
-    listener = _listen(host, port)
+    """Serve ``handler`` on host:port until cancelled; reports the bound port.
 
+    With a ``gate``, the port is closed (and every connection dropped) while
+    ``gate.listening`` is false, and bound again when it turns true.
+    """
+    listener = _listen(host, port)
+    bound = listener.getsockname()[1]
+    task_status.started(bound)
+    while True:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_accept, listener, handler, nursery)
+                if gate is not None:
+                    nursery.start_soon(_close_when_shut, gate, nursery.cancel_scope)
+        finally:
+            trio.lowlevel.notify_closing(listener)
+            listener.close()
+        assert gate is not None  # only a gate ends the accept loop without an error
+        while not gate.listening:
+            await gate.wait_changed()
+        listener = _listen(host, bound)
+
+
+async def _close_when_shut(gate: Gate, scope: trio.CancelScope) -> None:
+    while gate.listening:
+        await gate.wait_changed()
+    scope.cancel()  # the accept loop and every connection: their sockets close
+
+
+async def _accept(listener: socket.socket, handler: Handler, nursery: trio.Nursery) -> None:
     async def on_connection(sock: socket.socket) -> None:
         try:
             await _Connection(_Socket(sock), handler).serve()
         except Exception:  # one broken connection must not stop the server
             log.exception("connection failed")
 
-    try:
-        async with trio.open_nursery() as nursery:
-            task_status.started(listener.getsockname()[1])
-            while True:
-                try:
-                    sock, _ = listener.accept()
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(listener)
-                    continue
-                except OSError as error:
-                    if error.errno not in _ACCEPT_RETRY_ERRNOS:
-                        raise
-                    log.warning("accept failed (%s); retrying", error)
-                    await trio.sleep(0.01)
-                    continue
-                nursery.start_soon(on_connection, sock)
-                await trio.lowlevel.checkpoint()
-    finally:
-        trio.lowlevel.notify_closing(listener)
-        listener.close()
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(listener)
+            continue
+        except OSError as error:
+            if error.errno not in _ACCEPT_RETRY_ERRNOS:
+                raise
+            log.warning("accept failed (%s); retrying", error)
+            await trio.sleep(0.01)
+            continue
+        nursery.start_soon(on_connection, sock)
+        await trio.lowlevel.checkpoint()

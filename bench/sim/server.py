@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 
 from .app import SimApp
 from .engine import Engine
+from .faults import Fault, FaultInjector, FaultSwitch
 from .http import serve
 from .params import PROFILES, EngineParams
 
@@ -25,6 +27,7 @@ class EngineSpec:
     time_scale: float = 1.0
     seed: int = 0
     name: str = "engine"
+    fault: Fault = Fault()  # the fault mode at start (none)
 
 
 def parse_engines(text: str) -> list[tuple[int, str]]:
@@ -45,11 +48,20 @@ def parse_engines(text: str) -> list[tuple[int, str]]:
     return pairs
 
 
-async def serve_engine(spec: EngineSpec, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run one engine and its HTTP API until cancelled; reports the bound port."""
+async def serve_engine(
+    spec: EngineSpec, *, switch: FaultSwitch | None = None, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run one engine and its HTTP API until cancelled; reports the bound port.
+
+    ``switch`` holds the engine's fault mode (a new one, set to ``spec.fault``,
+    when not given); ``/_sim/faults`` on the engine's port changes it too.
+    """
     engine = Engine(spec.params, time_scale=spec.time_scale, seed=spec.seed, name=spec.name)
     app = SimApp(engine, model=spec.model)
+    if switch is None:
+        switch = FaultSwitch(spec.fault, seed=spec.seed)
+    handler = FaultInjector(app, switch).handle
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
-        port = await nursery.start(serve, app.handle, spec.host, spec.port)
+        port = await nursery.start(partial(serve, handler, spec.host, spec.port, gate=switch))
         task_status.started(port)

@@ -3,7 +3,9 @@
 ``httpx.AsyncClient(transport=SimTransport(app))`` talks to the same
 ``SimApp`` the socket server runs, so the router and the benchmarks can run
 an hour of traffic under ``trio.testing.MockClock``. Closing a streamed
-response aborts the sequence, exactly like a socket client hanging up.
+response aborts the sequence, exactly like a socket client hanging up; a
+dropped connection (``DropConnection``) is httpx's ``RemoteProtocolError``, as
+over a socket.
 """
 
 from __future__ import annotations
@@ -12,16 +14,20 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from .app import SimApp, TokenStream
+from .app import BodyStream, DropConnection, SimApp
+from .http import Handler
 
 
 class _StreamBody(httpx.AsyncByteStream):
-    def __init__(self, stream: TokenStream) -> None:
+    def __init__(self, stream: BodyStream) -> None:
         self._stream = stream
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            yield chunk
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except DropConnection:
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body") from None
 
     async def aclose(self) -> None:
         await self._stream.aclose()
@@ -30,13 +36,17 @@ class _StreamBody(httpx.AsyncByteStream):
 class SimTransport(httpx.AsyncBaseTransport):
     """Routes every request of a client to one engine's API."""
 
-    def __init__(self, app: SimApp) -> None:
+    def __init__(self, app: SimApp | Handler) -> None:
         self.app = app
+        self._handle: Handler = app.handle if isinstance(app, SimApp) else app
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
         headers = {name.lower(): value for name, value in request.headers.items()}
-        response = await self.app.handle(request.method, request.url.path, headers, body)
+        try:
+            response = await self._handle(request.method, request.url.path, headers, body)
+        except DropConnection:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request) from None
         if response.stream is None:
             return httpx.Response(response.status, headers=response.headers, content=response.body)
         return httpx.Response(response.status, headers=response.headers, stream=_StreamBody(response.stream))
