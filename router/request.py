@@ -7,16 +7,29 @@ the decisions it took, which front ends report back (headers, metadata).
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import InvalidRequest
+from .telemetry import is_valid_request_id
 
 RequestKind = Literal["chat", "completion"]
 
 # Far above any real context window, far below what breaks JSON integers.
 MAX_TOKENS_CEILING = 1 << 31
+
+# Deepest nesting of objects and lists in a request, the body itself being
+# level 1. Real bodies stay under ~30 (a JSON schema nested ten deep is ~25);
+# the limit keeps every later json.dumps (the forwarded body) far from the
+# interpreter's recursion limit, which RecursionError would turn into a 500.
+MAX_JSON_DEPTH = 100
+
+# Integers the router forwards must fit 64 bits: what a backend's JSON parser
+# and every OpenAI field (seeds, token ids, counts) can hold.
+_INT_BOUND = 1 << 64
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,10 @@ class RouterRequest:
                 )
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise InvalidRequest("model must be a non-empty string", param="model")
+        if not isinstance(self.request_id, str) or not is_valid_request_id(self.request_id):
+            # It goes to the backend as a header: no control characters, no line breaks.
+            raise InvalidRequest("the request id must be 1 to 128 printable ASCII characters without spaces", param="x-request-id")
+        _check_forwardable(self)
 
     def texts(self) -> list[str]:
         """The prompt's texts, for size estimation (chat: one per message)."""
@@ -124,3 +141,100 @@ def _check_prompt(prompt: object) -> None:
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
             return
     raise InvalidRequest("prompt must be a string, a list of strings, or a list of token ids", param="prompt")
+
+
+def _check_forwardable(request: RouterRequest) -> None:
+    """Raise InvalidRequest, naming the field, for anything the router could
+    not forward as valid UTF-8 JSON: a lone UTF-16 surrogate (a ``"\\ud866"``
+    escape makes one; vLLM drops the connection on it), a non-finite number
+    (NaN, Infinity, 1e999), an integer beyond 64 bits, a non-JSON value, or
+    nesting deeper than MAX_JSON_DEPTH.
+
+    One pass over what is forwarded, with an ASCII fast path per string
+    (``str.isascii`` is O(1)); see tests/test_request_validation.py for its cost.
+    """
+    try:
+        for name, value in (("model", request.model), ("messages", request.messages), ("prompt", request.prompt)):
+            try:
+                _check_json(value, 2)
+            except _Unfit as unfit:
+                unfit.path.append(name)
+                raise
+        _check_json(dict(request.params), 1)
+    except _Unfit as unfit:
+        where = _field_path(unfit.path)
+        raise InvalidRequest(f"{where} {unfit.problem}", param=where) from None
+
+
+class _Unfit(Exception):
+    """A value the router cannot forward; ``path`` is filled in while unwinding."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str | int] = []
+
+
+def _check_json(value: object, level: int) -> None:
+    """Raise _Unfit for the first part of ``value`` that is not forwardable JSON.
+
+    ``level`` is the nesting level ``value`` would have as a container.
+    """
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Unfit("holds a lone UTF-16 surrogate, which is not valid Unicode text") from None
+    elif isinstance(value, dict):
+        if level > MAX_JSON_DEPTH:
+            raise _Unfit(f"is nested too deeply (at most {MAX_JSON_DEPTH} levels of objects and lists)")
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _Unfit("has a key that is not a string")
+            try:
+                _check_json(key, level)
+                _check_json(item, level + 1)
+            except _Unfit as unfit:
+                unfit.path.append(key)
+                raise
+    elif isinstance(value, (list, tuple)):
+        if level > MAX_JSON_DEPTH:
+            raise _Unfit(f"is nested too deeply (at most {MAX_JSON_DEPTH} levels of objects and lists)")
+        for index, item in enumerate(value):
+            try:
+                _check_json(item, level + 1)
+            except _Unfit as unfit:
+                unfit.path.append(index)
+                raise
+    elif value is None or isinstance(value, bool):
+        pass
+    elif isinstance(value, int):
+        if not -_INT_BOUND < value < _INT_BOUND:
+            raise _Unfit("is an integer out of range (over 64 bits)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Unfit("is not a finite number")
+    else:
+        raise _Unfit(f"is not a JSON value ({type(value).__name__})")
+
+
+def _field_path(path: list[str | int]) -> str:
+    """``messages[0].content`` from the unwound path (innermost step first).
+
+    Keys that are not plain identifiers are shown as escaped JSON strings, cut
+    short: a raw key could itself hold the surrogate being reported. A path
+    deeper than ten steps is cut (``...``).
+    """
+    parts: list[str] = []
+    steps = path[::-1]
+    for step in steps[:10]:
+        if isinstance(step, int):
+            parts.append(f"[{step}]")
+        elif step.isascii() and step.isidentifier() and len(step) <= 64:
+            parts.append(f".{step}" if parts else step)
+        else:
+            parts.append(f"[{json.dumps(step[:40])}]")
+    if len(steps) > 10:
+        parts.append("...")
+    return "".join(parts) or "the request"
