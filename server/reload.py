@@ -32,26 +32,40 @@ class ConfigReloader:
         self.reloads_failed = 0
 
     async def reload(self) -> bool:
-        """Load, validate and apply the file now; False (and a log line) if refused."""
+        """Load, validate and apply the file now; False (and a log line) if refused.
+
+        All or nothing, and never fatal: a file that fails validation, or any
+        failure while applying it (an engine that cannot start, a bug), keeps
+        the running config, is logged, and counts as a failed reload. The
+        process keeps serving.
+        """
         async with self._lock:
             self._mtime = _mtime(self._path)
             try:
                 config = await trio.to_thread.run_sync(load_config, self._path)
             except ConfigError as error:
-                self.reloads_failed += 1
-                self._on_result(False)
+                self._failed()
                 log.error("config reload refused, keeping the running config: %s", error)
                 return False
             if config.digest == self._current.digest:
                 return True
             if (config.server.http_host, config.server.http_port) != (self._current.server.http_host, self._current.server.http_port):
                 log.warning("server.http_listen changed; it takes effect only after a restart")
-            await self._apply(config)
+            try:
+                await self._apply(config)
+            except Exception:
+                self._failed()
+                log.exception("config reload failed while applying %s; keeping the running config", self._path)
+                return False
             self._current = config
             self.reloads_ok += 1
             self._on_result(True)
             log.info("config reloaded from %s (digest %s)", self._path, config.digest)
             return True
+
+    def _failed(self) -> None:
+        self.reloads_failed += 1
+        self._on_result(False)
 
     async def watch_signals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reload on every SIGHUP."""

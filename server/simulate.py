@@ -29,7 +29,13 @@ class SimulatedFleet:
         self._running: set[str] = set()
 
     async def ensure(self, config: Config) -> None:
-        """Start an engine for every endpoint that has none yet."""
+        """Start an engine for every endpoint that has none yet: all of them, or none.
+
+        Every new endpoint is checked before any engine starts; if one fails
+        to start (its port is taken), the engines started by this call are
+        stopped again and the error is raised, naming the endpoint.
+        """
+        specs: list[tuple[str, EngineSpec]] = []
         for pool in config.pools:
             for endpoint in pool.endpoints:
                 if endpoint.url in self._running:
@@ -46,6 +52,26 @@ class SimulatedFleet:
                     time_scale=self._time_scale,
                     name=f"{pool.simulate_profile}@{parts.port}",
                 )
-                await self._nursery.start(serve_engine, spec)
-                self._running.add(endpoint.url)
-                log.info("simulated %s engine serving %s at %s", pool.simulate_profile, spec.model, endpoint.url)
+                specs.append((endpoint.url, spec))
+        started: list[trio.CancelScope] = []
+        try:
+            for url, spec in specs:
+                try:
+                    started.append(await self._nursery.start(_engine_in_scope, spec))
+                except OSError as error:
+                    raise ValueError(f"--simulate could not start an engine for {url}: {error}") from error
+        except BaseException:
+            for scope in started:
+                scope.cancel()
+            raise
+        for url, spec in specs:
+            self._running.add(url)
+            log.info("simulated %s engine serving %s at %s", spec.name.split("@")[0], spec.model, url)
+
+
+async def _engine_in_scope(spec: EngineSpec, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
+    """One engine, stoppable through the cancel scope it reports once it listens."""
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_engine, spec)
+            task_status.started(scope)

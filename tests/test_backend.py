@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,7 +12,7 @@ import trio
 import trio.testing
 
 from router.backend import SHARD_CONNECTIONS, BackendClient, BackendResponse
-from router.errors import BackendRejected, BackendUnavailable
+from router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
 
 def client_for(handler: object, cap: int = 8) -> BackendClient:
@@ -103,3 +104,115 @@ async def test_backend_cookies_are_never_kept_or_sent() -> None:
             await response.read()
     assert sent_cookies == [None, None]  # caller A's cookie never reaches caller B
     await backend.aclose()
+
+
+# -- replies that are not what was asked for (issue 10, defects 6, 7 and 8) ----------
+
+
+class Produced:
+    """A body written to the wire in chunks, counting how many were asked for."""
+
+    def __init__(self, chunk: bytes, count: int, *, head: bytes = b"") -> None:
+        self.chunk, self.count, self.head = chunk, count, head
+        self.sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.head:
+            yield self.head
+        for _ in range(self.count):
+            self.sent += 1
+            yield self.chunk
+
+
+async def call(handler: object, *, stream: bool = False, max_body_bytes: int = 1 << 20) -> bytes:
+    """One call read to its end (the whole SSE for streams)."""
+    backend = BackendClient(
+        "http://gpu-0:8000", max_concurrency=4, connect_timeout=1.0, transport=httpx.MockTransport(handler), max_body_bytes=max_body_bytes  # type: ignore[arg-type]
+    )
+    try:
+        response = await backend.open("/v1/completions", {"prompt": "x"}, {}, stream=stream)
+        try:
+            await response.start()
+            if not stream:
+                return await response.read()
+            return b"".join([chunk async for chunk in response.chunks()])
+        finally:
+            await response.aclose()
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "stream", "needle"),
+    [
+        (302, {"location": "http://elsewhere/"}, b"", False, "answered 302"),
+        (200, {"content-type": "text/html"}, b"<html>", False, "content-type 'text/html'"),
+        (200, {"content-type": "application/json"}, b"not json at all", False, "not a JSON object"),
+        (200, {"content-type": "application/json"}, b"[1, 2]", False, "not a JSON object"),
+        (200, {"content-type": "application/json", "content-encoding": "gzip"}, b"garbage, not gzip", False, "does not decode"),
+        (200, {"content-type": "application/json"}, b"{" + b'"a":' * 2000 + b"1", False, "not a JSON object"),
+        (200, {"content-type": "application/json"}, b"", True, "content-type 'application/json'"),
+        (200, {"content-type": "text/event-stream"}, b'data: {"choices":[{"text":"a","finish_reason":null}]}\n\n', True, "without [DONE]"),
+    ],
+)
+async def test_a_reply_that_is_not_a_completion_is_a_bad_backend_reply(
+    status: int, headers: dict[str, str], body: bytes, stream: bool, needle: str
+) -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers=headers, content=Produced(body, 1))
+
+    with pytest.raises(BadBackendReply, match=re.escape(needle)):
+        await call(handler, stream=stream)
+
+
+async def test_a_stream_may_end_with_done_or_a_finish_reason() -> None:
+    events = [
+        b'data: {"choices":[{"text":"a","finish_reason":null}]}\n\ndata: [DONE]\n\n',
+        b'data: {"choices":[{"text":"a","finish_reason":"length"}]}\n\n',
+    ]
+    for body in events:
+
+        async def handler(request: httpx.Request, body: bytes = body) -> httpx.Response:
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=Produced(body, 1))
+
+        assert await call(handler, stream=True) == body
+
+
+async def test_an_error_event_in_a_stream_is_relayed_then_raised() -> None:
+    error = b'data: {"error": {"message": "engine dead", "type": "InternalServerError", "code": 500}}\n\ndata: [DONE]\n\n'
+    relayed: list[bytes] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=Produced(error, 1, head=b'data: {"choices":[]}\n\n'))
+
+    backend = client_for(handler)
+    response = await backend.open("/v1/completions", {"prompt": "x"}, {}, stream=True)
+    await response.start()
+    with pytest.raises(BackendStreamError, match="engine dead"):
+        async for chunk in response.chunks():
+            relayed.append(chunk)
+    await response.aclose()
+    await backend.aclose()
+    assert relayed[-1] == error  # every byte reached the caller before the error was raised
+
+
+async def test_an_error_body_is_read_only_up_to_its_cap() -> None:
+    body = Produced(b"x" * 65536, 300 * 16, head=b'{"error": {"message": "huge"')  # 300 MB if read whole
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, headers={"content-type": "application/json"}, content=body)
+
+    with pytest.raises(BackendUnavailable, match="failed with 500"):
+        await call(handler)
+    assert body.sent <= 2
+
+
+async def test_a_completion_body_over_its_cap_is_refused_without_reading_on() -> None:
+    body = Produced(b" " * 65536, 300 * 16, head=b'{"choices": []')
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "application/json"}, content=body)
+
+    with pytest.raises(BadBackendReply, match="over 1048576 bytes"):
+        await call(handler, max_body_bytes=1 << 20)
+    assert body.sent <= 17
