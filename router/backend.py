@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from http.cookiejar import CookieJar
 from typing import Any
@@ -198,8 +199,9 @@ class BackendClient:
         self.max_body_bytes = max_body_bytes
         timeout = httpx.Timeout(None, connect=connect_timeout, pool=connect_timeout)
         # One TLS context for all shards: httpx builds (and loads CA roots
-        # into) a new one per client otherwise, ~1 MB and ~10 ms each.
-        tls = httpx.create_ssl_context()
+        # into) a new one per client otherwise, ~1 MB and ~10 ms each. A plain
+        # http:// endpoint needs none (and a reload that resizes it pays nothing).
+        tls: ssl.SSLContext | bool = httpx.create_ssl_context() if url.startswith("https:") else False
         sizes = [SHARD_CONNECTIONS] * (max_concurrency // SHARD_CONNECTIONS)
         if max_concurrency % SHARD_CONNECTIONS:
             sizes.append(max_concurrency % SHARD_CONNECTIONS)

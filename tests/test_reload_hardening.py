@@ -1,0 +1,172 @@
+"""Reloads that leak nothing and kill nothing (issue 10, defects 3 and 4).
+
+Before: every reload that changed an endpoint's cap left its old HTTP client
+and its keep-alive connections behind for good (250 reloads: 3,652
+connections to the engine), and a reload whose simulated engine could not
+start ended the whole process.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from router.backend import BackendClient
+from router.config import load_config
+from server.app import serve
+
+from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
+from .sim_helpers import MODEL
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def toml(interactive: str, batch: str, *, cap: int = 4, extra_endpoint: str = "") -> str:
+    return f"""
+[server]
+http_listen = "127.0.0.1:0"
+reload_poll_interval = 0
+
+[pools.interactive]
+max_concurrency = {cap}
+max_queue = 100
+max_model_len = 32768
+models = ["{MODEL}"]
+endpoints = [{{ url = "{interactive}", max_concurrency = {cap} }}]
+
+[pools.batch]
+max_concurrency = 4
+max_queue = 100
+max_model_len = 32768
+models = ["{MODEL}"]
+simulate_profile = "throughput"
+endpoints = [{{ url = "{batch}", max_concurrency = 4 }}{extra_endpoint}]
+
+[classes.interactive]
+pool = "interactive"
+max_prompt_tokens = 500
+max_output_tokens = 128
+queue_timeout = 10.0
+priority = 0
+
+[classes.batch]
+pool = "batch"
+queue_timeout = 20.0
+priority = 1
+"""
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def established_to(port: int) -> int:
+    """TCP connections of this process's machine to 127.0.0.1:``port`` that are open now."""
+    count = 0
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            remote, state = fields[2], fields[3]
+            if state == "01" and remote == f"0100007F:{port:04X}":
+                count += 1
+    return count
+
+
+def live_clients() -> int:
+    gc.collect()
+    return sum(isinstance(o, BackendClient) for o in gc.get_objects())
+
+
+async def test_a_thousand_reloads_under_traffic_leave_no_connection_behind(tmp_path: Path) -> None:
+    async with engines_on_sockets([QUICK, QUICK]) as backends:
+        a, b = backends.urls
+        port = int(a.rsplit(":", 1)[1])
+        path = tmp_path / "config.toml"
+        path.write_text(toml(a, b))
+        async with tailguard(load_config(path), path) as running:
+            assert running.reloader is not None
+            async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
+
+                async def traffic(count: int) -> list[int]:
+                    statuses: list[int] = []
+
+                    async def one() -> None:
+                        response = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
+                        statuses.append(response.status_code)
+
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(count):
+                            nursery.start_soon(one)
+                    return statuses
+
+                assert set(await traffic(4)) == {200}  # warm: keep-alive connections exist
+                fds, connections, clients = open_fds(), established_to(port), live_clients()
+                statuses: list[int] = []
+                async with trio.open_nursery() as nursery:
+
+                    async def load() -> None:
+                        for _ in range(50):  # bounded: ~200 requests spread over the reloads
+                            statuses.extend(await traffic(4))
+                            await trio.sleep(0.01)
+
+                    nursery.start_soon(load)
+                    for i in range(1000):
+                        path.write_text(toml(a, b, cap=5 - i % 2))  # a new cap: a new client each time
+                        assert await running.reloader.reload()
+                        if i % 20 == 0:
+                            await trio.sleep(0)
+                assert running.reloader.reloads_ok == 1000
+                assert statuses and set(statuses) == {200}, set(statuses)
+                await eventually(lambda: running.router.statistics().backend_clients == 2, timeout=5)
+                await eventually(lambda: established_to(port) <= connections + 4, timeout=5)
+                await eventually(lambda: open_fds() <= fds + 8, timeout=5)
+                assert live_clients() <= clients + 2  # at most the two current ones (start-up objects are frozen out of gc)
+
+
+async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_config(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = []
+    for _ in range(2):  # free ports for the two simulated engines of the first config
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    a, b = (f"http://127.0.0.1:{p}" for p in ports)
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a, b))
+    shutdown = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(
+                lambda task_status: serve(load_config(path), path, simulate=True, http_port=0, shutdown=shutdown, task_status=task_status)
+            )
+            digest = running.router.config.digest
+            for extra in (f"http://127.0.0.1:{taken.getsockname()[1]}", "http://gpu-7.internal:8000"):
+                path.write_text(toml(a, b, extra_endpoint=f', {{ url = "{extra}", max_concurrency = 4 }}'))
+                assert not await running.reloader.reload()
+                assert running.router.config.digest == digest
+            assert running.reloader.reloads_failed == 2
+            page = running.metrics.render().decode()
+            assert 'tailguard_config_reloads_total{result="failed"} 2.0' in page
+            logged = [r.getMessage() for r in caplog.records if r.name == "tailguard.reload"]
+            assert sum("keeping the running config" in m for m in logged) == 2
+            async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
+                response = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
+                assert response.status_code == 200
+            # A good reload after the failed ones still applies.
+            path.write_text(toml(a, b, cap=3))
+            assert await running.reloader.reload()
+            assert running.router.statistics().pool("interactive").max_concurrency == 3
+            shutdown.set()
+    finally:
+        taken.close()
