@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -154,7 +154,9 @@ class _RouterCollector(Collector):
             "max_concurrency": gauge("tailguard_pool_max_concurrency", "The pool's concurrency cap.", pool),
             "queue_length": gauge("tailguard_pool_queue_length", "Requests waiting for a seat.", pool),
             "max_queue": gauge("tailguard_pool_max_queue", "The pool's queue bound; beyond it, 429.", pool),
-            "healthy_endpoints": gauge("tailguard_pool_healthy_endpoints", "Endpoints passing their health check.", pool),
+            "healthy_endpoints": gauge(
+                "tailguard_pool_healthy_endpoints", "Endpoints that may take requests (healthy and not ejected).", pool
+            ),
         }
         for p in stats.pools:
             values = {
@@ -176,18 +178,35 @@ class _RouterCollector(Collector):
         waiting = gauge("tailguard_backend_requests_waiting", "The engine's own queue (vllm:num_requests_waiting).", endpoint)
         kv = gauge("tailguard_backend_kv_cache_usage_ratio", "The engine's KV-cache usage, 0 to 1.", endpoint)
         scrape_ok = gauge("tailguard_backend_scrape_ok", "1 when the last scrape of the engine's /metrics worked.", endpoint)
+        ejected = gauge("tailguard_endpoint_ejected", "1 while outlier detection has the endpoint out.", endpoint)
+        ejections = CounterMetricFamily(
+            "tailguard_endpoint_ejections", "Times outlier detection took the endpoint out.", labels=endpoint
+        )
+        failures = gauge("tailguard_endpoint_failures_in_a_row", "The endpoint's current run of failed requests.", endpoint)
         for e in stats.endpoints:
             labels = (e.pool, e.url)
             in_flight.add_metric(labels, e.in_flight)
             cap.add_metric(labels, e.max_concurrency)
             healthy.add_metric(labels, int(e.healthy))
+            ejected.add_metric(labels, int(e.ejected))
+            ejections.add_metric(labels, e.ejections)
+            failures.add_metric(labels, e.failures_in_a_row)
             if e.load is None:
                 continue
             scrape_ok.add_metric(labels, int(e.load.ok))
             for family, value in ((running, e.load.running), (waiting, e.load.waiting), (kv, e.load.kv_cache_usage)):
                 if value is not None:
                     family.add_metric(labels, value)
-        yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok)
+        yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, ejected, ejections, failures)
+        retries = CounterMetricFamily(
+            "tailguard_backend_retries", "Calls that failed before any response and were tried again on another endpoint.", labels=pool
+        )
+        for name, count in (stats.retries or {}).items():
+            retries.add_metric((name,), count)
+        yield retries
+        clients = gauge("tailguard_backend_clients", "Open HTTP clients to backends (retired ones still closing included).", ())
+        clients.add_metric((), stats.backend_clients)
+        yield clients
 
         callers = gauge("tailguard_caller_in_flight", "Requests in flight (queued or running) per API key name.", ("caller",))
         for name, count in stats.caller_in_flight.items():

@@ -21,6 +21,7 @@ import trio.testing
 from router import errors
 from router.config_types import Config, EndpointConfig, OutlierDetectionConfig, PoolConfig, TimeoutsConfig
 from router.dispatch import Router
+from server.metrics import Metrics
 
 from .http_helpers import QUICK, engines_on_sockets
 from .router_helpers import chat, run_to_end, two_pool_config
@@ -120,6 +121,10 @@ async def test_one_failure_never_ejects_and_a_run_of_them_does_for_growing_times
         assert sick.ejected and sick.ejections == 1
         assert sick.ejected_until == pytest.approx(trio.current_time() + 5.0)
         assert router.health()["pools"]["interactive"]["endpoints"][bad] == "ejected"
+        page = Metrics(router).render().decode()
+        assert f'tailguard_endpoint_ejected{{endpoint="{bad}",pool="interactive"}} 1.0' in page
+        assert f'tailguard_endpoint_ejections_total{{endpoint="{bad}",pool="interactive"}} 1.0' in page
+        assert 'tailguard_pool_healthy_endpoints{pool="interactive"} 1.0' in page
         before = calls[bad]
         for i in range(10):
             assert await settle(router, f"b{i}") is None  # everything goes to the good one meanwhile
@@ -175,6 +180,7 @@ async def test_a_refused_connection_is_retried_once_on_another_endpoint(autojump
         for i in range(20):
             assert await settle(router, f"r{i}") is None  # the caller never sees the refusal
         assert calls[dead] > 0 and router.statistics().retries == {"interactive": calls[dead], "batch": 0}
+        assert f'tailguard_backend_retries_total{{pool="interactive"}} {calls[dead]:.1f}' in Metrics(router).render().decode()
         stats = router.statistics()
         assert stats.in_flight == 0 and all(e.in_flight == 0 for e in stats.endpoints)
 
