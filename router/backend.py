@@ -84,7 +84,7 @@ class BackendResponse:
         self._url = url
         self.stream = stream
         self._max_body_bytes = max_body_bytes
-        self._body = b""
+        self._body: bytes | None = None
         self._first: bytes | None = None
         self._closed = False
         encoding = response.headers.get("content-encoding", "identity").lower()
@@ -97,14 +97,10 @@ class BackendResponse:
         return "text/event-stream" if self.stream else "application/json"
 
     async def start(self) -> None:
-        """Wait for the first byte (non-streaming: the whole body, checked as JSON).
+        """Wait for the first byte of the body (an empty body counts as its end).
 
-        Raises BackendUnavailable when the connection breaks and
-        BadBackendReply when the body is not what was asked for.
+        Raises BackendUnavailable when the connection breaks.
         """
-        if not self.stream:
-            self._body = await self._read_all()
-            return
         async for chunk in self._iterator:
             if chunk:
                 self._first = chunk
@@ -112,7 +108,13 @@ class BackendResponse:
         self._first = b""
 
     async def read(self) -> bytes:
-        """The whole body of a non-streaming response (read by ``start``)."""
+        """The whole body of a non-streaming response, checked to be a JSON object.
+
+        Raises BadBackendReply for a body over its cap (reading stops there)
+        or one that is not a JSON object, BackendUnavailable for a broken one.
+        """
+        if self._body is None:
+            self._body = await self._read_all()
         return self._body
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -162,7 +164,8 @@ class BackendResponse:
             raise BackendUnavailable(f"the backend {self._url} broke the response: {_describe(error)}") from None
 
     async def _read_all(self) -> bytes:
-        body = bytearray()
+        body = bytearray(self._first or b"")
+        self._first = None
         async for chunk in self._iterator:
             body += chunk
             if len(body) > self._max_body_bytes:

@@ -153,8 +153,9 @@ class PoolConfig:
     # drain rate) is over this fraction of the time its class may queue; 0 = off.
     fail_fast_fraction: float = 1.0
     # Seconds from sending a request to the first byte of the backend's body
-    # (the first event of a stream, the whole answer otherwise); past it the
-    # call fails (counts for outlier detection) and is retried elsewhere once.
+    # (a stream's first event; vLLM sends a non-streaming body when it has
+    # finished generating); past it the call fails (counts for outlier
+    # detection) and is retried elsewhere once.
     first_byte_timeout: float = 60.0
     # "http": GET /health; "completion": a one-token completion, which also
     # catches an engine that answers /health but hangs on work.
