@@ -170,3 +170,32 @@ async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_conf
             shutdown.set()
     finally:
         taken.close()
+
+
+async def test_applying_a_config_is_all_or_nothing() -> None:
+    from router.dispatch import Router
+
+    from .router_helpers import BATCH_URL, INTERACTIVE_URL, two_pool_config, with_digest
+
+    broken = "http://gpu-9:8000"
+
+    def transport_for(endpoint: object) -> httpx.AsyncBaseTransport:
+        if getattr(endpoint, "url", None) == broken:
+            raise RuntimeError("cannot build a transport for gpu-9")
+        return httpx.MockTransport(lambda request: httpx.Response(200))
+
+    config = two_pool_config(interactive_cap=4)
+    router = Router(config, transport_factory=transport_for)
+    try:
+        bigger = with_digest(two_pool_config(interactive_cap=6, interactive_urls=(INTERACTIVE_URL, broken)), "new")
+        with pytest.raises(RuntimeError, match="gpu-9"):
+            router.apply(bigger)
+        # Nothing of the new config took: caps, endpoints, pools and digest are the old ones.
+        stats = router.statistics()
+        assert stats.config_digest == config.digest
+        assert stats.pool("interactive").max_concurrency == 4
+        assert [e.url for e in stats.endpoints] == [INTERACTIVE_URL, BATCH_URL]
+        assert [e.max_concurrency for e in stats.endpoints] == [4, 16]
+        assert stats.backend_clients == 2
+    finally:
+        await router.aclose()
