@@ -1,7 +1,9 @@
 """Every error the router core raises, named for what the caller should do.
 
-The core knows nothing of HTTP or gRPC; each front end maps these classes to
-its own status codes (``server/errors_map.py``) using the table in DESIGN.md.
+The core knows nothing of HTTP or gRPC. What each class means to a caller --
+outcome, reason, HTTP status, OpenAI type/code, gRPC status name, whether to
+retry -- is one table, ``router/error_spec.py``; both front ends and the docs
+read it (``server/errors_map.py`` renders it on each wire).
 
     TailguardError
     ├── RequestRejected              the caller must change the request; retrying is useless
@@ -10,12 +12,14 @@ its own status codes (``server/errors_map.py``) using the table in DESIGN.md.
     │   ├── MaxTokensTooLarge        max_tokens over the output cap in "reject" mode
     │   ├── ModelNotFound            no pool serves the requested model
     │   ├── Unauthenticated          missing or unknown API key
-    │   └── Forbidden                the key may not do this (e.g. force a class)
+    │   ├── Forbidden                the key may not do this (e.g. force a class)
+    │   └── BodyTooLarge             the request body is over the front end's byte cap
     ├── Overloaded                   try again later; carries ``retry_after`` seconds
     │   ├── QueueFull                the pool's wait queue is at its bound
     │   ├── QueueTimeout             waited the class's queue deadline without a slot
     │   ├── NoBackend                no healthy endpoint in the pool
     │   ├── CallerOverLimit          the API key has its per-key cap of requests in flight
+    │   ├── ServerBusy               the front end has its cap of calls open
     │   └── Draining                 the process is shutting down
     ├── DeadlineExceeded             the request's end-to-end deadline passed
     ├── InternalError                a bug inside the router (logged with its traceback)
@@ -74,6 +78,10 @@ class Forbidden(RequestRejected):
     """The API key is known but may not do what the request asks."""
 
 
+class BodyTooLarge(RequestRejected):
+    """The request body is over the front end's byte cap; refused before it is read."""
+
+
 class Overloaded(TailguardError):
     """The request is fine but cannot be served now; retry after ``retry_after`` s."""
 
@@ -96,6 +104,15 @@ class NoBackend(Overloaded):
 
 class CallerOverLimit(Overloaded):
     """The API key has its per-key concurrency cap of requests in flight."""
+
+
+class ServerBusy(Overloaded):
+    """The front end already has its cap of calls open; refused at once, before any work.
+
+    Keeps the process below the load at which it would stop accepting calls
+    promptly (grpc core cancels, silently, calls the process is too busy to
+    pick up).
+    """
 
 
 class Draining(Overloaded):

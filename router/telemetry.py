@@ -23,32 +23,16 @@ from typing import Literal
 import trio
 
 from . import errors
+from .error_spec import CLIENT_CANCELLED, Outcome, grpc_status, http_status, outcome_and_reason
+
+__all__ = [
+    "UNKNOWN", "Api", "Outcome", "RepeatedIds", "RequestRecord", "Sink", "Telemetry", "is_valid_request_id", "outcome_of", "status_of",
+]
 
 log = logging.getLogger("tailguard.telemetry")
 
-Outcome = Literal["ok", "rejected", "overloaded", "timeout", "cancelled", "backend_error"]
 Api = Literal["http", "grpc"]
 UNKNOWN = "none"  # label value for a class or pool not yet decided
-
-# Most specific first: (error class, outcome, reason).
-_REASONS: tuple[tuple[type[errors.TailguardError], Outcome, str], ...] = (
-    (errors.PromptTooLong, "rejected", "input_cap"),
-    (errors.MaxTokensTooLarge, "rejected", "max_tokens_cap"),
-    (errors.ModelNotFound, "rejected", "model_not_found"),
-    (errors.Unauthenticated, "rejected", "unauthenticated"),
-    (errors.Forbidden, "rejected", "forbidden"),
-    (errors.InvalidRequest, "rejected", "invalid_request"),
-    (errors.RequestRejected, "rejected", "invalid_request"),
-    (errors.QueueFull, "overloaded", "queue_full"),
-    (errors.QueueTimeout, "overloaded", "queue_timeout"),
-    (errors.NoBackend, "overloaded", "no_backend"),
-    (errors.Draining, "overloaded", "draining"),
-    (errors.CallerOverLimit, "overloaded", "caller_limit"),
-    (errors.Overloaded, "overloaded", "overloaded"),
-    (errors.DeadlineExceeded, "timeout", "e2e_timeout"),
-    (errors.BackendRejected, "rejected", "backend_rejected"),
-    (errors.BackendError, "backend_error", "backend_error"),
-)
 
 # One SSE event per engine step carrying output; vLLM emits one per token
 # unless it batches several tokens into one step's delta.
@@ -65,15 +49,23 @@ def is_valid_request_id(request_id: str) -> bool:
 
 
 def outcome_of(error: errors.TailguardError | None, *, client_gone: bool = False) -> tuple[Outcome, str | None]:
-    """The outcome label and, for anything but success, the reason it failed."""
+    """The outcome label and, for anything but success, the reason it failed (``router/error_spec.py``)."""
     if client_gone:
-        return "cancelled", "client_cancelled"
+        return CLIENT_CANCELLED.outcome, CLIENT_CANCELLED.reason
     if error is None:
         return "ok", None
-    for cls, outcome, reason in _REASONS:
-        if isinstance(error, cls):
-            return outcome, reason
-    return "backend_error", "internal"
+    return outcome_and_reason(error)
+
+
+def status_of(api: Api, error: errors.TailguardError | None, *, client_gone: bool = False) -> int | str:
+    """The HTTP status or gRPC status name that ending is answered with."""
+    if api == "http":
+        if client_gone:
+            return CLIENT_CANCELLED.http_status
+        return 200 if error is None else http_status(error)
+    if client_gone:
+        return CLIENT_CANCELLED.grpc_status
+    return "OK" if error is None else grpc_status(error)
 
 
 @dataclass
@@ -192,16 +184,20 @@ class Telemetry:
         record: RequestRecord,
         error: errors.TailguardError | None,
         *,
-        status: int | str,
+        status: int | str | None = None,
         client_gone: bool = False,
     ) -> None:
-        """Settle the outcome and report the record; a second call is ignored."""
+        """Settle the outcome and report the record; a second call is ignored.
+
+        ``status`` is what the caller saw; without it, what the error table
+        says that ending is answered with on the record's wire.
+        """
         if record.outcome is not None:
             return
         if record.finished_at is None:  # a front end may have stamped its last byte already
             record.finished_at = trio.current_time()
         record.outcome, record.reason = outcome_of(error, client_gone=client_gone)
-        record.status = status
+        record.status = status_of(record.api, error, client_gone=client_gone) if status is None else status
         record.error = None if error is None else error.message
         record.finish_tokens()
         for sink in self._sinks:

@@ -1,8 +1,11 @@
-"""Router errors -> HTTP status, OpenAI error body and headers (DESIGN.md's table).
+"""Router errors rendered on each wire, from the one table in ``router/error_spec.py``.
 
-The body is OpenAI's shape, ``{"error": {"message", "type", "param",
+HTTP bodies have OpenAI's shape, ``{"error": {"message", "type", "param",
 "code"}}``, so the official SDK raises the matching exception class and
-honours ``Retry-After``.
+honours ``Retry-After``. gRPC gets the status the table names, with the same
+retry hint in trailing metadata (``retry-after`` seconds and gRPC's own
+``grpc-retry-pushback-ms``). This is the only module that maps the table's
+gRPC status names to ``grpc.StatusCode``.
 """
 
 from __future__ import annotations
@@ -13,24 +16,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from router import errors
+from router import error_spec, errors
 
-# (HTTP status, error.type, error.code) per router error class; most specific first.
-_TABLE: tuple[tuple[type[errors.TailguardError], int, str, str | None], ...] = (
-    (errors.PromptTooLong, 413, "invalid_request_error", "context_length_exceeded"),
-    (errors.MaxTokensTooLarge, 400, "invalid_request_error", "max_tokens_too_large"),
-    (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
-    (errors.Unauthenticated, 401, "authentication_error", "invalid_api_key"),
-    (errors.Forbidden, 403, "permission_error", "forbidden"),
-    (errors.InvalidRequest, 400, "invalid_request_error", None),
-    (errors.QueueFull, 429, "rate_limit_error", "queue_full"),
-    (errors.CallerOverLimit, 429, "rate_limit_error", "caller_concurrency_limit"),
-    (errors.QueueTimeout, 503, "overloaded", "queue_timeout"),
-    (errors.NoBackend, 503, "overloaded", "no_backend"),
-    (errors.Draining, 503, "overloaded", "draining"),
-    (errors.DeadlineExceeded, 504, "timeout", "deadline_exceeded"),
-    (errors.BackendUnavailable, 502, "upstream_error", "upstream_error"),
-)
+# Statuses the openai SDK retries on its own unless told not to.
+_SDK_RETRIES = frozenset({408, 409, 429})
 
 
 @dataclass(frozen=True)
@@ -40,15 +29,16 @@ class HttpError:
     status: int
     body: dict[str, object]
     retry_after: float | None
+    retryable: bool = False
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"content-type", b"application/json")]
         if self.retry_after is not None:
-            headers.append((b"retry-after", str(max(1, math.ceil(self.retry_after))).encode()))
-        if self.status == 504:
-            # The request already used its whole end-to-end budget: an automatic
-            # retry (the openai SDK retries 5xx) would double the load of the
-            # slowest requests. The SDK obeys this header.
+            headers.append((b"retry-after", str(retry_after_seconds(self.retry_after)).encode()))
+        if not self.retryable and (self.status >= 500 or self.status in _SDK_RETRIES):
+            # E.g. a 504: the request already used its whole end-to-end budget,
+            # and an automatic retry (the openai SDK retries 5xx) would double
+            # the load of the slowest requests. The SDK obeys this header.
             headers.append((b"x-should-retry", b"false"))
         return headers
 
@@ -60,52 +50,32 @@ class HttpError:
         return b"data: " + self.encoded() + b"\n\n"
 
 
+def retry_after_seconds(retry_after: float) -> int:
+    """``Retry-After`` is whole seconds: at least 1, rounded up."""
+    return max(1, math.ceil(retry_after))
+
+
 def _body(message: str, error_type: str, param: str | None, code: str | None) -> dict[str, object]:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 def http_error(error: errors.TailguardError) -> HttpError:
     """The HTTP rendering of a router error."""
-    if isinstance(error, errors.BackendRejected):
-        error_type = error.error_type or "invalid_request_error"
-        return HttpError(error.status, _body(error.message, error_type, error.param, error.code), None)
-    for cls, status, error_type, code in _TABLE:
-        if isinstance(error, cls):
-            retry_after = getattr(error, "retry_after", None)
-            return HttpError(status, _body(error.message, error_type, error.param, code), retry_after)
-    return HttpError(500, _body(error.message, "internal_error", error.param, None), None)
+    error_type, code = error_spec.openai_type_and_code(error)
+    return HttpError(
+        error_spec.http_status(error),
+        _body(error.message, error_type, error.param, code),
+        error_spec.retry_after(error),
+        error_spec.spec_for(error).retryable,
+    )
 
 
-def invalid(message: str, *, param: str | None = None, status: int = 400, code: str | None = None) -> HttpError:
-    """A front-end-level rejection (bad JSON, body too large, unknown route)."""
-    error_type = "invalid_request_error" if status < 500 else "internal_error"
-    return HttpError(status, _body(message, error_type, param, code), None)
+def route_error(message: str, *, status: int) -> HttpError:
+    """An HTTP-only answer about the route itself (404 no such route, 405 wrong method)."""
+    return HttpError(status, _body(message, "invalid_request_error", None, None), None)
 
 
 # -- gRPC -------------------------------------------------------------------
-
-_GRPC_TABLE: tuple[tuple[type[errors.TailguardError], grpc.StatusCode], ...] = (
-    (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND),
-    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
-    (errors.Forbidden, grpc.StatusCode.PERMISSION_DENIED),
-    (errors.RequestRejected, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (errors.CallerOverLimit, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (errors.Overloaded, grpc.StatusCode.UNAVAILABLE),
-    (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (errors.BackendUnavailable, grpc.StatusCode.UNAVAILABLE),
-)
-
-_GRPC_FOR_HTTP = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.ABORTED,
-    413: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
 
 
 @dataclass(frozen=True)
@@ -117,15 +87,21 @@ class GrpcError:
     trailing_metadata: tuple[tuple[str, str], ...]
 
 
+def grpc_code(name: str) -> grpc.StatusCode:
+    """The ``grpc.StatusCode`` the error table names."""
+    return grpc.StatusCode[name]
+
+
 def grpc_error(error: errors.TailguardError) -> GrpcError:
     """The gRPC rendering of a router error; retry hints go in trailing metadata."""
+    code = grpc_code(error_spec.grpc_status(error))
     if isinstance(error, errors.BackendRejected):
-        code = _GRPC_FOR_HTTP.get(error.status, grpc.StatusCode.FAILED_PRECONDITION)
         return GrpcError(code, f"the backend refused the request ({error.status}): {error.message}", ())
-    code = next((c for cls, c in _GRPC_TABLE if isinstance(error, cls)), grpc.StatusCode.INTERNAL)
-    retry_after = getattr(error, "retry_after", None)
+    retry_after = error_spec.retry_after(error)
     metadata: tuple[tuple[str, str], ...] = ()
     if retry_after is not None:
-        seconds = max(1, math.ceil(retry_after))
-        metadata = (("retry-after", str(seconds)), ("grpc-retry-pushback-ms", str(int(retry_after * 1000))))
+        metadata = (
+            ("retry-after", str(retry_after_seconds(retry_after))),
+            ("grpc-retry-pushback-ms", str(max(0, int(retry_after * 1000)))),
+        )
     return GrpcError(code, error.message, metadata)

@@ -1,11 +1,22 @@
 """The gRPC front end: ``tailguard.v1.Completions`` on grpc.aio, the core in Trio.
 
-Handlers run in asyncio and only translate: protobuf -> RouterRequest, then
-the Trio side (through ``grpc_bridge.TrioPortal``) runs the request on the
-router and turns the backend's OpenAI JSON/SSE into protobuf. Router errors
-become status codes with retry hints in trailing metadata; a caller's
-deadline or cancellation cancels the Trio scope, which aborts the backend
-generation and releases the seat.
+Translation only. Handlers run in asyncio: they read the call's metadata,
+hand the message to the Trio side (through ``grpc_bridge.TrioPortal``) and
+render what comes back -- routing metadata, protobuf, or an error status
+with retry hints in trailing metadata (``server/errors_map.py``). The Trio
+side runs each call in a ``router.session`` (request id, key, deadline,
+telemetry, the cap on open calls) and turns the backend's OpenAI JSON/SSE
+into protobuf; a reply that is not a valid completion is BadBackendReply,
+never OK with empty content. A caller's deadline or cancellation cancels the
+Trio scope, which aborts the backend generation and releases the seat.
+
+grpc core holds calls the process has not yet picked up, and cancels them
+silently after ``grpc.server_max_unrequested_time_in_server`` (30 s). So the
+server keeps below the load at which it stops picking calls up promptly: at
+most ``max_calls`` calls open (beyond it, RESOURCE_EXHAUSTED with a retry
+hint, at once, logged and counted like any request), and at most
+``_pending_bound(max_calls)`` calls waiting in grpc core (beyond it core
+refuses at once rather than after 30 s).
 """
 
 from __future__ import annotations
@@ -14,9 +25,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import grpc
@@ -29,9 +38,10 @@ from grpc_reflection.v1alpha import reflection
 from router.auth import Caller
 from router.config_types import Config
 from router.dispatch import Router
-from router.errors import DeadlineExceeded, Draining, InvalidRequest, TailguardError
+from router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, TailguardError
 from router.request import RequestKind, Routing, RouterRequest
-from router.telemetry import RepeatedIds, RequestRecord, Telemetry, is_valid_request_id
+from router.session import Session, Sessions, checked_header
+from router.telemetry import RepeatedIds, Telemetry
 
 from .errors_map import grpc_error
 from .grpc_bridge import AsyncioHost, TrioPortal
@@ -44,21 +54,39 @@ log = logging.getLogger("tailguard.grpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Completions"].full_name
 GRACE_SECONDS = 5.0
+# Completion calls open at once; beyond it RESOURCE_EXHAUSTED (wanted as config: server.grpc_max_calls).
+MAX_CONCURRENT_CALLS = 1000
 _SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance", retry_after=1.0)
+_INT32_MAX = 2**31 - 1
 
 
-# -- the Trio side: the router, and OpenAI JSON -> protobuf ---------------------
+def _pending_bound(max_calls: int) -> int:
+    """Calls grpc core may hold before the process picks them up (a burst of arrivals)."""
+    return max(2 * max_calls, 128)
+
+
+# -- the Trio side: the session, and OpenAI JSON -> protobuf ---------------------------
+
+
+@dataclasses.dataclass
+class _Call:
+    """What the asyncio side hands the Trio side for one call (and reads back)."""
+
+    kind: RequestKind
+    message: Any  # pb.ChatRequest or pb.CompletionRequest
+    supplied_id: str  # the caller's request id, or ""
+    authorization: str | None
+    remaining: float | None  # the caller's deadline, in seconds from now
+    stream: bool
+    request_id: str | None = None  # set by the Trio side: the id the call goes by
 
 
 @dataclasses.dataclass(frozen=True)
-class _Call:
-    """What the asyncio side hands the Trio side for one call."""
+class _Head:
+    """A stream's first item: the routing facts, as protobuf and as initial metadata."""
 
-    request: RouterRequest | TailguardError  # the translated request, or why it could not be
-    request_id: str
-    supplied_id: bool  # the caller sent the id (so a repeat means a retry)
-    authorization: str | None
-    remaining: float | None  # the caller's deadline, in seconds from now
+    routing: pb.Routing
+    metadata: tuple[tuple[str, str], ...]
 
 
 class _Timing(str):
@@ -66,88 +94,61 @@ class _Timing(str):
 
 
 class _TrioSide:
-    """Runs requests on the router; everything here executes in Trio.
+    """Runs calls in sessions on the router; everything here executes in Trio."""
 
-    Each call is finished exactly once on its telemetry record; a call
-    cancelled from outside (the caller went away, or its deadline) counts as
-    cancelled.
-    """
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
 
-    def __init__(self, router: Router, telemetry: Telemetry, repeated_ids: RepeatedIds | None, on_repeat: Callable[[], None]) -> None:
-        self._router = router
-        self._telemetry = telemetry
-        self._repeated_ids = repeated_ids
-        self._on_repeat = on_repeat
-
-    async def unary(self, call: _Call) -> tuple[pb.CompletionResponse, str]:
-        record = self._start(call)
-        async with self._finishing(record) as outcome:
-            request, caller = self._admit(call, record)
-            with trio.CancelScope(deadline=self._router.deadline_for(request, record.arrival)):
-                async with self._router.open(request, arrival=record.arrival, caller=caller, record=record) as completion:
-                    body = json.loads(await completion.read())
-                    response = _response(request.kind, body, completion.routing)
-                outcome.ok = True
-                return response, server_timing(record, total=True)
-            raise DeadlineExceeded("the request did not finish within its deadline")
-        raise AssertionError("unreachable")  # pragma: no cover
+    async def unary(self, call: _Call) -> tuple[pb.CompletionResponse, tuple[tuple[str, str], ...], str]:
+        session = self._sessions.start(call.supplied_id)
+        call.request_id = session.request_id
+        async with session:
+            request, caller = self._admit(call, session)
+            async with session.completion(request, caller) as completion:
+                response = _response(request.kind, _json(await completion.read()), completion.routing)
+                metadata = session.routing_facts(completion.routing)
+            return response, metadata, checked_header("server-timing", server_timing(session.record, total=True))
+        raise AssertionError("the session ended without an answer")  # pragma: no cover
 
     async def stream(self, emit: Callable[[Any], Awaitable[None]], call: _Call) -> None:
-        """Emit the Routing, then a list of chunks per backend read (one hand-off each), then the timing."""
-        record = self._start(call)
-        async with self._finishing(record) as outcome:
-            request, caller = self._admit(call, record)
-            with trio.CancelScope(deadline=self._router.deadline_for(request, record.arrival)):
-                async with self._router.open(request, arrival=record.arrival, caller=caller, record=record) as completion:
-                    await emit(_routing(completion.routing))
-                    decoder = SseDecoder()
-                    async for raw in completion.chunks():
-                        chunks = [_chunk(request.kind, json.loads(data)) for data in decoder.feed(raw) if data != DONE]
-                        if chunks:
-                            await emit(chunks)
-                outcome.ok = True
-                await emit(_Timing(server_timing(record, total=True)))
-                return
-            raise DeadlineExceeded("the request did not finish within its deadline")
+        """Emit a _Head, then a list of chunks per backend read (one hand-off each), then the _Timing."""
+        session = self._sessions.start(call.supplied_id)
+        call.request_id = session.request_id
+        async with session:
+            request, caller = self._admit(call, session)
+            kind = request.kind
+            async with session.completion(request, caller) as completion:
+                await emit(_Head(_routing(completion.routing), session.routing_facts(completion.routing)))
+                decoder = SseDecoder()
+                ended = False  # [DONE] or a finish reason seen: the answer is complete
+                async for raw in completion.chunks():
+                    chunks = []
+                    for data in decoder.feed(raw):
+                        if data == DONE:
+                            ended = True
+                            continue
+                        chunk = _chunk(kind, _json(data))
+                        if chunk.finish_reason:
+                            ended = True
+                        chunks.append(chunk)
+                    if chunks:
+                        await emit(chunks)
+                if not ended:
+                    raise BadBackendReply("the backend's stream ended without [DONE] or a finish reason")
+            await emit(_Timing(checked_header("server-timing", server_timing(session.record, total=True))))
 
-    def _start(self, call: _Call) -> RequestRecord:
-        record = self._telemetry.start(call.request_id, "grpc")
-        if not isinstance(call.request, TailguardError):
-            record.kind, record.stream = call.request.kind, call.request.stream
-        if call.supplied_id and self._repeated_ids is not None and self._repeated_ids.observe(call.request_id):
-            self._on_repeat()
-        return record
-
-    def _admit(self, call: _Call, record: RequestRecord) -> tuple[RouterRequest, Caller]:
-        """The caller and the request with its deadline, or the error that stops them."""
-        caller = self._router.authenticate(call.authorization)
-        record.caller = caller.name
-        if isinstance(call.request, TailguardError):
-            raise call.request
-        request = call.request
+    @staticmethod
+    def _admit(call: _Call, session: Session) -> tuple[RouterRequest, Caller]:
+        """The caller and the translated request with its deadline, or the error that stops them."""
+        caller = session.authenticate(call.authorization)
+        request = _chat_request(call.message, session.request_id) if call.kind == "chat" else _completion_request(call.message, session.request_id)
+        if call.stream:
+            params = dict(request.params)
+            params["stream_options"] = {"include_usage": True}
+            request = dataclasses.replace(request, params=params, stream=True)
         if call.remaining is not None:
-            request = dataclasses.replace(request, deadline=record.arrival + call.remaining)
+            request = dataclasses.replace(request, deadline=session.record.arrival + call.remaining)
         return request, caller
-
-    @asynccontextmanager
-    async def _finishing(self, record: RequestRecord) -> AsyncIterator[_Finished]:
-        outcome = _Finished()
-        try:
-            yield outcome
-        except TailguardError as error:
-            self._telemetry.finish(record, error, status=grpc_error(error).code.name)
-            raise
-        finally:
-            if outcome.ok:
-                self._telemetry.finish(record, None, status=grpc.StatusCode.OK.name)
-            else:  # ignored when the error branch already finished it
-                self._telemetry.finish(record, None, status=grpc.StatusCode.CANCELLED.name, client_gone=True)
-
-
-class _Finished:
-    """Set ``ok`` once the call's answer is complete."""
-
-    ok = False
 
 
 def _routing(routing: Routing) -> pb.Routing:
@@ -162,40 +163,96 @@ def _routing(routing: Routing) -> pb.Routing:
     )
 
 
-def _usage(payload: dict[str, Any] | None) -> pb.Usage | None:
+# -- reading the backend's JSON: anything unexpected is the backend's fault ----------
+
+
+def _json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, a 5,000-digit number
+        raise BadBackendReply("the backend's reply is not valid JSON") from None
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadBackendReply(f"the backend's reply is not a completion: {what} is not an object")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadBackendReply(f"the backend's reply is not a completion: {what} is not a string")
+    return value
+
+
+def _count(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT32_MAX:
+        raise BadBackendReply("the backend's reply is not a completion: a usage count is not a token count")
+    return value
+
+
+def _usage(payload: Any) -> pb.Usage | None:
     if not payload:
         return None
+    usage = _object(payload, "usage")
     return pb.Usage(
-        prompt_tokens=int(payload.get("prompt_tokens") or 0),
-        completion_tokens=int(payload.get("completion_tokens") or 0),
-        total_tokens=int(payload.get("total_tokens") or 0),
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        total_tokens=_count(usage.get("total_tokens")),
     )
 
 
-def _response(kind: RequestKind, body: dict[str, Any], routing: Routing) -> pb.CompletionResponse:
-    choice = (body.get("choices") or [{}])[0]
-    content = (choice.get("message") or {}).get("content") if kind == "chat" else choice.get("text")
+def _first_choice(body: dict[str, Any]) -> dict[str, Any] | None:
+    choices = body.get("choices")
+    if choices is None:
+        return None
+    if not isinstance(choices, list):
+        raise BadBackendReply("the backend's reply is not a completion: choices is not a list")
+    return _object(choices[0], "choices[0]") if choices else None
+
+
+def _response(kind: RequestKind, payload: Any, routing: Routing) -> pb.CompletionResponse:
+    body = _object(payload, "the body")
+    if "error" in body:
+        raise BadBackendReply(f"the backend answered 200 with an error: {str(body['error'])[:500]}")
+    choice = _first_choice(body)
+    if choice is None:
+        raise BadBackendReply("the backend's reply is not a completion: it has no choices")
+    if kind == "chat":
+        content = _text(_object(choice.get("message"), "choices[0].message").get("content"), "the message's content")
+    else:
+        content = _text(choice.get("text"), "choices[0].text")
+    finish_reason = _text(choice.get("finish_reason"), "finish_reason")
+    if not finish_reason:
+        raise BadBackendReply("the backend's reply is not a complete completion: it has no finish reason")
     return pb.CompletionResponse(
-        id=str(body.get("id", "")),
-        model=str(body.get("model", "")),
-        content=content or "",
-        finish_reason=choice.get("finish_reason") or "",
+        id=_text(body.get("id"), "id"),
+        model=_text(body.get("model"), "model"),
+        content=content,
+        finish_reason=finish_reason,
         usage=_usage(body.get("usage")),
         routing=_routing(routing),
     )
 
 
-def _chunk(kind: RequestKind, event: dict[str, Any]) -> pb.CompletionChunk:
-    if "error" in event:  # a backend that reports a failure inside its stream
+def _chunk(kind: RequestKind, payload: Any) -> pb.CompletionChunk:
+    event = _object(payload, "a stream event")
+    if "error" in event:  # the backend reports a failure inside its stream
         error = event["error"]
-        raise InvalidRequest(str(error.get("message", error)) if isinstance(error, dict) else str(error))
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise BackendStreamError(f"the backend failed the stream: {str(message)[:500]}")
     chunk = pb.CompletionChunk()
-    choices = event.get("choices") or []
-    if choices:
-        choice = choices[0]
-        text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
-        chunk.content = text or ""
-        chunk.finish_reason = choice.get("finish_reason") or ""
+    choice = _first_choice(event)
+    if choice is not None:
+        if kind == "chat":
+            chunk.content = _text(_object(choice.get("delta") or {}, "delta").get("content"), "delta.content")
+        else:
+            chunk.content = _text(choice.get("text"), "text")
+        chunk.finish_reason = _text(choice.get("finish_reason"), "finish_reason")
     usage = _usage(event.get("usage"))
     if usage is not None:
         chunk.usage.CopyFrom(usage)
@@ -208,53 +265,66 @@ def _chunk(kind: RequestKind, event: dict[str, Any]) -> pb.CompletionChunk:
 class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # generated, untyped
     """``tailguard.v1.Completions``: translation only; the work runs in Trio."""
 
-    def __init__(self, router: Router, portal: TrioPortal, observers: Observers) -> None:
+    def __init__(self, router: Router, portal: TrioPortal, observers: Observers, *, max_calls: int = MAX_CONCURRENT_CALLS) -> None:
         self._router = router
         self._portal = portal
-        self._trio = _TrioSide(router, observers.telemetry, observers.repeated_ids, observers.on_repeat)
+        sessions = Sessions(
+            router,
+            observers.telemetry,
+            "grpc",
+            repeated_ids=observers.repeated_ids,
+            on_repeat=observers.on_repeat,
+            max_open=max_calls,
+            log_prompts=observers.log_prompts,
+            request_id_field="request_id",
+        )
+        self._trio = _TrioSide(sessions)
 
     async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:  # noqa: N802
-        return await self._unary(_call(_chat_request, request, context), context)
+        return await self._unary(_call("chat", request, context, stream=False), context)
 
     async def Complete(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:  # noqa: N802
-        return await self._unary(_call(_completion_request, request, context), context)
+        return await self._unary(_call("completion", request, context, stream=False), context)
 
     # grpc.aio recognises streaming handlers by being async generator functions.
     async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:  # noqa: N802
-        async for chunk in self._stream(_call(_chat_request, request, context), context):
+        async for chunk in self._stream(_call("chat", request, context, stream=True), context):
             yield chunk
 
     async def CompleteStream(  # noqa: N802
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        async for chunk in self._stream(_call(_completion_request, request, context), context):
+        async for chunk in self._stream(_call("completion", request, context, stream=True), context):
             yield chunk
 
     async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:  # noqa: N802
+        """The limits in force; with API keys configured it needs one, as HTTP's /v1/limits does."""
+        try:
+            self._router.authenticate(_metadata(context).get("authorization"))
+        except TailguardError as error:
+            await _abort(context, error)
         return limits_message(self._router.config)
 
     async def _unary(self, call: _Call, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
         try:
-            response, timing = await self._portal.call(self._trio.unary, call)
+            response, metadata, timing = await self._portal.call(self._trio.unary, call)
         except TailguardError as error:
             await _abort(context, error, call.request_id)
         except ConnectionAbortedError:
             await _abort(context, _SHUTTING_DOWN, call.request_id)
-        await context.send_initial_metadata(_routing_metadata(response.routing))
+        except Exception as error:  # a bug outside the session (it logs and counts the ones inside)
+            await _abort_bug(context, error, call.request_id)
+        await context.send_initial_metadata(metadata)
         context.set_trailing_metadata((("server-timing", timing),))
         return response
 
     async def _stream(self, call: _Call, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:
-        if not isinstance(call.request, TailguardError):
-            params = dict(call.request.params)
-            params["stream_options"] = {"include_usage": True}
-            call = dataclasses.replace(call, request=dataclasses.replace(call.request, params=params, stream=True))
         routing: pb.Routing | None = None
         try:
             async for item in self._portal.stream(self._trio.stream, call):
-                if isinstance(item, pb.Routing):
-                    routing = item
-                    await context.send_initial_metadata(_routing_metadata(item))
+                if isinstance(item, _Head):
+                    routing = item.routing
+                    await context.send_initial_metadata(item.metadata)
                     continue
                 if isinstance(item, _Timing):
                     context.set_trailing_metadata((("server-timing", str(item)),))
@@ -268,6 +338,8 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             await _abort(context, error, call.request_id)
         except ConnectionAbortedError:
             await _abort(context, _SHUTTING_DOWN, call.request_id)
+        except Exception as error:  # a bug outside the session
+            await _abort_bug(context, error, call.request_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,23 +349,18 @@ class Observers:
     telemetry: Telemetry
     repeated_ids: RepeatedIds | None = None
     on_repeat: Callable[[], None] = lambda: None
+    log_prompts: Callable[[], bool] = lambda: False
 
 
-_Build = Callable[[Any, str, grpc.aio.ServicerContext], "RouterRequest | TailguardError"]
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
 
-def _call(build: _Build, message: Any, context: grpc.aio.ServicerContext) -> _Call:
-    """Translate one call's message and metadata (asyncio side)."""
-    metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+def _call(kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool) -> _Call:
+    """What the Trio side needs of one call (asyncio side: metadata and deadline are read here)."""
+    metadata = _metadata(context)
     supplied = message.options.request_id or metadata.get("x-request-id") or ""
-    request_id = supplied or uuid.uuid4().hex
-    request: RouterRequest | TailguardError
-    if supplied and not is_valid_request_id(supplied):
-        request_id = uuid.uuid4().hex
-        request = InvalidRequest("the request id must be 1 to 128 printable ASCII characters without spaces", param="request_id")
-    else:
-        request = build(message, request_id, context)
-    return _Call(request, request_id, bool(supplied), metadata.get("authorization"), context.time_remaining())
+    return _Call(kind, message, supplied, metadata.get("authorization"), context.time_remaining(), stream)
 
 
 def _params(options: pb.Options) -> dict[str, Any]:
@@ -324,31 +391,13 @@ def _common(options: pb.Options, request_id: str) -> dict[str, Any]:
     }
 
 
-def _chat_request(request: pb.ChatRequest, request_id: str, context: grpc.aio.ServicerContext) -> RouterRequest | TailguardError:
-    try:
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        return RouterRequest(kind="chat", model=request.model or None, messages=messages, **_common(request.options, request_id))
-    except TailguardError as error:
-        return error
+def _chat_request(request: pb.ChatRequest, request_id: str) -> RouterRequest:
+    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    return RouterRequest(kind="chat", model=request.model or None, messages=messages, **_common(request.options, request_id))
 
 
-def _completion_request(
-    request: pb.CompletionRequest, request_id: str, context: grpc.aio.ServicerContext
-) -> RouterRequest | TailguardError:
-    try:
-        return RouterRequest(kind="completion", model=request.model or None, prompt=request.prompt, **_common(request.options, request_id))
-    except TailguardError as error:
-        return error
-
-
-def _routing_metadata(routing: pb.Routing) -> tuple[tuple[str, str], ...]:
-    return (
-        ("x-request-id", routing.request_id),
-        ("x-tailguard-class", routing.request_class),
-        ("x-tailguard-pool", routing.pool),
-        ("x-tailguard-max-tokens", str(routing.max_tokens)),
-        ("x-tailguard-queue-ms", f"{routing.queue_ms:.1f}"),
-    )
+def _completion_request(request: pb.CompletionRequest, request_id: str) -> RouterRequest:
+    return RouterRequest(kind="completion", model=request.model or None, prompt=request.prompt, **_common(request.options, request_id))
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: TailguardError, request_id: str | None = None) -> NoReturn:
@@ -362,6 +411,11 @@ async def _abort(context: grpc.aio.ServicerContext, error: TailguardError, reque
         metadata = (*metadata, ("x-request-id", request_id))
     await context.abort(rendered.code, rendered.details, metadata)
     raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+async def _abort_bug(context: grpc.aio.ServicerContext, error: Exception, request_id: str | None) -> NoReturn:
+    log.error("gRPC call %s failed unexpectedly: %s", request_id, type(error).__name__, exc_info=error)
+    await _abort(context, InternalError(f"tailguard failed unexpectedly ({type(error).__name__})"), request_id)
 
 
 def limits_message(config: Config) -> pb.Limits:
@@ -399,24 +453,32 @@ def limits_message(config: Config) -> pb.Limits:
 class GrpcServer:
     """The grpc.aio server with tailguard's service, health and reflection (asyncio side)."""
 
-    def __init__(self, router: Router, portal: TrioPortal, observers: Observers) -> None:
+    def __init__(self, router: Router, portal: TrioPortal, observers: Observers, *, max_calls: int = MAX_CONCURRENT_CALLS) -> None:
         self._router = router
         self._portal = portal
         self._observers = observers
+        self._max_calls = max_calls
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._health_task: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> int:
+        pending = _pending_bound(self._max_calls)
         server = grpc.aio.server(
             options=[
-                # grpc core silently CANCELs calls beyond this many pending (default 1000).
-                ("grpc.server.max_pending_requests", 100_000),
-                ("grpc.max_concurrent_streams", 100_000),
+                # Calls core holds that the process has not picked up yet. Beyond
+                # the bound core refuses a call at once (CANCELLED); unbounded, it
+                # would cancel it silently after 30 s of waiting.
+                ("grpc.server.max_pending_requests", pending),
+                ("grpc.server.max_pending_requests_hard_limit", pending),
+                # Streams on one connection: room for every call served and every
+                # call refused with RESOURCE_EXHAUSTED; a client queues the rest.
+                ("grpc.max_concurrent_streams", self._max_calls + pending),
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pb_grpc.add_CompletionsServicer_to_server(CompletionsService(self._router, self._portal, self._observers), server)
+        service = CompletionsService(self._router, self._portal, self._observers, max_calls=self._max_calls)
+        pb_grpc.add_CompletionsServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
@@ -458,11 +520,15 @@ async def serve_grpc(
     shutdown: trio.Event,
     observers: Observers | None = None,
     *,
+    max_calls: int = MAX_CONCURRENT_CALLS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """From Trio: run the gRPC server until ``shutdown``; reports the bound port."""
+    """From Trio: run the gRPC server until ``shutdown``; reports the bound port.
+
+    ``max_calls`` bounds the completion calls open at once (see the module's docstring).
+    """
     async with trio.open_nursery() as calls:
-        grpc_server = GrpcServer(router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()))
+        grpc_server = GrpcServer(router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()), max_calls=max_calls)
         port = await host.run(lambda: grpc_server.start(*listen))
         log.info("gRPC listening on %s:%s", listen[0], port)
         task_status.started(port)

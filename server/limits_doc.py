@@ -7,23 +7,24 @@ Regenerate it with::
 ``tests/test_docs.py`` fails when the committed file differs from the
 rendering of the shipped ``config.toml``. The facts come from
 ``router.config.limits_document`` (what ``GET /v1/limits`` serves); every
-status, error code, gRPC status and ``Retry-After`` value comes from
-``server.errors_map`` applied to the router's own error classes, so a change
-to the config, to the limits document or to the error table shows up here.
+status, error code, gRPC status and ``Retry-After`` value comes from the
+error table (``router/error_spec.py``, rendered by ``server.errors_map``)
+applied to the router's own error classes, so a change to the config, to the
+limits document or to the error table shows up here.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from router import errors
+from router import error_spec, errors
 from router.config import ConfigError, limits_document, load_config
 from router.config_types import Config
 
-from .errors_map import HttpError, grpc_error, http_error, invalid
+from .errors_map import HttpError, http_error
 
 SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 REGENERATE = "python -m server.limits_doc config.toml > docs/limits.md"
@@ -37,10 +38,18 @@ _PASSED_THROUGH = (errors.BackendRejected,)
 class _Row:
     """One line of the error table."""
 
+    http: str  # the status an HTTP caller sees
     error: HttpError
     grpc: str
     when: str
     advice: str
+
+
+def http_status_shown(cls: type[errors.TailguardError]) -> str | None:
+    """What the HTTP column says for ``cls`` when it is not a plain status (the README's table agrees)."""
+    if issubclass(cls, errors.BackendStreamError):
+        return "in stream"  # the backend's own error event, already relayed, ends the stream
+    return None
 
 
 # -- reading the limits document -------------------------------------------
@@ -145,25 +154,19 @@ def _names(names: Sequence[str]) -> str:
 
 
 def documented_error_classes() -> list[type[errors.TailguardError]]:
-    """Every concrete router error a caller can receive, in the hierarchy's order.
+    """Every router error a caller can receive under its own row, in the error table's order.
 
-    Found by walking ``TailguardError``'s subclasses, so an error added to
-    ``router/errors.py`` appears in the document without editing this module.
+    Read from ``router/error_spec.py``, so an error added there appears in the
+    document without editing this module.
     """
-
-    def leaves(cls: type[errors.TailguardError]) -> Iterator[type[errors.TailguardError]]:
-        children = cls.__subclasses__()
-        if not children:
-            yield cls
-        for child in children:
-            yield from leaves(child)
-
-    return [cls for cls in leaves(errors.TailguardError) if not issubclass(cls, _PASSED_THROUGH)]
+    return [
+        spec.error for spec in error_spec.SPECS if spec.error not in error_spec.BASES and not issubclass(spec.error, _PASSED_THROUGH)
+    ]
 
 
 def _instance(cls: type[errors.TailguardError], config: Config) -> errors.TailguardError:
-    """An instance as the router raises it: overload errors carry the configured hint."""
-    if issubclass(cls, errors.Overloaded):
+    """An instance as the router raises it: errors with a retry hint carry the configured one."""
+    if issubclass(cls, (errors.Overloaded, errors.BackendUnavailable, errors.BadBackendReply)):
         return cls("example", retry_after=config.timeouts.retry_after)
     return cls("example")
 
@@ -215,7 +218,32 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]
             "the generation was aborted",
             "don't retry as is: ask for fewer tokens or split the work",
         ),
-        "BackendUnavailable": ("the GPU server answered 5xx, broke the connection or could not be reached", retry),
+        "BodyTooLarge": (
+            f"the HTTP request body is over {_bytes(_int(doc, 'max_body_bytes'))}; refused before it is read "
+            "(gRPC: a message over grpc's own limit)",
+            "send less",
+        ),
+        "ServerBusy": ("this instance has its maximum of calls open (gRPC)", retry),
+        "InternalError": (
+            "a bug inside tailguard; it is logged with its traceback under the request id",
+            "report it with the `x-request-id`; retrying the same request will likely fail the same way",
+        ),
+        "BackendUnavailable": (
+            "the GPU server answered 5xx, broke the connection or could not be reached (after one retry on "
+            "another endpoint when the failure came before any answer)",
+            retry,
+        ),
+        "BackendTimeout": ("the GPU server sent no first byte within its pool's time-to-first-byte limit", retry),
+        "BadBackendReply": (
+            "the GPU server answered something that is not a valid completion: a redirect, not the expected "
+            "JSON or SSE, a stream cut before its end, a body over its cap, a broken encoding",
+            retry,
+        ),
+        "BackendStreamError": (
+            "the GPU server reported an error inside a stream that had begun; HTTP callers get its own "
+            '`data: {"error": ...}` event as the last one, gRPC callers this status',
+            "retry if the partial answer is of no use",
+        ),
     }
     if cls.__name__ in known:
         return known[cls.__name__]
@@ -228,16 +256,9 @@ def _error_rows(config: Config, doc: Mapping[str, object]) -> list[_Row]:
     for cls in documented_error_classes():
         error = _instance(cls, config)
         when, advice = _when_and_advice(cls, doc)
-        rows.append(_Row(http_error(error), grpc_error(error).code.name, when, advice))
-    body_limit = _bytes(config.server.max_body_bytes)
-    rows.append(
-        _Row(
-            invalid("example", status=413, code="body_too_large"),
-            "— (HTTP only)",
-            f"the HTTP request body is over {body_limit}; refused before it is read",
-            "send less",
-        )
-    )
+        rendered = http_error(error)
+        shown = http_status_shown(cls) or str(rendered.status)
+        rows.append(_Row(shown, rendered, error_spec.grpc_status(error), when, advice))
     return rows
 
 
@@ -284,7 +305,7 @@ def render_limits_markdown(config: Config) -> str:
         "## Prompt size: the input cap",
         "",
         f"- A prompt estimated above **{_n(input_cap)} tokens** is refused at once with",
-        "  **HTTP 413**, `code` `context_length_exceeded`. Nothing is queued and no GPU",
+        "  **HTTP 400**, `code` `context_length_exceeded`. Nothing is queued and no GPU",
         "  time is spent; the same request will fail again, so shorten the prompt or",
         "  split the document.",
         "- The estimate needs no tokenizer and errs on the large side: one token per",
@@ -292,7 +313,7 @@ def render_limits_markdown(config: Config) -> str:
         f"{_float(estimate, 'cjk_chars_per_token'):g} CJK character (Chinese, Japanese,",
         f"  Korean), plus {_int(estimate, 'per_message_tokens')} tokens per chat message for the chat template.",
         "- The prompt plus the effective `max_tokens` must also fit the model's context",
-        "  (below); otherwise the answer is the same 413.",
+        "  (below); otherwise the answer is the same 400.",
         f"- The HTTP request body may be at most {_bytes(config.server.max_body_bytes)};",
         "  a bigger one is refused with 413 `body_too_large` before it is read.",
         "",
@@ -374,7 +395,7 @@ def render_limits_markdown(config: Config) -> str:
     out += _markdown_table(
         ["HTTP", "`type` / `code`", "gRPC", "Retry-After", "when", "what to do"],
         [
-            (str(r.error.status), _type_code(r.error), r.grpc, _retry_after(r.error), r.when, r.advice)
+            (r.http, _type_code(r.error), r.grpc, _retry_after(r.error), r.when, r.advice)
             for r in rows
         ]
         + [("4xx", "vLLM's own", "INVALID_ARGUMENT etc.", "—", "vLLM refused the request; passed through as it came", "fix the request")],

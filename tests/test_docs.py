@@ -22,10 +22,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from router import errors
+from router import error_spec, errors
 from router.config import load_config, parse_config
 from router.config_types import Config, EndpointConfig, PoolConfig, TimeoutsConfig
-from server import limits_doc
+from server import grpc_api, limits_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -63,10 +63,65 @@ def test_limits_doc_main_prints_the_page(capsys: pytest.CaptureFixture[str], shi
 def test_limits_doc_covers_every_router_error(shipped: Config) -> None:
     """An error added to router/errors.py gets a row (so callers learn of it)."""
     page = limits_doc.render_limits_markdown(shipped)
-    table = [line for line in page.splitlines() if re.match(r"\| \d{3} \|", line)]
+    table = [line for line in page.splitlines() if re.match(r"\| (\d{3}|in stream) \|", line)]
     classes = limits_doc.documented_error_classes()
     assert errors.QueueFull in classes and errors.BackendRejected not in classes
-    assert len(table) == len(classes) + 1  # + the front end's body_too_large
+    assert errors.BackendUnavailable in classes and errors.BackendTimeout in classes and errors.BodyTooLarge in classes
+    assert errors.Overloaded not in classes  # a base: its row only backs a subclass without one
+    assert len(table) == len(classes)
+
+
+def test_every_error_class_has_its_own_row_in_the_error_table() -> None:
+    """A new error class must say how it is answered, not inherit it by accident."""
+
+    def all_classes(cls: type[errors.TailguardError]) -> list[type[errors.TailguardError]]:
+        return [cls, *(c for child in cls.__subclasses__() for c in all_classes(child))]
+
+    rows = {spec.error for spec in error_spec.SPECS}
+    missing = [cls.__name__ for cls in all_classes(errors.TailguardError)[1:] if cls not in rows]
+    assert not missing, f"router/error_spec.py has no row for {missing}"
+    assert len(rows) == len(error_spec.SPECS)
+
+
+def _expected_cells(cls: type[errors.TailguardError]) -> tuple[str, str]:
+    """(status, `type` / `code`) as the docs show the error table's row for ``cls``."""
+    spec = error_spec.spec_for(cls("example") if not issubclass(cls, errors.Overloaded) else cls("x", retry_after=1))
+    status = limits_doc.http_status_shown(cls) or str(spec.http_status)
+    return status, f"`{spec.error_type}`" + (f" / `{spec.code}`" if spec.code else "")
+
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(title)
+    end = text.find("\n#", start + len(title))
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_readme_error_table_is_the_error_table() -> None:
+    section = _readme_section("### Errors, and what a caller should do")
+    rows = [
+        tuple(cell.strip() for cell in line.strip("|").split("|")[:2])
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| status")
+    ]
+    expected = [_expected_cells(cls) for cls in limits_doc.documented_error_classes()]
+    assert sorted(r for r in rows if r[0] != "4xx") == sorted(expected)
+    assert ("4xx", "vLLM's") in rows  # a backend's 4xx, passed through
+
+
+def test_readme_grpc_errors_name_each_code_under_its_status() -> None:
+    section = _readme_section("## gRPC, for internal services")
+    paragraph = section[section.index("- Errors, by status") :]
+    paragraph = " ".join(paragraph[: paragraph.index("\n- ")].split())
+    # "STATUS (`a`, `b`, ...)" groups: the codes each gRPC status is documented for.
+    groups: dict[str, set[str]] = {}
+    for status, inside in re.findall(r"([A-Z_]{5,}) \(([^)]*)\)", paragraph):
+        groups.setdefault(status, set()).update(re.findall(r"`([a-z_]+)`", inside))
+    for cls in limits_doc.documented_error_classes():
+        spec = error_spec.SPECS[[s.error for s in error_spec.SPECS].index(cls)]
+        token = spec.code or spec.error_type
+        assert token in groups.get(spec.grpc_status, set()), f"{cls.__name__}: `{token}` is not listed under {spec.grpc_status}"
+    assert f"{grpc_api.MAX_CONCURRENT_CALLS:,}" in paragraph
 
 
 def test_limits_doc_follows_the_config() -> None:

@@ -82,7 +82,7 @@ async def test_metrics_page_has_every_dashboard_name_and_counts_outcomes() -> No
                 clamped = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 5000})
                 assert clamped.headers["x-tailguard-max-tokens"] == "1024"
                 too_long = await client.post("/v1/completions", json={"prompt": "word " * 9_000, "max_tokens": 8})
-                assert too_long.status_code == 413
+                assert too_long.status_code == 400
                 # Wait for a backend scrape, then read the page.
                 await eventually(lambda: all(e.load is not None for e in running.router._endpoints.values()))
                 page_text = (await client.get("/metrics")).text
@@ -122,7 +122,7 @@ async def test_access_log_and_timing_headers(caplog: pytest.LogCaptureFixture) -
                     assert b"[DONE]" in b"".join([chunk async for chunk in streamed.aiter_bytes()])
 
                 rejected = await client.post("/v1/completions", json={"prompt": "word " * 9_000}, headers={"x-request-id": "big-1"})
-                assert rejected.status_code == 413
+                assert rejected.status_code == 400
 
                 # The caller goes away mid-stream: cancelled, and the seat comes back.
                 body = {"messages": MESSAGES, "max_tokens": 200, "stream": True}
@@ -139,7 +139,7 @@ async def test_access_log_and_timing_headers(caplog: pytest.LogCaptureFixture) -
     streamed_line = lines["stream-1"]  # no usage in the stream: tokens counted from its events
     assert streamed_line["completion_tokens"] == 8 and streamed_line["ttft_ms"] <= streamed_line["e2e_ms"]
     big = lines["big-1"]
-    assert (big["outcome"], big["reason"], big["status"]) == ("rejected", "input_cap", 413)
+    assert (big["outcome"], big["reason"], big["status"]) == ("rejected", "input_cap", 400)
     gone = lines["gone-1"]
     assert (gone["outcome"], gone["reason"], gone["status"]) == ("cancelled", "client_cancelled", 499)
     assert gone["ttft_ms"] is not None and gone["completion_tokens"] < 200

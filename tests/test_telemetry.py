@@ -167,7 +167,13 @@ def test_every_router_error_has_an_outcome_and_a_reason() -> None:
         errors.CallerOverLimit("x", retry_after=1): ("overloaded", "caller_limit"),
         errors.DeadlineExceeded("x"): ("timeout", "e2e_timeout"),
         errors.BackendRejected("x", status=400): ("rejected", "backend_rejected"),
-        errors.BackendUnavailable("x"): ("backend_error", "backend_error"),
+        errors.BackendUnavailable("x"): ("backend_error", "backend_unavailable"),
+        errors.BackendTimeout("x"): ("backend_error", "backend_timeout"),
+        errors.BadBackendReply("x"): ("backend_error", "bad_backend_reply"),
+        errors.BackendStreamError("x"): ("backend_error", "backend_stream_error"),
+        errors.BodyTooLarge("x"): ("rejected", "body_too_large"),
+        errors.ServerBusy("x", retry_after=1): ("overloaded", "server_busy"),
+        errors.InternalError("x"): ("internal_error", "internal_error"),
     }
     for error, expected in cases.items():
         assert outcome_of(error) == expected, error
