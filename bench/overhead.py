@@ -1,21 +1,29 @@
-"""``python -m bench overhead``: what tailguard adds per request and per relayed event, HTTP and gRPC, in one run.
+"""``python -m bench overhead``: what tailguard adds per request and per relayed event, HTTP and gRPC, beside vllm-router, in one run.
 
 Engines in the ``instant`` profile (no GPU time: every millisecond is HTTP,
 gRPC, JSON and scheduling); tailguard in front of them from a temporary
-config; the engine called directly beside it. Four phases, side by side:
+config; the peer, vllm-router (Rust, from PyPI, ``--policy round_robin``),
+in front of the same engine; the engine called directly beside both. Four
+phases, side by side:
 
 1. Added latency, open loop: Poisson arrivals at fixed rates (default 100
    and 400 req/s, the same arrivals for every path), each latency from its
-   *scheduled* send time, to the engine directly (HTTP), through tailguard's
-   HTTP API and through its gRPC API. A closed loop at saturation would
-   measure the router's queue, not the router.
-2. Saturation: a closed loop at concurrency 64 through each API, req/s with
-   the router's cores beside it (and the engine direct for scale); then,
-   unmeasured, the HTTP loop goes on while py-spy profiles the router.
+   *scheduled* send time, to the engine directly (HTTP), through vllm-router
+   (HTTP), through tailguard's HTTP API and through its gRPC API. A closed
+   loop at saturation would measure the router's queue, not the router.
+2. Saturation: a closed loop at concurrency 64 through each router and API,
+   req/s with the router's cores beside it (and the engine direct for
+   scale); then, unmeasured, the HTTP loop goes on while py-spy profiles
+   tailguard.
 3. SSE relay: 64 and 256 concurrent streaming chats (max_tokens 128)
-   through tailguard's HTTP API and directly; events/s and router CPU per
-   event, then a py-spy profile of the 256-stream relay (unmeasured).
-4. The issue's targets, reported (not tuned for).
+   directly, through vllm-router and through tailguard's HTTP API; events/s
+   and router CPU per event, then a py-spy profile of tailguard's 256-stream
+   relay (unmeasured).
+4. tailguard beside vllm-router (ratios), and the issue's targets, reported
+   (not tuned for).
+
+The peer serves no gRPC, so tailguard's gRPC rows are set beside its HTTP.
+``--no-peer`` leaves it out (when it is not installed).
 
 Load generators (none of them the bottleneck; their CPU is in every row):
 ``bench.router_overhead``'s lean keep-alive HTTP/1.1 client on raw Trio
@@ -26,7 +34,9 @@ sockets, grpc.aio on its own asyncio thread (``bench.grpc_overhead``), and
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import math
+import shutil
 import os
 import sys
 import tempfile
@@ -77,6 +87,7 @@ from bench.router_overhead import (
     http_request,
     log_tail,
     percentile,
+    start_process,
     start_simulator,
     start_tailguard,
     tailguard_config,
@@ -100,7 +111,12 @@ STREAM_MAX_TOKENS = 128  # the interactive class's max_output_tokens: still inte
 POOL_CAP = 1024
 _CANCEL_GRACE_S = 30.0
 
-DIRECT, HTTP, GRPC = "direct HTTP", "tailguard HTTP", "tailguard gRPC"
+DIRECT, PEER, HTTP, GRPC = "direct HTTP", "vllm-router HTTP", "tailguard HTTP", "tailguard gRPC"
+TAILGUARD, VLLM_ROUTER = "tailguard", "vllm-router"  # the routers' keys in the pids and the cores
+ROUTER_OF = {PEER: VLLM_ROUTER, HTTP: TAILGUARD, GRPC: TAILGUARD}  # the router in each path (direct: none)
+# The cheapest of the peer's policies, so its cost is a floor; its default,
+# cache_aware, also walks a prefix tree per request.
+PEER_POLICY = "round_robin"
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,7 @@ class Options:
     profile_s: float  # 0: no py-spy
     seed: int
     out_dir: Path
+    peer: Path | None  # the vllm-router executable; None: no peer
 
 
 @dataclass
@@ -148,8 +165,22 @@ class Added:
 
 
 @dataclass
+class VersusPeer:
+    """One measure for the peer and for tailguard's two APIs, and tailguard / peer."""
+
+    measure: str
+    better: str  # "lower" or "higher"
+    peer: float
+    http: float | None
+    grpc: float | None
+    http_ratio: float | None  # tailguard / peer; None when the peer's value is not > 0
+    grpc_ratio: float | None
+
+
+@dataclass
 class Result:
     cpu_count: int
+    peer: str | None  # "vllm-router VERSION, flags"
     engine_profile: str
     message: str
     max_tokens: int
@@ -159,6 +190,7 @@ class Result:
     parameters: dict[str, object]
     open_loop: list[OpenRun]
     added: list[Added]
+    versus_peer: list[VersusPeer]
     saturation: list[RunResult]
     streams: list[StreamRun]
     profiles: dict[str, ProfileSummary]
@@ -171,16 +203,16 @@ class Result:
 
 
 async def measure(options: Options, aio: AsyncioThread) -> Result:
-    """Start the simulator and tailguard, run every phase, tear it all down on every path."""
-    sim_port, batch_port, http_port, grpc_port = free_ports(4)
+    """Start the simulator, tailguard and the peer, run every phase, tear it all down on every path."""
+    sim_port, batch_port, http_port, grpc_port, peer_port, peer_metrics_port = free_ports(6)
     with tempfile.TemporaryDirectory(prefix="tailguard-overhead-") as tmp:
         config = Path(tmp) / "config.toml"
         pool = partial(PoolSpec, max_concurrency=POOL_CAP, max_queue=4 * POOL_CAP)
         config.write_text(
             tailguard_config(http_port, grpc_port, pool("interactive", [(sim_port, POOL_CAP)]), pool("batch", [(batch_port, POOL_CAP)]))
         )
-        logs = {name: Path(tmp) / f"{name}.log" for name in ("simulator", "tailguard")}
-        with logs["simulator"].open("wb") as sim_out, logs["tailguard"].open("wb") as tg_out:
+        logs = {name: Path(tmp) / f"{name}.log" for name in ("simulator", TAILGUARD, VLLM_ROUTER)}
+        with logs["simulator"].open("wb") as sim_out, logs[TAILGUARD].open("wb") as tg_out, logs[VLLM_ROUTER].open("wb") as peer_out:
             try:
                 async with trio.open_nursery() as nursery:
                     sim = await start_simulator(nursery, [(sim_port, "instant"), (batch_port, "instant")], log=sim_out)
@@ -188,23 +220,66 @@ async def measure(options: Options, aio: AsyncioThread) -> Result:
                     await wait_ready(batch_port, sim, "the simulator")
                     tg = await start_tailguard(nursery, config, log=tg_out)
                     await wait_ready(http_port, tg, "tailguard")
+                    routers = [(tg, "tailguard")]
+                    pids = {"simulator": sim.pid, TAILGUARD: tg.pid}
+                    ports = {DIRECT: sim_port, HTTP: http_port}
+                    if options.peer is not None:
+                        command = peer_command(options.peer, peer_port, peer_metrics_port, sim_port)
+                        peer = await start_process(nursery, command, peer_out)
+                        await wait_ready(peer_port, peer, "vllm-router")
+                        routers.append((peer, "vllm-router"))
+                        pids[VLLM_ROUTER], ports[PEER] = peer.pid, peer_port
                     client = await aio.run(partial(GrpcClient.open, f"{HOST}:{grpc_port}", 1))
                     try:
-                        pids = {"simulator": sim.pid, "tailguard": tg.pid}
-                        result = await _phases(options, aio, client, {DIRECT: sim_port, HTTP: http_port}, pids)
+                        result = await _phases(options, aio, client, ports, pids)
                     finally:
                         with trio.CancelScope(shield=True), trio.move_on_after(_CANCEL_GRACE_S):
                             await aio.run(client.close)
-                    for process, name in ((tg, "tailguard"), (sim, "the simulator")):
+                    for process, name in [*routers, (sim, "the simulator")]:
                         if process.returncode is not None:
                             raise RuntimeError(f"{name} exited with {process.returncode} during the run")
-                    await stop(tg)  # tailguard first: it must not see its backends vanish
+                    for process, _ in routers:
+                        await stop(process)  # the routers first: they must not see their backends vanish
                     nursery.cancel_scope.cancel()
             except Exception:
                 for name, path in logs.items():
                     print(f"--- {name} log ---\n{log_tail(path)}", file=sys.stderr)
                 raise
+    result.peer = _peer_version(options.peer)
     return result
+
+
+def peer_command(exe: Path, port: int, metrics_port: int, engine_port: int) -> list[str]:
+    """vllm-router in front of one engine, on 127.0.0.1 only (its metrics too), its defaults otherwise."""
+    return [
+        str(exe),
+        "--host", HOST,
+        "--port", str(port),
+        "--worker-urls", f"http://{HOST}:{engine_port}",
+        "--policy", PEER_POLICY,
+        "--prometheus-host", HOST,
+        "--prometheus-port", str(metrics_port),
+        "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def find_peer() -> Path | None:
+    """The vllm-router beside this Python (the venv's), else on PATH."""
+    beside = Path(sys.executable).with_name("vllm-router")
+    if beside.exists():
+        return beside
+    found = shutil.which("vllm-router")
+    return Path(found) if found else None
+
+
+def _peer_version(peer: Path | None) -> str | None:
+    if peer is None:
+        return None
+    try:
+        version = importlib.metadata.version("vllm-router")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(version unknown)"
+    return f"vllm-router {version} ({peer}), --policy {PEER_POLICY}, its defaults otherwise"
 
 
 async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int]) -> Result:
@@ -216,6 +291,7 @@ async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, port
     added = _added(open_runs)
     return Result(
         cpu_count=len(os.sched_getaffinity(0)),
+        peer=None,
         engine_profile="instant",
         message=MESSAGE,
         max_tokens=MAX_TOKENS,
@@ -230,6 +306,7 @@ async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, port
         parameters={k: (list(v) if isinstance(v, Sequence) else str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
         open_loop=open_runs,
         added=added,
+        versus_peer=_versus_peer(added, saturation, streams),
         saturation=saturation,
         streams=streams,
         profiles=profiles,
@@ -255,7 +332,7 @@ async def open_loop_phase(options: Options, aio: AsyncioThread, client: GrpcClie
         for rate in options.rates:
             offsets = poisson_offsets(rate, options.seconds, options.seed + int(rate))
             warm = poisson_offsets(rate, options.warmup_s, options.seed + int(rate) + 1)
-            for path in (DIRECT, HTTP, GRPC):
+            for path in _paths(ports, (DIRECT, PEER, HTTP, GRPC)):
                 if warm:
                     await send(path, warm)
                 before, machine = CpuClock.read(pids), MachineClock.read()
@@ -273,21 +350,21 @@ async def open_loop_phase(options: Options, aio: AsyncioThread, client: GrpcClie
 async def saturation_phase(
     options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int], busy: dict[str, float]
 ) -> tuple[list[RunResult], dict[str, ProfileSummary]]:
-    """Closed loops at concurrency 64: direct, tailguard HTTP (then profiled), tailguard gRPC."""
+    """Closed loops at concurrency 64: direct, vllm-router, tailguard HTTP (then profiled), tailguard gRPC."""
     payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS}
     plan = Plan(concurrencies=[SATURATION_CONCURRENCY], requests=lambda _: 10**7, seconds=options.sat_seconds, warmup=SATURATION_WARMUP)
     runs: list[RunResult] = []
-    for path, target in ((DIRECT, "direct"), (HTTP, "tailguard")):
+    for path in _paths(ports, (DIRECT, PEER, HTTP)):
         request = http_request(ports[path], CHAT_PATH, payload)
         machine = MachineClock.read()
-        run = await measure_closed_loop(target, ports[path], request, SATURATION_CONCURRENCY, plan, pids)
+        run = await measure_closed_loop(path, ports[path], request, SATURATION_CONCURRENCY, plan, pids, ROUTER_OF.get(path))
         busy[path] = MachineClock.read().cores_since(machine)
         runs.append(replace(run, target=path))
         print(_sat_progress(runs[-1]), file=sys.stderr, flush=True)
     profiles: dict[str, ProfileSummary] = {}
     if options.profile_s > 0:
         request = http_request(ports[HTTP], CHAT_PATH, payload)
-        summary = await _profile_http(ports[HTTP], request, pids["tailguard"], options.out_dir / "profile_http.json", options.profile_s)
+        summary = await _profile_http(ports[HTTP], request, pids[TAILGUARD], options.out_dir / "profile_http.json", options.profile_s)
         if summary is not None:
             profiles["http_saturation"] = summary
     grpc_request = chat_request(MAX_TOKENS)
@@ -319,7 +396,7 @@ async def _profile_http(port: int, request: bytes, tg_pid: int, path: Path, seco
 
 
 async def sse_phase(options: Options, ports: dict[str, int], pids: dict[str, int], busy: dict[str, float]) -> tuple[list[StreamRun], dict[str, ProfileSummary]]:
-    """Streaming chats (max_tokens 128): direct and through tailguard HTTP, at each stream count."""
+    """Streaming chats (max_tokens 128): direct, through vllm-router and through tailguard HTTP, at each stream count."""
     payload = {
         "messages": [{"role": "user", "content": MESSAGE}],
         "max_tokens": STREAM_MAX_TOKENS,
@@ -330,11 +407,14 @@ async def sse_phase(options: Options, ports: dict[str, int], pids: dict[str, int
     profiles: dict[str, ProfileSummary] = {}
     top = max(options.streams)
     for streams in options.streams:
-        for path, target in ((DIRECT, "direct"), (HTTP, "tailguard")):
+        for path in _paths(ports, (DIRECT, PEER, HTTP)):
             profile = options.out_dir / "profile_sse.json" if path == HTTP and streams == top and options.profile_s > 0 else None
             request = http_request(ports[path], CHAT_PATH, payload)
             machine = MachineClock.read()
-            run = await sse_streams(target, ports[path], request, streams, options.sse_warmup_s, options.sse_seconds, pids, profile, options.profile_s)
+            target = "direct" if path == DIRECT else path
+            run = await sse_streams(
+                target, ports[path], request, streams, options.sse_warmup_s, options.sse_seconds, pids, profile, options.profile_s, ROUTER_OF.get(path, TAILGUARD)
+            )
             busy[f"{path} {streams}"] = MachineClock.read().cores_since(machine)
             runs.append(replace(run, target=path))
             print(_sse_progress(runs[-1]), file=sys.stderr, flush=True)
@@ -343,6 +423,11 @@ async def sse_phase(options: Options, ports: dict[str, int], pids: dict[str, int
                 if summary is not None:
                     profiles[f"sse_{streams}_streams"] = summary
     return runs, profiles
+
+
+def _paths(ports: dict[str, int], order: Sequence[str]) -> list[str]:
+    """The paths of ``order`` this run has (the peer may be left out), in that order."""
+    return [path for path in order if path in ports or path == GRPC]
 
 
 def _no_profile(path: Path) -> ProfileSummary | None:
@@ -355,7 +440,7 @@ def _open_run(path: str, rate: float, arrivals: int, tally: OpenTally, before: C
     latencies, lags = sorted(tally.latencies), sorted(tally.lags)
     n = len(latencies)
     wall = after.wall - before.wall
-    cpu = after.seconds_since(before)["tailguard"]
+    cpu = after.seconds_since(before)[ROUTER_OF[path]] if path in ROUTER_OF else 0.0
     return OpenRun(
         path=path,
         rate=rate,
@@ -393,13 +478,13 @@ def _targets(added: Sequence[Added], saturation: Sequence[RunResult], streams: S
             goal = f"P50 < {TARGET_ADDED_P50_MS:g} ms, P99 < {TARGET_ADDED_P99_MS:g} ms"
             targets.append(Target(f"added latency at {rate:g} req/s, {a.path}", goal, f"P50 {a.added_p50_ms:+.2f} ms, P99 {a.added_p99_ms:+.2f} ms", met))
     for r in saturation:
-        if r.target != DIRECT:
-            measured = f"{r.req_per_s:,.0f} req/s (router {r.cores['tailguard']:.2f} cores)"
+        if r.target in (HTTP, GRPC):
+            measured = f"{r.req_per_s:,.0f} req/s (router {r.cores[TAILGUARD]:.2f} cores)"
             targets.append(Target(f"saturation throughput, {r.target}", f">= {TARGET_SATURATION:,.0f} req/s", measured, r.req_per_s >= TARGET_SATURATION))
     relayed = [s for s in streams if s.target == HTTP]
     if relayed:
         best = max(relayed, key=lambda s: s.chunks_per_s)
-        measured = f"{best.chunks_per_s:,.0f} events/s ({best.streams} streams, router {best.cores['tailguard']:.2f} cores)"
+        measured = f"{best.chunks_per_s:,.0f} events/s ({best.streams} streams, router {best.cores[TAILGUARD]:.2f} cores)"
         targets.append(Target("SSE events/s relayed per router process", f">= {TARGET_EVENTS_PER_S:,.0f}", measured, best.chunks_per_s >= TARGET_EVENTS_PER_S))
     return targets
 
@@ -407,8 +492,52 @@ def _targets(added: Sequence[Added], saturation: Sequence[RunResult], streams: S
 # -- reporting ---------------------------------------------------------------------------
 
 
-def _cores(cores: dict[str, float]) -> str:
-    return f"{cores['simulator']:.2f} / {cores['tailguard']:.2f} / {cores['client']:.2f}"
+def _versus_peer(added: Sequence[Added], saturation: Sequence[RunResult], streams: Sequence[StreamRun]) -> list[VersusPeer]:
+    """tailguard's HTTP and gRPC APIs beside vllm-router, measure by measure (empty without the peer)."""
+    rows: list[VersusPeer] = []
+
+    def row(measure: str, better: str, values: dict[str, float | None]) -> None:
+        peer = values.get(PEER)
+        if peer is None:
+            return
+        http, grpc = values.get(HTTP), values.get(GRPC)
+        rows.append(VersusPeer(measure, better, peer, http, grpc, _ratio(http, peer), _ratio(grpc, peer)))
+
+    for rate in sorted({a.rate for a in added}):
+        at = {a.path: a for a in added if a.rate == rate}
+        row(f"added P50 ms at {rate:g} req/s", "lower", {p: a.added_p50_ms for p, a in at.items()})
+        row(f"added P99 ms at {rate:g} req/s", "lower", {p: a.added_p99_ms for p, a in at.items()})
+    sat = {r.target: r for r in saturation}
+    row(f"saturation req/s (concurrency {SATURATION_CONCURRENCY})", "higher", {p: r.req_per_s for p, r in sat.items()})
+    cpu = {p: r.router_cpu_ms_per_request * 1000 for p, r in sat.items() if r.router_cpu_ms_per_request is not None}
+    row("router CPU µs/request at saturation", "lower", dict(cpu))
+    for count in sorted({s.streams for s in streams}):
+        at_count = {s.target: s for s in streams if s.streams == count}
+        row(f"SSE events/s, {count} streams", "higher", {p: s.chunks_per_s for p, s in at_count.items()})
+        per_event = {p: s.tailguard_cpu_us_per_chunk for p, s in at_count.items() if s.tailguard_cpu_us_per_chunk is not None}
+        row(f"router CPU µs/event, {count} streams", "lower", dict(per_event))
+    return rows
+
+
+def _ratio(value: float | None, peer: float) -> float | None:
+    """tailguard / peer; None when either is missing or the peer's is not above 0 (no meaningful ratio)."""
+    return value / peer if value is not None and peer > 0 else None
+
+
+def _router(path: str) -> str | None:
+    return ROUTER_OF.get(path)
+
+
+def _cores(cores: dict[str, float], path: str) -> str:
+    """Simulator / the path's router / client cores (no router on the direct path)."""
+    router = _router(path)
+    middle = f"{cores[router]:.2f}" if router is not None else "-"
+    return f"{cores['simulator']:.2f} / {middle} / {cores['client']:.2f}"
+
+
+def _router_cores(cores: dict[str, float], path: str) -> float:
+    router = _router(path)
+    return cores[router] if router is not None else 0.0
 
 
 def _opt(value: float | None, fmt: str) -> str:
@@ -418,7 +547,7 @@ def _opt(value: float | None, fmt: str) -> str:
 def render(result: Result) -> str:
     """The markdown report: tables, targets, profile summaries, how it was measured."""
     added = {(a.path, a.rate): a for a in result.added}
-    lines = [
+    lines = _render_versus_peer(result) + [
         f"## Added latency, open loop (non-streaming chat, max_tokens {result.max_tokens}; {result.arrivals})",
         "",
         "| path | rate req/s | arrivals | done | errors / dropped / cut off | conns | P50 ms | P99 ms | added P50 / P99 ms | send lag P50 / P99 ms "
@@ -430,7 +559,7 @@ def render(result: Result) -> str:
         plus = f"{a.added_p50_ms:+.2f} / {a.added_p99_ms:+.2f}" if a else "-"
         lines.append(
             f"| {r.path} | {r.rate:g} | {r.arrivals:,} | {r.completed:,} | {r.errors} / {r.dropped} / {r.unfinished} | {r.connections} | {r.p50_ms:.2f} "
-            f"| {r.p99_ms:.2f} | {plus} | {r.lag_p50_ms:.2f} / {r.lag_p99_ms:.2f} | {_cores(r.cores)} | {r.machine_busy_cores:.2f} "
+            f"| {r.p99_ms:.2f} | {plus} | {r.lag_p50_ms:.2f} / {r.lag_p99_ms:.2f} | {_cores(r.cores, r.path)} | {r.machine_busy_cores:.2f} "
             f"| {_opt(r.router_cpu_us_per_request, ',.0f')} |"
         )
     lines += [
@@ -442,11 +571,11 @@ def render(result: Result) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result.saturation:
-        tg = c.cores["tailguard"]
+        tg = _router_cores(c.cores, c.target)
         per_core = f"{c.req_per_s / tg:,.0f}" if c.target != DIRECT and tg > 0 else "-"
         cpu = _opt(c.router_cpu_ms_per_request * 1000 if c.router_cpu_ms_per_request is not None else None, ",.0f")
         lines.append(
-            f"| {c.target} | {c.requests:,} | {c.errors} | {c.req_per_s:,.0f} | {c.p50_ms:.2f} | {c.p99_ms:.2f} | {tg:.2f} | {per_core} | {cpu} | {_cores(c.cores)} "
+            f"| {c.target} | {c.requests:,} | {c.errors} | {c.req_per_s:,.0f} | {c.p50_ms:.2f} | {c.p99_ms:.2f} | {tg:.2f} | {per_core} | {cpu} | {_cores(c.cores, c.target)} "
             f"| {_opt(result.machine_busy_cores.get(c.target), '.2f')} |"
         )
     lines += [
@@ -458,7 +587,7 @@ def render(result: Result) -> str:
     ]
     for s in result.streams:
         lines.append(
-            f"| {s.target} | {s.streams} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {_cores(s.cores)} "
+            f"| {s.target} | {s.streams} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {_cores(s.cores, s.target)} "
             f"| {_opt(result.machine_busy_cores.get(f'{s.target} {s.streams}'), '.2f')} | {_opt(s.tailguard_cpu_us_per_chunk, '.1f')} |"
         )
     lines += ["", "## Targets (reported, not tuned for)", "", "| target | goal | measured | verdict |", "|---|---|---|---|"]
@@ -492,20 +621,45 @@ def render(result: Result) -> str:
     return "\n".join(lines)
 
 
+def _render_versus_peer(result: Result) -> list[str]:
+    """The headline: tailguard's two APIs beside vllm-router, with ratios (tailguard / vllm-router)."""
+    if not result.versus_peer:
+        return []
+    lines = [
+        f"## tailguard beside vllm-router (same run, same engine, same load; peer: {result.peer})",
+        "",
+        "| measure | better | vllm-router | tailguard HTTP | tailguard gRPC | HTTP / vllm-router | gRPC / vllm-router |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v in result.versus_peer:
+        fmt = ",.0f" if abs(v.peer) >= 100 else ".2f"
+        lines.append(
+            f"| {v.measure} | {v.better} | {format(v.peer, fmt)} | {_opt(v.http, fmt)} | {_opt(v.grpc, fmt)} "
+            f"| {_opt(v.http_ratio, '.2f')}{'x' if v.http_ratio is not None else ''} | {_opt(v.grpc_ratio, '.2f')}{'x' if v.grpc_ratio is not None else ''} |"
+        )
+    lines += [
+        "",
+        "Added latency is over the engine called directly at the same arrivals; a ratio is left out ('-') when the peer's value is not "
+        "above 0. The peer serves HTTP only: the gRPC column is tailguard's gRPC API beside the peer's HTTP.",
+        "",
+    ]
+    return lines
+
+
 def _rel(path: str) -> str:
     return path.rsplit("/work/main/", 1)[-1]
 
 
 def _open_progress(r: OpenRun) -> str:
-    return f"  open {r.path:>14} {r.rate:g}/s: n={r.completed} P50 {r.p50_ms:.2f} P99 {r.p99_ms:.2f} ms, lag P99 {r.lag_p99_ms:.2f} ms, router {r.cores['tailguard']:.2f} cores"
+    return f"  open {r.path:>14} {r.rate:g}/s: n={r.completed} P50 {r.p50_ms:.2f} P99 {r.p99_ms:.2f} ms, lag P99 {r.lag_p99_ms:.2f} ms, router {_router_cores(r.cores, r.path):.2f} cores"
 
 
 def _sat_progress(r: RunResult) -> str:
-    return f"  saturation {r.target:>14}: {r.req_per_s:,.0f} req/s, router {r.cores['tailguard']:.2f} cores, client {r.cores['client']:.2f}"
+    return f"  saturation {r.target:>14}: {r.req_per_s:,.0f} req/s, router {_router_cores(r.cores, r.target):.2f} cores, client {r.cores['client']:.2f}"
 
 
 def _sse_progress(s: StreamRun) -> str:
-    return f"  sse {s.target:>14} {s.streams} streams: {s.chunks_per_s:,.0f} events/s, router {s.cores['tailguard']:.2f} cores, {s.errors} errors"
+    return f"  sse {s.target:>14} {s.streams} streams: {s.chunks_per_s:,.0f} events/s, router {_router_cores(s.cores, s.target):.2f} cores, {s.errors} errors"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -519,6 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sse-seconds", type=float, default=6.0, help="each SSE window (default %(default)s)")
     parser.add_argument("--profile-seconds", type=float, default=8.0, help="py-spy recording of the router; 0 skips it (default %(default)s)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the Poisson arrivals (default %(default)s)")
+    parser.add_argument("--peer", type=Path, default=None, help="the vllm-router executable (default: beside this Python, else on PATH)")
+    parser.add_argument("--no-peer", action="store_true", help="leave vllm-router out (when it is not installed)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of overhead.json, overhead.md, profiles (default %(default)s)")
     return parser
 
@@ -535,7 +691,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rates must be > 0 and --streams >= 1")
     if min(args.seconds, args.sat_seconds, args.sse_seconds) <= 0 or min(args.warmup, args.sse_warmup, args.profile_seconds) < 0:
         parser.error("durations must be > 0 (warm-ups and --profile-seconds >= 0)")
-    options = Options(rates, args.seconds, args.warmup, args.sat_seconds, streams, args.sse_warmup, args.sse_seconds, args.profile_seconds, args.seed, args.out)
+    peer = None if args.no_peer else (args.peer or find_peer())
+    if not args.no_peer and (peer is None or not peer.exists()):
+        parser.error("vllm-router not found: pip install -e '.[bench]', pass --peer PATH, or --no-peer")
+    options = Options(
+        rates, args.seconds, args.warmup, args.sat_seconds, streams, args.sse_warmup, args.sse_seconds, args.profile_seconds, args.seed, args.out, peer
+    )
     raise_nofile(8192)  # children inherit it: 256 streams are 512 sockets in tailguard
     started = time.perf_counter()
     try:
@@ -544,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as error:
         if not interrupted(error):
             raise
-        print("interrupted; the simulator and tailguard were stopped", file=sys.stderr)
+        print("interrupted; the simulator and the routers were stopped", file=sys.stderr)
         return 130
     result.wall_s = time.perf_counter() - started
     report = render(result)

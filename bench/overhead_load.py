@@ -209,8 +209,11 @@ async def sse_streams(
     pids: dict[str, int],
     profile: Path | None = None,
     profile_s: float = 0.0,
+    router: str = "tailguard",
 ) -> StreamRun:
     """``streams`` concurrent streams, each restarted when it ends (a connection each); events/s over the window.
+
+    ``router`` names the pid whose CPU per event is reported (none for ``target`` "direct").
 
     With ``profile``, the load goes on after the window while py-spy records
     tailguard, so the profile does not perturb the measured numbers.
@@ -231,7 +234,7 @@ async def sse_streams(
     done = at_end.streams_done - at_start.streams_done
     events = at_end.events - at_start.events - done  # a finished stream's [DONE] is not a relayed chunk
     wall = after.wall - before.wall
-    cpu = after.seconds_since(before)["tailguard"]
+    cpu = after.seconds_since(before)[router]
     per_event = cpu / events * 1e6 if target != "direct" and events else None
     return StreamRun(target, streams, wall, events, events / wall, done, at_end.errors - at_start.errors, after.cores_since(before), per_event)
 

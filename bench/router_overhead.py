@@ -417,9 +417,18 @@ class RunResult:
 
     @classmethod
     def from_tally(
-        cls, target: str, concurrency: int, tally: Tally, wall: float, before: CpuClock, after: CpuClock, *, through_router: bool
+        cls,
+        target: str,
+        concurrency: int,
+        tally: Tally,
+        wall: float,
+        before: CpuClock,
+        after: CpuClock,
+        *,
+        through_router: bool,
+        router: str = "tailguard",
     ) -> RunResult:
-        """Percentiles and CPU of one measured loop (router CPU only when it was in the path)."""
+        """Percentiles and CPU of one measured loop (the CPU of ``router``, a key of the pids, only when it was in the path)."""
         latencies = sorted(tally.latencies)
         n = len(latencies)
         return cls(
@@ -434,7 +443,7 @@ class RunResult:
             max_ms=latencies[-1] * 1000 if n else math.nan,
             req_per_s=n / wall,
             cores=after.cores_since(before),
-            router_cpu_ms_per_request=after.seconds_since(before)["tailguard"] / n * 1000 if through_router and n else None,
+            router_cpu_ms_per_request=after.seconds_since(before)[router] / n * 1000 if through_router and n else None,
         )
 
 
@@ -521,8 +530,14 @@ async def measure(plan: Plan) -> Result:
     )
 
 
-async def measure_closed_loop(target: str, port: int, request: bytes, concurrency: int, plan: Plan, pids: dict[str, int]) -> RunResult:
-    """Warm the connections up, then measure one closed loop on them."""
+async def measure_closed_loop(
+    target: str, port: int, request: bytes, concurrency: int, plan: Plan, pids: dict[str, int], router: str | None = None
+) -> RunResult:
+    """Warm the connections up, then measure one closed loop on them.
+
+    ``router`` names the pid whose CPU is the router's (default: tailguard's,
+    when ``target`` is "tailguard"); None and another target: no router.
+    """
     clients = [KeepAliveClient(port) for _ in range(concurrency)]
     try:
         await closed_loop(clients, request, max(plan.warmup, concurrency), plan.seconds)
@@ -532,7 +547,9 @@ async def measure_closed_loop(target: str, port: int, request: bytes, concurrenc
     finally:
         for client in clients:
             await client.aclose()
-    return RunResult.from_tally(target, concurrency, tally, wall, before, after, through_router=target == "tailguard")
+    if router is None and target == "tailguard":
+        router = "tailguard"
+    return RunResult.from_tally(target, concurrency, tally, wall, before, after, through_router=router is not None, router=router or "tailguard")
 
 
 def _overheads(runs: Sequence[RunResult]) -> list[Overhead]:
