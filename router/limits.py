@@ -114,8 +114,8 @@ def check_prompt(prompt_tokens: int, limits: LimitsConfig) -> None:
     """Raise PromptTooLong when the estimate is over the input cap."""
     if prompt_tokens > limits.input_cap_tokens:
         raise PromptTooLong(
-            f"the prompt is about {prompt_tokens} tokens, over this service's input cap of "
-            f"{limits.input_cap_tokens} tokens; shorten it or split the document",
+            f"the prompt (messages, tools and schemas counted) is about {prompt_tokens} tokens, over this "
+            f"service's input cap of {limits.input_cap_tokens} tokens; shorten it or split the document",
             param="messages",
         )
 
