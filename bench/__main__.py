@@ -3,6 +3,7 @@
     python -m bench tail       short-request P99 under mixed load, set-ups side by side
     python -m bench overhead   what the router adds per request and per relayed event
     python -m bench sweep      the policy in virtual time: loads x set-ups x splits
+    python -m bench chaos      killed, hung and broken engines, hostile clients, reloads: what must hold
 
 Each prints its parameters and numbers, writes JSON (and plots) under
 ``bench/results/``, and takes ``--help``.
@@ -17,6 +18,7 @@ _COMMANDS = {
     "tail": "bench.tail",
     "overhead": "bench.overhead",
     "sweep": "bench.sweep",
+    "chaos": "bench.chaos",
 }
 
 

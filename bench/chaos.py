@@ -1,0 +1,593 @@
+"""``python -m bench chaos``: attack tailguard the way production will, and check what must hold.
+
+Real processes on 127.0.0.1: one simulator process serves three engines
+(``a`` and ``b``, latency profile, form the interactive pool, 8 seats each;
+``c``, throughput profile, the batch pool) and an admin port that switches
+their fault modes (``bench.sim.faults``); tailguard runs in front from a
+generated config (end-to-end timeout 8 s, so hung requests end in bounded
+time; everything else as shipped).
+
+Each attack (``bench.chaos_attacks``) is one phase: normal traffic (20
+req/s short chats, half streamed) starts, the attack runs, normal traffic
+goes on for a while after the attack's fault ended, then the benchmark waits
+for tailguard and the engines to settle. One row per attack:
+
+- requests sent, and their outcomes by status and error code;
+- normal requests that failed (collateral damage of the attack);
+- requests without exactly one terminal answer (``bench.chaos_http`` says
+  what counts): must be 0;
+- seats in use / queued in tailguard's pools (its ``/metrics``) and
+  sequences running or waiting in the engines (theirs) after settling: must be 0;
+- tailguard's open descriptors and RSS (``/proc/PID``) before and after;
+- recovery: from the fault's end until normal requests succeed again.
+
+The run prints its exact command and the commit it measured, and writes
+JSON and a markdown table under ``bench/results/chaos/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.chaos_attacks import ATTACKS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
+from bench.chaos_http import Answer, HttpPool, RequestSpec, recovery_s, send, tally
+from bench.chaos_report import render, write_outputs
+from bench.grpc_overhead import AsyncioThread
+from bench.router_overhead import PoolSpec, add_serve_arg, log_tail, start_process, start_tailguard, wait_ready
+from bench.sim.params import PROFILES
+from bench.sim_cpu import PROJECT_ROOT, free_ports, interrupted, stop
+
+RESULTS = Path(__file__).resolve().parent / "results" / "chaos"
+HOST = "127.0.0.1"
+E2E_TIMEOUT_S = 8.0  # tailguard's end_to_end_timeout here: a hung request ends within it
+CLIENT_SLACK_S = 4.0  # the client waits this much longer before it calls a request unanswered
+SEATS_PER_ENGINE = 8  # interactive endpoints' max_concurrency
+SETTLE_MAX_S = 15.0
+MAX_NORMAL_REQUESTS = 5_000  # a count bound on one phase's normal traffic, beside its time bound
+_CLOSE_WAIT = "08"  # the state column of /proc/net/tcp
+
+
+@dataclass(frozen=True)
+class Options:
+    quick: bool
+    window: float  # s a fault stays on (engine faults, baseline, overload)
+    pre: float  # s of normal traffic before the attack
+    post: float  # s of normal traffic after the fault's end (recovery is measured there)
+    surrogate_s: float  # one lone-surrogate request a second for this long
+    fuzz: int
+    fuzz_rate: float
+    probe_rounds: int
+    cancels: int
+    cancel_rate: float
+    reloads: int
+    reload_interval: float
+    grpc_calls: int
+    huge_mib: int
+    overload_s: float
+    normal_rate: float = 20.0
+    seed: int = 0
+    attacks: tuple[str, ...] = ()
+    serve_args: tuple[str, ...] = ()
+    out: Path = RESULTS
+    name: str = "chaos"
+
+
+DEFAULT = Options(
+    quick=False, window=4.0, pre=1.0, post=4.0, surrogate_s=10, fuzz=400, fuzz_rate=80.0, probe_rounds=5,
+    cancels=300, cancel_rate=100.0, reloads=250, reload_interval=0.02, grpc_calls=1000, huge_mib=32, overload_s=4.0,
+)  # fmt: skip
+QUICK = replace(
+    DEFAULT, quick=True, window=2.0, pre=0.5, post=2.5, surrogate_s=5, fuzz=150, probe_rounds=2, cancels=120,
+    reloads=100, grpc_calls=300, huge_mib=8, overload_s=1.5, name="chaos-quick",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProcStats:
+    """One look at tailguard's process."""
+
+    fds: int
+    rss_mib: float
+    engine_conns: int  # TCP sockets it holds to the engines' ports
+    close_wait: int  # client sockets the client closed and tailguard has not (they hold fds)
+
+
+@dataclass
+class PhaseResult:
+    attack: str
+    description: str
+    wall_s: float
+    requests: int
+    outcomes: dict[str, int]
+    normal: int
+    normal_failed: dict[str, int]
+    normal_failed_during_fault: int
+    no_terminal: int
+    seats: float | None
+    queued: float | None
+    engine_busy: float | None  # running + waiting sequences over the engines
+    settle_s: float
+    before: ProcStats
+    after: ProcStats
+    rss_max_mib: float
+    recovery_s: float | None
+    counted_by_tailguard: int | None  # rise of tailguard_requests_total over the phase
+    log_errors: int  # ERROR / Traceback lines tailguard logged during the phase
+    tailguard_exit: int | None  # its exit code, when the attack killed it (it is restarted)
+    stale_retries: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Lab:
+    """The running processes, their ports and the client: what every attack acts on."""
+
+    options: Options
+    tg_port: int
+    grpc_port: int
+    admin_port: int
+    engines: dict[str, int]
+    config_path: Path
+    tg_log: Path
+    sim: trio.Process
+    tailguard: trio.Process
+    pool: HttpPool
+    aio: AsyncioThread
+    nursery: trio.Nursery
+    tg_log_file: Any
+    client_timeout: float = E2E_TIMEOUT_S + CLIENT_SLACK_S
+    interactive_capacity: float = 0.0
+
+    def write_config(self, a_cap: int = SEATS_PER_ENGINE) -> None:
+        """Replace the config file at once (tailguard never reads half a file)."""
+        fresh = self.config_path.with_suffix(".new")
+        fresh.write_text(tailguard_config(self.tg_port, self.grpc_port, self.engines, a_cap))
+        os.replace(fresh, self.config_path)
+
+    async def set_fault(self, engine: str, fault: dict[str, Any]) -> None:
+        """Switch one engine's fault mode through the simulator's admin port."""
+        admin = HttpPool(self.admin_port)
+        spec = RequestSpec(f"/_sim/faults/{self.engines[engine]}", json.dumps(fault).encode())
+        reply = await admin.request(spec, 5.0, keep=False)
+        if reply.status != 200:
+            raise RuntimeError(f"the simulator refused fault {fault}: {reply.status} {reply.body[:200]!r}")
+
+    async def scrape(self, port: int) -> dict[tuple[str, str], float] | None:
+        """A /metrics page as {(sample name, sorted labels): value}; None when it does not answer."""
+        reply = await HttpPool(port).request(RequestSpec("/metrics", b"", method="GET", headers=()), 2.0, keep=False)
+        if reply.status != 200:
+            return None
+        samples: dict[tuple[str, str], float] = {}
+        for family in text_string_to_metric_families(reply.body.decode("utf-8", "replace")):
+            for sample in family.samples:
+                samples[(sample.name, ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    async def tailguard_sum(self, name: str) -> float | None:
+        samples = await self.scrape(self.tg_port)
+        return None if samples is None else sum(v for (n, _), v in samples.items() if n == name)
+
+    async def reload_counts(self) -> dict[str, float]:
+        samples = await self.scrape(self.tg_port) or {}
+        return {
+            labels.removeprefix("result="): value for (name, labels), value in samples.items() if name == "tailguard_config_reloads_total"
+        }
+
+    async def busy(self) -> tuple[float | None, float | None, float | None]:
+        """(seats in use, requests queued) in tailguard; sequences running or waiting in the engines."""
+        samples = await self.scrape(self.tg_port)
+        seats = queued = None
+        if samples is not None:
+            seats = sum(v for (n, _), v in samples.items() if n == "tailguard_pool_in_flight")
+            queued = sum(v for (n, _), v in samples.items() if n == "tailguard_pool_queue_length")
+        engine = 0.0
+        for port in self.engines.values():
+            page = await self.scrape(port)
+            if page is None:
+                return seats, queued, None
+            engine += sum(v for (n, _), v in page.items() if n in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+        return seats, queued, engine
+
+    async def restart_tailguard(self) -> None:
+        """A new tailguard process, warmed up: no earlier attack's verdict on an endpoint carries over."""
+        await self.pool.aclose()
+        await stop(self.tailguard)
+        await self.ensure_tailguard()
+        await warm_up(self, 0.5)
+
+    async def ensure_tailguard(self) -> int | None:
+        """Restart tailguard if it exited; its exit code then."""
+        code = self.tailguard.returncode
+        if code is None:
+            return None
+        self.write_config()
+        self.tailguard = await start_tailguard(self.nursery, self.config_path, log=self.tg_log_file, extra_args=self.options.serve_args)
+        await wait_ready(self.tg_port, self.tailguard, "tailguard (restarted)")
+        return code
+
+
+def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], a_cap: int = SEATS_PER_ENGINE) -> str:
+    """tailguard's config: two pools, the shipped classes, an 8 s end-to-end timeout."""
+    interactive = PoolSpec("interactive", [(engines["a"], a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, 64)
+    batch = PoolSpec("batch", [(engines["c"], 16)], 16, 64)
+    lines = [
+        "[server]",
+        f'http_listen = "{HOST}:{tg_port}"',
+        f'grpc_listen = "{HOST}:{grpc_port}"',
+        "reload_poll_interval = 0",
+        "",
+        "[timeouts]",
+        f"end_to_end_timeout = {E2E_TIMEOUT_S}",
+        "",
+        "[metrics]",
+        "backend_scrape_interval = 1.0",
+        "",
+        *interactive.toml(),
+        *batch.toml(),
+        "[classes.interactive]",
+        'pool = "interactive"',
+        "max_prompt_tokens = 500",
+        "max_output_tokens = 128",
+        "queue_timeout = 3.0",
+        "priority = 0",
+        "",
+        "[classes.batch]",
+        'pool = "batch"',
+        "queue_timeout = 6.0",
+        "priority = 1",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def proc_stats(pid: int, engine_ports: Sequence[int], own_ports: Sequence[int] = ()) -> ProcStats:
+    """Descriptors, RSS, sockets to the engines and CLOSE-WAIT sockets on ``own_ports`` of ``pid`` (zeros once it is gone)."""
+    try:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        inodes = set()
+        fds = 0
+        for fd in os.listdir(fd_dir):
+            fds += 1
+            try:
+                target = os.readlink(fd_dir / fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        rss = 0.0
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+        engines = {f"{port:04X}" for port in engine_ports}
+        own = {f"{port:04X}" for port in own_ports}
+        conns = close_wait = 0
+        for table in ("tcp", "tcp6"):
+            for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                cols = row.split()
+                if cols[9] not in inodes:
+                    continue
+                if cols[2].rsplit(":", 1)[1] in engines:
+                    conns += 1
+                elif cols[1].rsplit(":", 1)[1] in own and cols[3] == _CLOSE_WAIT:
+                    close_wait += 1
+        return ProcStats(fds, round(rss, 1), conns, close_wait)
+    except OSError:
+        return ProcStats(0, 0.0, 0, 0)
+
+
+async def wait_admin(port: int, sim: trio.Process) -> None:
+    """Poll the simulator's admin port until it answers."""
+    with trio.fail_after(10):
+        while (await HttpPool(port).request(RequestSpec("/_sim/faults", b"", method="GET", headers=()), 1.0, keep=False)).status != 200:
+            if sim.returncode is not None:
+                raise RuntimeError(f"the simulator exited with {sim.returncode}")
+            await trio.sleep(0.05)
+
+
+def interactive_capacity() -> float:
+    """Short requests a second the interactive pool can finish (two latency engines, 8 seats each)."""
+    params = PROFILES["latency"]
+    step_s = params.step_ms(SEATS_PER_ENGINE, 0, SEATS_PER_ENGINE * (20 + NORMAL_MAX_TOKENS // 2)) / 1000
+    return 2 * SEATS_PER_ENGINE / (NORMAL_MAX_TOKENS * step_s)
+
+
+# -- one phase ---------------------------------------------------------------------------
+
+
+async def normal_traffic(lab: Lab, phase: Phase, done: trio.Event) -> None:
+    """20 short chats a second (half streamed) until ``done``; returns when all are answered."""
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(MAX_NORMAL_REQUESTS):
+            if done.is_set():
+                break
+            nursery.start_soon(send, lab.pool, normal_spec(i), "normal", lab.client_timeout, phase.answers)
+            with trio.move_on_at(trio.current_time() + max(0.0, start + (i + 1) / lab.options.normal_rate - time.perf_counter())):
+                await done.wait()
+
+
+async def warm_up(lab: Lab, seconds: float = 2.0) -> None:
+    """Normal traffic, unrecorded: connection pools fill before the first look."""
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(normal_traffic, lab, Phase(), done)
+        await trio.sleep(seconds)
+        done.set()
+
+
+async def watch_rss(pid: int, peak: list[float]) -> None:
+    while True:
+        peak[0] = max(peak[0], proc_stats(pid, ()).rss_mib)
+        await trio.sleep(0.25)
+
+
+async def quiet_look(lab: Lab) -> ProcStats:
+    """tailguard's process once this client's idle connections are closed (they are not tailguard's to keep)."""
+    await lab.pool.aclose()
+    await trio.sleep(0.3)
+    return proc_stats(lab.tailguard.pid, list(lab.engines.values()), (lab.tg_port, lab.grpc_port))
+
+
+async def run_phase(lab: Lab, attack: Attack) -> PhaseResult:
+    restarted = await lab.ensure_tailguard()
+    if attack.fresh and restarted is None:
+        await lab.restart_tailguard()
+    pid = lab.tailguard.pid
+    before = await quiet_look(lab)
+    counted_before = await lab.tailguard_sum("tailguard_requests_total")
+    log_from = lab.tg_log.stat().st_size
+    retries_before = lab.pool.stale_retries
+    phase = Phase()
+    peak = [before.rss_mib]
+    started = time.perf_counter()
+    async with trio.open_nursery() as watchers:
+        watchers.start_soon(watch_rss, pid, peak)
+        done = trio.Event()
+        async with trio.open_nursery() as traffic:
+            traffic.start_soon(normal_traffic, lab, phase, done)
+            await trio.sleep(lab.options.pre)
+            await attack.run(lab, phase)
+            await trio.sleep(lab.options.post)
+            done.set()
+        watchers.cancel_scope.cancel()
+    settle_start = time.perf_counter()
+    while True:
+        seats, queued, engine = await lab.busy()
+        if (seats == queued == engine == 0) or time.perf_counter() - settle_start > SETTLE_MAX_S:
+            break
+        await trio.sleep(0.1)
+    settle_s = time.perf_counter() - settle_start
+    after = await quiet_look(lab)
+    counted_after = await lab.tailguard_sum("tailguard_requests_total")
+    fault_start = phase.fault_start or started
+    fault_end = phase.fault_end or fault_start
+    normal = [a for a in phase.answers if a.group == "normal"]
+    failed = [a for a in normal if not a.ok]
+    extra = dict(phase.extra)
+    if restarted is not None:
+        extra["tailguard_exited_before_phase"] = restarted
+    return PhaseResult(
+        attack=attack.name,
+        description=attack.description,
+        wall_s=round(time.perf_counter() - started, 1),
+        requests=len(phase.answers),
+        outcomes=tally(phase.answers),
+        normal=len(normal),
+        normal_failed=tally(failed),
+        normal_failed_during_fault=sum(1 for a in failed if fault_start <= a.sent_at <= fault_end),
+        no_terminal=sum(1 for a in phase.answers if not a.terminal),
+        seats=seats,
+        queued=queued,
+        engine_busy=engine,
+        settle_s=round(settle_s, 2),
+        before=before,
+        after=after,
+        rss_max_mib=max(peak[0], after.rss_mib),
+        recovery_s=recovery_s(normal, fault_end),
+        counted_by_tailguard=None if counted_before is None or counted_after is None else int(counted_after - counted_before),
+        log_errors=_log_errors(lab.tg_log, log_from),
+        tailguard_exit=lab.tailguard.returncode,
+        stale_retries=lab.pool.stale_retries - retries_before,
+        extra=extra | _attack_summary(phase.answers),
+    )
+
+
+def _attack_summary(answers: Sequence[Answer]) -> dict[str, Any]:
+    attack = [a for a in answers if a.group != "normal"]
+    return {"attack_outcomes": tally(attack)} if attack else {}
+
+
+def _log_errors(path: Path, start: int) -> int:
+    with path.open("rb") as log:
+        log.seek(start)
+        return sum(1 for line in log if b"ERROR" in line or b"Traceback" in line)
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    command: str
+    commit: str
+    cpu_count: int
+    options: dict[str, Any]
+    capacity_req_per_s: float
+    phases: list[PhaseResult]
+    wall_s: float = 0.0
+    checks: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def selected(options: Options) -> list[Attack]:
+    if not options.attacks:
+        return list(ATTACKS)
+    by_name = {a.name: a for a in ATTACKS}
+    return [by_name[name] for name in options.attacks]
+
+
+async def measure(options: Options, command: str) -> Result:
+    tg_port, grpc_port, admin_port, a, b, c = free_ports(6)
+    engines = {"a": a, "b": b, "c": c}
+    result = Result(command, git_commit(), len(os.sched_getaffinity(0)), _jsonable(asdict(options)), round(interactive_capacity(), 1), [])
+    with tempfile.TemporaryDirectory(prefix="tailguard-chaos-") as tmp, AsyncioThread() as aio:
+        sim_log, tg_log = Path(tmp) / "sim.log", Path(tmp) / "tailguard.log"
+        with sim_log.open("wb") as sim_out, tg_log.open("ab") as tg_out:
+            try:
+                async with trio.open_nursery() as nursery:
+                    spec = f"{a}:latency,{b}:latency,{c}:throughput"
+                    command_line = [sys.executable, "-m", "bench.sim", "--engines", spec, "--admin-port", str(admin_port)]
+                    sim = await start_process(nursery, [*command_line, "--seed", str(options.seed)], sim_out)
+                    for port in engines.values():
+                        await wait_ready(port, sim, "the simulator")
+                    await wait_admin(admin_port, sim)
+                    config = Path(tmp) / "config.toml"
+                    config.write_text(tailguard_config(tg_port, grpc_port, engines))
+                    tailguard = await start_tailguard(nursery, config, log=tg_out, extra_args=options.serve_args)
+                    await wait_ready(tg_port, tailguard, "tailguard")
+                    lab = Lab(
+                        options, tg_port, grpc_port, admin_port, engines, config, tg_log, sim, tailguard,
+                        HttpPool(tg_port), aio, nursery, tg_out, interactive_capacity=interactive_capacity(),
+                    )  # fmt: skip
+                    await warm_up(lab)
+                    for attack in selected(options):
+                        print(f"  {attack.name} ...", file=sys.stderr, flush=True)
+                        phase = await run_phase(lab, attack)
+                        result.phases.append(phase)
+                        print(f"    {_progress(phase)}", file=sys.stderr, flush=True)
+                        if sim.returncode is not None:
+                            raise RuntimeError(f"the simulator exited with {sim.returncode}")
+                    await lab.pool.aclose()
+                    await stop(lab.tailguard)
+                    nursery.cancel_scope.cancel()
+            except Exception:
+                print(f"--- simulator log ---\n{log_tail(sim_log)}\n--- tailguard log ---\n{log_tail(tg_log)}", file=sys.stderr)
+                raise
+    return result
+
+
+def _progress(p: PhaseResult) -> str:
+    return (
+        f"{p.requests} requests, {p.no_terminal} without one terminal answer, normal failed "
+        f"{sum(p.normal_failed.values())}/{p.normal}, after: seats {p.seats} queue {p.queued} engines {p.engine_busy}, "
+        f"fds {p.before.fds}->{p.after.fds}, RSS {p.before.rss_mib:.0f}->{p.after.rss_mib:.0f} MiB, "
+        f"recovery {p.recovery_s}, {p.wall_s:.0f} s"
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def git_commit() -> str:
+    """HEAD of the tree being measured, marked when router/ or server/ have uncommitted changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "router", "server"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes in router/ or server/" if dirty.stdout.strip() else "")
+
+
+def checks(result: Result, fd_slack: int = 10, rss_slack_mib: float = 30.0) -> list[str]:
+    """What must hold, phase by phase: each failure as one line (empty: all held)."""
+    failures = []
+    for p in result.phases:
+        if p.no_terminal:
+            failures.append(f"{p.attack}: {p.no_terminal} requests without exactly one terminal answer")
+        if p.seats or p.queued or p.engine_busy or None in (p.seats, p.queued, p.engine_busy):
+            failures.append(f"{p.attack}: after settling, seats {p.seats}, queued {p.queued}, engine sequences {p.engine_busy}")
+        grown = (p.after.fds - p.after.close_wait) - (p.before.fds - p.before.close_wait)
+        if grown > fd_slack:
+            failures.append(f"{p.attack}: tailguard's fds {p.before.fds} -> {p.after.fds}, {grown} more besides CLOSE-WAIT client sockets")
+        if p.after.rss_mib > p.before.rss_mib + rss_slack_mib:
+            failures.append(f"{p.attack}: tailguard's RSS {p.before.rss_mib:.0f} -> {p.after.rss_mib:.0f} MiB")
+        if p.recovery_s is None:
+            failures.append(f"{p.attack}: normal requests still failing {result.options['post']} s after the fault's end")
+        if p.tailguard_exit is not None or "tailguard_exited_before_phase" in p.extra:
+            failures.append(f"{p.attack}: tailguard exited")
+    return failures
+
+
+def notes(result: Result) -> list[str]:
+    """What the run saw that is not this benchmark's to fail on."""
+    lines = []
+    worst = max(result.phases, key=lambda p: p.after.close_wait, default=None)
+    if worst is not None and worst.after.close_wait > 10:
+        lines.append(
+            f"tailguard keeps client sockets the client closed (CLOSE-WAIT) open for a while: {worst.after.close_wait} "
+            f"after '{worst.attack}' (each holds an fd; the HTTP server's, listed in the issue as the data-plane issue's)."
+        )
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter windows and fewer requests (about 3 minutes)")
+    parser.add_argument(
+        "--attacks", default="", help=f"comma-separated subset, in run order; default all: {', '.join(a.name for a in ATTACKS)}"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fuzz, the cancel storm and the engines (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for JSON and markdown (default %(default)s)")
+    parser.add_argument("--name", default=None, help="base name of the outputs (default chaos, or chaos-quick)")
+    add_serve_arg(parser)
+    return parser
+
+
+def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Options:
+    names = tuple(n.strip() for n in args.attacks.split(",") if n.strip())
+    unknown = [n for n in names if n not in {a.name for a in ATTACKS}]
+    if unknown:
+        parser.error(f"unknown attack(s) {', '.join(unknown)}; choose from {', '.join(a.name for a in ATTACKS)}")
+    base = QUICK if args.quick else DEFAULT
+    return replace(base, seed=args.seed, attacks=names, serve_args=tuple(args.serve_arg), out=args.out, name=args.name or base.name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    options = options_from(parser.parse_args(argv), parser)
+    command = shlex.join(["python", "-m", "bench", "chaos", *argv])
+    print(f"command: {command}", flush=True)
+    started = time.perf_counter()
+    try:
+        result = trio.run(measure, options, command)
+    except BaseException as error:
+        if not interrupted(error):
+            raise
+        print("interrupted; the simulator and tailguard were stopped", file=sys.stderr)
+        return 130
+    result.wall_s = round(time.perf_counter() - started, 1)
+    result.checks = checks(result)
+    result.notes = notes(result)
+    text = render(result)
+    print(text)
+    for path in write_outputs(result, text, options.out, options.name):
+        print(f"wrote {path}")
+    return 0 if not result.checks else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

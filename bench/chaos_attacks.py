@@ -1,0 +1,386 @@
+"""The chaos benchmark's attacks: each bounded in count and time, each against a running lab.
+
+An attack runs while normal traffic goes on beside it (``bench.chaos``
+starts that), sends its own requests into ``phase.answers`` (group
+``attack``), and marks when its fault began and ended, so recovery is timed
+from the end. Engine faults hit engine ``a`` of the two in the interactive
+pool; ``b`` stays healthy, so a router that routes around a sick engine
+loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import trio
+
+from bench.chaos_http import Answer, RequestSpec, judge, probe_bytes, send
+from bench.router_overhead import percentile
+from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from bench.chaos import Lab
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+NORMAL_MAX_TOKENS = 32  # with a short prompt: the interactive class
+
+
+@dataclass
+class Phase:
+    """What one attack did: its requests' answers, when its fault was on, anything else worth keeping."""
+
+    answers: list[Answer] = field(default_factory=list)
+    fault_start: float | None = None
+    fault_end: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def fault_on(self) -> None:
+        self.fault_start = time.perf_counter()
+
+    def fault_off(self) -> None:
+        self.fault_end = time.perf_counter()
+
+
+Run = Callable[["Lab", Phase], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    description: str
+    run: Run
+    fresh: bool = False  # on a new tailguard process: no earlier attack's ejections carry over
+
+
+def chat_body(n: int, *, stream: bool, max_tokens: int = NORMAL_MAX_TOKENS, content: str | None = None) -> bytes:
+    text = content if content is not None else f"Name a colour, please ({n})."
+    return json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "stream": stream}).encode()
+
+
+def normal_spec(n: int) -> RequestSpec:
+    """The n-th request of normal traffic: a short chat, every other one streamed."""
+    stream = n % 2 == 1
+    return RequestSpec(CHAT_PATH, chat_body(n, stream=stream), stream=stream)
+
+
+async def open_loop(
+    lab: Lab, phase: Phase, specs: Sequence[RequestSpec], rate: float, group: str = "attack", *, keep: bool = True
+) -> None:
+    """Send ``specs`` at ``rate`` a second, each without waiting for the others; return when all are answered."""
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i, spec in enumerate(specs):
+            await trio.sleep_until(trio.current_time() + max(0.0, start + i / rate - time.perf_counter()))
+            nursery.start_soon(partial(send, lab.pool, spec, group, lab.client_timeout, phase.answers, keep=keep))
+
+
+# -- engine faults -----------------------------------------------------------------------
+
+
+def engine_fault(*faults: dict[str, Any]) -> Run:
+    """Engine ``a`` in each fault mode in turn (the window shared out), then healthy again.
+
+    A ``huge`` fault's size is the run's ``--huge-mib``.
+    """
+
+    async def run(lab: Lab, phase: Phase) -> None:
+        sized = [{**f, "size": lab.options.huge_mib << 20} if f["mode"] == "huge" else f for f in faults]
+        phase.extra["faults"] = sized
+        phase.fault_on()
+        for fault in sized:
+            await lab.set_fault("a", fault)
+            await trio.sleep(lab.options.window / len(faults))
+        await lab.set_fault("a", {"mode": "none"})
+        phase.fault_off()
+
+    return run
+
+
+# -- client attacks ------------------------------------------------------------------------
+
+
+async def baseline(lab: Lab, phase: Phase) -> None:
+    """Nothing but the normal traffic: what every other row is compared with."""
+    phase.fault_on()
+    await trio.sleep(lab.options.window)
+    phase.fault_off()
+
+
+async def lone_surrogates(lab: Lab, phase: Phase) -> None:
+    """One request a second whose text holds a lone UTF-16 surrogate (vLLM drops the connection on it)."""
+    count = int(lab.options.surrogate_s)
+    specs = []
+    for i in range(count):
+        stream = i % 2 == 1
+        if i % 4 < 2:
+            body = b'{"messages": [{"role": "user", "content": "chaos \\ud866 here"}], "max_tokens": 16, "stream": %s}'
+        else:
+            body = b'{"prompt": "chaos \\udfff", "max_tokens": 16, "stream": %s}'
+        path = CHAT_PATH if i % 4 < 2 else COMPLETIONS_PATH
+        specs.append(RequestSpec(path, body % (b"true" if stream else b"false"), stream=stream))
+    phase.fault_on()
+    await open_loop(lab, phase, specs, rate=1.0)
+    phase.fault_off()
+
+
+def fuzz_bodies(count: int, seed: int) -> list[RequestSpec]:
+    """Malformed bodies: huge numbers, deep nesting, wrong types, bad encodings, mutated bytes."""
+    rng = random.Random(seed)
+    digits = "9" * 5000
+    valid = chat_body(0, stream=False)
+    fixed: list[tuple[str, bytes]] = [
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + digits.encode() + b"}"),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": -' + digits.encode() + b"}"),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 1' + digits.encode() + b".5}"),
+        (COMPLETIONS_PATH, b'{"prompt": [' + digits.encode() + b'], "max_tokens": 8}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "x": ' + b'{"a":' * 1000 + b"1" + b"}" * 1000 + b"}"),
+        (CHAT_PATH, b"[" * 5000 + b"]" * 5000),
+        (CHAT_PATH, b'{"messages": "hi", "max_tokens": 8}'),
+        (CHAT_PATH, b'{"messages": [1, 2], "max_tokens": 8}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": 5}], "max_tokens": 8}'),
+        (CHAT_PATH, b'{"messages": [{"role": null, "content": "hi"}], "max_tokens": 8}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}], "max_tokens": 8}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "8"}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1.5}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e400}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": NaN}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": "yes"}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "model": 5}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream_options": []}'),
+        (CHAT_PATH, b'{"messages": [], "max_tokens": 8}'),
+        (COMPLETIONS_PATH, b'{"prompt": {}, "max_tokens": 8}'),
+        (COMPLETIONS_PATH, b'{"prompt": [true, false], "max_tokens": 8}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "\xff\xfe\xc3\x28"}], "max_tokens": 8}'),
+        (CHAT_PATH, b"\xef\xbb\xbf" + valid),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "a\\u0000b"}], "max_tokens": 8}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "max_tokens": 9}'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}], "' + b"k" * 100_000 + b'": 1, "max_tokens": 8}'),
+        (CHAT_PATH, b""),
+        (CHAT_PATH, b"null"),
+        (CHAT_PATH, b'"just a string"'),
+        (CHAT_PATH, b'{"messages": [{"role": "user", "content": "hi"}'),
+        (CHAT_PATH, b"{" * 3),
+        (COMPLETIONS_PATH, b'{"prompt": "hi", "max_tokens": 8, "n": 100000000000000000000000}'),
+    ]
+    specs = []
+    for i in range(count):
+        if i < len(fixed) or rng.random() < 0.5:
+            path, body = fixed[i % len(fixed)]
+        else:  # a valid body with a few bytes changed at random
+            mutated = bytearray(valid)
+            for _ in range(rng.randint(1, 4)):
+                mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+            path, body = CHAT_PATH, bytes(mutated)
+        specs.append(RequestSpec(path, body, stream=_asks_stream(body)))
+    return specs
+
+
+def _asks_stream(body: bytes) -> bool:
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(request, dict) and request.get("stream") is True
+
+
+async def fuzz(lab: Lab, phase: Phase) -> None:
+    specs = fuzz_bodies(lab.options.fuzz, lab.options.seed)
+    phase.fault_on()
+    await open_loop(lab, phase, specs, rate=lab.options.fuzz_rate)
+    phase.fault_off()
+
+
+# Control characters in x-request-id, written by hand (h11 refuses to send them).
+PROBES: tuple[tuple[str, bytes], ...] = (
+    ("bare LF", b"probe\nx-injected: 1"),  # a second header if anyone splits on it
+    ("bare CR", b"probe\rx-injected: 1"),
+    ("NUL", b"probe\x00nul"),
+    ("ESC", b"probe\x1b[2Jescape"),
+    ("DEL", b"probe\x7fdel"),
+    ("VT", b"probe\x0bvtab"),
+    ("obs-text", b"probe\xffobs-text"),  # not a control character: HTTP allows it, the router may refuse it
+)
+
+
+async def header_injection(lab: Lab, phase: Phase) -> None:
+    """x-request-id values with control characters over a raw socket; the router must refuse them."""
+    echoed = 0
+    accepted: set[str] = set()
+    body = chat_body(0, stream=False, max_tokens=8)
+    phase.fault_on()
+    for _ in range(lab.options.probe_rounds):
+        for probe, value in PROBES:
+            raw = probe_bytes(lab.tg_port, CHAT_PATH, body, "x-request-id", value)
+            spec = RequestSpec(CHAT_PATH, body, raw=raw)
+            start = time.perf_counter()
+            reply = await lab.pool.request(spec, lab.client_timeout, keep=False)
+            outcome, terminal, ok = judge(reply, False)
+            if reply.status == 200:
+                if reply.headers.get("x-request-id") == "probe":
+                    outcome = "200 (the HTTP parser ended the header at the control character)"
+                elif probe == "obs-text":
+                    outcome = "200 (obs-text accepted)"
+                else:
+                    outcome = "200 (control characters accepted)"
+                accepted.add(probe)
+            if "x-injected" in reply.headers:
+                echoed += 1
+            phase.answers.append(Answer("attack", start, time.perf_counter() - start, outcome, terminal, False, reply.size))
+    phase.fault_off()
+    phase.extra["injected_header_in_response"] = echoed
+    phase.extra["accepted_with_200"] = sorted(accepted)
+
+
+async def cancel_storm(lab: Lab, phase: Phase) -> None:
+    """Clients that leave mid-stream (or before the first byte): seats and engine work must come back."""
+    rng = random.Random(lab.options.seed)
+    count = lab.options.cancels
+
+    async def leaver(i: int) -> None:
+        batch = i % 2 == 1  # max_tokens 300: the batch class, ~2.5 s of tokens
+        spec = RequestSpec(CHAT_PATH, chat_body(i, stream=True, max_tokens=300 if batch else 128), stream=True)
+        delay = rng.uniform(0.0, 1.0)
+        leave: list[Answer] = []
+        start = time.perf_counter()
+        with trio.move_on_after(delay) as scope:
+            await send(lab.pool, spec, "cancel", lab.client_timeout, leave, keep=False)
+        if scope.cancelled_caught:
+            phase.answers.append(Answer("cancel", start, delay, "client left", True, False))
+        else:
+            phase.answers.extend(leave)
+
+    phase.fault_on()
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(count):
+            await trio.sleep_until(trio.current_time() + max(0.0, start + i / lab.options.cancel_rate - time.perf_counter()))
+            nursery.start_soon(leaver, i)
+    phase.fault_off()
+
+
+async def overload(lab: Lab, phase: Phase) -> None:
+    """Ten times the interactive pool's capacity, open loop, for ``--overload-s``."""
+    rate = 10 * lab.interactive_capacity
+    count = int(rate * lab.options.overload_s)
+    phase.extra["offered_req_per_s"] = round(rate, 1)
+    phase.extra["capacity_req_per_s"] = round(lab.interactive_capacity, 1)
+    specs = [normal_spec(i) for i in range(count)]
+    phase.fault_on()
+    await open_loop(lab, phase, specs, rate)
+    phase.fault_off()
+    attack = [a for a in phase.answers if a.group == "attack"]
+    for label, prefix in (("429", "429"), ("503", "503")):
+        times = sorted(a.elapsed * 1000 for a in attack if a.outcome.startswith(prefix))
+        if times:
+            phase.extra[f"{label}_ms_p50_p99"] = [round(percentile(times, 50), 1), round(percentile(times, 99), 1)]
+
+
+async def reload_storm(lab: Lab, phase: Phase) -> None:
+    """Rewrite the config (engine a's max_concurrency 8 <-> 9) and SIGHUP, many times, under traffic."""
+    before = await lab.reload_counts()
+    phase.fault_on()
+    for i in range(lab.options.reloads):
+        lab.write_config(a_cap=9 if i % 2 == 0 else 8)
+        if lab.tailguard.returncode is not None:
+            break
+        os.kill(lab.tailguard.pid, signal.SIGHUP)
+        await trio.sleep(lab.options.reload_interval)
+    lab.write_config(a_cap=8)
+    os.kill(lab.tailguard.pid, signal.SIGHUP)
+    phase.fault_off()
+    await trio.sleep(1.0)  # the last reloads apply
+    after = await lab.reload_counts()
+    phase.extra["reloads_sent"] = lab.options.reloads + 1
+    phase.extra["reloads_counted"] = {k: after.get(k, 0) - before.get(k, 0) for k in ("ok", "failed")}
+
+
+# -- gRPC ------------------------------------------------------------------------------------
+
+
+async def grpc_flood(lab: Lab, phase: Phase) -> None:
+    """Many gRPC calls at once (streams and unary), each with a deadline; every one must end with a status."""
+    deadline = lab.client_timeout
+    phase.fault_on()
+    results = await lab.aio.run(partial(_grpc_calls, f"127.0.0.1:{lab.grpc_port}", lab.options.grpc_calls, deadline))
+    phase.fault_off()
+    origin_shift = time.perf_counter() - time.monotonic()  # asyncio's clock -> perf_counter
+    for kind, code, started, elapsed, finished in results:
+        client_deadline = code == "DEADLINE_EXCEEDED" and elapsed >= deadline - 0.5
+        outcome = code if code != "OK" or finished else "OK without finish_reason"
+        if client_deadline:
+            outcome = "no answer (client deadline)"
+        terminal = code != "CANCELLED" and not client_deadline and (code != "OK" or finished)
+        phase.answers.append(Answer("attack", started + origin_shift, elapsed, f"gRPC {kind} {outcome}", terminal, code == "OK" and finished))
+
+
+async def _grpc_calls(address: str, count: int, deadline: float) -> list[tuple[str, str, float, float, bool]]:
+    """On the asyncio thread: ``count`` calls at once, 3 streams to 1 unary; (kind, code, start, elapsed, finished)."""
+    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(8)]
+    stubs = [pb_grpc.CompletionsStub(channel) for channel in channels]
+    request = pb.ChatRequest(
+        messages=[pb.Message(role="user", content="Name a colour, please.")], options=pb.Options(max_tokens=NORMAL_MAX_TOKENS)
+    )
+
+    async def one(i: int) -> tuple[str, str, float, float, bool]:
+        stub = stubs[i % len(stubs)]
+        start = time.monotonic()
+        finished = False
+        kind = "unary" if i % 4 == 3 else "stream"
+        try:
+            if kind == "unary":
+                reply = await stub.Chat(request, timeout=deadline)
+                finished = bool(reply.finish_reason)
+            else:
+                async for chunk in stub.ChatStream(request, timeout=deadline):
+                    finished = finished or bool(chunk.finish_reason)
+            code = "OK"
+        except grpc.aio.AioRpcError as error:
+            code = error.code().name
+        return kind, code, start, time.monotonic() - start, finished
+
+    try:
+        return list(await asyncio.gather(*(one(i) for i in range(count))))
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+ATTACKS: tuple[Attack, ...] = (
+    Attack("baseline", "normal traffic only (20 req/s short chats, half streamed)", baseline),
+    Attack("lone surrogate", "1 req/s whose text holds a lone UTF-16 surrogate (the engine drops the connection)", lone_surrogates),
+    Attack("fuzz", "malformed bodies: 5,000-digit numbers, 1,000-deep JSON, wrong types, non-UTF-8, mutated bytes", fuzz),
+    Attack("header injection", "control characters in x-request-id over a raw socket", header_injection),
+    Attack("engine kill", "engine a stops listening and drops its connections; then revived", engine_fault({"mode": "kill"}), fresh=True),
+    Attack("engine hang", "engine a accepts and reads, never answers (health checks too)", engine_fault({"mode": "hang"}), fresh=True),
+    Attack("half-dead", "engine a: /health 200, completions hang", engine_fault({"mode": "half_dead"}), fresh=True),
+    Attack("5xx rate", "engine a answers half its completions 500 (vLLM's error body)", engine_fault({"mode": "error_rate", "p": 0.5}), fresh=True),
+    Attack("garbage", "engine a answers 200 with a body that is neither JSON nor SSE", engine_fault({"mode": "garbage"}), fresh=True),
+    Attack(
+        "truncated",
+        "engine a ends streams after 3 events without [DONE], then cuts them mid-body; plain bodies cut in half",
+        engine_fault({"mode": "truncated", "events": 3}, {"mode": "truncated", "events": 3, "abrupt": True}),
+        fresh=True,
+    ),
+    Attack("huge error body", "engine a answers 500 with a huge error body", engine_fault({"mode": "huge", "status": 500}), fresh=True),
+    Attack("huge 200 body", "engine a answers 200 with a huge completion / one huge SSE event", engine_fault({"mode": "huge", "status": 200}), fresh=True),
+    Attack("gzip garbage", "engine a answers 200, content-encoding gzip, bytes that are not gzip", engine_fault({"mode": "gzip_garbage"}), fresh=True),
+    Attack("redirect", "engine a answers 302 with a Location", engine_fault({"mode": "redirect"}), fresh=True),
+    Attack("cancel storm", "streaming clients (interactive and batch) that hang up after 0-1 s", cancel_storm),
+    Attack("10x overload", "ten times the interactive pool's capacity, open loop", overload),
+    Attack("reload storm", "config rewritten (an endpoint's max_concurrency) + SIGHUP, many times, under traffic", reload_storm),
+    Attack("gRPC flood", "many concurrent gRPC calls (3 ChatStream : 1 Chat), each with a deadline", grpc_flood),
+)
