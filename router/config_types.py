@@ -36,7 +36,7 @@ class ServerConfig:
 class EstimateConfig:
     """How the router estimates prompt tokens without a tokenizer."""
 
-    chars_per_token: float = 4.0  # non-CJK characters per token
+    chars_per_token: float = 4.0  # non-CJK UTF-8 bytes per token (for ASCII, characters)
     cjk_chars_per_token: float = 1.0  # CJK characters per token
     per_message_tokens: int = 4  # chat template overhead per message
 
