@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import httpx
@@ -14,6 +15,7 @@ from router.config_types import Config, TimeoutsConfig
 from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
+from .front_end_helpers import Faulty, front_ends
 from .grpc_helpers import Service, grpc_service, wait_for
 from .http_helpers import QUICK
 from .router_helpers import two_pool_config
@@ -222,3 +224,34 @@ def test_backend_failure_is_unavailable_with_a_retry_hint(service: Service, stub
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE and "engine failure" in caught.value.details()
     assert "retry-after" in dict(caught.value.trailing_metadata())
     wait_for(lambda: service.running.router.statistics().in_flight == 0)
+
+
+def test_calls_over_the_cap_get_resource_exhausted_at_once_and_are_counted() -> None:
+    """Issue 10, defect 5: beyond its cap of open calls gRPC answers at once, never a silent CANCELLED."""
+    backend = Faulty("slow")  # streams of an event every 20 ms: calls stay open
+    with front_ends([backend, Faulty()], lambda urls: config(urls), max_grpc_calls=4) as service:
+        with grpc.insecure_channel(service.grpc_target) as channel:
+            stub = pb_grpc.CompletionsStub(channel)
+            holders = [stub.ChatStream(chat(max_tokens=8), metadata=[("x-request-id", f"hold-{i}")], timeout=30) for i in range(4)]
+            for holder in holders:
+                next(holder)
+            started = time.monotonic()
+            over = [stub.Chat.future(chat(max_tokens=8), metadata=[("x-request-id", f"over-{i}")], timeout=30) for i in range(8)]
+            for index, future in enumerate(over):
+                with pytest.raises(grpc.RpcError) as refused:
+                    future.result()
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
+                trailing = dict(refused.value.trailing_metadata())
+                assert (trailing["retry-after"], trailing["grpc-retry-pushback-ms"], trailing["x-request-id"]) == ("1", "1000", f"over-{index}")
+            assert time.monotonic() - started < 3.0  # at once, not after grpc core's 30 s
+            for index in range(8):
+                record = service.record(f"over-{index}")
+                assert (record.outcome, record.reason, record.status) == ("overloaded", "server_busy", "RESOURCE_EXHAUSTED")
+            page = service.metrics.render().decode()
+            assert 'tailguard_rejections_total{class="none",pool="none",reason="server_busy"} 8.0' in page
+            for holder in holders:
+                holder.cancel()
+            for index in range(4):
+                assert service.record(f"hold-{index}").outcome == "cancelled"
+            backend.mode = "ok"
+            assert stub.Chat(chat(max_tokens=4), timeout=10).usage.completion_tokens == 4  # room again

@@ -6,6 +6,7 @@ import dataclasses
 import threading
 
 import grpc
+import httpx
 import pytest
 
 from router.auth import hash_key
@@ -79,3 +80,20 @@ def test_keys_classes_caps_and_server_timing() -> None:
         page = service.running.metrics.render().decode()
         assert 'tailguard_rejections_total{class="none",pool="none",reason="unauthenticated"} 2.0' in page
         assert 'reason="caller_limit"' in page and 'reason="forbidden"' in page
+
+
+def test_get_limits_needs_a_key_exactly_when_http_limits_does() -> None:
+    """Issue 10, defect 10: GetLimits answered anyone while /v1/limits asked for a key."""
+    with grpc_service([QUICK, QUICK], keyed_config) as service, grpc.insecure_channel(service.grpc_target) as channel:
+        stub = pb_grpc.CompletionsStub(channel)
+        for metadata in ([], bearer("sk-nobody"), [("authorization", "Basic abc")]):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.GetLimits(pb.GetLimitsRequest(), metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert httpx.get(service.http_url + "/v1/limits", headers=dict(metadata)).status_code == 401
+        limits = stub.GetLimits(pb.GetLimitsRequest(), metadata=bearer(WEB_KEY))
+        http = httpx.get(service.http_url + "/v1/limits", headers=dict(bearer(WEB_KEY)))
+        assert http.status_code == 200 and limits.input_cap_tokens == http.json()["input_cap_tokens"]
+    with grpc_service([QUICK, QUICK], config) as service, grpc.insecure_channel(service.grpc_target) as channel:
+        assert pb_grpc.CompletionsStub(channel).GetLimits(pb.GetLimitsRequest()).input_cap_tokens == 8192  # no keys: open
+        assert httpx.get(service.http_url + "/v1/limits").status_code == 200

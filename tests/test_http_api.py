@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Mapping
 
 import httpx
@@ -13,6 +14,8 @@ import trio
 
 from bench.sim import SimResponse
 from router.config_types import Config, LimitsConfig, ServerConfig, TimeoutsConfig
+from router.dispatch import Router
+from server import http_api
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from .router_helpers import two_pool_config
@@ -211,3 +214,44 @@ async def test_client_disconnect_mid_stream_aborts_the_generation() -> None:
             await eventually(lambda: engine.statistics().aborted_total == 3 and not engine.statistics().running)
             await eventually(lambda: running.router.statistics().in_flight == 0)
             assert engine.statistics().finished_total == 0
+
+
+async def test_a_bug_is_a_logged_500_in_openai_shape_counted_never_an_empty_499(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 10, defect 6: an unexpected exception was an empty 500, logged as 499 client_cancelled."""
+
+    def parse_bug(*args: object, **kwargs: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    def health_bug(self: object) -> None:
+        raise KeyError("pools")
+
+    monkeypatch.setattr(http_api, "parse_completion_body", parse_bug)
+    monkeypatch.setattr(Router, "health", health_bug)
+    async with engines_on_sockets([QUICK, QUICK]) as backends, tailguard(config_for(backends.urls)) as running:
+        async with httpx.AsyncClient(base_url=running.http_url) as client:
+            with caplog.at_level(logging.INFO):
+                failed = await client.post("/v1/chat/completions", json={"messages": MESSAGES}, headers={"x-request-id": "bug-1"})
+                health = await client.get("/health")
+                await eventually(lambda: any(getattr(r, "fields", {}).get("request_id") == "bug-1" and r.name == "tailguard.access" for r in caplog.records))
+            page = (await client.get("/metrics")).text
+    for response in (failed, health):
+        assert response.status_code == 500 and response.headers["x-should-retry"] == "false"
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "internal_error"
+    assert "bug-1" in failed.json()["error"]["message"] and failed.headers["x-request-id"] == "bug-1"
+    access = next(r.fields for r in caplog.records if r.name == "tailguard.access" and r.fields["request_id"] == "bug-1")  # type: ignore[attr-defined]
+    assert (access["outcome"], access["reason"], access["status"]) == ("internal_error", "internal_error", 500)
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR and r.exc_info and r.exc_info[0] in (RecursionError, KeyError)]
+    assert len(logged) == 2  # each bug once, with its traceback
+    assert 'tailguard_requests_total{class="none",outcome="internal_error",pool="none"} 1.0' in page
+
+
+async def test_body_too_large_is_its_own_reason() -> None:
+    async with engines_on_sockets([QUICK, QUICK]) as backends, tailguard(config_for(backends.urls)) as running:
+        async with httpx.AsyncClient(base_url=running.http_url) as client:
+            response = await client.post("/v1/completions", content=b"x" * (64 * 1024 + 1))
+            page = (await client.get("/metrics")).text
+    assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
+    assert 'tailguard_rejections_total{class="none",pool="none",reason="body_too_large"} 1.0' in page

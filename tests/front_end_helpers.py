@@ -1,0 +1,215 @@
+"""Both front ends over one router, on real sockets, with backends that misbehave on demand.
+
+The service (HTTP under hypercorn, gRPC under grpc.aio with Trio as asyncio's
+guest) runs in a thread of its own, as in ``grpc_helpers``; tests are plain
+synchronous code using httpx and the generated gRPC clients. Unlike
+``server.app.serve`` the pieces are put together here, so a test can read
+every finished record, set the cap on open gRPC calls, and plant a failing
+telemetry sink. No background health checks run: an endpoint stays in its
+pool whatever it does (outlier detection never ejects a pool's only one).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from bench.sim import Engine, SimApp, SimResponse
+from bench.sim.app import JSON_HEADERS, SSE_HEADERS
+from bench.sim.http import serve as serve_sim
+from router.config_types import Config
+from router.dispatch import Router
+from router.telemetry import RequestRecord, Telemetry
+from server.grpc_api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
+from server.grpc_bridge import AsyncioHost, run_with_asyncio_host
+from server.http_api import HttpApi
+from server.metrics import Metrics
+
+from .http_helpers import QUICK
+from .sim_helpers import MODEL
+
+SINK_FAILS = "sink-fails"  # a request id starting so makes the planted sink raise
+
+
+def _event(payload: object) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _delta(text: str, finish: str | None = None) -> bytes:
+    return _event({"id": "c", "object": "chat.completion.chunk", "model": MODEL, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
+
+
+class Faulty:
+    """A backend whose completions fail the way ``mode`` says (``ok``: a real simulated engine).
+
+    Modes: ``ok``, ``5xx``, ``garbage`` (200 that is neither JSON nor SSE),
+    ``cut`` (a stream that ends cleanly without [DONE]), ``error_event`` (a
+    stream with vLLM's in-stream error, then [DONE]), ``hang`` (no byte ever),
+    ``slow`` (a stream of an event every 20 ms for 10 s).
+    """
+
+    def __init__(self, mode: str = "ok") -> None:
+        self.engine = Engine(QUICK)
+        self.app = SimApp(self.engine, model=MODEL)
+        self.mode = mode
+
+    async def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
+        mode = self.mode
+        if mode == "ok" or not path.endswith("completions"):
+            return await self.app.handle(method, path, headers, body)
+        stream = bool(json.loads(body).get("stream"))
+        if mode == "5xx":
+            return SimResponse(500, list(JSON_HEADERS), b'{"error": {"message": "CUDA out of memory", "type": "InternalServerError"}}')
+        if mode == "garbage":
+            return SimResponse(200, list(SSE_HEADERS if stream else JSON_HEADERS), b"<html>upstream sent nonsense</html>\n")
+        if mode == "hang":
+            await trio.sleep_forever()
+        events = {
+            "cut": [_delta("Hello"), _delta(" there")],
+            "error_event": [_delta("Hello"), _event({"error": {"message": "EngineCore died", "type": "InternalServerError", "code": 500}}), b"data: [DONE]\n\n"],
+        }.get(mode)
+        if events is not None:
+            return SimResponse(200, list(SSE_HEADERS), stream=_Events(events))
+        if mode == "slow":
+            return SimResponse(200, list(SSE_HEADERS), stream=_Events([_delta("tick ")] * 500, pause=0.02))
+        raise AssertionError(f"unknown mode {mode!r}")
+
+
+class _Events:
+    """A body stream of fixed events, optionally paced."""
+
+    def __init__(self, events: list[bytes], *, pause: float = 0.0) -> None:
+        self._events = events
+        self._pause = pause
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for event in self._events:
+            if self._pause:
+                await trio.sleep(self._pause)
+            yield event
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class FrontEnds:
+    """Where the two front ends listen, what they recorded, and how to reach the service."""
+
+    http_url: str
+    grpc_target: str
+    router: Router
+    metrics: Metrics
+    token: trio.lowlevel.TrioToken
+    _records: dict[str, RequestRecord] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, request_id: str, timeout: float = 5.0) -> RequestRecord:
+        """The finished record of a request (waiting, bounded, for the service thread)."""
+        ready = threading.Event()
+        deadline_checks = int(timeout / 0.005)
+        for _ in range(deadline_checks):
+            with self._lock:
+                found = self._records.get(request_id)
+            if found is not None:
+                return found
+            ready.wait(0.005)
+        raise AssertionError(f"no record for {request_id!r}")
+
+    def records(self) -> list[RequestRecord]:
+        with self._lock:
+            return list(self._records.values())
+
+    def sink(self, record: RequestRecord) -> None:
+        with self._lock:
+            self._records[record.request_id] = record
+
+
+def _planted_failure(record: RequestRecord) -> None:
+    if record.request_id.startswith(SINK_FAILS):
+        raise RuntimeError("a broken telemetry sink")
+
+
+@contextmanager
+def front_ends(
+    backends: list[Faulty | None],
+    make_config: Callable[[list[str]], Config],
+    *,
+    max_grpc_calls: int = MAX_CONCURRENT_CALLS,
+) -> Iterator[FrontEnds]:
+    """Backends on free ports (``None``: a port nothing listens on), the router, both front ends.
+
+    ``make_config`` gets the backends' URLs in order.
+    """
+    ready = threading.Event()
+    box: dict[str, object] = {}
+
+    async def trio_main(host: AsyncioHost) -> None:
+        shutdown = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = []
+            for backend in backends:
+                if backend is None:
+                    with trio.socket.socket() as closed:
+                        await closed.bind(("127.0.0.1", 0))
+                        urls.append(f"http://127.0.0.1:{closed.getsockname()[1]}")
+                else:
+                    await nursery.start(backend.engine.run)
+                    port = await nursery.start(serve_sim, backend.handle, "127.0.0.1", 0)
+                    urls.append(f"http://127.0.0.1:{port}")
+            config = make_config(urls)
+            router = Router(config)
+            metrics = Metrics(router)
+            telemetry = Telemetry([metrics.observe, _planted_failure])
+            http = HttpApi(router, max_body_bytes=config.server.max_body_bytes, telemetry=telemetry, metrics=metrics)
+            hc = hypercorn.config.Config()
+            hc.bind = ["127.0.0.1:0"]
+            hc.accesslog = None
+            async with trio.open_nursery() as front:
+                binds = await front.start(
+                    lambda task_status: hypercorn.trio.serve(http, hc, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
+                )
+                port = await front.start(
+                    lambda task_status: serve_grpc(
+                        router, host, ("127.0.0.1", 0), shutdown, Observers(telemetry), max_calls=max_grpc_calls, task_status=task_status
+                    )
+                )
+                service = FrontEnds(binds[0], f"127.0.0.1:{port}", router, metrics, trio.lowlevel.current_trio_token())
+                telemetry.add_sink(service.sink)
+                box["service"] = service
+                box["shutdown"] = shutdown
+                ready.set()
+            await router.aclose()
+            nursery.cancel_scope.cancel()
+
+    def thread_main() -> None:
+        try:
+            run_with_asyncio_host(trio_main)
+        except BaseException as error:  # noqa: BLE001 - reported to the test thread
+            box["error"] = error
+            ready.set()
+
+    thread = threading.Thread(target=thread_main, name="front-ends", daemon=True)
+    thread.start()
+    if not ready.wait(60) or "error" in box:
+        raise RuntimeError(f"the service did not start: {box.get('error')!r}")
+    service = box["service"]
+    shutdown = box["shutdown"]
+    assert isinstance(service, FrontEnds) and isinstance(shutdown, trio.Event)
+    try:
+        yield service
+    finally:
+        service.token.run_sync_soon(shutdown.set)
+        thread.join(30)
+        assert not thread.is_alive(), "the service did not stop"
+        error = box.get("error")
+        if isinstance(error, BaseException):
+            raise RuntimeError("the service failed") from error
+
