@@ -240,22 +240,33 @@ def _response(kind: RequestKind, payload: Any, routing: Routing) -> pb.Completio
 
 
 def _chunk(kind: RequestKind, payload: Any) -> pb.CompletionChunk:
+    """One stream event as protobuf (per relayed event: checks inline, fields set only when present)."""
     event = _object(payload, "a stream event")
     if "error" in event:  # the backend reports a failure inside its stream
         error = event["error"]
         message = error.get("message", error) if isinstance(error, dict) else error
         raise BackendStreamError(f"the backend failed the stream: {str(message)[:500]}")
     chunk = pb.CompletionChunk()
-    choice = _first_choice(event)
-    if choice is not None:
+    choices = event.get("choices")
+    if choices:
+        choice = choices[0] if type(choices) is list else None
+        if type(choice) is not dict:
+            raise BadBackendReply("the backend's stream is not a completion: choices[0] is not an object")
         if kind == "chat":
-            chunk.content = _text(_object(choice.get("delta") or {}, "delta").get("content"), "delta.content")
+            delta = choice.get("delta")
+            if delta is not None and type(delta) is not dict:
+                raise BadBackendReply("the backend's stream is not a completion: delta is not an object")
+            text = None if delta is None else delta.get("content")
         else:
-            chunk.content = _text(choice.get("text"), "text")
-        chunk.finish_reason = _text(choice.get("finish_reason"), "finish_reason")
-    usage = _usage(event.get("usage"))
-    if usage is not None:
-        chunk.usage.CopyFrom(usage)
+            text = choice.get("text")
+        if text:
+            chunk.content = _text(text, "the content")
+        finish_reason = choice.get("finish_reason")
+        if finish_reason:
+            chunk.finish_reason = _text(finish_reason, "finish_reason")
+    usage = event.get("usage")
+    if usage:
+        chunk.usage.CopyFrom(_usage(usage))
     return chunk
 
 
