@@ -426,6 +426,7 @@ def _read_server(table: _Table) -> ServerConfig:
     http_host, http_port = _listen(table, "http_listen", default.http_host, default.http_port)
     grpc_host, grpc_port = _listen(table, "grpc_listen", default.grpc_host, default.grpc_port)
     max_body_bytes = table.integer("max_body_bytes", default.max_body_bytes, minimum=1)
+    grpc_max_calls = table.integer("grpc_max_calls", default.grpc_max_calls, minimum=1)
     max_backend_body_bytes = table.integer(
         "max_backend_body_bytes", default.max_backend_body_bytes, minimum=1024
     )
@@ -439,6 +440,7 @@ def _read_server(table: _Table) -> ServerConfig:
         grpc_host=grpc_host,
         grpc_port=grpc_port,
         max_body_bytes=max_body_bytes,
+        grpc_max_calls=grpc_max_calls,
         max_backend_body_bytes=max_backend_body_bytes,
         reload_poll_interval=reload_poll_interval,
     )
@@ -1045,6 +1047,7 @@ def render_config(config: Config) -> str:
     lines += _section("server", [
         ("http_listen", _host_port(server.http_host, server.http_port)),
         ("grpc_listen", _host_port(server.grpc_host, server.grpc_port)),
+        ("grpc_max_calls", str(server.grpc_max_calls)),
         ("max_body_bytes", f"{server.max_body_bytes} ({server.max_body_bytes / 2**20:g} MiB)"),
         ("max_backend_body_bytes",
          f"{server.max_backend_body_bytes} ({server.max_backend_body_bytes / 2**20:g} MiB)"),

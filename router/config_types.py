@@ -26,6 +26,9 @@ class ServerConfig:
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051
     max_body_bytes: int = 4 * 1024 * 1024
+    # Completion calls the gRPC front end holds open at once; one more gets
+    # RESOURCE_EXHAUSTED with a retry hint at once (never a silent CANCELLED).
+    grpc_max_calls: int = 1000
     # A backend's non-streaming body (or error body) larger than this is not
     # read on: the caller gets 502. Far above any real completion.
     max_backend_body_bytes: int = 16 * 1024 * 1024
@@ -45,7 +48,7 @@ class EstimateConfig:
 class LimitsConfig:
     """Caps on request size, as callers see them (also served at /v1/limits)."""
 
-    input_cap_tokens: int = 8192  # estimated prompt tokens above this -> 413
+    input_cap_tokens: int = 8192  # estimated prompt tokens above this -> 400 context_length_exceeded
     default_max_tokens: int = 256  # when the request sets none
     output_cap_tokens: int = 1024  # max_tokens above this is clamped or rejected
     over_cap: OverCapMode = "clamp"

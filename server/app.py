@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import signal
@@ -137,8 +138,17 @@ async def serve(
             bound_grpc: int | None = None
             if asyncio_host is not None:
                 listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
-                observers = Observers(telemetry, repeated_ids, metrics.repeated_request_id)
-                bound_grpc = await front.start(serve_grpc, router, asyncio_host, listen, shutdown, observers)
+                observers = Observers(
+                    telemetry, repeated_ids, metrics.repeated_request_id, log_prompts=lambda: access_log.log_prompts
+                )
+                bound_grpc = await front.start(
+                    functools.partial(serve_grpc, max_calls=config.server.grpc_max_calls),
+                    router,
+                    asyncio_host,
+                    listen,
+                    shutdown,
+                    observers,
+                )
             _tune_gc()
             task_status.started(Running(router, binds[0], reloader, metrics, drain, bound_grpc))
         nursery.cancel_scope.cancel()

@@ -54,7 +54,7 @@ log = logging.getLogger("tailguard.grpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Completions"].full_name
 GRACE_SECONDS = 5.0
-# Completion calls open at once; beyond it RESOURCE_EXHAUSTED (wanted as config: server.grpc_max_calls).
+# Completion calls open at once by default; beyond it RESOURCE_EXHAUSTED (config: server.grpc_max_calls).
 MAX_CONCURRENT_CALLS = 1000
 _SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance", retry_after=1.0)
 _INT32_MAX = 2**31 - 1

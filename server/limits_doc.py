@@ -309,9 +309,12 @@ def render_limits_markdown(config: Config) -> str:
         "  time is spent; the same request will fail again, so shorten the prompt or",
         "  split the document.",
         "- The estimate needs no tokenizer and errs on the large side: one token per",
-        f"  {_float(estimate, 'chars_per_token'):g} characters of text, one per "
-        f"{_float(estimate, 'cjk_chars_per_token'):g} CJK character (Chinese, Japanese,",
-        f"  Korean), plus {_int(estimate, 'per_message_tokens')} tokens per chat message for the chat template.",
+        f"  {_float(estimate, 'chars_per_token'):g} UTF-8 bytes of non-CJK text "
+        f"({_float(estimate, 'chars_per_token'):g} ASCII characters, one emoji), one per "
+        f"{_float(estimate, 'cjk_chars_per_token'):g} CJK character (Chinese,",
+        f"  Japanese, Korean), plus {_int(estimate, 'per_message_tokens')} tokens per chat message and "
+        f"{_int(estimate, 'per_message_tokens')} for the reply's turn. Tools,",
+        "  tool calls and `response_format` schemas count by their JSON text.",
         "- The prompt plus the effective `max_tokens` must also fit the model's context",
         "  (below); otherwise the answer is the same 400.",
         f"- The HTTP request body may be at most {_bytes(config.server.max_body_bytes)};",

@@ -920,3 +920,21 @@ def test_no_key_shows_in_repr_render_or_errors(tmp_path: Path) -> None:
     assert re.search(rf"^  webapp\s+{DIGEST[:8]}\s+batch\s+no cap$", rendered, re.MULTILINE)
     assert re.search(rf"^  reports\s+{hash_key(OTHER_KEY)[:8]}\s+none\s+3$", rendered, re.MULTILINE)
     assert f"keys_file  {environ['TG_KEYS']}" in rendered
+
+
+def test_hardening_keys_have_defaults_and_are_checked() -> None:
+    config = parse_config(BASE)
+    assert config.server.grpc_max_calls == 1000 and config.server.max_backend_body_bytes == 16 * 1024 * 1024
+    pool = config.pools[0]
+    assert (pool.first_byte_timeout, pool.health_check, pool.outlier_detection.consecutive_failures) == (60.0, "http", 5)
+    with pytest.raises(ConfigError) as refused:
+        parse_config("[server]\ngrpc_max_calls = 0\n" + BASE)
+    assert "server.grpc_max_calls: must be an integer >= 1, got 0" in refused.value.problems
+    name = config.pools[0].name
+    bad = BASE.replace(f"[pools.{name}]", f'[pools.{name}.outlier_detection]\nconsecutive_failures = 1\nmax_ejection_percent = 120\n\n[pools.{name}]\nhealth_check = "tcp"\n', 1)
+    with pytest.raises(ConfigError) as refused:
+        parse_config(bad)
+    problems = "\n".join(refused.value.problems)
+    assert f"pools.{name}.outlier_detection.consecutive_failures: must be an integer >= 2, got 1" in problems
+    assert f"pools.{name}.outlier_detection.max_ejection_percent: must be at most 100, got 120" in problems
+    assert f'pools.{name}.health_check: must be one of "http", "completion", got "tcp"' in problems
