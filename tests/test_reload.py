@@ -16,9 +16,11 @@ from .sim_helpers import MODEL
 MESSAGES = [{"role": "user", "content": "Summarise the meeting notes."}]
 
 
-def toml(interactive: list[str], batch: list[str], *, poll: float = 0.0, extra: str = "") -> str:
+def toml(interactive: list[str], batch: list[str], *, poll: float = 0.0, extra: str = "", cap: int = 4) -> str:
+    """Two pools over the given endpoints, ``cap`` seats each, and the shipped classes."""
+
     def endpoints(urls: list[str]) -> str:
-        return ", ".join(f'{{ url = "{u}", max_concurrency = 4 }}' for u in urls)
+        return ", ".join(f'{{ url = "{u}", max_concurrency = {cap} }}' for u in urls)
 
     return f"""
 [server]
@@ -26,14 +28,14 @@ http_listen = "127.0.0.1:0"
 reload_poll_interval = {poll}
 
 [pools.interactive]
-max_concurrency = {4 * len(interactive)}
+max_concurrency = {cap * len(interactive)}
 max_queue = 100
 max_model_len = 32768
 models = ["{MODEL}"]
 endpoints = [{endpoints(interactive)}]
 
 [pools.batch]
-max_concurrency = {4 * len(batch)}
+max_concurrency = {cap * len(batch)}
 max_queue = 100
 max_model_len = 32768
 models = ["{MODEL}"]

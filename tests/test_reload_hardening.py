@@ -22,44 +22,9 @@ from router.config import load_config
 from server.app import serve
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
-from .sim_helpers import MODEL
+from .test_reload import toml
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
-
-
-def toml(interactive: str, batch: str, *, cap: int = 4, extra_endpoint: str = "") -> str:
-    return f"""
-[server]
-http_listen = "127.0.0.1:0"
-reload_poll_interval = 0
-
-[pools.interactive]
-max_concurrency = {cap}
-max_queue = 100
-max_model_len = 32768
-models = ["{MODEL}"]
-endpoints = [{{ url = "{interactive}", max_concurrency = {cap} }}]
-
-[pools.batch]
-max_concurrency = 4
-max_queue = 100
-max_model_len = 32768
-models = ["{MODEL}"]
-simulate_profile = "throughput"
-endpoints = [{{ url = "{batch}", max_concurrency = 4 }}{extra_endpoint}]
-
-[classes.interactive]
-pool = "interactive"
-max_prompt_tokens = 500
-max_output_tokens = 128
-queue_timeout = 10.0
-priority = 0
-
-[classes.batch]
-pool = "batch"
-queue_timeout = 20.0
-priority = 1
-"""
 
 
 def open_fds() -> int:
@@ -89,7 +54,7 @@ async def test_a_thousand_reloads_under_traffic_leave_no_connection_behind(tmp_p
         a, b = backends.urls
         port = int(a.rsplit(":", 1)[1])
         path = tmp_path / "config.toml"
-        path.write_text(toml(a, b))
+        path.write_text(toml([a], [b]))
         async with tailguard(load_config(path), path) as running:
             assert running.reloader is not None
             async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
@@ -118,7 +83,7 @@ async def test_a_thousand_reloads_under_traffic_leave_no_connection_behind(tmp_p
 
                     nursery.start_soon(load)
                     for i in range(1000):
-                        path.write_text(toml(a, b, cap=5 - i % 2))  # a new cap: a new client each time
+                        path.write_text(toml([a], [b], cap=5 - i % 2))  # a new cap: a new client each time
                         assert await running.reloader.reload()
                         if i % 20 == 0:
                             await trio.sleep(0)
@@ -143,7 +108,7 @@ async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_conf
             ports.append(probe.getsockname()[1])
     a, b = (f"http://127.0.0.1:{p}" for p in ports)
     path = tmp_path / "config.toml"
-    path.write_text(toml(a, b))
+    path.write_text(toml([a], [b]))
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
@@ -152,7 +117,7 @@ async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_conf
             )
             digest = running.router.config.digest
             for extra in (f"http://127.0.0.1:{taken.getsockname()[1]}", "http://gpu-7.internal:8000"):
-                path.write_text(toml(a, b, extra_endpoint=f', {{ url = "{extra}", max_concurrency = 4 }}'))
+                path.write_text(toml([a], [b, extra]))
                 assert not await running.reloader.reload()
                 assert running.router.config.digest == digest
             assert running.reloader.reloads_failed == 2
@@ -164,7 +129,7 @@ async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_conf
                 response = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
                 assert response.status_code == 200
             # A good reload after the failed ones still applies.
-            path.write_text(toml(a, b, cap=3))
+            path.write_text(toml([a], [b], cap=3))
             assert await running.reloader.reload()
             assert running.router.statistics().pool("interactive").max_concurrency == 3
             shutdown.set()
