@@ -43,7 +43,7 @@ from typing import Any
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.chaos_attacks import ATTACKS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
+from bench.chaos_attacks import ATTACKS, BATCH_MAX_TOKENS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
 from bench.chaos_http import Answer, HttpPool, RequestSpec, recovery_s, send, tally
 from bench.chaos_report import render, write_outputs
 from bench.grpc_overhead import AsyncioThread
@@ -56,6 +56,7 @@ HOST = "127.0.0.1"
 E2E_TIMEOUT_S = 8.0  # tailguard's end_to_end_timeout here: a hung request ends within it
 CLIENT_SLACK_S = 4.0  # the client waits this much longer before it calls a request unanswered
 SEATS_PER_ENGINE = 8  # interactive endpoints' max_concurrency
+BATCH_SEATS = 16  # the batch engine's max_concurrency
 SETTLE_MAX_S = 15.0
 MAX_NORMAL_REQUESTS = 5_000  # a count bound on one phase's normal traffic, beside its time bound
 _CLOSE_WAIT = "08"  # the state column of /proc/net/tcp
@@ -78,6 +79,7 @@ class Options:
     grpc_calls: int
     huge_mib: int
     overload_s: float
+    overload_pool: str = "batch"
     normal_rate: float = 20.0
     seed: int = 0
     attacks: tuple[str, ...] = ()
@@ -88,11 +90,11 @@ class Options:
 
 DEFAULT = Options(
     quick=False, window=4.0, pre=1.0, post=4.0, surrogate_s=10, fuzz=400, fuzz_rate=80.0, probe_rounds=5,
-    cancels=300, cancel_rate=100.0, reloads=250, reload_interval=0.02, grpc_calls=1000, huge_mib=32, overload_s=4.0,
+    cancels=300, cancel_rate=100.0, reloads=250, reload_interval=0.02, grpc_calls=1000, huge_mib=32, overload_s=10.0,
 )  # fmt: skip
 QUICK = replace(
     DEFAULT, quick=True, window=2.0, pre=0.5, post=2.5, surrogate_s=5, fuzz=150, probe_rounds=2, cancels=120,
-    reloads=100, grpc_calls=300, huge_mib=8, overload_s=1.5, name="chaos-quick",
+    reloads=100, grpc_calls=300, huge_mib=8, overload_s=5.0, name="chaos-quick",
 )  # fmt: skip
 
 
@@ -150,7 +152,7 @@ class Lab:
     nursery: trio.Nursery
     tg_log_file: Any
     client_timeout: float = E2E_TIMEOUT_S + CLIENT_SLACK_S
-    interactive_capacity: float = 0.0
+    capacity: dict[str, float] = field(default_factory=dict)  # pool -> requests a second it can finish
 
     def write_config(self, a_cap: int = SEATS_PER_ENGINE) -> None:
         """Replace the config file at once (tailguard never reads half a file)."""
@@ -223,7 +225,7 @@ class Lab:
 def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], a_cap: int = SEATS_PER_ENGINE) -> str:
     """tailguard's config: two pools, the shipped classes, an 8 s end-to-end timeout."""
     interactive = PoolSpec("interactive", [(engines["a"], a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, 64)
-    batch = PoolSpec("batch", [(engines["c"], 16)], 16, 64)
+    batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, 64)
     lines = [
         "[server]",
         f'http_listen = "{HOST}:{tg_port}"',
@@ -247,7 +249,7 @@ def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], a_ca
         "",
         "[classes.batch]",
         'pool = "batch"',
-        "queue_timeout = 6.0",
+        "queue_timeout = 5.0",
         "priority = 1",
         "",
     ]
@@ -298,11 +300,21 @@ async def wait_admin(port: int, sim: trio.Process) -> None:
             await trio.sleep(0.05)
 
 
-def interactive_capacity() -> float:
-    """Short requests a second the interactive pool can finish (two latency engines, 8 seats each)."""
-    params = PROFILES["latency"]
-    step_s = params.step_ms(SEATS_PER_ENGINE, 0, SEATS_PER_ENGINE * (20 + NORMAL_MAX_TOKENS // 2)) / 1000
-    return 2 * SEATS_PER_ENGINE / (NORMAL_MAX_TOKENS * step_s)
+def capacities() -> dict[str, float]:
+    """Requests a second each pool can finish, from the engine model.
+
+    interactive: two latency engines, 8 seats each, normal requests (32
+    tokens); batch: one throughput engine, 16 seats, batch requests.
+    """
+
+    def rate(profile: str, seats: int, tokens: int) -> float:
+        step_s = PROFILES[profile].step_ms(seats, 0, seats * (20 + tokens // 2)) / 1000
+        return seats / (tokens * step_s)
+
+    return {
+        "interactive": round(2 * rate("latency", SEATS_PER_ENGINE, NORMAL_MAX_TOKENS), 1),
+        "batch": round(rate("throughput", BATCH_SEATS, BATCH_MAX_TOKENS), 1),
+    }
 
 
 # -- one phase ---------------------------------------------------------------------------
@@ -378,8 +390,19 @@ async def run_phase(lab: Lab, attack: Attack) -> PhaseResult:
     normal = [a for a in phase.answers if a.group == "normal"]
     failed = [a for a in normal if not a.ok]
     extra = dict(phase.extra)
+    broken = [a for a in phase.answers if not a.terminal][:5]
+    if broken:
+        extra["no_terminal_samples"] = [
+            {"group": a.group, "outcome": a.outcome, "after_s": round(a.elapsed, 2), "sent_s": round(a.sent_at - started, 2), "request": a.detail}
+            for a in broken
+        ]
     if restarted is not None:
         extra["tailguard_exited_before_phase"] = restarted
+    if lab.tailguard.returncode is not None:
+        log = _log_since(lab.tg_log, log_from)
+        first = max(0, log.find("Traceback"))
+        extra["tailguard_log_tail"] = log[first : first + 4000] + ("\n[...]\n" + log[-2000:] if len(log) > first + 4000 else "")
+        print(f"--- tailguard exited with {lab.tailguard.returncode}; its log ---\n{extra['tailguard_log_tail']}", file=sys.stderr)
     return PhaseResult(
         attack=attack.name,
         description=attack.description,
@@ -417,6 +440,12 @@ def _log_errors(path: Path, start: int) -> int:
         return sum(1 for line in log if b"ERROR" in line or b"Traceback" in line)
 
 
+def _log_since(path: Path, start: int) -> str:
+    with path.open("rb") as log:
+        log.seek(start)
+        return log.read().decode("utf-8", "replace")
+
+
 # -- the run -------------------------------------------------------------------------------
 
 
@@ -426,24 +455,29 @@ class Result:
     commit: str
     cpu_count: int
     options: dict[str, Any]
-    capacity_req_per_s: float
+    capacity_req_per_s: dict[str, float]
     phases: list[PhaseResult]
     wall_s: float = 0.0
     checks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
+def _key(name: str) -> str:
+    """An attack's name as typed: any case, spaces, hyphens or underscores ("engine-kill")."""
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
 def selected(options: Options) -> list[Attack]:
     if not options.attacks:
         return list(ATTACKS)
-    by_name = {a.name: a for a in ATTACKS}
-    return [by_name[name] for name in options.attacks]
+    by_key = {_key(a.name): a for a in ATTACKS}
+    return [by_key[_key(name)] for name in options.attacks]
 
 
 async def measure(options: Options, command: str) -> Result:
     tg_port, grpc_port, admin_port, a, b, c = free_ports(6)
     engines = {"a": a, "b": b, "c": c}
-    result = Result(command, git_commit(), len(os.sched_getaffinity(0)), _jsonable(asdict(options)), round(interactive_capacity(), 1), [])
+    result = Result(command, git_commit(), len(os.sched_getaffinity(0)), _jsonable(asdict(options)), capacities(), [])
     with tempfile.TemporaryDirectory(prefix="tailguard-chaos-") as tmp, AsyncioThread() as aio:
         sim_log, tg_log = Path(tmp) / "sim.log", Path(tmp) / "tailguard.log"
         with sim_log.open("wb") as sim_out, tg_log.open("ab") as tg_out:
@@ -461,7 +495,7 @@ async def measure(options: Options, command: str) -> Result:
                     await wait_ready(tg_port, tailguard, "tailguard")
                     lab = Lab(
                         options, tg_port, grpc_port, admin_port, engines, config, tg_log, sim, tailguard,
-                        HttpPool(tg_port), aio, nursery, tg_out, interactive_capacity=interactive_capacity(),
+                        HttpPool(tg_port), aio, nursery, tg_out, capacity=capacities(),
                     )  # fmt: skip
                     await warm_up(lab)
                     for attack in selected(options):
@@ -545,9 +579,16 @@ def notes(result: Result) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench chaos", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter windows and fewer requests (about 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="shorter windows and fewer requests (under 3 minutes; the default run takes about 4)")
     parser.add_argument(
         "--attacks", default="", help=f"comma-separated subset, in run order; default all: {', '.join(a.name for a in ATTACKS)}"
+    )
+    parser.add_argument(
+        "--overload-pool",
+        choices=("batch", "interactive"),
+        default="batch",
+        help="the pool the 10x overload aims at; the interactive pool's 10x (~600 req/s) saturates a 2-core machine's "
+        "CPU, client included (default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fuzz, the cancel storm and the engines (default %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for JSON and markdown (default %(default)s)")
@@ -558,11 +599,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Options:
     names = tuple(n.strip() for n in args.attacks.split(",") if n.strip())
-    unknown = [n for n in names if n not in {a.name for a in ATTACKS}]
+    unknown = [n for n in names if _key(n) not in {_key(a.name) for a in ATTACKS}]
     if unknown:
         parser.error(f"unknown attack(s) {', '.join(unknown)}; choose from {', '.join(a.name for a in ATTACKS)}")
     base = QUICK if args.quick else DEFAULT
-    return replace(base, seed=args.seed, attacks=names, serve_args=tuple(args.serve_arg), out=args.out, name=args.name or base.name)
+    return replace(base, seed=args.seed, attacks=names, overload_pool=args.overload_pool, serve_args=tuple(args.serve_arg), out=args.out, name=args.name or base.name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 NORMAL_MAX_TOKENS = 32  # with a short prompt: the interactive class
+BATCH_MAX_TOKENS = 200  # over the interactive class's 128: the batch class
 
 
 @dataclass
@@ -273,12 +274,16 @@ async def cancel_storm(lab: Lab, phase: Phase) -> None:
 
 
 async def overload(lab: Lab, phase: Phase) -> None:
-    """Ten times the interactive pool's capacity, open loop, for ``--overload-s``."""
-    rate = 10 * lab.interactive_capacity
+    """Ten times a pool's capacity (``--overload-pool``), open loop, for ``overload_s``."""
+    pool = lab.options.overload_pool
+    rate = 10 * lab.capacity[pool]
     count = int(rate * lab.options.overload_s)
+    phase.extra["pool"] = pool
     phase.extra["offered_req_per_s"] = round(rate, 1)
-    phase.extra["capacity_req_per_s"] = round(lab.interactive_capacity, 1)
-    specs = [normal_spec(i) for i in range(count)]
+    if pool == "interactive":
+        specs = [normal_spec(i) for i in range(count)]
+    else:
+        specs = [RequestSpec(CHAT_PATH, chat_body(i, stream=i % 2 == 1, max_tokens=BATCH_MAX_TOKENS), stream=i % 2 == 1) for i in range(count)]
     phase.fault_on()
     await open_loop(lab, phase, specs, rate)
     phase.fault_off()
@@ -380,7 +385,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("gzip garbage", "engine a answers 200, content-encoding gzip, bytes that are not gzip", engine_fault({"mode": "gzip_garbage"}), fresh=True),
     Attack("redirect", "engine a answers 302 with a Location", engine_fault({"mode": "redirect"}), fresh=True),
     Attack("cancel storm", "streaming clients (interactive and batch) that hang up after 0-1 s", cancel_storm),
-    Attack("10x overload", "ten times the interactive pool's capacity, open loop", overload),
+    Attack("10x overload", "ten times a pool's capacity (batch by default), open loop, beside interactive traffic", overload),
     Attack("reload storm", "config rewritten (an endpoint's max_concurrency) + SIGHUP, many times, under traffic", reload_storm),
     Attack("gRPC flood", "many concurrent gRPC calls (3 ChatStream : 1 Chat), each with a deadline", grpc_flood),
 )

@@ -67,6 +67,7 @@ class Answer:
     terminal: bool
     ok: bool
     size: int = 0
+    detail: str = ""  # for an answer that is not terminal: what the request was
 
 
 class _Conn:
@@ -250,7 +251,8 @@ async def send(pool: HttpPool, spec: RequestSpec, group: str, timeout: float, in
     start = time.perf_counter()
     reply = await pool.request(spec, timeout, keep=keep)
     outcome, terminal, ok = judge(reply, spec.stream)
-    into.append(Answer(group, start, time.perf_counter() - start, outcome, terminal, ok, reply.size))
+    detail = "" if terminal else f"{spec.path} stream={spec.stream} status={reply.status} body={reply.body[-200:]!r}"
+    into.append(Answer(group, start, time.perf_counter() - start, outcome, terminal, ok, reply.size, detail))
 
 
 def tally(answers: Iterable[Answer]) -> dict[str, int]:

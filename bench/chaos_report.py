@@ -22,7 +22,8 @@ def render(result: Result) -> str:
         f"Measured commit {result.commit}; {result.cpu_count} CPUs shared by the simulator, tailguard and the client; "
         f"wall time {result.wall_s:.0f} s. Normal traffic: {o['normal_rate']:g} req/s short chats (half streamed) in every "
         f"phase, {o['pre']:g} s before the attack and {o['post']:g} s after its fault ended; fault window {o['window']:g} s. "
-        f"Interactive pool: engines a and b, {result.capacity_req_per_s:g} req/s capacity; faults hit engine a.",
+        f"Interactive pool: engines a and b, 8 seats each, ~{result.capacity_req_per_s['interactive']:g} req/s; batch pool: "
+        f"engine c, 16 seats, ~{result.capacity_req_per_s['batch']:g} req/s of 200-token answers; engine faults hit engine a.",
         "",
         "| attack | requests | outcomes (all requests) | normal traffic failed | no terminal answer "
         "| seats / queue / engine seqs after | fds before → after | RSS MiB before → max → after | recovery s |",
@@ -58,7 +59,7 @@ def _row(p: PhaseResult) -> str:
 
 def _detail(p: PhaseResult) -> str:
     counted = "?" if p.counted_by_tailguard is None else f"{p.counted_by_tailguard:,} of {p.requests:,}"
-    skip = {"attack_outcomes", "faults"}
+    skip = {"attack_outcomes", "faults", "tailguard_log_tail", "no_terminal_samples"}
     details = "; ".join(f"{k}: {_short(v)}" for k, v in p.extra.items() if k not in skip)
     if p.stale_retries:
         details += f"{'; ' if details else ''}stale keep-alive retries: {p.stale_retries}"
