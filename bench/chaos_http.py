@@ -8,7 +8,9 @@ happened: a completion (JSON with ``choices``), an error (any non-200
 status), or a stream that ends with exactly one of ``data: [DONE]`` and a
 ``data: {"error": ...}`` event, as its last event. Not terminal: a dropped or
 cut connection, no answer within the client's bound, a 200 whose body is not
-a completion, a stream that ends with neither marker (or with both).
+a completion, a stream that ends with neither marker (or with both). A client
+that hangs up on purpose (the cancel storm) expects no answer: ``client left``
+is not counted against the router.
 
 The client speaks HTTP/1.1 through h11 (a maintained parser, and the one the
 simulator uses) over Trio sockets, keeps connections alive for a short while,
