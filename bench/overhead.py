@@ -36,8 +36,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import math
-import shutil
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -94,7 +95,7 @@ from bench.router_overhead import (
     wait_ready,
     write_json,
 )
-from bench.sim_cpu import free_ports, interrupted, stop
+from bench.sim_cpu import PROJECT_ROOT, free_ports, interrupted, stop
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results" / "overhead"
 
@@ -179,6 +180,7 @@ class VersusPeer:
 
 @dataclass
 class Result:
+    code: str  # the commit measured, and whether router/ and server/ differed from it
     cpu_count: int
     peer: str | None  # "vllm-router VERSION, flags"
     engine_profile: str
@@ -263,6 +265,18 @@ def peer_command(exe: Path, port: int, metrics_port: int, engine_port: int) -> l
     ]  # fmt: skip
 
 
+def code_version() -> str:
+    """The commit of the tailguard code measured (the tree the router starts from), and whether router/ or server/ had edits beyond it."""
+    git = ["git", "-C", str(PROJECT_ROOT)]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "router", "server"], capture_output=True, text=True, check=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return f"unknown (no git checkout at {PROJECT_ROOT})"
+    state = "with uncommitted changes in router/ or server/" if dirty.strip() else "router/ and server/ as committed"
+    return f"{commit} ({state}), from {PROJECT_ROOT}"
+
+
 def find_peer() -> Path | None:
     """The vllm-router beside this Python (the venv's), else on PATH."""
     beside = Path(sys.executable).with_name("vllm-router")
@@ -290,6 +304,7 @@ async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, port
     profiles.update(sse_profile)
     added = _added(open_runs)
     return Result(
+        code=code_version(),
         cpu_count=len(os.sched_getaffinity(0)),
         peer=None,
         engine_profile="instant",
@@ -547,7 +562,7 @@ def _opt(value: float | None, fmt: str) -> str:
 def render(result: Result) -> str:
     """The markdown report: tables, targets, profile summaries, how it was measured."""
     added = {(a.path, a.rate): a for a in result.added}
-    lines = _render_versus_peer(result) + [
+    lines = [f"Measured tailguard code: commit {result.code}.", ""] + _render_versus_peer(result) + [
         f"## Added latency, open loop (non-streaming chat, max_tokens {result.max_tokens}; {result.arrivals})",
         "",
         "| path | rate req/s | arrivals | done | errors / dropped / cut off | conns | P50 ms | P99 ms | added P50 / P99 ms | send lag P50 / P99 ms "
