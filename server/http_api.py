@@ -227,7 +227,13 @@ class _Exchange:
         record = self._session.record
         if record.outcome is None:  # the status the caller sees, unless the record is already finished
             record.status = status
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        # Shielded: hypercorn hands the head to h11 before it waits for its send
+        # lock; a cancellation there would leave h11 with a response its stream
+        # does not know of, and hypercorn's clean-up (a 500 on top) then raises
+        # h11's LocalProtocolError out of its connection task and ends the
+        # server. The head is small, and hypercorn shields the write itself.
+        with trio.CancelScope(shield=True):
+            await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def _body(self, data: bytes, *, more: bool) -> None:
         if not more:
