@@ -36,7 +36,7 @@ EMOJI = "\N{GRINNING FACE}"
 THAI = "\N{THAI CHARACTER SO SUA}"
 
 # Roles whose name the simulator's 4 tokens a message already pay for.
-_TEMPLATE_ROLES = ("system", "user", "assistant", "tool")
+_TEMPLATE_ROLES = ("system", "user", "assistant", "tool", "function", "developer")  # covered by per_message_tokens
 
 # Whole scripts as well as arbitrary code points: hypothesis rarely draws a
 # long run of one script by itself.
