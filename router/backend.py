@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import re
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from http.cookiejar import CookieJar
 from typing import Any
 
@@ -90,7 +91,10 @@ class BackendResponse:
         encoding = response.headers.get("content-encoding", "identity").lower()
         # Bytes are relayed raw unless the backend compressed them anyway.
         self._raw = encoding in ("", "identity")
-        self._iterator = self._iterate()  # one pass over the body, shared by start and chunks
+        # One pass over the body, shared by start, read and chunks; a body already
+        # in memory (an in-process transport) can only be re-read decoded.
+        raw = self._raw and not response.is_stream_consumed
+        self._iterator: AsyncGenerator[bytes, None] = response.aiter_raw() if raw else response.aiter_bytes()  # type: ignore[assignment]
 
     @property
     def content_type(self) -> str:
@@ -101,10 +105,11 @@ class BackendResponse:
 
         Raises BackendUnavailable when the connection breaks.
         """
-        async for chunk in self._iterator:
-            if chunk:
-                self._first = chunk
-                return
+        with self._errors_mapped():
+            async for chunk in self._iterator:
+                if chunk:
+                    self._first = chunk
+                    return
         self._first = b""
 
     async def read(self) -> bytes:
@@ -125,19 +130,26 @@ class BackendResponse:
         without ``[DONE]`` or a finish reason, BackendUnavailable when the
         connection broke.
         """
-        ended = False
+        done = False
         error_event: bytes | None = None
+        last = previous = b""  # a finish reason is looked for only at the end, if [DONE] never came
         first, self._first = self._first, None
         if first:
-            ended, error_event = _observe(first, ended, error_event)
+            done, error_event = _observe(first, done, error_event)
+            last = first
             yield first
-        async for chunk in self._iterator:
-            if not ended or error_event is None:
-                ended, error_event = _observe(chunk, ended, error_event)
-            yield chunk
+        with self._errors_mapped():
+            async for chunk in self._iterator:
+                # Two substring searches a chunk, no regex: the relay is the hot path.
+                if not done and _DONE in chunk:
+                    done = True
+                if error_event is None and b'"error"' in chunk:
+                    error_event = _error_event(chunk)
+                previous, last = last, chunk
+                yield chunk
         if error_event is not None:
             raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")
-        if not ended:
+        if not done and _FINISH_REASON.search(previous + last) is None:
             raise BadBackendReply(f"the backend {self._url} ended its stream without [DONE] or a finish reason")
 
     async def aclose(self) -> None:
@@ -150,14 +162,11 @@ class BackendResponse:
         finally:
             await self._response.aclose()
 
-    async def _iterate(self) -> AsyncGenerator[bytes, None]:
-        response = self._response
+    @contextmanager
+    def _errors_mapped(self) -> Iterator[None]:
+        """httpx's errors while reading the body, as the router's."""
         try:
-            # A body already in memory (an in-process transport) can only be re-read decoded.
-            raw = self._raw and not response.is_stream_consumed
-            iterator = response.aiter_raw() if raw else response.aiter_bytes()
-            async for chunk in iterator:
-                yield chunk
+            yield
         except httpx.DecodingError as error:
             raise BadBackendReply(f"the backend {self._url} sent a body that does not decode: {_describe(error)}") from None
         except httpx.TransportError as error:
@@ -166,12 +175,13 @@ class BackendResponse:
     async def _read_all(self) -> bytes:
         body = bytearray(self._first or b"")
         self._first = None
-        async for chunk in self._iterator:
-            body += chunk
-            if len(body) > self._max_body_bytes:
-                raise BadBackendReply(
-                    f"the backend {self._url} sent a body over {self._max_body_bytes} bytes (server.max_backend_body_bytes)"
-                )
+        with self._errors_mapped():
+            async for chunk in self._iterator:
+                body += chunk
+                if len(body) > self._max_body_bytes:
+                    raise BadBackendReply(
+                        f"the backend {self._url} sent a body over {self._max_body_bytes} bytes (server.max_backend_body_bytes)"
+                    )
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):
@@ -312,15 +322,19 @@ def _room(shard: _Shard) -> int:
     return shard.size - shard.in_flight
 
 
-def _observe(chunk: bytes, ended: bool, error_event: bytes | None) -> tuple[bool, bytes | None]:
-    """Whether the stream has ended properly so far, and its first error event."""
-    if not ended and (_DONE in chunk or _FINISH_REASON.search(chunk) is not None):
-        ended = True
+def _observe(chunk: bytes, done: bool, error_event: bytes | None) -> tuple[bool, bytes | None]:
+    """Whether ``[DONE]`` came so far, and the stream's first error event."""
+    if not done and _DONE in chunk:
+        done = True
     if error_event is None and b'"error"' in chunk:
-        match = _ERROR_EVENT.search(chunk)
-        if match is not None:
-            error_event = match.group(1)
-    return ended, error_event
+        error_event = _error_event(chunk)
+    return done, error_event
+
+
+def _error_event(chunk: bytes) -> bytes | None:
+    """The first ``data: {"error": ...}`` line of a chunk, if it has one."""
+    match = _ERROR_EVENT.search(chunk)
+    return None if match is None else match.group(1)
 
 
 def _event_message(event: bytes) -> str:
