@@ -232,12 +232,6 @@ class BackendClient:
             )
             for size in sizes
         ]
-        # Health probes and /metrics scrapes get their own two connections: a
-        # busy endpoint's pool is full of streams, and a probe must wait
-        # neither behind them nor behind a slow scrape.
-        self._probe = httpx.AsyncClient(
-            base_url=url, limits=httpx.Limits(max_connections=2), timeout=timeout, transport=transport, verify=tls
-        )
 
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> BackendResponse:
         """Send the request and return its open 2xx response; the caller must ``aclose`` it.
@@ -274,6 +268,28 @@ class BackendClient:
             raise
         return opened
 
+    async def aclose(self) -> None:
+        for shard in self._shards:
+            await shard.client.aclose()
+
+
+class BackendProbe:
+    """Health probes and /metrics scrapes of one endpoint, on two connections of their own.
+
+    A busy endpoint's request connections are full of streams, and a probe
+    must wait neither behind them nor behind a slow scrape. It lives as long
+    as its endpoint: a reload that resizes the endpoint's request client never
+    closes it under a probe in flight.
+    """
+
+    def __init__(self, url: str, *, connect_timeout: float, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.url = url
+        timeout = httpx.Timeout(None, connect=connect_timeout, pool=connect_timeout)
+        tls: ssl.SSLContext | bool = httpx.create_ssl_context() if url.startswith("https:") else False
+        self._probe = httpx.AsyncClient(
+            base_url=url, limits=httpx.Limits(max_connections=2), timeout=timeout, transport=transport, verify=tls
+        )
+
     async def health(self) -> bool:
         """Whether ``GET /health`` answers 200 (vLLM's readiness probe)."""
         try:
@@ -297,9 +313,8 @@ class BackendClient:
 
         None for any non-200, an unreachable endpoint, a broken body, or one
         over ``METRICS_BODY_LIMIT`` bytes: a backend without /metrics is
-        normal, so nothing here raises. Uses the probe connection, so a busy
-        endpoint's full pool of streams never delays it; ``health`` shares
-        that one connection and waits while a scrape holds it. Unbounded in
+        normal, so nothing here raises. ``health`` shares the probe's two
+        connections and may wait while a scrape holds one. Unbounded in
         time: the caller's cancel scope sets the timeout.
         """
         try:
@@ -312,8 +327,6 @@ class BackendClient:
         return None if body is None else body.decode("utf-8", "replace")
 
     async def aclose(self) -> None:
-        for shard in self._shards:
-            await shard.client.aclose()
         await self._probe.aclose()
 
 

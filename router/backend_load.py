@@ -111,7 +111,7 @@ async def scrape(endpoints: Iterable[Endpoint], *, timeout: float) -> None:
 async def _scrape_one(endpoint: Endpoint, timeout: float) -> None:
     text: str | None = None
     with trio.move_on_after(timeout) as scope:
-        text = await endpoint.client.metrics_text()
+        text = await endpoint.probe.metrics_text()
     now = trio.current_time()
     load = BackendLoad.failed(now) if text is None else parse_vllm_metrics(text, scraped_at=now)
     previous = endpoint.load

@@ -39,7 +39,7 @@ from .errors import (
     ModelNotFound,
 )
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
-from .pool import Endpoint, Lease, Pool, PoolStatistics
+from .pool import Closable, Endpoint, Lease, Pool, PoolStatistics
 from .request import Routing, RouterRequest
 from .telemetry import RequestRecord
 
@@ -133,7 +133,7 @@ class Router:
         self._authenticator = Authenticator(config.auth)
         self._retired_endpoints: dict[str, Endpoint] = {}
         self._retries: Counter[str] = Counter()
-        self._to_close: list[BackendClient] = []
+        self._to_close: list[Closable] = []
         self._close_wanted = trio.Event()
         self.config = config
         self.apply(config)
@@ -198,7 +198,7 @@ class Router:
         )
         return endpoint
 
-    def _close_later(self, client: BackendClient) -> None:
+    def _close_later(self, client: Closable) -> None:
         """Hand an idle retired client to the closer task (closing is async; releases are not)."""
         self._to_close.append(client)
         self._close_wanted.set()
@@ -454,10 +454,16 @@ class Router:
             pool = endpoint.pool
             completion = pool is not None and pool.config.health_check == "completion"
             with trio.move_on_after(timeout):
-                if pool is not None and completion:
-                    healthy = await endpoint.client.completes(pool.config.models[0])
-                else:
-                    healthy = await endpoint.client.health()
+                try:
+                    if pool is not None and completion:
+                        healthy = await endpoint.probe.completes(pool.config.models[0])
+                    else:
+                        healthy = await endpoint.probe.health()
+                except Exception:  # one broken probe must not stop the others
+                    if endpoint.retired:
+                        return  # a reload took it out (and closed its probe) meanwhile
+                    log.exception("endpoint %s: its health probe failed", endpoint.url)
+                    healthy = False
                 was = endpoint.healthy
                 endpoint.healthy = healthy
                 if healthy and completion:

@@ -26,18 +26,23 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 import trio
 
-from .backend import BackendClient
+from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
 from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig
 from .errors import NoBackend
 from .queue import WaitQueue, WaitQueueStatistics
 
 
-Closer = Callable[[BackendClient], None]
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+Closer = Callable[[Closable], None]
 
 
 class Endpoint:
@@ -81,6 +86,7 @@ class Endpoint:
         self.retired = False  # left the config; kept only while seats still hold it
         self.client = self._new_client()
         self._client_closed = False
+        self.probe = BackendProbe(self.url, connect_timeout=connect_timeout, transport=transport)
         self._replaced: set[BackendClient] = set()  # old clients that seats still hold
 
     def _new_client(self) -> BackendClient:
@@ -118,16 +124,19 @@ class Endpoint:
             self._replaced.discard(client)
             self._closer(client)
         elif self.retired and not self._client_closed:
-            self._client_closed = True
-            self._closer(client)
+            self._close_clients()
 
     def retire(self) -> None:
-        """The endpoint left the config: nobody new; its client closes once no seat holds it."""
+        """The endpoint left the config: nobody new; its clients close once no seat holds it."""
         self.pool = None
         self.retired = True
         if self.client.leases == 0 and not self._client_closed:
-            self._client_closed = True
-            self._closer(self.client)
+            self._close_clients()
+
+    def _close_clients(self) -> None:
+        self._client_closed = True
+        self._closer(self.client)
+        self._closer(self.probe)
 
     def revive(self) -> None:
         """A retired endpoint is back in the config (its running requests still count)."""
@@ -137,6 +146,7 @@ class Endpoint:
         if self._client_closed:
             self._client_closed = False
             self.client = self._new_client()
+            self.probe = BackendProbe(self.url, connect_timeout=self._connect_timeout, transport=self._transport)
 
     @property
     def open_clients(self) -> int:
@@ -188,6 +198,7 @@ class Endpoint:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.probe.aclose()
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from router.backend import SHARD_CONNECTIONS, BackendClient, BackendResponse
+from router.backend import SHARD_CONNECTIONS, BackendClient, BackendProbe, BackendResponse
 from router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
 
@@ -58,8 +58,10 @@ async def test_refused_connection_is_unavailable() -> None:
     with pytest.raises(BackendUnavailable, match="could not be reached"):
         async with opened(backend):
             pass
-    assert not await backend.health()
+    probe = BackendProbe("http://gpu-0:8000", connect_timeout=1.0, transport=httpx.MockTransport(refuse))
+    assert not await probe.health()
     await backend.aclose()
+    await probe.aclose()
 
 
 async def test_calls_fill_shards_that_add_up_to_the_cap(autojump_clock: trio.testing.MockClock) -> None:

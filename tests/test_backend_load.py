@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from bench.sim import PROFILES, SimApp, SimTransport
-from router.backend import METRICS_BODY_LIMIT, BackendClient
+from router.backend import METRICS_BODY_LIMIT, BackendProbe
 from router.backend_load import BackendLoad, parse_vllm_metrics, scrape
 from router.config_types import EndpointConfig
 from router.pool import Endpoint
@@ -153,8 +153,8 @@ def serve_text(text: str) -> Callable[[httpx.Request], httpx.Response]:
 
 
 async def test_metrics_text_refuses_bodies_over_the_limit() -> None:
-    at_limit = BackendClient("http://a", max_concurrency=1, connect_timeout=1.0, transport=httpx.MockTransport(serve_text("#" * METRICS_BODY_LIMIT)))
-    over = BackendClient("http://b", max_concurrency=1, connect_timeout=1.0, transport=httpx.MockTransport(serve_text("#" * (METRICS_BODY_LIMIT + 1))))
+    at_limit = BackendProbe("http://a", connect_timeout=1.0, transport=httpx.MockTransport(serve_text("#" * METRICS_BODY_LIMIT)))
+    over = BackendProbe("http://b", connect_timeout=1.0, transport=httpx.MockTransport(serve_text("#" * (METRICS_BODY_LIMIT + 1))))
     text = await at_limit.metrics_text()
     assert text is not None and len(text) == METRICS_BODY_LIMIT
     assert await over.metrics_text() is None

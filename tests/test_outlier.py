@@ -288,23 +288,32 @@ async def test_a_passing_completion_probe_ends_an_ejection(autojump_clock: trio.
         assert not sick.ejected and sick.healthy
 
 
-async def test_health_checks_survive_a_failing_turn(autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:
-    turns = 0
+async def test_health_checks_and_scrapes_survive_a_failing_turn(autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:
+    turns = scrapes = 0
 
     async def broken_then_fine(request: httpx.Request) -> httpx.Response:
-        nonlocal turns
+        nonlocal turns, scrapes
         if request.url.path == "/health":
             turns += 1
             if turns == 1:
                 raise RuntimeError("a bug in a transport")
             return httpx.Response(500)
+        if request.url.path == "/metrics":
+            scrapes += 1
+            if scrapes == 1:
+                raise RuntimeError("a bug in a transport")
+            return httpx.Response(200, text="vllm:num_requests_running 3\n")
         return await ok(request)
 
     url = GPUS[0]
     async with router_over({url: broken_then_fine}, config_for([url])) as (router, _):
         async with trio.open_nursery() as nursery:
             await nursery.start(router.run)
-            await trio.sleep(router.config.timeouts.health_check_interval * 2.5)
+            await trio.sleep(router.config.metrics.backend_scrape_interval * 1.5)  # two turns of each loop at least
             nursery.cancel_scope.cancel()
         assert turns >= 2 and not endpoint(router, url).healthy  # the loop went on after the failure
-        assert any("health check failed" in r.getMessage() for r in caplog.records)
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("its health probe failed" in m for m in messages)
+        assert any("backend load scrape failed" in m for m in messages)
+        load = endpoint(router, url).load
+        assert scrapes >= 2 and load is not None and load.running == 3

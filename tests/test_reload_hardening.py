@@ -82,12 +82,23 @@ async def test_a_thousand_reloads_under_traffic_leave_no_connection_behind(tmp_p
                             await trio.sleep(0.01)
 
                     nursery.start_soon(load)
+                    verdicts: list[str] = []
+
+                    async def probe() -> None:
+                        # Health probes run on their own clients: a reload never closes one under them.
+                        for _ in range(60):
+                            await running.router.check_health()
+                            verdicts.append(running.router.health()["status"])
+                            await trio.sleep(0.02)
+
+                    nursery.start_soon(probe)
                     for i in range(1000):
                         path.write_text(toml([a], [b], cap=5 - i % 2))  # a new cap: a new client each time
                         assert await running.reloader.reload()
                         if i % 20 == 0:
                             await trio.sleep(0)
                 assert running.reloader.reloads_ok == 1000
+                assert verdicts and set(verdicts) == {"ready"}, verdicts
                 assert statuses and set(statuses) == {200}, set(statuses)
                 await eventually(lambda: running.router.statistics().backend_clients == 2, timeout=5)
                 await eventually(lambda: established_to(port) <= connections + 4, timeout=5)

@@ -216,9 +216,11 @@ async def test_unreachable_endpoint_fails_fast_and_only_its_health_check_takes_i
                 return httpx.Response(200)
             raise httpx.ConnectError("connection refused", request=request)
 
-        from router.backend import BackendClient
+        from router.backend import BackendClient, BackendProbe
 
+        real_probe = endpoint.probe
         endpoint.client = BackendClient(endpoint.url, max_concurrency=8, connect_timeout=1.0, transport=httpx.MockTransport(refuse))
+        endpoint.probe = BackendProbe(endpoint.url, connect_timeout=1.0, transport=httpx.MockTransport(refuse))
         with pytest.raises(errors.BackendUnavailable, match="could not be reached"):
             await run_to_end(fleet.router, chat())
         # One failed request is no verdict: the endpoint stays in until its health check fails.
@@ -232,7 +234,8 @@ async def test_unreachable_endpoint_fails_fast_and_only_its_health_check_takes_i
         await fleet.router.check_health()
         assert endpoint.healthy
         await endpoint.client.aclose()
-        endpoint.client = real
+        await endpoint.probe.aclose()
+        endpoint.client, endpoint.probe = real, real_probe
         _, routing = await run_to_end(fleet.router, chat())
         assert routing.pool == "interactive"  # type: ignore[attr-defined]
 
