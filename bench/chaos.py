@@ -223,8 +223,16 @@ class Lab:
 
 
 def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], a_cap: int = SEATS_PER_ENGINE) -> str:
-    """tailguard's config: two pools, the shipped classes, an 8 s end-to-end timeout."""
-    interactive = PoolSpec("interactive", [(engines["a"], a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, 64)
+    """tailguard's config: two pools, the shipped classes, an 8 s end-to-end timeout.
+
+    The interactive pool is set up as its docs advise for hung engines: a
+    first-byte timeout well inside the end-to-end one, and the completion
+    health probe, which sees an engine that answers /health but hangs.
+    """
+    hardened = ("first_byte_timeout = 2.0", 'health_check = "completion"')
+    interactive = PoolSpec(
+        "interactive", [(engines["a"], a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, 64, extra=hardened
+    )
     batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, 64)
     lines = [
         "[server]",

@@ -261,6 +261,7 @@ class PoolSpec:
     endpoints: Sequence[tuple[int, int]]  # (port, max_concurrency)
     max_concurrency: int
     max_queue: int
+    extra: Sequence[str] = ()  # more "key = value" lines of the pool's table
 
     def toml(self) -> list[str]:
         """The pool's table, as config.toml lines (endpoints on this host)."""
@@ -271,6 +272,7 @@ class PoolSpec:
             f"max_queue = {self.max_queue}",
             "max_model_len = 32768",
             'models = ["sim-llama-3.1-8b"]',
+            *self.extra,
             f"endpoints = [{endpoints}]",
             "",
         ]

@@ -173,22 +173,28 @@ class BackendResponse:
             raise BackendUnavailable(f"the backend {self._url} broke the response: {_describe(error)}") from None
 
     async def _read_all(self) -> bytes:
-        body = bytearray(self._first or b"")
+        # Chunks joined once: a growing buffer would reallocate and copy a big
+        # body over and over, and leave the process's memory larger after it.
+        chunks = [self._first] if self._first else []
+        size = len(self._first or b"")
         self._first = None
         with self._errors_mapped():
             async for chunk in self._iterator:
-                body += chunk
-                if len(body) > self._max_body_bytes:
+                size += len(chunk)
+                if size > self._max_body_bytes:
                     raise BadBackendReply(
                         f"the backend {self._url} sent a body over {self._max_body_bytes} bytes (server.max_backend_body_bytes)"
                     )
+                chunks.append(chunk)
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        del chunks
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):
             payload = None
         if not isinstance(payload, dict):
             raise BadBackendReply(f"the backend {self._url} answered 200 with a body that is not a JSON object")
-        return bytes(body)
+        return body
 
 
 class BackendClient:
