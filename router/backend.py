@@ -298,21 +298,23 @@ class BackendProbe:
 
     async def health(self) -> bool:
         """Whether ``GET /health`` answers 200 (vLLM's readiness probe)."""
-        try:
-            response = await self._probe.get("/health")
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        return await self._answers_200("GET", "/health")
 
     async def completes(self, model: str) -> bool:
         """Whether a one-token completion answers 200: the probe that catches an
         engine whose /health is fine but whose scheduler hangs."""
         body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        return await self._answers_200("POST", "/v1/completions", body)
+
+    async def _answers_200(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> bool:
+        """Whether the endpoint answers 200; its body is read only up to ``ERROR_BODY_LIMIT``
+        (a sick engine may answer with a huge one, on every probe)."""
         try:
-            response = await self._probe.post("/v1/completions", json=body, headers={"accept-encoding": "identity"})
+            async with self._probe.stream(method, path, json=body, headers={"accept-encoding": "identity"}) as response:
+                await _read_capped(response, ERROR_BODY_LIMIT)  # read to keep the connection, never more
+                return response.status_code == 200
         except httpx.HTTPError:
             return False
-        return response.status_code == 200
 
     async def metrics_text(self) -> str | None:
         """The body of ``GET /metrics`` (Prometheus text), or None if there is none to read.

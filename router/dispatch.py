@@ -64,13 +64,23 @@ class Completion:
         return self.response.content_type
 
     async def read(self) -> bytes:
-        """The whole body of a non-streaming response."""
+        """The whole body of a non-streaming response.
+
+        Raises BadBackendReply (not a JSON object, or over
+        ``server.max_backend_body_bytes``) or BackendUnavailable (broken).
+        """
         body = await self.response.read()
         self.record.saw_body(body)
         return body
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The SSE bytes of a streaming response, relayed as they arrive."""
+        """The SSE bytes of a streaming response, relayed as they arrive.
+
+        Every byte is yielded before the stream's verdict: it may then end
+        with BackendStreamError (the backend's own error event was among the
+        bytes), BadBackendReply (no ``[DONE]`` or finish reason) or
+        BackendUnavailable (the connection broke).
+        """
         saw_chunk = self.record.saw_chunk
         async for chunk in self.response.chunks():
             saw_chunk(chunk)

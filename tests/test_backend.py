@@ -218,3 +218,17 @@ async def test_a_completion_body_over_its_cap_is_refused_without_reading_on() ->
     with pytest.raises(BadBackendReply, match="over 1048576 bytes"):
         await call(handler, max_body_bytes=1 << 20)
     assert body.sent <= 17
+
+
+async def test_a_probe_reads_a_huge_answer_only_up_to_its_cap() -> None:
+    """A sick engine answering every completion probe with 32 MiB must not cost 32 MiB a probe."""
+    bodies: list[Produced] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(Produced(b"x" * 65536, 512))
+        return httpx.Response(500, headers={"content-type": "application/json"}, content=bodies[-1])
+
+    probe = BackendProbe("http://gpu-0:8000", connect_timeout=1.0, transport=httpx.MockTransport(handler))
+    assert not await probe.completes("m") and not await probe.health()
+    assert [b.sent for b in bodies] == [2, 2]  # 64 KiB each, then the response was closed
+    await probe.aclose()
