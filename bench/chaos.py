@@ -48,6 +48,7 @@ from bench.chaos_http import Answer, HttpPool, RequestSpec, recovery_s, send, ta
 from bench.chaos_report import render, write_outputs
 from bench.grpc_overhead import AsyncioThread
 from bench.router_overhead import PoolSpec, add_serve_arg, log_tail, start_process, start_tailguard, wait_ready
+from bench.router_overhead import tailguard_config as shared_config
 from bench.sim.params import PROFILES
 from bench.sim_cpu import PROJECT_ROOT, free_ports, interrupted, stop
 
@@ -234,34 +235,8 @@ def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], a_ca
         "interactive", [(engines["a"], a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, 64, extra=hardened
     )
     batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, 64)
-    lines = [
-        "[server]",
-        f'http_listen = "{HOST}:{tg_port}"',
-        f'grpc_listen = "{HOST}:{grpc_port}"',
-        "reload_poll_interval = 0",
-        "",
-        "[timeouts]",
-        f"end_to_end_timeout = {E2E_TIMEOUT_S}",
-        "",
-        "[metrics]",
-        "backend_scrape_interval = 1.0",
-        "",
-        *interactive.toml(),
-        *batch.toml(),
-        "[classes.interactive]",
-        'pool = "interactive"',
-        "max_prompt_tokens = 500",
-        "max_output_tokens = 128",
-        "queue_timeout = 3.0",
-        "priority = 0",
-        "",
-        "[classes.batch]",
-        'pool = "batch"',
-        "queue_timeout = 5.0",
-        "priority = 1",
-        "",
-    ]
-    return "\n".join(lines)
+    timeouts = ["[timeouts]", f"end_to_end_timeout = {E2E_TIMEOUT_S}", "", "[metrics]", "backend_scrape_interval = 1.0", ""]
+    return shared_config(tg_port, grpc_port, interactive, batch, batch_queue_timeout=5.0, sections=timeouts)
 
 
 def proc_stats(pid: int, engine_ports: Sequence[int], own_ports: Sequence[int] = ()) -> ProcStats:

@@ -278,14 +278,26 @@ class PoolSpec:
         ]
 
 
-def tailguard_config(http_port: int, grpc_port: int, interactive: PoolSpec, batch: PoolSpec) -> str:
-    """A config.toml: the shipped classes (interactive <= 500 prompt / 128 output tokens, batch the rest)."""
+def tailguard_config(
+    http_port: int,
+    grpc_port: int,
+    interactive: PoolSpec,
+    batch: PoolSpec,
+    *,
+    batch_queue_timeout: float = 30.0,
+    sections: Sequence[str] = (),
+) -> str:
+    """A config.toml: the shipped classes (interactive <= 500 prompt / 128 output tokens, batch the rest).
+
+    ``sections`` are more tables (lines) put after ``[server]``.
+    """
     lines = [
         "[server]",
         f'http_listen = "{HOST}:{http_port}"',
         f'grpc_listen = "{HOST}:{grpc_port}"',
         "reload_poll_interval = 0",
         "",
+        *sections,
     ]
     for pool in (interactive, batch):
         lines += pool.toml()
@@ -299,7 +311,7 @@ def tailguard_config(http_port: int, grpc_port: int, interactive: PoolSpec, batc
         "",
         "[classes.batch]",
         f'pool = "{batch.name}"',
-        "queue_timeout = 30.0",
+        f"queue_timeout = {batch_queue_timeout}",
         "priority = 1",
         "",
     ]
