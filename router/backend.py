@@ -40,7 +40,8 @@ ERROR_BODY_LIMIT = 64 * 1024
 METRICS_BODY_LIMIT = 4 * 1024 * 1024
 SHARD_CONNECTIONS = 32
 
-_DONE = b"[DONE]"
+_ERROR_WINDOW = 16  # bytes of the chunk before that may hold the start of '"error"'
+_END_WINDOW = 256  # bytes of the chunk before the last that may hold the end event's start
 _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
 _ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*"error"\s*:.*)')
 # What the router asks of every backend: no compression (a relayed stream is
@@ -73,18 +74,18 @@ class _Shard:
 class BackendResponse:
     """An open 2xx response from the backend, checked for what was asked.
 
-    ``start`` waits for the first byte of the body (the whole body when not
-    streaming); then ``read`` gives the body, or ``chunks`` the SSE bytes as
-    they arrive. ``aclose`` hangs up, which makes vLLM abort a generation
-    still running.
+    ``start`` waits for the first byte of the body; then ``read`` gives the
+    whole body and its parsed ``payload``, or ``chunks`` the SSE bytes as they
+    arrive. ``aclose`` hangs up, which makes vLLM abort a generation still
+    running.
     """
 
     def __init__(self, response: httpx.Response, shard: _Shard, url: str, *, stream: bool, max_body_bytes: int) -> None:
         self._response = response
         self._shard = shard
         self._url = url
-        self.stream = stream
         self._max_body_bytes = max_body_bytes
+        self.payload: dict[str, Any] | None = None  # the parsed body, once ``read``
         self._body: bytes | None = None
         self._first: bytes | None = None
         self._closed = False
@@ -95,10 +96,6 @@ class BackendResponse:
         # in memory (an in-process transport) can only be re-read decoded.
         raw = self._raw and not response.is_stream_consumed
         self._iterator: AsyncGenerator[bytes, None] = response.aiter_raw() if raw else response.aiter_bytes()  # type: ignore[assignment]
-
-    @property
-    def content_type(self) -> str:
-        return "text/event-stream" if self.stream else "application/json"
 
     async def start(self) -> None:
         """Wait for the first byte of the body (an empty body counts as its end).
@@ -113,10 +110,12 @@ class BackendResponse:
         self._first = b""
 
     async def read(self) -> bytes:
-        """The whole body of a non-streaming response, checked to be a JSON object.
+        """The whole body of a non-streaming response, checked to be a completion.
 
         Raises BadBackendReply for a body over its cap (reading stops there)
-        or one that is not a JSON object, BackendUnavailable for a broken one.
+        or one that is not a completion (a JSON object with a non-empty list
+        of ``choices``, each with a finish reason, and no ``error``), and
+        BackendUnavailable for a broken one. Parsed once: ``payload`` keeps it.
         """
         if self._body is None:
             self._body = await self._read_all()
@@ -130,26 +129,29 @@ class BackendResponse:
         without ``[DONE]`` or a finish reason, BackendUnavailable when the
         connection broke.
         """
-        done = False
+        # The verdict comes from the stream's end, whatever its chunks' sizes:
+        # it must end with the [DONE] event (or, for a backend that sends none,
+        # with a finish reason). Per chunk: one substring search for an error
+        # event, over the chunk and the end of the one before it.
         error_event: bytes | None = None
-        last = previous = b""  # a finish reason is looked for only at the end, if [DONE] never came
+        last = previous = b""
         first, self._first = self._first, None
         if first:
-            done, error_event = _observe(first, done, error_event)
+            error_event = _error_event(first)
             last = first
             yield first
         with self._errors_mapped():
             async for chunk in self._iterator:
-                # Two substring searches a chunk, no regex: the relay is the hot path.
-                if not done and _DONE in chunk:
-                    done = True
-                if error_event is None and b'"error"' in chunk:
-                    error_event = _error_event(chunk)
+                if error_event is None and (
+                    b'"error"' in chunk or b'"error"' in last[-_ERROR_WINDOW:] + chunk[:_ERROR_WINDOW]
+                ):
+                    error_event = _error_event(last + chunk)
                 previous, last = last, chunk
                 yield chunk
         if error_event is not None:
             raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")
-        if not done and _FINISH_REASON.search(previous + last) is None:
+        end = previous[-_END_WINDOW:] + last
+        if not end.rstrip().endswith(b"data: [DONE]") and _FINISH_REASON.search(end) is None:
             raise BadBackendReply(f"the backend {self._url} ended its stream without [DONE] or a finish reason")
 
     async def aclose(self) -> None:
@@ -192,8 +194,10 @@ class BackendResponse:
             payload = json.loads(body)
         except (ValueError, RecursionError):
             payload = None
-        if not isinstance(payload, dict):
-            raise BadBackendReply(f"the backend {self._url} answered 200 with a body that is not a JSON object")
+        problem = _not_a_completion(payload)
+        if problem is not None:
+            raise BadBackendReply(f"the backend {self._url} answered 200 with a body that is not a completion: {problem}")
+        self.payload = payload
         return body
 
 
@@ -309,6 +313,8 @@ class BackendProbe:
     async def _answers_200(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> bool:
         """Whether the endpoint answers 200; its body is read only up to ``ERROR_BODY_LIMIT``
         (a sick engine may answer with a huge one, on every probe)."""
+        if self._probe.is_closed:  # a reload retired the endpoint under this probe
+            return False
         try:
             async with self._probe.stream(method, path, json=body, headers={"accept-encoding": "identity"}) as response:
                 await _read_capped(response, ERROR_BODY_LIMIT)  # read to keep the connection, never more
@@ -325,6 +331,8 @@ class BackendProbe:
         connections and may wait while a scrape holds one. Unbounded in
         time: the caller's cancel scope sets the timeout.
         """
+        if self._probe.is_closed:
+            return None
         try:
             async with self._probe.stream("GET", "/metrics", headers={"accept": "text/plain"}) as response:
                 if response.status_code != 200:
@@ -343,19 +351,26 @@ def _room(shard: _Shard) -> int:
     return shard.size - shard.in_flight
 
 
-def _observe(chunk: bytes, done: bool, error_event: bytes | None) -> tuple[bool, bytes | None]:
-    """Whether ``[DONE]`` came so far, and the stream's first error event."""
-    if not done and _DONE in chunk:
-        done = True
-    if error_event is None and b'"error"' in chunk:
-        error_event = _error_event(chunk)
-    return done, error_event
-
-
-def _error_event(chunk: bytes) -> bytes | None:
-    """The first ``data: {"error": ...}`` line of a chunk, if it has one."""
-    match = _ERROR_EVENT.search(chunk)
+def _error_event(data: bytes) -> bytes | None:
+    """The first ``data: {"error": ...}`` line in ``data``, if it has one."""
+    if b'"error"' not in data:
+        return None
+    match = _ERROR_EVENT.search(data)
     return None if match is None else match.group(1)
+
+
+def _not_a_completion(payload: object) -> str | None:
+    """Why a non-streaming body is not a completion, or None when it is one."""
+    if not isinstance(payload, dict):
+        return "not a JSON object"
+    if "error" in payload:
+        return "it holds an error"
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "no choices"
+    if not all(isinstance(choice, dict) and choice.get("finish_reason") for choice in choices):
+        return "a choice without a finish reason"
+    return None
 
 
 def _event_message(event: bytes) -> str:

@@ -29,8 +29,9 @@ class ServerConfig:
     # Completion calls the gRPC front end holds open at once; one more gets
     # RESOURCE_EXHAUSTED with a retry hint at once (never a silent CANCELLED).
     grpc_max_calls: int = 1000
-    # A backend's non-streaming body (or error body) larger than this is not
-    # read on: the caller gets 502. Far above any real completion.
+    # A backend's non-streaming body larger than this is not read on: the
+    # caller gets 502. Far above any real completion. (Error bodies and probe
+    # answers are read to 64 KiB, no further.)
     max_backend_body_bytes: int = 16 * 1024 * 1024
     reload_poll_interval: float = 1.0  # seconds between config file mtime checks; 0 = off
 
@@ -130,9 +131,9 @@ class OutlierDetectionConfig:
     resets, 5xx, first-byte timeouts, broken replies) eject the endpoint for
     ``base_ejection_time`` times the number of times it was ejected, at most
     ``max_ejection_time``. Outlier detection alone never ejects more than
-    ``max_ejection_percent`` of the pool's endpoints (rounded down): the only
-    endpoint of a pool is taken out by its health check, never by requests
-    that clients may have made fail on purpose.
+    ``max_ejection_percent`` of the pool's endpoints (rounded down): below
+    100, the only endpoint of a pool is taken out by its health check, never
+    by requests that clients may have made fail on purpose.
     """
 
     consecutive_failures: int = 5
@@ -155,10 +156,10 @@ class PoolConfig:
     # Refuse at arrival a request whose expected wait (from the pool's measured
     # drain rate) is over this fraction of the time its class may queue; 0 = off.
     fail_fast_fraction: float = 1.0
-    # Seconds from sending a request to the first byte of the backend's body
-    # (a stream's first event; vLLM sends a non-streaming body when it has
-    # finished generating); past it the call fails (counts for outlier
-    # detection) and is retried elsewhere once.
+    # Streams only: seconds from sending a request to the stream's first event;
+    # past it the call fails (counts for outlier detection) and is retried
+    # elsewhere once. (vLLM sends a non-streaming body only when generation
+    # ends: the end-to-end deadline bounds those.)
     first_byte_timeout: float = 60.0
     # "http": GET /health; "completion": a one-token completion, which also
     # catches an engine that answers /health but hangs on work.

@@ -13,6 +13,7 @@ everything here unwinds through ``async with`` blocks.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -39,7 +40,7 @@ from .errors import (
     ModelNotFound,
 )
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
-from .pool import Closable, Endpoint, Lease, Pool, PoolStatistics
+from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics
 from .request import Routing, RouterRequest
 from .telemetry import RequestRecord
 
@@ -59,19 +60,25 @@ class Completion:
     stream: bool
     record: RequestRecord
 
-    @property
-    def content_type(self) -> str:
-        return self.response.content_type
-
     async def read(self) -> bytes:
-        """The whole body of a non-streaming response.
+        """The whole body of a non-streaming response; ``payload`` is then its parsed form.
 
-        Raises BadBackendReply (not a JSON object, or over
+        Raises BadBackendReply (not a completion, or over
         ``server.max_backend_body_bytes``) or BackendUnavailable (broken).
         """
         body = await self.response.read()
-        self.record.saw_body(body)
+        usage = self.payload.get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        self.record.saw_answer(tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None)
         return body
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The parsed body (after ``read``): the front ends need not parse it again."""
+        payload = self.response.payload
+        if payload is None:
+            raise RuntimeError("Completion.payload before read()")
+        return payload
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The SSE bytes of a streaming response, relayed as they arrive.
@@ -163,11 +170,15 @@ class Router:
         new requests, its client closed when its last seat is released.
         """
         built: dict[str, Endpoint] = {}
+        clients: dict[str, Clients] = {}
         for pool_config in config.pools:
             for endpoint_config in pool_config.endpoints:
                 url = endpoint_config.url
-                if url not in self._endpoints and url not in self._retired_endpoints:
+                known = self._endpoints.get(url) or self._retired_endpoints.get(url)
+                if known is None:
                     built[url] = self._new_endpoint(endpoint_config, config)
+                else:
+                    clients[url] = known.clients_for(endpoint_config)
         pools_built = {p.name: Pool(p, rng=self._rng) for p in config.pools if p.name not in self._pools}
 
         # -- the swap: nothing below raises ------------------------------------
@@ -179,8 +190,7 @@ class Router:
                 if endpoint is None:
                     # A removed endpoint that comes back keeps its in-flight count.
                     endpoint = self._endpoints.get(url) or self._retired_endpoints.pop(url)
-                    endpoint.revive()
-                    endpoint.reconfigure(endpoint_config, max_body_bytes=config.server.max_backend_body_bytes)
+                    endpoint.adopt(endpoint_config, clients[url], max_body_bytes=config.server.max_backend_body_bytes)
                 endpoints[url] = endpoint
         pools = {p.name: self._pools.get(p.name) or pools_built[p.name] for p in config.pools}
         for url, endpoint in self._endpoints.items():
@@ -315,9 +325,8 @@ class Router:
                     )
                     try:
                         yield Completion(routing, response, request.stream, record)
-                    except BackendError as error:
-                        if not isinstance(error, BackendRejected):
-                            self._failed(pool, lease.endpoint, error)
+                    except BackendError as error:  # the body broke or was not a completion
+                        self._failed(pool, lease.endpoint, error)
                         raise
                     pool.record_success(lease.endpoint)
                 finally:
@@ -337,7 +346,9 @@ class Router:
         """
         headers = {"x-request-id": request.request_id}
         path = _PATHS[request.kind]
-        timeout = pool.config.first_byte_timeout
+        # vLLM sends a non-streaming answer whole when generation ends: only the
+        # end-to-end deadline can tell a long answer from a hung engine there.
+        timeout = pool.config.first_byte_timeout if request.stream else math.inf
         for attempt in (1, 2):
             endpoint = lease.endpoint
             try:
@@ -448,7 +459,10 @@ class Router:
         while self._to_close:
             client = self._to_close.pop()
             with trio.CancelScope(shield=True):
-                await client.aclose()
+                try:
+                    await client.aclose()
+                except Exception:  # a client that fails to close must not stop the closer
+                    log.exception("closing a retired backend client failed")
 
     async def check_health(self) -> None:
         """Probe every endpoint once, concurrently; wake waiters on recovery.

@@ -26,7 +26,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import httpx
 import trio
@@ -43,6 +43,13 @@ class Closable(Protocol):
 
 
 Closer = Callable[[Closable], None]
+
+
+class Clients(NamedTuple):
+    """What an endpoint needs built to take a new config: None where it keeps its own."""
+
+    client: BackendClient | None
+    probe: BackendProbe | None
 
 
 class Endpoint:
@@ -84,36 +91,54 @@ class Endpoint:
         self._closer = closer
         self._max_body_bytes = max_body_bytes
         self.retired = False  # left the config; kept only while seats still hold it
-        self.client = self._new_client()
+        self.client = self._new_client(config.max_concurrency)
         self._client_closed = False
-        self.probe = BackendProbe(self.url, connect_timeout=connect_timeout, transport=transport)
+        self.probe = self._new_probe()
         self._replaced: set[BackendClient] = set()  # old clients that seats still hold
 
-    def _new_client(self) -> BackendClient:
+    def _new_client(self, max_concurrency: int) -> BackendClient:
         return BackendClient(
             self.url,
-            max_concurrency=self.max_concurrency,
+            max_concurrency=max_concurrency,
             connect_timeout=self._connect_timeout,
             transport=self._transport,
             max_body_bytes=self._max_body_bytes,
         )
 
-    def reconfigure(self, config: EndpointConfig, *, max_body_bytes: int) -> None:
-        """Take a new cap; a new client sized to it serves new requests.
+    def _new_probe(self) -> BackendProbe:
+        return BackendProbe(self.url, connect_timeout=self._connect_timeout, transport=self._transport)
 
-        The old client is closed now if no seat holds it, else when its last
-        seat is released.
+    def clients_for(self, config: EndpointConfig) -> Clients:
+        """The clients this endpoint needs to take ``config``, built now; nothing changes yet.
+
+        Building may fail (a TLS context, a transport): a reload builds every
+        endpoint's before it changes any, so a failure leaves all as they were.
         """
-        if max_body_bytes != self._max_body_bytes:
-            self._max_body_bytes = max_body_bytes
-            self.client.max_body_bytes = max_body_bytes
-        if config.max_concurrency != self.max_concurrency:
-            self.max_concurrency = config.max_concurrency
-            old, self.client = self.client, self._new_client()
-            if old.leases:
+        reopen = self.retired and self._client_closed
+        resize = config.max_concurrency != self.max_concurrency
+        client = self._new_client(config.max_concurrency) if reopen or resize else None
+        return Clients(client, self._new_probe() if reopen else None)
+
+    def adopt(self, config: EndpointConfig, clients: Clients, *, max_body_bytes: int) -> None:
+        """Take ``config`` with the clients ``clients_for`` built (nothing here raises).
+
+        A retired endpoint comes back (its running requests still count). A
+        client replaced for a new cap is closed now if no seat holds it, else
+        when its last seat is released.
+        """
+        self.retired = False
+        if clients.probe is not None:
+            self.probe = clients.probe
+        if clients.client is not None:
+            old, self.client = self.client, clients.client
+            if self._client_closed:
+                self._client_closed = False  # ``old`` went to the closer when the endpoint retired
+            elif old.leases:
                 self._replaced.add(old)
             else:
                 self._closer(old)
+        self.max_concurrency = config.max_concurrency
+        self._max_body_bytes = self.client.max_body_bytes = max_body_bytes
 
     def lease_ended(self, client: BackendClient) -> None:
         """A seat holding ``client`` was released: close the client if it was replaced and is idle."""
@@ -137,16 +162,6 @@ class Endpoint:
         self._client_closed = True
         self._closer(self.client)
         self._closer(self.probe)
-
-    def revive(self) -> None:
-        """A retired endpoint is back in the config (its running requests still count)."""
-        if not self.retired:
-            return
-        self.retired = False
-        if self._client_closed:
-            self._client_closed = False
-            self.client = self._new_client()
-            self.probe = BackendProbe(self.url, connect_timeout=self._connect_timeout, transport=self._transport)
 
     @property
     def open_clients(self) -> int:
@@ -270,6 +285,8 @@ class Lease:
         self.client = endpoint.client
         self.client.leases += 1
         self.pool.queue.dispatch()  # the old endpoint's seat may seat a waiter
+        if old.pool is not None and old.pool is not self.pool:  # a reload moved it meanwhile
+            old.pool.queue.dispatch()
 
     def release(self) -> None:
         if self._released:
@@ -332,8 +349,10 @@ class Pool:
         only endpoint of a pool is never ejected by live traffic alone).
         """
         outlier = self.config.outlier_detection
+        if endpoint.ejected:
+            return None  # requests that were running when it was ejected say nothing new
         endpoint.failures_in_a_row += 1
-        if endpoint.failures_in_a_row < outlier.consecutive_failures or endpoint.ejected:
+        if endpoint.failures_in_a_row < outlier.consecutive_failures:
             return None
         allowed = math.floor(len(self.endpoints) * outlier.max_ejection_percent / 100 + 1e-9)
         if sum(e.ejected for e in self.endpoints) + 1 > allowed:
@@ -342,7 +361,10 @@ class Pool:
 
     def retry_endpoint(self, lease: Lease) -> Endpoint | None:
         """Another endpoint with room for a failed request's second try, or None."""
-        candidates = [e for e in self.endpoints if e is not lease.endpoint and e.has_room]
+        return self._least_loaded([e for e in self.endpoints if e is not lease.endpoint and e.has_room])
+
+    def _least_loaded(self, candidates: list[Endpoint]) -> Endpoint | None:
+        """The endpoint with the fewest requests in flight (ties at random), or None."""
         if not candidates:
             return None
         least = min(e.in_flight for e in candidates)
@@ -365,11 +387,9 @@ class Pool:
     def _grant(self) -> Lease | None:
         if self.in_flight >= self.config.max_concurrency:
             return None
-        candidates = [e for e in self.endpoints if e.has_room]
-        if not candidates:
+        endpoint = self._least_loaded([e for e in self.endpoints if e.has_room])
+        if endpoint is None:
             return None
-        least = min(e.in_flight for e in candidates)
-        endpoint = self._rng.choice([e for e in candidates if e.in_flight == least])
         self.in_flight += 1
         endpoint.in_flight += 1
         return Lease(self, endpoint)

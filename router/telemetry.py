@@ -99,12 +99,11 @@ class RequestRecord:
 
     # -- filled in by the router and the relay --------------------------------
 
-    def saw_body(self, body: bytes) -> None:
-        """A whole non-streaming body: its usage says how many tokens came out."""
+    def saw_answer(self, completion_tokens: int | None) -> None:
+        """A whole non-streaming answer, and the completion tokens its usage reports."""
         self.first_token_at = trio.current_time()
-        match = _USAGE.search(body)
-        if match is not None:
-            self.completion_tokens = int(match.group(1))
+        if completion_tokens is not None:
+            self.completion_tokens = completion_tokens
 
     def saw_chunk(self, chunk: bytes) -> None:
         """Some relayed SSE bytes: the first marks the first token, each event counts."""

@@ -105,7 +105,8 @@ class _TrioSide:
         async with session:
             request, caller = self._admit(call, session)
             async with session.completion(request, caller) as completion:
-                response = _response(request.kind, _json(await completion.read()), completion.routing)
+                await completion.read()  # checked and parsed once, by the core
+                response = _response(request.kind, completion.payload, completion.routing)
                 metadata = session.routing_facts(completion.routing)
             return response, metadata, checked_header("server-timing", server_timing(session.record, total=True))
         raise AssertionError("the session ended without an answer")  # pragma: no cover

@@ -15,6 +15,9 @@ from router.backend import SHARD_CONNECTIONS, BackendClient, BackendProbe, Backe
 from router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
 
+COMPLETION = {"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}
+
+
 def client_for(handler: object, cap: int = 8) -> BackendClient:
     return BackendClient("http://gpu-0:8000", max_concurrency=cap, connect_timeout=1.0, transport=httpx.MockTransport(handler))  # type: ignore[arg-type]
 
@@ -71,7 +74,7 @@ async def test_calls_fill_shards_that_add_up_to_the_cap(autojump_clock: trio.tes
     async def slow(request: httpx.Request) -> httpx.Response:
         seen.append(request.headers["x-request-id"])
         await release.wait()
-        return httpx.Response(200, json={"ok": True})
+        return httpx.Response(200, json=COMPLETION)
 
     cap = 2 * SHARD_CONNECTIONS + 5
     backend = client_for(slow, cap=cap)
@@ -98,7 +101,7 @@ async def test_backend_cookies_are_never_kept_or_sent() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         sent_cookies.append(request.headers.get("cookie"))
-        return httpx.Response(200, json={"ok": True}, headers={"set-cookie": "session=caller-a; Path=/"})
+        return httpx.Response(200, json=COMPLETION, headers={"set-cookie": "session=caller-a; Path=/"})
 
     backend = client_for(handler)
     for _ in range(2):
@@ -232,3 +235,46 @@ async def test_a_probe_reads_a_huge_answer_only_up_to_its_cap() -> None:
     assert not await probe.completes("m") and not await probe.health()
     assert [b.sent for b in bodies] == [2, 2]  # 64 KiB each, then the response was closed
     await probe.aclose()
+
+
+class Split:
+    """A body written in the given pieces (how TCP may cut it)."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+
+
+async def relayed(*pieces: bytes) -> bytes:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=Split(*pieces))
+
+    return await call(handler, stream=True)
+
+
+async def test_a_stream_verdict_does_not_depend_on_where_chunks_split() -> None:
+    usage = b'data: {"choices":[],"usage":{"completion_tokens":3}}\n\n'
+    # [DONE] cut in two after the usage event: a complete stream.
+    assert await relayed(b'data: {"choices":[{"text":"a","finish_reason":null}]}\n\n', usage + b"data: [DO", b"NE]\n\n")
+    # The model writing "[DONE]" in its text, then the stream cut: not complete.
+    with pytest.raises(BadBackendReply, match="without"):
+        await relayed(b'data: {"choices":[{"text":"[DONE]","finish_reason":null}]}\n\n', b'data: {"choices":[{"text":"b"')
+    # An error event cut inside its "error" key is still the backend's error.
+    with pytest.raises(BackendStreamError, match="engine died"):
+        await relayed(b'data: {"choices":[]}\n\ndata: {"err', b'or": {"message": "engine died", "code": 500}}\n\ndata: [DONE]\n\n')
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"error": {"message": "oops"}}, "holds an error"),
+        ({"id": "x", "choices": []}, "no choices"),
+        ({"choices": [{"text": "a"}]}, "without a finish reason"),
+    ],
+)
+async def test_a_json_object_that_is_not_a_completion_is_refused(body: dict[str, object], needle: str) -> None:
+    with pytest.raises(BadBackendReply, match=needle):
+        await call(lambda request: httpx.Response(200, json=body))

@@ -36,7 +36,12 @@ COMPLETION = {
 }
 
 
+STREAM = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+
+
 async def ok(request: httpx.Request) -> httpx.Response:
+    if request.content and json.loads(request.content).get("stream"):
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=STREAM)
     return httpx.Response(200, json=COMPLETION)
 
 
@@ -98,10 +103,10 @@ def endpoint(router: Router, url: str):  # type: ignore[no-untyped-def]
     return next(e for e in router._pools["interactive"].endpoints if e.url == url)
 
 
-async def settle(router: Router, request_id: str) -> type[Exception] | None:
+async def settle(router: Router, request_id: str, *, stream: bool = False) -> type[Exception] | None:
     """Run one interactive request; the error class it ended with, or None."""
     try:
-        await run_to_end(router, chat(request_id=request_id))
+        await run_to_end(router, chat(request_id=request_id, stream=stream))
     except errors.TailguardError as error:
         return type(error)
     return None
@@ -222,21 +227,35 @@ async def test_a_reset_before_the_response_head_is_retried_over_real_sockets() -
         nursery.cancel_scope.cancel()
 
 
-async def test_no_first_byte_in_time_fails_the_call_and_retries_it(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_stream_with_no_first_event_in_time_fails_and_is_retried(autojump_clock: trio.testing.MockClock) -> None:
     stuck, alive = GPUS[:2]
     config = config_for([stuck, alive], first_byte_timeout=1.0, consecutive=50)
     async with router_over({stuck: hang, alive: ok}, config) as (router, calls):
         for i in range(10):
             started = trio.current_time()
-            assert await settle(router, f"r{i}") is None
+            assert await settle(router, f"r{i}", stream=True) is None
             assert trio.current_time() - started <= 1.0 + 1e-6  # at most one timeout, never the 120 s deadline
         assert calls[stuck] > 0 and endpoint(router, stuck).failures_in_a_row == calls[stuck]
     async with router_over({stuck: hang}, config_for([stuck], first_byte_timeout=1.0)) as (router, _):
         started = trio.current_time()
         with pytest.raises(errors.BackendTimeout, match="no first byte within 1 s"):
-            await run_to_end(router, chat())
+            await run_to_end(router, chat(stream=True))
         assert trio.current_time() - started == pytest.approx(1.0)
         assert router.statistics().in_flight == 0
+
+
+async def test_a_long_non_streaming_answer_is_not_cut_by_the_first_byte_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    """vLLM sends a non-streaming body when generation ends: 70 s of work is no hang."""
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await trio.sleep(70)
+        return await ok(request)
+
+    urls = GPUS[:2]
+    async with router_over(dict.fromkeys(urls, slow), config_for(urls, first_byte_timeout=60.0)) as (router, calls):
+        assert await settle(router, "long") is None
+        assert trio.current_time() == pytest.approx(70.0)
+        assert sum(calls.values()) == 1 and router.statistics().retries == {"interactive": 0, "batch": 0}
 
 
 async def test_a_stream_is_timed_to_its_first_event_not_its_head(autojump_clock: trio.testing.MockClock) -> None:
