@@ -175,3 +175,32 @@ async def test_applying_a_config_is_all_or_nothing() -> None:
         assert stats.backend_clients == 2
     finally:
         await router.aclose()
+
+
+async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router import pool
+    from router.dispatch import Router
+
+    from .router_helpers import two_pool_config, with_digest
+
+    router = Router(two_pool_config(interactive_cap=4, batch_cap=4), transport_factory=lambda _: httpx.MockTransport(lambda r: httpx.Response(200)))
+    built = 0
+    real = pool.BackendClient
+
+    def fails_second(*args: object, **kwargs: object) -> BackendClient:
+        nonlocal built
+        built += 1
+        if built == 2:
+            raise OSError("no TLS context today")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pool, "BackendClient", fails_second)
+    try:
+        with pytest.raises(OSError):
+            router.apply(with_digest(two_pool_config(interactive_cap=8, batch_cap=8), "bigger"))
+        stats = router.statistics()
+        # Both endpoints keep their cap and a client sized to it; nothing half-applied.
+        assert [e.max_concurrency for e in stats.endpoints] == [4, 4] and stats.pool("interactive").max_concurrency == 4
+        assert all(sum(s.size for s in e.client._shards) == 4 for e in router._endpoints.values())
+    finally:
+        await router.aclose()
