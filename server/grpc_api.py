@@ -142,14 +142,17 @@ class _TrioSide:
     def _admit(call: _Call, session: Session) -> tuple[RouterRequest, Caller]:
         """The caller and the translated request with its deadline, or the error that stops them."""
         caller = session.authenticate(call.authorization)
-        request = _chat_request(call.message, session.request_id) if call.kind == "chat" else _completion_request(call.message, session.request_id)
+        # Built once, complete: a RouterRequest checks itself on every construction.
+        common = _common(call.message.options, session.request_id)
         if call.stream:
-            params = dict(request.params)
-            params["stream_options"] = {"include_usage": True}
-            request = dataclasses.replace(request, params=params, stream=True)
-        if call.remaining is not None:
-            request = dataclasses.replace(request, deadline=session.record.arrival + call.remaining)
-        return request, caller
+            common["params"]["stream_options"] = {"include_usage": True}
+        common["stream"] = call.stream
+        common["deadline"] = None if call.remaining is None else session.record.arrival + call.remaining
+        message = call.message
+        if call.kind == "chat":
+            messages = [{"role": m.role, "content": m.content} for m in message.messages]
+            return RouterRequest(kind="chat", model=message.model or None, messages=messages, **common), caller
+        return RouterRequest(kind="completion", model=message.model or None, prompt=message.prompt, **common), caller
 
 
 def _routing(routing: Routing) -> pb.Routing:
@@ -401,15 +404,6 @@ def _common(options: pb.Options, request_id: str) -> dict[str, Any]:
         "params": _params(options),
         "forced_class": options.request_class or None,
     }
-
-
-def _chat_request(request: pb.ChatRequest, request_id: str) -> RouterRequest:
-    messages = [{"role": m.role, "content": m.content} for m in request.messages]
-    return RouterRequest(kind="chat", model=request.model or None, messages=messages, **_common(request.options, request_id))
-
-
-def _completion_request(request: pb.CompletionRequest, request_id: str) -> RouterRequest:
-    return RouterRequest(kind="completion", model=request.model or None, prompt=request.prompt, **_common(request.options, request_id))
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: TailguardError, request_id: str | None = None) -> NoReturn:

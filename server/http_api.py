@@ -153,12 +153,14 @@ class HttpApi:
             finally:
                 nursery.cancel_scope.cancel()
 
+    def _too_large(self) -> BodyTooLarge:
+        return BodyTooLarge(f"the request body is over {self._max_body_bytes} bytes")
+
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         """The whole body, refusing (before buffering) anything over the cap."""
         declared = headers.get("content-length")
-        too_large = BodyTooLarge(f"the request body is over {self._max_body_bytes} bytes")
         if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
-            raise too_large
+            raise self._too_large()
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -168,7 +170,7 @@ class HttpApi:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self._max_body_bytes:
-                raise too_large
+                raise self._too_large()
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
