@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from .config_types import ServerConfig
 from .errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
 ERROR_BODY_LIMIT = 64 * 1024
@@ -215,7 +216,7 @@ class BackendClient:
         max_concurrency: int,
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,
-        max_body_bytes: int = 16 * 1024 * 1024,
+        max_body_bytes: int = ServerConfig.max_backend_body_bytes,
     ) -> None:
         self.url = url
         self.leases = 0

@@ -33,7 +33,7 @@ import trio
 
 from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
-from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig
+from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig
 from .errors import NoBackend
 from .queue import WaitQueue, WaitQueueStatistics
 
@@ -73,7 +73,7 @@ class Endpoint:
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None,
         closer: Closer,
-        max_body_bytes: int = 16 * 1024 * 1024,
+        max_body_bytes: int = ServerConfig.max_backend_body_bytes,
     ) -> None:
         self.url = config.url
         self.max_concurrency = config.max_concurrency

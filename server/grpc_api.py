@@ -36,7 +36,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from router.auth import Caller
-from router.config_types import Config
+from router.config_types import Config, ServerConfig
 from router.dispatch import Router
 from router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, TailguardError
 from router.request import RequestKind, Routing, RouterRequest
@@ -55,7 +55,7 @@ log = logging.getLogger("tailguard.grpc")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Completions"].full_name
 GRACE_SECONDS = 5.0
 # Completion calls open at once by default; beyond it RESOURCE_EXHAUSTED (config: server.grpc_max_calls).
-MAX_CONCURRENT_CALLS = 1000
+MAX_CONCURRENT_CALLS = ServerConfig.grpc_max_calls
 _SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance", retry_after=1.0)
 _INT32_MAX = 2**31 - 1
 
