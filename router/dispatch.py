@@ -309,7 +309,15 @@ class Router:
                 record.admitted_at = admitted
                 record.endpoint = lease.endpoint.url
                 body = self._backend_body(request, model, max_tokens)
-                response = await self._start_call(pool, lease, request, body)
+                try:
+                    response = await self._start_call(pool, lease, request, body)
+                except trio.Cancelled:
+                    # The router's own deadline passed with no answer begun (not the
+                    # caller leaving, nor a caller's shorter gRPC deadline): the
+                    # endpoint failed this request, as a hung one does.
+                    if trio.current_time() >= arrival + config.timeouts.end_to_end_timeout:
+                        self._failed(pool, lease.endpoint, BackendTimeout(f"the backend {lease.endpoint.url} did not answer in time"))
+                    raise
                 try:
                     record.endpoint = lease.endpoint.url  # a retry may have moved it
                     routing = Routing(

@@ -7,6 +7,7 @@ half-dead engine (``/health`` fine, completions hung) was never taken out.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -336,3 +337,22 @@ async def test_health_checks_and_scrapes_survive_a_failing_turn(autojump_clock: 
         assert any("backend load scrape failed" in m for m in messages)
         load = endpoint(router, url).load
         assert scrapes >= 2 and load is not None and load.running == 3
+
+
+async def test_a_non_streaming_call_that_outlives_the_deadline_counts_against_its_endpoint(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    stuck, alive = GPUS[:2]
+    async with router_over({stuck: hang, alive: ok}, config_for([stuck, alive], consecutive=2)) as (router, calls):
+        sick = endpoint(router, stuck)
+        for i in range(20):
+            with contextlib.suppress(AssertionError):  # run_to_end: "deadline passed" at the router's 120 s
+                await settle(router, f"r{i}")
+            if sick.ejected:
+                break
+        assert sick.ejected and calls[stuck] == 2  # two calls that used up their whole deadline
+    async with router_over({stuck: hang}, config_for([stuck])) as (router, calls):
+        # A caller that leaves early says nothing about the endpoint.
+        with trio.move_on_after(1):
+            await run_to_end(router, chat(request_id="impatient"))
+        assert calls[stuck] == 1 and endpoint(router, stuck).failures_in_a_row == 0
