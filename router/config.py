@@ -33,6 +33,7 @@ from .config_types import (
     EndpointConfig,
     EstimateConfig,
     HealthCheckKind,
+    HttpServerKind,
     LimitsConfig,
     LogFormat,
     LoggingConfig,
@@ -58,6 +59,7 @@ _SIMULATE_PROFILES: tuple[SimulateProfile, ...] = get_args(SimulateProfile)
 _LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 _LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
 _HEALTH_CHECKS: tuple[HealthCheckKind, ...] = get_args(HealthCheckKind)
+_HTTP_SERVERS: tuple[HttpServerKind, ...] = get_args(HttpServerKind)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -433,6 +435,13 @@ def _read_server(table: _Table) -> ServerConfig:
     reload_poll_interval = table.number(
         "reload_poll_interval", default.reload_poll_interval, minimum=0.0, inclusive=True
     )
+    http_server = table.choice("http_server", _HTTP_SERVERS, default.http_server)
+    max_header_bytes = table.integer("max_header_bytes", default.max_header_bytes, minimum=1024)
+    header_timeout = table.number("header_timeout", default.header_timeout, minimum=0.0)
+    body_timeout = table.number("body_timeout", default.body_timeout, minimum=0.0)
+    keep_alive_timeout = table.number("keep_alive_timeout", default.keep_alive_timeout, minimum=0.0)
+    write_timeout = table.number("write_timeout", default.write_timeout, minimum=0.0)
+    max_connections = table.integer("max_connections", default.max_connections, minimum=1)
     table.finish()
     return ServerConfig(
         http_host=http_host,
@@ -443,6 +452,13 @@ def _read_server(table: _Table) -> ServerConfig:
         grpc_max_calls=grpc_max_calls,
         max_backend_body_bytes=max_backend_body_bytes,
         reload_poll_interval=reload_poll_interval,
+        http_server=http_server,
+        max_header_bytes=max_header_bytes,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        keep_alive_timeout=keep_alive_timeout,
+        write_timeout=write_timeout,
+        max_connections=max_connections,
     )
 
 
@@ -1053,6 +1069,13 @@ def render_config(config: Config) -> str:
          f"{server.max_backend_body_bytes} ({server.max_backend_body_bytes / 2**20:g} MiB)"),
         ("reload_poll_interval",
          _seconds(server.reload_poll_interval) if server.reload_poll_interval else "off"),
+        ("http_server", server.http_server),
+        ("max_header_bytes", str(server.max_header_bytes)),
+        ("header_timeout", _seconds(server.header_timeout)),
+        ("body_timeout", _seconds(server.body_timeout)),
+        ("keep_alive_timeout", _seconds(server.keep_alive_timeout)),
+        ("write_timeout", _seconds(server.write_timeout)),
+        ("max_connections", str(server.max_connections)),
     ])
     lines += _section("estimate", [
         ("chars_per_token", f"{estimate.chars_per_token:g}"),

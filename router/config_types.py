@@ -15,6 +15,7 @@ SimulateProfile = Literal["latency", "throughput", "instant"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LogFormat = Literal["json", "text"]
 HealthCheckKind = Literal["http", "completion"]
+HttpServerKind = Literal["lean", "hypercorn"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,15 @@ class ServerConfig:
     # answers are read to 64 KiB, no further.)
     max_backend_body_bytes: int = 16 * 1024 * 1024
     reload_poll_interval: float = 1.0  # seconds between config file mtime checks; 0 = off
+    # The HTTP/1.1 server under the OpenAI API: tailguard's own (h11 on Trio)
+    # or hypercorn (kept as a fallback). The guards below apply to "lean".
+    http_server: HttpServerKind = "lean"
+    max_header_bytes: int = 64 * 1024  # request line + headers; more -> 431 and close
+    header_timeout: float = 10.0  # a request's head must arrive within this -> else 408 and close
+    body_timeout: float = 30.0  # its body within this after the head -> else 408 and close
+    keep_alive_timeout: float = 75.0  # an idle keep-alive connection is closed after this
+    write_timeout: float = 30.0  # one write to a client that cannot complete in this closes it
+    max_connections: int = 10_000  # open HTTP connections; one more is answered 503 and closed
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from router.telemetry import RepeatedIds, Telemetry
 from .grpc_api import Observers, serve_grpc
 from .grpc_bridge import AsyncioHost
 from .http_api import HttpApi
+from .http_server import HttpSettings
+from .http_server import serve as serve_http
 from .logs import AccessLog
 from .metrics import Metrics
 from .reload import ConfigReloader
@@ -55,9 +57,27 @@ def _hypercorn_config(config: Config, port: int | None) -> hypercorn.config.Conf
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.graceful_timeout = 5.0
-    hc.keep_alive_timeout = 75.0
+    hc.keep_alive_timeout = config.server.keep_alive_timeout
     hc.backlog = 1024
     return hc
+
+
+# Requests still in flight when the router's drain is over get this long to
+# send their last bytes; then their connections are closed.
+_HTTP_GRACE_SECONDS = 5.0
+
+
+def _http_settings(config: Config) -> HttpSettings:
+    server = config.server
+    return HttpSettings(
+        max_header_bytes=server.max_header_bytes,
+        header_timeout=server.header_timeout,
+        body_timeout=server.body_timeout,
+        keep_alive_timeout=server.keep_alive_timeout,
+        write_timeout=server.write_timeout,
+        max_connections=server.max_connections,
+        grace_timeout=_HTTP_GRACE_SECONDS,
+    )
 
 
 async def serve(
@@ -122,19 +142,31 @@ async def serve(
             repeated_ids=repeated_ids,
             access_log=access_log,
         )
-        hypercorn_config = _hypercorn_config(config, http_port)
-        # hypercorn returns once the shutdown trigger fired and its in-flight
-        # requests finished (or graceful_timeout passed); the rest of the
-        # nursery is background work, cancelled after it.
+        # The HTTP server returns once the shutdown trigger fired and its
+        # in-flight requests finished (or its grace period passed); the rest
+        # of the nursery is background work, cancelled after it.
         async with trio.open_nursery() as front:
-            binds = await front.start(
-                lambda task_status: hypercorn.trio.serve(
-                    app,  # type: ignore[arg-type]  # hypercorn's ASGI types are stricter than ASGI's dicts
-                    hypercorn_config,
-                    shutdown_trigger=shutdown.wait,
-                    task_status=task_status,
+            if config.server.http_server == "lean":
+                binds = await front.start(
+                    functools.partial(
+                        serve_http,
+                        app,
+                        config.server.http_host,
+                        config.server.http_port if http_port is None else http_port,
+                        settings=_http_settings(config),
+                        shutdown_trigger=shutdown.wait,
+                    )
                 )
-            )
+            else:
+                hypercorn_config = _hypercorn_config(config, http_port)
+                binds = await front.start(
+                    lambda task_status: hypercorn.trio.serve(
+                        app,  # type: ignore[arg-type]  # hypercorn's ASGI types are stricter than ASGI's dicts
+                        hypercorn_config,
+                        shutdown_trigger=shutdown.wait,
+                        task_status=task_status,
+                    )
+                )
             log.info("tailguard listening on %s", binds[0])
             bound_grpc: int | None = None
             if asyncio_host is not None:
