@@ -1,12 +1,10 @@
-"""Calls to one inference server: the only module that knows httpx.
+"""Calls to one inference server: where httpx's errors become the router's.
 
-Each endpoint gets httpx clients whose connection pools add up to its
-concurrency cap, in shards of at most ``SHARD_CONNECTIONS``: httpcore scans
-every pooled connection on each request and each release, so one pool of
-1,000 streams costs O(N) per call and O(N^2) to open N streams (measured:
-half the router's CPU while opening 10,000 streams). A call takes the shard
-with the most free connections. httpx's exceptions are mapped here, at the
-boundary, into the router's error tree.
+Completion requests go to an httpx transport directly
+(``router/lean_transport.py`` by default: keep-alive connections whose pool
+costs O(1) a request, where httpcore's scans every connection on each request
+and release); probes and scrapes use an httpx client of their own. httpx's
+exceptions are mapped here, at the boundary, into the router's error tree.
 
 A reply is trusted only as far as it is checked: a status that is neither
 2xx, 4xx nor 5xx, a 2xx that is not the JSON or SSE asked for, a body over
@@ -27,19 +25,18 @@ import re
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
-from http.cookiejar import CookieJar
 from typing import Any
 
 import httpx
 
 from .config_types import ServerConfig
+from .lean_transport import LeanTransport
 from .errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
 ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make
 # the router buffer an arbitrary download every scrape.
 METRICS_BODY_LIMIT = 4 * 1024 * 1024
-SHARD_CONNECTIONS = 32
 
 _ERROR_WINDOW = 16  # bytes of the chunk before that may hold the start of '"error"'
 _END_WINDOW = 256  # bytes of the chunk before the last that may hold the end event's start
@@ -48,28 +45,6 @@ _ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*"error"\s*:.*)')
 # What the router asks of every backend: no compression (a relayed stream is
 # bytes as they come), its own content types.
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
-
-
-class _NoCookies(CookieJar):
-    """A jar that keeps nothing: one caller's backend cookie must never reach
-    another caller, and parsing Set-Cookie on every response costs CPU."""
-
-    def extract_cookies(self, response: Any, request: Any) -> None:
-        return None
-
-    def add_cookie_header(self, request: Any) -> None:
-        return None
-
-
-class _Shard:
-    """One httpx client and the calls it carries now."""
-
-    __slots__ = ("client", "size", "in_flight")
-
-    def __init__(self, client: httpx.AsyncClient, size: int) -> None:
-        self.client = client
-        self.size = size
-        self.in_flight = 0
 
 
 class BackendResponse:
@@ -81,9 +56,9 @@ class BackendResponse:
     running.
     """
 
-    def __init__(self, response: httpx.Response, shard: _Shard, url: str, *, stream: bool, max_body_bytes: int) -> None:
+    def __init__(self, response: httpx.Response, client: BackendClient, url: str, *, stream: bool, max_body_bytes: int) -> None:
         self._response = response
-        self._shard = shard
+        self._client = client
         self._url = url
         self._max_body_bytes = max_body_bytes
         self.payload: dict[str, Any] | None = None  # the parsed body, once ``read``
@@ -159,7 +134,7 @@ class BackendResponse:
         if self._closed:
             return
         self._closed = True
-        self._shard.in_flight -= 1
+        self._client.in_flight -= 1
         try:
             await self._iterator.aclose()
         finally:
@@ -205,8 +180,14 @@ class BackendResponse:
 class BackendClient:
     """POSTs completion requests to one endpoint and opens their responses.
 
-    ``leases`` counts the seats that hold this client; a client replaced by a
-    reload is closed once it drops to zero (see ``router.pool.Endpoint``).
+    Requests go straight to an httpx transport -- by default a
+    :class:`~router.lean_transport.LeanTransport`, whose keep-alive pool costs
+    O(1) a request however many connections are open; tests pass their own
+    (``httpx.MockTransport``, the simulator's in-process transport). httpx's
+    client layer (redirects, auth, cookies, hooks) has no work to do for a
+    router and is skipped. ``leases`` counts the seats that hold this client;
+    a client replaced by a reload is closed once it drops to zero (see
+    ``router.pool.Endpoint``).
     """
 
     def __init__(
@@ -220,29 +201,15 @@ class BackendClient:
     ) -> None:
         self.url = url
         self.leases = 0
+        self.in_flight = 0
         self.max_body_bytes = max_body_bytes
-        timeout = httpx.Timeout(None, connect=connect_timeout, pool=connect_timeout)
-        # One TLS context for all shards: httpx builds (and loads CA roots
-        # into) a new one per client otherwise, ~1 MB and ~10 ms each. A plain
-        # http:// endpoint needs none (and a reload that resizes it pays nothing).
-        tls: ssl.SSLContext | bool = httpx.create_ssl_context() if url.startswith("https:") else False
-        sizes = [SHARD_CONNECTIONS] * (max_concurrency // SHARD_CONNECTIONS)
-        if max_concurrency % SHARD_CONNECTIONS:
-            sizes.append(max_concurrency % SHARD_CONNECTIONS)
-        self._shards = [
-            _Shard(
-                httpx.AsyncClient(
-                    base_url=url,
-                    limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-                    timeout=timeout,
-                    transport=transport,
-                    verify=tls,
-                    cookies=_NoCookies(),
-                ),
-                size,
-            )
-            for size in sizes
-        ]
+        self._base = url.rstrip("/")
+        # A plain http:// endpoint needs no TLS context (building one loads the
+        # CA roots: ~1 MB and ~10 ms, paid again by every reload that resizes it).
+        tls = httpx.create_ssl_context() if url.startswith("https:") else None
+        self._transport = transport or LeanTransport(url, connect_timeout=connect_timeout, max_idle=max_concurrency, ssl_context=tls)
+        # Read by httpx's own transports (a test's); the lean one times its connects itself.
+        self._extensions = {"timeout": {"connect": connect_timeout, "pool": connect_timeout, "read": None, "write": None}}
 
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> BackendResponse:
         """Send the request and return its open 2xx response; the caller must ``aclose`` it.
@@ -253,19 +220,20 @@ class BackendClient:
         for any other status or a 2xx of the wrong content type. Error bodies
         are read up to ``ERROR_BODY_LIMIT`` bytes, no further.
         """
-        shard = max(self._shards, key=_room)
-        client = shard.client
-        request = client.build_request("POST", path, content=json.dumps(body).encode(), headers={**_HEADERS, **headers})
-        shard.in_flight += 1
+        request = httpx.Request(
+            "POST", self._base + path, content=json.dumps(body).encode(), headers={**_HEADERS, **headers}, extensions=self._extensions
+        )
+        self.in_flight += 1
         try:
-            response = await client.send(request, stream=True)
+            response = await self._transport.handle_async_request(request)
         except httpx.TransportError as error:
-            shard.in_flight -= 1
+            self.in_flight -= 1
             raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}", before_response=True) from None
         except BaseException:
-            shard.in_flight -= 1
+            self.in_flight -= 1
             raise
-        opened = BackendResponse(response, shard, self.url, stream=stream, max_body_bytes=self.max_body_bytes)
+        response.request = request
+        opened = BackendResponse(response, self, self.url, stream=stream, max_body_bytes=self.max_body_bytes)
         try:
             status = response.status_code
             if not 200 <= status < 300:
@@ -280,8 +248,7 @@ class BackendClient:
         return opened
 
     async def aclose(self) -> None:
-        for shard in self._shards:
-            await shard.client.aclose()
+        await self._transport.aclose()
 
 
 class BackendProbe:
@@ -345,11 +312,6 @@ class BackendProbe:
 
     async def aclose(self) -> None:
         await self._probe.aclose()
-
-
-def _room(shard: _Shard) -> int:
-    """Free connections: the endpoint's cap guarantees some shard has one."""
-    return shard.size - shard.in_flight
 
 
 def _error_event(data: bytes) -> bytes | None:
