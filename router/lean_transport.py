@@ -18,6 +18,7 @@ httpcore does; nothing else is retried here.
 
 from __future__ import annotations
 
+import collections
 import ssl
 from collections.abc import AsyncIterator
 
@@ -27,6 +28,10 @@ import trio
 
 _READ_SIZE = 64 * 1024
 _MAX_HEAD_BYTES = 64 * 1024
+# A connection idle this long is closed rather than reused (httpx's default):
+# the pool shrinks back after a burst, and a server's own idle timeout
+# (uvicorn's is 5 s) rarely beats us to it.
+KEEPALIVE_EXPIRY = 5.0
 
 
 class _Connection:
@@ -54,21 +59,31 @@ class _Connection:
 class LeanTransport(httpx.AsyncBaseTransport):
     """Keep-alive HTTP/1.1 to one ``host:port`` (``https`` with ``ssl_context``)."""
 
-    def __init__(self, url: str, *, connect_timeout: float, max_idle: int, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float,
+        max_idle: int,
+        ssl_context: ssl.SSLContext | None = None,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY,
+    ) -> None:
         parsed = httpx.URL(url)
         self._host = parsed.host
         self._port = parsed.port or (443 if parsed.scheme == "https" else 80)
         self._tls = ssl_context if parsed.scheme == "https" else None
         self._connect_timeout = connect_timeout
         self._max_idle = max_idle
-        self._idle: list[_Connection] = []
+        self._keepalive_expiry = keepalive_expiry
+        self._idle: collections.deque[tuple[_Connection, float]] = collections.deque()  # oldest first
         self._closed = False
         self.opened = 0  # connections opened in all (tests and metrics read it)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._closed:
             raise RuntimeError("the transport is closed")
-        connection = self._idle.pop() if self._idle else None
+        await self._expire()
+        connection = self._idle.pop()[0] if self._idle else None
         if connection is not None:
             try:
                 head = await self._exchange(connection, request)
@@ -131,13 +146,23 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if connection.h11.our_state is not h11.DONE or connection.h11.their_state is not h11.DONE:
             return False
         connection.h11.start_next_cycle()
-        self._idle.append(connection)
+        self._idle.append((connection, trio.current_time()))
         return True
+
+    async def _expire(self) -> None:
+        """Close the connections idle for longer than the keep-alive expiry (the oldest are first)."""
+        horizon = trio.current_time() - self._keepalive_expiry
+        while self._idle and self._idle[0][1] < horizon:
+            await self._idle.popleft()[0].aclose()
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
 
     async def aclose(self) -> None:
         self._closed = True
-        idle, self._idle = self._idle, []
-        for connection in idle:
+        idle, self._idle = self._idle, collections.deque()
+        for connection, _ in idle:
             await connection.aclose()
 
 

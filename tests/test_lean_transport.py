@@ -91,3 +91,18 @@ async def test_refused_and_broken_connections_are_httpx_errors() -> None:
             await post(broken, url)
         await broken.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_connections_idle_past_the_expiry_are_closed_not_reused() -> None:
+    async with engines_on_sockets([QUICK]) as backends:
+        url = backends.urls[0]
+        transport = LeanTransport(url, connect_timeout=2, max_idle=8, keepalive_expiry=0.05)
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(post, transport, url)
+        assert transport.idle == transport.opened >= 2  # a burst left several connections idle
+        opened = transport.opened
+        await trio.sleep(0.1)  # twice the expiry, in real time: the sockets are real
+        assert (await post(transport, url))[0] == 200
+        assert transport.opened == opened + 1 and transport.idle == 1  # the idle ones were closed; a fresh one served
+        await transport.aclose()
