@@ -269,7 +269,7 @@ class _Connection:
                 first = False
                 if request is None:
                     return
-                exchange = _Exchange(self._h11, self._sock, self._settings, request, self._server.draining)
+                exchange = _Exchange(self._h11, self._sock, self._server, request)
                 self._exchange = exchange
                 await exchange.run(self._server.app, self._scope(request))
                 self._exchange = None
@@ -284,7 +284,8 @@ class _Connection:
         settings = self._settings
         now = trio.current_time()
         head_deadline = now + settings.header_timeout
-        if not self._h11.trailing_data[0]:  # nothing of the next request yet: idle
+        buffered = len(self._h11.trailing_data[0])
+        if not buffered:  # nothing of the next request yet: idle
             if self._server.draining:
                 return None
             idle_deadline = head_deadline if first else now + settings.keep_alive_timeout
@@ -297,6 +298,7 @@ class _Connection:
             if idle.cancelled_caught or not data:
                 return None
             self._h11.receive_data(data)
+            buffered = len(data)
             if not first:
                 head_deadline = trio.current_time() + settings.header_timeout
         while True:
@@ -306,6 +308,10 @@ class _Connection:
                 await self._refuse(error.error_status_hint, f"malformed HTTP request: {error}", "bad_request")
                 return None
             if isinstance(event, h11.Request):
+                # h11 bounds only an incomplete head; a whole one read at once is measured here.
+                if buffered > settings.max_header_bytes and buffered - len(self._h11.trailing_data[0]) > settings.max_header_bytes:
+                    await self._refuse(431, f"the request's head is over {settings.max_header_bytes} bytes", "bad_request")
+                    return None
                 return await self._checked(event)
             if event is not h11.NEED_DATA:
                 return None  # the connection closed
@@ -314,6 +320,7 @@ class _Connection:
                 if not data:
                     return None
                 self._h11.receive_data(data)
+                buffered += len(data)
                 continue
             await self._refuse(408, f"the request's head did not arrive within {settings.header_timeout:g} s", "request_timeout")
             return None
@@ -377,18 +384,18 @@ class _Exchange:
     """One request and its answer: the ASGI ``receive`` and ``send`` of one call."""
 
     __slots__ = (
-        "_h11", "_sock", "_settings", "_request", "_draining", "_body_deadline", "_body_done", "_nursery",
+        "_h11", "_sock", "_server", "_settings", "_request", "_body_deadline", "_body_done", "_nursery",
         "_head", "_chunked", "_status", "_headers", "started", "complete", "gone", "_body_timed_out", "_bad_body",
         "_body_delivered",
     )
 
-    def __init__(self, conn: h11.Connection, sock: _Socket, settings: HttpSettings, request: h11.Request, draining: bool) -> None:
+    def __init__(self, conn: h11.Connection, sock: _Socket, server: _Server, request: h11.Request) -> None:
         self._h11 = conn
         self._sock = sock
-        self._settings = settings
+        self._server = server
+        self._settings = server.settings
         self._request = request
-        self._draining = draining
-        self._body_deadline = trio.current_time() + settings.body_timeout
+        self._body_deadline = trio.current_time() + server.settings.body_timeout
         self._body_done = False
         self._body_delivered = False
         self._nursery: trio.Nursery | None = None
@@ -531,7 +538,7 @@ class _Exchange:
         headers = self._headers
         if not more and not any(name.lower() == b"content-length" for name, _ in headers):
             headers.append((b"content-length", str(len(body)).encode()))
-        if self._draining:
+        if self._server.draining:  # this answer is the connection's last
             headers.append((b"connection", b"close"))
         head = self._h11.send(h11.Response(status_code=self._status, headers=headers, reason=_REASONS.get(self._status, b"")))
         self._chunked = b"transfer-encoding: chunked" in head.lower()
