@@ -59,6 +59,7 @@ CLIENT_SLACK_S = 4.0  # the client waits this much longer before it calls a requ
 SEATS_PER_ENGINE = 8  # interactive endpoints' max_concurrency
 BATCH_SEATS = 16  # the batch engine's max_concurrency
 SETTLE_MAX_S = 15.0
+FD_SLACK = 10  # descriptors a phase may leave behind (besides CLOSE-WAIT client sockets)
 MAX_NORMAL_REQUESTS = 5_000  # a count bound on one phase's normal traffic, beside its time bound
 _CLOSE_WAIT = "08"  # the state column of /proc/net/tcp
 
@@ -360,9 +361,14 @@ async def run_phase(lab: Lab, attack: Attack) -> PhaseResult:
             done.set()
         watchers.cancel_scope.cancel()
     settle_start = time.perf_counter()
+    await lab.pool.aclose()  # this client's own keep-alive connections are not tailguard's to count
     while True:
         seats, queued, engine = await lab.busy()
-        if (seats == queued == engine == 0) or time.perf_counter() - settle_start > SETTLE_MAX_S:
+        # Idle keep-alive connections to the engines close after the router's
+        # expiry (5 s); settling waits for that too, as for seats.
+        now = proc_stats(pid, list(lab.engines.values()), (lab.tg_port, lab.grpc_port))
+        fds_back = (now.fds - now.close_wait) - (before.fds - before.close_wait) <= FD_SLACK
+        if (seats == queued == engine == 0 and fds_back) or time.perf_counter() - settle_start > SETTLE_MAX_S:
             break
         await trio.sleep(0.1)
     settle_s = time.perf_counter() - settle_start
@@ -528,7 +534,7 @@ def git_commit() -> str:
     return head.stdout.strip() + (" + uncommitted changes in router/ or server/" if dirty.stdout.strip() else "")
 
 
-def checks(result: Result, fd_slack: int = 10, rss_slack_mib: float = 30.0) -> list[str]:
+def checks(result: Result, fd_slack: int = FD_SLACK, rss_slack_mib: float = 30.0) -> list[str]:
     """What must hold, phase by phase: each failure as one line (empty: all held)."""
     failures = []
     for p in result.phases:

@@ -292,6 +292,9 @@ class EngineClient:
     async def health(self) -> bool:
         return True
 
+    async def expire_idle(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 

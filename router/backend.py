@@ -247,6 +247,11 @@ class BackendClient:
             raise
         return opened
 
+    async def expire_idle(self) -> None:
+        """Close keep-alive connections idle too long (also when no request comes to do it)."""
+        if isinstance(self._transport, LeanTransport):
+            await self._transport.expire()
+
     async def aclose(self) -> None:
         await self._transport.aclose()
 

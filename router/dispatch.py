@@ -478,7 +478,8 @@ class Router:
         A pool's ``health_check`` picks the probe: ``GET /health``, or a
         one-token completion, which also proves the engine can work (and so
         ends an ejection at once). Every turn also re-offers each pool's
-        seats to its waiters, since ejections run out by themselves.
+        seats to its waiters, since ejections run out by themselves, and
+        closes keep-alive connections that have been idle too long.
         """
         timeout = self.config.timeouts.health_check_timeout
 
@@ -514,6 +515,8 @@ class Router:
                 nursery.start_soon(probe, endpoint)
         for pool in self._pools.values():
             pool.queue.dispatch()
+        for endpoint in list(self._endpoints.values()):
+            await endpoint.client.expire_idle()  # a pool that went quiet keeps no idle connections
 
     async def aclose(self) -> None:
         for endpoint in [*self._endpoints.values(), *self._retired_endpoints.values()]:

@@ -82,7 +82,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._closed:
             raise RuntimeError("the transport is closed")
-        await self._expire()
+        await self.expire()
         connection = self._idle.pop()[0] if self._idle else None
         if connection is not None:
             try:
@@ -149,7 +149,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._idle.append((connection, trio.current_time()))
         return True
 
-    async def _expire(self) -> None:
+    async def expire(self) -> None:
         """Close the connections idle for longer than the keep-alive expiry (the oldest are first)."""
         horizon = trio.current_time() - self._keepalive_expiry
         while self._idle and self._idle[0][1] < horizon:
