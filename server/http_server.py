@@ -12,9 +12,10 @@ every drain (issue 11). Here:
 - the head is sent with the first body bytes: one ``send`` for a complete
   answer, one per ASGI body message for a stream, and a send that fits in the
   socket buffer costs no trip through Trio's scheduler;
-- once a request's body is read, a watcher reads the socket: end of file is
-  ``http.disconnect`` at once (the request is cancelled, the socket closed,
-  no CLOSE-WAIT);
+- once a request's body is read, the app's wait for ``http.disconnect``
+  reads the socket: end of file is ``http.disconnect`` at once (the request
+  is cancelled, the socket closed); between requests the connection reads
+  too, so a client's close is seen at once (no CLOSE-WAIT);
 - the head, the body and the idle time between requests have deadlines; the
   number of connections has a cap; a request with both Transfer-Encoding and
   Content-Length is refused (h11 takes it, RFC 9112 says reject), as h11
@@ -122,7 +123,10 @@ class _Socket:
             try:
                 return self._sock.recv(_READ_SIZE)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(self._sock)
+                try:
+                    await trio.lowlevel.wait_readable(self._sock)
+                except trio.ClosedResourceError:  # closed by another task of this connection
+                    return b""
             except OSError:
                 return b""
         return b""
@@ -151,7 +155,7 @@ class _Socket:
                     except BlockingIOError:
                         pass
                 done = True
-        except OSError:
+        except (OSError, trio.ClosedResourceError):
             pass
         finally:
             if not done:  # timed out, cancelled, or the peer is gone: the stream is cut
@@ -384,7 +388,7 @@ class _Exchange:
     """One request and its answer: the ASGI ``receive`` and ``send`` of one call."""
 
     __slots__ = (
-        "_h11", "_sock", "_server", "_settings", "_request", "_body_deadline", "_body_done", "_nursery",
+        "_h11", "_sock", "_server", "_settings", "_request", "_body_deadline", "_body_done",
         "_head", "_chunked", "_status", "_headers", "started", "complete", "gone", "_body_timed_out", "_bad_body",
         "_body_delivered",
     )
@@ -398,7 +402,6 @@ class _Exchange:
         self._body_deadline = trio.current_time() + server.settings.body_timeout
         self._body_done = False
         self._body_delivered = False
-        self._nursery: trio.Nursery | None = None
         self._head: bytes | None = None
         self._chunked = False
         self._status = 0
@@ -410,17 +413,11 @@ class _Exchange:
         self._bad_body: h11.RemoteProtocolError | None = None
 
     async def run(self, app: App, scope: Scope) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            if self._bodiless():
-                self._body_done = True
-                nursery.start_soon(self._watch)
-            try:
-                await app(scope, self.receive, self.send)
-            except Exception:
-                log.exception("%s %s failed in the app", scope["method"], scope["path"])
-            finally:
-                nursery.cancel_scope.cancel()
+        self._body_done = self._bodiless()
+        try:
+            await app(scope, self.receive, self.send)
+        except Exception:
+            log.exception("%s %s failed in the app", scope["method"], scope["path"])
 
     async def finish(self) -> bool:
         """After the app returned: answer what it left unanswered; True to keep the connection."""
@@ -468,7 +465,7 @@ class _Exchange:
             self._body_delivered = True
             return {"type": "http.request", "body": b"", "more_body": False}
         if self._body_delivered or self.gone.is_set():
-            await self.gone.wait()
+            await self._watch()
             return {"type": "http.disconnect"}
         conn = self._h11
         chunks: list[bytes] = []
@@ -484,8 +481,6 @@ class _Exchange:
                 continue
             if isinstance(event, h11.EndOfMessage):
                 self._body_done = self._body_delivered = True
-                assert self._nursery is not None
-                self._nursery.start_soon(self._watch)
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
             if chunks:
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
@@ -506,9 +501,14 @@ class _Exchange:
             return {"type": "http.disconnect"}
 
     async def _watch(self) -> None:
-        """After the body: end of file means the client left; a pipelined request waits in h11."""
+        """After the body, until the client leaves: the app's wait for ``http.disconnect``.
+
+        Reads the socket in the app's own task (no task of ours per request):
+        end of file means the client left, and the socket is closed at once; a
+        pipelined request waits in h11. Returns when the client is gone.
+        """
         conn = self._h11
-        while not self._sock.closed:
+        while not (self.gone.is_set() or self._sock.closed):
             data = await self._sock.receive_some()
             if not data:
                 self.gone.set()
@@ -517,7 +517,8 @@ class _Exchange:
                 return
             conn.receive_data(data)
             if len(conn.trailing_data[0]) > self._settings.max_header_bytes:
-                return  # a client pipelining that much waits for us; stop reading
+                break  # a client pipelining that much waits for us; stop reading
+        await self.gone.wait()
 
     # -- send ---------------------------------------------------------------
 
