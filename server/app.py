@@ -67,19 +67,6 @@ def _hypercorn_config(config: Config, port: int | None) -> hypercorn.config.Conf
 _HTTP_GRACE_SECONDS = 5.0
 
 
-def _http_settings(config: Config) -> HttpSettings:
-    server = config.server
-    return HttpSettings(
-        max_header_bytes=server.max_header_bytes,
-        header_timeout=server.header_timeout,
-        body_timeout=server.body_timeout,
-        keep_alive_timeout=server.keep_alive_timeout,
-        write_timeout=server.write_timeout,
-        max_connections=server.max_connections,
-        grace_timeout=_HTTP_GRACE_SECONDS,
-    )
-
-
 async def serve(
     config: Config,
     config_path: Path | None,
@@ -153,7 +140,7 @@ async def serve(
                         app,
                         config.server.http_host,
                         config.server.http_port if http_port is None else http_port,
-                        settings=_http_settings(config),
+                        settings=HttpSettings.from_config(config.server, grace_timeout=_HTTP_GRACE_SECONDS),
                         shutdown_trigger=shutdown.wait,
                     )
                 )

@@ -41,6 +41,8 @@ from urllib.parse import unquote
 import h11
 import trio
 
+from router.config_types import ServerConfig
+
 from .errors_map import HttpError
 
 log = logging.getLogger("tailguard.http_server")
@@ -58,18 +60,33 @@ _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS,
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 
 
+_CONFIGURED = ServerConfig()  # the defaults, from their one place
+
+
 @dataclass(frozen=True)
 class HttpSettings:
     """The server's guards (``[server]`` in config.toml); seconds and bytes."""
 
-    max_header_bytes: int = 64 * 1024
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    keep_alive_timeout: float = 75.0
-    write_timeout: float = 30.0
-    max_connections: int = 10_000
+    max_header_bytes: int = _CONFIGURED.max_header_bytes
+    header_timeout: float = _CONFIGURED.header_timeout
+    body_timeout: float = _CONFIGURED.body_timeout
+    keep_alive_timeout: float = _CONFIGURED.keep_alive_timeout
+    write_timeout: float = _CONFIGURED.write_timeout
+    max_connections: int = _CONFIGURED.max_connections
     grace_timeout: float = 5.0  # requests in flight at shutdown get this long, then are cancelled
     backlog: int = 1024
+
+    @classmethod
+    def from_config(cls, server: ServerConfig, *, grace_timeout: float) -> HttpSettings:
+        return cls(
+            max_header_bytes=server.max_header_bytes,
+            header_timeout=server.header_timeout,
+            body_timeout=server.body_timeout,
+            keep_alive_timeout=server.keep_alive_timeout,
+            write_timeout=server.write_timeout,
+            max_connections=server.max_connections,
+            grace_timeout=grace_timeout,
+        )
 
 
 @dataclass(frozen=True)
