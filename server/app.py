@@ -56,7 +56,7 @@ def _hypercorn_config(config: Config, port: int | None) -> hypercorn.config.Conf
     hc.bind = [f"[{host}]:{bind_port}" if ":" in host else f"{host}:{bind_port}"]
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
-    hc.graceful_timeout = 5.0
+    hc.graceful_timeout = _HTTP_GRACE_SECONDS
     hc.keep_alive_timeout = config.server.keep_alive_timeout
     hc.backlog = 1024
     return hc
