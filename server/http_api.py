@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP front end, as an ASGI app for hypercorn's Trio worker.
+"""The OpenAI-compatible HTTP front end, as an ASGI app (served by ``server/http_server.py``).
 
 Translation only: read and cap the body, parse it into a RouterRequest,
 relay the backend's bytes, render errors. Everything else a completion goes
@@ -47,7 +47,7 @@ _NO_BUFFERING = (b"x-accel-buffering", b"no")  # nginx: relay each event as it c
 
 
 class HttpApi:
-    """ASGI application: ``await hypercorn.trio.serve(HttpApi(router, ...), config)``.
+    """ASGI application, served by ``server.http_server.serve`` (or hypercorn, by config).
 
     With API keys configured, every ``/v1/`` route needs ``Authorization:
     Bearer <key>``; ``/health`` and ``/metrics`` stay open for load balancers
@@ -92,7 +92,7 @@ class HttpApi:
         request_id, refused = self._sessions.request_id(headers.get("x-request-id"))
         try:
             await self._other(path, method, headers, request_id, refused, send)
-        except Exception as error:  # a bug: a 500 in OpenAI's shape, never hypercorn's empty one
+        except Exception as error:  # a bug: a 500 in OpenAI's shape, never an empty one
             log.error("%s %s failed unexpectedly (request %s)", method, path, request_id, exc_info=error)
             await _send_error(send, http_error(InternalError(f"tailguard failed unexpectedly ({type(error).__name__})")), request_id)
 
@@ -229,11 +229,11 @@ class _Exchange:
         record = self._session.record
         if record.outcome is None:  # the status the caller sees, unless the record is already finished
             record.status = status
-        # Shielded: hypercorn hands the head to h11 before it waits for its send
-        # lock; a cancellation there would leave h11 with a response its stream
-        # does not know of, and hypercorn's clean-up (a 500 on top) then raises
-        # h11's LocalProtocolError out of its connection task and ends the
-        # server. The head is small, and hypercorn shields the write itself.
+        # Shielded for hypercorn (server.http_server = "hypercorn"): it hands the
+        # head to h11 before it waits for its send lock; a cancellation there
+        # left h11 with a response its stream did not know of, and its clean-up
+        # (a 500 on top) raised out of its connection task and ended the server.
+        # The lean server writes nothing on response.start, so this costs nothing.
         with trio.CancelScope(shield=True):
             await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
@@ -257,7 +257,7 @@ async def _watch_disconnect(receive: Receive, session: Session, exchange: _Excha
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if not exchange.finished:  # hypercorn also says so once a response is complete
+            if not exchange.finished:  # a server may also say so once a response is complete
                 session.left()
             return
 

@@ -17,8 +17,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import hypercorn.config
-import hypercorn.trio
 import trio
 
 from bench.sim import Engine, SimApp, SimResponse
@@ -30,6 +28,8 @@ from router.telemetry import RequestRecord, Telemetry
 from server.grpc_api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
 from server.grpc_bridge import AsyncioHost, run_with_asyncio_host
 from server.http_api import HttpApi
+from server.http_server import HttpSettings
+from server.http_server import serve as serve_http
 from server.metrics import Metrics
 
 from .http_helpers import QUICK
@@ -169,12 +169,9 @@ def front_ends(
             metrics = Metrics(router)
             telemetry = Telemetry([metrics.observe, _planted_failure])
             http = HttpApi(router, max_body_bytes=config.server.max_body_bytes, telemetry=telemetry, metrics=metrics)
-            hc = hypercorn.config.Config()
-            hc.bind = ["127.0.0.1:0"]
-            hc.accesslog = None
             async with trio.open_nursery() as front:
                 binds = await front.start(
-                    lambda task_status: hypercorn.trio.serve(http, hc, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
+                    lambda task_status: serve_http(http, "127.0.0.1", 0, settings=HttpSettings(), shutdown_trigger=shutdown.wait, task_status=task_status)
                 )
                 port = await front.start(
                     lambda task_status: serve_grpc(

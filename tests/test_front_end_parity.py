@@ -34,7 +34,7 @@ BATCH_TOKENS = 500  # over the interactive class's 128: the batch pool, whose en
 def make_config(urls: list[str]) -> Config:
     # A hung non-streaming call ends at the end-to-end deadline (vLLM sends its
     # body only when done, so there is no first byte to time); keep it short.
-    config = two_pool_config(interactive_urls=[urls[0]], batch_urls=[urls[1]], timeouts=TimeoutsConfig(end_to_end_timeout=2.0))
+    config = two_pool_config(interactive_urls=[urls[0]], batch_urls=[urls[1]], timeouts=TimeoutsConfig(end_to_end_timeout=3.0))
     interactive = dataclasses.replace(config.pools[0], first_byte_timeout=0.5)
     return dataclasses.replace(config, pools=(interactive, config.pools[1]))
 
