@@ -26,12 +26,13 @@ from router.config_types import Config
 from router.dispatch import Router
 from router.telemetry import RequestRecord, Telemetry
 from server.grpc_api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
-from server.grpc_bridge import AsyncioHost, run_with_asyncio_host
+from server.grpc_bridge import AsyncioHost
 from server.http_api import HttpApi
 from server.http_server import HttpSettings
 from server.http_server import serve as serve_http
 from server.metrics import Metrics
 
+from .grpc_helpers import service_thread
 from .http_helpers import QUICK
 from .sim_helpers import MODEL
 
@@ -148,10 +149,8 @@ def front_ends(
 
     ``make_config`` gets the backends' URLs in order.
     """
-    ready = threading.Event()
-    box: dict[str, object] = {}
 
-    async def trio_main(host: AsyncioHost) -> None:
+    async def trio_main(host: AsyncioHost, ready: threading.Event, box: dict[str, object]) -> None:
         shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
             urls = []
@@ -186,27 +185,12 @@ def front_ends(
             await router.aclose()
             nursery.cancel_scope.cancel()
 
-    def thread_main() -> None:
+    with service_thread(trio_main, "front-ends") as box:
+        service = box["service"]
+        shutdown = box["shutdown"]
+        assert isinstance(service, FrontEnds) and isinstance(shutdown, trio.Event)
         try:
-            run_with_asyncio_host(trio_main)
-        except BaseException as error:  # noqa: BLE001 - reported to the test thread
-            box["error"] = error
-            ready.set()
-
-    thread = threading.Thread(target=thread_main, name="front-ends", daemon=True)
-    thread.start()
-    if not ready.wait(60) or "error" in box:
-        raise RuntimeError(f"the service did not start: {box.get('error')!r}")
-    service = box["service"]
-    shutdown = box["shutdown"]
-    assert isinstance(service, FrontEnds) and isinstance(shutdown, trio.Event)
-    try:
-        yield service
-    finally:
-        service.token.run_sync_soon(shutdown.set)
-        thread.join(30)
-        assert not thread.is_alive(), "the service did not stop"
-        error = box.get("error")
-        if isinstance(error, BaseException):
-            raise RuntimeError("the service failed") from error
+            yield service
+        finally:
+            service.token.run_sync_soon(shutdown.set)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -54,13 +54,46 @@ class Service:
     def http_url(self) -> str:
         return self.running.http_url
 
+ServiceMain = Callable[[AsyncioHost, threading.Event, dict[str, object]], Awaitable[None]]
+
+
 @contextmanager
-def grpc_service(engine_params: list[EngineParams], make_config: Callable[[list[str]], Config]) -> Iterator[Service]:
-    """Engines on free ports, then tailguard (HTTP + gRPC) configured by ``make_config(urls)``."""
+def service_thread(trio_main: ServiceMain, name: str) -> Iterator[dict[str, object]]:
+    """Run ``trio_main(host, ready, box)`` as a Trio guest of asyncio on a thread of its own.
+
+    Yields ``box`` once ``ready`` is set (what the service put there); on
+    exit, after the caller told the service to stop, waits for the thread and
+    raises what it failed with.
+    """
     ready = threading.Event()
     box: dict[str, object] = {}
 
-    async def trio_main(host: AsyncioHost) -> None:
+    def thread_main() -> None:
+        try:
+            run_with_asyncio_host(lambda host: trio_main(host, ready, box))
+        except BaseException as error:  # noqa: BLE001 - reported to the test thread
+            box["error"] = error
+            ready.set()
+
+    thread = threading.Thread(target=thread_main, name=name, daemon=True)
+    thread.start()
+    if not ready.wait(60) or "error" in box:
+        raise RuntimeError(f"the service did not start: {box.get('error')!r}")
+    try:
+        yield box
+    finally:
+        thread.join(30)
+        assert not thread.is_alive(), "the service did not stop"
+        error = box.get("error")
+        if isinstance(error, BaseException):
+            raise RuntimeError("the service failed") from error
+
+
+@contextmanager
+def grpc_service(engine_params: list[EngineParams], make_config: Callable[[list[str]], Config]) -> Iterator[Service]:
+    """Engines on free ports, then tailguard (HTTP + gRPC) configured by ``make_config(urls)``."""
+
+    async def trio_main(host: AsyncioHost, ready: threading.Event, box: dict[str, object]) -> None:
         shutdown = trio.Event()
         engines = [Engine(params) for params in engine_params]
         switches = [Switchable(engine) for engine in engines]
@@ -82,30 +115,16 @@ def grpc_service(engine_params: list[EngineParams], make_config: Callable[[list[
             # serve() returned: it shut down gracefully; now the engines can go.
             nursery.cancel_scope.cancel()
 
-    def thread_main() -> None:
+    with service_thread(trio_main, "tailguard-service") as box:
+        service = box["service"]
+        assert isinstance(service, Service)
         try:
-            run_with_asyncio_host(trio_main)
-        except BaseException as error:  # noqa: BLE001 - reported to the test thread
-            box["error"] = error
-            ready.set()
-
-    thread = threading.Thread(target=thread_main, name="tailguard-service", daemon=True)
-    thread.start()
-    if not ready.wait(60) or "error" in box:
-        raise RuntimeError(f"the service did not start: {box.get('error')!r}")
-    service = box["service"]
-    assert isinstance(service, Service)
-    try:
-        yield service
-    finally:
-        try:
-            service.token.run_sync_soon(service._shutdown.set)
-        except trio.RunFinishedError:
-            pass  # the test shut it down itself, and it already stopped
-        thread.join(30)
-        assert not thread.is_alive(), "the service did not stop"
-        if "error" in box:
-            raise RuntimeError("the service failed") from box["error"]  # type: ignore[arg-type]
+            yield service
+        finally:
+            try:
+                service.token.run_sync_soon(service._shutdown.set)
+            except trio.RunFinishedError:
+                pass  # the test shut it down itself, and it already stopped
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     """Bounded wait for a condition another thread makes true."""
