@@ -4,16 +4,23 @@ Per-request histograms and counters are fed by :meth:`Metrics.observe` (a
 telemetry sink); pool, endpoint and backend gauges are read from the router
 at scrape time by a collector, so they are never stale and cost nothing
 between scrapes. Buckets resolve both 20 ms (an interactive TTFT) and 60 s
-(a long generation).
+(a long generation). The garbage collector's pauses are timed by a
+``gc.callbacks`` hook that lives as long as the :class:`Metrics` object.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+import contextlib
+import gc
+import itertools
+import time
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -28,6 +35,10 @@ SECONDS_BUCKETS = (
 )  # fmt: skip
 PER_TOKEN_BUCKETS = (0.002, 0.005, 0.008, 0.012, 0.016, 0.02, 0.025, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+# 0.1 ms (a young collection of a few thousand objects) to 200 ms (a full one over a big heap).
+GC_PAUSE_BUCKETS = (
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2,
+)  # fmt: skip
 
 _REQUEST_LABELS = ("class", "pool", "outcome")
 
@@ -86,6 +97,16 @@ class Metrics:
             self.reloads.labels(result)
         self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         r.register(_RouterCollector(router))
+        self.gc_pauses = GcPauses()
+        r.register(self.gc_pauses)
+        gc.callbacks.append(self.gc_pauses.on_gc)
+        # The hook must not keep this object alive, nor outlive it: it is
+        # removed by close(), or when this object is garbage.
+        self._unhook = weakref.finalize(self, _remove_gc_callback, self.gc_pauses.on_gc)
+
+    def close(self) -> None:
+        """Stop timing the garbage collector (idempotent; also done when this object is garbage)."""
+        self._unhook()
 
     def observe(self, record: RequestRecord) -> None:
         """Telemetry sink: one finished request."""
@@ -124,6 +145,60 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _remove_gc_callback(callback: Callable[[str, dict[str, int]], None]) -> None:
+    with contextlib.suppress(ValueError):  # someone else removed it
+        gc.callbacks.remove(callback)
+
+
+class GcPauses(Collector):
+    """``tailguard_gc_pause_seconds{generation}``: how long each garbage collection stopped the process.
+
+    :meth:`on_gc` is a ``gc.callbacks`` hook: it runs inside a collection, on
+    whatever thread allocated the object that triggered it, so it is cheap
+    (two clock reads, a bisect, two additions) and takes no lock. That is why
+    this is a collector over plain counters and not a ``prometheus_client``
+    ``Histogram``: ``Histogram.observe`` takes a non-reentrant
+    ``threading.Lock``, and a collection can start on a thread that holds
+    that very lock (a scrape reading the histogram) -- a deadlock. Counters
+    without a lock are exact because collections never overlap: CPython runs
+    one at a time (a free-threaded build stops the world for it). The clock
+    is ``time.perf_counter``: a collection is outside any Trio run.
+    """
+
+    NAME = "tailguard_gc_pause_seconds"
+    DOC = "Garbage-collector pauses by generation (0 youngest, 2 full): the whole process stops for each."
+
+    def __init__(self, buckets: tuple[float, ...] = GC_PAUSE_BUCKETS) -> None:
+        self._bounds = buckets
+        self._counts = [[0] * (len(buckets) + 1) for _ in range(3)]  # per bucket, not cumulative; the last is +Inf
+        self._sums = [0.0, 0.0, 0.0]
+        self._started: float | None = None
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks`` hook: time from "start" to "stop" of one collection."""
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        started, self._started = self._started, None
+        if started is None:  # hooked in mid-collection
+            return
+        pause = time.perf_counter() - started
+        generation = info["generation"]
+        self._counts[generation][bisect.bisect_left(self._bounds, pause)] += 1
+        self._sums[generation] += pause
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.NAME, self.DOC, labels=("generation",))
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.NAME, self.DOC, labels=("generation",))
+        bounds = [*(str(float(b)) for b in self._bounds), "+Inf"]
+        for generation, (counts, total) in enumerate(zip(self._counts, self._sums, strict=True)):
+            cumulative = itertools.accumulate(list(counts))  # a copy: a collection may count meanwhile
+            family.add_metric((str(generation),), list(zip(bounds, cumulative, strict=True)), total)
+        yield family
 
 
 class _RouterCollector(Collector):
