@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import gc
@@ -21,7 +22,7 @@ from router.dispatch import Router
 from router.telemetry import RepeatedIds, Telemetry
 
 from .grpc_api import Observers, serve_grpc
-from .grpc_bridge import AsyncioHost
+from .grpc_bridge import open_asyncio_host
 from .http_api import HttpApi
 from .http_server import HttpSettings
 from .http_server import serve as serve_http
@@ -73,15 +74,15 @@ async def serve(
     *,
     simulate: bool = False,
     http_port: int | None = None,
-    asyncio_host: AsyncioHost | None = None,
+    grpc: bool = False,
     grpc_port: int | None = None,
     shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run tailguard until ``shutdown`` is set, or a drain (SIGTERM, SIGINT) ends.
 
-    With an ``asyncio_host`` (Trio running as its guest) the gRPC front end
-    runs too. ``http_port``/``grpc_port`` override the configured ports (0
+    With ``grpc`` the gRPC front end runs too (grpc.aio, on an asyncio loop
+    of its own thread: ``server/grpc_bridge.py``). ``http_port``/``grpc_port`` override the configured ports (0
     picks a free one). Signals are handled only on the main thread.
     """
     shutdown = trio.Event() if shutdown is None else shutdown
@@ -132,7 +133,7 @@ async def serve(
         # The HTTP server returns once the shutdown trigger fired and its
         # in-flight requests finished (or its grace period passed); the rest
         # of the nursery is background work, cancelled after it.
-        async with trio.open_nursery() as front:
+        async with contextlib.AsyncExitStack() as front_stack, trio.open_nursery() as front:
             if config.server.http_server == "lean":
                 binds = await front.start(
                     functools.partial(
@@ -156,7 +157,8 @@ async def serve(
                 )
             log.info("tailguard listening on %s", binds[0])
             bound_grpc: int | None = None
-            if asyncio_host is not None:
+            if grpc:
+                asyncio_host = await front_stack.enter_async_context(open_asyncio_host())
                 listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
                 observers = Observers(
                     telemetry, repeated_ids, metrics.repeated_request_id, log_prompts=lambda: access_log.log_prompts

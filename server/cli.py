@@ -12,7 +12,6 @@ import trio
 from router.config import ConfigError, load_config, render_config
 
 from .app import serve
-from .grpc_bridge import run_with_asyncio_host
 from .logs import configured_logging
 
 # The shipped reference config, used when no --config is given and the
@@ -36,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run a simulated vLLM engine for every endpoint in the config (no GPU needed)",
     )
     serve_cmd.add_argument(
-        "--no-grpc", action="store_true", help="serve only the HTTP API (plain trio.run, no asyncio host)"
+        "--no-grpc", action="store_true", help="serve only the HTTP API (no gRPC, no asyncio thread)"
     )
     serve_cmd.add_argument("--log-level", default=None, help="logging level (default: the config's logging.level)")
     serve_cmd.add_argument(
@@ -64,11 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_format = args.log_format or config.logging.format
     with configured_logging(level, log_format):
         try:
-            if args.no_grpc:
-                trio.run(lambda: serve(config, path, simulate=args.simulate))
-            else:
-                # gRPC needs asyncio (grpc.aio): Trio runs as its guest, see server/grpc_bridge.py.
-                run_with_asyncio_host(lambda host: serve(config, path, simulate=args.simulate, asyncio_host=host))
+            trio.run(lambda: serve(config, path, simulate=args.simulate, grpc=not args.no_grpc))
         except KeyboardInterrupt:
             pass
     return 0

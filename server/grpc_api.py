@@ -54,6 +54,8 @@ log = logging.getLogger("tailguard.grpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Completions"].full_name
 GRACE_SECONDS = 5.0
+# How often the Trio side looks at the router's readiness for the health service.
+HEALTH_CHECK_SECONDS = 0.25
 # Completion calls open at once by default; beyond it RESOURCE_EXHAUSTED (config: server.grpc_max_calls).
 MAX_CONCURRENT_CALLS = ServerConfig.grpc_max_calls
 _SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance", retry_after=1.0)
@@ -466,7 +468,6 @@ class GrpcServer:
         self._max_calls = max_calls
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
-        self._health_task: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> int:
         pending = _pending_bound(self._max_calls)
@@ -495,25 +496,16 @@ class GrpcServer:
             raise OSError(f"gRPC could not listen on {address}")
         await server.start()
         self._server = server
-        await self._update_health()
-        self._health_task = asyncio.get_running_loop().create_task(self._watch_health())
         return bound
 
-    async def _update_health(self) -> None:
-        ready = self._router.health()["status"] == "ready"
-        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+    async def set_serving(self, serving: bool) -> None:
+        """The health service's answer, for the whole server and for the completions service."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         await self._health.set("", status)
         await self._health.set(SERVICE_NAME, status)
 
-    async def _watch_health(self) -> None:
-        while True:
-            await asyncio.sleep(0.25)
-            await self._update_health()
-
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let in-flight ones finish up to ``grace`` s, then cancel them."""
-        if self._health_task is not None:
-            self._health_task.cancel()
         await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
@@ -537,8 +529,29 @@ async def serve_grpc(
         grpc_server = GrpcServer(router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()), max_calls=max_calls)
         port = await host.run(lambda: grpc_server.start(*listen))
         log.info("gRPC listening on %s:%s", listen[0], port)
+        await calls.start(_push_health, router, host, grpc_server)
         task_status.started(port)
         await shutdown.wait()
         with trio.CancelScope(shield=True):
             await host.run(lambda: grpc_server.stop(GRACE_SECONDS))
         calls.cancel_scope.cancel()
+
+
+async def _push_health(
+    router: Router, host: AsyncioHost, grpc_server: GrpcServer, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Tell the health service when readiness changes (and only then).
+
+    Readiness is read on the Trio side, where the router lives, every
+    ``HEALTH_CHECK_SECONDS``; the asyncio side hears of a change, not of
+    every check.
+    """
+    serving = router.health()["status"] == "ready"
+    await host.run(lambda: grpc_server.set_serving(serving))
+    task_status.started()
+    while True:
+        await trio.sleep(HEALTH_CHECK_SECONDS)
+        now_serving = router.health()["status"] == "ready"
+        if now_serving != serving:
+            serving = now_serving
+            await host.run(lambda: grpc_server.set_serving(now_serving))

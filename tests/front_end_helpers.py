@@ -1,7 +1,7 @@
 """Both front ends over one router, on real sockets, with backends that misbehave on demand.
 
-The service (HTTP under hypercorn, gRPC under grpc.aio with Trio as asyncio's
-guest) runs in a thread of its own, as in ``grpc_helpers``; tests are plain
+The service (HTTP on tailguard's own server, gRPC on grpc.aio with its
+asyncio loop on one more thread) runs in a thread of its own, as in ``grpc_helpers``; tests are plain
 synchronous code using httpx and the generated gRPC clients. Unlike
 ``server.app.serve`` the pieces are put together here, so a test can read
 every finished record, set the cap on open gRPC calls, and plant a failing
@@ -26,7 +26,7 @@ from router.config_types import Config
 from router.dispatch import Router
 from router.telemetry import RequestRecord, Telemetry
 from server.grpc_api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
-from server.grpc_bridge import AsyncioHost
+from server.grpc_bridge import open_asyncio_host
 from server.http_api import HttpApi
 from server.http_server import HttpSettings
 from server.http_server import serve as serve_http
@@ -150,7 +150,7 @@ def front_ends(
     ``make_config`` gets the backends' URLs in order.
     """
 
-    async def trio_main(host: AsyncioHost, ready: threading.Event, box: dict[str, object]) -> None:
+    async def trio_main(ready: threading.Event, box: dict[str, object]) -> None:
         shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
             urls = []
@@ -168,7 +168,7 @@ def front_ends(
             metrics = Metrics(router)
             telemetry = Telemetry([metrics.observe, _planted_failure])
             http = HttpApi(router, max_body_bytes=config.server.max_body_bytes, telemetry=telemetry, metrics=metrics)
-            async with trio.open_nursery() as front:
+            async with open_asyncio_host() as host, trio.open_nursery() as front:
                 binds = await front.start(
                     lambda task_status: serve_http(http, "127.0.0.1", 0, settings=HttpSettings(), shutdown_trigger=shutdown.wait, task_status=task_status)
                 )

@@ -1,9 +1,8 @@
-"""tailguard with its gRPC front end, hosted by asyncio in a background thread.
+"""tailguard with its gRPC front end, run by ``trio.run`` in a background thread.
 
-pytest-trio runs tests under ``trio.run``, but gRPC needs an asyncio host
-with Trio as its guest; so the whole service (and its simulated engines)
-runs in a thread of its own, and gRPC tests are plain synchronous tests
-using the generated clients over a real socket.
+The whole service (and its simulated engines) runs in a thread of its own
+(its gRPC server on one more, as in production), so gRPC tests are plain
+synchronous tests using the generated blocking clients over a real socket.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from bench.sim import Engine, EngineParams, SimApp, SimResponse
 from bench.sim.http import serve as serve_sim
 from router.config_types import Config
 from server.app import Running, serve
-from server.grpc_bridge import AsyncioHost, run_with_asyncio_host
 
 from .sim_helpers import MODEL
 
@@ -54,12 +52,12 @@ class Service:
     def http_url(self) -> str:
         return self.running.http_url
 
-ServiceMain = Callable[[AsyncioHost, threading.Event, dict[str, object]], Awaitable[None]]
+ServiceMain = Callable[[threading.Event, dict[str, object]], Awaitable[None]]
 
 
 @contextmanager
 def service_thread(trio_main: ServiceMain, name: str) -> Iterator[dict[str, object]]:
-    """Run ``trio_main(host, ready, box)`` as a Trio guest of asyncio on a thread of its own.
+    """Run ``trio_main(ready, box)`` under ``trio.run`` on a thread of its own.
 
     Yields ``box`` once ``ready`` is set (what the service put there); on
     exit, after the caller told the service to stop, waits for the thread and
@@ -70,7 +68,7 @@ def service_thread(trio_main: ServiceMain, name: str) -> Iterator[dict[str, obje
 
     def thread_main() -> None:
         try:
-            run_with_asyncio_host(lambda host: trio_main(host, ready, box))
+            trio.run(trio_main, ready, box)
         except BaseException as error:  # noqa: BLE001 - reported to the test thread
             box["error"] = error
             ready.set()
@@ -93,7 +91,7 @@ def service_thread(trio_main: ServiceMain, name: str) -> Iterator[dict[str, obje
 def grpc_service(engine_params: list[EngineParams], make_config: Callable[[list[str]], Config]) -> Iterator[Service]:
     """Engines on free ports, then tailguard (HTTP + gRPC) configured by ``make_config(urls)``."""
 
-    async def trio_main(host: AsyncioHost, ready: threading.Event, box: dict[str, object]) -> None:
+    async def trio_main(ready: threading.Event, box: dict[str, object]) -> None:
         shutdown = trio.Event()
         engines = [Engine(params) for params in engine_params]
         switches = [Switchable(engine) for engine in engines]
@@ -106,7 +104,7 @@ def grpc_service(engine_params: list[EngineParams], make_config: Callable[[list[
             config = make_config(urls)
 
             async def run_service(task_status: trio.TaskStatus[Running]) -> None:
-                await serve(config, None, http_port=0, grpc_port=0, asyncio_host=host, shutdown=shutdown, task_status=task_status)
+                await serve(config, None, http_port=0, grpc_port=0, grpc=True, shutdown=shutdown, task_status=task_status)
 
             async with trio.open_nursery() as service_nursery:
                 running = await service_nursery.start(run_service)
