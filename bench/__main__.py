@@ -4,6 +4,7 @@
     python -m bench overhead   what the router adds per request and per relayed event
     python -m bench sweep      the policy in virtual time: loads x set-ups x splits
     python -m bench chaos      killed, hung and broken engines, hostile clients, reloads: what must hold
+    python -m bench hold       RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold
 
 Each prints its parameters and numbers, writes JSON (and plots) under
 ``bench/results/``, and takes ``--help``.
@@ -19,6 +20,7 @@ _COMMANDS = {
     "overhead": "bench.overhead",
     "sweep": "bench.sweep",
     "chaos": "bench.chaos",
+    "hold": "bench.hold",
 }
 
 

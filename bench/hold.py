@@ -1,0 +1,740 @@
+"""``python -m bench hold``: the router's memory while it holds N HTTP SSE streams, and its GC pauses while it relays.
+
+One tailguard process serves HTTP only (``serve --no-grpc``) from a
+temporary config; simulated engines run in other processes, so only the
+router's own memory is measured. Two phases:
+
+1. Hold: N streaming chats (default 10,000; max_tokens 256, so the batch
+   class) against slow engines (one step every ``--step-ms``, so a stream
+   gets a token a step and stays open for minutes), one engine per 1,000
+   streams so no engine's seats are the limit, pool caps above N. The
+   client is lean: one raw Trio socket per stream, the request sent once,
+   read every ``--read-pause`` seconds (a slow reader). A stream counts as
+   open once its first SSE event arrived (routed, backend connected,
+   relayed end to end). Opening is paced (at most 512 without a response
+   head). Then the streams are held ``--seconds`` while they relay, the
+   client closes them all, and the router settles. tailguard's VmRSS,
+   VmHWM, threads and fds (``/proc/PID``) at idle, at the peak, held, and
+   after; its CPU; and its garbage-collector pauses while the streams
+   relay, from ``tailguard_gc_pause_seconds`` on its /metrics (scraped at
+   the start and the end of the hold).
+2. GC thresholds: for each first-generation threshold in ``--relay-gen0``
+   (default 700, 10,000 and 50,000; the older generations' as the server
+   sets them, ``--gc-older``), a fresh tailguard relays 256 streaming chats
+   (max_tokens 128) from an ``instant`` engine, restarted as they end (the
+   SSE relay load of ``bench overhead``); events/s, router CPU per event,
+   and the GC pause distribution over the window.
+
+The thresholds are set by this benchmark, not by a server option: the
+router runs under a bench-side launcher (:func:`router_child`) whose thread
+waits for the server's own ``gc.set_threshold`` at start-up and then sets
+the threshold asked for; the child logs the thresholds in force, and the
+report quotes that line.
+
+File descriptors: the router needs two per stream (caller and engine), so
+N is capped at what its RLIMIT_NOFILE hard limit allows (raised from the
+soft limit in this process and in the child); the report says when it did.
+Percentiles of GC pauses are bucket bounds (a pause "<= 2 ms"), from the
+histogram; the mean is exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import math
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.grpc_overhead import ProcSample, proc_sample, raise_nofile
+from bench.overhead import code_version
+from bench.overhead_load import MachineClock
+from bench.router_overhead import (
+    CHAT_PATH,
+    HOST,
+    MESSAGE,
+    CpuClock,
+    PoolSpec,
+    http_request,
+    log_tail,
+    start_process,
+    start_simulator,
+    tailguard_config,
+    wait_ready,
+    write_json,
+)
+from bench.sim_cpu import EVENT, LoadCounters, free_ports, interrupted, stop
+from bench.sim_cpu import client as sse_client
+
+T = TypeVar("T")
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results" / "hold"
+GC_METRIC = "tailguard_gc_pause_seconds"
+
+HOLD_MAX_TOKENS = 256  # above the interactive class's 128: the batch class, the slow engines' pool
+STREAMS_PER_ENGINE = 1_000  # a vLLM engine seats ~256-1,024 sequences
+MAX_OPENING = 512  # streams sent but without a response head yet: paces the ramp
+FD_MARGIN = 64  # the router's fds besides two per stream: listeners, logs, health checks, the scrape
+RAMP_TIMEOUT_S = 60.0
+STALL_S = 10.0  # give up the ramp when nothing opened or failed for this long
+SETTLE_TIMEOUT_S = 20.0
+SETTLE_FD_SLACK = 16
+SAMPLE_EVERY_S = 0.5
+PROGRESS_EVERY_S = 5.0
+READ_SIZE = 16 * 1024
+
+RELAY_STREAMS = 256
+RELAY_MAX_TOKENS = 128  # the interactive class's max_output_tokens
+INTERACTIVE_CAP = 1024
+THRESHOLD_WAIT_S = 60.0  # the child's wait for the server's own gc.set_threshold
+THRESHOLD_LOG = "bench.hold: gc thresholds"
+_CHILD_ENTRY = "import sys; from bench.hold import router_child; sys.exit(router_child(sys.argv[1:]))"
+_CANCEL_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Options:
+    streams: int
+    seconds: float  # the hold
+    step_ms: float  # the slow engines' step: one token per stream per step
+    read_pause: float
+    gc_threshold: tuple[int, int, int] | None  # during the hold; None: the server's own
+    relay_gen0: Sequence[int]
+    gc_older: tuple[int, int]
+    relay_warmup: float
+    relay_seconds: float
+    out: Path
+
+
+# -- the router under a GC threshold of the benchmark's choosing ----------------------------
+
+
+def router_child(argv: Sequence[str]) -> int:
+    """``tailguard`` CLI in this process, ``argv[0]`` the GC thresholds to impose ("a,b,c", or "server").
+
+    The server sets its thresholds once it listens; a thread here waits for
+    that (any change from the interpreter's) and sets ours after it, then
+    logs what is in force, for the benchmark to quote. RLIMIT_NOFILE's soft
+    limit is raised to the hard one first.
+    """
+    from server.cli import main as tailguard_main
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    raise_nofile(hard)
+    wanted = None if argv[0] == "server" else _thresholds(argv[0])
+    threading.Thread(target=_impose_threshold, args=(wanted,), name="bench-gc-threshold", daemon=True).start()
+    return tailguard_main(list(argv[1:]))
+
+
+def _impose_threshold(wanted: tuple[int, int, int] | None) -> None:
+    initial = gc.get_threshold()
+    deadline = time.monotonic() + THRESHOLD_WAIT_S
+    while gc.get_threshold() == initial and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server = gc.get_threshold()
+    if wanted is not None:
+        gc.set_threshold(*wanted)
+    print(f"{THRESHOLD_LOG} {gc.get_threshold()} in force (the server's own: {server}; frozen objects: {gc.get_freeze_count()})", file=sys.stderr, flush=True)
+
+
+def _thresholds(text: str) -> tuple[int, int, int]:
+    a, b, c = (int(v) for v in text.split(","))
+    return a, b, c
+
+
+async def start_router(nursery: trio.Nursery, config: Path, thresholds: tuple[int, int, int] | None, log: Path) -> trio.Process:
+    """tailguard (HTTP only) under :func:`router_child`; cancelling ``nursery`` terminates it."""
+    spec = "server" if thresholds is None else ",".join(map(str, thresholds))
+    command = [sys.executable, "-c", _CHILD_ENTRY, spec, "serve", "--config", str(config), "--no-grpc", "--log-level", "WARNING"]
+    with log.open("ab") as out:  # the child holds its own descriptor
+        return await start_process(nursery, command, out)
+
+
+async def thresholds_in_force(log: Path, process: trio.Process) -> str:
+    """The child's line saying which GC thresholds are in force (bounded wait), e.g. "(700, 20, 100) in force (...)"."""
+    with trio.move_on_after(5.0):
+        while process.returncode is None:
+            for line in log_tail(log).splitlines():
+                if line.startswith(THRESHOLD_LOG):
+                    return line[len(THRESHOLD_LOG) :].strip()
+            await trio.sleep(0.05)
+    return "unknown (the router did not say)"
+
+
+def _in_force(said: str) -> str:
+    return said.split(" in force", 1)[0]
+
+
+# -- GC pauses from /metrics --------------------------------------------------------------
+
+
+Buckets = dict[str, list[tuple[float, float]]]  # generation -> [(upper bound, cumulative count)], and "sum:G"
+
+
+async def scrape_gc(port: int) -> tuple[Buckets, dict[str, float]]:
+    """``tailguard_gc_pause_seconds`` from the router's /metrics: buckets and sums by generation."""
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        page = (await client.get(f"http://{HOST}:{port}/metrics")).text
+    buckets: Buckets = collections.defaultdict(list)
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        if family.name != GC_METRIC:
+            continue
+        for sample in family.samples:
+            generation = sample.labels["generation"]
+            if sample.name.endswith("_bucket"):
+                buckets[generation].append((float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith("_sum"):
+                sums[generation] = sample.value
+    if not buckets:
+        raise RuntimeError(f"the router's /metrics has no {GC_METRIC}: is it older than the GC pause metric?")
+    return buckets, sums
+
+
+@dataclass
+class GcPauses:
+    """One generation's pauses between two scrapes; percentiles and max are bucket upper bounds."""
+
+    generation: str
+    count: int
+    per_s: float
+    paused_ms_per_s: float  # the time the process stood still, per second of wall time
+    mean_ms: float | None
+    p50_le_ms: float | None
+    p99_le_ms: float | None
+    max_le_ms: float | None  # inf: above the largest bucket
+
+
+def gc_delta(before: tuple[Buckets, dict[str, float]], after: tuple[Buckets, dict[str, float]], wall: float) -> list[GcPauses]:
+    rows = []
+    for generation in sorted(after[0]):
+        old = dict(before[0].get(generation, []))
+        bounds = [b for b, _ in after[0][generation]]
+        cumulative = [c - old.get(b, 0.0) for b, c in after[0][generation]]
+        count = int(cumulative[-1]) if cumulative else 0
+        total = after[1].get(generation, 0.0) - before[1].get(generation, 0.0)
+
+        def rank(q: float) -> float | None:
+            if count == 0:
+                return None
+            needed = max(1, math.ceil(q * count))
+            return next(b for b, c in zip(bounds, cumulative, strict=True) if c >= needed) * 1000
+
+        rows.append(
+            GcPauses(generation, count, count / wall, total / wall * 1000, total / count * 1000 if count else None, rank(0.5), rank(0.99), rank(1.0))
+        )
+    return rows
+
+
+# -- phase 1: hold N streams ----------------------------------------------------------------
+
+
+@dataclass
+class HoldTally:
+    started: int = 0
+    waiting: int = 0  # sent, no response head yet
+    first_event: int = 0  # ever got their first SSE event
+    open: int = 0  # got their first event and still open
+    ended: int = 0  # finished on their own while they should have been held
+    failed: int = 0
+    events: int = 0
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+async def hold_one(port: int, request: bytes, read_pause: float, tally: HoldTally) -> None:
+    """One stream on its own socket, read slowly until cancelled (closing the socket) or it ends."""
+    tally.started += 1
+    tally.waiting += 1
+    waiting, opened = True, False
+    try:
+        stream = await trio.open_tcp_stream(HOST, port)
+        async with stream:
+            await stream.send_all(request)
+            data = b""
+            while waiting:
+                more = await stream.receive_some(READ_SIZE)
+                if not more:
+                    tally.failed += 1
+                    tally.failures["closed before the head"] += 1
+                    return
+                data += more
+                if b"\r\n" in data:
+                    waiting = False
+                    tally.waiting -= 1
+                    status = data.split(b" ", 2)[1].decode("ascii", "replace")
+                    if status != "200":
+                        tally.failed += 1
+                        tally.failures[f"HTTP {status}"] += 1
+                        return
+            tail = b""
+            while True:
+                window = tail + data
+                fresh = window.count(EVENT) - tail.count(EVENT)
+                tally.events += fresh
+                if fresh and not opened:
+                    opened = True
+                    tally.first_event += 1
+                    tally.open += 1
+                tail = window[-(len(EVENT) - 1) :]
+                await trio.sleep(read_pause)
+                data = await stream.receive_some(READ_SIZE)
+                if not data:
+                    tally.ended += 1
+                    return
+    except (OSError, trio.BrokenResourceError) as error:
+        tally.failed += 1
+        tally.failures[type(error).__name__] += 1
+    finally:
+        if waiting:
+            tally.waiting -= 1
+        if opened:
+            tally.open -= 1
+
+
+@dataclass
+class HoldRun:
+    requested: int
+    target: int  # requested, or fewer when the router's fd limit cannot hold them
+    capped_because: str | None
+    nofile_hard: int
+    engines: int
+    step_ms: float
+    read_pause_s: float
+    gc_thresholds: str
+    started: int
+    first_event: int
+    open_at_hold_end: int
+    ended_early: int
+    failed: int
+    failures: dict[str, int]
+    ramp_s: float
+    stopped_because: str
+    router_cpu_ms_per_stream_opened: float
+    rss_kib_per_open_stream: float
+    hold_s: float
+    hold_events_per_s: float
+    hold_cores: dict[str, float]
+    hold_machine_busy_cores: float
+    router_cpu_us_per_event: float | None
+    gc: list[GcPauses]
+    settle_s: float
+    fds_left_above_idle: int
+    samples: list[ProcSample]  # idle, peak (ramp + hold), held, after
+
+
+def write_config(path: Path, http_port: int, grpc_port: int, instant: int, slow: Sequence[int], streams: int) -> None:
+    """Interactive pool on the instant engine; batch pool on the slow engines, sized to hold every stream."""
+    hold = max(streams, 1) + 64
+    per_endpoint = math.ceil(hold / len(slow)) + 16
+    interactive = PoolSpec("interactive", [(instant, INTERACTIVE_CAP)], max_concurrency=INTERACTIVE_CAP, max_queue=2 * INTERACTIVE_CAP)
+    batch = PoolSpec("batch", [(port, per_endpoint) for port in slow], max_concurrency=hold, max_queue=hold)
+    # Key lines before any table header belong to [server]: the connection cap above the streams.
+    server_keys = [f"max_connections = {hold + RELAY_STREAMS + 64}", ""]
+    path.write_text(tailguard_config(http_port, grpc_port, interactive, batch, sections=server_keys))
+
+
+async def hold_phase(options: Options, port: int, tg: trio.Process, pids: dict[str, int], engines: int, thresholds: str) -> HoldRun:
+    """Open N streams (paced), hold them while they relay, close them all; sample the router throughout."""
+    await trio.sleep(1.0)  # start-up garbage collected, health checks settled
+    start = time.perf_counter()
+    idle = proc_sample(tg.pid, "idle", start, 0)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fit = (hard - idle.fds - FD_MARGIN) // 2
+    target = min(options.streams, fit)
+    capped = None if target == options.streams else f"RLIMIT_NOFILE hard limit {hard:,}: {idle.fds} fds at idle + 2 a stream + {FD_MARGIN} spare"
+    if capped:
+        print(f"  hold: {options.streams:,} streams do not fit; holding {target:,} ({capped})", file=sys.stderr, flush=True)
+    payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": HOLD_MAX_TOKENS, "stream": True}
+    request = http_request(port, CHAT_PATH, payload)
+    tally = HoldTally()
+    peak = idle
+    cpu_start = CpuClock.read(pids)
+    async with trio.open_nursery() as holders:
+        stopped_because = f"ramp timeout ({RAMP_TIMEOUT_S:g} s)"
+        with trio.move_on_after(RAMP_TIMEOUT_S):
+            last_progress, progress_at, printed_at, sampled_at = -1, start, start, start
+            launched = 0
+            while True:
+                while launched < target and tally.waiting < MAX_OPENING:
+                    holders.start_soon(hold_one, port, request, options.read_pause, tally)
+                    launched += 1
+                    if launched % 64 == 0:
+                        await trio.sleep(0)  # let the connects go out
+                await trio.sleep(0.01)
+                now = time.perf_counter()
+                if now - sampled_at >= SAMPLE_EVERY_S:
+                    peak = max(peak, proc_sample(tg.pid, "peak (ramp + hold)", start, tally.open), key=lambda s: s.rss_mib)
+                    sampled_at = now
+                if now - printed_at >= PROGRESS_EVERY_S:
+                    print(f"  hold: {tally.open:,} open, {tally.failed} failed, RSS {peak.rss_mib:,.0f} MiB peak", file=sys.stderr, flush=True)
+                    printed_at = now
+                progress = tally.first_event + tally.failed + tally.ended
+                if progress >= target:
+                    stopped_because = "every stream opened or failed"
+                    break
+                if progress != last_progress:
+                    last_progress, progress_at = progress, now
+                elif now - progress_at >= STALL_S:
+                    stopped_because = f"no progress for {STALL_S:g} s"
+                    break
+        ramp_s = time.perf_counter() - start
+        cpu_ramp, machine = CpuClock.read(pids), MachineClock.read()
+        gc_before, events_before = await scrape_gc(port), tally.events
+        with trio.move_on_after(options.seconds):
+            while True:
+                await trio.sleep(SAMPLE_EVERY_S)
+                peak = max(peak, proc_sample(tg.pid, "peak (ramp + hold)", start, tally.open), key=lambda s: s.rss_mib)
+        gc_after, cpu_held = await scrape_gc(port), CpuClock.read(pids)
+        busy = MachineClock.read().cores_since(machine)
+        events = tally.events - events_before
+        held = proc_sample(tg.pid, "held", start, tally.open)
+        peak = max(peak, held, key=lambda s: s.rss_mib)
+        open_at_end = tally.open
+        print(f"  hold: {open_at_end:,} open for {options.seconds:g} s, RSS {held.rss_mib:,.0f} MiB; closing them", file=sys.stderr, flush=True)
+        holders.cancel_scope.cancel()
+    settle_s, after = await settle(tg.pid, idle, start)
+    hold_s = cpu_held.wall - cpu_ramp.wall
+    router_cpu = cpu_held.seconds_since(cpu_ramp)["tailguard"]
+    return HoldRun(
+        requested=options.streams,
+        target=target,
+        capped_because=capped,
+        nofile_hard=hard,
+        engines=engines,
+        step_ms=options.step_ms,
+        read_pause_s=options.read_pause,
+        gc_thresholds=thresholds,
+        started=tally.started,
+        first_event=tally.first_event,
+        open_at_hold_end=open_at_end,
+        ended_early=tally.ended,
+        failed=tally.failed,
+        failures=dict(tally.failures),
+        ramp_s=ramp_s,
+        stopped_because=stopped_because,
+        router_cpu_ms_per_stream_opened=cpu_ramp.seconds_since(cpu_start)["tailguard"] / max(tally.first_event, 1) * 1000,
+        rss_kib_per_open_stream=(held.rss_mib - idle.rss_mib) * 1024 / max(open_at_end, 1),
+        hold_s=hold_s,
+        hold_events_per_s=events / hold_s,
+        hold_cores=cpu_held.cores_since(cpu_ramp),
+        hold_machine_busy_cores=busy,
+        router_cpu_us_per_event=router_cpu / events * 1e6 if events else None,
+        gc=gc_delta(gc_before, gc_after, hold_s),
+        settle_s=settle_s,
+        fds_left_above_idle=max(0, after.fds - idle.fds),
+        samples=[idle, replace(peak, moment="peak (ramp + hold)"), held, after],
+    )
+
+
+async def settle(pid: int, idle: ProcSample, start: float) -> tuple[float, ProcSample]:
+    """Wait (bounded) until the router's fds are back near idle; then a last reading."""
+    began = time.perf_counter()
+    sample = proc_sample(pid, "after", start, 0)
+    with trio.move_on_after(SETTLE_TIMEOUT_S):
+        while sample.fds > idle.fds + SETTLE_FD_SLACK:
+            await trio.sleep(SAMPLE_EVERY_S)
+            sample = proc_sample(pid, "after", start, 0)
+    await trio.sleep(1.0)  # let the last frees land
+    return time.perf_counter() - began, proc_sample(pid, "after", start, 0)
+
+
+# -- phase 2: SSE relay under each GC threshold ------------------------------------------
+
+
+@dataclass
+class RelayRun:
+    gc_thresholds: str  # as the router said it had them
+    streams: int
+    window_s: float
+    events: int
+    events_per_s: float
+    streams_done: int
+    errors: int
+    router_cores: float
+    router_cpu_us_per_event: float | None
+    machine_busy_cores: float
+    rss_mib_end: float
+    gc: list[GcPauses]
+
+
+async def relay_window(port: int, pid: int, pids: dict[str, int], warmup: float, seconds: float, thresholds: str) -> RelayRun:
+    """RELAY_STREAMS streaming chats restarted as they end; GC pauses and CPU over the window after the warm-up."""
+    payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": RELAY_MAX_TOKENS, "stream": True}
+    request = http_request(port, CHAT_PATH, payload)
+    counters = LoadCounters()
+    deadline = trio.current_time() + warmup + seconds + 30.0  # the clients' own bound; cancelled after the window
+    async with trio.open_nursery() as load:
+        for _ in range(RELAY_STREAMS):
+            load.start_soon(sse_client, port, request, deadline, counters)
+        await trio.sleep(warmup)
+        gc_before, before, machine = await scrape_gc(port), CpuClock.read(pids), MachineClock.read()
+        at_start = LoadCounters(**asdict(counters))
+        await trio.sleep(seconds)
+        gc_after, after = await scrape_gc(port), CpuClock.read(pids)
+        busy = MachineClock.read().cores_since(machine)
+        at_end = LoadCounters(**asdict(counters))
+        load.cancel_scope.cancel()
+    done = at_end.streams_done - at_start.streams_done
+    events = at_end.events - at_start.events - done  # a finished stream's [DONE] is not a relayed event
+    wall = after.wall - before.wall
+    cpu = after.seconds_since(before)["tailguard"]
+    return RelayRun(
+        gc_thresholds=thresholds,
+        streams=RELAY_STREAMS,
+        window_s=wall,
+        events=events,
+        events_per_s=events / wall,
+        streams_done=done,
+        errors=at_end.errors - at_start.errors,
+        router_cores=cpu / wall,
+        router_cpu_us_per_event=cpu / events * 1e6 if events else None,
+        machine_busy_cores=busy,
+        rss_mib_end=proc_sample(pid, "end", 0.0, 0).rss_mib,
+        gc=gc_delta(gc_before, gc_after, wall),
+    )
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    code: str
+    cpu_count: int
+    load_average_start: tuple[float, float, float]
+    load_average_end: tuple[float, float, float]
+    nofile_soft_hard: tuple[int, int]
+    parameters: dict[str, object]
+    hold: HoldRun | None
+    relay: list[RelayRun]
+    wall_s: float = 0.0
+
+
+async def measure(options: Options) -> Result:
+    """Start the engines, then a router for the hold and one per GC threshold; tear everything down on every path."""
+    engines = max(1, math.ceil(options.streams / STREAMS_PER_ENGINE))
+    http_port, grpc_port, instant, *slow = free_ports(3 + engines)
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="tailguard-hold-") as tmp:
+        config = Path(tmp) / "config.toml"
+        write_config(config, http_port, grpc_port, instant, slow, options.streams)
+        logs = {name: Path(tmp) / f"{name}.log" for name in ("simulator", "slow-simulator", "tailguard")}
+        try:
+            with logs["simulator"].open("wb") as sim_out, logs["slow-simulator"].open("wb") as slow_out:
+                async with trio.open_nursery() as nursery:
+                    sim = await start_simulator(nursery, [(instant, "instant")], log=sim_out)
+                    slow_args = ["--max-num-seqs", "20000", "--base-ms", f"{options.step_ms:g}", "--kv-cache-tokens", "100000000"]
+                    spec = ",".join(f"{port}:instant" for port in slow)
+                    slow_sim = await start_process(nursery, [sys.executable, "-m", "bench.sim", "--engines", spec, *slow_args], slow_out)
+                    await wait_ready(instant, sim, "the simulator")
+                    for port in slow:
+                        await wait_ready(port, slow_sim, "the slow simulator")
+                    hold = None
+                    if options.streams > 0:
+                        hold = await _with_router(
+                            config, options.gc_threshold, logs["tailguard"], http_port,
+                            lambda tg, pids, said: hold_phase(options, http_port, tg, {**pids, "slow simulator": slow_sim.pid}, engines, said),
+                            {"simulator": sim.pid},
+                        )  # fmt: skip
+                    relay: list[RelayRun] = []
+                    for gen0 in options.relay_gen0:
+                        thresholds = (gen0, *options.gc_older)
+                        relay.append(
+                            await _with_router(
+                                config, thresholds, logs["tailguard"], http_port,
+                                lambda tg, pids, said: relay_window(http_port, tg.pid, pids, options.relay_warmup, options.relay_seconds, said),
+                                {"simulator": sim.pid},
+                            )
+                        )  # fmt: skip
+                        r = relay[-1]
+                        print(f"  relay gc {_in_force(r.gc_thresholds)}: {r.events_per_s:,.0f} events/s, router {r.router_cores:.2f} cores, "
+                              f"{sum(g.count for g in r.gc)} collections", file=sys.stderr, flush=True)  # fmt: skip
+                    for process, name in ((sim, "the simulator"), (slow_sim, "the slow simulator")):
+                        if process.returncode is not None:
+                            raise RuntimeError(f"{name} exited with {process.returncode} during the run")
+                    nursery.cancel_scope.cancel()
+        except Exception:
+            for name, path in logs.items():
+                print(f"--- {name} log ---\n{log_tail(path)}", file=sys.stderr)
+            raise
+    params: dict[str, object] = {k: (list(v) if isinstance(v, (tuple, list)) else str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
+    return Result(code_version(), len(os.sched_getaffinity(0)), load_start, os.getloadavg(), resource.getrlimit(resource.RLIMIT_NOFILE), params, hold, relay)
+
+
+async def _with_router(
+    config: Path,
+    thresholds: tuple[int, int, int] | None,
+    log: Path,
+    port: int,
+    run: Callable[[trio.Process, dict[str, int], str], Awaitable[T]],
+    pids: dict[str, int],
+) -> T:
+    """Start a router, wait until it listens and says its GC thresholds, ``run(tg, pids, said)``, stop it."""
+    async with trio.open_nursery() as nursery:
+        tg = await start_router(nursery, config, thresholds, log)
+        await wait_ready(port, tg, "tailguard")
+        said = await thresholds_in_force(log, tg)
+        result = await run(tg, {**pids, "tailguard": tg.pid}, said)
+        if tg.returncode is not None:
+            raise RuntimeError(f"tailguard exited with {tg.returncode} during the run")
+        await stop(tg)
+        nursery.cancel_scope.cancel()
+    log.write_bytes(b"")  # the next router's lines only
+    return result
+
+
+# -- reporting ----------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "> 200" if math.isinf(value) else f"{value:g}"
+
+
+def _gc_rows(label: str, rows: Sequence[GcPauses]) -> list[str]:
+    return [
+        f"| {label} | {g.generation} | {g.count:,} | {g.per_s:.2f} | {_ms(g.mean_ms if g.mean_ms is None else round(g.mean_ms, 2))} "
+        f"| {_ms(g.p50_le_ms)} | {_ms(g.p99_le_ms)} | {_ms(g.max_le_ms)} | {g.paused_ms_per_s:.2f} |"
+        for g in rows
+    ]
+
+
+def render(result: Result) -> str:
+    lines = [f"Measured tailguard code: commit {result.code}.", ""]
+    h = result.hold
+    if h is not None:
+        lines += [
+            f"## {h.target:,} concurrent HTTP SSE streams held by one tailguard process (`serve --no-grpc`)",
+            "",
+        ]
+        if h.capped_because:
+            lines += [f"Asked for {h.requested:,}; held {h.target:,}: {h.capped_because}.", ""]
+        lines += [
+            f"Streaming chats (max_tokens {HOLD_MAX_TOKENS}, batch class) to {h.engines} simulated engines in another process, "
+            f"a token per stream every {h.step_ms:g} ms; the client reads each socket every {h.read_pause_s:g} s. "
+            f"GC thresholds in the router: {h.gc_thresholds}.",
+            "",
+            "| moment | open streams | RSS MiB | peak RSS (VmHWM) MiB | threads | fds |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [f"| {s.moment} | {s.open_streams:,} | {s.rss_mib:,.1f} | {s.peak_rss_mib:,.1f} | {s.threads} | {s.fds:,} |" for s in h.samples]
+        lines += [
+            "",
+            f"Ramp: {h.first_event:,} of {h.target:,} opened in {h.ramp_s:.1f} s ({h.stopped_because}); {h.failed} failed "
+            f"{h.failures or ''}, {h.ended_early} ended early; router CPU {h.router_cpu_ms_per_stream_opened:.2f} ms a stream opened. "
+            f"RSS {h.rss_kib_per_open_stream:.1f} KiB a held stream over idle. "
+            f"Hold: {h.hold_s:.1f} s, {h.hold_events_per_s:,.0f} events/s relayed, router {h.hold_cores.get('tailguard', 0):.2f} cores "
+            f"({_ms(None if h.router_cpu_us_per_event is None else round(h.router_cpu_us_per_event, 1))} µs an event), "
+            f"machine busy {h.hold_machine_busy_cores:.2f} cores. After closing: settled in {h.settle_s:.1f} s, "
+            f"{h.fds_left_above_idle} fds above idle.",
+            "",
+            "GC pauses while the streams relay:",
+            "",
+        ]
+        lines += _gc_header() + _gc_rows("hold", h.gc)
+        lines.append("")
+    if result.relay:
+        lines += [
+            f"## GC thresholds under the SSE relay load ({RELAY_STREAMS} streaming chats, max_tokens {RELAY_MAX_TOKENS}, instant engine, restarted as they end)",
+            "",
+            "| thresholds in force | events/s | router cores | router CPU µs/event | errors | machine busy cores | RSS MiB at end |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in result.relay:
+            per_event = "-" if r.router_cpu_us_per_event is None else f"{r.router_cpu_us_per_event:.1f}"
+            lines.append(
+                f"| {_in_force(r.gc_thresholds)} | {r.events_per_s:,.0f} | {r.router_cores:.2f} | {per_event} | {r.errors} | {r.machine_busy_cores:.2f} | {r.rss_mib_end:,.0f} |"
+            )
+        lines += ["", "GC pauses over each window:", ""] + _gc_header()
+        for r in result.relay:
+            lines += _gc_rows(_in_force(r.gc_thresholds), r.gc)
+        lines += ["", f"The router's own words on its thresholds, first relay run: {result.relay[0].gc_thresholds}.", ""]
+    soft, hard = result.nofile_soft_hard
+    lines.append(
+        f"{result.cpu_count} CPUs shared by the simulators, tailguard and this client (and whatever else runs). Load average "
+        f"(1/5/15 min) {'/'.join(f'{v:.2f}' for v in result.load_average_start)} at the start, "
+        f"{'/'.join(f'{v:.2f}' for v in result.load_average_end)} at the end. RLIMIT_NOFILE soft/hard {soft:,}/{hard:,}. "
+        f"GC pause percentiles and max are histogram bucket upper bounds (ms); the mean is exact. Wall time {result.wall_s:.0f} s."
+    )
+    return "\n".join(lines)
+
+
+def _gc_header() -> list[str]:
+    return [
+        "| run | generation | collections | per s | mean ms | P50 <= ms | P99 <= ms | max <= ms | paused ms per s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench hold", description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=10_000, help="streams to hold; 0 skips the hold (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long the streams are held once open (default %(default)s)")
+    parser.add_argument("--step-ms", type=float, default=1000.0, help="the slow engines' step: a token per stream per step (default %(default)s)")
+    parser.add_argument("--read-pause", type=float, default=0.5, help="the client's pause between reads of a stream, s (default %(default)s)")
+    parser.add_argument("--gc-threshold", default=None, help="GC thresholds A,B,C in the router during the hold (default: the server's own)")
+    parser.add_argument("--relay-gen0", default="700,10000,50000", help="first-generation GC thresholds to try under SSE relay; empty skips (default %(default)s)")
+    parser.add_argument("--gc-older", default="20,100", help="the older generations' thresholds in the relay runs (default %(default)s, the server's)")
+    parser.add_argument("--relay-warmup", type=float, default=2.0, help="relay load before each window (default %(default)s)")
+    parser.add_argument("--relay-seconds", type=float, default=10.0, help="each relay window (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of hold.json and hold.md (default %(default)s)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        gc_threshold = _thresholds(args.gc_threshold) if args.gc_threshold else None
+        relay_gen0 = _ints(args.relay_gen0)
+        older = _ints(args.gc_older)
+    except ValueError:
+        parser.error("--gc-threshold takes A,B,C; --relay-gen0 and --gc-older comma-separated integers")
+    if len(older) != 2 or min([*older, *relay_gen0, 1]) < 1:
+        parser.error("--gc-older takes two thresholds; thresholds must be >= 1")
+    if args.streams < 0 or min(args.seconds, args.step_ms, args.relay_seconds) <= 0 or min(args.read_pause, args.relay_warmup) < 0:
+        parser.error("--streams >= 0; --seconds, --step-ms, --relay-seconds > 0; --read-pause, --relay-warmup >= 0")
+    options = Options(
+        args.streams, args.seconds, args.step_ms, args.read_pause, gc_threshold, relay_gen0, (older[0], older[1]), args.relay_warmup, args.relay_seconds, args.out
+    )
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    raise_nofile(hard)  # children inherit it: the router and the slow engines hold a socket per stream
+    started = time.perf_counter()
+    try:
+        result = trio.run(measure, options)
+    except BaseException as error:
+        if not interrupted(error):
+            raise
+        print("interrupted; the simulators and the router were stopped", file=sys.stderr)
+        return 130
+    result.wall_s = time.perf_counter() - started
+    report = render(result)
+    print(report)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "hold.json", asdict(result))
+    (args.out / "hold.md").write_text(report + "\n")
+    print(f"wrote {args.out / 'hold.json'} and {args.out / 'hold.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
