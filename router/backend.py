@@ -204,6 +204,7 @@ class BackendClient:
         self.in_flight = 0
         self.max_body_bytes = max_body_bytes
         self._base = url.rstrip("/")
+        self._urls: dict[str, httpx.URL] = {}
         # A plain http:// endpoint needs no TLS context (building one loads the
         # CA roots: ~1 MB and ~10 ms, paid again by every reload that resizes it).
         tls = httpx.create_ssl_context() if url.startswith("https:") else None
@@ -220,9 +221,10 @@ class BackendClient:
         for any other status or a 2xx of the wrong content type. Error bodies
         are read up to ``ERROR_BODY_LIMIT`` bytes, no further.
         """
-        request = httpx.Request(
-            "POST", self._base + path, content=json.dumps(body).encode(), headers={**_HEADERS, **headers}, extensions=self._extensions
-        )
+        url = self._urls.get(path)
+        if url is None:  # parsed once per path: a few paths, every request
+            url = self._urls[path] = httpx.URL(self._base + path)
+        request = httpx.Request("POST", url, content=json.dumps(body).encode(), headers={**_HEADERS, **headers}, extensions=self._extensions)
         self.in_flight += 1
         try:
             response = await self._transport.handle_async_request(request)

@@ -1,4 +1,4 @@
-"""An httpx transport to one backend: HTTP/1.1 keep-alive connections, h11 on Trio streams.
+"""An httpx transport to one backend: HTTP/1.1 keep-alive connections, llhttp (httptools) on Trio streams.
 
 Why not httpx's own: httpcore's connection pool scans every pooled
 connection on each request and each release (``is_idle``, ``has_expired``),
@@ -19,10 +19,11 @@ httpcore does; nothing else is retried here.
 from __future__ import annotations
 
 import collections
+import re
 import ssl
 from collections.abc import AsyncIterator
 
-import h11
+import httptools
 import httpx
 import trio
 
@@ -32,24 +33,94 @@ _MAX_HEAD_BYTES = 64 * 1024
 # the pool shrinks back after a burst, and a server's own idle timeout
 # (uvicorn's is 5 s) rarely beats us to it.
 KEEPALIVE_EXPIRY = 5.0
+_UNSAFE = re.compile(rb"[\r\n\0]")
 
 
 class _Connection:
-    """One connection: a Trio stream and its h11 state."""
+    """One connection: a Trio stream and llhttp's parser of the responses on it.
 
-    __slots__ = ("stream", "h11")
+    llhttp calls the ``on_*`` methods from ``feed_data``; they only record
+    what it found. One response at a time is in flight on a connection.
+    """
+
+    __slots__ = (
+        "stream", "_parser", "status", "reason", "headers", "head_bytes", "head_done", "keep_alive", "body", "done", "spoiled", "eof"
+    )
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD_BYTES)
+        self._parser = httptools.HttpResponseParser(self)
+        self.spoiled = False  # bytes after a response, or a broken one: never reuse
+        self.eof = False
+        self._reset()
 
-    async def next_event(self) -> h11.Event | type[h11.PAUSED]:
-        """The next h11 event, reading as needed; EOF mid-message is h11's RemoteProtocolError."""
-        while True:
-            event = self.h11.next_event()
-            if event is not h11.NEED_DATA:
-                return event  # type: ignore[return-value]
-            self.h11.receive_data(bytes(await self.stream.receive_some(_READ_SIZE)))
+    def _reset(self) -> None:
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
+        self.head_done = False
+        self.keep_alive = False
+        self.body: list[bytes] = []
+        self.done = False
+
+    # llhttp's callbacks
+    def on_message_begin(self) -> None:
+        if self.done or self.head_done:
+            self.spoiled = True  # a second response to one request
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value)
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.keep_alive = self._parser.should_keep_alive()  # llhttp resets it once the message ends
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if 100 <= self.status < 200 and self.status != 101:
+            self._reset()  # an informational response: the real one follows
+            return
+        self.done = True
+
+    async def receive(self) -> None:
+        """Read what the server sent and parse it; EOF sets ``eof``."""
+        data = await self.stream.receive_some(_READ_SIZE)
+        if not data:
+            self.eof = True
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self.spoiled = True
+            raise httpx.RemoteProtocolError(f"malformed response: {error}") from None
+        if not self.head_done and self.head_bytes > _MAX_HEAD_BYTES:
+            raise httpx.RemoteProtocolError(f"a response head over {_MAX_HEAD_BYTES} bytes")
+
+    async def read_head(self) -> None:
+        """Read up to a final (non-1xx) response head."""
+        while not self.head_done or 100 <= self.status < 200 and self.status != 101:
+            if self.eof:
+                raise httpx.RemoteProtocolError("the server closed the connection without a response")
+            await self.receive()
+
+    def close_delimited(self) -> bool:
+        """Whether the body ends where the connection does (neither length nor chunks given)."""
+        names = {name.lower() for name, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    def reusable(self) -> bool:
+        return self.done and self.keep_alive and not self.spoiled and not self.eof
+
+    def next_cycle(self) -> None:
+        self._reset()
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -86,7 +157,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         connection = self._idle.pop()[0] if self._idle else None
         if connection is not None:
             try:
-                head = await self._exchange(connection, request)
+                await self._exchange(connection, request)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                 await connection.aclose()  # closed by the server while idle: one fresh try
                 connection = None
@@ -96,16 +167,15 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if connection is None:
             connection = await self._connect()
             try:
-                head = await self._exchange(connection, request)
+                await self._exchange(connection, request)
             except BaseException:
                 await connection.aclose()
                 raise
-        headers = [(name, value) for name, value in head.headers]
         return httpx.Response(
-            head.status_code,
-            headers=headers,
+            connection.status,
+            headers=connection.headers,
             stream=_Body(self, connection),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": head.reason},
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
         )
 
     async def _connect(self) -> _Connection:
@@ -123,29 +193,21 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self.opened += 1
         return _Connection(stream)
 
-    async def _exchange(self, connection: _Connection, request: httpx.Request) -> h11.Response:
+    async def _exchange(self, connection: _Connection, request: httpx.Request) -> None:
         """Send the whole request in one write; read up to the response head."""
         try:
-            await connection.stream.send_all(_encode(connection.h11, request))
-            while True:
-                event = await connection.next_event()
-                if isinstance(event, h11.Response):
-                    return event
-                if isinstance(event, h11.InformationalResponse):
-                    continue
-                raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__} before a response head")
+            await connection.stream.send_all(_encode(request))
+            await connection.read_head()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             raise httpx.WriteError(f"{self._host}:{self._port}: {error}") from None
-        except h11.RemoteProtocolError as error:
+        except httpx.RemoteProtocolError as error:
             raise httpx.RemoteProtocolError(f"{self._host}:{self._port}: {error}") from None
 
     def release(self, connection: _Connection) -> bool:
         """Keep a connection whose exchange ended cleanly; False if it must be closed."""
-        if self._closed or len(self._idle) >= self._max_idle:
+        if self._closed or len(self._idle) >= self._max_idle or not connection.reusable():
             return False
-        if connection.h11.our_state is not h11.DONE or connection.h11.their_state is not h11.DONE:
-            return False
-        connection.h11.start_next_cycle()
+        connection.next_cycle()
         self._idle.append((connection, trio.current_time()))
         return True
 
@@ -179,16 +241,23 @@ class _Body(httpx.AsyncByteStream):
             return
         try:
             while True:
-                event = await connection.next_event()
-                if isinstance(event, h11.Data):
-                    yield bytes(event.data)
-                elif isinstance(event, h11.EndOfMessage):
+                if connection.body:
+                    data = connection.body[0] if len(connection.body) == 1 else b"".join(connection.body)
+                    connection.body.clear()
+                    yield data
+                if connection.done:
                     return
-                else:
-                    raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__} in a response body")
-        except h11.RemoteProtocolError as error:
+                if connection.eof:
+                    if connection.close_delimited():
+                        connection.done = True
+                        return
+                    raise httpx.RemoteProtocolError("the backend closed the connection mid-body")
+                await connection.receive()
+        except httpx.RemoteProtocolError as error:
+            connection.spoiled = True
             raise httpx.RemoteProtocolError(f"the backend broke the response body: {error}") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            connection.spoiled = True
             raise httpx.ReadError(f"the backend broke the response body: {error}") from None
 
     async def aclose(self) -> None:
@@ -197,10 +266,18 @@ class _Body(httpx.AsyncByteStream):
             await connection.aclose()
 
 
-def _encode(connection: h11.Connection, request: httpx.Request) -> bytes:
-    """The request as bytes, head and body in one buffer for one write."""
-    parts = [connection.send(h11.Request(method=request.method, target=request.url.raw_path, headers=request.headers.raw))]
+def _encode(request: httpx.Request) -> bytes:
+    """The request as bytes, head and body in one buffer for one write.
+
+    httpx has set Host and Content-Length; a header that could split the
+    head (CR, LF or NUL in it) is refused, never sent.
+    """
+    head = [request.method.encode(), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
+    for name, value in request.headers.raw:
+        if _UNSAFE.search(name) or _UNSAFE.search(value):
+            raise httpx.LocalProtocolError(f"a header with a control character: {name!r}")
+        head += (name, b": ", value, b"\r\n")
+    head.append(b"\r\n")
     if request.content:
-        parts.append(connection.send(h11.Data(data=request.content)))
-    parts.append(connection.send(h11.EndOfMessage()))
-    return b"".join(part for part in parts if part)
+        head.append(request.content)
+    return b"".join(head)

@@ -106,3 +106,60 @@ async def test_connections_idle_past_the_expiry_are_closed_not_reused() -> None:
         assert (await post(transport, url))[0] == 200
         assert transport.opened == opened + 1 and transport.idle == 1  # the idle ones were closed; a fresh one served
         await transport.aclose()
+
+
+async def _serve_raw(answer: bytes, nursery: trio.Nursery) -> tuple[str, list[int]]:
+    """A server answering every request on a connection with ``answer`` (closing after it if it says so)."""
+    connections: list[int] = []
+
+    async def handle(stream: trio.SocketStream) -> None:
+        connections.append(1)
+        while await stream.receive_some(65536):
+            await stream.send_all(answer)
+            if b"connection: close" in answer or b"content-length" not in answer.lower() and b"chunked" not in answer:
+                await stream.aclose()
+                return
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+    return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", connections
+
+
+@pytest.mark.parametrize(
+    ("answer", "body", "reused"),
+    [
+        # chunked, kept alive
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", b"abcde", True),
+        # an informational response first, then the real one
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", b"ok", True),
+        # the server says it will close: never reused
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok", b"ok", False),
+        # neither length nor chunks: the body ends with the connection
+        (b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end", b"until the end", False),
+        # bytes after the response: the connection is not trusted again
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", b"ok", False),
+    ],
+)
+async def test_response_framing_and_when_a_connection_is_reused(answer: bytes, body: bytes, reused: bool) -> None:
+    async with trio.open_nursery() as nursery:
+        url, connections = await _serve_raw(answer, nursery)
+        transport = LeanTransport(url, connect_timeout=2, max_idle=4)
+        assert await post(transport, url) == (200, body)
+        assert transport.idle == (1 if reused else 0)
+        assert await post(transport, url) == (200, body)
+        assert len(connections) == (1 if reused else 2)
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_malformed_response_is_a_protocol_error_and_a_header_that_splits_the_head_is_never_sent() -> None:
+    async with trio.open_nursery() as nursery:
+        url, _ = await _serve_raw(b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n", nursery)
+        transport = LeanTransport(url, connect_timeout=2, max_idle=4)
+        with pytest.raises(httpx.RemoteProtocolError):
+            await post(transport, url)
+        request = httpx.Request("POST", url + "/v1/completions", content=b"{}", headers={"x-request-id": "a\r\nx-evil: 1"})
+        with pytest.raises(httpx.LocalProtocolError):
+            await transport.handle_async_request(request)
+        assert transport.idle == 0
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
