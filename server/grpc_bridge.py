@@ -147,6 +147,52 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+class _Mailbox:
+    """Calls posted from one thread to run on another, one wake-up per batch.
+
+    ``wake(drain)`` is the other side's thread-safe entry (the Trio token's
+    ``run_sync_soon`` or the loop's ``call_soon_threadsafe``). Each costs a
+    write to a wake-up socket; under load many calls are posted while the
+    other side is busy, and they ride on one wake-up.
+    """
+
+    __slots__ = ("_wake", "_gone", "_lock", "_calls", "_scheduled")
+
+    def __init__(self, wake: Callable[[Callable[[], None]], object], gone: type[BaseException] | tuple[type[BaseException], ...]) -> None:
+        self._wake = wake
+        self._gone = gone  # what ``wake`` raises once the other side has finished
+        self._lock = threading.Lock()
+        self._calls: collections.deque[tuple[Callable[..., object], tuple[Any, ...]]] = collections.deque()
+        self._scheduled = False
+
+    def post(self, fn: Callable[..., object], *args: Any) -> bool:
+        """Run ``fn(*args)`` on the other side soon; False if that side has finished."""
+        with self._lock:
+            self._calls.append((fn, args))
+            if self._scheduled:
+                return True
+            self._scheduled = True
+        try:
+            self._wake(self._drain)
+        except self._gone:
+            with self._lock:
+                self._calls.clear()
+                self._scheduled = False
+            return False
+        return True
+
+    def _drain(self) -> None:  # on the other side
+        with self._lock:
+            calls = list(self._calls)
+            self._calls.clear()
+            self._scheduled = False
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception:  # one failing call must not lose the rest of the batch
+                log.exception("a call across the gRPC bridge failed")
+
+
 class _Call:
     """One piece of Trio work started from asyncio, cancellable from asyncio."""
 
@@ -172,14 +218,14 @@ class TrioPortal:
     def __init__(self, nursery: trio.Nursery, loop: asyncio.AbstractEventLoop) -> None:
         self._nursery = nursery
         self._loop = loop
-        self._token = trio.lowlevel.current_trio_token()
+        token = trio.lowlevel.current_trio_token()
+        self._to_trio = _Mailbox(token.run_sync_soon, trio.RunFinishedError)
+        self._to_asyncio = _Mailbox(loop.call_soon_threadsafe, RuntimeError)  # RuntimeError: the loop is closed
 
     def _submit(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """From asyncio: start ``fn(*args)`` in the portal's nursery."""
-        try:
-            self._token.run_sync_soon(self._start, fn, args)
-        except trio.RunFinishedError:
-            raise ConnectionAbortedError("tailguard is shutting down") from None
+        if not self._to_trio.post(self._start, fn, args):
+            raise ConnectionAbortedError("tailguard is shutting down")
 
     def _start(self, fn: Callable[..., Awaitable[None]], args: tuple[Any, ...]) -> None:
         self._nursery.start_soon(fn, *args)
@@ -196,11 +242,11 @@ class TrioPortal:
         try:
             return await future
         except asyncio.CancelledError:
-            _in_trio_soon(self._token, call.cancel)
+            self._to_trio.post(call.cancel)
             raise
 
     def _settle_soon(self, future: asyncio.Future[T], value: T | None, error: BaseException | None) -> None:
-        _in_asyncio_soon(self._loop, _settle, future, value, error)
+        self._to_asyncio.post(_settle, future, value, error)
 
     async def _run_call(self, call: _Call, future: asyncio.Future[T], fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> None:
         settle = self._settle_soon
@@ -224,7 +270,7 @@ class TrioPortal:
         ``emit`` waits while ``buffer`` items are not yet consumed. Leaving
         the iteration early (or being cancelled) cancels ``fn``.
         """
-        pipe: _Pipe[Any] = _Pipe(self._token, self._loop, buffer)
+        pipe: _Pipe[Any] = _Pipe(self._to_trio, self._to_asyncio, self._loop, buffer)
         self._submit(self._run_stream, pipe, fn, args)
         return pipe.consume()
 
@@ -244,20 +290,6 @@ class TrioPortal:
                 pipe.close(None)
 
 
-def _in_trio_soon(token: trio.lowlevel.TrioToken, fn: Callable[[], object]) -> None:
-    try:
-        token.run_sync_soon(fn)
-    except trio.RunFinishedError:
-        pass  # Trio has finished: the work was cancelled with it
-
-
-def _in_asyncio_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:
-        pass  # the loop is closed: its side is gone
-
-
 class _Pipe(Generic[T]):
     """A bounded hand-off from a Trio producer to an asyncio consumer on another thread.
 
@@ -265,8 +297,9 @@ class _Pipe(Generic[T]):
     other only when it is parked, through the other's thread-safe entry.
     """
 
-    def __init__(self, token: trio.lowlevel.TrioToken, loop: asyncio.AbstractEventLoop, buffer: int) -> None:
-        self._token = token
+    def __init__(self, to_trio: _Mailbox, to_asyncio: _Mailbox, loop: asyncio.AbstractEventLoop, buffer: int) -> None:
+        self._to_trio = to_trio
+        self._to_asyncio = to_asyncio
         self._loop = loop
         self._buffer = buffer
         self._lock = threading.Lock()
@@ -288,7 +321,7 @@ class _Pipe(Generic[T]):
                 self._producer = writable = trio.Event()
             await writable.wait()
         if waiter is not None:
-            _in_asyncio_soon(self._loop, _wake, waiter)
+            self._to_asyncio.post(_wake, waiter)
 
     def close(self, error: BaseException | None) -> None:
         with self._lock:
@@ -296,7 +329,7 @@ class _Pipe(Generic[T]):
             self._error = error
             waiter, self._consumer = self._consumer, None
         if waiter is not None:
-            _in_asyncio_soon(self._loop, _wake, waiter)
+            self._to_asyncio.post(_wake, waiter)
 
     # asyncio side.
     async def consume(self) -> AsyncIterator[T]:
@@ -312,7 +345,7 @@ class _Pipe(Generic[T]):
                     if not batch and not closed:
                         waiter = self._consumer = self._loop.create_future()
                 if writer is not None:
-                    _in_trio_soon(self._token, writer.set)
+                    self._to_trio.post(writer.set)
                 if waiter is not None:
                     await waiter
                     continue
@@ -325,4 +358,4 @@ class _Pipe(Generic[T]):
                     return
         finally:
             if not finished:
-                _in_trio_soon(self._token, self.call.cancel)
+                self._to_trio.post(self.call.cancel)
