@@ -576,20 +576,25 @@ async def _first_byte(
     client: BackendClient, path: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool, timeout: float
 ) -> BackendResponse:
     """Open the call and wait for the first byte of its body, at most ``timeout`` s."""
-    response: BackendResponse | None = None
+    if timeout == math.inf:  # no scope of its own: the request's deadline bounds it
+        return await _open_started(client, path, body, headers, stream=stream)
     with trio.move_on_after(timeout):
-        response = await client.open(path, body, headers, stream=stream)
-        try:
-            await response.start()
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await response.aclose()
-            raise
-        return response
-    if response is not None:
+        return await _open_started(client, path, body, headers, stream=stream)
+    raise BackendTimeout(f"the backend {client.url} sent no first byte within {timeout:g} s", before_response=True)
+
+
+async def _open_started(
+    client: BackendClient, path: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool
+) -> BackendResponse:
+    """Open the call and wait for its first byte; a failure or cancellation hangs it up."""
+    response = await client.open(path, body, headers, stream=stream)
+    try:
+        await response.start()
+    except BaseException:
         with trio.CancelScope(shield=True):
             await response.aclose()
-    raise BackendTimeout(f"the backend {client.url} sent no first byte within {timeout:g} s", before_response=True)
+        raise
+    return response
 
 
 def _retryable(error: BackendError) -> bool:
