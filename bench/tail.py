@@ -1,4 +1,4 @@
-"""``python -m bench tail``: short requests' P99 under mixed load, four set-ups on the same engines and traffic.
+"""``python -m bench tail``: short requests' P99 under mixed load, five set-ups on the same engines and traffic.
 
 Real time, open loop, on 127.0.0.1: one simulator process serves N
 throughput-profile engines plus I latency-profile ones; tailguard runs in
@@ -10,6 +10,10 @@ seeded arrivals are played against, one after another:
   interactive priority 0 before batch priority 1, queue timeouts and deadlines (the origin's fix);
 - ``disaggregated``: tailguard's default, ``--split I:B`` (I + B = N): an interactive pool of I
   latency engines (cap 64 each), a batch pool of B throughput engines (cap 256 each);
+- ``split-direct``: ``disaggregated``'s exact split fed by the client with no router: each short request
+  round robin to the I latency engines, each long one to the B throughput engines, each body the one
+  tailguard would forward (its model, max_tokens after the output cap), so the difference from
+  ``disaggregated`` is the router's own added latency;
 - ``short-only``: ``shared`` with the long requests removed: the ideal short P99.
 
 The load is a fraction of the ``shared`` set-up's capacity for the traffic's
@@ -71,9 +75,13 @@ from bench.tail_load import (
     write_trace,
 )
 from bench.tail_plot import plot_cdfs, plot_p99_vs_load, plot_timelines
+from router.config_types import LimitsConfig
+from router.limits import effective_max_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tail"
-SETUP_NAMES = ("shared", "priority", "disaggregated", "short-only")
+SETUP_NAMES = ("shared", "priority", "disaggregated", "split-direct", "short-only")
+MODEL = "sim-llama-3.1-8b"  # the model every generated pool serves (PoolSpec.toml), which tailguard names in its body
+ADDED_TTFT_GOAL_MS = 10.0  # real ms: short TTFT P99 through tailguard over the same split fed directly, at load 0.8
 SHORT_DEADLINE_S = 3.0  # GPU s: the interactive class's queue_timeout in the shipped config
 QUEUE_TIMEOUTS = {"interactive": 3.0, "batch": 30.0}  # GPU s, as shipped
 _CLASS_OF = {"short": "interactive", "long": "batch"}  # reporting class -> tailguard class
@@ -111,6 +119,7 @@ class Setup:
     class_pool: dict[str, str] = field(default_factory=dict)  # tailguard class -> pool
     direct: Sequence[int] = ()  # without a router: the engines, round robin
     drop_long: bool = False
+    by_kind: dict[str, Sequence[int]] = field(default_factory=dict)  # without a router: each reporting class's engines
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,7 @@ class Result:
 
 
 def build_setups(options: Options, throughput: Sequence[int], latency: Sequence[int]) -> list[Setup]:
-    """The four set-ups over the simulator's engines (ports)."""
+    """The set-ups over the simulator's engines (ports)."""
     interactive, batch = options.split
     everything = PoolSpec("all", [(p, 256) for p in throughput], 256 * len(throughput), 512 * len(throughput))
     setups = [
@@ -191,6 +200,12 @@ def build_setups(options: Options, throughput: Sequence[int], latency: Sequence[
                 PoolSpec("batch", [(p, 256) for p in throughput[:batch]], 256 * batch, 512 * batch),
             ],
             class_pool={"interactive": "interactive", "batch": "batch"},
+        ),
+        Setup(
+            "split-direct",
+            f"disaggregated's split with no router: short round robin to {interactive} latency engine(s), "
+            f"long to {batch} throughput engine(s), tailguard's forwarded bodies",
+            by_kind={"short": latency, "long": throughput[:batch]},
         ),
         Setup("short-only", "shared without the long requests: the ideal", direct=throughput, drop_long=True),
     ]
@@ -234,6 +249,7 @@ def capacities(options: Options, mix: dict[str, list[tuple[float, int, int]]]) -
         "shared": shared,
         "priority": shared,
         "disaggregated": split_capacity(options.split, mix),
+        "split-direct": split_capacity(options.split, mix),
         "short-only": pooled_capacity(options.engines, PROFILES["throughput"], mix.get("short", [])),
     }
 
@@ -343,14 +359,19 @@ async def _run_setup(
     played = [a for a in arrivals if not (setup.drop_long and a.kind == "long")]
     timeline: list[Probe] = []
     async with _router(setup, options, tmp) as router:
-        targets = [router.port] if router else list(setup.direct)
-        pools = [TokenPool(p) for p in targets]
+        if setup.by_kind:
+            by_kind = {k: [TokenPool(p) for p in setup.by_kind[k]] for k in CLASSES}
+        else:
+            everyone = [TokenPool(p) for p in ([router.port] if router else setup.direct)]
+            by_kind = {k: everyone for k in CLASSES}  # one list: one round robin over both classes
+        pools = list({id(pool): pool for group in by_kind.values() for pool in group}.values())
+        make_body = forwarded_body if setup.by_kind else body_for
         cache: dict[tuple[int, int, int], bytes] = {}
 
         def request_of(p: int, a: Arrival) -> bytes:
             key = (p, a.prompt, a.max_tokens)
             if key not in cache:
-                cache[key] = http_request(p, CHAT_PATH, body_for(a.prompt, a.max_tokens))
+                cache[key] = http_request(p, CHAT_PATH, make_body(a.prompt, a.max_tokens))
             return cache[key]
 
         pids = {"simulator": sim.pid} | ({"tailguard": router.process.pid} if router else {})
@@ -360,7 +381,7 @@ async def _run_setup(
                     nursery.start_soon(_watch, router, time.perf_counter(), timeline)
                 before = CpuClock.read(pids)
                 label = f"load {load:.2f} {setup.name}"
-                samples, wall = await play({k: pools for k in CLASSES}, request_of, played, options.drain, label)
+                samples, wall = await play(by_kind, request_of, played, options.drain, label)
                 cores = CpuClock.read(pids).cores_since(before)
                 nursery.cancel_scope.cancel()
         finally:
@@ -388,6 +409,17 @@ async def _run_setup(
         access_lines_joined=joined,
         timeline=timeline,
     )
+
+
+def forwarded_body(prompt: int, max_tokens: int) -> dict[str, object]:
+    """The body tailguard sends an engine for this request (``Router._backend_body``), so ``split-direct`` sends the same.
+
+    The client's body plus the pool's model, with max_tokens after the output
+    cap of the limits every generated config leaves at their defaults.
+    """
+    body = body_for(prompt, max_tokens)
+    capped, _ = effective_max_tokens(max_tokens, LimitsConfig())
+    return {"model": MODEL, "messages": body["messages"], "max_tokens": capped, "stream": body["stream"]}
 
 
 def _window(arrivals: Sequence[Arrival], options: Options) -> float:
@@ -594,11 +626,48 @@ def checks(result: Result) -> list[dict[str, object]]:
             if c := stat(setup, load, "short"):
                 failed = c.n - c.outcomes.get("ok", 0)
                 add(f"load {load:g}: {setup} short failures", failed, "0", failed == 0)
+    for load in loads:
+        routed, direct = stat("disaggregated", load, "short"), stat("split-direct", load, "short")
+        if routed and direct:
+            found.append(_added_ttft_check(load, routed, direct, result.time_scale, judged=load == mid))
     top = max(loads)
     if top >= 1.2:
         for setup in ("priority", "disaggregated"):
             if run := by.get((setup, top)):
                 found += _overload_checks(run, result.time_scale)
+                found += _router_rejection_checks(run)
+    return found
+
+
+def _added_ttft_check(load: float, routed: ClassStats, direct: ClassStats, scale: float, judged: bool) -> dict[str, object]:
+    """Short TTFT P99 through tailguard minus the same split fed directly, in real ms (the router's CPU is real time).
+
+    The tables show GPU ms (real / time scale); the router's added latency is
+    judged in real ms, as a caller of a real deployment would feel it.
+    """
+    routed_ms, direct_ms = routed.ttft_ms["p99"] * scale, direct.ttft_ms["p99"] * scale
+    added = routed_ms - direct_ms
+    value = f"{added:+.1f} real ms ({routed_ms:.1f} vs {direct_ms:.1f}; {added / scale:+.1f} GPU ms)"
+    target = f"<= +{ADDED_TTFT_GOAL_MS:g} real ms" if judged else "- (judged at load 0.8)"
+    met = (not math.isnan(added) and added <= ADDED_TTFT_GOAL_MS) if judged else None
+    return {"check": f"load {load:g}: disaggregated short TTFT P99 - split-direct", "value": value, "target": target, "met": met}
+
+
+def _router_rejection_checks(run: SetupResult) -> list[dict[str, object]]:
+    """Each kind of rejection's P99 as tailguard's access log timed it (real ms): refusals at arrival must be fast.
+
+    A 503 queue_timeout that waited for a seat until its deadline is slow by
+    design; it is reported, not judged.
+    """
+    found: list[dict[str, object]] = []
+    for c in run.classes:
+        for kind, r in c.rejections.items():
+            p99 = r.router_ms["p99"]
+            waited = kind.endswith("after waiting")
+            target = "- (waited for its deadline)" if waited else f"<= {FAST_REJECTION_MS:g}"
+            met = None if waited or math.isnan(p99) else p99 <= FAST_REJECTION_MS
+            value: float | str = "- (no access-log line joined)" if math.isnan(p99) else round(p99, 1)
+            found.append({"check": f"load {run.load:g}: {run.setup} {c.kind} {kind} router-side P99 real ms (n {r.n})", "value": value, "target": target, "met": met})
     return found
 
 
@@ -651,12 +720,15 @@ def render(result: Result) -> str:
     ]
     for load in dict.fromkeys(round(r.load, 2) for r in result.runs):
         runs = [r for r in result.runs if round(r.load, 2) == load]
-        out += [f"### load {load:g}", "", *_latency_table(runs), "", *_rejection_table(runs), "", *_process_table(runs, result), ""]
+        out += [f"### load {load:g}", "", *_latency_table(runs), ""]
+        if added := _added_table(runs, result.time_scale):
+            out += [*added, ""]
+        out += [*_rejection_table(runs), "", *_process_table(runs, result), ""]
         if any(r.timeline for r in runs):
             out += [*_memory_table(runs), ""]
     out += ["### targets (reported, not tuned for)", "", "| check | value | target | met |", "|---|---|---|---|"]
     for check in result.checks:
-        met = "-" if check["met"] is None else ("yes" if check["met"] else "NO")
+        met = "-" if check["met"] is None else ("PASS" if check["met"] else "MISS")
         out.append(f"| {check['check']} | {check['value']} | {check['target']} | {met} |")
     return "\n".join(out) + "\n"
 
@@ -743,6 +815,23 @@ def _memory_table(runs: Sequence[SetupResult]) -> list[str]:
     return out
 
 
+def _short(run: SetupResult) -> ClassStats:
+    return next(c for c in run.classes if c.kind == "short")
+
+
+def _added_table(runs: Sequence[SetupResult], scale: float) -> list[str]:
+    """Short TTFT in real ms, through tailguard and fed directly: what the router adds (empty unless both ran)."""
+    by = {r.setup: _short(r) for r in runs}
+    if not {"disaggregated", "split-direct"} <= set(by):
+        return []
+    routed, direct = by["disaggregated"].ttft_ms, by["split-direct"].ttft_ms
+    out = ["| short TTFT, real ms | P50 | P95 | P99 |", "|---|---|---|---|"]
+    for name, q in (("disaggregated (tailguard)", routed), ("split-direct (no router)", direct)):
+        out.append(f"| {name} | " + " | ".join(f"{q[k] * scale:.1f}" for k in ("p50", "p95", "p99")) + " |")
+    out.append("| added by tailguard | " + " | ".join(f"{(routed[k] - direct[k]) * scale:+.1f}" for k in ("p50", "p95", "p99")) + " |")
+    return out
+
+
 def _trio(q: dict[str, float]) -> str:
     return " / ".join("-" if math.isnan(v) else f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in q.values())
 
@@ -754,6 +843,7 @@ def write_outputs(result: Result, options: Options, table: str) -> list[Path]:
     for run_json in payload["runs"]:
         for class_json in run_json["classes"]:
             class_json.pop("e2e_sorted_ms")
+            class_json.pop("ttft_sorted_ms")
     write_json(paths[0], payload)
     paths[1].write_text(table)
     for load in dict.fromkeys(round(r.load, 2) for r in result.runs):
@@ -761,14 +851,17 @@ def write_outputs(result: Result, options: Options, table: str) -> list[Path]:
         curves = {r.setup: {c.kind: c.e2e_sorted_ms for c in r.classes} for r in runs}
         paths.append(options.out / f"{options.name}-cdf-load{load:g}.png")
         plot_cdfs(paths[-1], load, curves)
+        if {"disaggregated", "split-direct"} <= set(curves):
+            ttft = {r.setup: {"short": [v * result.time_scale for v in _short(r).ttft_sorted_ms]} for r in runs}
+            paths.append(options.out / f"{options.name}-short-ttft-load{load:g}.png")
+            plot_cdfs(paths[-1], load, ttft, "short TTFT, ms (real time)")
         timelines = {r.setup: [(p.t, p.rss_mib, p.waiting) for p in r.timeline] for r in runs if r.timeline}
         if timelines:
             paths.append(options.out / f"{options.name}-router-load{load:g}.png")
             plot_timelines(paths[-1], load, timelines, (options.warmup, options.warmup + options.seconds))
     series: dict[str, list[tuple[float, float]]] = {}
     for run in result.runs:
-        short = next(c for c in run.classes if c.kind == "short")
-        series.setdefault(run.setup, []).append((run.load, short.e2e_ms["p99"]))
+        series.setdefault(run.setup, []).append((run.load, _short(run).e2e_ms["p99"]))
     paths.append(options.out / f"{options.name}-short-p99-vs-load.png")
     plot_p99_vs_load(paths[-1], series, SHORT_DEADLINE_S * 1000)
     return paths

@@ -258,8 +258,13 @@ async def play(
     drain: float,
     label: str,
 ) -> tuple[list[Sample], float]:
-    """Send each arrival on time, round robin over its class's pools; wait ``drain`` s at most after the last."""
+    """Send each arrival on time, round robin over its class's pools; wait ``drain`` s at most after the last.
+
+    Each list of pools keeps its own turn: classes that share one list share
+    one round robin, classes with lists of their own (a split) each have theirs.
+    """
     samples: list[Sample] = []
+    turns: dict[int, int] = {}  # id of a list in ``targets`` -> arrivals sent to it so far
     origin = time.perf_counter()
     last = arrivals[-1].at if arrivals else 0.0
     async with trio.open_nursery() as outer:
@@ -269,7 +274,9 @@ async def play(
                 for index, arrival in enumerate(arrivals):
                     await trio.sleep_until(trio.current_time() + arrival.at - (time.perf_counter() - origin))
                     choices = targets[arrival.kind]
-                    pool = choices[index % len(choices)]
+                    turn = turns.get(id(choices), 0)
+                    turns[id(choices)] = turn + 1
+                    pool = choices[turn % len(choices)]
                     lag = time.perf_counter() - origin - arrival.at
                     sample = Sample(arrival.kind, arrival.measured, lag, request_id=f"tail-{index}", at=arrival.at)
                     samples.append(sample)
@@ -330,6 +337,7 @@ class ClassStats:
     within_deadline: float | None  # share of ALL the class's requests that finished ok within the deadline
     ok_within_deadline: float | None  # share of the ones that finished ok that did so within the deadline
     e2e_sorted_ms: list[float] = field(repr=False, default_factory=list)  # for the CDF plot
+    ttft_sorted_ms: list[float] = field(repr=False, default_factory=list)  # for the TTFT CDF plot
 
 
 def class_stats(
@@ -365,6 +373,7 @@ def class_stats(
         within_deadline=None if on_time is None or not mine else on_time / len(mine),
         ok_within_deadline=None if on_time is None or not ok else on_time / len(ok),
         e2e_sorted_ms=e2e,
+        ttft_sorted_ms=ttft,
     )
 
 

@@ -12,8 +12,10 @@ matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_cdfs(path: Path, load: float, curves: Mapping[str, Mapping[str, Sequence[float]]]) -> None:
-    """One panel per class: the end-to-end latency CDF (GPU ms, log x) of each set-up. ``curves[setup][kind]`` is sorted."""
+def plot_cdfs(
+    path: Path, load: float, curves: Mapping[str, Mapping[str, Sequence[float]]], metric: str = "end-to-end latency, ms (GPU time)"
+) -> None:
+    """One panel per class: the latency CDF (``metric``, log x) of each set-up. ``curves[setup][kind]`` is sorted."""
     kinds = sorted({kind for by_kind in curves.values() for kind in by_kind}, key=lambda k: k != "short")
     figure, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.2), squeeze=False)
     for axis, kind in zip(axes[0], kinds):
@@ -23,7 +25,7 @@ def plot_cdfs(path: Path, load: float, curves: Mapping[str, Mapping[str, Sequenc
                 axis.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=setup)
         axis.set_xscale("log")
         axis.set_title(f"{kind} requests, load {load:g}")
-        axis.set_xlabel("end-to-end latency, ms (GPU time)")
+        axis.set_xlabel(metric)
         axis.set_ylabel("fraction of finished requests")
         axis.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
         axis.grid(True, which="both", alpha=0.3)
