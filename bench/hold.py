@@ -7,17 +7,22 @@ router's own memory is measured. Two phases:
 1. Hold: N streaming chats (default 10,000; max_tokens 256, so the batch
    class) against slow engines (one step every ``--step-ms``, so a stream
    gets a token a step and stays open for minutes), one engine per 1,000
-   streams so no engine's seats are the limit, pool caps above N. The
-   client is lean: one raw Trio socket per stream, the request sent once,
-   read every ``--read-pause`` seconds (a slow reader). A stream counts as
-   open once its first SSE event arrived (routed, backend connected,
-   relayed end to end). Opening is paced (at most 512 without a response
-   head). Then the streams are held ``--seconds`` while they relay, the
-   client closes them all, and the router settles. tailguard's VmRSS,
-   VmHWM, threads and fds (``/proc/PID``) at idle, at the peak, held, and
-   after; its CPU; and its garbage-collector pauses while the streams
-   relay, from ``tailguard_gc_pause_seconds`` on its /metrics (scraped at
-   the start and the end of the hold).
+   streams so no engine's seats are the limit, two engines a simulator
+   process, pool caps above N. The client is lean: one raw Trio socket per
+   stream, the request sent once, read every ``--read-pause`` seconds (a
+   slow reader). A stream counts as open once its first SSE event arrived
+   (routed, backend connected, relayed end to end). Opening is paced (at
+   most 1,024 without a response head). Then the streams are held
+   ``--seconds`` while they relay, the client closes them all, and the
+   router settles. tailguard's VmRSS, VmHWM, threads and fds
+   (``/proc/PID``) at idle, at the peak, held, and after; its CPU; its
+   garbage-collector pauses while the streams open and while they relay,
+   from ``tailguard_gc_pause_seconds`` on its /metrics (scraped before the
+   ramp, after it and after the hold); and the latency of ``/health`` on
+   the router and on one engine, polled throughout (a stalled event loop
+   shows there). The config's connect and health-check timeouts are wider
+   than the defaults (10 s and 5 s), so an engine stalled on a shared
+   machine is not ejected mid-ramp; the stalls are reported instead.
 2. GC thresholds: for each first-generation threshold in ``--relay-gen0``
    (default 700, 10,000 and 50,000; the older generations' as the server
    sets them, ``--gc-older``), a fresh tailguard relays 256 streaming chats
@@ -45,6 +50,7 @@ import collections
 import gc
 import math
 import os
+import re
 import resource
 import sys
 import tempfile
@@ -68,9 +74,12 @@ from bench.router_overhead import (
     HOST,
     MESSAGE,
     CpuClock,
+    KeepAliveClient,
     PoolSpec,
+    ProtocolError,
     http_request,
     log_tail,
+    percentile,
     start_process,
     start_simulator,
     tailguard_config,
@@ -87,23 +96,28 @@ GC_METRIC = "tailguard_gc_pause_seconds"
 
 HOLD_MAX_TOKENS = 256  # above the interactive class's 128: the batch class, the slow engines' pool
 STREAMS_PER_ENGINE = 1_000  # a vLLM engine seats ~256-1,024 sequences
-MAX_OPENING = 512  # streams sent but without a response head yet: paces the ramp
+ENGINES_PER_SIMULATOR = 2  # a process each: a simulator holding 10,000 streams stalled for seconds (its own GC)
+SLOW_SIM = "slow sim"
+MAX_OPENING = 1024  # streams sent but without a response head yet: paces the ramp
 FD_MARGIN = 64  # the router's fds besides two per stream: listeners, logs, health checks, the scrape
 RAMP_TIMEOUT_S = 60.0
 STALL_S = 10.0  # give up the ramp when nothing opened or failed for this long
 SETTLE_TIMEOUT_S = 20.0
 SETTLE_FD_SLACK = 16
 SAMPLE_EVERY_S = 0.5
+PROBE_EVERY_S = 0.2
 PROGRESS_EVERY_S = 5.0
 READ_SIZE = 16 * 1024
 
 RELAY_STREAMS = 256
 RELAY_MAX_TOKENS = 128  # the interactive class's max_output_tokens
 INTERACTIVE_CAP = 1024
+CONNECT_TIMEOUT_S = 10.0  # the router's to the engines (default 2)
+HEALTH_CHECK_TIMEOUT_S = 5.0  # (default 1)
 THRESHOLD_WAIT_S = 60.0  # the child's wait for the server's own gc.set_threshold
 THRESHOLD_LOG = "bench.hold: gc thresholds"
 _CHILD_ENTRY = "import sys; from bench.hold import router_child; sys.exit(router_child(sys.argv[1:]))"
-_CANCEL_GRACE_S = 10.0
+_ERROR_CODE = re.compile(rb'"code":\s*"([a-z_]+)"')  # the OpenAI error body's code, when it came with the head
 
 
 @dataclass(frozen=True)
@@ -253,6 +267,8 @@ class HoldTally:
     failed: int = 0
     events: int = 0
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    head_s: list[float] = field(default_factory=list)  # connect + send to the response head
+    first_event_s: list[float] = field(default_factory=list)  # connect + send to the first SSE event
 
 
 async def hold_one(port: int, request: bytes, read_pause: float, tally: HoldTally) -> None:
@@ -260,6 +276,7 @@ async def hold_one(port: int, request: bytes, read_pause: float, tally: HoldTall
     tally.started += 1
     tally.waiting += 1
     waiting, opened = True, False
+    began = time.perf_counter()
     try:
         stream = await trio.open_tcp_stream(HOST, port)
         async with stream:
@@ -275,10 +292,12 @@ async def hold_one(port: int, request: bytes, read_pause: float, tally: HoldTall
                 if b"\r\n" in data:
                     waiting = False
                     tally.waiting -= 1
+                    tally.head_s.append(time.perf_counter() - began)
                     status = data.split(b" ", 2)[1].decode("ascii", "replace")
                     if status != "200":
+                        code = _ERROR_CODE.search(data)
                         tally.failed += 1
-                        tally.failures[f"HTTP {status}"] += 1
+                        tally.failures[f"HTTP {status} {code.group(1).decode() if code else ''}".strip()] += 1
                         return
             tail = b""
             while True:
@@ -287,6 +306,7 @@ async def hold_one(port: int, request: bytes, read_pause: float, tally: HoldTall
                 tally.events += fresh
                 if fresh and not opened:
                     opened = True
+                    tally.first_event_s.append(time.perf_counter() - began)
                     tally.first_event += 1
                     tally.open += 1
                 tail = window[-(len(EVENT) - 1) :]
@@ -303,6 +323,42 @@ async def hold_one(port: int, request: bytes, read_pause: float, tally: HoldTall
             tally.waiting -= 1
         if opened:
             tally.open -= 1
+
+
+@dataclass
+class Latencies:
+    """P50 / P99 / max of one kind of wait, ms."""
+
+    what: str
+    count: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+    @staticmethod
+    def of(what: str, seconds: Sequence[float]) -> Latencies:
+        ordered = sorted(seconds)
+        if not ordered:
+            return Latencies(what, 0, math.nan, math.nan, math.nan)
+        return Latencies(what, len(ordered), percentile(ordered, 50) * 1000, percentile(ordered, 99) * 1000, ordered[-1] * 1000)
+
+
+async def probe_health(port: int, every: float, into: list[float]) -> None:
+    """GET /health every ``every`` s on one keep-alive connection until cancelled; each answer's latency (a stalled loop shows)."""
+    client = KeepAliveClient(port)
+    request = f"GET /health HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode()
+    try:
+        while True:
+            began = time.perf_counter()
+            try:
+                await client.exchange(request)
+            except (OSError, trio.BrokenResourceError, ProtocolError):
+                pass
+            into.append(time.perf_counter() - began)
+            await trio.sleep(every)
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()
 
 
 @dataclass
@@ -323,6 +379,7 @@ class HoldRun:
     failures: dict[str, int]
     ramp_s: float
     stopped_because: str
+    ramp_cores: dict[str, float]
     router_cpu_ms_per_stream_opened: float
     rss_kib_per_open_stream: float
     hold_s: float
@@ -330,10 +387,13 @@ class HoldRun:
     hold_cores: dict[str, float]
     hold_machine_busy_cores: float
     router_cpu_us_per_event: float | None
-    gc: list[GcPauses]
+    gc_ramp: list[GcPauses]
+    gc: list[GcPauses]  # while held
     settle_s: float
     fds_left_above_idle: int
     samples: list[ProcSample]  # idle, peak (ramp + hold), held, after
+    latencies: list[Latencies]  # the streams' heads and first events; /health of the router and of one engine during ramp + hold
+    router_log_tail: str  # its warnings, if any
 
 
 def write_config(path: Path, http_port: int, grpc_port: int, instant: int, slow: Sequence[int], streams: int) -> None:
@@ -343,11 +403,22 @@ def write_config(path: Path, http_port: int, grpc_port: int, instant: int, slow:
     interactive = PoolSpec("interactive", [(instant, INTERACTIVE_CAP)], max_concurrency=INTERACTIVE_CAP, max_queue=2 * INTERACTIVE_CAP)
     batch = PoolSpec("batch", [(port, per_endpoint) for port in slow], max_concurrency=hold, max_queue=hold)
     # Key lines before any table header belong to [server]: the connection cap above the streams.
-    server_keys = [f"max_connections = {hold + RELAY_STREAMS + 64}", ""]
-    path.write_text(tailguard_config(http_port, grpc_port, interactive, batch, sections=server_keys))
+    # Connect and health-check timeouts wide enough that a simulated engine
+    # stalled on this shared machine is not ejected (stalls are reported instead).
+    sections = [
+        f"max_connections = {hold + RELAY_STREAMS + 64}",
+        "",
+        "[timeouts]",
+        f"connect_timeout = {CONNECT_TIMEOUT_S}",
+        f"health_check_timeout = {HEALTH_CHECK_TIMEOUT_S}",
+        "",
+    ]
+    path.write_text(tailguard_config(http_port, grpc_port, interactive, batch, sections=sections))
 
 
-async def hold_phase(options: Options, port: int, tg: trio.Process, pids: dict[str, int], engines: int, thresholds: str) -> HoldRun:
+async def hold_phase(
+    options: Options, port: int, engine_port: int, tg: trio.Process, pids: dict[str, int], engines: int, thresholds: str, log: Path
+) -> HoldRun:
     """Open N streams (paced), hold them while they relay, close them all; sample the router throughout."""
     await trio.sleep(1.0)  # start-up garbage collected, health checks settled
     start = time.perf_counter()
@@ -363,7 +434,12 @@ async def hold_phase(options: Options, port: int, tg: trio.Process, pids: dict[s
     tally = HoldTally()
     peak = idle
     cpu_start = CpuClock.read(pids)
+    router_health: list[float] = []
+    engine_health: list[float] = []
+    gc_start = await scrape_gc(port)
     async with trio.open_nursery() as holders:
+        holders.start_soon(probe_health, port, PROBE_EVERY_S, router_health)
+        holders.start_soon(probe_health, engine_port, PROBE_EVERY_S, engine_health)
         stopped_because = f"ramp timeout ({RAMP_TIMEOUT_S:g} s)"
         with trio.move_on_after(RAMP_TIMEOUT_S):
             last_progress, progress_at, printed_at, sampled_at = -1, start, start, start
@@ -426,6 +502,7 @@ async def hold_phase(options: Options, port: int, tg: trio.Process, pids: dict[s
         failures=dict(tally.failures),
         ramp_s=ramp_s,
         stopped_because=stopped_because,
+        ramp_cores=cpu_ramp.cores_since(cpu_start),
         router_cpu_ms_per_stream_opened=cpu_ramp.seconds_since(cpu_start)["tailguard"] / max(tally.first_event, 1) * 1000,
         rss_kib_per_open_stream=(held.rss_mib - idle.rss_mib) * 1024 / max(open_at_end, 1),
         hold_s=hold_s,
@@ -433,10 +510,18 @@ async def hold_phase(options: Options, port: int, tg: trio.Process, pids: dict[s
         hold_cores=cpu_held.cores_since(cpu_ramp),
         hold_machine_busy_cores=busy,
         router_cpu_us_per_event=router_cpu / events * 1e6 if events else None,
+        gc_ramp=gc_delta(gc_start, gc_before, ramp_s),
         gc=gc_delta(gc_before, gc_after, hold_s),
         settle_s=settle_s,
         fds_left_above_idle=max(0, after.fds - idle.fds),
         samples=[idle, replace(peak, moment="peak (ramp + hold)"), held, after],
+        router_log_tail=log_tail(log)[-1500:],
+        latencies=[
+            Latencies.of("stream: connect + send to the response head", tally.head_s),
+            Latencies.of("stream: connect + send to the first SSE event", tally.first_event_s),
+            Latencies.of("router GET /health", router_health),
+            Latencies.of("one slow engine GET /health", engine_health),
+        ],
     )
 
 
@@ -538,16 +623,20 @@ async def measure(options: Options) -> Result:
                 async with trio.open_nursery() as nursery:
                     sim = await start_simulator(nursery, [(instant, "instant")], log=sim_out)
                     slow_args = ["--max-num-seqs", "20000", "--base-ms", f"{options.step_ms:g}", "--kv-cache-tokens", "100000000"]
-                    spec = ",".join(f"{port}:instant" for port in slow)
-                    slow_sim = await start_process(nursery, [sys.executable, "-m", "bench.sim", "--engines", spec, *slow_args], slow_out)
+                    slow_sims: dict[str, trio.Process] = {}
+                    for first in range(0, len(slow), ENGINES_PER_SIMULATOR):
+                        spec = ",".join(f"{port}:instant" for port in slow[first : first + ENGINES_PER_SIMULATOR])
+                        command = [sys.executable, "-m", "bench.sim", "--engines", spec, *slow_args]
+                        slow_sims[f"{SLOW_SIM} {len(slow_sims) + 1}"] = await start_process(nursery, command, slow_out)
                     await wait_ready(instant, sim, "the simulator")
-                    for port in slow:
-                        await wait_ready(port, slow_sim, "the slow simulator")
+                    for index, port in enumerate(slow):
+                        await wait_ready(port, slow_sims[f"{SLOW_SIM} {index // ENGINES_PER_SIMULATOR + 1}"], "a slow simulator")
+                    slow_pids = {name: process.pid for name, process in slow_sims.items()}
                     hold = None
                     if options.streams > 0:
                         hold = await _with_router(
                             config, options.gc_threshold, logs["tailguard"], http_port,
-                            lambda tg, pids, said: hold_phase(options, http_port, tg, {**pids, "slow simulator": slow_sim.pid}, engines, said),
+                            lambda tg, pids, said: hold_phase(options, http_port, slow[0], tg, {**pids, **slow_pids}, engines, said, logs["tailguard"]),
                             {"simulator": sim.pid},
                         )  # fmt: skip
                     relay: list[RelayRun] = []
@@ -563,7 +652,7 @@ async def measure(options: Options) -> Result:
                         r = relay[-1]
                         print(f"  relay gc {_in_force(r.gc_thresholds)}: {r.events_per_s:,.0f} events/s, router {r.router_cores:.2f} cores, "
                               f"{sum(g.count for g in r.gc)} collections", file=sys.stderr, flush=True)  # fmt: skip
-                    for process, name in ((sim, "the simulator"), (slow_sim, "the slow simulator")):
+                    for name, process in {"the simulator": sim, **slow_sims}.items():
                         if process.returncode is not None:
                             raise RuntimeError(f"{name} exited with {process.returncode} during the run")
                     nursery.cancel_scope.cancel()
@@ -636,17 +725,22 @@ def render(result: Result) -> str:
         lines += [
             "",
             f"Ramp: {h.first_event:,} of {h.target:,} opened in {h.ramp_s:.1f} s ({h.stopped_because}); {h.failed} failed "
-            f"{h.failures or ''}, {h.ended_early} ended early; router CPU {h.router_cpu_ms_per_stream_opened:.2f} ms a stream opened. "
+            f"{h.failures or ''}, {h.ended_early} ended early; router CPU {h.router_cpu_ms_per_stream_opened:.2f} ms a stream opened; cores while opening: "
+            f"{_cores(h.ramp_cores)}. "
             f"RSS {h.rss_kib_per_open_stream:.1f} KiB a held stream over idle. "
-            f"Hold: {h.hold_s:.1f} s, {h.hold_events_per_s:,.0f} events/s relayed, router {h.hold_cores.get('tailguard', 0):.2f} cores "
+            f"Hold: {h.hold_s:.1f} s, {h.hold_events_per_s:,.0f} events/s relayed, cores: {_cores(h.hold_cores)} "
             f"({_ms(None if h.router_cpu_us_per_event is None else round(h.router_cpu_us_per_event, 1))} µs an event), "
             f"machine busy {h.hold_machine_busy_cores:.2f} cores. After closing: settled in {h.settle_s:.1f} s, "
             f"{h.fds_left_above_idle} fds above idle.",
             "",
-            "GC pauses while the streams relay:",
-            "",
         ]
-        lines += _gc_header() + _gc_rows("hold", h.gc)
+        warnings = [line for line in h.router_log_tail.splitlines() if line.strip() and not line.startswith(THRESHOLD_LOG)]
+        if warnings:
+            lines += ["The router's log, last lines:", "", "```", *warnings[-6:], "```", ""]
+        lines += ["| wait (ramp + hold) | n | P50 ms | P99 ms | max ms |", "|---|---|---|---|---|"]
+        lines += [f"| {w.what} | {w.count:,} | {w.p50_ms:.1f} | {w.p99_ms:.1f} | {w.max_ms:.1f} |" for w in h.latencies]
+        lines += ["", "GC pauses while the streams open (ramp) and while they are held and relay (hold):", ""]
+        lines += _gc_header() + _gc_rows("ramp", h.gc_ramp) + _gc_rows("hold", h.gc)
         lines.append("")
     if result.relay:
         lines += [
@@ -674,6 +768,15 @@ def render(result: Result) -> str:
     return "\n".join(lines)
 
 
+def _cores(cores: dict[str, float]) -> str:
+    """Cores by process, the slow simulators summed."""
+    summed = {name: value for name, value in cores.items() if not name.startswith(SLOW_SIM)}
+    slow = [value for name, value in cores.items() if name.startswith(SLOW_SIM)]
+    if slow:
+        summed[f"{len(slow)} slow simulators"] = sum(slow)
+    return ", ".join(f"{name} {value:.2f}" for name, value in summed.items())
+
+
 def _gc_header() -> list[str]:
     return [
         "| run | generation | collections | per s | mean ms | P50 <= ms | P99 <= ms | max <= ms | paused ms per s |",
@@ -688,14 +791,14 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench hold", description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=10_000, help="streams to hold; 0 skips the hold (default %(default)s)")
-    parser.add_argument("--seconds", type=float, default=20.0, help="how long the streams are held once open (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="how long the streams are held once open (default %(default)s)")
     parser.add_argument("--step-ms", type=float, default=1000.0, help="the slow engines' step: a token per stream per step (default %(default)s)")
     parser.add_argument("--read-pause", type=float, default=0.5, help="the client's pause between reads of a stream, s (default %(default)s)")
     parser.add_argument("--gc-threshold", default=None, help="GC thresholds A,B,C in the router during the hold (default: the server's own)")
     parser.add_argument("--relay-gen0", default="700,10000,50000", help="first-generation GC thresholds to try under SSE relay; empty skips (default %(default)s)")
     parser.add_argument("--gc-older", default="20,100", help="the older generations' thresholds in the relay runs (default %(default)s, the server's)")
     parser.add_argument("--relay-warmup", type=float, default=2.0, help="relay load before each window (default %(default)s)")
-    parser.add_argument("--relay-seconds", type=float, default=10.0, help="each relay window (default %(default)s)")
+    parser.add_argument("--relay-seconds", type=float, default=8.0, help="each relay window (default %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of hold.json and hold.md (default %(default)s)")
     return parser
 
