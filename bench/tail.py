@@ -135,6 +135,7 @@ class Probe:
     waiting: float | None  # tailguard_pool_queue_length summed over pools (None: /metrics did not answer)
     in_flight: float | None  # tailguard_pool_in_flight summed over pools
     health_ms: float | None  # how long GET /health took: the router's responsiveness (None: over 1 s)
+    gc: tuple[float, float, float] | None = None  # GC pauses so far, all generations: (count, over 10 ms, total s)
 
 
 @dataclass
@@ -486,9 +487,9 @@ async def _watch(router: _Router, origin: float, into: list[Probe]) -> None:
                 return
             now = time.perf_counter()
             health_ms = await _answer_ms(client, health)
-            waiting, in_flight = await _queue_gauges(client, scrape)
+            waiting, in_flight, gc_pauses = await _queue_gauges(client, scrape)
             cores, cpu_wait = (cpu - last_cpu) / (now - last_t), (wait - last_wait) / (now - last_t)
-            into.append(Probe(round(now - origin, 2), rss, peak, cores, cpu_wait, fds, waiting, in_flight, health_ms))
+            into.append(Probe(round(now - origin, 2), rss, peak, cores, cpu_wait, fds, waiting, in_flight, health_ms, gc_pauses))
             last_cpu, last_wait, last_t = cpu, wait, now
             await trio.sleep(PROBE_S)
     finally:
@@ -526,22 +527,32 @@ async def _answer_ms(client: TokenClient, request: bytes) -> float | None:
     return None
 
 
-async def _queue_gauges(client: TokenClient, scrape: bytes) -> tuple[float | None, float | None]:
-    """Requests waiting and holding a seat, summed over pools, from the router's /metrics."""
+_GAUGES = {
+    "waiting": b"tailguard_pool_queue_length{",
+    "in_flight": b"tailguard_pool_in_flight{",
+    "gc_count": b"tailguard_gc_pause_seconds_count{",
+    "gc_fast": b'tailguard_gc_pause_seconds_bucket{generation="',  # only the le="0.01" buckets, below
+    "gc_seconds": b"tailguard_gc_pause_seconds_sum{",
+}
+
+
+async def _queue_gauges(client: TokenClient, scrape: bytes) -> tuple[float | None, float | None, tuple[float, float, float] | None]:
+    """Requests waiting and holding a seat, summed over pools, and the GC pauses so far, from the router's /metrics."""
     with trio.move_on_after(1.0):
         try:
             reply = await client.exchange(scrape)
         except (OSError, trio.BrokenResourceError, ProtocolError):
-            return None, None
+            return None, None, None
         if reply.status != 200:
-            return None, None
-        sums = {b"tailguard_pool_queue_length{": 0.0, b"tailguard_pool_in_flight{": 0.0}
+            return None, None, None
+        sums = dict.fromkeys(_GAUGES, 0.0)
         for line in client.last_piece.splitlines():
-            for prefix in sums:
-                if line.startswith(prefix):
-                    sums[prefix] += float(line.rsplit(b" ", 1)[1])
-        return sums[b"tailguard_pool_queue_length{"], sums[b"tailguard_pool_in_flight{"]
-    return None, None
+            for name, prefix in _GAUGES.items():
+                if line.startswith(prefix) and (name != "gc_fast" or b'le="0.01"' in line):
+                    sums[name] += float(line.rsplit(b" ", 1)[1])
+        gc_pauses = (sums["gc_count"], sums["gc_count"] - sums["gc_fast"], sums["gc_seconds"])
+        return sums["waiting"], sums["in_flight"], gc_pauses
+    return None, None, None
 
 
 def _join_access_log(router: _Router, samples: Sequence[Sample]) -> float:
@@ -796,8 +807,9 @@ def _memory_table(runs: Sequence[SetupResult]) -> list[str]:
     """The router's RSS over the run (so 'flat' can be judged) beside its sockets and queue."""
     out = [
         f"| set-up | router RSS MiB start / warm-up end / last arrival / end | peak | window slope MiB/min "
-        f"| open fds max | waiting max | GET /health ms P50 / max (None = over 1 s) | samples (every {PROBE_S:g} s) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| open fds max | waiting max | GET /health ms P50 / max (None = over 1 s) | GC pauses: n / over 10 ms / total ms "
+        f"| samples (every {PROBE_S:g} s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         if not run.timeline:
@@ -810,7 +822,7 @@ def _memory_table(runs: Sequence[SetupResult]) -> list[str]:
         health = f"{percentile(answered, 50):.1f} / {answered[-1] if answered else math.nan:.0f}" + (f" ({late} over 1 s)" if late else "")
         out.append(
             f"| {run.setup} | {points} | {rss['max']:.0f} | {rss['window_slope_per_min']:+.2f} "
-            f"| {max(p.fds for p in run.timeline)} | {waiting:.0f} | {health} | {len(run.timeline)} |"
+            f"| {max(p.fds for p in run.timeline)} | {waiting:.0f} | {health} | {_gc_during(run.timeline)} | {len(run.timeline)} |"
         )
     return out
 
@@ -830,6 +842,15 @@ def _added_table(runs: Sequence[SetupResult], scale: float) -> list[str]:
         out.append(f"| {name} | " + " | ".join(f"{q[k] * scale:.1f}" for k in ("p50", "p95", "p99")) + " |")
     out.append("| added by tailguard | " + " | ".join(f"{(routed[k] - direct[k]) * scale:+.1f}" for k in ("p50", "p95", "p99")) + " |")
     return out
+
+
+def _gc_during(timeline: Sequence[Probe]) -> str:
+    """The router's GC pauses between the first and the last look ("-" when /metrics never told)."""
+    seen = [p.gc for p in timeline if p.gc is not None]
+    if len(seen) < 2:
+        return "-"
+    (n0, slow0, s0), (n1, slow1, s1) = seen[0], seen[-1]
+    return f"{n1 - n0:.0f} / {slow1 - slow0:.0f} / {(s1 - s0) * 1000:.0f}"
 
 
 def _trio(q: dict[str, float]) -> str:
