@@ -106,6 +106,8 @@ SETTLE_TIMEOUT_S = 20.0
 SETTLE_FD_SLACK = 16
 SAMPLE_EVERY_S = 0.5
 PROBE_EVERY_S = 0.2
+PROBE_TIMEOUT_S = 10.0
+PROBES_MAX = 2_000  # a count bound on each probe loop besides the stop flag
 PROGRESS_EVERY_S = 5.0
 READ_SIZE = 16 * 1024
 
@@ -201,8 +203,11 @@ Buckets = dict[str, list[tuple[float, float]]]  # generation -> [(upper bound, c
 
 async def scrape_gc(port: int) -> tuple[Buckets, dict[str, float]]:
     """``tailguard_gc_pause_seconds`` from the router's /metrics: buckets and sums by generation."""
+    began = time.perf_counter()
     async with httpx.AsyncClient(timeout=10.0) as client:
         page = (await client.get(f"http://{HOST}:{port}/metrics")).text
+    if time.perf_counter() - began > 1.0:
+        print(f"  (scraping /metrics took {time.perf_counter() - began:.1f} s)", file=sys.stderr, flush=True)
     buckets: Buckets = collections.defaultdict(list)
     sums: dict[str, float] = {}
     for family in text_string_to_metric_families(page):
@@ -343,21 +348,49 @@ class Latencies:
         return Latencies(what, len(ordered), percentile(ordered, 50) * 1000, percentile(ordered, 99) * 1000, ordered[-1] * 1000)
 
 
-async def probe_health(port: int, every: float, into: list[float]) -> None:
-    """GET /health every ``every`` s on one keep-alive connection until cancelled; each answer's latency (a stalled loop shows)."""
-    client = KeepAliveClient(port)
-    request = f"GET /health HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode()
-    try:
-        while True:
-            began = time.perf_counter()
-            try:
-                await client.exchange(request)
-            except (OSError, trio.BrokenResourceError, ProtocolError):
-                pass
-            into.append(time.perf_counter() - began)
-            await trio.sleep(every)
-    finally:
-        with trio.CancelScope(shield=True):
+class HealthProbes:
+    """GET /health on each port every PROBE_EVERY_S, each answer's latency: a stalled event loop shows.
+
+    The probes run in a thread with a Trio run of its own, so that the
+    client's ten thousand tasks do not delay them: a slow answer is the
+    server's (give or take the GIL's 5 ms switch interval).
+    """
+
+    def __init__(self, ports: dict[str, int]) -> None:
+        self.ports = ports
+        self.latencies: dict[str, list[float]] = {name: [] for name in ports}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="bench-health-probes", daemon=True)
+
+    async def __aenter__(self) -> HealthProbes:
+        self._thread.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        await trio.to_thread.run_sync(self._thread.join, PROBE_TIMEOUT_S + 5.0)
+
+    async def _main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for name, port in self.ports.items():
+                nursery.start_soon(self._probe, name, port)
+
+    async def _probe(self, name: str, port: int) -> None:
+        client = KeepAliveClient(port)
+        request = f"GET /health HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode()
+        try:
+            for _ in range(PROBES_MAX):
+                if self._stop.is_set():
+                    return
+                began = time.perf_counter()
+                with trio.move_on_after(PROBE_TIMEOUT_S):
+                    try:
+                        await client.exchange(request)
+                    except (OSError, trio.BrokenResourceError, ProtocolError):
+                        pass
+                self.latencies[name].append(time.perf_counter() - began)
+                await trio.sleep(PROBE_EVERY_S)
+        finally:
             await client.aclose()
 
 
@@ -434,12 +467,9 @@ async def hold_phase(
     tally = HoldTally()
     peak = idle
     cpu_start = CpuClock.read(pids)
-    router_health: list[float] = []
-    engine_health: list[float] = []
     gc_start = await scrape_gc(port)
-    async with trio.open_nursery() as holders:
-        holders.start_soon(probe_health, port, PROBE_EVERY_S, router_health)
-        holders.start_soon(probe_health, engine_port, PROBE_EVERY_S, engine_health)
+    probes = HealthProbes({"router GET /health": port, "one slow engine GET /health": engine_port})
+    async with probes, trio.open_nursery() as holders:
         stopped_because = f"ramp timeout ({RAMP_TIMEOUT_S:g} s)"
         with trio.move_on_after(RAMP_TIMEOUT_S):
             last_progress, progress_at, printed_at, sampled_at = -1, start, start, start
@@ -517,10 +547,9 @@ async def hold_phase(
         samples=[idle, replace(peak, moment="peak (ramp + hold)"), held, after],
         router_log_tail=log_tail(log)[-1500:],
         latencies=[
-            Latencies.of("stream: connect + send to the response head", tally.head_s),
-            Latencies.of("stream: connect + send to the first SSE event", tally.first_event_s),
-            Latencies.of("router GET /health", router_health),
-            Latencies.of("one slow engine GET /health", engine_health),
+            Latencies.of("stream: connect + send to the response head (as the client saw it)", tally.head_s),
+            Latencies.of("stream: connect + send to the first SSE event (as the client saw it)", tally.first_event_s),
+            *(Latencies.of(f"{name} (a probe thread)", seconds) for name, seconds in probes.latencies.items()),
         ],
     )
 
@@ -737,7 +766,7 @@ def render(result: Result) -> str:
         warnings = [line for line in h.router_log_tail.splitlines() if line.strip() and not line.startswith(THRESHOLD_LOG)]
         if warnings:
             lines += ["The router's log, last lines:", "", "```", *warnings[-6:], "```", ""]
-        lines += ["| wait (ramp + hold) | n | P50 ms | P99 ms | max ms |", "|---|---|---|---|---|"]
+        lines += ["| wait (ramp, hold and close) | n | P50 ms | P99 ms | max ms |", "|---|---|---|---|---|"]
         lines += [f"| {w.what} | {w.count:,} | {w.p50_ms:.1f} | {w.p99_ms:.1f} | {w.max_ms:.1f} |" for w in h.latencies]
         lines += ["", "GC pauses while the streams open (ramp) and while they are held and relay (hold):", ""]
         lines += _gc_header() + _gc_rows("ramp", h.gc_ramp) + _gc_rows("hold", h.gc)
@@ -822,6 +851,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     raise_nofile(hard)  # children inherit it: the router and the slow engines hold a socket per stream
     started = time.perf_counter()
+    # This process holds a socket and a task per stream: its own collections
+    # (default thresholds, a big heap) would stall the client and its probes,
+    # and show as the router's latency. Its garbage waits for the end.
+    gc.freeze()
+    gc.disable()
     try:
         result = trio.run(measure, options)
     except BaseException as error:
@@ -829,6 +863,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print("interrupted; the simulators and the router were stopped", file=sys.stderr)
         return 130
+    finally:
+        gc.enable()
+        gc.unfreeze()
     result.wall_s = time.perf_counter() - started
     report = render(result)
     print(report)
