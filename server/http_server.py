@@ -1,30 +1,48 @@
-"""tailguard's own HTTP/1.1 server on Trio: h11 parses, an ASGI app answers.
+"""tailguard's own HTTP/1.1 server on Trio: llhttp parses, an ASGI app answers.
 
 Why not hypercorn: its per-request cost was a quarter of the router's CPU,
 and its Trio writes are shielded from cancellation, so a client that never
 reads its stream held its request (and pool seat) past every deadline and
-every drain (issue 11). Here:
+every drain (issue 11). Why llhttp (httptools) and not h11: h11 is pure
+Python and was a quarter of this server's own CPU at saturation. Here:
 
+- requests are parsed by llhttp (C) through ``httptools.HttpRequestParser``;
+  the server never parses HTTP itself, it only writes responses: status
+  line, headers and, when the body is known, the body in one buffer and one
+  ``send``; a stream's chunks are framed as they go;
 - every write is bounded by the request's own cancellation and by
   ``write_timeout``; a write that cannot complete closes the connection (a
   half-written response cannot be resumed), which also tells the app
   ``http.disconnect``;
-- the head is sent with the first body bytes: one ``send`` for a complete
-  answer, one per ASGI body message for a stream, and a send that fits in the
-  socket buffer costs no trip through Trio's scheduler;
 - once a request's body is read, the app's wait for ``http.disconnect``
   reads the socket: end of file is ``http.disconnect`` at once (the request
   is cancelled, the socket closed); between requests the connection reads
   too, so a client's close is seen at once (no CLOSE-WAIT);
+- pipelined requests are parsed as they arrive, queued in order and
+  answered in order, one at a time; while a request is answered at most
+  ``max_header_bytes`` more are read;
 - the head, the body and the idle time between requests have deadlines; the
-  number of connections has a cap; a request with both Transfer-Encoding and
-  Content-Length is refused (h11 takes it, RFC 9112 says reject), as h11
-  refuses conflicting Content-Lengths and unknown transfer codings;
+  number of connections has a cap;
 - a drain stops accepting, closes idle connections, lets requests in flight
   finish up to a grace period, then cancels them.
 
-Errors the server answers itself (400, 408, 431, 500, 503) have OpenAI's
-error shape and close the connection.
+RFC 9112 checks, and who does them. llhttp, strict (httptools 0.9 sets none
+of its lenient flags, and this module sets none; a test pins it): the
+request line and version syntax, header name tokens and value characters
+(no CR, LF or NUL, no obs-fold), bare LF, Content-Length syntax and
+overflow, a duplicate Content-Length (even an identical one), Content-Length
+together with Transfer-Encoding, chunked not the last coding, the chunked
+framing itself, and data after a request that closes the connection. This
+module: Transfer-Encoding other than exactly ``chunked`` (501, as a server
+that does not implement a coding must), Host missing or repeated in
+HTTP/1.1 (400), versions other than 1.0 and 1.1 (505), the head's size (431),
+and the framing of responses (Content-Length or chunked; HEAD, 204 and 304
+without a body; ``connection: close`` for HTTP/1.0, a client's close or a
+drain). Upgrades (and CONNECT) are not served: such a request is answered
+and the connection closed.
+
+Errors the server answers itself (400, 408, 431, 500, 501, 503, 505) have
+OpenAI's error shape and close the connection.
 """
 
 from __future__ import annotations
@@ -33,12 +51,13 @@ import errno
 import http
 import logging
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-import h11
+import httptools
 import trio
 
 from router.config_types import ServerConfig
@@ -56,8 +75,20 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 _READ_SIZE = 64 * 1024
 _LINGER_SECONDS = 1.0  # after an answer to a request whose body was not read
 _LINGER_BYTES = 1 << 20
+_CHUNK_LINE_BYTES = 64  # framing allowed per chunk of a chunked body (size line, extensions)
+# Reads and writes that complete at once do not pass through Trio's scheduler;
+# a connection yields to the others at least once per this many requests.
+_REQUESTS_PER_YIELD = 32
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ECONNABORTED}
-_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+_STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode()) for status in http.HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_CHUNKED = b"transfer-encoding: chunked\r\n"
+_CLOSE = b"connection: close\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_METHODS = {m: m.decode() for m in (b"GET", b"POST", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"PATCH")}
+_VERSIONS = frozenset(("1.1", "1.0"))
+_INF = float("inf")
 
 
 _CONFIGURED = ServerConfig()  # the defaults, from their one place
@@ -98,19 +129,211 @@ class ServerStatistics:
     draining: bool
 
 
+def _status_line(status: int) -> bytes:
+    return _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
+
+
 def _error_bytes(status: int, message: str, code: str | None) -> bytes:
     """A complete answer that closes the connection, in OpenAI's error shape."""
     error_type = "overloaded" if status == 503 else "internal_error" if status == 500 else "invalid_request_error"
     error = HttpError(status, {"error": {"message": message, "type": error_type, "param": None, "code": code}}, None)
     body = error.encoded()
-    conn = h11.Connection(h11.SERVER)
-    conn.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-    conn.next_event()
     headers = [*error.headers(), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
-    return conn.send(h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))) + body
+    return _status_line(status) + b"".join(b"%s: %s\r\n" % header for header in headers) + b"\r\n" + body
 
 
 _TOO_MANY = _error_bytes(503, "too many open connections; retry shortly", "too_many_connections")
+
+
+# -- reading requests: llhttp's callbacks -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """A request the server will not serve: the answer, then close."""
+
+    status: int
+    message: str
+    code: str = "bad_request"
+
+
+class _Refused(Exception):
+    """Raised from a parser callback: llhttp stops, ``_Requests.feed`` records the refusal."""
+
+
+class _Request:
+    """One request's head, and its body as it arrives (llhttp fills it in)."""
+
+    __slots__ = ("method", "target", "http_version", "headers", "keep_alive", "expect_continue", "body", "complete")
+
+    def __init__(self, method: bytes, target: bytes, http_version: str, headers: list[tuple[bytes, bytes]], keep_alive: bool, expect_continue: bool) -> None:
+        self.method = method
+        self.target = target
+        self.http_version = http_version
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.expect_continue = expect_continue
+        self.body: list[bytes] = []  # arrived, not yet handed to the app
+        self.complete = False  # the whole body arrived
+
+
+class _Requests:
+    """The requests arriving on one connection, parsed by llhttp: a sans-I/O reader.
+
+    ``feed`` hands bytes to llhttp, whose callbacks (the ``on_*`` methods)
+    queue each request once its head is complete and add body bytes to it;
+    a request that cannot be served becomes ``refusal``, after the requests
+    before it, and nothing after it is parsed.
+
+    The head's size: llhttp has no limit of its own. A head that arrived
+    whole is measured from its parts when the bytes read for it could exceed
+    the limit; a head still incomplete after a read is refused once the
+    bytes read since the last request ended exceed the limit (bytes of the
+    read in which that request ended are not counted, so an incomplete head
+    is held to the limit plus one read at most). Chunked framing and trailers
+    are bounded the same way.
+    """
+
+    __slots__ = (
+        "_parser", "_limit", "queue", "refusal", "stopped", "_url", "_headers", "_hosts", "_expect", "_parsing", "_last",
+        "_fed", "_feed_start", "_head_low", "_head_high", "_body_mark", "_body_seen", "_chunks",
+    )
+
+    def __init__(self, max_header_bytes: int) -> None:
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        self._limit = max_header_bytes
+        self.queue: deque[_Request] = deque()
+        self.refusal: _Refusal | None = None
+        self.stopped = False  # after an upgrade request: what follows is not ours to parse
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._hosts = 0
+        self._expect = False
+        self._parsing: _Request | None = None  # head complete, body not yet
+        self._last: _Request | None = None
+        self._fed = 0  # bytes fed to llhttp, all told
+        self._feed_start = 0  # _fed before the current feed
+        self._head_low = 0  # _fed before the feed in which the last request ended
+        self._head_high = 0  # _fed after it
+        self._body_mark = 0  # _fed after the feed in which the body being parsed began
+        self._body_seen = 0  # body bytes since then
+        self._chunks = 0
+
+    def close(self) -> None:
+        """Drop the parser (it holds this object's methods: a cycle otherwise left to the GC)."""
+        self._parser = None
+
+    @property
+    def head_started(self) -> bool:
+        """Whether some of the next request's head is buffered (after the queued ones)."""
+        return self._fed > self._head_high or bool(self._url) or self._parsing is not None
+
+    def feed(self, data: bytes) -> None:
+        parser = self._parser
+        if self.refusal is not None or self.stopped or parser is None:
+            return  # llhttp stopped at the error; nothing after it is served
+        self._feed_start = self._fed
+        self._fed += len(data)
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # Upgrades are not served: that request is answered and the connection closed.
+            if self._last is not None:
+                self._last.keep_alive = False
+            self.stopped = True
+            return
+        except httptools.HttpParserError as error:  # a _Refused from a callback comes as one too
+            if self.refusal is None:
+                self.refusal = _parser_refusal(error)
+            return
+        parsing = self._parsing
+        if parsing is None:
+            if self._fed - self._head_high > self._limit:
+                self.refusal = _Refusal(431, f"the request's head is over {self._limit} bytes")
+        elif self._fed - self._body_mark - self._body_seen > self._limit + _CHUNK_LINE_BYTES * self._chunks:
+            self.refusal = _Refusal(431, f"the request's chunked framing and trailers are over {self._limit} bytes")
+
+    def _refuse(self, refusal: _Refusal) -> None:
+        if self.refusal is None:
+            self.refusal = refusal
+        raise _Refused
+
+    # llhttp's callbacks, in the order it calls them
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url  # in pieces when the target arrives in pieces
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._parsing is not None:
+            return  # a trailer of a chunked body: not passed on (bounded in ``feed``)
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp strips the whitespace before a value, not after
+        self._headers.append((name, value))
+        if name == b"host":
+            self._hosts += 1
+        elif name == b"transfer-encoding":
+            if value.strip().lower() != b"chunked" or any(n == b"transfer-encoding" for n, _ in self._headers[:-1]):
+                self._refuse(_Refusal(501, f"unsupported transfer-encoding: {value.decode('latin-1')!r} (only chunked)"))
+        elif name == b"expect":
+            self._expect = value.strip().lower() == b"100-continue"
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        version = parser.get_http_version()
+        headers = self._headers
+        if version not in _VERSIONS:
+            self._refuse(_Refusal(505, f"HTTP/{version} is not supported (HTTP/1.1 and HTTP/1.0 are)"))
+        if self._hosts != 1 and version == "1.1":
+            self._refuse(_Refusal(400, "an HTTP/1.1 request needs one Host header" + (" (it has several)" if self._hosts else "")))
+        if self._fed - self._head_low > self._limit:  # the bytes read could hold a head over the limit: measure it
+            size = len(self._url) + sum(len(name) + len(value) + 4 for name, value in headers) + 24
+            if size > self._limit:
+                self._refuse(_Refusal(431, f"the request's head is over {self._limit} bytes"))
+        modern = version == "1.1"
+        request = _Request(
+            parser.get_method(), self._url, version, headers, modern and parser.should_keep_alive(), modern and self._expect
+        )
+        self._url = b""
+        self._headers = []
+        self._hosts = 0
+        self._expect = False
+        self._parsing = self._last = request
+        self._body_mark = self._fed
+        self._body_seen = self._chunks = 0
+        self.queue.append(request)
+
+    def on_body(self, body: bytes) -> None:
+        request = self._parsing
+        assert request is not None
+        request.body.append(body)
+        self._body_seen += len(body)
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+
+    def on_message_complete(self) -> None:
+        request = self._parsing
+        assert request is not None
+        request.complete = True
+        self._parsing = None
+        self._head_low = self._feed_start
+        self._head_high = self._fed
+
+
+def _parser_refusal(error: httptools.HttpParserError) -> _Refusal:
+    """llhttp's error as an answer: 501 for a transfer coding it refused, 400 otherwise."""
+    reason = str(error)
+    if "`Transfer-Encoding`" in reason:  # llhttp's reasons for a coding list that does not end in one chunked
+        return _Refusal(501, f"unsupported transfer-encoding ({reason}); only chunked")
+    return _Refusal(400, f"malformed HTTP request: {reason}")
+
+
+def _ignore() -> None:
+    pass
+
+
+# -- the socket ---------------------------------------------------------------------------
 
 
 class _Socket:
@@ -186,14 +409,66 @@ class _Socket:
 
     def abort(self) -> None:
         if not self.closed:
+            on_abort = self._on_abort
             self.close()
-            self._on_abort()
+            on_abort()
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._on_abort = _ignore  # it refers back to the connection: no cycle left for the GC
             trio.lowlevel.notify_closing(self._sock)
             self._sock.close()
+
+
+# -- the server and its connections ----------------------------------------------------------
+
+
+class _IdleTimers:
+    """Idle connections and their deadlines; one task closes those past theirs.
+
+    A cancel scope per wait between requests cost more than the rest of the
+    wait; here a wait is an entry in a dict. Each dict holds deadlines of one
+    timeout (now + a constant), so its insertion order is its deadline order
+    and the earliest is its first entry. Closing the socket ends the wait
+    (``receive_some`` returns end of file), as a client's close would.
+    """
+
+    __slots__ = ("fresh", "kept", "_wake_at", "_sleep")
+
+    def __init__(self) -> None:
+        self.fresh: dict[_Connection, float] = {}  # before a connection's first request (header_timeout)
+        self.kept: dict[_Connection, float] = {}  # between requests (keep_alive_timeout)
+        self._wake_at = _INF
+        self._sleep: trio.CancelScope | None = None
+
+    def add(self, timers: dict[_Connection, float], connection: _Connection, deadline: float) -> None:
+        timers[connection] = deadline
+        if deadline < self._wake_at and self._sleep is not None:  # only when ``timers`` was empty
+            self._wake_at = self._sleep.deadline = deadline
+
+    async def run(self) -> None:
+        """Close connections idle past their deadline, at their deadline."""
+        while True:
+            now = trio.current_time()
+            earliest = _INF
+            for timers in (self.fresh, self.kept):
+                while timers:
+                    connection, deadline = next(iter(timers.items()))
+                    if deadline > now:
+                        earliest = min(earliest, deadline)
+                        break
+                    del timers[connection]
+                    connection.close()
+            self._wake_at = earliest
+            with trio.CancelScope(deadline=earliest) as self._sleep:
+                await trio.sleep_forever()
+
+    def close_all(self) -> None:
+        for timers in (self.fresh, self.kept):
+            for connection in list(timers):
+                connection.close()
+            timers.clear()
 
 
 class _Server:
@@ -206,7 +481,7 @@ class _Server:
         self.connections = 0
         self.refused = 0
         self.draining = False
-        self.idle_scopes: set[trio.CancelScope] = set()
+        self.idle = _IdleTimers()
         self._no_connections = trio.Event()
 
     def statistics(self) -> ServerStatistics:
@@ -246,8 +521,7 @@ class _Server:
     def drain(self) -> None:
         """Accept no more requests: idle connections close now, busy ones after their answer."""
         self.draining = True
-        for scope in self.idle_scopes:
-            scope.cancel()
+        self.idle.close_all()
         if self.connections == 0:
             self._no_connections.set()
 
@@ -270,116 +544,112 @@ def _refuse_at_once(sock: socket.socket) -> None:
 class _Connection:
     """One client connection: requests in sequence (keep-alive), one at a time."""
 
+    __slots__ = ("_server", "_settings", "_sock", "_client", "requests", "_exchange")
+
     def __init__(self, server: _Server, sock: socket.socket, peer: Any) -> None:
         self._server = server
         self._settings = server.settings
         self._sock = _Socket(sock, server.settings.write_timeout, self._aborted)
         self._client = (peer[0], peer[1]) if isinstance(peer, tuple) and len(peer) >= 2 else None
-        self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=server.settings.max_header_bytes)
+        self.requests = _Requests(server.settings.max_header_bytes)
         self._exchange: _Exchange | None = None
 
     def _aborted(self) -> None:
         if self._exchange is not None:
-            self._exchange.gone.set()
+            self._exchange.set_gone()
+
+    def close(self) -> None:
+        """Idle past the deadline, or a drain: the wait for the next request ends at once."""
+        self._sock.close()
 
     async def serve(self) -> None:
         try:
             first = True
+            app = self._server.app
+            served = 0
             while not self._sock.closed:
                 request = await self._next_request(first)
                 first = False
                 if request is None:
                     return
-                exchange = _Exchange(self._h11, self._sock, self._server, request)
-                self._exchange = exchange
-                await exchange.run(self._server.app, self._scope(request))
+                served += 1
+                if served % _REQUESTS_PER_YIELD == 0:  # a pipelining client must not hold the loop
+                    await trio.lowlevel.checkpoint()
+                exchange = self._exchange = _Exchange(self._sock, self._server, self.requests, request)
+                await exchange.run(app, self._scope(request))
                 self._exchange = None
                 if not await exchange.finish():
                     return
-                self._h11.start_next_cycle()
         finally:
             self._sock.close()
+            self.requests.close()
 
-    async def _next_request(self, first: bool) -> h11.Request | None:
+    async def _next_request(self, first: bool) -> _Request | None:
         """The next request's head, or None: the client left, idled out, broke the protocol, or we drain."""
+        requests = self.requests
+        if requests.queue:  # pipelined: read while the one before was answered
+            return requests.queue.popleft()
+        server = self._server
         settings = self._settings
-        now = trio.current_time()
-        head_deadline = now + settings.header_timeout
-        buffered = len(self._h11.trailing_data[0])
-        if not buffered:  # nothing of the next request yet: idle
-            if self._server.draining:
+        sock = self._sock
+        head_deadline = 0.0
+        if requests.refusal is None and not requests.stopped and not requests.head_started:  # idle
+            if server.draining:
                 return None
-            idle_deadline = head_deadline if first else now + settings.keep_alive_timeout
-            with trio.CancelScope(deadline=idle_deadline) as idle:
-                self._server.idle_scopes.add(idle)
-                try:
-                    data = await self._sock.receive_some()
-                finally:
-                    self._server.idle_scopes.discard(idle)
-            if idle.cancelled_caught or not data:
-                return None
-            self._h11.receive_data(data)
-            buffered = len(data)
-            if not first:
-                head_deadline = trio.current_time() + settings.header_timeout
-        while True:
+            now = trio.current_time()
+            if first:
+                head_deadline = now + settings.header_timeout
+                timers = server.idle.fresh
+                server.idle.add(timers, self, head_deadline)
+            else:
+                timers = server.idle.kept
+                server.idle.add(timers, self, now + settings.keep_alive_timeout)
             try:
-                event = self._h11.next_event()
-            except h11.RemoteProtocolError as error:
-                await self._refuse(error.error_status_hint, f"malformed HTTP request: {error}", "bad_request")
+                data = await sock.receive_some()
+            finally:
+                timers.pop(self, None)
+            if not data:  # the client left, or idled out (the socket is closed)
                 return None
-            if isinstance(event, h11.Request):
-                # h11 bounds only an incomplete head; a whole one read at once is measured here.
-                if buffered > settings.max_header_bytes and buffered - len(self._h11.trailing_data[0]) > settings.max_header_bytes:
-                    await self._refuse(431, f"the request's head is over {settings.max_header_bytes} bytes", "bad_request")
-                    return None
-                return await self._checked(event)
-            if event is not h11.NEED_DATA:
-                return None  # the connection closed
+            requests.feed(data)
+            if requests.queue:  # the usual case: the whole head in one read
+                return requests.queue.popleft()
+        if not head_deadline:
+            head_deadline = trio.current_time() + settings.header_timeout
+        while True:
+            if requests.queue:
+                return requests.queue.popleft()
+            if requests.refusal is not None:
+                await self._refuse(requests.refusal)
+                return None
+            if requests.stopped:
+                return None
             with trio.move_on_at(head_deadline):
-                data = await self._sock.receive_some()
+                data = await sock.receive_some()
                 if not data:
                     return None
-                self._h11.receive_data(data)
-                buffered += len(data)
+                requests.feed(data)
                 continue
-            await self._refuse(408, f"the request's head did not arrive within {settings.header_timeout:g} s", "request_timeout")
+            await self._refuse(_Refusal(408, f"the request's head did not arrive within {settings.header_timeout:g} s", "request_timeout"))
             return None
 
-    async def _checked(self, request: h11.Request) -> h11.Request | None:
-        """Refuse what h11 lets through but RFC 9112 forbids: a body framed twice."""
-        has_te = has_cl = False
-        for name, _ in request.headers:
-            if name == b"transfer-encoding":
-                has_te = True
-            elif name == b"content-length":
-                has_cl = True
-        if has_te and has_cl:
-            await self._refuse(400, "a request may not have both Transfer-Encoding and Content-Length", "bad_request")
-            return None
-        return request
-
-    async def _refuse(self, status: int, message: str, code: str) -> None:
+    async def _refuse(self, refusal: _Refusal) -> None:
         """Answer an error of the server's own and close (the rest of the stream cannot be trusted)."""
-        if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self._sock.send_all(_error_bytes(status, message, code))
-            await _linger(self._sock)
-        self._sock.close()
+        await _close_with(self._sock, _error_bytes(refusal.status, refusal.message, refusal.code))
 
-    def _scope(self, request: h11.Request) -> Scope:
-        target = request.target
-        raw_path, _, query = target.partition(b"?")
+    def _scope(self, request: _Request) -> Scope:
+        raw_path, _, query = request.target.partition(b"?")
+        method = request.method
         return {
             "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version.decode("ascii"),
-            "method": request.method.decode("ascii"),
+            "asgi": _ASGI,
+            "http_version": request.http_version,
+            "method": _METHODS.get(method) or method.decode("ascii"),
             "scheme": "http",
             "path": unquote(raw_path.decode("latin-1")),
             "raw_path": raw_path,
             "query_string": query,
             "root_path": "",
-            "headers": list(request.headers),
+            "headers": request.headers,
             "client": self._client,
             "server": self._server.server_address,
         }
@@ -401,36 +671,50 @@ async def _linger(sock: _Socket) -> None:
             received += len(data)
 
 
+async def _close_with(sock: _Socket, data: bytes) -> None:
+    await sock.send_all(data)
+    await _linger(sock)
+    sock.close()
+
+
 class _Exchange:
     """One request and its answer: the ASGI ``receive`` and ``send`` of one call."""
 
     __slots__ = (
-        "_h11", "_sock", "_server", "_settings", "_request", "_body_deadline", "_body_done",
-        "_head", "_chunked", "_status", "_headers", "started", "complete", "gone", "_body_timed_out", "_bad_body",
-        "_body_delivered",
+        "_sock", "_server", "_requests", "_request", "_body_deadline", "_delivered", "_continue_due", "_pipelined",
+        "started", "complete", "gone", "_gone_event", "_body_timed_out", "_bad_body",
+        "_status", "_headers", "_head_sent", "_chunked", "_bodiless", "_close_after", "_length_left",
     )
 
-    def __init__(self, conn: h11.Connection, sock: _Socket, server: _Server, request: h11.Request) -> None:
-        self._h11 = conn
+    def __init__(self, sock: _Socket, server: _Server, requests: _Requests, request: _Request) -> None:
         self._sock = sock
         self._server = server
-        self._settings = server.settings
+        self._requests = requests
         self._request = request
-        self._body_deadline = trio.current_time() + server.settings.body_timeout
-        self._body_done = False
-        self._body_delivered = False
-        self._head: bytes | None = None
-        self._chunked = False
-        self._status = 0
-        self._headers: list[tuple[bytes, bytes]] = []
+        self._body_deadline = 0.0  # set when the body is first waited for
+        self._delivered = False  # the whole body went to the app
+        self._continue_due = request.expect_continue
+        self._pipelined = 0  # bytes read after the body, for the requests after this one
         self.started = False
         self.complete = False
-        self.gone = trio.Event()
+        self.gone = False  # the client left, or the connection was cut
+        self._gone_event: trio.Event | None = None
         self._body_timed_out = False
-        self._bad_body: h11.RemoteProtocolError | None = None
+        self._bad_body: _Refusal | None = None
+        self._status = 0
+        self._headers: Any = ()
+        self._head_sent = False
+        self._chunked = False
+        self._bodiless = False
+        self._close_after = False
+        self._length_left = -1  # a length the app declared, not yet sent; -1: none
+
+    def set_gone(self) -> None:
+        self.gone = True
+        if self._gone_event is not None:
+            self._gone_event.set()
 
     async def run(self, app: App, scope: Scope) -> None:
-        self._body_done = self._bodiless()
         try:
             await app(scope, self.receive, self.send)
         except Exception:
@@ -439,82 +723,66 @@ class _Exchange:
     async def finish(self) -> bool:
         """After the app returned: answer what it left unanswered; True to keep the connection."""
         sock = self._sock
-        if sock.closed or self.gone.is_set():
-            if self._body_timed_out and not self.started and not sock.closed:
-                timeout = self._settings.body_timeout
-                await self._close_with(_error_bytes(408, f"the request's body did not arrive within {timeout:g} s", "request_timeout"))
+        if sock.closed or self.gone:
+            if not (self.started or sock.closed):  # the body timed out or broke: say so
+                if self._body_timed_out:
+                    timeout = self._server.settings.body_timeout
+                    await _close_with(sock, _error_bytes(408, f"the request's body did not arrive within {timeout:g} s", "request_timeout"))
+                elif self._bad_body is not None:
+                    await _close_with(sock, _error_bytes(self._bad_body.status, self._bad_body.message, self._bad_body.code))
             sock.close()
-            return False
-        if self._bad_body is not None and not self.started:
-            await self._close_with(_error_bytes(self._bad_body.error_status_hint, f"malformed HTTP request: {self._bad_body}", "bad_request"))
             return False
         if not self.complete:
             if not self.started:
-                await self._close_with(_error_bytes(500, "tailguard failed unexpectedly (no answer)", "internal_error"))
+                await _close_with(sock, _error_bytes(500, "tailguard failed unexpectedly (no answer)", "internal_error"))
             sock.close()
             return False
-        conn = self._h11
-        if conn.their_state is not h11.DONE:  # a body the app did not read (413, 404, ...)
+        if not self._request.complete:  # a body the app did not read (413, 404, ...), not all here
             await _linger(sock)
             sock.close()
             return False
-        if conn.our_state is not h11.DONE:  # MUST_CLOSE: HTTP/1.0, connection: close, a drain
+        if self._close_after:  # HTTP/1.0, connection: close, a drain, an upgrade
             sock.close()
             return False
         return True
 
-    async def _close_with(self, data: bytes) -> None:
-        await self._sock.send_all(data)
-        await _linger(self._sock)
-        self._sock.close()
-
     # -- receive ------------------------------------------------------------
 
-    def _bodiless(self) -> bool:
-        """Whether the request has no body; if so h11 is moved past its end."""
-        for name, value in self._request.headers:
-            if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
-                return False
-        return isinstance(self._h11.next_event(), h11.EndOfMessage)
-
     async def receive(self) -> Message:
-        if self._body_done and not self._body_delivered:
-            self._body_delivered = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        if self._body_delivered or self.gone.is_set():
+        request = self._request
+        if self._delivered or self.gone:
             await self._watch()
             return {"type": "http.disconnect"}
-        conn = self._h11
-        chunks: list[bytes] = []
+        body = request.body
         while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as error:  # a broken chunked body
-                self._bad_body = error
-                self.gone.set()
+            if body or request.complete:
+                data = b"".join(body)
+                body.clear()
+                self._continue_due = False
+                if request.complete:
+                    self._delivered = True
+                    return {"type": "http.request", "body": data, "more_body": False}
+                return {"type": "http.request", "body": data, "more_body": True}
+            refusal = self._requests.refusal
+            if refusal is not None:  # a broken chunked body
+                self._bad_body = refusal
+                self.set_gone()
                 return {"type": "http.disconnect"}
-            if isinstance(event, h11.Data):
-                chunks.append(bytes(event.data))
-                continue
-            if isinstance(event, h11.EndOfMessage):
-                self._body_done = self._body_delivered = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            if chunks:
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
-            if event is not h11.NEED_DATA:  # closed mid-body
-                self.gone.set()
-                return {"type": "http.disconnect"}
-            if conn.client_is_waiting_for_100_continue and not self.started:
-                await self._sock.send_all(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
+            if self._continue_due:
+                self._continue_due = False
+                if not self.started:
+                    await self._sock.send_all(_CONTINUE)
+            if not self._body_deadline:
+                self._body_deadline = trio.current_time() + self._server.settings.body_timeout
             with trio.move_on_at(self._body_deadline):
                 data = await self._sock.receive_some()
                 if data:
-                    conn.receive_data(data)
+                    self._requests.feed(data)
                     continue
-                self.gone.set()
+                self.set_gone()
                 return {"type": "http.disconnect"}
             self._body_timed_out = True
-            self.gone.set()
+            self.set_gone()
             return {"type": "http.disconnect"}
 
     async def _watch(self) -> None:
@@ -522,20 +790,23 @@ class _Exchange:
 
         Reads the socket in the app's own task (no task of ours per request):
         end of file means the client left, and the socket is closed at once; a
-        pipelined request waits in h11. Returns when the client is gone.
+        pipelined request is parsed and queued. Returns when the client is gone.
         """
-        conn = self._h11
-        while not (self.gone.is_set() or self._sock.closed):
-            data = await self._sock.receive_some()
+        sock = self._sock
+        limit = self._server.settings.max_header_bytes
+        while not (self.gone or sock.closed) and self._pipelined <= limit:
+            data = await sock.receive_some()
             if not data:
-                self.gone.set()
+                self.set_gone()
                 if not self.complete:
-                    self._sock.close()
+                    sock.close()
                 return
-            conn.receive_data(data)
-            if len(conn.trailing_data[0]) > self._settings.max_header_bytes:
-                break  # a client pipelining that much waits for us; stop reading
-        await self.gone.wait()
+            self._pipelined += len(data)
+            self._requests.feed(data)
+        if not self.gone:  # a client pipelining that much waits for us; stop reading
+            if self._gone_event is None:
+                self._gone_event = trio.Event()
+            await self._gone_event.wait()
 
     # -- send ---------------------------------------------------------------
 
@@ -548,42 +819,94 @@ class _Exchange:
                 raise RuntimeError("http.response.start sent twice")
             self.started = True
             self._status = message["status"]
-            self._headers = list(message.get("headers", ()))
+            self._headers = message.get("headers", ())
         else:
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
-
-    def _make_head(self, body: bytes, more: bool) -> bytes:
-        headers = self._headers
-        if not more and not any(name.lower() == b"content-length" for name, _ in headers):
-            headers.append((b"content-length", str(len(body)).encode()))
-        if self._server.draining:  # this answer is the connection's last
-            headers.append((b"connection", b"close"))
-        head = self._h11.send(h11.Response(status_code=self._status, headers=headers, reason=_REASONS.get(self._status, b"")))
-        self._chunked = b"transfer-encoding: chunked" in head.lower()
-        return head
 
     async def _send_body(self, body: bytes, more: bool) -> None:
         if not self.started or self.complete:
             raise RuntimeError("http.response.body before the start or after the end")
-        if self._sock.closed or self.gone.is_set():
-            self.complete = not more
-            return
-        conn = self._h11
-        head = self._head
-        out = self._make_head(body, more) if head is None else b""
-        self._head = b""
-        if self._request.method == b"HEAD":
-            body = b""
         if not more:
             self.complete = True
-            if body:
-                out += conn.send(h11.Data(data=body))
-            out += conn.send(h11.EndOfMessage())
-        elif body:
-            # Frame chunks ourselves: h11's Data event costs more than the chunk.
-            out += b"%x\r\n%s\r\n" % (len(body), body) if self._chunked else conn.send(h11.Data(data=body))
-        if out:
-            await self._sock.send_all(out)
+        if self._sock.closed or self.gone:
+            return
+        if not self._head_sent:
+            out = self._head(body, more)
+        elif self._bodiless:
+            return
+        elif self._chunked:
+            if more:
+                if not body:
+                    return
+                out = b"%x\r\n%s\r\n" % (len(body), body)
+            else:
+                out = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if body else _LAST_CHUNK
+        else:
+            out = self._counted(body, more)
+            if not out:
+                return
+        await self._sock.send_all(out)
+
+    def _counted(self, body: bytes, more: bool) -> bytes:
+        """A body under a declared length: no more than it, and all of it by the end."""
+        if self._length_left >= 0:
+            self._length_left -= len(body)
+            if self._length_left < 0 or (not more and self._length_left):
+                self._close_after = True  # the framing is broken: this answer is the connection's last
+                raise RuntimeError("the body does not match the declared content-length")
+        return body
+
+    def _head(self, body: bytes, more: bool) -> bytes:
+        """The status line and headers, framed, with the first body bytes: what goes in the first send."""
+        self._head_sent = True
+        status = self._status
+        request = self._request
+        close = not request.keep_alive or self._server.draining
+        lines = [_status_line(status)]
+        length = None
+        for name, value in self._headers:  # names are lower-case (ASGI)
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                continue  # the server frames the body
+            elif name == b"connection":
+                if close:
+                    continue  # ours says close
+                if b"close" in value.lower():
+                    close = True
+            lines.append(b"%s: %s\r\n" % (name, value))
+        if status < 200 or status in (204, 304):
+            self._bodiless = True
+            body = b""
+        elif length is not None:
+            self._length_left = int(length)
+        elif not more:
+            lines.append(b"content-length: %d\r\n" % len(body))
+        elif request.http_version == "1.1":
+            lines.append(_CHUNKED)
+            self._chunked = True
+        else:
+            close = True  # HTTP/1.0 and a body of unknown length: it ends where the connection does
+        if close:
+            lines.append(_CLOSE)
+            self._close_after = True
+        lines.append(b"\r\n")
+        head = b"".join(lines)
+        if head.count(b"\n") != len(lines) or head.count(b"\r") != len(lines) or b"\0" in head:
+            self._close_after = True
+            raise RuntimeError("a response header holds CR, LF or NUL")
+        if request.method == b"HEAD":
+            self._bodiless = True  # the headers a GET would get, no body
+            return head
+        if self._bodiless:
+            return head
+        if self._chunked:
+            if not body:
+                return head if more else head + _LAST_CHUNK
+            if more:
+                return b"%s%x\r\n%s\r\n" % (head, len(body), body)
+            return b"%s%x\r\n%s\r\n0\r\n\r\n" % (head, len(body), body)
+        return head + self._counted(body, more)
 
 
 async def serve(
@@ -609,6 +932,7 @@ async def serve(
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as acceptor:
                 acceptor.start_soon(server.accept, listener, connections)
+                acceptor.start_soon(server.idle.run)
                 task_status.started([f"http://{shown}:{bound[1]}"])
                 await shutdown_trigger()
                 acceptor.cancel_scope.cancel()
