@@ -107,6 +107,7 @@ SETTLE_FD_SLACK = 16
 SAMPLE_EVERY_S = 0.5
 PROBE_EVERY_S = 0.2
 PROBE_TIMEOUT_S = 10.0
+SCRAPE_TIMEOUT_S = 30.0
 PROBES_MAX = 2_000  # a count bound on each probe loop besides the stop flag
 PROGRESS_EVERY_S = 5.0
 READ_SIZE = 16 * 1024
@@ -201,11 +202,18 @@ def _in_force(said: str) -> str:
 Buckets = dict[str, list[tuple[float, float]]]  # generation -> [(upper bound, cumulative count)], and "sum:G"
 
 
-async def scrape_gc(port: int) -> tuple[Buckets, dict[str, float]]:
+Scrape = tuple[Buckets, dict[str, float]] | None  # None: the router did not answer in time
+
+
+async def scrape_gc(port: int) -> Scrape:
     """``tailguard_gc_pause_seconds`` from the router's /metrics: buckets and sums by generation."""
     began = time.perf_counter()
-    async with httpx.AsyncClient(timeout=10.0) as client:
-        page = (await client.get(f"http://{HOST}:{port}/metrics")).text
+    try:
+        async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
+            page = (await client.get(f"http://{HOST}:{port}/metrics")).text
+    except httpx.HTTPError as error:
+        print(f"  (no /metrics from the router: {type(error).__name__} after {time.perf_counter() - began:.1f} s)", file=sys.stderr, flush=True)
+        return None
     if time.perf_counter() - began > 1.0:
         print(f"  (scraping /metrics took {time.perf_counter() - began:.1f} s)", file=sys.stderr, flush=True)
     buckets: Buckets = collections.defaultdict(list)
@@ -238,7 +246,10 @@ class GcPauses:
     max_le_ms: float | None  # inf: above the largest bucket
 
 
-def gc_delta(before: tuple[Buckets, dict[str, float]], after: tuple[Buckets, dict[str, float]], wall: float) -> list[GcPauses]:
+def gc_delta(before: Scrape, after: Scrape, wall: float) -> list[GcPauses]:
+    """Each generation's pauses between two scrapes (none when either failed)."""
+    if before is None or after is None:
+        return []
     rows = []
     for generation in sorted(after[0]):
         old = dict(before[0].get(generation, []))
