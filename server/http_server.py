@@ -4,7 +4,8 @@ Why not hypercorn: its per-request cost was a quarter of the router's CPU,
 and its Trio writes are shielded from cancellation, so a client that never
 reads its stream held its request (and pool seat) past every deadline and
 every drain (issue 11). Why llhttp (httptools) and not h11: h11 is pure
-Python and was a quarter of this server's own CPU at saturation. Here:
+Python, and was most of this server's own CPU in a profile at saturation
+(``python -m bench.router_overhead`` under py-spy). Here:
 
 - requests are parsed by llhttp (C) through ``httptools.HttpRequestParser``;
   the server never parses HTTP itself, it only writes responses: status
@@ -21,15 +22,19 @@ Python and was a quarter of this server's own CPU at saturation. Here:
 - pipelined requests are parsed as they arrive, queued in order and
   answered in order, one at a time; while a request is answered at most
   ``max_header_bytes`` more are read;
-- the head, the body and the idle time between requests have deadlines; the
-  number of connections has a cap;
+- the head, the body and the idle time between requests have deadlines (an
+  idle wait is an entry in a dict that one task reaps, not a cancel scope
+  per request); the number of connections has a cap;
+- a connection yields to the others at least every 32 requests: reads and
+  writes that complete at once do not pass through Trio's scheduler;
 - a drain stops accepting, closes idle connections, lets requests in flight
   finish up to a grace period, then cancels them.
 
-RFC 9112 checks, and who does them. llhttp, strict (httptools 0.9 sets none
-of its lenient flags, and this module sets none; a test pins it): the
+RFC 9112 checks, and who does them. llhttp, strict (httptools 0.9 sets a
+lenient flag only through ``set_dangerous_leniencies``, which this module
+never calls; tests/test_http_server_parser.py pins each refusal): the
 request line and version syntax, header name tokens and value characters
-(no CR, LF or NUL, no obs-fold), bare LF, Content-Length syntax and
+(no control bytes but tab, no obs-fold), bare LF, Content-Length syntax and
 overflow, a duplicate Content-Length (even an identical one), Content-Length
 together with Transfer-Encoding, chunked not the last coding, the chunked
 framing itself, and data after a request that closes the connection. This
@@ -38,7 +43,8 @@ that does not implement a coding must), Host missing or repeated in
 HTTP/1.1 (400), versions other than 1.0 and 1.1 (505), the head's size (431),
 and the framing of responses (Content-Length or chunked; HEAD, 204 and 304
 without a body; ``connection: close`` for HTTP/1.0, a client's close or a
-drain). Upgrades (and CONNECT) are not served: such a request is answered
+drain; a response header with CR, LF or NUL, or a body that does not match
+its declared length, is never sent). Upgrades (and CONNECT) are not served: such a request is answered
 and the connection closed.
 
 Errors the server answers itself (400, 408, 431, 500, 501, 503, 505) have
@@ -282,14 +288,14 @@ class _Requests:
         assert parser is not None
         version = parser.get_http_version()
         headers = self._headers
-        if version not in _VERSIONS:
-            self._refuse(_Refusal(505, f"HTTP/{version} is not supported (HTTP/1.1 and HTTP/1.0 are)"))
-        if self._hosts != 1 and version == "1.1":
-            self._refuse(_Refusal(400, "an HTTP/1.1 request needs one Host header" + (" (it has several)" if self._hosts else "")))
         if self._fed - self._head_low > self._limit:  # the bytes read could hold a head over the limit: measure it
             size = len(self._url) + sum(len(name) + len(value) + 4 for name, value in headers) + 24
             if size > self._limit:
                 self._refuse(_Refusal(431, f"the request's head is over {self._limit} bytes"))
+        if version not in _VERSIONS:
+            self._refuse(_Refusal(505, f"HTTP/{version} is not supported (HTTP/1.1 and HTTP/1.0 are)"))
+        if self._hosts != 1 and version == "1.1":
+            self._refuse(_Refusal(400, "an HTTP/1.1 request needs one Host header" + (" (it has several)" if self._hosts else "")))
         modern = version == "1.1"
         request = _Request(
             parser.get_method(), self._url, version, headers, modern and parser.should_keep_alive(), modern and self._expect
