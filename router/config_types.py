@@ -35,7 +35,7 @@ class ServerConfig:
     # answers are read to 64 KiB, no further.)
     max_backend_body_bytes: int = 16 * 1024 * 1024
     reload_poll_interval: float = 1.0  # seconds between config file mtime checks; 0 = off
-    # The HTTP/1.1 server under the OpenAI API: tailguard's own (h11 on Trio)
+    # The HTTP/1.1 server under the OpenAI API: tailguard's own (llhttp on Trio)
     # or hypercorn (kept as a fallback). The guards below apply to "lean".
     http_server: HttpServerKind = "lean"
     max_header_bytes: int = 64 * 1024  # request line + headers; more -> 431 and close

@@ -40,7 +40,7 @@ from .errors import (
     ModelNotFound,
 )
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
-from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics
+from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics, Ticket
 from .request import Routing, RouterRequest
 from .telemetry import RequestRecord
 
@@ -303,7 +303,8 @@ class Router:
 
         with self._holding(caller, config.timeouts.retry_after):
             queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
-            lease = await pool.admit(klass.priority, queue_deadline, retry_after=config.timeouts.retry_after)
+            ticket = Ticket(klass.name, model, prompt_tokens, max_tokens)
+            lease = await pool.admit(klass.priority, queue_deadline, ticket, retry_after=config.timeouts.retry_after)
             try:
                 admitted = trio.current_time()
                 record.admitted_at = admitted

@@ -35,7 +35,7 @@ from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
 from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig
 from .errors import NoBackend
-from .queue import WaitQueue, WaitQueueStatistics
+from .queue import Skip, WaitQueue, WaitQueueStatistics
 
 
 class Closable(Protocol):
@@ -216,6 +216,16 @@ class Endpoint:
         await self.probe.aclose()
 
 
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What a request asks a pool for: enough to judge class seat limits and lending."""
+
+    request_class: str
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+
+
 @dataclass(frozen=True)
 class PoolStatistics:
     """A snapshot of a pool for tests, /health and metrics.
@@ -312,7 +322,7 @@ class Pool:
         self.in_flight = 0
         self.seat_time = SeatTime()
         self._rng = rng or random.Random()
-        self.queue: WaitQueue[Lease] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
+        self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
     def reconfigure(self, config: PoolConfig, endpoints: list[Endpoint]) -> None:
         """Adopt a new config and endpoint set; waiters get any room it opens."""
@@ -384,7 +394,7 @@ class Pool:
         """The queue's ``drain_rate``: None while a seat is free, so nobody is refused then."""
         return None if self.in_flight < self.seats else self._full_drain_rate()
 
-    def _grant(self) -> Lease | None:
+    def _grant(self, ticket: Ticket) -> Lease | Skip | None:
         if self.in_flight >= self.config.max_concurrency:
             return None
         endpoint = self._least_loaded([e for e in self.endpoints if e.has_room])
@@ -394,7 +404,7 @@ class Pool:
         endpoint.in_flight += 1
         return Lease(self, endpoint)
 
-    async def admit(self, priority: int, deadline: float, *, retry_after: float) -> Lease:
+    async def admit(self, priority: int, deadline: float, ticket: Ticket, *, retry_after: float) -> Lease:
         """A lease, waiting until ``deadline`` if need be.
 
         Raises NoBackend at once when no endpoint is healthy (waiting would
@@ -409,7 +419,7 @@ class Pool:
             )
         fraction = self.config.fail_fast_fraction
         max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
-        return await self.queue.get(priority, deadline, retry_after=retry_after, max_wait=max_wait)
+        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait)
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(

@@ -1,8 +1,11 @@
 """A priority + deadline wait queue for a resource handed out by a callback.
 
 The owner (the GPU pool) decides *whether* a resource is free through its
-``grant()`` callback; this queue only decides *who* gets it next: the lowest
-priority number first, first come first served within a number.
+``grant(ticket)`` callback; this queue only decides *who* gets it next: the
+lowest priority number first, first come first served within a number. A
+waiter's ``ticket`` (what it asked with) lets the owner refuse one waiter
+and not the next (``SKIP``: a class at its own seat limit), so such a waiter
+never blocks the ones behind it that could be served.
 
 The hand-off is race-free because a parked task leaves the queue
 synchronously, in the abort callback trio runs the moment the task is
@@ -34,6 +37,19 @@ import trio
 from .errors import QueueFull, QueueTimeout
 
 T = TypeVar("T")
+K = TypeVar("K")
+
+
+class Skip:
+    """``grant``'s answer for "not this waiter; maybe the next"."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SKIP"
+
+
+SKIP = Skip()
 
 
 @dataclass(frozen=True)
@@ -59,12 +75,13 @@ class WaitQueueStatistics:
 class _Waiter:
     """One parked ``get()``; ``alive`` turns False the moment it leaves."""
 
-    __slots__ = ("alive", "priority", "retry_after", "since", "task")
+    __slots__ = ("alive", "priority", "retry_after", "since", "task", "ticket")
 
     def __init__(
-        self, task: trio.lowlevel.Task, priority: int, retry_after: float, since: float
+        self, task: trio.lowlevel.Task, priority: int, retry_after: float, since: float, ticket: object
     ) -> None:
         self.task = task
+        self.ticket = ticket
         self.priority = priority
         self.retry_after = retry_after
         self.since = since
@@ -95,11 +112,12 @@ def _unknown_rate() -> float | None:
     return None
 
 
-class WaitQueue(Generic[T]):
-    """Tasks waiting for a resource that ``grant()`` hands out, best first.
+class WaitQueue(Generic[T, K]):
+    """Tasks waiting for a resource that ``grant(ticket)`` hands out, best first.
 
-    ``grant()`` returns a resource, or None when none is free (so ``T`` must
-    not itself include None). The owner calls :meth:`dispatch` whenever one
+    ``grant(ticket)`` returns a resource, None when none is free for anyone
+    (so ``T`` must not itself include None), or ``SKIP`` when none is free
+    for this ticket but a later waiter's may be served. The owner calls :meth:`dispatch` whenever one
     may have become free. At most ``max_waiting`` tasks park at once; past
     that a more urgent arrival displaces the least urgent waiter, and any
     other arrival is rejected with :exc:`QueueFull`.
@@ -111,7 +129,7 @@ class WaitQueue(Generic[T]):
 
     def __init__(
         self,
-        grant: Callable[[], T | None],
+        grant: Callable[[K], T | Skip | None],
         *,
         max_waiting: int,
         drain_rate: Callable[[], float | None] = _unknown_rate,
@@ -145,18 +163,18 @@ class WaitQueue(Generic[T]):
         self._max_waiting = value
 
     @trio.lowlevel.enable_ki_protection
-    def get_nowait(self, priority: int) -> T:
+    def get_nowait(self, priority: int, ticket: K) -> T:
         """Take a resource if one is free and no one as urgent is waiting.
 
         Raises:
           trio.WouldBlock: if a waiter with priority <= ``priority`` is
-            parked, or ``grant()`` has nothing to give.
+            parked, or ``grant(ticket)`` has nothing to give.
         """
         best = _peek(self._best)
         if best is not None and best.priority <= priority:
             raise trio.WouldBlock
-        value = self._grant()
-        if value is None:
+        value = self._grant(ticket)
+        if value is None or isinstance(value, Skip):
             raise trio.WouldBlock
         return value
 
@@ -178,7 +196,7 @@ class WaitQueue(Generic[T]):
 
     @trio.lowlevel.enable_ki_protection
     async def get(
-        self, priority: int, deadline: float, *, retry_after: float, max_wait: float | None = None
+        self, priority: int, deadline: float, ticket: K, *, retry_after: float, max_wait: float | None = None
     ) -> T:
         """Take a resource, waiting in line until ``deadline`` if none is free.
 
@@ -197,7 +215,7 @@ class WaitQueue(Generic[T]):
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
-            value = self.get_nowait(priority)
+            value = self.get_nowait(priority, ticket)
         except trio.WouldBlock:
             pass
         else:
@@ -218,7 +236,7 @@ class WaitQueue(Generic[T]):
         if self._waiting >= self._max_waiting:
             self._make_room(priority, retry_after)
 
-        waiter = _Waiter(trio.lowlevel.current_task(), priority, retry_after, now)
+        waiter = _Waiter(trio.lowlevel.current_task(), priority, retry_after, now, ticket)
         arrival = next(self._arrivals)
         heapq.heappush(self._best, (priority, arrival, waiter))
         heapq.heappush(self._worst, (-priority, -arrival, waiter))
@@ -247,13 +265,21 @@ class WaitQueue(Generic[T]):
         The owner calls this whenever room may have appeared: a resource
         released, a cap raised, an endpoint healthy again. Never blocks.
         """
-        while (waiter := _peek(self._best)) is not None:
-            value = self._grant()
-            if value is None:
-                return
-            self._remove(waiter)
-            self._granted_total += 1
-            trio.lowlevel.reschedule(waiter.task, outcome.Value(value))
+        skipped: list[_Entry] = []
+        try:
+            while (waiter := _peek(self._best)) is not None:
+                value = self._grant(waiter.ticket)  # type: ignore[arg-type]  # the ticket get() parked with
+                if value is None:
+                    return
+                if isinstance(value, Skip):  # set aside; it keeps its place for later
+                    skipped.append(heapq.heappop(self._best))
+                    continue
+                self._remove(waiter)
+                self._granted_total += 1
+                trio.lowlevel.reschedule(waiter.task, outcome.Value(value))
+        finally:
+            for entry in skipped:
+                heapq.heappush(self._best, entry)
 
     def statistics(self) -> WaitQueueStatistics:
         """Return a snapshot of the queue's size and counters."""
