@@ -32,6 +32,7 @@ from .config_types import (
     Config,
     EndpointConfig,
     EstimateConfig,
+    LendConfig,
     HealthCheckKind,
     HttpServerKind,
     LimitsConfig,
@@ -132,6 +133,7 @@ def parse_config(
     pools = _read_pools(pool_tables, input_cap)
     class_tables = root.children("classes", noun="class")
     classes = _read_classes(class_tables, [name for name, _ in pool_tables], end_to_end)
+    _check_pool_references(pools, classes, dict(pool_tables))
     auth_table = root.table("auth")
     auth = _read_auth(
         auth_table,
@@ -215,6 +217,10 @@ class _Table:
 
     def has(self, name: str) -> bool:
         return name in self._data
+
+    def names(self) -> list[str]:
+        """The keys present, in file order."""
+        return list(self._data)
 
     def report(self, key: str, message: str) -> None:
         """Record a problem about any dotted ``key``."""
@@ -607,6 +613,9 @@ def _read_pool(
     first_byte = table.number("first_byte_timeout", PoolConfig.first_byte_timeout, minimum=0.0)
     health_check = table.choice("health_check", _HEALTH_CHECKS, PoolConfig.health_check)
     outlier = _read_outlier_detection(table.table("outlier_detection"))
+    lend = _read_lend(table.table("lend"), name, max_concurrency if table.ok("max_concurrency") else None)
+    class_limits = _read_class_limits(table)
+    vllm_priority = table.boolean("vllm_priority", PoolConfig.vllm_priority)
     if endpoints and table.ok("endpoints", "max_concurrency"):
         total = sum(endpoint.max_concurrency for endpoint in endpoints)
         if max_concurrency > total:
@@ -635,7 +644,64 @@ def _read_pool(
         first_byte_timeout=first_byte,
         health_check=health_check,
         outlier_detection=outlier,
+        lend=lend,
+        class_max_concurrency=class_limits,
+        vllm_priority=vllm_priority,
     )
+
+
+def _read_lend(table: _Table, pool: str, max_concurrency: int | None) -> LendConfig:
+    """``[pools.NAME.lend]``; which pools it names is checked once all are read."""
+    names = table.array("to", "an array of pool names", [])
+    to: list[str] = []
+    for name in names:
+        if not isinstance(name, str):
+            table.problem("to", f"must hold pool names (strings), got {_describe(name)}")
+        elif name == pool:
+            table.problem("to", f"a pool cannot lend to itself ({json.dumps(name)})")
+        elif name not in to:
+            to.append(name)
+    max_seats = table.optional_integer("max_seats", minimum=1)
+    reserve = table.integer("reserve", LendConfig.reserve, minimum=0)
+    if max_concurrency is not None and table.ok("reserve") and reserve >= max_concurrency and to:
+        table.problem("reserve", f"{reserve} leaves nothing to lend of the pool's max_concurrency {max_concurrency}")
+    max_prompt = table.optional_integer("max_prompt_tokens", minimum=1)
+    max_output = table.optional_integer("max_output_tokens", minimum=1)
+    table.finish()
+    return LendConfig(
+        to=tuple(to), max_seats=max_seats, reserve=reserve, max_prompt_tokens=max_prompt, max_output_tokens=max_output
+    )
+
+
+def _read_class_limits(pool: _Table) -> tuple[tuple[str, int], ...]:
+    """``class_max_concurrency = { CLASS = SEATS, ... }``; the class names are checked later."""
+    if not pool.has("class_max_concurrency"):
+        return ()
+    table = pool.table("class_max_concurrency")
+    limits = []
+    for name in table.names():
+        seats = table.integer(name, minimum=1)
+        if table.ok(name):
+            limits.append((name, seats))
+    table.finish()
+    return tuple(limits)
+
+
+def _check_pool_references(
+    pools: Sequence[PoolConfig], classes: Sequence[ClassConfig], pool_tables: Mapping[str, _Table]
+) -> None:
+    """Pools' ``lend.to`` must name pools, and ``class_max_concurrency`` classes routed there or lent to."""
+    pool_names = [pool.name for pool in pools]
+    class_names = [klass.name for klass in classes]
+    for pool in pools:
+        table = pool_tables[pool.name]
+        for name in pool.lend.to:
+            if name not in pool_names:
+                table.report(table.key("lend") + ".to", f"names no defined pool: {json.dumps(name)}")
+        for name, _ in pool.class_max_concurrency:
+            if name not in class_names:
+                defined = ", ".join(json.dumps(c) for c in class_names)
+                table.report(table.key("class_max_concurrency"), f"names no defined class: {json.dumps(name)} (defined: {defined})")
 
 
 def _read_outlier_detection(table: _Table) -> OutlierDetectionConfig:
@@ -1155,10 +1221,22 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         ("first_byte_timeout", _seconds(pool.first_byte_timeout)),
         ("health_check", pool.health_check),
         ("outlier_detection", _outlier(pool.outlier_detection)),
+        *((("lend", _lend(pool.lend)),) if pool.lend.to else ()),
+        *((("class_max_concurrency", ", ".join(f"{n} {seats}" for n, seats in pool.class_max_concurrency)),) if pool.class_max_concurrency else ()),
+        *((("vllm_priority", "on (class priority sent as vLLM's priority)"),) if pool.vllm_priority else ()),
         ("endpoints", endpoints[0]),
         *(("", line) for line in endpoints[1:]),
     ]
     return _section(f"pool {pool.name}", pairs)
+
+
+def _lend(lend: LendConfig) -> str:
+    bounds = [f"at most {lend.max_seats} seats" if lend.max_seats is not None else "any idle seat", f"keeps {lend.reserve} free"]
+    if lend.max_prompt_tokens is not None:
+        bounds.append(f"prompts up to {lend.max_prompt_tokens} tokens")
+    if lend.max_output_tokens is not None:
+        bounds.append(f"max_tokens up to {lend.max_output_tokens}")
+    return f"to {', '.join(lend.to)}: " + ", ".join(bounds)
 
 
 def _outlier(outlier: OutlierDetectionConfig) -> str:

@@ -153,6 +153,24 @@ class OutlierDetectionConfig:
 
 
 @dataclass(frozen=True)
+class LendConfig:
+    """Idle seats a pool lends to other pools' requests (work conservation).
+
+    A borrowed seat is the lender's: it counts against the lender's caps, is
+    returned the moment its request ends, and is lent only while none of the
+    lender's own requests waits, so the lender's own class always gets the
+    next free seat. What a borrower may bring is bounded: a long prefill on a
+    latency engine stalls every request running there.
+    """
+
+    to: tuple[str, ...] = ()  # pools whose requests may borrow here; () lends nothing
+    max_seats: int | None = None  # lent at once at most; None: any above the reserve
+    reserve: int = 0  # seats kept free for the pool's own requests
+    max_prompt_tokens: int | None = None  # a borrower's estimated prompt must fit (the prefill stall)
+    max_output_tokens: int | None = None  # and its max_tokens (how long the seat is away)
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """A group of endpoints tuned alike, with a strict concurrency cap and a queue."""
 
@@ -175,6 +193,20 @@ class PoolConfig:
     # catches an engine that answers /health but hangs on work.
     health_check: HealthCheckKind = "http"
     outlier_detection: OutlierDetectionConfig = OutlierDetectionConfig()
+    lend: LendConfig = LendConfig()
+    # Seats of this pool one class may hold at once (a shared engine keeps
+    # room for the others): (class, seats) pairs; classes not named: no limit.
+    class_max_concurrency: tuple[tuple[str, int], ...] = ()
+    # Send each request's class priority as vLLM's ``priority`` field (the
+    # pool's engines run ``--scheduling-policy priority``; lower runs first).
+    vllm_priority: bool = False
+
+    def class_limit(self, name: str) -> int | None:
+        """The seats class ``name`` may hold in this pool at once, or None."""
+        for klass, seats in self.class_max_concurrency:
+            if klass == name:
+                return seats
+        return None
 
 
 @dataclass(frozen=True)

@@ -201,8 +201,16 @@ class Router:
         for pool in self._pools.values():
             if pool.name not in pools:
                 pool.reconfigure(pool.config, [])  # removed: its waiters time out
+        for pool in pools.values():  # who lends to whom, as the file says now
+            pool.lenders, pool.borrowers = [], []
+        for pool_config in config.pools:
+            for name in pool_config.lend.to:
+                pools[pool_config.name].borrowers.append(pools[name])
+                pools[name].lenders.append(pools[pool_config.name])
         for pool_config in config.pools:
             pools[pool_config.name].reconfigure(pool_config, [endpoints[e.url] for e in pool_config.endpoints])
+        for pool in pools.values():  # room a new lender opened
+            pool.queue.dispatch()
         self._endpoints = endpoints
         self._pools = pools
         self._authenticator = Authenticator(config.auth)
@@ -309,15 +317,20 @@ class Router:
                 admitted = trio.current_time()
                 record.admitted_at = admitted
                 record.endpoint = lease.endpoint.url
+                serving = lease.pool  # a lender's, when the seat is borrowed
+                if serving is not pool:
+                    record.lender = serving.name
                 body = self._backend_body(request, model, max_tokens)
+                if serving.config.vllm_priority:
+                    body["priority"] = klass.priority
                 try:
-                    response = await self._start_call(pool, lease, request, body)
+                    response = await self._start_call(serving, lease, request, body)
                 except trio.Cancelled:
                     # The router's own deadline passed with no answer begun (not the
                     # caller leaving, nor a caller's shorter gRPC deadline): the
                     # endpoint failed this request, as a hung one does.
                     if trio.current_time() >= arrival + config.timeouts.end_to_end_timeout:
-                        self._failed(pool, lease.endpoint, BackendTimeout(f"the backend {lease.endpoint.url} did not answer in time"))
+                        self._failed(serving, lease.endpoint, BackendTimeout(f"the backend {lease.endpoint.url} did not answer in time"))
                     raise
                 try:
                     record.endpoint = lease.endpoint.url  # a retry may have moved it
@@ -335,9 +348,9 @@ class Router:
                     try:
                         yield Completion(routing, response, request.stream, record)
                     except BackendError as error:  # the body broke or was not a completion
-                        self._failed(pool, lease.endpoint, error)
+                        self._failed(serving, lease.endpoint, error)
                         raise
-                    pool.record_success(lease.endpoint)
+                    serving.record_success(lease.endpoint)
                 finally:
                     with trio.CancelScope(shield=True):  # hanging up must happen, and is quick
                         await response.aclose()

@@ -35,7 +35,7 @@ from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
 from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig
 from .errors import NoBackend
-from .queue import Skip, WaitQueue, WaitQueueStatistics
+from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
 
 
 class Closable(Protocol):
@@ -273,13 +273,19 @@ class SeatTime:
 
 
 class Lease:
-    """One seat on one endpoint of one pool; ``release`` is idempotent."""
+    """One seat on one endpoint of one pool; ``release`` is idempotent.
 
-    __slots__ = ("pool", "endpoint", "client", "granted_at", "_released")
+    ``pool`` is the pool whose seat it is. A borrowed seat (``borrower`` set)
+    belongs to a lender pool and serves a request of ``borrower``'s.
+    """
 
-    def __init__(self, pool: Pool, endpoint: Endpoint) -> None:
+    __slots__ = ("pool", "endpoint", "client", "granted_at", "request_class", "borrower", "_released")
+
+    def __init__(self, pool: Pool, endpoint: Endpoint, request_class: str, borrower: Pool | None = None) -> None:
         self.pool = pool
         self.endpoint = endpoint
+        self.request_class = request_class
+        self.borrower = borrower
         self.client = endpoint.client
         self.client.leases += 1
         self.granted_at = trio.current_time()
@@ -302,13 +308,17 @@ class Lease:
         if self._released:
             return
         self._released = True
-        self.pool.in_flight -= 1
+        pool = self.pool
+        pool.in_flight -= 1
+        pool.seat_ended(self)
         self.endpoint.in_flight -= 1
         self.endpoint.lease_ended(self.client)
-        self.pool.seat_time.observe(trio.current_time() - self.granted_at)
-        self.pool.queue.dispatch()
+        pool.seat_time.observe(trio.current_time() - self.granted_at)
+        pool.queue.dispatch()  # the pool's own requests first
+        for borrower in pool.borrowers:  # then, if a seat is still idle, the pools it lends to
+            borrower.queue.dispatch()
         moved_to = self.endpoint.pool
-        if moved_to is not None and moved_to is not self.pool:
+        if moved_to is not None and moved_to is not pool:
             moved_to.queue.dispatch()
 
 
@@ -321,6 +331,11 @@ class Pool:
         self.endpoints: list[Endpoint] = []
         self.in_flight = 0
         self.seat_time = SeatTime()
+        self.lenders: list[Pool] = []  # pools that lend this one idle seats, in the order asked
+        self.borrowers: list[Pool] = []  # pools this one lends to (``config.lend.to``)
+        self.lent = 0  # seats of this pool serving other pools' requests now
+        self.class_in_flight: dict[str, int] = {}  # seats of this pool held per class
+        self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
         self._rng = rng or random.Random()
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
@@ -395,14 +410,75 @@ class Pool:
         return None if self.in_flight < self.seats else self._full_drain_rate()
 
     def _grant(self, ticket: Ticket) -> Lease | Skip | None:
+        """A seat for ``ticket``: the pool's own, else one a lender has idle.
+
+        SKIP when a seat is free but not for this ticket (its class at its
+        limit here, or over what the lenders with room take), so the queue
+        goes on to the next waiter; None when no seat is free at all.
+        """
+        own = self._seat(ticket, None)
+        if isinstance(own, Lease):
+            return own
+        answer: Lease | Skip | None = own
+        for lender in self.lenders:
+            lent = lender.lend(ticket, self)
+            if isinstance(lent, Lease):
+                self.borrowed_total[lender.name] = self.borrowed_total.get(lender.name, 0) + 1
+                return lent
+            answer = answer or lent
+        return answer
+
+    def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
+        """A seat on this pool's least-loaded endpoint with room, within the pool's and the class's caps."""
         if self.in_flight >= self.config.max_concurrency:
             return None
+        limit = self.config.class_limit(ticket.request_class)
+        if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
+            return SKIP
         endpoint = self._least_loaded([e for e in self.endpoints if e.has_room])
         if endpoint is None:
             return None
         self.in_flight += 1
+        self.class_in_flight[ticket.request_class] = self.class_in_flight.get(ticket.request_class, 0) + 1
         endpoint.in_flight += 1
-        return Lease(self, endpoint)
+        return Lease(self, endpoint, ticket.request_class, borrower)
+
+    def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:
+        """An idle seat of this pool for another pool's request, under ``config.lend``'s rules.
+
+        None while any request of this pool's own waits (its class wins the
+        next seat), while the seats lent are at ``max_seats``, or while
+        taking one would leave fewer than ``reserve`` free. SKIP when a seat
+        could be lent but not to this request: a model this pool does not
+        serve, a prompt over the prefill budget, max_tokens over its bound,
+        or more than the engines' context.
+        """
+        lend = self.config.lend
+        if self.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats):
+            return None
+        if self.in_flight + lend.reserve >= self.seats:
+            return None
+        if (
+            ticket.model not in self.config.models
+            or (lend.max_prompt_tokens is not None and ticket.prompt_tokens > lend.max_prompt_tokens)
+            or (lend.max_output_tokens is not None and ticket.max_tokens > lend.max_output_tokens)
+            or ticket.prompt_tokens + ticket.max_tokens > self.config.max_model_len
+        ):
+            return SKIP
+        lease = self._seat(ticket, borrower)
+        if isinstance(lease, Lease):
+            self.lent += 1
+        return lease
+
+    def seat_ended(self, lease: Lease) -> None:
+        """Book-keeping of a released seat: its class's count, and the lent count."""
+        left = self.class_in_flight.get(lease.request_class, 0) - 1
+        if left > 0:
+            self.class_in_flight[lease.request_class] = left
+        else:
+            self.class_in_flight.pop(lease.request_class, None)
+        if lease.borrower is not None:
+            self.lent -= 1
 
     async def admit(self, priority: int, deadline: float, ticket: Ticket, *, retry_after: float) -> Lease:
         """A lease, waiting until ``deadline`` if need be.

@@ -152,6 +152,11 @@ class WaitQueue(Generic[T, K]):
         self._refused_early_total = 0
 
     @property
+    def waiting(self) -> int:
+        """Tasks parked now."""
+        return self._waiting
+
+    @property
     def max_waiting(self) -> int:
         """The bound on parked tasks; lowering it evicts no one already parked."""
         return self._max_waiting
@@ -214,13 +219,13 @@ class WaitQueue(Generic[T, K]):
             (at once) if the expected wait is over what this request may wait.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            value = self.get_nowait(priority, ticket)
-        except trio.WouldBlock:
-            pass
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return value
+        best = _peek(self._best)
+        behind = best is not None and best.priority <= priority  # someone as urgent waits already
+        if not behind:
+            value = self._grant(ticket)
+            if value is not None and not isinstance(value, Skip):
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return value
 
         now = trio.current_time()
         if deadline <= now:
@@ -242,6 +247,13 @@ class WaitQueue(Generic[T, K]):
         heapq.heappush(self._worst, (-priority, -arrival, waiter))
         self._waiting += 1
         self._by_priority[priority] = self._by_priority.get(priority, 0) + 1
+        if behind:
+            # Those ahead may be waiting for what only they cannot have (SKIP):
+            # take our turn in line now, rather than wait for the next release.
+            mine = self._dispatch(waiter)
+            if mine is not None:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return mine
 
         def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
             self._remove(waiter)
@@ -265,18 +277,25 @@ class WaitQueue(Generic[T, K]):
         The owner calls this whenever room may have appeared: a resource
         released, a cap raised, an endpoint healthy again. Never blocks.
         """
+        self._dispatch(None)
+
+    def _dispatch(self, me: _Waiter | None) -> T | None:
+        """``dispatch``; a resource for ``me`` (a waiter not yet parked) is returned, not rescheduled."""
         skipped: list[_Entry] = []
         try:
             while (waiter := _peek(self._best)) is not None:
                 value = self._grant(waiter.ticket)  # type: ignore[arg-type]  # the ticket get() parked with
                 if value is None:
-                    return
+                    return None
                 if isinstance(value, Skip):  # set aside; it keeps its place for later
                     skipped.append(heapq.heappop(self._best))
                     continue
                 self._remove(waiter)
+                if waiter is me:
+                    return value
                 self._granted_total += 1
                 trio.lowlevel.reschedule(waiter.task, outcome.Value(value))
+            return None
         finally:
             for entry in skipped:
                 heapq.heappush(self._best, entry)

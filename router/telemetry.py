@@ -81,6 +81,7 @@ class RequestRecord:
     request_class: str = UNKNOWN
     pool: str = UNKNOWN
     endpoint: str | None = None
+    lender: str | None = None  # the pool whose idle seat served it, when not its own
     prompt_tokens: int | None = None  # estimated
     requested_max_tokens: int | None = None
     max_tokens: int | None = None  # effective, as sent to the backend

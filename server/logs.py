@@ -104,6 +104,7 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "class": record.request_class,
         "pool": record.pool,
         "endpoint": record.endpoint,
+        "lender": record.lender,
         "prompt_tokens_est": record.prompt_tokens,
         "max_tokens_requested": record.requested_max_tokens,
         "max_tokens": record.max_tokens,

@@ -458,7 +458,9 @@ async def test_a_free_slot_is_never_refused(autojump_clock: trio.testing.MockClo
         slots.capacity = 1  # room appeared, nobody dispatched yet: the owner reports no rate
         nursery.start_soon(partial(slots.queue.get, 0, INF, None, retry_after=1, max_wait=0.0))
         await trio.testing.wait_all_tasks_blocked()
-        assert slots.queue.statistics().waiting == 4 and slots.queue.statistics().refused_early_total == 0
+        # the arrival took its place in line, the first in line got the room, nobody was refused
+        assert slots.queue.statistics().waiting == 3 and slots.in_use == 1
+        assert slots.queue.statistics().refused_early_total == 0
         slots.capacity = 4
         await serve_everyone(slots)
     # And with the fast path open, max_wait does not matter at all.

@@ -1,0 +1,173 @@
+"""Work-conserving pools: idle seats lent across pools, per-class seat limits, vLLM priority (virtual time)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import httpx
+import pytest
+import trio
+
+from router.config import ConfigError, parse_config
+from router.config_types import Config, LendConfig
+
+from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
+from .test_config import BASE, edit
+
+LONG_OUTPUT = 400  # over the interactive class's 128: a batch request
+
+
+def lending_config(*, interactive_cap: int = 4, batch_cap: int = 2, lend: LendConfig, **changes: object) -> Config:
+    """Interactive lends to batch under ``lend``; both classes wait long enough to be served."""
+    base = two_pool_config(interactive_cap=interactive_cap, batch_cap=batch_cap, interactive_timeout=60.0, batch_timeout=60.0)
+    interactive, batch = base.pools
+    interactive = dataclasses.replace(interactive, lend=lend, **changes)  # type: ignore[arg-type]
+    return with_digest(base, "lending", pools=(interactive, batch))
+
+
+async def test_idle_interactive_seats_serve_batch_within_max_seats(autojump_clock: trio.testing.MockClock) -> None:
+    config = lending_config(lend=LendConfig(to=("batch",), max_seats=2, reserve=1))
+    async with router_over_engines(config) as fleet:
+        endpoints: list[str] = []
+
+        async def batch_request(i: int) -> None:
+            _, routing = await run_to_end(fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+            assert routing.request_class == "batch" and routing.pool == "batch"  # type: ignore[attr-defined]
+            endpoints.append(routing.endpoint)  # type: ignore[attr-defined]
+
+        async with trio.open_nursery() as nursery:
+            for i in range(5):
+                nursery.start_soon(batch_request, i)
+            await trio.testing.wait_all_tasks_blocked()
+            interactive, batch = fleet.router.statistics().pool("interactive"), fleet.router.statistics().pool("batch")
+            # batch's own 2 seats, 2 borrowed (max_seats), the fifth waits
+            assert (batch.in_flight, batch.queue.waiting, interactive.in_flight) == (2, 1, 2)
+            # interactive still seats its own at once: 4 seats, 2 lent
+            _, routing = await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id="i0"))
+            assert routing.pool == "interactive" and routing.queue_seconds == 0  # type: ignore[attr-defined]
+        assert endpoints.count(INTERACTIVE_URL) >= 2 and len(endpoints) == 5
+        assert fleet.engine(INTERACTIVE_URL).statistics().max_running_seen <= 4
+        assert fleet.engine(BATCH_URL).statistics().max_running_seen <= 2
+        stats = fleet.router.statistics()
+        assert stats.pool("interactive").in_flight == stats.pool("batch").in_flight == 0
+
+
+async def test_the_reserve_is_never_lent_and_the_lenders_own_requests_win_the_next_seat(autojump_clock: trio.testing.MockClock) -> None:
+    config = lending_config(interactive_cap=3, lend=LendConfig(to=("batch",), reserve=1))
+    async with router_over_engines(config) as fleet:
+        seated: list[str] = []
+
+        async def one(request_id: str, max_tokens: int) -> None:
+            await run_to_end(fleet.router, chat(f"text {request_id}", max_tokens=max_tokens, request_id=request_id))
+            seated.append(request_id)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(one, f"b{i}", LONG_OUTPUT)
+            await trio.testing.wait_all_tasks_blocked()
+            stats = fleet.router.statistics()
+            # 2 of batch's own, 2 lent (3 seats minus the reserve of 1), 2 waiting
+            assert (stats.pool("batch").in_flight, stats.pool("interactive").in_flight, stats.pool("batch").queue.waiting) == (2, 2, 2)
+            for i in range(3):  # the reserve seats one; two wait for interactive seats
+                nursery.start_soon(one, f"i{i}", 16)
+            await trio.testing.wait_all_tasks_blocked()
+            assert fleet.router.statistics().pool("interactive").queue.waiting == 2
+        # Every interactive request finished before the batch requests waiting beside them were seated:
+        # a freed interactive seat went to interactive's own waiters, never lent again meanwhile.
+        assert seated.index("i1") < seated.index("b5") and seated.index("i2") < seated.index("b5")
+
+
+async def test_a_prompt_over_the_prefill_budget_is_never_lent(autojump_clock: trio.testing.MockClock) -> None:
+    config = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), max_prompt_tokens=200))
+    async with router_over_engines(config) as fleet:
+        endpoints: dict[str, str] = {}
+
+        async def one(request_id: str, text: str) -> None:
+            _, routing = await run_to_end(fleet.router, chat(text, max_tokens=LONG_OUTPUT, request_id=request_id))
+            endpoints[request_id] = routing.endpoint  # type: ignore[attr-defined]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "first", "short job")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(one, "long-prompt", "word " * 2000)  # ~2,500 tokens: over the budget
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(one, "small-prompt", "another short job")  # behind it in line, but it fits
+            await trio.testing.wait_all_tasks_blocked()
+            assert fleet.router.statistics().pool("batch").queue.waiting == 1  # only the long prompt waits
+        assert endpoints == {"first": BATCH_URL, "small-prompt": INTERACTIVE_URL, "long-prompt": BATCH_URL}
+
+
+async def test_without_lend_rules_a_pool_lends_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    config = lending_config(batch_cap=1, lend=LendConfig())
+    async with router_over_engines(config) as fleet:
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(run_to_end, fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert fleet.router.statistics().pool("interactive").in_flight == 0
+            assert fleet.router.statistics().pool("batch").queue.waiting == 2
+
+
+async def test_a_class_limit_keeps_seats_of_a_shared_pool_for_the_other_class(autojump_clock: trio.testing.MockClock) -> None:
+    base = two_pool_config(batch_cap=4, interactive_timeout=60.0, batch_timeout=60.0)
+    interactive, batch = base.pools
+    batch = dataclasses.replace(batch, class_max_concurrency=(("batch", 2),))
+    classes = tuple(dataclasses.replace(c, pool="batch") for c in base.classes)
+    config = with_digest(base, "shared", pools=(interactive, batch), classes=classes)
+    async with router_over_engines(config) as fleet:
+        async with trio.open_nursery() as nursery:
+            for i in range(5):
+                nursery.start_soon(run_to_end, fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+            await trio.testing.wait_all_tasks_blocked()
+            pool = fleet.router.statistics().pool("batch")
+            assert (pool.in_flight, pool.queue.waiting) == (2, 3)  # batch holds at most 2 of the 4 seats
+            for i in range(2):  # interactive requests queued behind them are seated at once
+                _, routing = await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id=f"i{i}"))
+                assert routing.queue_seconds == 0  # type: ignore[attr-defined]
+        assert fleet.engine(BATCH_URL).statistics().max_running_seen <= 4
+
+
+async def test_vllm_priority_is_sent_only_where_the_pool_asks_for_it(autojump_clock: trio.testing.MockClock) -> None:
+    base = two_pool_config()
+    interactive, batch = base.pools
+    config = with_digest(base, "priority", pools=(interactive, dataclasses.replace(batch, vllm_priority=True)))
+    async with router_over_engines(config) as fleet:
+        sent: dict[str, object] = {}
+        for url in (INTERACTIVE_URL, BATCH_URL):
+            client = fleet.router._endpoints[url].client  # noqa: SLF001 - wrap its transport to see the bodies
+            inner = client._transport  # noqa: SLF001
+
+            async def record(request: httpx.Request, inner: httpx.AsyncBaseTransport = inner, url: str = url) -> httpx.Response:
+                sent[url] = json.loads(request.content).get("priority", "absent")
+                return await inner.handle_async_request(request)
+
+            client._transport = httpx.MockTransport(record)  # noqa: SLF001
+        await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id="i"))
+        await run_to_end(fleet.router, chat("long job", max_tokens=LONG_OUTPUT, request_id="b"))
+        assert sent == {INTERACTIVE_URL: "absent", BATCH_URL: 1}  # the batch class's priority
+
+
+@pytest.mark.parametrize(
+    ("addition", "needle"),
+    [
+        ('[pools.interactive.lend]\nto = ["nope"]\n', 'names no defined pool: "nope"'),
+        ('[pools.interactive.lend]\nto = ["interactive"]\n', "cannot lend to itself"),
+        ('[pools.interactive.lend]\nto = ["batch"]\nreserve = 64\n', "leaves nothing to lend"),
+        ('[pools.interactive.lend]\nto = ["batch"]\nmax_prompt = 5\n', "unknown key"),
+        ('[pools.batch.class_max_concurrency]\nnope = 3\n', 'names no defined class: "nope"'),
+        ('[pools.batch.class_max_concurrency]\nbatch = 0\n', "batch"),
+    ],
+)
+def test_lending_and_class_limit_mistakes_are_named(addition: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(BASE + "\n" + addition)
+    assert needle in str(raised.value)
+
+
+def test_lending_rules_read_from_the_file() -> None:
+    text = BASE + '\n[pools.interactive.lend]\nto = ["batch"]\nmax_seats = 8\nreserve = 4\nmax_prompt_tokens = 512\n'
+    text += "\n[pools.batch.class_max_concurrency]\nbatch = 48\n"
+    config = parse_config(text)
+    assert config.pool("interactive").lend == LendConfig(to=("batch",), max_seats=8, reserve=4, max_prompt_tokens=512)
+    assert config.pool("batch").class_limit("batch") == 48 and config.pool("batch").class_limit("interactive") is None
