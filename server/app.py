@@ -176,6 +176,7 @@ async def serve(
             task_status.started(Running(router, binds[0], reloader, metrics, drain, bound_grpc))
         nursery.cancel_scope.cancel()
     await router.aclose()
+    metrics.close()
 
 
 async def drain_router(router: Router, timeout: float) -> bool:
@@ -208,16 +209,20 @@ async def _drain_then_stop(router: Router, drain: trio.Event, shutdown: trio.Eve
 
 
 def _tune_gc() -> None:
-    """Keep full garbage collections off the request path's tail.
+    """Keep garbage collections off the request path's tail.
 
-    Measured under mixed load: a full collection every 2-3 s blocked the
-    event loop 30-45 ms, mostly scanning objects that live as long as the
-    process. Freezing what start-up made takes them out of every later
-    collection, and a larger first generation makes collections rarer.
+    Freezing what start-up made takes it out of every later collection. A
+    young generation of 10,000 objects was chosen by ``python -m bench
+    hold`` (bench/results/hold): at 700 (Python's default) a relay of 256
+    streams spent 37-46 ms a second collecting, and opening 10,000 streams
+    could not finish; at 50,000 young passes took 75-150 ms while streams
+    piled up (and 22-50 ms in steady relay); at 10,000 they took 33 ms on
+    average while 10,000 streams opened and at most 10-35 ms in steady
+    relay. /metrics shows every pause (``tailguard_gc_pause_seconds``).
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(10_000, 20, 100)
 
 
 # glibc's mallopt parameter for the size from which malloc maps memory of its own.
