@@ -33,6 +33,8 @@ from .config_types import (
     EndpointConfig,
     EstimateConfig,
     LendConfig,
+    RebalanceConfig,
+    RebalanceMode,
     HealthCheckKind,
     HttpServerKind,
     LimitsConfig,
@@ -60,6 +62,7 @@ _SIMULATE_PROFILES: tuple[SimulateProfile, ...] = get_args(SimulateProfile)
 _LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 _LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
 _HEALTH_CHECKS: tuple[HealthCheckKind, ...] = get_args(HealthCheckKind)
+_REBALANCE_MODES: tuple[RebalanceMode, ...] = get_args(RebalanceMode)
 _HTTP_SERVERS: tuple[HttpServerKind, ...] = get_args(HttpServerKind)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
@@ -143,6 +146,7 @@ def parse_config(
     )
     logging_config = _read_logging(root.table("logging"))
     metrics = _read_metrics(root.table("metrics"))
+    rebalance = _read_rebalance(root.table("rebalance"))
     root.finish()
     if problems:
         raise ConfigError(problems, source=source)
@@ -157,6 +161,7 @@ def parse_config(
         auth=auth,
         logging=logging_config,
         metrics=metrics,
+        rebalance=rebalance,
         warnings=_warnings(timeouts),
     )
 
@@ -581,6 +586,18 @@ def _read_metrics(table: _Table) -> MetricsConfig:
     return MetricsConfig(backend_scrape_interval=scrape, duplicate_request_id_window=window)
 
 
+def _read_rebalance(table: _Table) -> RebalanceConfig:
+    default = RebalanceConfig()
+    interval = table.number("interval", default.interval, minimum=0.0)
+    hold = table.number("hold_time", default.hold_time, minimum=0.0, inclusive=True)
+    threshold = table.number("threshold", default.threshold, minimum=0.0)
+    cooldown = table.number("cooldown", default.cooldown, minimum=0.0, inclusive=True)
+    if table.ok("interval", "hold_time") and hold < interval:
+        table.problem("hold_time", f"{hold:g} s must be at least {table.key('interval')} {interval:g} s")
+    table.finish()
+    return RebalanceConfig(interval=interval, hold_time=hold, threshold=threshold, cooldown=cooldown)
+
+
 def _read_pools(
     tables: Sequence[tuple[str, _Table]], input_cap: int | None
 ) -> tuple[PoolConfig, ...]:
@@ -616,6 +633,7 @@ def _read_pool(
     lend = _read_lend(table.table("lend"), name, max_concurrency if table.ok("max_concurrency") else None)
     class_limits = _read_class_limits(table)
     vllm_priority = table.boolean("vllm_priority", PoolConfig.vllm_priority)
+    rebalance = table.choice("rebalance", _REBALANCE_MODES, PoolConfig.rebalance)
     if endpoints and table.ok("endpoints", "max_concurrency"):
         total = sum(endpoint.max_concurrency for endpoint in endpoints)
         if max_concurrency > total:
@@ -647,6 +665,7 @@ def _read_pool(
         lend=lend,
         class_max_concurrency=class_limits,
         vllm_priority=vllm_priority,
+        rebalance=rebalance,
     )
 
 
@@ -744,8 +763,9 @@ def _read_endpoints(
             continue
         url = _read_url(table, used_urls)
         max_concurrency = table.integer("max_concurrency", minimum=1)
+        movable = table.boolean("movable", EndpointConfig.movable)
         if table.finish():
-            endpoints.append(EndpointConfig(url=url, max_concurrency=max_concurrency))
+            endpoints.append(EndpointConfig(url=url, max_concurrency=max_concurrency, movable=movable))
         else:
             pool.invalidate("endpoints")
     return tuple(endpoints)

@@ -125,12 +125,35 @@ class MetricsConfig:
     duplicate_request_id_window: float = 10.0
 
 
+RebalanceMode = Literal["auto", "off"]
+
+
+@dataclass(frozen=True)
+class RebalanceConfig:
+    """When movable endpoints change pools on their own (``[rebalance]``).
+
+    A pool's utilisation is its classes' demand (seats held, their own or
+    borrowed, plus requests waiting in the router and in vLLM) over its
+    seats. When one pool's stays above another's by ``threshold`` for
+    ``hold_time`` seconds, a movable endpoint of the other moves to it:
+    it takes no new requests of its old pool, finishes its running ones,
+    then joins. No move within ``cooldown`` of the last, and none that the
+    reverse move would undo at once: assignments do not flap.
+    """
+
+    interval: float = 1.0  # seconds between looks at the pools' demand
+    hold_time: float = 30.0  # an imbalance must last this long before a move
+    threshold: float = 0.3  # utilisation difference that counts as imbalance
+    cooldown: float = 60.0  # seconds after a move before the next
+
+
 @dataclass(frozen=True)
 class EndpointConfig:
     """One inference server (one GPU or one vLLM instance)."""
 
     url: str  # base URL without /v1, e.g. http://127.0.0.1:8001
     max_concurrency: int
+    movable: bool = False  # may move to another pool when demand says so ([rebalance])
 
 
 @dataclass(frozen=True)
@@ -200,6 +223,8 @@ class PoolConfig:
     # Send each request's class priority as vLLM's ``priority`` field (the
     # pool's engines run ``--scheduling-policy priority``; lower runs first).
     vllm_priority: bool = False
+    # "off": its movable endpoints stay, and none moves in.
+    rebalance: RebalanceMode = "auto"
 
     def class_limit(self, name: str) -> int | None:
         """The seats class ``name`` may hold in this pool at once, or None."""
@@ -246,6 +271,7 @@ class Config:
     auth: AuthConfig = AuthConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()
+    rebalance: RebalanceConfig = RebalanceConfig()
     warnings: tuple[str, ...] = ()
 
     def pool(self, name: str) -> PoolConfig:

@@ -18,7 +18,7 @@ import random
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -41,6 +41,7 @@ from .errors import (
 )
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
 from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics, Ticket
+from .rebalance import Rebalancer
 from .request import Routing, RouterRequest
 from .telemetry import RequestRecord
 
@@ -120,6 +121,10 @@ class RouterStatistics:
     caller_in_flight: dict[str, int]
     retries: dict[str, int] | None = None  # per pool: failed calls tried again on another endpoint
     backend_clients: int = 0  # open HTTP clients to backends, the retired ones still closing included
+    moves: dict[tuple[str, str], int] = field(default_factory=dict)  # (from, to) -> endpoints moved by rebalancing
+    moving: dict[str, tuple[str, str]] = field(default_factory=dict)  # endpoint URL -> (from, to), while it drains
+    lent: dict[str, int] = field(default_factory=dict)  # per pool: its seats serving other pools' requests now
+    borrowed: dict[tuple[str, str], int] = field(default_factory=dict)  # (pool, lender) -> requests seated, ever
 
     @property
     def in_flight(self) -> int:
@@ -152,6 +157,10 @@ class Router:
         self._retries: Counter[str] = Counter()
         self._to_close: list[Closable] = []
         self._close_wanted = trio.Event()
+        self._rebalancer = Rebalancer()
+        self._assignment_epoch = 0  # a reload starts a new one: moves begun before it are dropped
+        self._moves: Counter[tuple[str, str]] = Counter()
+        self._moving: dict[str, tuple[str, str]] = {}
         self.config = config
         self.apply(config)
 
@@ -213,6 +222,9 @@ class Router:
             pool.queue.dispatch()
         self._endpoints = endpoints
         self._pools = pools
+        self._assignment_epoch += 1  # the file's assignment stands again: moves in progress end here
+        self._moving.clear()
+        self._rebalancer.reset()
         self._authenticator = Authenticator(config.auth)
         self.config = config
 
@@ -457,7 +469,47 @@ class Router:
             )
             nursery.start_soon(_forever, "backend load scrape", self._scrape_loads, self._scrape_interval)
             nursery.start_soon(self._close_retired_forever)
+            nursery.start_soon(self._rebalance_forever, nursery)
             task_status.started()
+
+    async def _rebalance_forever(self, nursery: trio.Nursery) -> None:
+        """Look at the pools' demand every ``rebalance.interval`` s; start the moves it calls for."""
+        while True:
+            await trio.sleep(self.config.rebalance.interval)
+            try:
+                self.rebalance_turn(nursery)
+            except Exception:  # a bad turn must not end rebalancing, nor the process
+                log.exception("a rebalancing turn failed")
+
+    def rebalance_turn(self, nursery: trio.Nursery) -> None:
+        """One look; a move that is due starts now and finishes in ``nursery``."""
+        now = trio.current_time()
+        choice = self._rebalancer.look(now, self._pools, self.config)
+        if choice is None:
+            return
+        self._rebalancer.moved(now)
+        endpoint, source, target = choice.endpoint, choice.source, choice.target
+        source.endpoints = [e for e in source.endpoints if e is not endpoint]
+        source.cap_moved -= endpoint.max_concurrency
+        endpoint.pool = None  # no pool's new requests while its running ones finish
+        self._moving[endpoint.url] = (source.name, target.name)
+        log.info(
+            "rebalancing: endpoint %s leaves pool %s (utilisation %.2f) for pool %s (%.2f); %d requests still run there",
+            endpoint.url, source.name, choice.source_utilisation, target.name, choice.target_utilisation, endpoint.in_flight,
+        )
+        nursery.start_soon(self._finish_move, endpoint, source.name, target, self._assignment_epoch)
+
+    async def _finish_move(self, endpoint: Endpoint, source: str, target: Pool, epoch: int) -> None:
+        await endpoint.wait_idle()
+        if epoch != self._assignment_epoch or endpoint.retired:
+            return  # a reload came first: the file's assignment stands
+        target.endpoints = [*target.endpoints, endpoint]
+        target.cap_moved += endpoint.max_concurrency
+        endpoint.pool = target
+        self._moving.pop(endpoint.url, None)
+        self._moves[(source, target.name)] += 1
+        log.info("rebalancing: endpoint %s joined pool %s (from %s)", endpoint.url, target.name, source)
+        target.queue.dispatch()
 
     def _scrape_interval(self) -> float:
         interval = self.config.metrics.backend_scrape_interval
@@ -563,6 +615,10 @@ class Router:
             open_requests=self._open_requests,
             caller_in_flight=dict(self._caller_in_flight),
             retries={name: self._retries[name] for name in self._pools},
+            moves=dict(self._moves),
+            moving=dict(self._moving),
+            lent={name: pool.lent for name, pool in self._pools.items()},
+            borrowed={(name, lender): n for name, pool in self._pools.items() for lender, n in pool.borrowed_total.items()},
             backend_clients=sum(e.open_clients for e in [*self._endpoints.values(), *self._retired_endpoints.values()])
             + len(self._to_close),
         )

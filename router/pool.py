@@ -77,7 +77,9 @@ class Endpoint:
     ) -> None:
         self.url = config.url
         self.max_concurrency = config.max_concurrency
+        self.movable = config.movable
         self.in_flight = 0
+        self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
         self.healthy = True
         self.pool: Pool | None = None
         self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
@@ -138,7 +140,21 @@ class Endpoint:
             else:
                 self._closer(old)
         self.max_concurrency = config.max_concurrency
+        self.movable = config.movable
         self._max_body_bytes = self.client.max_body_bytes = max_body_bytes
+
+    async def wait_idle(self) -> None:
+        """Return once no request runs here (at once if none does)."""
+        while self.in_flight:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
+
+    def seat_freed(self) -> None:
+        """One of its requests ended (``in_flight`` already lowered)."""
+        if not self.in_flight and self._idle is not None:
+            self._idle.set()
+            self._idle = None
 
     def lease_ended(self, client: BackendClient) -> None:
         """A seat holding ``client`` was released: close the client if it was replaced and is idle."""
@@ -295,6 +311,7 @@ class Lease:
         """Carry the seat to another endpoint of the pool (a retry); the pool's count is unchanged."""
         old = self.endpoint
         old.in_flight -= 1
+        old.seat_freed()
         old.lease_ended(self.client)
         endpoint.in_flight += 1
         self.endpoint = endpoint
@@ -312,6 +329,7 @@ class Lease:
         pool.in_flight -= 1
         pool.seat_ended(self)
         self.endpoint.in_flight -= 1
+        self.endpoint.seat_freed()
         self.endpoint.lease_ended(self.client)
         pool.seat_time.observe(trio.current_time() - self.granted_at)
         pool.queue.dispatch()  # the pool's own requests first
@@ -336,12 +354,19 @@ class Pool:
         self.lent = 0  # seats of this pool serving other pools' requests now
         self.class_in_flight: dict[str, int] = {}  # seats of this pool held per class
         self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
+        self.cap_moved = 0  # seats of endpoints moved in, less those moved out, since the last reload
         self._rng = rng or random.Random()
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
+    @property
+    def max_concurrency(self) -> int:
+        """The pool's cap now: the configured one, plus what rebalancing moved in, less what it moved out."""
+        return max(0, self.config.max_concurrency + self.cap_moved)
+
     def reconfigure(self, config: PoolConfig, endpoints: list[Endpoint]) -> None:
-        """Adopt a new config and endpoint set; waiters get any room it opens."""
+        """Adopt a new config and endpoint set (a reload: moves are undone); waiters get any room it opens."""
         self.config = config
+        self.cap_moved = 0
         self.endpoints = endpoints
         for endpoint in endpoints:
             endpoint.pool = self
@@ -357,7 +382,7 @@ class Pool:
     def seats(self) -> int:
         """Requests the pool may run at once now: its cap, or its usable endpoints' caps if fewer."""
         usable = sum(e.max_concurrency for e in self.endpoints if e.usable)
-        return min(self.config.max_concurrency, usable)
+        return min(self.max_concurrency, usable)
 
     # -- outlier detection ----------------------------------------------------
 
@@ -430,7 +455,7 @@ class Pool:
 
     def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
         """A seat on this pool's least-loaded endpoint with room, within the pool's and the class's caps."""
-        if self.in_flight >= self.config.max_concurrency:
+        if self.in_flight >= self.max_concurrency:
             return None
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
@@ -501,7 +526,7 @@ class Pool:
         return PoolStatistics(
             name=self.name,
             in_flight=self.in_flight,
-            max_concurrency=self.config.max_concurrency,
+            max_concurrency=self.max_concurrency,
             healthy_endpoints=sum(e.usable for e in self.endpoints),
             endpoints=len(self.endpoints),
             queue=self.queue.statistics(),

@@ -1,0 +1,124 @@
+"""Automatic rebalancing: movable endpoints follow the demand between pools.
+
+A static split makes one class pay when the mix moves. Each look (every
+``rebalance.interval`` s) measures every pool's *utilisation*: the demand of
+the classes it is home to -- seats they hold (in this pool or borrowed from
+another), requests waiting in the router's queue, and requests waiting in
+vLLM's own (its scraped ``num_requests_waiting``) -- over the pool's seats.
+Demand is in seats, so a pool of short requests and one of long requests
+compare fairly: a seat is a seat of the same GPUs' batch.
+
+An imbalance is one pool's utilisation above another's by more than
+``threshold``. It must be seen at every look for ``hold_time`` seconds;
+then one movable endpoint of the less-used pool moves to the busier, if
+that leaves the donor at least one endpoint and the move would not at
+once look like an imbalance the other way (the projected utilisations
+after the move, by seats moved). After a move no other is considered for
+``cooldown`` seconds. Together these keep an assignment from flapping.
+
+This module decides; the router (``router.dispatch``) carries a move out:
+the endpoint leaves its pool at once (no new requests of that pool), its
+running requests finish and still count against its cap, and only when it
+is idle does it join the new pool. A reload puts every endpoint back where
+the file says.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .config_types import Config, RebalanceConfig
+from .pool import Endpoint, Pool
+
+
+@dataclass(frozen=True)
+class MoveChoice:
+    """One endpoint to move, and why (for the log)."""
+
+    endpoint: Endpoint
+    source: Pool
+    target: Pool
+    source_utilisation: float
+    target_utilisation: float
+
+
+def demand(pools: Mapping[str, Pool], config: Config) -> dict[str, float]:
+    """Each pool's demand, in seats: held by its classes anywhere, and waiting (router and vLLM)."""
+    home = {klass.name: klass.pool for klass in config.classes}
+    demand = {name: float(pool.queue.waiting) for name, pool in pools.items()}
+    for pool in pools.values():
+        for klass, seats in pool.class_in_flight.items():
+            owner = home.get(klass)
+            if owner in demand:
+                demand[owner] += seats
+        for endpoint in pool.endpoints:
+            load = endpoint.load
+            if load is not None and load.waiting:
+                demand[pool.name] += load.waiting
+    return demand
+
+
+def _ratio(wanted: float, seats: int) -> float:
+    """Utilisation: demand over seats (inf: demand and no seat; 0: neither)."""
+    if seats > 0:
+        return wanted / seats
+    return math.inf if wanted else 0.0
+
+
+class Rebalancer:
+    """Watches utilisation, look by look, and says when an endpoint should move."""
+
+    def __init__(self) -> None:
+        self._since: dict[tuple[str, str], float] = {}  # (busy, idle) -> when the imbalance was first seen
+        self._last_move = -math.inf
+
+    def reset(self) -> None:
+        """Forget imbalances seen so far (a reload changed the pools)."""
+        self._since.clear()
+
+    def moved(self, now: float) -> None:
+        self._last_move = now
+        self._since.clear()
+
+    def look(self, now: float, pools: Mapping[str, Pool], config: Config) -> MoveChoice | None:
+        """One look: update the imbalances seen, and return a move due now, if any."""
+        settings = config.rebalance
+        candidates = [pool for pool in pools.values() if pool.config.rebalance == "auto"]
+        wanted = demand(pools, config)
+        used = {name: _ratio(wanted[name], pool.seats) for name, pool in pools.items()}
+        seen: set[tuple[str, str]] = set()
+        for busy in candidates:
+            for idle in candidates:
+                if busy is not idle and used[busy.name] - used[idle.name] > settings.threshold:
+                    seen.add((busy.name, idle.name))
+        self._since = {pair: self._since.get(pair, now) for pair in seen}
+        if now - self._last_move < settings.cooldown:
+            return None
+        due = sorted(
+            (pair for pair, since in self._since.items() if now - since >= settings.hold_time),
+            key=lambda pair: used[pair[1]] - used[pair[0]],  # the widest gap first
+        )
+        for busy_name, idle_name in due:
+            choice = _best_move(pools[busy_name], pools[idle_name], wanted, settings)
+            if choice is not None:
+                return choice
+        return None
+
+
+def _best_move(target: Pool, source: Pool, wanted: Mapping[str, float], settings: RebalanceConfig) -> MoveChoice | None:
+    """The movable endpoint of ``source`` whose move helps ``target`` most without flapping, or None."""
+    if len(source.endpoints) < 2 or not set(target.config.models) <= set(source.config.models):
+        return None  # never empty a pool; never move an engine to a pool whose models it does not serve
+    movable: Sequence[Endpoint] = [e for e in source.endpoints if e.movable and e.usable]
+    for endpoint in sorted(movable, key=lambda e: (e.in_flight, e.url)):  # the least busy finishes soonest
+        seats = endpoint.max_concurrency
+        target_after = _ratio(wanted[target.name], target.seats + seats)
+        source_after = _ratio(wanted[source.name], source.seats - seats)
+        if source_after - target_after > settings.threshold:
+            continue  # the move would be undone at once: that is a flap
+        return MoveChoice(
+            endpoint, source, target, _ratio(wanted[source.name], source.seats), _ratio(wanted[target.name], target.seats)
+        )
+    return None
