@@ -635,6 +635,25 @@ class Router:
         ready = not self._draining and all(p["healthy"] for p in pools.values())
         return {"status": "ready" if ready else "unavailable", "draining": self._draining, "pools": pools}
 
+    def assignment(self) -> list[dict[str, Any]]:
+        """Each pool's GPUs now, for ``/v1/limits`` (no URLs): rebalancing and lending show here."""
+        moving_out = Counter(source for source, _ in self._moving.values())
+        moving_in = Counter(target for _, target in self._moving.values())
+        return [
+            {
+                "pool": pool.name,
+                "endpoints": len(pool.endpoints),
+                "max_concurrency": pool.max_concurrency,
+                "configured_max_concurrency": pool.config.max_concurrency,
+                "endpoints_leaving": moving_out[pool.name],
+                "endpoints_joining": moving_in[pool.name],
+                "seats_lent": pool.lent,
+                "lends_to": list(pool.config.lend.to),
+                "rebalance": pool.config.rebalance,
+            }
+            for pool in self._pools.values()
+        ]
+
     def models(self) -> list[str]:
         seen: dict[str, None] = {}
         for pool in self.config.pools:

@@ -128,7 +128,8 @@ class HttpApi:
             data = [{"id": m, "object": "model", "owned_by": "tailguard"} for m in self._router.models()]
             await _send_json(send, 200, {"object": "list", "data": data}, request_id)
         elif path == "/v1/limits":
-            await _send_json(send, 200, limits_document(self._router.config), request_id)
+            document = {**limits_document(self._router.config), "assignment": self._router.assignment()}
+            await _send_json(send, 200, document, request_id)
         else:
             await _send_error(send, route_error(f"no route for {path}", status=404), request_id)
 

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from router.dispatch import Router
+from router.dispatch import Router, RouterStatistics
 from router.telemetry import RequestRecord
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -279,6 +279,7 @@ class _RouterCollector(Collector):
         for name, count in (stats.retries or {}).items():
             retries.add_metric((name,), count)
         yield retries
+        yield from _sharing(stats, gauge)
         clients = gauge("tailguard_backend_clients", "Open HTTP clients to backends (retired ones still closing included).", ())
         clients.add_metric((), stats.backend_clients)
         yield clients
@@ -287,3 +288,33 @@ class _RouterCollector(Collector):
         for name, count in stats.caller_in_flight.items():
             callers.add_metric((name,), count)
         yield callers
+
+
+def _sharing(stats: RouterStatistics, gauge: Callable[[str, str, tuple[str, ...]], GaugeMetricFamily]) -> Iterator[Metric]:
+    """Lending and rebalancing: seats lent now, borrowing and moves so far, the assignment."""
+    lent = gauge("tailguard_pool_lent_seats", "Seats of the pool serving other pools' requests now (lending).", ("pool",))
+    for name, seats in (stats.lent or {}).items():
+        lent.add_metric((name,), seats)
+    yield lent
+    borrowed = CounterMetricFamily(
+        "tailguard_pool_borrowed", "Requests of the pool seated on a lender's idle seat.", labels=("pool", "lender")
+    )
+    for (name, lender), count in stats.borrowed.items():
+        borrowed.add_metric((name, lender), count)
+    yield borrowed
+    moves = CounterMetricFamily(
+        "tailguard_endpoint_moves", "Endpoints rebalancing moved from one pool to another.", labels=("from", "to")
+    )
+    for (source, target), count in stats.moves.items():
+        moves.add_metric((source, target), count)
+    yield moves
+    assigned = gauge("tailguard_endpoint_assignment", "1 for the pool each endpoint serves now (rebalancing moves it).", ("pool", "endpoint"))
+    for e in stats.endpoints:
+        assigned.add_metric((e.pool, e.url), 1)
+    yield assigned
+    moving = gauge(
+        "tailguard_endpoint_moving", "1 while an endpoint finishes its old pool's requests before joining another.", ("endpoint", "from", "to")
+    )
+    for url, (source, target) in stats.moving.items():
+        moving.add_metric((url, source, target), 1)
+    yield moving

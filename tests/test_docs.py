@@ -347,6 +347,12 @@ EXPORTED_METRICS = frozenset({
     "tailguard_backend_requests_waiting",
     "tailguard_backend_kv_cache_usage_ratio",
     "tailguard_backend_scrape_ok",
+    "tailguard_pool_lent_seats",
+    "tailguard_pool_borrowed",
+    "tailguard_endpoint_moves",
+    "tailguard_endpoint_assignment",
+    "tailguard_endpoint_moving",
+    "tailguard_gc_pause_seconds",
 })
 
 DASHBOARD_PATH = DOCS / "grafana" / "tailguard.json"

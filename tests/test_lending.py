@@ -11,6 +11,7 @@ import trio
 
 from router.config import ConfigError, parse_config
 from router.config_types import Config, LendConfig
+from server.metrics import Metrics
 
 from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from .test_config import BASE, edit
@@ -47,6 +48,9 @@ async def test_idle_interactive_seats_serve_batch_within_max_seats(autojump_cloc
             _, routing = await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id="i0"))
             assert routing.pool == "interactive" and routing.queue_seconds == 0  # type: ignore[attr-defined]
         assert endpoints.count(INTERACTIVE_URL) >= 2 and len(endpoints) == 5
+        page = Metrics(fleet.router).render().decode()
+        assert f'tailguard_pool_borrowed_total{{lender="interactive",pool="batch"}} {endpoints.count(INTERACTIVE_URL):.1f}' in page
+        assert 'tailguard_pool_lent_seats{pool="interactive"} 0.0' in page
         assert fleet.engine(INTERACTIVE_URL).statistics().max_running_seen <= 4
         assert fleet.engine(BATCH_URL).statistics().max_running_seen <= 2
         stats = fleet.router.statistics()

@@ -9,6 +9,7 @@ import trio
 
 from router.config import ConfigError, parse_config
 from router.config_types import Config, EndpointConfig, RebalanceConfig
+from server.metrics import Metrics
 
 from .router_helpers import INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from .test_config import BASE
@@ -59,6 +60,13 @@ async def test_a_starved_pool_gets_the_idle_pools_movable_endpoint_and_nothing_i
         for url, engine in fleet.engines.items():  # the engines' own running counts never passed a cap
             assert engine.statistics().max_running_seen <= CAP, url
         assert stats.open_requests == 0 and stats.in_flight == 0
+        by_pool = {entry["pool"]: entry for entry in fleet.router.assignment()}  # what /v1/limits shows
+        assert (by_pool["interactive"]["endpoints"], by_pool["interactive"]["max_concurrency"]) == (2, 2 * CAP)
+        assert (by_pool["batch"]["endpoints"], by_pool["batch"]["configured_max_concurrency"]) == (1, 2 * CAP)
+        page = Metrics(fleet.router).render().decode()
+        assert 'tailguard_endpoint_moves_total{from="batch",to="interactive"} 1.0' in page
+        assert f'tailguard_endpoint_assignment{{endpoint="{SPARE_URL}",pool="interactive"}} 1.0' in page
+        assert f'tailguard_pool_max_concurrency{{pool="interactive"}} {2 * CAP:.1f}' in page
         background.cancel_scope.cancel()
 
 
