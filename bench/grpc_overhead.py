@@ -50,13 +50,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, IO, TypeVar
+from typing import IO
 
 import grpc
 import trio
@@ -84,10 +83,10 @@ from bench.router_overhead import (
 )
 from bench.sim_cpu import LoadCounters, free_ports, interrupted, stop
 from bench.sim_cpu import client as sse_client
+from server.grpc_bridge import AsyncioHost
 from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
-T = TypeVar("T")
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "grpc_overhead.json"
 
@@ -135,20 +134,15 @@ _PY_SPY_SECONDS = 4
 # -- the asyncio side: a loop on its own thread, for grpc.aio -----------------------------
 
 
-class AsyncioThread:
-    """An asyncio loop on a thread of its own, driven from Trio.
+class AsyncioThread(AsyncioHost):
+    """tailguard's own asyncio thread (``server.grpc_bridge``), started outside Trio.
 
     grpc.aio needs asyncio; everything else here is Trio. One loop serves the
     whole run (grpc.aio binds itself to the loop of its first channel).
     """
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._main, name="grpc-client", daemon=True)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        super().__init__("grpc-client")
 
     def __enter__(self) -> AsyncioThread:
         self._thread.start()
@@ -157,35 +151,6 @@ class AsyncioThread:
     def __exit__(self, *exc_info: object) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=_CANCEL_GRACE_S)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-    async def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """From Trio: run ``make()`` as a task on the loop and wait for it.
-
-        Cancelling the Trio caller (Ctrl-C included) cancels the task and
-        waits, at most ``_CANCEL_GRACE_S``, for it to finish.
-        """
-        token = trio.lowlevel.current_trio_token()
-        finished = trio.Event()
-        tasks: list[asyncio.Task[T]] = []
-
-        def start() -> None:  # on the loop's thread
-            task = self.loop.create_task(make())
-            task.add_done_callback(lambda _: token.run_sync_soon(finished.set))
-            tasks.append(task)
-
-        self.loop.call_soon_threadsafe(start)
-        try:
-            await finished.wait()
-        except BaseException:
-            # call_soon_threadsafe is FIFO: start() has run before this does.
-            self.loop.call_soon_threadsafe(lambda: tasks[0].cancel())
-            with trio.move_on_after(_CANCEL_GRACE_S) as scope:
-                scope.shield = True
-                await finished.wait()
-            raise
-        return tasks[0].result()
 
 
 @dataclass
