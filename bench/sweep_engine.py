@@ -145,6 +145,10 @@ class SweepEngine:
             raise ValueError("max_num_seqs must be below max_num_batched_tokens (every step then has room for a prefill)")
         if params.base_ms <= 0 or time_scale <= 0:
             raise ValueError("base_ms and time_scale must be positive: every step takes time")
+        if params.scheduling_policy != "fcfs":
+            # bench.sim.Engine models vLLM's priority policy; this aggregate
+            # model does not, and must not answer as if it did.
+            raise ValueError("the sweep engine models vLLM's fcfs policy only; use bench.sim.Engine for priority")
         self.params = params
         self.timeline = timeline
         self.time_scale = time_scale

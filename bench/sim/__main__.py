@@ -1,5 +1,9 @@
 """``python -m bench.sim``: run one or several simulated vLLM engines on localhost.
 
+``--scheduling-policy priority`` runs every engine as vLLM does with that
+flag (the waiting queue by the request's ``priority``, preemption of the
+lowest priority when the KV cache runs short; docs/vllm-priority.md).
+
 ``--fault MODE[:key=value,...]`` starts every engine in a fault mode (see
 ``bench.sim.faults``); ``--admin-port`` serves ``/_sim/faults/PORT`` for each
 engine, which reaches an engine even while it is killed.
@@ -18,7 +22,7 @@ import trio
 
 from .faults import MODES, AdminApp, Fault, FaultSwitch
 from .http import serve
-from .params import PROFILES, EngineParams
+from .params import PROFILES, SCHEDULING_POLICIES, EngineParams
 from .server import DEFAULT_MODEL, EngineSpec, parse_engines, serve_engine
 
 _PARAM_HELP = {
@@ -31,7 +35,10 @@ _PARAM_HELP = {
     "per_context_token_ms": "attention cost per token of context a step reads, ms",
     "prefill_tokens_per_ms": "prefill speed, tokens per ms (0 = free)",
     "eos_probability": "chance per token that a sequence stops early (seeded; 0 = always run to max_tokens)",
+    "scheduling_policy": "vLLM --scheduling-policy: fcfs (vLLM's default), or priority: the queue by the request's "
+    "priority field (lower first), the lowest priority preempted when the KV cache runs short",
 }
+_PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scheduling_policy": SCHEDULING_POLICIES}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--" + field.name.replace("_", "-"),
             type=type(field.default),
             default=None,
+            choices=_PARAM_CHOICES.get(field.name),
             help=_PARAM_HELP[field.name],
         )
     return parser

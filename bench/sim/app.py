@@ -31,6 +31,7 @@ SSE_HEADERS: tuple[tuple[str, str], ...] = (
     ("content-type", "text/event-stream"),
     ("cache-control", "no-cache"),
 )
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # vLLM's bounds of ``priority``
 
 
 class DropConnection(Exception):
@@ -110,6 +111,7 @@ class _Parsed:
     seed: int | None
     min_tokens: int
     ignore_eos: bool
+    priority: int
 
 
 class TokenStream:
@@ -247,6 +249,7 @@ class SimApp:
                 min_tokens=parsed.min_tokens,
                 ignore_eos=parsed.ignore_eos,
                 request_id=request_id,
+                priority=parsed.priority,
             )
         except EngineRequestError as error:
             raise ApiError(400, str(error)) from None
@@ -308,6 +311,11 @@ class SimApp:
         if not isinstance(options, dict):
             raise ApiError(400, "stream_options must be an object", param="stream_options")
         include_usage = _optional_bool(options, "include_usage")
+        # vLLM's request field (an int64, default 0; lower runs first): read
+        # under either policy, used by the priority one (docs/vllm-priority.md).
+        priority = _optional_int(request, "priority") or 0
+        if not _INT64_MIN <= priority <= _INT64_MAX:
+            raise ApiError(400, f"priority must be a 64-bit integer, got {priority}", param="priority")
         return _Parsed(
             chat=chat,
             prompt_tokens=prompt_tokens,
@@ -318,6 +326,7 @@ class SimApp:
             seed=_optional_int(request, "seed"),
             min_tokens=_optional_int(request, "min_tokens") or 0,
             ignore_eos=_optional_bool(request, "ignore_eos"),
+            priority=priority,
         )
 
     def _models(self) -> dict[str, Any]:

@@ -17,6 +17,18 @@ decode. When a decode finds the cache full, the newest running sequence is
 preempted: its cache is freed and it goes back to the head of the queue to
 recompute its prompt plus what it has generated (vLLM's recompute mode).
 
+With ``EngineParams.scheduling_policy = "priority"`` (vLLM's
+``--scheduling-policy priority``) the engine follows vLLM V1's
+``Scheduler.schedule`` under ``SchedulingPolicy.PRIORITY``
+(vllm/v1/core/sched/scheduler.py, vllm/v1/core/sched/request_queue.py): the
+queue is ordered by (priority, arrival), lower first; when a running decode
+finds the cache full, the running sequence with the largest (priority,
+arrival) is preempted -- possibly one already planned this step, or the
+decode itself -- and no waiting sequence is admitted in a step that preempted.
+A waiting sequence never preempts a running one, whatever its priority: a
+full batch (``max_num_seqs``) or cache makes it wait for a seat, as in vLLM
+(vllm-project/vllm issue 40004). docs/vllm-priority.md has the sources.
+
 A consumer that goes away calls ``abort``: the sequence leaves the batch and
 frees its seat and cache at once, so the next step no longer carries it.
 
@@ -27,6 +39,7 @@ seconds and every number is deterministic.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import random
 from collections import deque
@@ -85,6 +98,7 @@ class Sequence:
         "finish_reason",
         "token_ids",
         "preemptions",
+        "priority",
         "_rng",
         "_prefill_target",
         "_computed",
@@ -102,6 +116,7 @@ class Sequence:
         *,
         min_tokens: int = 0,
         ignore_eos: bool = False,
+        priority: int = 0,
         arrival: float,
         arrival_seq: int,
     ) -> None:
@@ -116,6 +131,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.token_ids: list[int] = []
         self.preemptions = 0
+        self.priority = priority  # vLLM's request priority: lower runs first (priority policy only)
         self._rng = rng
         self._prefill_target = prompt_tokens
         self._computed = 0
@@ -163,7 +179,10 @@ class Engine:
         self.seed = seed
         self.name = name
         self._finish_hooks: list[FinishHook] = []
-        self._waiting: deque[Sequence] = deque()
+        self._priority_policy = params.scheduling_policy == "priority"
+        self._waiting: deque[Sequence] = deque()  # fcfs
+        # priority: (priority, arrival order, sequence), vLLM's Request.__lt__ order
+        self._queue: list[tuple[int, int, Sequence]] = []
         self._waiting_count = 0
         self._running: list[Sequence] = []
         self._kv_used = 0
@@ -195,11 +214,14 @@ class Engine:
         min_tokens: int = 0,
         ignore_eos: bool = False,
         request_id: str | None = None,
+        priority: int = 0,
     ) -> Sequence:
         """Queue a request; returns its sequence. ``max_tokens=None`` fills the context.
 
-        Raises EngineRequestError when prompt plus max_tokens exceed
-        ``max_model_len`` (vLLM's 400), or a count is out of range.
+        ``priority`` orders the queue under the priority policy and is ignored
+        under fcfs, as vLLM V1 ignores it. Raises EngineRequestError when
+        prompt plus max_tokens exceed ``max_model_len`` (vLLM's 400), or a
+        count is out of range.
         """
         limit = self.params.max_model_len
         if prompt_tokens < 1:
@@ -225,10 +247,14 @@ class Engine:
             rng,
             min_tokens=min_tokens,
             ignore_eos=ignore_eos,
+            priority=priority,
             arrival=trio.current_time(),
             arrival_seq=next(self._arrivals),
         )
-        self._waiting.append(sequence)
+        if self._priority_policy:
+            heapq.heappush(self._queue, (priority, sequence._arrival_seq, sequence))
+        else:
+            self._waiting.append(sequence)
         self._waiting_count += 1
         self._prompt_tokens_total += prompt_tokens
         self._work.unpark_all()
@@ -271,7 +297,12 @@ class Engine:
                 await self._work.park()
                 step_end = trio.current_time()
                 continue
-            plan, step_ms = self._schedule()
+            if self._priority_policy:
+                plan, step_ms, preempted = self._schedule_priority()
+                if not plan and preempted:
+                    continue  # the state changed: vLLM schedules its next step at once
+            else:
+                plan, step_ms = self._schedule()
             if not plan:
                 # Nothing fits (e.g. the queue head needs KV that running
                 # sequences hold, and none of them can decode): wait for change.
@@ -346,6 +377,79 @@ class Engine:
         step_ms = params.step_ms(len(plan), prefill_tokens, context_tokens) if plan else 0.0
         return plan, step_ms
 
+    def _schedule_priority(self) -> tuple[list[tuple[Sequence, int]], float, bool]:
+        """``_schedule`` under vLLM V1's priority policy; also says whether it preempted.
+
+        Modelled on ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py):
+        the running loop's ``allocate_slots`` failure preempts
+        ``max(self.running, key=lambda r: (r.priority, r.arrival_time))``,
+        hands back the budget of a victim already scheduled this step, and
+        stops the running loop when the victim is the request being scheduled;
+        the waiting loop runs only ``if not preempted_reqs``, takes
+        ``PriorityRequestQueue``'s head, and stops (no preemption) when the
+        batch is full or the cache cannot hold the head's prompt.
+        """
+        params = self.params
+        budget = params.max_num_batched_tokens
+        plan: dict[Sequence, int] = {}  # in scheduling order; a victim leaves it
+        preempted = False
+        stopped = False
+
+        # Decodes first: one token each, growing the cache by one.
+        for sequence in list(self._running):
+            if not sequence._kv_held or sequence._computed < sequence._prefill_target:
+                continue  # preempted above, or still prefilling
+            if budget < 1:
+                break
+            while self._kv_used + 1 > params.kv_cache_tokens:
+                victim = max(self._running, key=lambda s: (s.priority, s._arrival_seq))
+                budget += plan.pop(victim, 0)  # its cache, this step's token included, is freed below
+                self._preempt(victim)
+                preempted = True
+                if victim is sequence:
+                    stopped = True
+                    break
+            if stopped:
+                break
+            self._kv_used += 1
+            sequence._kv_held += 1
+            budget -= 1
+            plan[sequence] = 1
+
+        # Then sequences part-way through a chunked prefill (their cache is reserved).
+        for sequence in [] if stopped else self._running:
+            remaining = sequence._prefill_target - sequence._computed
+            if remaining <= 0 or budget < 1:
+                continue
+            chunk = min(remaining, budget)
+            budget -= chunk
+            plan[sequence] = chunk
+
+        # Then new sequences, lowest (priority, arrival) first, unless this step preempted.
+        while not preempted and self._queue and budget >= 1 and len(self._running) < params.max_num_seqs:
+            head = self._queue[0][2]
+            if head.finished:  # aborted while waiting
+                heapq.heappop(self._queue)
+                continue
+            if self._kv_used + head._prefill_target > params.kv_cache_tokens:
+                break
+            heapq.heappop(self._queue)
+            self._waiting_count -= 1
+            self._running.append(head)
+            self._kv_used += head._prefill_target
+            head._kv_held = head._prefill_target
+            chunk = min(head._prefill_target, budget)
+            budget -= chunk
+            plan[head] = chunk
+
+        self._max_running_seen = max(self._max_running_seen, len(self._running))
+        self._max_kv_used_seen = max(self._max_kv_used_seen, self._kv_used)
+        steps = list(plan.items())
+        prefill_tokens = sum(n for s, n in steps if s._computed < s._prefill_target)
+        context_tokens = sum(s._computed + n for s, n in steps)
+        step_ms = params.step_ms(len(steps), prefill_tokens, context_tokens) if steps else 0.0
+        return steps, step_ms, preempted
+
     def _complete(self, plan: list[tuple[Sequence, int]]) -> None:
         """End of a step: advance every scheduled sequence, emit and finish."""
         self._steps += 1
@@ -394,12 +498,19 @@ class Engine:
         sequence._kv_held = 0
 
     def _preempt(self, victim: Sequence) -> None:
-        """Free a running sequence's cache; it recomputes from the queue's head."""
+        """Free a running sequence's cache; it recomputes from the queue's head.
+
+        Under the priority policy "the head" is its place by (priority,
+        arrival): vLLM's ``PriorityRequestQueue.prepend_request`` re-adds it.
+        """
         self._running.remove(victim)
         self._release_kv(victim)
         victim._prefill_target = victim.prompt_tokens + len(victim.token_ids)
         victim._computed = 0
         victim.preemptions += 1
         self._preemptions += 1
-        self._waiting.appendleft(victim)
+        if self._priority_policy:
+            heapq.heappush(self._queue, (victim.priority, victim._arrival_seq, victim))
+        else:
+            self._waiting.appendleft(victim)
         self._waiting_count += 1

@@ -10,12 +10,21 @@ The cost model of one engine step (one forward pass of a continuous batch):
 The figures are derived in the README ("Simulator calibration"): decode steps
 of ~7.8 ms at batch 1 and ~29 ms at batch 256 with ~1k tokens of context per
 sequence, prefill at ~25k tokens/s, ~400k tokens of KV cache.
+
+``scheduling_policy`` is vLLM's ``--scheduling-policy``: "fcfs" (vLLM's
+default) or "priority", which orders the waiting queue by the request's
+``priority`` field and preempts the lowest-priority running sequence when the
+KV cache runs short (docs/vllm-priority.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal, get_args
+
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[str, ...] = get_args(SchedulingPolicy)
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,7 @@ class EngineParams:
     per_context_token_ms: float = 0.00005
     prefill_tokens_per_ms: float = 25.0
     eos_probability: float = 0.0
+    scheduling_policy: SchedulingPolicy = "fcfs"
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
@@ -43,6 +53,10 @@ class EngineParams:
             raise ValueError("prefill_tokens_per_ms must not be negative (0 means instant prefill)")
         if not 0.0 <= self.eos_probability < 1.0:
             raise ValueError(f"eos_probability must be in [0, 1), got {self.eos_probability}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}"
+            )
         if self.kv_cache_tokens < self.max_model_len:
             raise ValueError("kv_cache_tokens must hold at least one max_model_len sequence")
 
