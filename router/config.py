@@ -1195,6 +1195,14 @@ def render_config(config: Config) -> str:
         ("backend_scrape_interval", _seconds_or_off(metrics.backend_scrape_interval)),
         ("duplicate_request_id_window", _seconds_or_off(metrics.duplicate_request_id_window)),
     ])
+    if any(e.movable for pool in config.pools for e in pool.endpoints):
+        rebalance = config.rebalance
+        lines += _section("rebalance", [
+            ("interval", _seconds(rebalance.interval)),
+            ("hold_time", _seconds(rebalance.hold_time)),
+            ("threshold", f"{rebalance.threshold:g} utilisation"),
+            ("cooldown", _seconds(rebalance.cooldown)),
+        ])
     for pool in config.pools:
         lines += _render_pool(pool)
     lines.append("classes (the first that admits a request wins)")
@@ -1228,7 +1236,7 @@ def _render_auth(auth: AuthConfig) -> list[str]:
 def _render_pool(pool: PoolConfig) -> list[str]:
     total = sum(endpoint.max_concurrency for endpoint in pool.endpoints)
     endpoints = _aligned(
-        [(point.url, f"max_concurrency {point.max_concurrency}") for point in pool.endpoints],
+        [(point.url, f"max_concurrency {point.max_concurrency}" + (", movable" if point.movable else "")) for point in pool.endpoints],
         indent="",
     ) or ["(none: the pool has no GPUs now)"]
     pairs = [
@@ -1244,6 +1252,7 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         *((("lend", _lend(pool.lend)),) if pool.lend.to else ()),
         *((("class_max_concurrency", ", ".join(f"{n} {seats}" for n, seats in pool.class_max_concurrency)),) if pool.class_max_concurrency else ()),
         *((("vllm_priority", "on (class priority sent as vLLM's priority)"),) if pool.vllm_priority else ()),
+        *((("rebalance", "off (no endpoint moves in or out)"),) if pool.rebalance == "off" else ()),
         ("endpoints", endpoints[0]),
         *(("", line) for line in endpoints[1:]),
     ]

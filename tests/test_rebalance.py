@@ -153,3 +153,12 @@ def test_rebalance_settings_and_movable_endpoints_read_from_the_file() -> None:
         parse_config(BASE + "\n[rebalance]\ninterval = 10\nhold_time = 5\n")
     with pytest.raises(ConfigError, match="rebalance"):
         parse_config(BASE.replace("[pools.batch]\n", '[pools.batch]\nrebalance = "sometimes"\n'))
+
+
+def test_check_config_shows_rebalancing_only_when_something_can_move() -> None:
+    from router.config import render_config
+
+    assert "rebalance" not in render_config(parse_config(BASE))
+    movable = BASE.replace('max_concurrency = 128 },\n]', 'max_concurrency = 128, movable = true },\n]')
+    text = render_config(parse_config(movable))
+    assert "rebalance" in text and "max_concurrency 128, movable" in text and "hold_time" in text
