@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import trio
 
-from router.config import ConfigError, parse_config
+from router.config import ConfigError, parse_config, render_config
 from router.config_types import Config, EndpointConfig, RebalanceConfig
 from server.metrics import Metrics
 
@@ -156,8 +156,6 @@ def test_rebalance_settings_and_movable_endpoints_read_from_the_file() -> None:
 
 
 def test_check_config_shows_rebalancing_only_when_something_can_move() -> None:
-    from router.config import render_config
-
     assert "rebalance" not in render_config(parse_config(BASE))
     movable = BASE.replace('max_concurrency = 128 },\n]', 'max_concurrency = 128, movable = true },\n]')
     text = render_config(parse_config(movable))
