@@ -49,6 +49,7 @@ from bench.quick_mixed import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, pa
 from bench.router_overhead import percentile
 from bench.sim import DEFAULT_MODEL, PROFILES, EngineRequestError
 from bench.sim.tokens import count_chat_tokens
+from bench.tail_load import body_for
 from router.config_types import (
     ClassConfig,
     Config,
@@ -180,6 +181,8 @@ class Arrival:
     at: float  # seconds after the start of the run
     kind: str  # "short" | "long"
     measured: bool  # inside the measurement window
+    prompt_tokens: int | None = None  # a replayed request's own shape; None: the mix's request of its kind
+    max_tokens: int | None = None
 
 
 def request_id(index: int) -> str:
@@ -218,6 +221,7 @@ class Record:
     outcome: str = "unfinished"
     ttft: float | None = None
     e2e: float | None = None
+    at: float = math.nan  # arrival, seconds after the start of the run
 
 
 def _timings(sequence: SweepSequence, start: float, record: Record) -> None:
@@ -326,9 +330,11 @@ class _Direct:
         """Run one request to its end; leaving early (cancelled) hangs up."""
         engines = self._routes[arrival.kind]
         engine = engines[arrival.index % len(engines)]
-        sequence = engine.submit(
-            self._prompt_tokens[arrival.kind], MAX_TOKENS[arrival.kind], request_id=request_id(arrival.index), rank=arrival.index
-        )
+        if arrival.prompt_tokens is not None and arrival.max_tokens is not None:
+            prompt, max_tokens = arrival.prompt_tokens, arrival.max_tokens
+        else:
+            prompt, max_tokens = self._prompt_tokens[arrival.kind], MAX_TOKENS[arrival.kind]
+        sequence = engine.submit(prompt, max_tokens, request_id=request_id(arrival.index), rank=arrival.index)
         try:
             await sequence.wait_finished()
             _timings(sequence, start, record)
@@ -345,10 +351,21 @@ class _Routed:
     def __init__(self, router: Router) -> None:
         self._router = router
         self._payloads = payloads()
+        self._shaped: dict[tuple[int, int], dict[str, object]] = {}
+
+    def _body(self, arrival: Arrival) -> dict[str, object]:
+        """The mix's body of its kind, or for a replayed shape the body ``bench tail`` sends for it."""
+        if arrival.prompt_tokens is None or arrival.max_tokens is None:
+            return self._payloads[arrival.kind]
+        shape = (arrival.prompt_tokens, arrival.max_tokens)
+        body = self._shaped.get(shape)
+        if body is None:
+            body = self._shaped[shape] = body_for(*shape)
+        return body
 
     async def serve(self, arrival: Arrival, start: float, record: Record) -> None:
         """Run one request to its end through ``Router.open``; raises what it raises."""
-        body = self._payloads[arrival.kind]
+        body = self._body(arrival)
         request = RouterRequest(
             kind="chat",
             request_id=request_id(arrival.index),
@@ -478,12 +495,16 @@ class _Books:
         self.open_measured = 0
         self.sent = 0
 
-    async def run(self, fleet: Fleet, arrival: Arrival) -> None:
+    def book(self, arrival: Arrival) -> Record:
+        """Count an arrival as it is due, before its task runs: ``play`` must not end while it waits to start."""
         self.sent += 1
-        record = Record(arrival.kind, arrival.measured)
+        record = Record(arrival.kind, arrival.measured, at=arrival.at)
         if arrival.measured:
             self.records.append(record)
             self.open_measured += 1
+        return record
+
+    async def run(self, fleet: Fleet, arrival: Arrival, record: Record) -> None:
         try:
             await send(fleet, arrival, record)
         finally:
@@ -514,7 +535,7 @@ class _Feed:
 
     def _due(self, arrival: Arrival) -> None:
         if arrival.kind in self._kinds:
-            self._nursery.start_soon(self.books.run, self._fleet, arrival)
+            self._nursery.start_soon(self.books.run, self._fleet, arrival, self.books.book(arrival))
         self.next()
 
 

@@ -43,10 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check = commands.add_parser("check-config", help="validate a config and print the effective settings")
     check.add_argument("path", type=Path, nargs="?", default=None, help="config file (default: ./config.toml, else the shipped one)")
+    commands.add_parser("advise", help="predict the best split of engines between pools from a trace or access log (see: advise --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["advise"]:
+        from bench.advise import main as advise  # imported only here: the simulator is not needed to serve
+
+        return advise(argv[1:])
     args = build_parser().parse_args(argv)
     path: Path = args.config if getattr(args, "config", None) else (args.path if getattr(args, "path", None) else _default_config())
     try:

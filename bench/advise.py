@@ -1,0 +1,752 @@
+"""``tailguard advise``: how many GPUs go to which pool, and whether to lend, predicted in virtual time.
+
+It replays a recorded trace (``bench tail --record-trace``) or tailguard's own
+JSON access log against the virtual-time engine model of ``bench sweep``
+(``bench/sweep_sim.py``: the real router core, ``Router.open`` with its caps,
+queues and lending, in front of ``bench/sweep_engine.py``'s engines under a
+MockClock), once per candidate assignment of the fleet's engines:
+
+- every static split of the N engines between the interactive pool and the
+  batch pool (1..N-1 interactive engines), as ``bench tail``'s
+  ``disaggregated`` set-up runs them: interactive engines with that pool's
+  profile and per-endpoint cap, batch engines with the batch pool's;
+- each split again with the interactive pool lending idle seats to batch
+  requests (``[pools.interactive.lend]``) under a few rules, and under the
+  config file's own rule;
+- and two baselines: round robin over N batch-profile engines with no router
+  (``shared``), and the same without the long requests (the short-only ideal).
+
+For each it predicts short E2E P99, short TTFT P99 (failed short requests
+count as infinitely slow) and long goodput: long requests finished ok per
+second, from the trace's start to the last one's end, also as a fraction of
+``shared``'s. The recommendation is the best long goodput among candidates
+whose short E2E P99 is within 1.25x the ideal's and short TTFT P99 within
+2x; if none is, the candidate that misses those bounds by the least.
+
+Everything is in GPU seconds (the trace's own). Simulated time costs
+nothing; a candidate costs ~0.1-0.2 ms of CPU a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+from bench.router_overhead import percentile
+from bench.sim import PROFILES
+from bench.sim.params import EngineParams
+from bench.sweep_sim import CLASSES, GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
+from bench.tail_load import MAX_ARRIVALS, read_trace
+from router.config import ConfigError, load_config
+from router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
+from server.logs import ACCESS_LOGGER
+
+SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+DEFAULT_SECONDS = 120.0  # of arrivals replayed, by default
+MAX_SECONDS = 3600.0
+E2E_BOUND = 1.25  # short E2E P99 at most this times the ideal's
+TTFT_BOUND = 2.0  # short TTFT P99 at most this times the ideal's
+MAX_ENGINES = 16
+SEED = 1
+
+
+# -- the fleet -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One pool of the file, per engine: what an engine put in it runs and may take."""
+
+    config: PoolConfig
+    profile: str  # bench.sim profile of its engines (the pool's simulate_profile)
+    seats: int  # max_concurrency of each endpoint
+    queue: int  # max_queue per endpoint
+
+    @property
+    def params(self) -> EngineParams:
+        return PROFILES[self.profile]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """N engines and the two pools they may be split between, from a config file."""
+
+    engines: int
+    interactive: PoolPlan  # the first class's pool (short requests)
+    batch: PoolPlan  # the catch-all class's pool
+    base: Config
+    urls: tuple[str, ...]  # the file's endpoint URLs, interactive's first (for the snippet)
+
+    @property
+    def short_class(self) -> str:
+        return self.base.classes[0].name
+
+
+def _plan(pool: PoolConfig) -> PoolPlan:
+    endpoints = len(pool.endpoints)
+    seats = pool.endpoints[0].max_concurrency if endpoints else PROFILES[pool.simulate_profile].max_num_seqs
+    queue = math.ceil(pool.max_queue / endpoints) if endpoints else pool.max_queue
+    return PoolPlan(pool, pool.simulate_profile, seats, queue)
+
+
+def fleet_from(config: Config, engines: int | None) -> Fleet:
+    """The fleet a config describes: its first class's pool and its catch-all's, and their engines.
+
+    Raises ValueError when the config has no such two pools, or classes routed elsewhere.
+    """
+    first, last = config.classes[0], config.classes[-1]
+    if first.pool == last.pool:
+        raise ValueError(
+            f"classes {first.name!r} and {last.name!r} share pool {first.pool!r}: advise splits engines between two pools"
+        )
+    stray = [k.name for k in config.classes if k.pool not in (first.pool, last.pool)]
+    if stray:
+        raise ValueError(f"classes {', '.join(stray)} use a third pool; advise splits engines between {first.pool!r} and {last.pool!r}")
+    interactive, batch = config.pool(first.pool), config.pool(last.pool)
+    urls = tuple(e.url for e in interactive.endpoints) + tuple(e.url for e in batch.endpoints)
+    count = engines if engines is not None else len(urls)
+    if not 2 <= count <= MAX_ENGINES:
+        raise ValueError(f"{count} engines: advise splits 2 to {MAX_ENGINES} engines (give --engines)")
+    return Fleet(count, _plan(interactive), _plan(batch), config, urls)
+
+
+# -- candidates --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An assignment: engines per pool, and what the interactive pool lends to batch."""
+
+    interactive: int
+    batch: int
+    rule: str  # "static", or which lending rule
+    lend: LendConfig = LendConfig()
+
+    @property
+    def name(self) -> str:
+        return f"{self.interactive}:{self.batch} {self.rule}"
+
+    @property
+    def lends(self) -> bool:
+        return bool(self.lend.to)
+
+
+def _scaled(value: int | None, factor: float, floor: int) -> int | None:
+    return None if value is None else max(floor, round(value * factor))
+
+
+def lending_rules(fleet: Fleet, interactive: int) -> list[tuple[str, LendConfig]]:
+    """The lending rules tried for a split with ``interactive`` engines in the interactive pool.
+
+    Halves and quarters are of the pool's seats; the prefill budget is half
+    the lender's step budget (a borrowed prefill then stalls a step by at
+    most half what a full chunk does). The file's own rule is scaled from
+    its endpoints to this split's.
+    """
+    plan, to = fleet.interactive, (fleet.batch.config.name,)
+    seats = plan.seats * interactive
+    rules = [
+        (f"lend {seats // 8}, keep {seats // 2}", LendConfig(to, max_seats=max(1, seats // 8), reserve=seats // 2)),
+        (f"lend {seats // 2}, keep {seats // 4}", LendConfig(to, max_seats=max(1, seats // 2), reserve=seats // 4)),
+        (
+            f"lend {seats // 2}, keep {seats // 4}, prompt <= {plan.params.max_num_batched_tokens // 2}",
+            LendConfig(to, max_seats=max(1, seats // 2), reserve=seats // 4, max_prompt_tokens=plan.params.max_num_batched_tokens // 2),
+        ),
+        ("lend any idle", LendConfig(to)),
+    ]
+    own = plan.config.lend
+    if fleet.batch.config.name in own.to:
+        factor = interactive / max(1, len(plan.config.endpoints))
+        reserve = min(seats - 1, _scaled(own.reserve, factor, 0) or 0)
+        scaled = dataclasses.replace(own, to=to, max_seats=_scaled(own.max_seats, factor, 1), reserve=reserve)
+        if all(scaled != lend for _, lend in rules):
+            rules.append(("config's lend", scaled))
+    return rules
+
+
+def candidates(fleet: Fleet) -> list[Candidate]:
+    """Every static split, and every split under every lending rule."""
+    found: list[Candidate] = []
+    for interactive in range(1, fleet.engines):
+        batch = fleet.engines - interactive
+        found.append(Candidate(interactive, batch, "static"))
+        found += [Candidate(interactive, batch, rule, lend) for rule, lend in lending_rules(fleet, interactive)]
+    return found
+
+
+def stall_ms(fleet: Fleet, candidate: Candidate) -> float:
+    """The most one borrowed prefill adds to a step of the lender's engine (0: nothing lent).
+
+    A prefill runs in chunks of at most the engine's step budget, so a
+    borrower's prompt over it stalls several steps by the chunk's time each.
+    """
+    if not candidate.lends:
+        return 0.0
+    params = fleet.interactive.params
+    budget = candidate.lend.max_prompt_tokens or params.max_num_batched_tokens
+    return min(budget, params.max_num_batched_tokens) / params.prefill_tokens_per_ms
+
+
+def engine_url(index: int) -> str:
+    return f"http://gpu-{index}:8000"
+
+
+def _pool_config(plan: PoolPlan, urls: Sequence[str], lend: LendConfig) -> PoolConfig:
+    return dataclasses.replace(
+        plan.config,
+        endpoints=tuple(EndpointConfig(url, plan.seats) for url in urls),
+        max_concurrency=plan.seats * len(urls),
+        max_queue=plan.queue * len(urls),
+        lend=lend,
+        rebalance="off",
+    )
+
+
+def candidate_config(fleet: Fleet, candidate: Candidate) -> Config:
+    """The file's config with its two pools replaced by the candidate's (no auth, nothing movable)."""
+    urls = [engine_url(i) for i in range(fleet.engines)]
+    pools = (
+        _pool_config(fleet.interactive, urls[: candidate.interactive], candidate.lend),
+        _pool_config(fleet.batch, urls[candidate.interactive :], LendConfig()),
+    )
+    return dataclasses.replace(fleet.base, pools=pools, auth=AuthConfig(), digest="advise")
+
+
+def candidate_setup(fleet: Fleet, candidate: Candidate) -> Setup:
+    urls = [engine_url(i) for i in range(fleet.engines)]
+    engines = tuple((url, fleet.interactive.profile if i < candidate.interactive else fleet.batch.profile) for i, url in enumerate(urls))
+    return Setup(candidate.name, engines, config=candidate_config(fleet, candidate), description=candidate.name)
+
+
+def shared_setup(fleet: Fleet, name: str = "shared round robin") -> Setup:
+    """Round robin over every engine, all with the batch pool's profile, no router."""
+    urls = tuple(engine_url(i) for i in range(fleet.engines))
+    return Setup(name, tuple((url, fleet.batch.profile) for url in urls), direct={kind: urls for kind in CLASSES})
+
+
+# -- the traffic ---------------------------------------------------------------------------
+
+
+def arrivals_from_trace(path: Path, seconds: float) -> list[Arrival]:
+    """A ``bench tail --record-trace`` file (GPU seconds), its first ``seconds`` of arrivals."""
+    rows = read_trace(path, 1.0, 0.0, seconds)
+    return [Arrival(i, a.at, a.kind, True, a.prompt, a.max_tokens) for i, a in enumerate(rows)]
+
+
+def _log_time(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def arrivals_from_access_log(path: Path, short_class: str, seconds: float) -> list[Arrival]:
+    """tailguard's JSON access lines: each request's arrival (its line's time less its E2E) and shape.
+
+    Lines that are not JSON access lines, or lack the estimated prompt or
+    max_tokens (refused before they were read), are skipped. A request is
+    short when its class was ``short_class``. Time starts at the first arrival.
+    """
+    found: list[tuple[float, str, int, int]] = []
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(row, dict) or row.get("logger") != ACCESS_LOGGER:
+                continue
+            prompt, max_tokens, stamp = row.get("prompt_tokens_est"), row.get("max_tokens"), row.get("ts")
+            if not (isinstance(prompt, int) and isinstance(max_tokens, int) and isinstance(stamp, str)) or prompt < 1 or max_tokens < 1:
+                continue
+            try:
+                at = _log_time(stamp) - float(row.get("e2e_ms") or 0.0) / 1000
+            except (ValueError, TypeError):
+                continue
+            found.append((at, "short" if row.get("class") == short_class else "long", prompt, max_tokens))
+    found.sort()
+    if not found:
+        return []
+    origin = found[0][0]
+    kept = [row for row in found if row[0] - origin < seconds][:MAX_ARRIVALS]
+    return [Arrival(i, at - origin, kind, True, prompt, out) for i, (at, kind, prompt, out) in enumerate(kept)]
+
+
+def fit(arrivals: Sequence[Arrival], config: Config) -> tuple[list[Arrival], int]:
+    """The arrivals the router would take, max_tokens clamped as it would; and how many were dropped.
+
+    Dropped: prompts over the input cap (with a margin for the router's own
+    estimate of the replayed text), max_tokens over the output cap in reject
+    mode, or more than the pools' context.
+    """
+    limits = config.limits
+    context = min(pool.max_model_len for pool in config.pools)
+    kept: list[Arrival] = []
+    for a in arrivals:
+        prompt, out = a.prompt_tokens or 0, a.max_tokens or 0
+        if out > limits.output_cap_tokens:
+            if limits.over_cap == "reject":
+                continue
+            out = limits.output_cap_tokens
+        if prompt + 16 > limits.input_cap_tokens or prompt + out > context or prompt < 8:
+            continue
+        kept.append(Arrival(len(kept), a.at, a.kind, True, prompt, out))
+    return kept, len(arrivals) - len(kept)
+
+
+# -- the simulation --------------------------------------------------------------------------
+
+
+def simulate(setup: Setup, arrivals: Sequence[Arrival]) -> list[Record]:
+    """Every arrival's fate under ``setup``, in one Trio run under a MockClock (virtual time)."""
+
+    async def run(clock: trio.testing.MockClock) -> list[Record]:
+        window_end = (arrivals[-1].at if arrivals else 0.0) + 1.0
+        async with open_fleet(setup, SEED, clock) as fleet:
+            books = await play(fleet, arrivals, setup.kinds, window_end)
+        return books.records
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        return trio.run(run, clock, clock=clock)
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+@dataclass(frozen=True)
+class Fate:
+    """One request's outcome, GPU seconds from the trace's start."""
+
+    kind: str
+    at: float
+    ok: bool
+    ttft: float | None
+    e2e: float | None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A set-up's numbers on the trace, GPU seconds."""
+
+    short_n: int
+    short_failed: int
+    short_e2e_p99: float  # inf when more than 1% of short requests failed
+    short_ttft_p99: float
+    long_n: int
+    long_ok: int
+    long_goodput: float  # long requests finished ok per second, from the trace's start to the last one's end
+
+
+def _p99(values: Iterable[float | None], failed: int) -> float:
+    return percentile(sorted([v for v in values if v is not None] + [math.inf] * failed), 99)
+
+
+def stats_of(fates: Sequence[Fate]) -> Stats:
+    """The numbers advise predicts, from fates simulated or measured (``bench tail --samples``)."""
+    short = [f for f in fates if f.kind == "short"]
+    ok_short = [f for f in short if f.ok]
+    failed = len(short) - len(ok_short)
+    ok_long = [f for f in fates if f.kind == "long" and f.ok and f.e2e is not None]
+    end = max((f.at + (f.e2e or 0.0) for f in ok_long), default=0.0)
+    return Stats(
+        short_n=len(short),
+        short_failed=failed,
+        short_e2e_p99=_p99((f.e2e for f in ok_short), failed),
+        short_ttft_p99=_p99((f.ttft for f in ok_short), failed),
+        long_n=sum(1 for f in fates if f.kind == "long"),
+        long_ok=len(ok_long),
+        long_goodput=len(ok_long) / end if end > 0 else 0.0,
+    )
+
+
+def fates_of(records: Sequence[Record]) -> list[Fate]:
+    return [Fate(r.kind, r.at, r.outcome == "ok", r.ttft, r.e2e) for r in records]
+
+
+def fates_from_samples(path: Path, time_scale: float) -> list[Fate]:
+    """``bench tail --samples`` JSONL (real seconds) as fates in GPU seconds."""
+    fates = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+
+        def gpu(key: str) -> float | None:
+            value = row.get(key)
+            return None if value is None else float(value) / time_scale
+
+        fates.append(Fate(str(row["kind"]), float(row["at"]) / time_scale, row["outcome"] == "ok", gpu("ttft"), gpu("e2e")))
+    return fates
+
+
+def _run_one(item: tuple[Setup, Sequence[Arrival]]) -> Stats:
+    setup, arrivals = item
+    return stats_of(fates_of(simulate(setup, arrivals)))
+
+
+def run_all(setups: Sequence[Setup], arrivals: Sequence[Arrival], jobs: int) -> list[Stats]:
+    """Each set-up's stats, in ``jobs`` processes (forked) when more than one."""
+    shorts = [dataclasses.replace(a, index=i) for i, a in enumerate(a for a in arrivals if a.kind == "short")]
+    items = [(s, shorts if s.kinds == ("short",) else arrivals) for s in setups]
+    if jobs <= 1:
+        return [_run_one(item) for item in items]
+    with multiprocessing.get_context("fork").Pool(min(jobs, len(items))) as pool:
+        return pool.map(_run_one, items, chunksize=1)
+
+
+# -- the verdict ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    candidate: Candidate
+    stats: Stats
+    e2e_ratio: float  # short E2E P99 / the ideal's
+    ttft_ratio: float
+    goodput_ratio: float  # long goodput / shared round robin's
+    stall_ms: float
+
+    @property
+    def meets(self) -> bool:
+        return self.e2e_ratio <= E2E_BOUND and self.ttft_ratio <= TTFT_BOUND
+
+    @property
+    def miss(self) -> float:
+        """How far outside the bounds, as a multiple of the tighter one (<= 1: within)."""
+        return max(self.e2e_ratio / E2E_BOUND, self.ttft_ratio / TTFT_BOUND)
+
+
+@dataclass
+class Advice:
+    fleet: Fleet
+    arrivals: int
+    dropped: int
+    seconds: float  # of arrivals replayed
+    ideal: Stats
+    shared: Stats
+    predictions: list[Prediction]
+    recommended: Prediction
+    met: bool  # the recommendation meets both bounds
+    wall_s: float = 0.0
+    source: str = ""
+
+
+def _ratio(value: float, base: float) -> float:
+    if math.isnan(value) or math.isnan(base):
+        return math.nan
+    if base <= 0:
+        return math.inf if value > 0 else 1.0
+    return value / base
+
+
+def recommend(predictions: Sequence[Prediction]) -> tuple[Prediction, bool]:
+    """The best long goodput within the bounds (ties: lower short P99); else the least miss.
+
+    A lending candidate whose lending changes nothing predicts the same as its
+    static split; the static one is preferred then (it has fewer settings).
+    """
+    within = [p for p in predictions if p.meets]
+    if within:
+        best = max(within, key=lambda p: (round(p.stats.long_goodput, 9), -p.stats.short_e2e_p99, not p.candidate.lends))
+        return best, True
+    return min(predictions, key=lambda p: (p.miss, -p.stats.long_goodput, p.candidate.lends)), False
+
+
+def advise(fleet: Fleet, arrivals: Sequence[Arrival], *, jobs: int = 1, seconds: float = math.nan, source: str = "") -> Advice:
+    """Simulate the baselines and every candidate on ``arrivals``; pick one."""
+    started = time.perf_counter()
+    kept, dropped = fit(arrivals, candidate_config(fleet, Candidate(1, fleet.engines - 1, "static")))
+    if not any(a.kind == "short" for a in kept):
+        raise ValueError("the traffic has no short request: there is no split to protect it with")
+    found = candidates(fleet)
+    setups = [shared_setup(fleet), dataclasses.replace(shared_setup(fleet, "short-only ideal"), kinds=("short",))]
+    setups += [candidate_setup(fleet, c) for c in found]
+    shared, ideal, *rest = run_all(setups, kept, jobs)
+    predictions = [
+        Prediction(
+            c,
+            s,
+            _ratio(s.short_e2e_p99, ideal.short_e2e_p99),
+            _ratio(s.short_ttft_p99, ideal.short_ttft_p99),
+            _ratio(s.long_goodput, shared.long_goodput),
+            stall_ms(fleet, c),
+        )
+        for c, s in zip(found, rest)
+    ]
+    best, met = recommend(predictions)
+    span = kept[-1].at if kept else 0.0
+    return Advice(fleet, len(kept), dropped, span if math.isnan(seconds) else min(span, seconds), ideal, shared, predictions, best, met, time.perf_counter() - started, source)
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def _s(value: float) -> str:
+    return "fail" if math.isinf(value) else "-" if math.isnan(value) else f"{value:.3f}"
+
+
+def _x(value: float) -> str:
+    return "inf" if math.isinf(value) else "-" if math.isnan(value) else f"{value:.2f}"
+
+
+def table(advice: Advice) -> str:
+    """Markdown: the baselines, then every candidate, the recommended one marked."""
+    rows = [
+        "| set-up | lending (interactive -> batch) | borrowed prefill stall per step, ms | short E2E P99 s | x ideal | short TTFT P99 s | x ideal "
+        "| short failed | long finished/s | x round robin | within bounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in (("short-only ideal", advice.ideal), ("shared round robin", advice.shared)):
+        rows.append(
+            f"| {name} | - | - | {_s(s.short_e2e_p99)} | - | {_s(s.short_ttft_p99)} | - | {s.short_failed} "
+            f"| {s.long_goodput:.2f} | - | - |"
+        )
+    for p in advice.predictions:
+        s, c = p.stats, p.candidate
+        mark = " **<- recommended**" if p is advice.recommended else ""
+        split = f"{c.interactive}:{c.batch}"
+        rows.append(
+            f"| {split}{mark} | {c.rule} | {p.stall_ms:.0f} | {_s(s.short_e2e_p99)} | {_x(p.e2e_ratio)} | {_s(s.short_ttft_p99)} "
+            f"| {_x(p.ttft_ratio)} | {s.short_failed} | {s.long_goodput:.2f} | {_x(p.goodput_ratio)} | {'yes' if p.meets else 'no'} |"
+        )
+    return "\n".join(rows)
+
+
+def _lend_lines(lend: LendConfig) -> list[str]:
+    lines = [f"to = {json.dumps(list(lend.to))}"]
+    if lend.to:
+        if lend.max_seats is not None:
+            lines.append(f"max_seats = {lend.max_seats}")
+        lines.append(f"reserve = {lend.reserve}")
+        if lend.max_prompt_tokens is not None:
+            lines.append(f"max_prompt_tokens = {lend.max_prompt_tokens}")
+        if lend.max_output_tokens is not None:
+            lines.append(f"max_output_tokens = {lend.max_output_tokens}")
+    return lines
+
+
+def _profile_note(name: str, plan: PoolPlan) -> str:
+    p = plan.params
+    return f"# {name}: vLLM --max-num-seqs {p.max_num_seqs} --max-num-batched-tokens {p.max_num_batched_tokens} (the {plan.profile!r} profile)"
+
+
+def snippet(fleet: Fleet, candidate: Candidate) -> str:
+    """The config.toml lines that make ``candidate``: both pools' endpoints and caps, and the lend table.
+
+    The file's endpoint URLs are used in order (its interactive pool's
+    first); engines beyond them get placeholder URLs to fill in.
+    """
+    urls = list(fleet.urls[: fleet.engines]) + [engine_url(i) for i in range(len(fleet.urls), fleet.engines)]
+    out = [
+        f"# tailguard advise: {candidate.interactive} engine(s) interactive, {candidate.batch} batch; {candidate.rule}.",
+        "# Keys not shown stay as they are in your config.",
+        _profile_note("interactive engines", fleet.interactive),
+        _profile_note("batch engines", fleet.batch),
+    ]
+    parts = (
+        (fleet.interactive, urls[: candidate.interactive], candidate.lend),
+        (fleet.batch, urls[candidate.interactive :], None),
+    )
+    for plan, mine, lend in parts:
+        out += [
+            f"[pools.{plan.config.name}]",
+            f"max_concurrency = {plan.seats * len(mine)}",
+            f"max_queue = {plan.queue * len(mine)}",
+            "endpoints = [",
+            *(f'    {{ url = "{url}", max_concurrency = {plan.seats} }},' for url in mine),
+            "]",
+            "",
+        ]
+        if lend is not None:
+            out += [f"[pools.{plan.config.name}.lend]", *_lend_lines(lend), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def report(advice: Advice) -> str:
+    fleet, best = advice.fleet, advice.recommended
+    s = best.stats
+    head = (
+        f"{advice.source}: {advice.arrivals} requests over {advice.seconds:.1f} s (GPU time)"
+        + (f", {advice.dropped} dropped (over the router's caps)" if advice.dropped else "")
+        + f"; {fleet.engines} engines: interactive pool {fleet.interactive.profile!r} (cap {fleet.interactive.seats} each), "
+        f"batch pool {fleet.batch.profile!r} (cap {fleet.batch.seats} each); {len(advice.predictions)} candidates "
+        f"in {advice.wall_s:.1f} s of CPU wall time. Bounds: short E2E P99 <= {E2E_BOUND:g}x and short TTFT P99 <= "
+        f"{TTFT_BOUND:g}x the short-only ideal's. Long finished/s: long requests finished ok per second from the "
+        "trace's start to the last one's end."
+    )
+    verdict = (
+        f"Recommended: {best.candidate.name} -- short E2E P99 {_s(s.short_e2e_p99)} s ({_x(best.e2e_ratio)}x ideal), "
+        f"short TTFT P99 {_s(s.short_ttft_p99)} s ({_x(best.ttft_ratio)}x), long {s.long_goodput:.2f}/s "
+        f"({_x(best.goodput_ratio)}x round robin)."
+    )
+    if not advice.met:
+        verdict = (
+            f"No candidate meets both bounds. Best trade-off (the least over them, then the most long goodput): {verdict[len('Recommended: ') :]}"
+        )
+    return "\n\n".join([head, table(advice), verdict, "```toml\n" + snippet(fleet, best.candidate) + "```"]) + "\n"
+
+
+def advice_json(advice: Advice) -> dict[str, Any]:
+    def pred(p: Prediction) -> dict[str, Any]:
+        return {"candidate": p.candidate.name, "lend": dataclasses.asdict(p.candidate.lend), "stats": dataclasses.asdict(p.stats),
+                "e2e_vs_ideal": p.e2e_ratio, "ttft_vs_ideal": p.ttft_ratio, "goodput_vs_shared": p.goodput_ratio,
+                "stall_ms": p.stall_ms, "meets": p.meets}
+
+    def safe(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: safe(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [safe(v) for v in value]
+        return value
+
+    found: dict[str, Any] = safe({
+        "source": advice.source,
+        "engines": advice.fleet.engines,
+        "arrivals": advice.arrivals,
+        "dropped": advice.dropped,
+        "seconds": advice.seconds,
+        "wall_s": advice.wall_s,
+        "ideal": dataclasses.asdict(advice.ideal),
+        "shared": dataclasses.asdict(advice.shared),
+        "candidates": [pred(p) for p in advice.predictions],
+        "recommended": advice.recommended.candidate.name,
+        "meets_bounds": advice.met,
+    })
+    return found
+
+
+# -- checking a prediction against bench tail ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """Predicted against measured for one static split, from ``bench tail --samples`` files."""
+
+    split: str
+    predicted: Stats
+    measured: Stats
+    measured_ideal: Stats
+    measured_shared: Stats
+
+
+def _one(directory: Path, setup: str) -> Path:
+    found = sorted(directory.glob(f"*-{setup}-load*.jsonl"))
+    if len(found) != 1:
+        raise ValueError(f"{directory}: expected one *-{setup}-load*.jsonl (bench tail --samples), found {len(found)}")
+    return found[0]
+
+
+def compare(advice: Advice, split: tuple[int, int], directory: Path, time_scale: float) -> Check:
+    """The static ``split``'s prediction beside bench tail's disaggregated, shared and short-only samples."""
+    predicted = next(p.stats for p in advice.predictions if (p.candidate.interactive, p.candidate.batch) == split and not p.candidate.lends)
+
+    def measured(setup: str) -> Stats:
+        return stats_of(fates_from_samples(_one(directory, setup), time_scale))
+
+    return Check(f"{split[0]}:{split[1]}", predicted, measured("disaggregated"), measured("short-only"), measured("shared"))
+
+
+def check_table(check: Check, advice: Advice) -> str:
+    def row(name: str, predicted: float, measured: float, fmt: str = "{:.3f}") -> str:
+        off = (predicted - measured) / measured if measured and math.isfinite(measured) and math.isfinite(predicted) else math.nan
+        return f"| {name} | {fmt.format(predicted)} | {fmt.format(measured)} | {off:+.1%} |"
+
+    p, m = check.predicted, check.measured
+    return "\n".join([
+        f"| {check.split} static, GPU s | predicted (virtual time) | measured (bench tail, real time) | predicted vs measured |",
+        "|---|---|---|---|",
+        row("short E2E P99", p.short_e2e_p99, m.short_e2e_p99),
+        row("short TTFT P99", p.short_ttft_p99, m.short_ttft_p99),
+        row("long finished/s", p.long_goodput, m.long_goodput, "{:.2f}"),
+        row("short-only ideal: short E2E P99", advice.ideal.short_e2e_p99, check.measured_ideal.short_e2e_p99),
+        row("short-only ideal: short TTFT P99", advice.ideal.short_ttft_p99, check.measured_ideal.short_ttft_p99),
+        row("shared round robin: long finished/s", advice.shared.long_goodput, check.measured_shared.long_goodput, "{:.2f}"),
+        row("shared round robin: short E2E P99", advice.shared.short_e2e_p99, check.measured_shared.short_e2e_p99),
+    ])
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def default_config() -> Path:
+    local = Path("config.toml")
+    return local if local.exists() else SHIPPED_CONFIG
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tailguard advise", description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="a bench tail --record-trace JSONL (at in GPU s, prompt_tokens, max_tokens, class)")
+    source.add_argument("--access-log", type=Path, help="tailguard's own JSON log; its tailguard.access lines are replayed")
+    add = parser.add_argument
+    add("--config", type=Path, default=None, help="the pools, endpoints and caps (default: ./config.toml, else the shipped one)")
+    add("--engines", type=int, default=None, help="engines to split (default: the endpoints of the config's two pools)")
+    add("--seconds", type=float, default=DEFAULT_SECONDS, help=f"replay at most this many seconds of arrivals (default %(default)g, at most {MAX_SECONDS:g})")
+    add("--jobs", type=int, default=1, help="processes to simulate candidates in (default %(default)s)")
+    add("--json", type=Path, default=None, help="also write every prediction as JSON here")
+    add("--compare-samples", type=Path, default=None, help="a bench tail --samples folder (disaggregated, shared, short-only at one load) to set beside the prediction")
+    add("--compare-split", default=None, help="the I:B split that bench tail run used (with --compare-samples)")
+    add("--time-scale", type=float, default=4.0, help="that run's --time-scale (default %(default)g)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0 < args.seconds <= MAX_SECONDS or args.jobs < 1 or args.time_scale <= 0:
+        parser.error(f"--seconds must be in (0, {MAX_SECONDS:g}], --jobs and --time-scale positive")
+    if (args.compare_samples is None) != (args.compare_split is None):
+        parser.error("--compare-samples and --compare-split go together")
+    path: Path = args.config or default_config()
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        print(f"tailguard: {path}: invalid config\n{error}", file=sys.stderr)
+        return 2
+    try:
+        fleet = fleet_from(config, args.engines)
+        if args.trace is not None:
+            arrivals, source = arrivals_from_trace(args.trace, args.seconds), str(args.trace)
+        else:
+            arrivals, source = arrivals_from_access_log(args.access_log, fleet.short_class, args.seconds), str(args.access_log)
+        if len(arrivals) < 2:
+            raise ValueError(f"{source}: fewer than two requests to replay")
+        result = advise(fleet, arrivals, jobs=args.jobs, seconds=args.seconds, source=source)
+        split = None
+        if args.compare_split is not None:
+            left, _, right = args.compare_split.partition(":")
+            split = (int(left), int(right))
+    except (OSError, ValueError) as error:
+        print(f"tailguard advise: {error}", file=sys.stderr)
+        return 2
+    print(report(result), end="")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(advice_json(result), indent=2) + "\n")
+    if split is not None and args.compare_samples is not None:
+        try:
+            check = compare(result, split, args.compare_samples, args.time_scale)
+        except (OSError, ValueError, StopIteration) as error:
+            print(f"tailguard advise: {error}", file=sys.stderr)
+            return 2
+        print("\n" + check_table(check, result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

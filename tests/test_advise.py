@@ -1,0 +1,202 @@
+"""``tailguard advise``: candidate splits and lending rules replayed in virtual time, and the recommendation."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from bench.advise import (
+    SHIPPED_CONFIG,
+    Advice,
+    Fate,
+    advise,
+    arrivals_from_access_log,
+    arrivals_from_trace,
+    fleet_from,
+    snippet,
+    stats_of,
+)
+from bench.sweep_sim import Arrival
+from router.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_TRACE = ROOT / "bench" / "results" / "tail" / "example-trace.jsonl"
+
+# Two engines whose batch pool holds at most 8 requests (a pool that fills, as
+# 32-seat pools do in the issue): what lending can help with.
+SMALL_POOLS = """
+[pools.interactive]
+max_concurrency = 64
+max_queue = 256
+max_model_len = 32768
+models = ["sim-llama-3.1-8b"]
+simulate_profile = "latency"
+endpoints = [{ url = "http://127.0.0.1:8001", max_concurrency = 64 }]
+
+[pools.batch]
+max_concurrency = 8
+max_queue = 512
+max_model_len = 32768
+models = ["sim-llama-3.1-8b"]
+simulate_profile = "throughput"
+endpoints = [{ url = "http://127.0.0.1:8002", max_concurrency = 8 }]
+
+[classes.interactive]
+pool = "interactive"
+max_prompt_tokens = 500
+max_output_tokens = 128
+queue_timeout = 3.0
+priority = 0
+
+[classes.batch]
+pool = "batch"
+queue_timeout = 30.0
+priority = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def example_advice() -> tuple[Advice, float]:
+    """advise on the committed example trace with 4 engines, and the wall seconds it took."""
+    started = time.perf_counter()
+    advice = advise(fleet_from(load_config(SHIPPED_CONFIG), 4), arrivals_from_trace(EXAMPLE_TRACE, 120.0), source="example")
+    return advice, time.perf_counter() - started
+
+
+def test_example_trace_recommends_a_split_in_seconds(example_advice: tuple[Advice, float]) -> None:
+    advice, wall = example_advice
+    assert wall < 30  # ~1 s alone on a laptop core; bounded loosely for a busy CI machine
+    assert advice.arrivals == 239 and advice.dropped == 0
+    assert advice.ideal.short_failed == advice.shared.short_failed == 0 and advice.ideal.short_n == 196
+    splits = {(p.candidate.interactive, p.candidate.batch) for p in advice.predictions}
+    assert splits == {(1, 3), (2, 2), (3, 1)}
+    assert sum(not p.candidate.lends for p in advice.predictions) == 3  # one static candidate per split
+    # Mixing both classes on every engine is what the split is for: round robin inflates short P99.
+    assert advice.shared.short_e2e_p99 > 1.5 * advice.ideal.short_e2e_p99
+    best = advice.recommended
+    assert advice.met and best.meets
+    assert best.e2e_ratio <= 1.25 and best.ttft_ratio <= 2.0
+    assert best.stats.short_failed == 0 and best.stats.long_ok == best.stats.long_n > 0
+    # The best long goodput of those within the bounds.
+    assert best.stats.long_goodput == max(p.stats.long_goodput for p in advice.predictions if p.meets)
+    # A split that starves the batch pool loses long goodput against round robin.
+    three_one = next(p for p in advice.predictions if p.candidate.name == "3:1 static")
+    assert three_one.goodput_ratio < best.goodput_ratio
+
+
+def test_lending_never_loses_long_goodput_on_the_example(example_advice: tuple[Advice, float]) -> None:
+    """Work conservation: each lending rule predicts at least its static split's long goodput."""
+    advice, _ = example_advice
+    static = {(p.candidate.interactive, p.candidate.batch): p.stats.long_goodput for p in advice.predictions if not p.candidate.lends}
+    lending = [p for p in advice.predictions if p.candidate.lends]
+    assert lending
+    for p in lending:
+        assert p.stats.long_goodput >= static[(p.candidate.interactive, p.candidate.batch)] - 1e-9, p.candidate.name
+
+
+def _long_heavy(seconds: float) -> list[Arrival]:
+    """One short request a second, three long documents a second (2,021 prompt tokens, 512 out)."""
+    arrivals = [Arrival(0, t / 3, "long", True, 2021, 512) for t in range(int(seconds * 3))]
+    arrivals += [Arrival(0, t + 0.5, "short", True, 20, 64) for t in range(int(seconds))]
+    arrivals.sort(key=lambda a: a.at)
+    return [Arrival(i, a.at, a.kind, True, a.prompt_tokens, a.max_tokens) for i, a in enumerate(arrivals)]
+
+
+def test_lending_seats_waiting_batch_requests_on_idle_interactive_engines(tmp_path: Path) -> None:
+    """A batch pool at its cap with the interactive engine idle: lending finishes long work sooner."""
+    path = tmp_path / "config.toml"
+    path.write_text(SMALL_POOLS)
+    advice = advise(fleet_from(load_config(path), None), _long_heavy(20.0))
+    static = next(p for p in advice.predictions if p.candidate.name == "1:1 static")
+    lenders = [p for p in advice.predictions if p.candidate.lends]
+    assert static.stats.long_ok == static.stats.long_n  # no long request failed: only their pace differs
+    # Every replayed request ends, the last one too (a finite replay used to cut it off now and then).
+    assert advice.ideal.short_failed == advice.shared.short_failed == 0
+    assert advice.ideal.short_n == advice.shared.short_n == 20
+    for p in lenders:
+        assert p.stats.long_goodput >= static.stats.long_goodput, p.candidate.name
+    generous = next(p for p in lenders if p.candidate.rule == "lend any idle")
+    assert generous.stats.long_goodput > 1.5 * static.stats.long_goodput
+    # The price is paid by the short requests that share the lender's steps.
+    assert generous.stats.short_ttft_p99 > static.stats.short_ttft_p99
+    assert generous.stall_ms == pytest.approx(2048 / 25)
+
+
+def test_cli_prints_the_table_and_the_snippet() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "advise", "--trace", str(EXAMPLE_TRACE), "--engines", "4", "--config", str(SHIPPED_CONFIG)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Recommended: " in out and "short-only ideal" in out and "shared round robin" in out
+    toml_text = out.split("```toml\n", 1)[1].split("```", 1)[0]
+    pools = tomllib.loads(toml_text)["pools"]
+    assert len(pools["interactive"]["endpoints"]) + len(pools["batch"]["endpoints"]) == 4
+    assert "lend" in pools["interactive"]
+
+
+def test_cli_refuses_a_missing_trace(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "advise", "--trace", str(tmp_path / "none.jsonl"), "--engines", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "none.jsonl" in done.stderr
+
+
+def test_snippet_for_a_lending_candidate_is_a_config_fragment(example_advice: tuple[Advice, float]) -> None:
+    advice, _ = example_advice
+    candidate = next(p.candidate for p in advice.predictions if p.candidate.name.startswith("2:2 lend") and p.candidate.lend.max_seats)
+    pools = tomllib.loads(snippet(advice.fleet, candidate))["pools"]
+    assert [e["max_concurrency"] for e in pools["interactive"]["endpoints"]] == [64, 64]
+    assert pools["interactive"]["max_concurrency"] == 128 and pools["batch"]["max_concurrency"] == 512
+    assert pools["interactive"]["lend"]["to"] == ["batch"]
+    assert pools["interactive"]["lend"]["max_seats"] == candidate.lend.max_seats
+
+
+def test_access_log_lines_become_arrivals(tmp_path: Path) -> None:
+    """Arrival = the line's time less its E2E; class names the short ones; other lines skipped."""
+
+    def line(ts: str, klass: str, prompt: int | None, max_tokens: int, e2e_ms: float) -> str:
+        fields = {"prompt_tokens_est": prompt, "max_tokens": max_tokens, "class": klass, "e2e_ms": e2e_ms, "status": 200}
+        return json.dumps({"ts": ts, "level": "INFO", "logger": "tailguard.access", "msg": "http chat 200 ok", **fields})
+
+    log = tmp_path / "tailguard.log"
+    log.write_text(
+        "\n".join([
+            line("2025-01-01T00:00:10.500Z", "batch", 2000, 512, 8000.0),  # arrived at 2.5
+            json.dumps({"ts": "2025-01-01T00:00:03.000Z", "level": "INFO", "logger": "tailguard.reload", "msg": "reloaded"}),
+            line("2025-01-01T00:00:03.000Z", "interactive", 20, 64, 500.0),  # arrived at 2.5 too
+            line("2025-01-01T00:00:04.000Z", "interactive", None, 64, 1.0),  # refused before it was read
+            "not json",
+            line("2025-01-01T00:00:05.250Z", "interactive", 30, 32, 250.0),  # arrived at 5.0
+        ])
+        + "\n"
+    )
+    arrivals = arrivals_from_access_log(log, "interactive", 120.0)
+    assert [(a.kind, a.prompt_tokens, a.max_tokens) for a in arrivals] == [("long", 2000, 512), ("short", 20, 64), ("short", 30, 32)]
+    assert [a.at for a in arrivals] == pytest.approx([0.0, 0.0, 2.5])
+    assert [a.index for a in arrivals] == [0, 1, 2]
+    assert arrivals_from_access_log(log, "interactive", 1.0)[-1].at == 0.0  # --seconds bounds the replay
+
+
+def test_stats_count_failed_short_requests_as_slowest() -> None:
+    fates = [Fate("short", 0.0, True, 0.01, 0.5)] * 98 + [Fate("short", 0.0, False, None, None)] * 2
+    fates += [Fate("long", 1.0, True, 0.1, 9.0), Fate("long", 2.0, False, None, None)]
+    stats = stats_of(fates)
+    assert stats.short_failed == 2 and math.isinf(stats.short_e2e_p99) and math.isinf(stats.short_ttft_p99)
+    assert stats.long_ok == 1 and stats.long_goodput == pytest.approx(1 / 10.0)
+    assert stats_of(fates[:98]).short_e2e_p99 == 0.5
