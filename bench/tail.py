@@ -16,6 +16,23 @@ seeded arrivals are played against, one after another:
   ``disaggregated`` is the router's own added latency;
 - ``short-only``: ``shared`` with the long requests removed: the ideal short P99.
 
+Work-conserving set-ups (issue 12), on ``disaggregated``'s split unless said:
+
+- ``lend``: the interactive pool lends idle seats to batch requests under a rule
+  (``--lend-rule``: prefill budget, reserve, seats at most; one set-up per rule),
+  and the batch pool lends its idle seats to interactive requests (``--no-lend-back`` turns that off);
+- ``rebalance``: every endpoint ``movable = true`` and a ``[rebalance]`` section (hold time,
+  cooldown, threshold in GPU s, ``--hold``/``--cooldown``/``--threshold``);
+- ``lend-rebalance``: both, with the first ``--lend-rule``;
+- ``shared-limit``: ``priority``'s one pool with ``class_max_concurrency`` for batch (``--batch-seats``, one set-up each);
+- ``vllm-priority``: ``priority``'s one pool with ``vllm_priority = true``, its engines run with the
+  simulator's ``--scheduling-policy priority``.
+
+Every set-up gets engines of its own, so ``--max-engines`` can run several set-ups at once
+(each still alone on its engines; only the CPU is shared, and the report says how busy it was).
+``--mix`` picks the traffic: the origin's, ``chat`` (short requests take most of the GPU time),
+or ``shift`` (``chat`` then the origin's, ``--phase-seconds`` each).
+
 The load is a fraction of the ``shared`` set-up's capacity for the traffic's
 mix, computed from the engine model (``bench.tail_load.engine_capacity``);
 every set-up's own modelled capacity is reported beside it. Latencies are
@@ -29,17 +46,21 @@ import argparse
 import json
 import math
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 import trio
 
-from bench.quick_mixed import CLASSES, SHORT_SHARE
+from bench.quick_mixed import CLASSES
 from bench.router_overhead import (
     CHAT_PATH,
     HOST,
@@ -49,37 +70,45 @@ from bench.router_overhead import (
     http_request,
     log_tail,
     percentile,
-    start_simulator,
+    start_process,
     start_tailguard,
     wait_ready,
     write_json,
 )
-from bench.sim.params import PROFILES
+from bench.sim.params import PROFILES, EngineParams
 from bench.sim_cpu import free_ports, interrupted, process_cpu_seconds, stop
 from bench.tail_load import (
     FAST_REJECTION_MS,
     Arrival,
+    MIXES,
     ClassStats,
     Sample,
+    Shape,
     TokenClient,
     TokenPool,
     body_for,
     class_stats,
     generated,
     mix_of,
-    origin_shapes,
+    phased,
     play,
     pooled_capacity,
     read_trace,
+    shapes_by_class,
+    token_times,
     write_samples,
     write_trace,
 )
-from bench.tail_plot import plot_cdfs, plot_p99_vs_load, plot_timelines
+from bench.tail_plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
 from router.config_types import LimitsConfig
 from router.limits import effective_max_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tail"
-SETUP_NAMES = ("shared", "priority", "disaggregated", "split-direct", "short-only")
+DEFAULT_SETUPS = ("shared", "priority", "disaggregated", "split-direct", "short-only")
+SETUP_NAMES = (*DEFAULT_SETUPS, "lend", "rebalance", "lend-rebalance", "shared-limit", "vllm-priority")
+SPLIT_KINDS = ("disaggregated", "split-direct", "lend", "rebalance", "lend-rebalance")  # set-ups on the I:B split
+TAILGUARD_SPLIT_KINDS = ("disaggregated", "lend", "rebalance", "lend-rebalance")
+ENGINE_PROBE_S = 0.5  # real s between two looks at every engine's running and waiting counts
 MODEL = "sim-llama-3.1-8b"  # the model every generated pool serves (PoolSpec.toml), which tailguard names in its body
 ADDED_TTFT_GOAL_MS = 10.0  # real ms: short TTFT P99 through tailguard over the same split fed directly, at load 0.8
 SHORT_DEADLINE_S = 3.0  # GPU s: the interactive class's queue_timeout in the shipped config
@@ -88,6 +117,71 @@ _CLASS_OF = {"short": "interactive", "long": "batch"}  # reporting class -> tail
 END_TO_END_TIMEOUT = 120.0
 PROBE_S = 2.0  # real s between two looks at the router (memory, CPU, sockets, queue)
 ROUTER_LOG_LEVEL = "INFO"  # the shipped default: the access log is on (it times every rejection)
+
+
+@dataclass(frozen=True)
+class LendRule:
+    """What the interactive pool lends the batch pool (``[pools.interactive.lend]``); None: no bound."""
+
+    max_prompt_tokens: int | None = None  # the prefill budget: the stall a borrowed prompt may add to a step
+    reserve: int = 0  # seats kept free for interactive requests
+    max_seats: int | None = None  # lent at once at most
+    max_output_tokens: int | None = None  # how long a lent seat may be away
+
+    _KEYS = {"prompt": "max_prompt_tokens", "reserve": "reserve", "seats": "max_seats", "output": "max_output_tokens"}
+
+    @classmethod
+    def parse(cls, text: str) -> LendRule:
+        """``prompt=512,reserve=8,seats=32,output=512`` (any of them; "none" or absent: unbounded)."""
+        values: dict[str, int | None] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, _, value = item.partition("=")
+            if key not in cls._KEYS:
+                raise ValueError(f"--lend-rule {text!r}: {key!r} is not one of {', '.join(cls._KEYS)}")
+            values[cls._KEYS[key]] = None if value in ("none", "") else int(value)
+        if values.get("reserve") is None:
+            values["reserve"] = 0
+        return cls(**values)  # type: ignore[arg-type]
+
+    def label(self) -> str:
+        """Short name: p512 r8 s32 o512 (p- = no prefill budget)."""
+        prompt = "-" if self.max_prompt_tokens is None else str(self.max_prompt_tokens)
+        parts = [f"p{prompt}", f"r{self.reserve}"]
+        parts += [f"s{self.max_seats}"] if self.max_seats is not None else []
+        parts += [f"o{self.max_output_tokens}"] if self.max_output_tokens is not None else []
+        return " ".join(parts)
+
+    def toml(self, lender: str, borrower: str) -> list[str]:
+        lines = [f"[pools.{lender}.lend]", f'to = ["{borrower}"]', f"reserve = {self.reserve}"]
+        for key in ("max_seats", "max_prompt_tokens", "max_output_tokens"):
+            value = getattr(self, key)
+            if value is not None:
+                lines.append(f"{key} = {value}")
+        return [*lines, ""]
+
+
+# The default lending rule, chosen by measurement (bench/results/tail/tail-issue12.md).
+DEFAULT_LEND = LendRule(max_prompt_tokens=None, reserve=4)
+
+
+@dataclass(frozen=True)
+class RebalanceSpec:
+    """``[rebalance]`` in GPU seconds (the config gets them times the time scale)."""
+
+    interval: float = 0.25
+    hold: float = 3.0
+    threshold: float = 0.3
+    cooldown: float = 6.0
+
+    def toml(self, scale: float) -> list[str]:
+        return [
+            "[rebalance]",
+            f"interval = {self.interval * scale:g}",
+            f"hold_time = {max(self.hold, self.interval) * scale:g}",
+            f"threshold = {self.threshold:g}",
+            f"cooldown = {self.cooldown * scale:g}",
+            "",
+        ]
 
 
 @dataclass(frozen=True)
@@ -109,6 +203,16 @@ class Options:
     name: str
     fail_fast_fraction: float | None = None  # pools.*.fail_fast_fraction in the router's config; None: the default
     samples_dir: Path | None = None  # write every request's fate there (JSONL per set-up and load)
+    splits: Sequence[tuple[int, int]] = ()  # every I:B split for the split set-ups (the first is ``split``)
+    mix: str = "origin"  # origin | chat | shift
+    seats: int | None = None  # every engine's max_num_seqs (the simulator's override); None: the profiles'
+    lend_rules: Sequence[LendRule] = (DEFAULT_LEND,)
+    lend_back: bool = True  # the batch pool lends idle seats to interactive requests in the lend set-ups
+    rebalance: RebalanceSpec = RebalanceSpec()
+    batch_seats: Sequence[int] = (16,)  # shared-limit: batch's class_max_concurrency per endpoint, one set-up each
+    max_engines: int = 0  # run set-ups at once while their engines add up to at most this; 0: one at a time
+    phase_seconds: float = 0.0  # shift: real s of each phase
+    bin_seconds: float = 0.0  # GPU s per bin of the over-time series; 0: none (shift: 2)
 
 
 @dataclass(frozen=True)
@@ -120,6 +224,12 @@ class Setup:
     direct: Sequence[int] = ()  # without a router: the engines, round robin
     drop_long: bool = False
     by_kind: dict[str, Sequence[int]] = field(default_factory=dict)  # without a router: each reporting class's engines
+    kind: str = ""  # one of SETUP_NAMES (``name`` may add the split and the rule)
+    engines: Sequence[tuple[int, str]] = ()  # (port, profile): the simulated GPUs this set-up runs on, its own
+    split: tuple[int, int] | None = None
+    tables: Sequence[str] = ()  # more config lines after the pools: lend tables, [rebalance]
+    movable: bool = False  # every endpoint ``movable = true``
+    scheduling: str = "fcfs"  # the engines' scheduling policy (one simulator process per policy)
 
 
 @dataclass(frozen=True)
@@ -136,6 +246,21 @@ class Probe:
     in_flight: float | None  # tailguard_pool_in_flight summed over pools
     health_ms: float | None  # how long GET /health took: the router's responsiveness (None: over 1 s)
     gc: tuple[float, float, float] | None = None  # GC pauses so far, all generations: (count, over 10 ms, total s)
+    assignment: dict[str, int] | None = None  # endpoints per pool now (tailguard_endpoint_assignment)
+    moving: int = 0  # endpoints between pools now (tailguard_endpoint_moving)
+    lent: float = 0.0  # seats lent now, all pools (tailguard_pool_lent_seats)
+    borrowed: float = math.nan  # requests seated on a lender's seat so far, all pools (tailguard_pool_borrowed_total)
+
+
+@dataclass
+class EngineWatch:
+    """Every engine's own running and waiting counts (vllm:num_requests_*), every ENGINE_PROBE_S."""
+
+    caps: dict[str, int]  # port -> the router's max_concurrency for it (the engine's seats)
+    max_running: dict[str, int] = field(default_factory=dict)
+    max_sent: dict[str, int] = field(default_factory=dict)  # running + waiting: what it was sent and holds
+    looks: int = 0
+    timeline: list[tuple[float, dict[str, tuple[int, int]]]] = field(default_factory=list)  # (real s, port -> (running, waiting))
 
 
 @dataclass
@@ -153,6 +278,16 @@ class SetupResult:
     router_cores_max: float = math.nan  # the router's busiest PROBE_S interval
     access_lines_joined: float = math.nan  # share of the measured requests found in the access log
     timeline: list[Probe] = field(default_factory=list)
+    kind: str = ""
+    split: str = ""
+    engine_count: int = 0
+    load_average: list[float] = field(default_factory=list)  # os.getloadavg() as the set-up started
+    concurrent: int = 1  # set-ups running at the same time as this one, itself included
+    engines: EngineWatch | None = None
+    moves: list[tuple[float, str]] = field(default_factory=list)  # (real s, the router's rebalancing log line)
+    borrowed: dict[str, float] = field(default_factory=dict)  # requests seated on a lender's seat, "pool<-lender"
+    outcomes_all: dict[str, dict[str, int]] = field(default_factory=dict)  # every request's outcome, warm-up included
+    series: list[dict[str, object]] = field(default_factory=list)  # per bin and class (``--bins``)
 
 
 @dataclass
@@ -174,6 +309,13 @@ class Result:
     cpu_count: int
     fail_fast_fraction: float | None = None
     load_average: dict[str, list[float]] = field(default_factory=dict)  # os.getloadavg() at the start and the end
+    mix_name: str = "origin"
+    seats: int | None = None
+    lend_rules: list[str] = field(default_factory=list)
+    rebalance: dict[str, float] = field(default_factory=dict)  # GPU s
+    max_engines: int = 0
+    phase_s: float = 0.0  # shift: real s per phase
+    notes: list[str] = field(default_factory=list)
     runs: list[SetupResult] = field(default_factory=list)
     checks: list[dict[str, object]] = field(default_factory=list)
 
@@ -181,36 +323,99 @@ class Result:
 # -- set-ups -------------------------------------------------------------------------
 
 
-def build_setups(options: Options, throughput: Sequence[int], latency: Sequence[int]) -> list[Setup]:
-    """The set-ups over the simulator's engines (ports)."""
-    interactive, batch = options.split
-    everything = PoolSpec("all", [(p, 256) for p in throughput], 256 * len(throughput), 512 * len(throughput))
-    setups = [
-        Setup("shared", f"{len(throughput)} throughput engines, client round robin, no router", direct=throughput),
-        Setup(
-            "priority",
-            f"tailguard, one pool of {len(throughput)} throughput engines, interactive before batch",
-            pools=[everything],
-            class_pool={"interactive": "all", "batch": "all"},
-        ),
-        Setup(
-            "disaggregated",
-            f"tailguard, interactive pool {interactive} latency engine(s), batch pool {batch} throughput engine(s)",
-            pools=[
-                PoolSpec("interactive", [(p, 64) for p in latency], 64 * interactive, 256 * interactive),
-                PoolSpec("batch", [(p, 256) for p in throughput[:batch]], 256 * batch, 512 * batch),
-            ],
-            class_pool={"interactive": "interactive", "batch": "batch"},
-        ),
-        Setup(
-            "split-direct",
+def engine_params(options: Options, profile: str) -> EngineParams:
+    """The profile's engine, with ``--seats`` as its max_num_seqs when given."""
+    params = PROFILES[profile]
+    return params.replace(max_num_seqs=options.seats) if options.seats else params
+
+
+def build_setups(options: Options) -> list[Setup]:
+    """The chosen set-ups, each on simulated engines of its own (ports picked here)."""
+    plans: list[tuple[str, tuple[int, int] | None, LendRule | None, int | None]] = []
+    splits = options.splits or [options.split]
+    for kind in SETUP_NAMES:
+        if kind not in options.setups:
+            continue
+        if kind in SPLIT_KINDS:
+            rules: Sequence[LendRule | None] = options.lend_rules if kind == "lend" else [options.lend_rules[0]] if kind == "lend-rebalance" else [None]
+            plans += [(kind, split, rule, None) for split in splits for rule in rules]
+        elif kind == "shared-limit":
+            plans += [(kind, None, None, seats) for seats in options.batch_seats]
+        else:
+            plans.append((kind, None, None, None))
+    need = sum(options.engines for _ in plans)
+    ports = iter(free_ports(need))
+    return [_setup(options, kind, split, rule, limit, [next(ports) for _ in range(options.engines)]) for kind, split, rule, limit in plans]
+
+
+def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: LendRule | None, limit: int | None, ports: list[int]) -> Setup:
+    """One set-up of ``kind`` on ``ports`` (as many as --engines)."""
+    n = len(ports)
+    seats = {profile: engine_params(options, profile).max_num_seqs for profile in ("latency", "throughput")}
+    name = kind
+    if split is not None and len(options.splits) > 1:
+        name += f" {split[0]}:{split[1]}"
+    if rule is not None and kind == "lend" and len(options.lend_rules) > 1:
+        name += f" [{rule.label()}]"
+    throughput = [(p, "throughput") for p in ports]
+    cap = seats["throughput"]
+    everything = PoolSpec("all", [(p, cap) for p in ports], cap * n, 512 * n)
+    if kind == "shared":
+        return Setup(name, f"{n} throughput engine(s), client round robin, no router", direct=ports, kind=kind, engines=throughput)
+    if kind == "short-only":
+        return Setup(name, "shared without the long requests: the ideal", direct=ports, drop_long=True, kind=kind, engines=throughput)
+    if kind == "priority":
+        return Setup(
+            name, f"tailguard, one pool of {n} throughput engine(s), interactive before batch",
+            pools=[everything], class_pool={"interactive": "all", "batch": "all"}, kind=kind, engines=throughput,
+        )
+    if kind == "shared-limit":
+        assert limit is not None
+        pool = PoolSpec("all", everything.endpoints, everything.max_concurrency, everything.max_queue, [f"class_max_concurrency = {{ batch = {limit * n} }}"])
+        return Setup(
+            f"{name} [batch<={limit * n}]", f"priority's pool; batch holds at most {limit * n} of its {cap * n} seats",
+            pools=[pool], class_pool={"interactive": "all", "batch": "all"}, kind=kind, engines=throughput,
+        )
+    if kind == "vllm-priority":
+        # Twice the engine's seats per endpoint: what waits inside vLLM is what its priority scheduler orders
+        # (V1 never preempts for a waiter; docs/vllm-priority.md), so at cap = seats the flag would change nothing.
+        pool = PoolSpec("all", [(p, 2 * cap) for p in ports], 2 * cap * n, 512 * n, ["vllm_priority = true"])
+        return Setup(
+            name, f"priority's pool at {2 * cap} a engine (twice its seats), class priority sent to vLLM's priority scheduler "
+            "(engines --scheduling-policy priority)",
+            pools=[pool], class_pool={"interactive": "all", "batch": "all"}, kind=kind, engines=throughput, scheduling="priority",
+        )
+    assert split is not None
+    interactive, batch = split
+    latency_ports, batch_ports = ports[:interactive], ports[interactive:]
+    engines = [(p, "latency") for p in latency_ports] + [(p, "throughput") for p in batch_ports]
+    if kind == "split-direct":
+        return Setup(
+            name,
             f"disaggregated's split with no router: short round robin to {interactive} latency engine(s), "
             f"long to {batch} throughput engine(s), tailguard's forwarded bodies",
-            by_kind={"short": latency, "long": throughput[:batch]},
-        ),
-        Setup("short-only", "shared without the long requests: the ideal", direct=throughput, drop_long=True),
+            by_kind={"short": latency_ports, "long": batch_ports}, kind=kind, engines=engines, split=split,
+        )
+    pools = [
+        PoolSpec("interactive", [(p, seats["latency"]) for p in latency_ports], seats["latency"] * interactive, 256 * interactive),
+        PoolSpec("batch", [(p, seats["throughput"]) for p in batch_ports], seats["throughput"] * batch, 512 * batch),
     ]
-    return [s for s in setups if s.name in options.setups]
+    tables: list[str] = []
+    what = f"tailguard, interactive pool {interactive} latency engine(s), batch pool {batch} throughput engine(s)"
+    if kind in ("lend", "lend-rebalance"):
+        assert rule is not None
+        tables += rule.toml("interactive", "batch")
+        what += f"; interactive lends to batch ({rule.label()})"
+        if options.lend_back:
+            tables += LendRule().toml("batch", "interactive")
+            what += ", batch lends to interactive"
+    if kind in ("rebalance", "lend-rebalance"):
+        tables += options.rebalance.toml(options.time_scale)
+        what += "; every endpoint movable, [rebalance]"
+    return Setup(
+        name, what, pools=pools, class_pool={"interactive": "interactive", "batch": "batch"}, kind=kind, engines=engines,
+        split=split, tables=tables, movable=kind in ("rebalance", "lend-rebalance"),
+    )
 
 
 def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: float, fail_fast_fraction: float | None = None) -> str:
@@ -218,7 +423,8 @@ def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: floa
 
     ``fail_fast_fraction`` is written into every pool when given (else the
     router's default applies, and the key is left out so an older router
-    reads the same file).
+    reads the same file). The set-up's own tables (lending, rebalancing)
+    follow the pools; ``movable`` marks every endpoint movable.
     """
     lines = [
         "[server]",
@@ -234,7 +440,10 @@ def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: floa
         table = pool.toml()
         if fail_fast_fraction is not None:
             table.insert(-1, f"fail_fast_fraction = {fail_fast_fraction:g}")
+        if setup.movable:
+            table = [line.replace(" }", ", movable = true }") if line.startswith("endpoints = ") else line for line in table]
         lines += table
+    lines += setup.tables
     thresholds = {"interactive": ["max_prompt_tokens = 500", "max_output_tokens = 128"], "batch": []}
     for priority, name in enumerate(("interactive", "batch")):
         lines += [f"[classes.{name}]", f'pool = "{setup.class_pool[name]}"', *thresholds[name]]
@@ -243,43 +452,54 @@ def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: floa
 
 
 def capacities(options: Options, mix: dict[str, list[tuple[float, int, int]]]) -> dict[str, float]:
-    """Each set-up's modelled capacity (total req/s, GPU time) for ``mix``."""
+    """Each set-up kind's modelled capacity (total req/s, GPU time) for ``mix``, on the first split."""
     shapes = [shape for group in mix.values() for shape in group]
-    shared = pooled_capacity(options.engines, PROFILES["throughput"], shapes)
+    shared = pooled_capacity(options.engines, engine_params(options, "throughput"), shapes)
     return {
         "shared": shared,
         "priority": shared,
-        "disaggregated": split_capacity(options.split, mix),
-        "split-direct": split_capacity(options.split, mix),
-        "short-only": pooled_capacity(options.engines, PROFILES["throughput"], mix.get("short", [])),
+        "shared-limit": shared,
+        "vllm-priority": shared,
+        "disaggregated": split_capacity(options.split, mix, options),
+        "split-direct": split_capacity(options.split, mix, options),
+        "short-only": pooled_capacity(options.engines, engine_params(options, "throughput"), mix.get("short", [])),
     }
 
 
-def split_capacity(split: tuple[int, int], mix: dict[str, list[tuple[float, int, int]]]) -> float:
+def setup_capacity(setup: Setup, options: Options, mix: dict[str, list[tuple[float, int, int]]], caps: dict[str, float]) -> float:
+    """The set-up's modelled capacity: its split's when it has one (work conservation not modelled), else its kind's."""
+    if setup.split is not None:
+        return split_capacity(setup.split, mix, options)
+    return caps[setup.kind]
+
+
+def split_capacity(split: tuple[int, int], mix: dict[str, list[tuple[float, int, int]]], options: Options | None = None) -> float:
     """The arrival rate at which the first of the two pools is full."""
-    interactive = pooled_capacity(split[0], PROFILES["latency"], mix.get("short", []))
-    return min(interactive, pooled_capacity(split[1], PROFILES["throughput"], mix.get("long", [])))
+    latency = engine_params(options, "latency") if options else PROFILES["latency"]
+    throughput = engine_params(options, "throughput") if options else PROFILES["throughput"]
+    if split[0] == 0 or split[1] == 0:
+        return math.nan
+    interactive = pooled_capacity(split[0], latency, mix.get("short", []))
+    return min(interactive, pooled_capacity(split[1], throughput, mix.get("long", [])))
 
 
 # -- the run ---------------------------------------------------------------------------
 
 
 async def measure(options: Options, command: list[str]) -> Result:
-    """Start the simulator, then play every load against every set-up."""
+    """Start the simulators, then play every load against every set-up (several at once under --max-engines)."""
     interactive, batch = options.split
-    ports = free_ports(options.engines + interactive)
-    throughput, latency = ports[: options.engines], ports[options.engines :]
     schedules, mix, caps = _schedules(options)
     result = Result(
         command=command,
         engines=options.engines,
-        split=f"{interactive}:{batch}",
+        split=", ".join(f"{i}:{b}" for i, b in (options.splits or [options.split])),
         time_scale=options.time_scale,
         times_are="GPU time: real divided by time_scale",
         traffic=str(options.trace) if options.trace else options.traffic,
         shared_capacity_req_s=caps["shared"],
         split_capacity_vs_shared={
-            f"{i}:{options.engines - i}": split_capacity((i, options.engines - i), mix) / caps["shared"]
+            f"{i}:{options.engines - i}": split_capacity((i, options.engines - i), mix, options) / caps["shared"]
             for i in range(1, options.engines)
         },
         mix=mix,
@@ -291,31 +511,93 @@ async def measure(options: Options, command: list[str]) -> Result:
         cpu_count=len(os.sched_getaffinity(0)),
         fail_fast_fraction=options.fail_fast_fraction,
         load_average={"start": [round(x, 2) for x in os.getloadavg()]},
+        mix_name="trace" if options.trace else options.mix,
+        seats=options.seats,
+        lend_rules=[rule.label() for rule in options.lend_rules],
+        rebalance=asdict(options.rebalance),
+        max_engines=options.max_engines,
+        phase_s=options.phase_seconds,
     )
     _announce(result, caps, schedules)
-    setups = build_setups(options, throughput, latency)
-    engines = [(p, "throughput") for p in throughput] + [(p, "latency") for p in latency]
+    setups = build_setups(options)
+    if any(s.scheduling == "priority" for s in setups) and not _sim_knows_priority():
+        note = "the simulator has no --scheduling-policy yet: vllm-priority was not run"
+        result.notes.append(note)
+        print(note, file=sys.stderr)
+        setups = [s for s in setups if s.scheduling != "priority"]
+    jobs = [(load, arrivals, setup) for load, arrivals in schedules for setup in setups]
+    rounds = _rounds(jobs, options.max_engines)
     with tempfile.TemporaryDirectory(prefix="tailguard-tail-") as tmp:
-        logs = {name: Path(tmp) / f"{name}.log" for name in ("sim", "tailguard")}
-        with logs["sim"].open("wb") as sim_out:
-            try:
-                async with trio.open_nursery() as nursery:
-                    sim = await start_simulator(nursery, engines, options.time_scale, log=sim_out)
+        logs = {policy: Path(tmp) / f"sim-{policy}.log" for policy in dict.fromkeys(s.scheduling for s in setups)}
+        try:
+            async with trio.open_nursery() as nursery:
+                sims: dict[str, trio.Process] = {}
+                for policy, log_path in logs.items():
+                    engines = [e for s in setups if s.scheduling == policy for e in s.engines]
+                    with log_path.open("wb") as sim_out:  # the child keeps its own descriptor
+                        sims[policy] = await _start_simulator(nursery, engines, options, policy, sim_out)
                     for port, _ in engines:
-                        await wait_ready(port, sim, "the simulator")
-                    for load, arrivals in schedules:
-                        for setup in setups:
-                            run = await _run_setup(setup, load, caps[setup.name], arrivals, options, sim, Path(tmp))
-                            result.runs.append(run)
-                            if sim.returncode is not None:
-                                raise RuntimeError(f"the simulator exited with {sim.returncode}")
-                    nursery.cancel_scope.cancel()
-            except Exception:
-                print(f"--- simulator log ---\n{log_tail(logs['sim'])}\n--- tailguard log ---\n{log_tail(logs['tailguard'])}", file=sys.stderr)
-                raise
+                        await wait_ready(port, sims[policy], "the simulator")
+                for number, group in enumerate(rounds, 1):
+                    if len(rounds) > 1:
+                        names = ", ".join(f"{s.name}@{load:g}" for load, _, s in group)
+                        print(f"round {number}/{len(rounds)}: {names}", file=sys.stderr, flush=True)
+                    found: dict[int, SetupResult] = {}
+
+                    async def one(index: int, load: float, arrivals: list[Arrival], setup: Setup, size: int) -> None:
+                        capacity = setup_capacity(setup, options, mix, caps)
+                        found[index] = await _run_setup(setup, load, capacity, arrivals, options, sims[setup.scheduling], Path(tmp), size)
+
+                    async with trio.open_nursery() as round_nursery:
+                        for index, (load, arrivals, setup) in enumerate(group):
+                            round_nursery.start_soon(one, index, load, arrivals, setup, len(group))
+                    result.runs += [found[i] for i in range(len(group))]
+                    for policy, sim in sims.items():
+                        if sim.returncode is not None:
+                            raise RuntimeError(f"the simulator ({policy}) exited with {sim.returncode}")
+                nursery.cancel_scope.cancel()
+        except Exception:
+            for path in [*logs.values(), *Path(tmp).glob("tailguard-*.log")]:
+                print(f"--- {path.name} ---\n{log_tail(path)}", file=sys.stderr)
+            raise
+    order = {(load, s.name): i for i, (load, _, s) in enumerate(jobs)}
+    result.runs.sort(key=lambda r: order.get((r.load, r.setup), 0))
     result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
-    result.checks = checks(result)
+    result.checks = checks(result) + checks12(result, options)
     return result
+
+
+def _rounds(jobs: Sequence[tuple[float, list[Arrival], Setup]], budget: int) -> list[list[tuple[float, list[Arrival], Setup]]]:
+    """Jobs in order, packed into rounds whose engines add up to at most ``budget`` (0: one job a round)."""
+    rounds: list[list[tuple[float, list[Arrival], Setup]]] = []
+    used = 0
+    for job in jobs:
+        size = len(job[2].engines)
+        if not rounds or budget <= 0 or used + size > budget:
+            rounds.append([])
+            used = 0
+        rounds[-1].append(job)
+        used += size
+    return rounds
+
+
+def _sim_knows_priority() -> bool:
+    """Whether ``python -m bench.sim`` takes ``--scheduling-policy`` (another change adds it)."""
+    helped = subprocess.run([sys.executable, "-m", "bench.sim", "--help"], capture_output=True, text=True, check=False)
+    return "--scheduling-policy" in helped.stdout
+
+
+async def _start_simulator(
+    nursery: trio.Nursery, engines: Sequence[tuple[int, str]], options: Options, policy: str, log: IO[bytes]
+) -> trio.Process:
+    """``python -m bench.sim`` serving ``engines``, with ``--seats`` and the scheduling policy applied to each."""
+    spec = ",".join(f"{port}:{profile}" for port, profile in engines)
+    command = [sys.executable, "-m", "bench.sim", "--engines", spec, "--time-scale", f"{options.time_scale:g}"]
+    if options.seats:
+        command += ["--max-num-seqs", str(options.seats)]
+    if policy != "fcfs":
+        command += ["--scheduling-policy", policy]
+    return await start_process(nursery, command, log)
 
 
 def _schedules(options: Options) -> tuple[list[tuple[float, list[Arrival]]], dict[str, list[tuple[float, int, int]]], dict[str, float]]:
@@ -328,17 +610,39 @@ def _schedules(options: Options) -> tuple[list[tuple[float, list[Arrival]]], dic
         caps = capacities(options, mix)
         rate = (len(arrivals) - 1) / ((arrivals[-1].at - arrivals[0].at) / options.time_scale)
         return [(rate / caps["shared"], arrivals)], mix, caps
-    shapes = origin_shapes()
-    mix = {"short": [(SHORT_SHARE, *shapes["short"])], "long": [(1 - SHORT_SHARE, *shapes["long"])]}
-    caps = capacities(options, mix)
     period = options.burst_period if options.traffic == "bursty" else None
+    if options.mix == "shift":
+        return _shift_schedules(options)
+    shapes = MIXES[options.mix]()
+    mix = shapes_by_class(shapes)
+    caps = capacities(options, mix)
     schedules = [
-        (load, generated(load * caps["shared"] / options.time_scale, options.warmup, options.seconds, options.seed, period))
+        (load, generated(load * caps["shared"] / options.time_scale, options.warmup, options.seconds, options.seed, period, shapes))
         for load in options.loads
     ]
     if options.record_trace:
         write_trace(options.record_trace, schedules[0][1], options.time_scale)
         print(f"recorded the first load's schedule to {options.record_trace}", file=sys.stderr)
+    return schedules, mix, caps
+
+
+SHIFT_PHASES = ("chat", "origin")  # short-heavy first, then long-heavy
+
+
+def _shift_schedules(options: Options) -> tuple[list[tuple[float, list[Arrival]]], dict[str, list[tuple[float, int, int]]], dict[str, float]]:
+    """The shifting mix: each phase at ``load`` of the shared set-up's capacity for that phase's own mix."""
+    schedules = []
+    for load in options.loads:
+        phases: list[tuple[float, float, Sequence[Shape]]] = []
+        for name in SHIFT_PHASES:
+            shapes = MIXES[name]()
+            shared = pooled_capacity(options.engines, engine_params(options, "throughput"), [s[1:] for s in shapes])
+            phases.append((options.phase_seconds, load * shared / options.time_scale, shapes))
+        schedules.append((load, phased(phases, options.warmup, options.seed)))
+    mix = mix_of(schedules[0][1])
+    caps = capacities(options, mix)
+    if options.record_trace:
+        write_trace(options.record_trace, schedules[0][1], options.time_scale)
     return schedules, mix, caps
 
 
@@ -354,12 +658,14 @@ def _announce(result: Result, caps: dict[str, float], schedules: Sequence[tuple[
 
 
 async def _run_setup(
-    setup: Setup, load: float, capacity: float, arrivals: list[Arrival], options: Options, sim: trio.Process, tmp: Path
+    setup: Setup, load: float, capacity: float, arrivals: list[Arrival], options: Options, sim: trio.Process, tmp: Path, concurrent: int = 1
 ) -> SetupResult:
     """One set-up at one load: start its router (if any), play the schedule, stop it."""
     played = [a for a in arrivals if not (setup.drop_long and a.kind == "long")]
     timeline: list[Probe] = []
-    async with _router(setup, options, tmp) as router:
+    load_average = [round(x, 2) for x in os.getloadavg()]
+    engine_watch = EngineWatch(caps={str(port): _engine_cap(setup, port, options) for port, _ in setup.engines})
+    async with _router(setup, options, tmp, load) as router:
         if setup.by_kind:
             by_kind = {k: [TokenPool(p) for p in setup.by_kind[k]] for k in CLASSES}
         else:
@@ -378,23 +684,35 @@ async def _run_setup(
         pids = {"simulator": sim.pid} | ({"tailguard": router.process.pid} if router else {})
         try:
             async with trio.open_nursery() as nursery:
+                origin, wall_origin = time.perf_counter(), time.time()
                 if router:
-                    nursery.start_soon(_watch, router, time.perf_counter(), timeline)
+                    nursery.start_soon(_watch, router, origin, timeline)
+                nursery.start_soon(_watch_engines, engine_watch, origin, options.mix == "shift")
                 before = CpuClock.read(pids)
                 label = f"load {load:.2f} {setup.name}"
-                samples, wall = await play(by_kind, request_of, played, options.drain, label)
+                samples, wall = await play(by_kind, request_of, played, options.drain, label, progress=concurrent == 1)
                 cores = CpuClock.read(pids).cores_since(before)
                 nursery.cancel_scope.cancel()
         finally:
             for pool in pools:
                 await pool.aclose()
     joined = _join_access_log(router, samples) if router else math.nan
+    moves = _moves_in_log(router, wall_origin) if router else []
     if options.samples_dir:
-        write_samples(options.samples_dir / f"{options.name}-{setup.name}-load{load:g}.jsonl", samples)
+        write_samples(options.samples_dir / f"{options.name}-{_slug(setup.name)}-load{load:g}.jsonl", samples)
     await trio.sleep(1.0)  # aborted sequences leave the engines before the next set-up
     window = _window(played, options)
+    served = (options.warmup, options.warmup + window)
     deadline = {"short": SHORT_DEADLINE_S}
     lags = sorted(s.lag for s in samples)
+    classes = [
+        class_stats(k, samples, options.time_scale, window, deadline.get(k), QUEUE_TIMEOUTS[_CLASS_OF[k]], served) for k in CLASSES
+    ]
+    outcomes_all: dict[str, dict[str, int]] = {}
+    for s in samples:
+        outcomes_all.setdefault(s.kind, {})
+        outcomes_all[s.kind][s.outcome] = outcomes_all[s.kind].get(s.outcome, 0) + 1
+    bins = options.bin_seconds or (2.0 if options.mix == "shift" else 0.0)
     return SetupResult(
         setup=setup.name,
         description=setup.description,
@@ -405,11 +723,90 @@ async def _run_setup(
         client_lag_p99_ms=percentile(lags, 99) * 1000,
         cores=cores,
         router_rss_mib=_rss_summary(timeline, options),
-        classes=[class_stats(k, samples, options.time_scale, window, deadline.get(k), QUEUE_TIMEOUTS[_CLASS_OF[k]]) for k in CLASSES],
+        classes=classes,
         router_cores_max=max((p.cores for p in timeline), default=math.nan),
         access_lines_joined=joined,
         timeline=timeline,
+        kind=setup.kind,
+        split="" if setup.split is None else f"{setup.split[0]}:{setup.split[1]}",
+        engine_count=len(setup.engines),
+        load_average=load_average,
+        concurrent=concurrent,
+        engines=engine_watch,
+        moves=moves,
+        borrowed=_lent_max(timeline),
+        outcomes_all=outcomes_all,
+        series=_series(samples, bins, options.time_scale) if bins else [],
     )
+
+
+def _slug(name: str) -> str:
+    """A set-up's name as a file-name piece."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
+
+
+def _engine_cap(setup: Setup, port: int, options: Options) -> int:
+    """The most requests ``port`` should hold at once: its endpoint's max_concurrency, or its seats (no router)."""
+    for pool in setup.pools:
+        for p, cap in pool.endpoints:
+            if p == port:
+                return cap
+    profile = dict(setup.engines)[port]
+    return engine_params(options, profile).max_num_seqs
+
+
+def _lent_max(timeline: Sequence[Probe]) -> dict[str, float]:
+    """The most seats lent at once (the router's gauge, every PROBE_S) and the requests seated by a lender over the run."""
+    if not timeline:
+        return {}
+    borrowed = [p.borrowed for p in timeline if not math.isnan(p.borrowed)]
+    return {"lent_max": max(p.lent for p in timeline), "borrowed": borrowed[-1] - borrowed[0] if borrowed else math.nan}
+
+
+def _moves_in_log(router: _Router, wall_origin: float) -> list[tuple[float, str]]:
+    """The router's rebalancing lines for this run: (real s after the start, message)."""
+    found: list[tuple[float, str]] = []
+    with router.log.open("rb") as log:
+        log.seek(router.log_from)
+        for line in log:
+            if b"rebalancing:" not in line:
+                continue
+            try:
+                row = json.loads(line)
+                stamp = datetime.fromisoformat(str(row["ts"]).replace("Z", "+00:00")).timestamp()
+            except (ValueError, KeyError, TypeError):
+                continue
+            found.append((round(stamp - wall_origin, 2), str(row.get("msg", ""))))
+    return found
+
+
+def _series(samples: Sequence[Sample], bin_gpu_s: float, scale: float) -> list[dict[str, object]]:
+    """Per bin of ``bin_gpu_s`` GPU s and class: arrivals, failures, E2E/TTFT P99 (by arrival), tokens/s served (by token time)."""
+    width = bin_gpu_s * scale
+    end = max((s.at for s in samples), default=0.0)
+    tokens: dict[tuple[str, int], int] = {}
+    for s in samples:
+        if s.outcome in ("ok", "cut"):
+            for t in token_times(s):
+                key = (s.kind, int(t // width))
+                tokens[key] = tokens.get(key, 0) + 1
+    rows: list[dict[str, object]] = []
+    for index in range(int(end // width) + 1):
+        for kind in CLASSES:
+            mine = [s for s in samples if s.kind == kind and index * width <= s.at < (index + 1) * width]
+            ok = [s for s in mine if s.outcome == "ok"]
+            e2e = sorted(s.e2e / scale * 1000 for s in ok if s.e2e is not None)
+            ttft = sorted(s.ttft / scale * 1000 for s in ok if s.ttft is not None)
+            rows.append({
+                "t_gpu_s": round(index * bin_gpu_s, 3),
+                "kind": kind,
+                "n": len(mine),
+                "not_ok": len(mine) - len(ok),
+                "e2e_p99_ms": percentile(e2e, 99) if e2e else math.nan,
+                "ttft_p99_ms": percentile(ttft, 99) if ttft else math.nan,
+                "served_tok_s": tokens.get((kind, index), 0) / bin_gpu_s,
+            })
+    return rows
 
 
 def forwarded_body(prompt: int, max_tokens: int) -> dict[str, object]:
@@ -440,7 +837,7 @@ class _Router:
 
 
 @asynccontextmanager
-async def _router(setup: Setup, options: Options, tmp: Path) -> AsyncIterator[_Router | None]:
+async def _router(setup: Setup, options: Options, tmp: Path, load: float = math.nan) -> AsyncIterator[_Router | None]:
     """tailguard for ``setup`` in its own process (none for the direct set-ups); stopped on every path.
 
     It logs at the shipped level (INFO), so its access log times every request.
@@ -449,9 +846,9 @@ async def _router(setup: Setup, options: Options, tmp: Path) -> AsyncIterator[_R
         yield None
         return
     http_port, grpc_port = free_ports(2)
-    config = tmp / f"{setup.name}.toml"
+    config = tmp / f"{_slug(setup.name)}-{load:g}.toml"
     config.write_text(router_config(http_port, grpc_port, setup, options.time_scale, options.fail_fast_fraction))
-    log_path = tmp / "tailguard.log"
+    log_path = tmp / f"tailguard-{_slug(setup.name)}-{load:g}.log"  # one each: set-ups may run at once
     with log_path.open("ab") as log:
         log_from = log.tell()
         async with trio.open_nursery() as nursery:
@@ -487,9 +884,17 @@ async def _watch(router: _Router, origin: float, into: list[Probe]) -> None:
                 return
             now = time.perf_counter()
             health_ms = await _answer_ms(client, health)
-            waiting, in_flight, gc_pauses = await _queue_gauges(client, scrape)
+            waiting, in_flight, gc_pauses, sharing = await _queue_gauges(client, scrape)
             cores, cpu_wait = (cpu - last_cpu) / (now - last_t), (wait - last_wait) / (now - last_t)
-            into.append(Probe(round(now - origin, 2), rss, peak, cores, cpu_wait, fds, waiting, in_flight, health_ms, gc_pauses))
+            into.append(
+                Probe(
+                    round(now - origin, 2), rss, peak, cores, cpu_wait, fds, waiting, in_flight, health_ms, gc_pauses,
+                    assignment=sharing.assignment if sharing else None,
+                    moving=sharing.moving if sharing else 0,
+                    lent=sharing.lent if sharing else 0.0,
+                    borrowed=sharing.borrowed if sharing else math.nan,
+                )
+            )
             last_cpu, last_wait, last_t = cpu, wait, now
             await trio.sleep(PROBE_S)
     finally:
@@ -533,26 +938,85 @@ _GAUGES = {
     "gc_count": b"tailguard_gc_pause_seconds_count{",
     "gc_fast": b'tailguard_gc_pause_seconds_bucket{generation="',  # only the le="0.01" buckets, below
     "gc_seconds": b"tailguard_gc_pause_seconds_sum{",
+    "moving": b"tailguard_endpoint_moving{",
+    "lent": b"tailguard_pool_lent_seats{",
+    "borrowed": b"tailguard_pool_borrowed_total{",
 }
 
 
-async def _queue_gauges(client: TokenClient, scrape: bytes) -> tuple[float | None, float | None, tuple[float, float, float] | None]:
-    """Requests waiting and holding a seat, summed over pools, and the GC pauses so far, from the router's /metrics."""
+@dataclass(frozen=True)
+class _Sharing:
+    """Lending and rebalancing as the router's /metrics tells them."""
+
+    assignment: dict[str, int]  # pool -> endpoints now
+    moving: int
+    lent: float
+    borrowed: float
+
+
+_ASSIGNED = re.compile(rb'^tailguard_endpoint_assignment\{[^}]*pool="([^"]*)"')
+
+
+async def _queue_gauges(
+    client: TokenClient, scrape: bytes
+) -> tuple[float | None, float | None, tuple[float, float, float] | None, _Sharing | None]:
+    """Requests waiting and holding a seat, summed over pools, the GC pauses so far, and the sharing, from the router's /metrics."""
     with trio.move_on_after(1.0):
         try:
             reply = await client.exchange(scrape)
         except (OSError, trio.BrokenResourceError, ProtocolError):
-            return None, None, None
+            return None, None, None, None
         if reply.status != 200:
-            return None, None, None
+            return None, None, None, None
         sums = dict.fromkeys(_GAUGES, 0.0)
+        assignment: dict[str, int] = {}
         for line in client.last_piece.splitlines():
             for name, prefix in _GAUGES.items():
                 if line.startswith(prefix) and (name != "gc_fast" or b'le="0.01"' in line):
                     sums[name] += float(line.rsplit(b" ", 1)[1])
+            if match := _ASSIGNED.match(line):
+                pool = match.group(1).decode()
+                assignment[pool] = assignment.get(pool, 0) + 1
         gc_pauses = (sums["gc_count"], sums["gc_count"] - sums["gc_fast"], sums["gc_seconds"])
-        return sums["waiting"], sums["in_flight"], gc_pauses
-    return None, None, None
+        sharing = _Sharing(assignment, int(sums["moving"]), sums["lent"], sums["borrowed"])
+        return sums["waiting"], sums["in_flight"], gc_pauses, sharing
+    return None, None, None, None
+
+
+async def _watch_engines(watch: EngineWatch, origin: float, keep: bool) -> None:
+    """Every ENGINE_PROBE_S: each engine's own running and waiting counts; the most seen; all of them if ``keep``."""
+    clients = {port: TokenClient(int(port)) for port in watch.caps}
+    try:
+        while True:
+            look: dict[str, tuple[int, int]] = {}
+            for port, client in clients.items():
+                scrape = f"GET /metrics HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode()
+                with trio.move_on_after(1.0):
+                    try:
+                        if (await client.exchange(scrape)).status == 200:
+                            look[port] = _engine_counts(client.last_piece)
+                    except (OSError, trio.BrokenResourceError, ProtocolError):
+                        pass
+            for port, (running, waiting) in look.items():
+                watch.max_running[port] = max(watch.max_running.get(port, 0), running)
+                watch.max_sent[port] = max(watch.max_sent.get(port, 0), running + waiting)
+            watch.looks += 1
+            if keep:
+                watch.timeline.append((round(time.perf_counter() - origin, 2), look))
+            await trio.sleep(ENGINE_PROBE_S)
+    finally:
+        for client in clients.values():
+            await client.aclose()
+
+
+def _engine_counts(page: bytes) -> tuple[int, int]:
+    """(vllm:num_requests_running, vllm:num_requests_waiting) from an engine's /metrics page."""
+    counts = {b"vllm:num_requests_running": 0, b"vllm:num_requests_waiting": 0}
+    for line in page.splitlines():
+        for name in counts:
+            if line.startswith(name + b"{") or line.startswith(name + b" "):
+                counts[name] = int(float(line.rsplit(b" ", 1)[1]))
+    return counts[b"vllm:num_requests_running"], counts[b"vllm:num_requests_waiting"]
 
 
 def _join_access_log(router: _Router, samples: Sequence[Sample]) -> float:
@@ -713,6 +1177,157 @@ def _overload_checks(run: SetupResult, scale: float) -> list[dict[str, object]]:
     return found
 
 
+# -- issue 12's targets ------------------------------------------------------------------
+
+GOALS_4 = (0.95, 1.25, 2.0)  # 4 engines: long served >= x shared; short E2E P99 <= x ideal; short TTFT P99 <= x ideal
+GOALS_2 = (0.9, 1.45)  # 2 engines at 0.9: long >= x round robin; short E2E P99 <= x ideal
+GOALS_1 = (0.9, 1.6)  # 1 engine: long >= x FIFO; short E2E P99 <= x ideal
+
+
+@dataclass(frozen=True)
+class Versus:
+    """One run against its load's baselines: long served rate over shared's, short P99s over short-only's."""
+
+    long: float
+    short_e2e: float
+    short_ttft: float
+    short_p99_ms: float
+    long_tok_s: float
+    not_ok: int  # measured requests (both classes) that did not end ok
+
+
+def versus(result: Result) -> dict[tuple[str, float], Versus]:
+    """Each run's ratios to the same load's ``shared`` (long) and ``short-only`` (short) runs."""
+    found: dict[tuple[str, float], Versus] = {}
+    by = {(r.kind, round(r.load, 2)): r for r in result.runs if r.kind in ("shared", "short-only")}
+    for run in result.runs:
+        load = round(run.load, 2)
+        shared, ideal = by.get(("shared", load)), by.get(("short-only", load))
+        short, long = _kind(run, "short"), _kind(run, "long")
+        if short is None:
+            continue
+        long_rate = long.served_tok_s if long else math.nan
+        shared_long = _kind(shared, "long") if shared else None
+        ideal_short = _kind(ideal, "short") if ideal else None
+        not_ok = sum(c.n - c.outcomes.get("ok", 0) for c in run.classes)
+        found[(run.setup, load)] = Versus(
+            long=long_rate / shared_long.served_tok_s if shared_long and shared_long.served_tok_s else math.nan,
+            short_e2e=short.e2e_ms["p99"] / ideal_short.e2e_ms["p99"] if ideal_short else math.nan,
+            short_ttft=short.ttft_ms["p99"] / ideal_short.ttft_ms["p99"] if ideal_short else math.nan,
+            short_p99_ms=short.e2e_ms["p99"],
+            long_tok_s=long_rate,
+            not_ok=not_ok,
+        )
+    return found
+
+
+def _kind(run: SetupResult, kind: str) -> ClassStats | None:
+    return next((c for c in run.classes if c.kind == kind and c.n), None)
+
+
+def checks12(result: Result, options: Options) -> list[dict[str, object]]:
+    """Issue 12's targets for this run's engine count (reported, not tuned for)."""
+    found: list[dict[str, object]] = []
+    table = versus(result)
+
+    def add(name: str, value: str, target: str, met: bool | None) -> None:
+        found.append({"check": name, "value": value, "target": target, "met": met})
+
+    def describe(v: Versus) -> str:
+        return f"long {v.long:.2f}, short E2E {v.short_e2e:.2f}x, TTFT {v.short_ttft:.2f}x"
+
+    tailguard = [r for r in result.runs if r.kind in TAILGUARD_SPLIT_KINDS + ("priority", "shared-limit", "vllm-priority")]
+    if not any(r.kind == "short-only" for r in result.runs) or not any(r.kind == "shared" for r in result.runs):
+        return found
+    for run in tailguard:
+        v = table.get((run.setup, round(run.load, 2)))
+        if v is None:
+            continue
+        name = f"load {run.load:g}: {run.setup}"
+        if options.mix == "shift":
+            continue
+        if result.engines >= 3:
+            long_goal, e2e_goal, ttft_goal = GOALS_4
+            met = v.long >= long_goal and v.short_e2e <= e2e_goal and v.short_ttft <= ttft_goal
+            add(name, describe(v), f"long >= {long_goal}, E2E <= {e2e_goal}x, TTFT <= {ttft_goal}x", met)
+        elif result.engines == 2:
+            long_goal, e2e_goal = GOALS_2
+            judged = round(run.load, 2) >= 0.9
+            met = v.long >= long_goal and v.short_e2e <= e2e_goal
+            add(name, describe(v), f"long >= {long_goal} of RR, E2E <= {e2e_goal}x" + ("" if judged else " (judged at 0.9)"), met if judged else None)
+        else:
+            long_goal, e2e_goal = GOALS_1
+            met = v.long >= long_goal and v.short_e2e <= e2e_goal
+            add(name, describe(v), f"long >= {long_goal} of FIFO, E2E <= {e2e_goal}x", met)
+    if result.engines == 2:
+        found += _dominance(result, table)
+    if options.mix == "shift":
+        found += _shift_checks(result, table, options)
+    for run in result.runs:
+        if run.engines is None or not run.engines.looks or not run.timeline:
+            continue  # no router: engines may queue, that is the point of the baseline
+        over = [p for p, n in run.engines.max_sent.items() if n > run.engines.caps.get(p, n)]
+        worst = max(run.engines.max_sent.values(), default=0)
+        add(
+            f"load {run.load:g}: {run.setup} engines' running + waiting, max over {run.engines.looks} looks",
+            f"{worst} (caps {sorted(set(run.engines.caps.values()))})", "<= each endpoint's cap", not over,
+        )
+    return found
+
+
+def _dominance(result: Result, table: dict[tuple[str, float], Versus]) -> list[dict[str, object]]:
+    """2 engines: does each lending/rebalancing setting dominate round robin and every static split at its load?"""
+    found: list[dict[str, object]] = []
+    for load in sorted({round(r.load, 2) for r in result.runs}):
+        others = [r for r in result.runs if round(r.load, 2) == load and r.kind in ("shared", "disaggregated")]
+        for run in (r for r in result.runs if round(r.load, 2) == load and r.kind in ("lend", "rebalance", "lend-rebalance")):
+            mine = table.get((run.setup, load))
+            if mine is None:
+                continue
+            beaten = []
+            for other in others:
+                theirs = table.get((other.setup, load))
+                if theirs is None:
+                    continue
+                at_least = mine.long_tok_s >= theirs.long_tok_s * 0.99 and mine.short_p99_ms <= theirs.short_p99_ms * 1.01
+                better = mine.long_tok_s > theirs.long_tok_s * 1.01 or mine.short_p99_ms < theirs.short_p99_ms * 0.99
+                if not (at_least and better):
+                    beaten.append(other.setup)
+            value = "dominates all" if not beaten else "not over " + ", ".join(beaten)
+            found.append(
+                {"check": f"load {load:g}: {run.setup} dominates {', '.join(o.setup for o in others)}", "value": value,
+                 "target": "as good on both axes (1% slack), better on one", "met": not beaten}
+            )
+    return found
+
+
+def _shift_checks(result: Result, table: dict[tuple[str, float], Versus], options: Options) -> list[dict[str, object]]:
+    """The shifting mix: nothing dropped, short P99 within the 4-engine target, the assignment follows."""
+    found: list[dict[str, object]] = []
+    for run in result.runs:
+        if run.kind not in TAILGUARD_SPLIT_KINDS:
+            continue
+        v = table.get((run.setup, round(run.load, 2)))
+        dropped = sum(n for by in run.outcomes_all.values() for outcome, n in by.items() if outcome != "ok")
+        name = f"shift load {run.load:g}: {run.setup}"
+        found.append({"check": f"{name}: requests not ok (whole run)", "value": str(dropped), "target": "0", "met": dropped == 0})
+        if v is not None:
+            long_goal, e2e_goal, ttft_goal = GOALS_4
+            met = v.short_e2e <= e2e_goal and v.short_ttft <= ttft_goal
+            found.append(
+                {"check": f"{name}: short P99 over the window vs short-only", "value": f"E2E {v.short_e2e:.2f}x, TTFT {v.short_ttft:.2f}x",
+                 "target": f"E2E <= {e2e_goal}x, TTFT <= {ttft_goal}x", "met": met}
+            )
+        if run.kind in ("rebalance", "lend-rebalance"):
+            shift_at = options.phase_seconds
+            after = [(t, m) for t, m in run.moves if t >= shift_at and "leaves" in m]
+            before = [(t, m) for t, m in run.moves if t < shift_at and "leaves" in m]
+            first = f"{(after[0][0] - shift_at) / options.time_scale:.1f} GPU s after the shift" if after else "no move after the shift"
+            value = f"{len(before)} move(s) in phase 1, {len(after)} in phase 2; first of phase 2 {first} (hold {options.rebalance.hold:g} GPU s)"
+            found.append({"check": f"{name}: the assignment follows the mix", "value": value, "target": "a move each way", "met": bool(before and after)})
+    return found
+
+
 # -- reporting -------------------------------------------------------------------------
 
 
@@ -728,10 +1343,19 @@ def render(result: Result) -> str:
         "",
         f"Command: `{' '.join(result.command)}`",
         "",
+        f"Mix {result.mix_name}"
+        + (f" ({result.phase_s:g} real s of each phase: chat, then origin)" if result.phase_s else "")
+        + f"; engines' max_num_seqs {result.seats or 'profile default'}; lending rule(s) {', '.join(result.lend_rules)}; "
+        f"rebalance (GPU s) {result.rebalance}; set-ups at once: engines <= {result.max_engines or 'one set-up at a time'}.",
+        *[f"Note: {note}" for note in result.notes],
+        "",
     ]
+    table = versus(result)
     for load in dict.fromkeys(round(r.load, 2) for r in result.runs):
         runs = [r for r in result.runs if round(r.load, 2) == load]
         out += [f"### load {load:g}", "", *_latency_table(runs), ""]
+        if work := _work_table(runs, table):
+            out += [*work, ""]
         if added := _added_table(runs, result.time_scale):
             out += [*added, ""]
         out += [*_rejection_table(runs), "", *_process_table(runs, result), ""]
@@ -742,6 +1366,36 @@ def render(result: Result) -> str:
         met = "-" if check["met"] is None else ("PASS" if check["met"] else "MISS")
         out.append(f"| {check['check']} | {check['value']} | {check['target']} | {met} |")
     return "\n".join(out) + "\n"
+
+
+def _work_table(runs: Sequence[SetupResult], table: dict[tuple[str, float], Versus]) -> list[str]:
+    """Issue 12's view of one load: each set-up against shared (long served) and short-only (short P99s)."""
+    rows = [(run, table.get((run.setup, round(run.load, 2)))) for run in runs]
+    if not any(v is not None and not math.isnan(v.long) for _, v in rows):
+        return []
+    out = [
+        "| set-up | long served tok/s (x shared) | short E2E P99 ms (x ideal) | short TTFT P99 ms (x ideal) | not ok (measured) "
+        "| lent max / borrowed | moves | engines max running / sent (cap) | load avg at start, set-ups at once |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run, v in rows:
+        if v is None:
+            continue
+        short = _kind(run, "short")
+        assert short is not None
+        lent = f"{run.borrowed.get('lent_max', math.nan):.0f} / {run.borrowed.get('borrowed', math.nan):.0f}" if run.borrowed else "-"
+        moves = sum(1 for _, m in run.moves if "joined" in m)
+        watch = run.engines
+        engines = (
+            f"{max(watch.max_running.values(), default=0)} / {max(watch.max_sent.values(), default=0)} ({max(watch.caps.values(), default=0)})"
+            if watch and watch.looks else "-"
+        )
+        out.append(
+            f"| {run.setup} | {v.long_tok_s:,.0f} ({v.long:.2f}) | {short.e2e_ms['p99']:,.0f} ({v.short_e2e:.2f}) "
+            f"| {short.ttft_ms['p99']:.1f} ({v.short_ttft:.2f}) | {v.not_ok} | {lent} | {moves} | {engines} "
+            f"| {run.load_average[0] if run.load_average else '-'}, {run.concurrent} |"
+        )
+    return out
 
 
 def _latency_table(runs: Sequence[SetupResult]) -> list[str]:
@@ -885,6 +1539,28 @@ def write_outputs(result: Result, options: Options, table: str) -> list[Path]:
         series.setdefault(run.setup, []).append((run.load, _short(run).e2e_ms["p99"]))
     paths.append(options.out / f"{options.name}-short-p99-vs-load.png")
     plot_p99_vs_load(paths[-1], series, SHORT_DEADLINE_S * 1000)
+    ratios = versus(result)
+    for load in dict.fromkeys(round(r.load, 2) for r in result.runs):
+        points = {
+            run.setup: (v.long, v.short_e2e)
+            for run in result.runs
+            if round(run.load, 2) == load and run.kind != "short-only" and (v := ratios.get((run.setup, load))) and not math.isnan(v.long)
+        }
+        if len(points) > 1:
+            paths.append(options.out / f"{options.name}-tradeoff-load{load:g}.png")
+            plot_tradeoff(paths[-1], load, points, result.engines)
+    shifting = [r for r in result.runs if r.series]
+    if shifting:
+        for load in dict.fromkeys(round(r.load, 2) for r in shifting):
+            runs = [r for r in shifting if round(r.load, 2) == load]
+            paths.append(options.out / f"{options.name}-shift-load{load:g}.png")
+            plot_shift(
+                paths[-1],
+                load,
+                {r.setup: r.series for r in runs},
+                {r.setup: [(p.t / result.time_scale, p.assignment) for p in r.timeline if p.assignment] for r in runs},
+                result.phase_s / result.time_scale if result.phase_s else None,
+            )
     return paths
 
 
@@ -896,7 +1572,12 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke check under 2 minutes: load 0.8, warm-up 4 s, window 8 s, drain 12 s")
     add("--engines", type=int, default=4, help="simulated GPUs per set-up (default %(default)s)")
-    add("--split", default="1:3", help="disaggregated I:B, interactive latency engines : batch throughput engines, I+B = --engines (default %(default)s)")
+    add(
+        "--split",
+        default="1:3",
+        help="disaggregated I:B, interactive latency engines : batch throughput engines, I+B = --engines; "
+        "comma-separated for several (each split set-up runs on each) (default %(default)s)",
+    )
     add("--loads", default=None, help="comma-separated loads, fractions of the shared capacity (default 0.5,0.8,1.0,1.3)")
     add("--traffic", choices=("poisson", "bursty"), default="poisson", help="arrival process (default %(default)s)")
     add("--burst-period", type=float, default=10.0, help="bursty: on half, off half of this many real s (default %(default)s)")
@@ -907,7 +1588,22 @@ def build_parser() -> argparse.ArgumentParser:
     add("--drain", type=float, default=None, help="longest wait after the last arrival, real s (default 30)")
     add("--time-scale", type=float, default=4.0, help="the simulator's --time-scale; keeps its CPU and the router's low (default %(default)s)")
     add("--seed", type=int, default=1, help="seed of the arrivals (default %(default)s)")
-    add("--setup", action="append", choices=SETUP_NAMES, help="run only this set-up, repeatable (default: all)")
+    add("--setup", action="append", choices=SETUP_NAMES, help=f"run this set-up, repeatable (default: {', '.join(DEFAULT_SETUPS)})")
+    add("--mix", choices=(*MIXES, "shift"), default="origin", help="traffic: the origin's, chat (short requests take most GPU time), "
+        "or shift (chat, then the origin's, --phase-seconds each) (default %(default)s)")
+    add("--phase-seconds", type=float, default=None, help="--mix shift: real s of each phase (default 120)")
+    add("--seats", type=int, default=None, help="every engine's max_num_seqs (and its endpoint cap); default: the profiles' (64 latency, 256 throughput)")
+    add("--lend-rule", action="append", default=None, metavar="RULE",
+        help="the interactive pool's lending rule, e.g. prompt=512,reserve=8,seats=32,output=512; repeatable: one lend set-up "
+        f"each, lend-rebalance takes the first (default {DEFAULT_LEND.label()})")
+    add("--no-lend-back", action="store_true", help="in the lend set-ups, the batch pool lends nothing to interactive requests")
+    add("--hold", type=float, default=RebalanceSpec.hold, help="[rebalance] hold_time, GPU s (default %(default)s)")
+    add("--cooldown", type=float, default=RebalanceSpec.cooldown, help="[rebalance] cooldown, GPU s (default %(default)s)")
+    add("--threshold", type=float, default=RebalanceSpec.threshold, help="[rebalance] threshold (default %(default)s)")
+    add("--batch-seats", default="16", help="shared-limit: batch's class_max_concurrency per engine, comma-separated, one set-up each (default %(default)s)")
+    add("--max-engines", type=int, default=0, help="run set-ups (and loads) at once while their engines add up to at most this "
+        "(each on engines of its own); 0: one at a time (default %(default)s)")
+    add("--bins", type=float, default=0.0, help="GPU s per bin of the per-class series over time (default: 2 with --mix shift, else none)")
     add("--out", type=Path, default=RESULTS, help="output folder (default %(default)s)")
     add("--name", default=None, help="base name of the outputs (default tail, or tail-quick)")
     add("--samples", type=Path, default=None, help="also write every request's fate (JSONL, one file per set-up and load) to this folder")
@@ -923,16 +1619,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Options:
     try:
-        interactive, batch = (int(x) for x in args.split.split(":"))
+        splits = [tuple(int(x) for x in item.split(":")) for item in args.split.split(",") if item.strip()]
         loads = [float(x) for x in (args.loads or ("0.8" if args.quick else "0.5,0.8,1.0,1.3")).split(",") if x.strip()]
-    except ValueError:
-        parser.error("--split is I:B (integers), --loads comma-separated numbers")
-    if interactive < 1 or batch < 1 or interactive + batch != args.engines:
-        parser.error(f"--split {args.split}: both >= 1 and summing to --engines {args.engines}")
+        rules = [LendRule.parse(text) for text in args.lend_rule] if args.lend_rule else [DEFAULT_LEND]
+        batch_seats = [int(x) for x in args.batch_seats.split(",") if x.strip()]
+    except ValueError as error:
+        parser.error(f"--split is I:B (integers), --loads comma-separated numbers, --batch-seats integers: {error}")
+    setups = args.setup or DEFAULT_SETUPS
+    needs_split = any(kind in SPLIT_KINDS for kind in setups)
+    for split in splits:
+        if len(split) != 2 or (needs_split and (split[0] < 1 or split[1] < 1 or sum(split) != args.engines)):
+            parser.error(f"--split {args.split}: each I:B both >= 1 and summing to --engines {args.engines}")
+    interactive, batch = splits[0]
     if not loads or min(loads) <= 0 or args.time_scale <= 0:
         parser.error("--loads and --time-scale must be > 0")
     quick = (4.0, 8.0, 12.0) if args.quick else (20.0, 30.0, 30.0)
     warmup, seconds, drain = (given if given is not None else default for given, default in zip((args.warmup, args.seconds, args.drain), quick))
+    phase = args.phase_seconds if args.phase_seconds is not None else 120.0
+    if args.mix == "shift":
+        seconds = 2 * phase - warmup  # the window: from the warm-up's end to the last arrival
     if seconds <= 0 or warmup < 0 or drain < 0:
         parser.error("--seconds must be > 0, --warmup and --drain >= 0")
     if args.fail_fast_fraction is not None and not 0 <= args.fail_fast_fraction <= 1:
@@ -950,11 +1655,21 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         drain=drain,
         time_scale=args.time_scale,
         seed=args.seed,
-        setups=args.setup or SETUP_NAMES,
+        setups=setups,
         out=args.out,
         name=args.name or ("tail-quick" if args.quick else "tail"),
         fail_fast_fraction=args.fail_fast_fraction,
         samples_dir=args.samples,
+        splits=[(i, b) for i, b in splits],
+        mix=args.mix,
+        seats=args.seats,
+        lend_rules=rules,
+        lend_back=not args.no_lend_back,
+        rebalance=RebalanceSpec(hold=args.hold, threshold=args.threshold, cooldown=args.cooldown),
+        batch_seats=batch_seats,
+        max_engines=args.max_engines,
+        phase_seconds=phase if args.mix == "shift" else 0.0,
+        bin_seconds=args.bins,
     )
 
 

@@ -50,19 +50,84 @@ def kind_of(prompt: int, max_tokens: int) -> str:
     return "short" if prompt <= INTERACTIVE_PROMPT_MAX and max_tokens <= INTERACTIVE_OUTPUT_MAX else "long"
 
 
-def generated(rate: float, warmup: float, seconds: float, seed: int, bursty_period: float | None) -> list[Arrival]:
-    """The origin's mix at ``rate`` req/s real: Poisson, or on/off (2x rate for half of each period, then silence)."""
-    rng = random.Random(seed)
+Shape = tuple[str, float, int, int]  # (reporting class, share of arrivals, prompt tokens, max_tokens)
+
+
+def origin_mix() -> list[Shape]:
+    """The origin's traffic: 80% one-line questions (max_tokens 64), 20% documents to summarise (max_tokens 512)."""
     shapes = origin_shapes()
-    peak = rate * 2 if bursty_period else rate
+    return [("short", SHORT_SHARE, *shapes["short"]), ("long", 1 - SHORT_SHARE, *shapes["long"])]
+
+
+def chat_mix() -> list[Shape]:
+    """A mix where short requests take most of the GPU time (issue 12's second mix).
+
+    90% chat turns (300 prompt tokens with their context, max_tokens 128);
+    10% long ones of four shapes, 2.5% each, whose prompts straddle the
+    prefill budgets a lending rule may set (256, 512, 1024 tokens): 200 and
+    450 tokens asking for 512 out, 900 and 3,000 tokens asking for 256. On
+    the engine model, short requests are ~72% of the GPU time (the origin's
+    mix: ~21%).
+    """
+    return [
+        ("short", 0.9, 300, 128),
+        ("long", 0.025, 200, 512),
+        ("long", 0.025, 450, 512),
+        ("long", 0.025, 900, 256),
+        ("long", 0.025, 3000, 256),
+    ]
+
+
+MIXES: dict[str, Callable[[], list[Shape]]] = {"origin": origin_mix, "chat": chat_mix}
+
+
+def shapes_by_class(shapes: Sequence[Shape]) -> dict[str, list[tuple[float, int, int]]]:
+    """``shapes`` as tail's mix: {class: [(share, prompt, max_tokens)]}."""
+    mix: dict[str, list[tuple[float, int, int]]] = {}
+    for kind, share, prompt, out in shapes:
+        mix.setdefault(kind, []).append((share, prompt, out))
+    return mix
+
+
+def generated(
+    rate: float, warmup: float, seconds: float, seed: int, bursty_period: float | None, shapes: Sequence[Shape] | None = None
+) -> list[Arrival]:
+    """``shapes`` (default: the origin's mix) at ``rate`` req/s real: Poisson, or on/off (2x rate for half of each period, then silence)."""
+    return phased([(warmup + seconds, rate, shapes or origin_mix())], warmup, seed, bursty_period)
+
+
+def phased(
+    phases: Sequence[tuple[float, float, Sequence[Shape]]], warmup: float, seed: int, bursty_period: float | None = None
+) -> list[Arrival]:
+    """Poisson arrivals phase after phase: each (real s long, req/s real, shapes); measured after ``warmup`` real s.
+
+    A mix that shifts mid-run (issue 12) is two phases; one phase is plain
+    ``generated``, which draws the same arrivals as before for the origin's mix.
+    """
+    rng = random.Random(seed)
     arrivals: list[Arrival] = []
-    at = rng.expovariate(peak)
-    while at < warmup + seconds and len(arrivals) < MAX_ARRIVALS:
-        kind = "short" if rng.random() < SHORT_SHARE else "long"
-        if not bursty_period or at % bursty_period < bursty_period / 2:
-            arrivals.append(Arrival(at, kind, *shapes[kind], measured=at >= warmup))
-        at += rng.expovariate(peak)
+    start = 0.0
+    for length, rate, shapes in phases:
+        peak = rate * 2 if bursty_period else rate
+        weights = [share for _, share, _, _ in shapes]
+        at = start + rng.expovariate(peak)
+        while at < start + length and len(arrivals) < MAX_ARRIVALS:
+            kind, _, prompt, out = _pick(rng, shapes, weights)
+            if not bursty_period or at % bursty_period < bursty_period / 2:
+                arrivals.append(Arrival(at, kind, prompt, out, measured=at >= warmup))
+            at += rng.expovariate(peak)
+        start += length
     return arrivals
+
+
+def _pick(rng: random.Random, shapes: Sequence[Shape], weights: Sequence[float]) -> Shape:
+    """One shape by share; with the origin's two shapes, the same draw the first tail used (short if below its share)."""
+    draw = rng.random() * sum(weights)
+    for shape, weight in zip(shapes, weights):
+        if draw < weight:
+            return shape
+        draw -= weight
+    return shapes[-1]
 
 
 def read_trace(path: Path, time_scale: float, warmup: float, seconds: float) -> list[Arrival]:
@@ -195,6 +260,7 @@ class Sample:
     lag: float
     request_id: str = ""
     at: float = 0.0  # when it was due, real s after the start
+    sent: float = math.nan  # when it was sent, real s after the start
     outcome: str = "cut"  # ok | 429 | 503 | timeout | other | cut (still running at the bound)
     status: int | None = None
     code: str | None = None  # an error reply's error.code (queue_full, queue_timeout, ...)
@@ -233,17 +299,19 @@ async def send_one(pool: TokenPool, request: bytes, sample: Sample) -> None:
     """One streaming request; fills ``sample``."""
     client = pool.take()
     start = time.perf_counter()
+    sample.sent = start  # absolute here; ``play`` makes it relative to its start
     try:
         reply = await client.exchange(request, TOKEN_MARKER)
     except (OSError, trio.BrokenResourceError, ProtocolError):
         sample.outcome = "other"
         return
-    finally:
+    finally:  # a request cut at the run's end keeps the tokens it had (served_tokens_per_s counts them)
+        times = client.token_times
+        sample.tokens = len(times)
+        sample.ttft = times[0] - start if times else None
+        sample.gaps = [b - a for a, b in zip(times, times[1:])]
         pool.give_back(client)
-    times = client.token_times
-    sample.e2e, sample.status, sample.tokens = time.perf_counter() - start, reply.status, len(times)
-    sample.ttft = times[0] - start if times else None
-    sample.gaps = [b - a for a, b in zip(times, times[1:])]
+    sample.e2e, sample.status = time.perf_counter() - start, reply.status
     if reply.status != 200:
         sample.outcome = _STATUS_OUTCOMES.get(reply.status, "other")
         sample.code = error_code(client.last_piece)
@@ -257,6 +325,7 @@ async def play(
     arrivals: Sequence[Arrival],
     drain: float,
     label: str,
+    progress: bool = True,
 ) -> tuple[list[Sample], float]:
     """Send each arrival on time, round robin over its class's pools; wait ``drain`` s at most after the last.
 
@@ -268,7 +337,8 @@ async def play(
     origin = time.perf_counter()
     last = arrivals[-1].at if arrivals else 0.0
     async with trio.open_nursery() as outer:
-        outer.start_soon(_progress, label, samples, len(arrivals), origin)
+        if progress:  # several runs at once would overwrite each other's line
+            outer.start_soon(_progress, label, samples, len(arrivals), origin)
         with trio.move_on_after(last + drain):
             async with trio.open_nursery() as nursery:
                 for index, arrival in enumerate(arrivals):
@@ -283,8 +353,37 @@ async def play(
                     request = with_request_id(request_of(pool.port, arrival), sample.request_id)
                     nursery.start_soon(send_one, pool, request, sample)
         outer.cancel_scope.cancel()
+    for sample in samples:
+        sample.sent -= origin
     print(f"\r{_progress_line(label, samples, len(arrivals), origin)}", file=sys.stderr, flush=True)
     return samples, time.perf_counter() - origin
+
+
+def token_times(sample: Sample) -> list[float]:
+    """When each of the sample's tokens reached the client, real s after the start (empty if none came)."""
+    if sample.ttft is None or math.isnan(sample.sent):
+        return []
+    times = [sample.sent + sample.ttft]
+    for gap in sample.gaps:
+        times.append(times[-1] + gap)
+    return times
+
+
+def served_tokens_per_s(samples: Sequence[Sample], kind: str, start: float, end: float, scale: float) -> float:
+    """Tokens/s (GPU time) of class ``kind`` that reached the client between ``start`` and ``end`` (real s).
+
+    Served throughput in the window, whether the request arrived before it
+    or ends after it: over a window shorter than a long request, the only
+    rate that says how much long work the engines do (a request cut by the
+    run's end counts its tokens so far; one that failed counts none).
+    """
+    if end <= start:
+        return math.nan
+    tokens = 0
+    for s in samples:
+        if s.kind == kind and s.outcome in ("ok", "cut"):
+            tokens += sum(1 for t in token_times(s) if start <= t < end)
+    return tokens / ((end - start) / scale)
 
 
 def _progress_line(label: str, samples: Sequence[Sample], total: int, origin: float) -> str:
@@ -337,17 +436,25 @@ class ClassStats:
     within_deadline: float | None  # share of ALL the class's requests that finished ok within the deadline
     ok_within_deadline: float | None  # share of the ones that finished ok that did so within the deadline
     e2e_sorted_ms: list[float] = field(repr=False, default_factory=list)  # for the CDF plot
+    served_tok_s: float = math.nan  # tokens/s (GPU time) streamed in the window, see served_tokens_per_s
     ttft_sorted_ms: list[float] = field(repr=False, default_factory=list)  # for the TTFT CDF plot
 
 
 def class_stats(
-    kind: str, samples: Sequence[Sample], scale: float, window: float, deadline: float | None, queue_deadline: float | None = None
+    kind: str,
+    samples: Sequence[Sample],
+    scale: float,
+    window: float,
+    deadline: float | None,
+    queue_deadline: float | None = None,
+    served_window: tuple[float, float] | None = None,
 ) -> ClassStats:
     """One class's numbers over the measured window; latencies divided by ``scale`` (GPU time).
 
     ``deadline`` (GPU s) is the one end-to-end latency is held to; ``queue_deadline``
     (GPU s) is the class's queue timeout, which tells a 503 queue_timeout refused
     at arrival from one that waited (see :func:`rejection_stats`).
+    ``served_window`` (real s after the start) is where the served token rate is counted.
     """
     mine = [s for s in samples if s.kind == kind and s.measured]
     ok = [s for s in mine if s.outcome == "ok"]
@@ -374,6 +481,7 @@ def class_stats(
         ok_within_deadline=None if on_time is None or not ok else on_time / len(ok),
         e2e_sorted_ms=e2e,
         ttft_sorted_ms=ttft,
+        served_tok_s=served_tokens_per_s(samples, kind, *served_window, scale) if served_window else math.nan,
     )
 
 

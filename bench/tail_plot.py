@@ -79,3 +79,73 @@ def plot_timelines(
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def plot_tradeoff(path: Path, load: float, points: Mapping[str, tuple[float, float]], engines: int) -> None:
+    """Short E2E P99 (over the ideal) against long served throughput (over round robin), one point per set-up.
+
+    Down and to the right is better; a point dominates another when it is at
+    least as far right and at least as low. The issue's targets are drawn.
+    """
+    figure, axis = plt.subplots(figsize=(7.5, 5))
+    for name, (x, y) in points.items():
+        if math.isnan(x) or math.isnan(y):
+            continue
+        marker = "s" if name.startswith(("shared", "disaggregated")) else "o"
+        axis.scatter([x], [y], marker=marker, s=40)
+        axis.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    long_goal, short_goal = (0.9, 1.45) if engines == 2 else (0.9, 1.6) if engines == 1 else (0.95, 1.25)
+    axis.axvline(long_goal, color="grey", linewidth=0.8, linestyle="--")
+    axis.axhline(short_goal, color="grey", linewidth=0.8, linestyle="--", label=f"targets: long >= {long_goal}, short <= {short_goal}x")
+    axis.set_yscale("log")
+    axis.set_xlabel("long tokens served in the window / round robin's (shared)")
+    axis.set_ylabel("short E2E P99 / short-only's (log)")
+    axis.set_title(f"{engines} engine(s), load {load:g}: the trade-off (down-right is better)")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_shift(
+    path: Path,
+    load: float,
+    series: Mapping[str, Sequence[Mapping[str, object]]],
+    assignment: Mapping[str, Sequence[tuple[float, Mapping[str, int] | None]]],
+    shift_at: float | None,
+) -> None:
+    """A run whose mix shifts: endpoints per pool (top), per-class E2E P99 (middle) and tokens/s served (bottom) over GPU time.
+
+    ``series[setup]`` rows carry t_gpu_s, kind, e2e_p99_ms, served_tok_s;
+    ``assignment[setup]`` is [(GPU s, {pool: endpoints})] from the router's /metrics.
+    """
+    figure, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (setup, rows) in enumerate(series.items()):
+        colour = colours[index % len(colours)]
+        for kind, style in (("short", "-"), ("long", "--")):
+            mine = [r for r in rows if r["kind"] == kind]
+            xs = [float(r["t_gpu_s"]) for r in mine]  # type: ignore[arg-type]
+            middle.plot(xs, [float(r["e2e_p99_ms"]) for r in mine], style, color=colour, label=f"{setup} {kind}")  # type: ignore[arg-type]
+            bottom.plot(xs, [float(r["served_tok_s"]) for r in mine], style, color=colour, label=f"{setup} {kind}")  # type: ignore[arg-type]
+        points = [(t, a) for t, a in assignment.get(setup, []) if a]
+        if points:
+            top.step([t for t, _ in points], [a.get("interactive", 0) for _, a in points], where="post", color=colour, label=f"{setup}: interactive")
+            top.step([t for t, _ in points], [a.get("batch", 0) for _, a in points], ":", where="post", color=colour, label=f"{setup}: batch")
+    for axis in (top, middle, bottom):
+        if shift_at is not None:
+            axis.axvline(shift_at, color="red", linewidth=0.8, linestyle="--")
+        axis.grid(True, alpha=0.3)
+    top.set_ylabel("endpoints in the pool")
+    top.set_title(f"mix shifts at the red line (chat, then the origin's), load {load:g}")
+    middle.set_yscale("log")
+    middle.set_ylabel("E2E P99 by arrival, ms (GPU)")
+    bottom.set_ylabel("tokens/s served (GPU time)")
+    bottom.set_xlabel("GPU seconds since the first arrival")
+    for axis in (top, middle, bottom):
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=6, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
