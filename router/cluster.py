@@ -1,0 +1,207 @@
+"""One admission budget shared by every replica: caps stay strict however many run.
+
+Each capped resource (a pool, an endpoint, an API key) has one cap for the
+whole cluster. A replica admits requests only within its *grant*: the seats
+of that cap the shared ledger has recorded as its own. The ledger (a store:
+``server.redis_ledger`` on Redis) keeps, per resource, every replica's grant,
+and a replica's grants count only while its lease lives (it renews it on
+every sync); a replica that dies (kill -9) stops renewing, and its seats
+return to the others within ``lease_ttl``.
+
+Round trips stay off the request path: admission is local, against the
+grant. A background sync (every ``sync_interval`` s, and at once when a
+request finds its grant used up) asks the ledger for what the replica needs:
+the seats in use, the requests waiting, and a small ``block`` of spare seats
+so a burst does not wait for a round trip. A grant grows only once the ledger
+has recorded it, and shrinks locally before the ledger hears of it, so the
+sum of what replicas may use never exceeds a cap.
+
+Priority across replicas: with a sync each replica publishes the best
+(lowest) class priority waiting for each pool. While another live replica
+has a more urgent request waiting, the ledger lets a replica keep only the
+seats it uses: the seats that free up go back at its next sync, and the
+short request on replica A gets them before the long one on replica B. The
+cost is one sync interval; a seat freed on B between two syncs can still go
+to B's own waiter first.
+
+Redis unreachable or slow (a sync fails or takes over half the TTL): the
+replica falls back at once to ``min(grant, static share)`` of each cap, and
+after ``lease_ttl`` (when every replica has noticed) to its static share:
+``static_share`` of the cap, the shares of all replicas adding up to at
+most 1, so the caps hold in total. It is *degraded*, not down. When the
+ledger answers again it records at most the static share for ``2 x
+lease_ttl`` (while the others come back) and then grows as usual: no seat is
+counted twice. A replica cut off from Redis while the others still reach it
+is the case this cannot make strict: after the TTL the others take back its
+grant while it still serves its static share (documented in the README).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+log = logging.getLogger("tailguard.cluster")
+
+NO_WAITER = 1 << 30  # the "best priority waiting" of a resource nobody waits for
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """``[cluster]``: where the shared ledger lives and how this replica uses it."""
+
+    redis_url: str  # redis://host:port/db
+    namespace: str = "tailguard"  # key prefix: replicas sharing caps share it
+    replica_id: str = ""  # empty: host name and process id
+    lease_ttl: float = 5.0  # a replica silent this long has its seats returned to the others
+    sync_interval: float = 0.1  # seconds between syncs with the ledger
+    static_share: float = 0.5  # share of each cap used while the ledger is unreachable
+    block: int = 2  # spare seats held beyond demand, so a burst needs no round trip
+
+    def replica(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Want:
+    """What this replica asks of one resource at a sync."""
+
+    resource: str
+    cap: int  # the cluster-wide cap
+    target: int  # seats it wants recorded as its own
+    best_waiting: int = NO_WAITER  # the most urgent class priority waiting for it here
+    in_use: int = 0  # seats in use here: kept even when more urgent work waits elsewhere
+
+
+class LedgerStore(Protocol):
+    """The shared ledger (Redis in production, ``server.redis_ledger``)."""
+
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> list[int]:
+        """Renew the replica's lease and record its grants; returns the grant per want, in order."""
+        ...
+
+
+@dataclass
+class Demand:
+    """One resource as the router sees it now."""
+
+    resource: str
+    cap: int
+    in_use: int
+    waiting: int = 0
+    best_waiting: int = NO_WAITER
+    apply: Callable[[int], None] = field(default=lambda granted: None, repr=False)  # gives the router the grant
+
+
+@dataclass
+class ClusterStatus:
+    mode: str  # "ledger", "fallback" or "starting"
+    replica: str
+    grants: dict[str, int]
+    syncs: int
+    failures: int
+    fallback_since: float | None
+
+
+class SharedBudget:
+    """This replica's grants, kept in step with the ledger by ``run``."""
+
+    def __init__(self, config: ClusterConfig, store: LedgerStore, demands: Callable[[], list[Demand]]) -> None:
+        self.config = config
+        self.replica = config.replica()
+        self._store = store
+        self._demands = demands
+        self._grants: dict[str, int] = {}
+        self.mode = "starting"
+        self._fallback_since: float | None = None
+        self._recovered_at = -math.inf
+        self.syncs = 0
+        self.failures = 0
+        self._wanted = trio.Event()
+
+    def granted(self, resource: str, cap: int) -> int:
+        """Seats of ``resource`` this replica may use now (0 until the first sync or fallback)."""
+        return min(cap, self._grants.get(resource, 0))
+
+    def wake(self) -> None:
+        """A request found its grant used up: sync now rather than at the next tick."""
+        self._wanted.set()
+
+    def status(self) -> ClusterStatus:
+        return ClusterStatus(self.mode, self.replica, dict(self._grants), self.syncs, self.failures, self._fallback_since)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sync forever; the first sync (or the fallback) happens before ``started``."""
+        await self.sync_once()
+        task_status.started()
+        while True:
+            with trio.move_on_after(self.config.sync_interval):
+                await self._wanted.wait()
+            self._wanted = trio.Event()
+            await self.sync_once()
+
+    async def sync_once(self) -> None:
+        """One round trip: ask for what the demand needs, apply what the ledger granted."""
+        now = trio.current_time()
+        demands = self._demands()
+        wants = [self._want(d, now) for d in demands]
+        for demand, want in zip(demands, wants):
+            # Seats about to be given back are not used meanwhile.
+            lowered = min(self._grants.get(demand.resource, 0), max(want.target, demand.in_use))
+            if lowered < self._grants.get(demand.resource, 0):
+                self._set(demand, lowered)
+        granted: list[int] | None = None
+        with trio.move_on_after(self.config.lease_ttl / 2):
+            try:
+                granted = await self._store.sync(self.replica, self.config.lease_ttl, wants)
+            except Exception as error:  # any failure of the store: fall back, never fail requests for it
+                self._failed(now, demands, f"{type(error).__name__}: {error}")
+                return
+        if granted is None:
+            self._failed(now, demands, f"no answer within {self.config.lease_ttl / 2:g} s")
+            return
+        if self.mode != "ledger":
+            log.info("cluster: the shared ledger answers (replica %s); caps are shared again", self.replica)
+            if self.mode == "fallback":
+                self._recovered_at = now
+            self.mode = "ledger"
+            self._fallback_since = None
+        self.syncs += 1
+        for demand, seats in zip(demands, granted):
+            self._set(demand, seats)
+
+    def _want(self, demand: Demand, now: float) -> Want:
+        config = self.config
+        target = min(demand.cap, max(demand.in_use, demand.in_use + demand.waiting + config.block))
+        if now - self._recovered_at < 2 * config.lease_ttl:
+            # Others may still run on their static shares: claim no more than ours meanwhile.
+            target = min(target, max(demand.in_use, self._static(demand.cap)))
+        return Want(demand.resource, demand.cap, target, demand.best_waiting, demand.in_use)
+
+    def _static(self, cap: int) -> int:
+        return math.floor(cap * self.config.static_share + 1e-9)
+
+    def _failed(self, now: float, demands: list[Demand], why: str) -> None:
+        self.failures += 1
+        if self.mode != "fallback":
+            log.warning("cluster: the shared ledger failed (%s); each cap falls back to this replica's static share", why)
+            self.mode = "fallback"
+            self._fallback_since = now
+        settled = self._fallback_since is not None and now - self._fallback_since >= self.config.lease_ttl
+        for demand in demands:
+            static = self._static(demand.cap)
+            # At once: never more than the grant the ledger counted, nor the static share.
+            # After the TTL every replica has fallen back: the static share itself.
+            seats = static if settled else min(self._grants.get(demand.resource, 0), static)
+            self._set(demand, seats)
+
+    def _set(self, demand: Demand, seats: int) -> None:
+        self._grants[demand.resource] = seats
+        demand.apply(seats)

@@ -1,0 +1,106 @@
+"""The shared admission ledger on Redis: one Lua script, one round trip a sync.
+
+Keys, under the namespace ``NS``:
+- ``NS:alive:REPLICA`` -- the replica's lease, set with a TTL at every sync;
+- ``NS:grant:RESOURCE`` -- a hash, replica -> seats of the resource's cap recorded as its own;
+- ``NS:want:RESOURCE`` -- a hash, replica -> the most urgent class priority waiting there.
+
+The script runs atomically in Redis, so grants are decided one replica at a
+time: a grant grows only by seats that no live replica holds (the grants of
+replicas whose lease has lapsed are dropped on the way); while another live
+replica has a more urgent request waiting, a grant keeps only the seats in
+use, so seats that free up go to that request at its next sync. coredis
+(anyio, so it runs under Trio) speaks the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import coredis
+
+from router.cluster import NO_WAITER, Want
+
+_SYNC = """
+local prefix, me, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('SET', prefix .. 'alive:' .. me, '1', 'PX', ttl)
+local alive = {}
+local function is_alive(replica)
+  if alive[replica] == nil then
+    alive[replica] = redis.call('EXISTS', prefix .. 'alive:' .. replica) == 1
+  end
+  return alive[replica]
+end
+local out = {}
+for i = 0, n - 1 do
+  local base = 5 + i * 5
+  local name = ARGV[base]
+  local cap, target, urgency = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+  local in_use = tonumber(ARGV[base + 4])
+  local grants_key, wants_key = prefix .. 'grant:' .. name, prefix .. 'want:' .. name
+  local grants = redis.call('HGETALL', grants_key)
+  local others, mine = 0, 0
+  for j = 1, #grants, 2 do
+    local replica, seats = grants[j], tonumber(grants[j + 1])
+    if replica == me then
+      mine = seats
+    elseif is_alive(replica) then
+      others = others + seats
+    else
+      redis.call('HDEL', grants_key, replica)
+      redis.call('HDEL', wants_key, replica)
+    end
+  end
+  local wants = redis.call('HGETALL', wants_key)
+  for j = 1, #wants, 2 do
+    if wants[j] ~= me and tonumber(wants[j + 1]) < urgency and is_alive(wants[j]) then
+      -- a more urgent request waits elsewhere: this replica keeps only the seats in use
+      target = math.min(target, math.max(in_use, 0))
+      break
+    end
+  end
+  local granted = math.max(0, math.min(target, cap - others))
+  redis.call('HSET', grants_key, me, granted)
+  if urgency < ARGV[#ARGV] + 0 then
+    redis.call('HSET', wants_key, me, urgency)
+  else
+    redis.call('HDEL', wants_key, me)
+  end
+  out[#out + 1] = granted
+end
+return out
+"""
+
+
+class RedisLedger:
+    """``router.cluster.LedgerStore`` on one Redis (``redis://host:port/db``).
+
+    Use it as an async context manager: coredis keeps its connections in a
+    task group that lives as long as the block.
+    """
+
+    def __init__(self, url: str, namespace: str, *, timeout: float = 1.0) -> None:
+        self._client: Any = coredis.Redis.from_url(url, decode_responses=True, stream_timeout=timeout, connect_timeout=timeout)
+        self._prefix = namespace + ":"
+        self._script: Any = self._client.register_script(_SYNC)
+
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> list[int]:
+        args: list[str | int] = [self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants)]
+        for want in wants:
+            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use]
+        args.append(NO_WAITER)
+        result = await self._script(keys=[], args=args)
+        return [int(seats) for seats in result]
+
+    async def grants(self, resource: str) -> dict[str, int]:
+        """Every replica's recorded grant of ``resource`` (tests and the benchmark check the ledger)."""
+        raw = await self._client.hgetall(self._prefix + "grant:" + resource)
+        return {str(k): int(v) for k, v in raw.items()}
+
+    async def __aenter__(self) -> RedisLedger:
+        await self._client.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._client.__aexit__(*exc_info)
