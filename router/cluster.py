@@ -40,33 +40,17 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import trio
 
+from .config_types import ClusterConfig
+
 log = logging.getLogger("tailguard.cluster")
 
 NO_WAITER = 1 << 30  # the "best priority waiting" of a resource nobody waits for
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """``[cluster]``: where the shared ledger lives and how this replica uses it."""
-
-    redis_url: str  # redis://host:port/db
-    namespace: str = "tailguard"  # key prefix: replicas sharing caps share it
-    replica_id: str = ""  # empty: host name and process id
-    lease_ttl: float = 5.0  # a replica silent this long has its seats returned to the others
-    sync_interval: float = 0.1  # seconds between syncs with the ledger
-    static_share: float = 0.5  # share of each cap used while the ledger is unreachable
-    block: int = 2  # spare seats held beyond demand, so a burst needs no round trip
-
-    def replica(self) -> str:
-        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from .config_types import (
     ApiKeyConfig,
     AuthConfig,
     ClassConfig,
+    ClusterConfig,
     Config,
     EndpointConfig,
     EstimateConfig,
@@ -147,6 +148,7 @@ def parse_config(
     logging_config = _read_logging(root.table("logging"))
     metrics = _read_metrics(root.table("metrics"))
     rebalance = _read_rebalance(root.table("rebalance"))
+    cluster = _read_cluster(root.table("cluster"), present=root.has("cluster"))
     root.finish()
     if problems:
         raise ConfigError(problems, source=source)
@@ -162,6 +164,7 @@ def parse_config(
         logging=logging_config,
         metrics=metrics,
         rebalance=rebalance,
+        cluster=cluster,
         warnings=_warnings(timeouts),
     )
 
@@ -584,6 +587,31 @@ def _read_metrics(table: _Table) -> MetricsConfig:
     )
     table.finish()
     return MetricsConfig(backend_scrape_interval=scrape, duplicate_request_id_window=window)
+
+
+def _read_cluster(table: _Table, present: bool) -> ClusterConfig | None:
+    """``[cluster]``: absent, this process holds every cap alone (no Redis needed)."""
+    if not present:
+        table.finish()
+        return None
+    default = ClusterConfig(redis_url="")
+    url = table.string("redis_url")
+    if table.ok("redis_url") and not (url.startswith("redis://") or url.startswith("rediss://") or url.startswith("unix://")):
+        table.problem("redis_url", f"must be a redis:// (or rediss://, unix://) URL, got {json.dumps(url)}")
+    namespace = table.string("namespace", default.namespace)
+    replica_id = table.string("replica_id", default.replica_id)
+    ttl = table.number("lease_ttl", default.lease_ttl, minimum=0.0)
+    interval = table.number("sync_interval", default.sync_interval, minimum=0.0)
+    if table.ok("lease_ttl", "sync_interval") and interval * 3 > ttl:
+        table.problem("sync_interval", f"{interval:g} s must be at most a third of {table.key('lease_ttl')} {ttl:g} s (a lease is renewed at every sync)")
+    share = table.number("static_share", default.static_share, minimum=0.0, inclusive=True)
+    if table.ok("static_share") and share > 1:
+        table.problem("static_share", f"must be at most 1 (a share of each cap; the replicas' shares must add up to at most 1), got {share:g}")
+    block = table.integer("block", default.block, minimum=0)
+    table.finish()
+    return ClusterConfig(
+        redis_url=url, namespace=namespace, replica_id=replica_id, lease_ttl=ttl, sync_interval=interval, static_share=share, block=block
+    )
 
 
 def _read_rebalance(table: _Table) -> RebalanceConfig:

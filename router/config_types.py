@@ -7,6 +7,9 @@ Durations are seconds (``*_timeout``); sizes are tokens unless named bytes.
 
 from __future__ import annotations
 
+import os
+import socket
+
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -251,6 +254,22 @@ class ClassConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """``[cluster]``: one admission budget shared by every replica, on Redis (router/cluster.py)."""
+
+    redis_url: str  # redis://host:port/db
+    namespace: str = "tailguard"  # key prefix: replicas that share caps share it
+    replica_id: str = ""  # empty: host name and process id
+    lease_ttl: float = 5.0  # a replica silent this long has its seats returned to the others
+    sync_interval: float = 0.1  # seconds between syncs with the ledger
+    static_share: float = 0.5  # share of each cap used while the ledger is unreachable
+    block: int = 2  # spare seats held beyond demand, so a burst needs no round trip
+
+    def replica(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration.
 
@@ -272,6 +291,7 @@ class Config:
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()
     rebalance: RebalanceConfig = RebalanceConfig()
+    cluster: ClusterConfig | None = None  # None: this process holds every cap alone
     warnings: tuple[str, ...] = ()
 
     def pool(self, name: str) -> PoolConfig:

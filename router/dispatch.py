@@ -40,6 +40,7 @@ from .errors import (
     ModelNotFound,
 )
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
+from .cluster import NO_WAITER, ClusterStatus, Demand, LedgerStore, SharedBudget
 from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics, Ticket
 from .rebalance import Rebalancer
 from .request import Routing, RouterRequest
@@ -125,6 +126,7 @@ class RouterStatistics:
     moving: dict[str, tuple[str, str]] = field(default_factory=dict)  # endpoint URL -> (from, to), while it drains
     lent: dict[str, int] = field(default_factory=dict)  # per pool: its seats serving other pools' requests now
     borrowed: dict[tuple[str, str], int] = field(default_factory=dict)  # (pool, lender) -> requests seated, ever
+    cluster: ClusterStatus | None = None  # [cluster]: the shared ledger's mode and this replica's grants
 
     @property
     def in_flight(self) -> int:
@@ -158,6 +160,8 @@ class Router:
         self._to_close: list[Closable] = []
         self._close_wanted = trio.Event()
         self._rebalancer = Rebalancer()
+        self._budget: SharedBudget | None = None  # [cluster]: this replica's share of every cap
+        self._caller_grants: dict[str, int] = {}
         self._assignment_epoch = 0  # a reload starts a new one: moves begun before it are dropped
         self._moves: Counter[tuple[str, str]] = Counter()
         self._moving: dict[str, tuple[str, str]] = {}
@@ -324,6 +328,8 @@ class Router:
         with self._holding(caller, config.timeouts.retry_after):
             queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
             ticket = Ticket(klass.name, model, prompt_tokens, max_tokens)
+            if self._budget is not None and pool.in_flight >= pool.max_concurrency:
+                self._budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
             lease = await pool.admit(klass.priority, queue_deadline, ticket, retry_after=config.timeouts.retry_after)
             try:
                 admitted = trio.current_time()
@@ -419,7 +425,12 @@ class Router:
     def _holding(self, caller: Caller, retry_after: float) -> Iterator[None]:
         """Count the request against its caller's cap and the drain, from queue to end."""
         held = self._caller_in_flight.get(caller.name, 0)
-        if caller.max_concurrency is not None and held >= caller.max_concurrency:
+        limit = caller.max_concurrency
+        if limit is not None and self._budget is not None:
+            limit = min(limit, self._caller_grants.get(caller.name, 0))  # this replica's share of the key's cap
+        if limit is not None and held >= limit:
+            if self._budget is not None:
+                self._budget.wake()  # ask for more of the key's cap before the next caller comes
             raise CallerOverLimit(
                 f"the caller {caller.name!r} already has {held} requests in flight, its cap; "
                 f"retry after {retry_after:g} s",
@@ -456,14 +467,21 @@ class Router:
 
     # -- background work --------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, ledger: LedgerStore | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Background work, forever: health checks (``healthy`` is set only from
-        here), backend load scrapes, and closing clients that reloads retired.
+        here), backend load scrapes, closing clients that reloads retired,
+        rebalancing, and -- with ``[cluster]`` and a ``ledger`` -- keeping this
+        replica's share of every cap in step with the others (the first sync,
+        or the fallback, happens before ``started``).
 
         A turn that fails is logged and the loop goes on: a broken probe must
         never stop health checking for the life of the process.
         """
         async with trio.open_nursery() as nursery:
+            cluster = self.config.cluster
+            if cluster is not None and ledger is not None:
+                self._budget = SharedBudget(cluster, ledger, self._cluster_demands)
+                await nursery.start(self._budget.run)
             nursery.start_soon(
                 _forever, "health check", self.check_health, lambda: self.config.timeouts.health_check_interval
             )
@@ -471,6 +489,25 @@ class Router:
             nursery.start_soon(self._close_retired_forever)
             nursery.start_soon(self._rebalance_forever, nursery)
             task_status.started()
+
+    def _cluster_demands(self) -> list[Demand]:
+        """Every capped resource as this replica sees it now: pools, endpoints, API keys."""
+        demands: list[Demand] = []
+        for pool in self._pools.values():
+            urgent = pool.queue.most_urgent()
+            waiting = pool.queue.waiting
+            demands.append(
+                Demand(f"pool:{pool.name}", pool.cluster_cap, pool.in_flight, waiting, NO_WAITER if urgent is None else urgent, pool.set_grant)
+            )
+            for endpoint in pool.endpoints:
+                demands.append(
+                    Demand(f"endpoint:{endpoint.url}", endpoint.max_concurrency, endpoint.in_flight, waiting, apply=_endpoint_grant(endpoint, pool))
+                )
+        for key in self.config.auth.keys:
+            if key.max_concurrency is not None:
+                held = self._caller_in_flight.get(key.name, 0)
+                demands.append(Demand(f"key:{key.name}", key.max_concurrency, held, apply=_caller_grant(self._caller_grants, key.name)))
+        return demands
 
     async def _rebalance_forever(self, nursery: trio.Nursery) -> None:
         """Look at the pools' demand every ``rebalance.interval`` s; start the moves it calls for."""
@@ -619,6 +656,7 @@ class Router:
             moving=dict(self._moving),
             lent={name: pool.lent for name, pool in self._pools.items()},
             borrowed={(name, lender): n for name, pool in self._pools.items() for lender, n in pool.borrowed_total.items()},
+            cluster=None if self._budget is None else self._budget.status(),
             backend_clients=sum(e.open_clients for e in [*self._endpoints.values(), *self._retired_endpoints.values()])
             + len(self._to_close),
         )
@@ -633,7 +671,14 @@ class Router:
             for pool in self._pools.values()
         }
         ready = not self._draining and all(p["healthy"] for p in pools.values())
-        return {"status": "ready" if ready else "unavailable", "draining": self._draining, "pools": pools}
+        status = "ready" if ready else "unavailable"
+        health: dict[str, Any] = {"status": status, "draining": self._draining, "pools": pools}
+        if self._budget is not None:
+            mode = self._budget.mode
+            health["cluster"] = {"mode": mode, "replica": self._budget.replica}
+            if ready and mode == "fallback":
+                health["status"] = "degraded"  # serving, on static shares of the caps: not down
+        return health
 
     def assignment(self) -> list[dict[str, Any]]:
         """Each pool's GPUs now, for ``/v1/limits`` (no URLs): rebalancing and lending show here."""
@@ -684,6 +729,21 @@ async def _open_started(
             await response.aclose()
         raise
     return response
+
+
+def _endpoint_grant(endpoint: Endpoint, pool: Pool) -> Callable[[int], None]:
+    def apply(seats: int) -> None:
+        endpoint.granted = seats
+        pool.queue.dispatch()
+
+    return apply
+
+
+def _caller_grant(grants: dict[str, int], name: str) -> Callable[[int], None]:
+    def apply(seats: int) -> None:
+        grants[name] = seats
+
+    return apply
 
 
 def _retryable(error: BackendError) -> bool:

@@ -78,6 +78,7 @@ class Endpoint:
         self.url = config.url
         self.max_concurrency = config.max_concurrency
         self.movable = config.movable
+        self.granted: int | None = None  # its seats this replica may use ([cluster]); None: all
         self.in_flight = 0
         self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
         self.healthy = True
@@ -202,8 +203,13 @@ class Endpoint:
         return self.healthy and (self.ejected_until is None or not self.ejected)
 
     @property
+    def seats(self) -> int:
+        """Its cap here: all of it, or this replica's grant of it in a cluster."""
+        return self.max_concurrency if self.granted is None else min(self.max_concurrency, self.granted)
+
+    @property
     def has_room(self) -> bool:
-        return self.in_flight < self.max_concurrency and self.usable
+        return self.in_flight < self.seats and self.usable
 
     def eject(self, outlier: OutlierDetectionConfig) -> float:
         """Take it out for base x (times ejected), at most the maximum; returns the seconds.
@@ -355,13 +361,25 @@ class Pool:
         self.class_in_flight: dict[str, int] = {}  # seats of this pool held per class
         self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
         self.cap_moved = 0  # seats of endpoints moved in, less those moved out, since the last reload
+        self.granted: int | None = None  # this replica's share of the cap ([cluster]); None: all of it
         self._rng = rng or random.Random()
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
     @property
-    def max_concurrency(self) -> int:
-        """The pool's cap now: the configured one, plus what rebalancing moved in, less what it moved out."""
+    def cluster_cap(self) -> int:
+        """The pool's cap across every replica: the configured one, plus what rebalancing moved in, less what it moved out."""
         return max(0, self.config.max_concurrency + self.cap_moved)
+
+    @property
+    def max_concurrency(self) -> int:
+        """The pool's cap here: ``cluster_cap``, or this replica's grant of it ([cluster])."""
+        cap = self.cluster_cap
+        return cap if self.granted is None else min(cap, self.granted)
+
+    def set_grant(self, seats: int | None) -> None:
+        """This replica's share of the pool's cap changed: waiters get any room it opened."""
+        self.granted = seats
+        self.queue.dispatch()
 
     def reconfigure(self, config: PoolConfig, endpoints: list[Endpoint]) -> None:
         """Adopt a new config and endpoint set (a reload: moves are undone); waiters get any room it opens."""
@@ -381,7 +399,7 @@ class Pool:
     @property
     def seats(self) -> int:
         """Requests the pool may run at once now: its cap, or its usable endpoints' caps if fewer."""
-        usable = sum(e.max_concurrency for e in self.endpoints if e.usable)
+        usable = sum(e.seats for e in self.endpoints if e.usable)
         return min(self.max_concurrency, usable)
 
     # -- outlier detection ----------------------------------------------------

@@ -156,6 +156,10 @@ class WaitQueue(Generic[T, K]):
         """Tasks parked now."""
         return self._waiting
 
+    def most_urgent(self) -> int | None:
+        """The lowest priority number parked now, or None when nobody waits."""
+        return min(self._by_priority) if self._by_priority else None
+
     @property
     def max_waiting(self) -> int:
         """The bound on parked tasks; lowering it evicts no one already parked."""

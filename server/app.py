@@ -27,6 +27,7 @@ from .http_api import HttpApi
 from .http_server import HttpSettings
 from .http_server import serve as serve_http
 from .logs import AccessLog
+from .redis_ledger import RedisLedger
 from .metrics import Metrics
 from .reload import ConfigReloader
 from .simulate import SimulatedFleet
@@ -89,13 +90,19 @@ async def serve(
     drain = trio.Event()
     for warning in config.warnings:
         log.warning("config: %s", warning)
-    async with trio.open_nursery() as nursery:
+    async with contextlib.AsyncExitStack() as stack, trio.open_nursery() as nursery:
         fleet = SimulatedFleet(nursery) if simulate else None
         if fleet is not None:
             await fleet.ensure(config)
         router = Router(config)
         await router.check_health()
-        nursery.start_soon(router.run)
+        if config.cluster is not None:
+            # One admission budget with the other replicas: the ledger lives as long as the process.
+            ledger = await stack.enter_async_context(RedisLedger(config.cluster.redis_url, config.cluster.namespace))
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+            log.info("cluster: replica %s shares its caps through %s", config.cluster.replica(), _redacted(config.cluster.redis_url))
+        else:
+            nursery.start_soon(router.run)
         metrics = Metrics(router)
         access_log = AccessLog(log_prompts=config.logging.log_prompts, enabled=config.logging.access_log)
         telemetry = Telemetry([metrics.observe, access_log])
@@ -177,6 +184,13 @@ async def serve(
         nursery.cancel_scope.cancel()
     await router.aclose()
     metrics.close()
+
+
+def _redacted(url: str) -> str:
+    """A Redis URL without its password, for the log."""
+    scheme, _, rest = url.partition("://")
+    _, at, host = rest.rpartition("@")
+    return f"{scheme}://{'***@' if at else ''}{host}"
 
 
 async def drain_router(router: Router, timeout: float) -> bool:

@@ -546,12 +546,12 @@ async def _push_health(
     ``HEALTH_CHECK_SECONDS``; the asyncio side hears of a change, not of
     every check.
     """
-    serving = router.health()["status"] == "ready"
+    serving = router.health()["status"] != "unavailable"
     await host.run(lambda: grpc_server.set_serving(serving))
     task_status.started()
     while True:
         await trio.sleep(HEALTH_CHECK_SECONDS)
-        now_serving = router.health()["status"] == "ready"
+        now_serving = router.health()["status"] != "unavailable"
         if now_serving != serving:
             serving = now_serving
             await host.run(lambda: grpc_server.set_serving(now_serving))

@@ -111,7 +111,7 @@ class HttpApi:
             return
         if path == "/health":
             health = self._router.health()
-            await _send_json(send, 200 if health["status"] == "ready" else 503, health, request_id)
+            await _send_json(send, 503 if health["status"] == "unavailable" else 200, health, request_id)
             return
         if path == "/metrics" and self._metrics is not None:
             body = self._metrics.render()

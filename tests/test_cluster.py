@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Iterator
 
 import pytest
 import trio
 
-from router.cluster import NO_WAITER, ClusterConfig, Demand, SharedBudget
+from bench.sim import PROFILES, Engine, SimApp, SimTransport
+from router.cluster import NO_WAITER, Demand, SharedBudget
+from router.config import ConfigError, parse_config
+from router.config_types import ClusterConfig
+from router.dispatch import Router
 from server.redis_ledger import RedisLedger
 
 from .redis_helpers import RedisServer, redis_server
+from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
+from .sim_helpers import MODEL
+from .test_config import BASE
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock
@@ -110,3 +119,83 @@ async def test_redis_down_falls_back_to_static_shares_and_recovers_without_doubl
         assert await b.need(8) == 5  # a holds 5: nothing is counted twice
         assert await a.need(2) == 2 and await b.need(8) == 8
         assert sum((await ledger.grants("pool:x")).values()) == CAP
+
+
+async def test_two_routers_on_one_ledger_never_send_an_engine_more_than_its_cap(redis: RedisServer) -> None:
+    """Two replicas, one engine of 4 seats behind both: alone each would run 4, together still 4."""
+    base = two_pool_config(interactive_cap=4, interactive_timeout=20.0)
+    engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
+    transports = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    routers = [
+        Router(
+            dataclasses.replace(base, cluster=ClusterConfig(redis.url, namespace="t5", replica_id=name, lease_ttl=1.0, sync_interval=0.02, block=1)),
+            transport_factory=lambda endpoint: transports[endpoint.url],
+            seed=0,
+        )
+        for name in ("a", "b")
+    ]
+    answered: list[str] = []
+    async with RedisLedger(redis.url, "t5") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        for router in routers:
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+
+        async def ask(router: Router, i: int) -> None:
+            _, routing = await run_to_end(router, chat(f"q{i}", max_tokens=32, request_id=f"r{i}"))
+            answered.append(routing.pool)  # type: ignore[attr-defined]
+
+        async with trio.open_nursery() as load:
+            for i in range(24):
+                load.start_soon(ask, routers[i % 2], i)
+        grants = await ledger.grants("pool:interactive")
+        nursery.cancel_scope.cancel()
+    assert answered == ["interactive"] * 24
+    assert 3 <= engines[INTERACTIVE_URL].statistics().max_running_seen <= 4  # the cap held across both replicas, and was used
+    assert sum(grants.values()) <= 4
+    assert all(r.health()["cluster"]["mode"] == "ledger" for r in routers)
+
+
+async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degraded() -> None:
+    with trio.socket.socket() as probe:
+        await probe.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"  # nothing listens there
+    cluster = ClusterConfig(dead, replica_id="alone", lease_ttl=0.3, sync_interval=0.05, static_share=0.5)
+    config = dataclasses.replace(two_pool_config(interactive_cap=4), cluster=cluster)
+    engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
+    transports = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    router = Router(config, transport_factory=lambda endpoint: transports[endpoint.url], seed=0)
+    async with RedisLedger(dead, "t6", timeout=0.1) as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        await nursery.start(functools.partial(router.run, ledger=ledger))
+        health = router.health()
+        assert health["status"] == "degraded" and health["cluster"]["mode"] == "fallback"
+        assert router.statistics().pool("interactive").max_concurrency == 0  # min(grant 0, share) at once
+        await trio.sleep(0.4)  # past the lease: every replica has fallen back to its share
+        assert router.statistics().pool("interactive").max_concurrency == 2  # half of 4
+        async with trio.open_nursery() as load:
+            for i in range(6):
+                load.start_soon(run_to_end, router, chat(f"q{i}", max_tokens=16, request_id=f"r{i}"))
+        assert engines[INTERACTIVE_URL].statistics().max_running_seen <= 2
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("section", "needle"),
+    [
+        ('[cluster]\nredis_url = "http://x"\n', "redis://"),
+        ('[cluster]\nredis_url = "redis://x"\nstatic_share = 1.5\n', "static_share"),
+        ('[cluster]\nredis_url = "redis://x"\nlease_ttl = 1\nsync_interval = 0.5\n', "sync_interval"),
+        ("[cluster]\n", "redis_url"),
+    ],
+)
+def test_cluster_mistakes_are_named(section: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_config(BASE + "\n" + section)
+
+
+def test_without_a_cluster_section_nothing_changes() -> None:
+    assert parse_config(BASE).cluster is None
+    config = parse_config(BASE + '\n[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\nreplica_id = "r1"\n')
+    assert config.cluster == ClusterConfig("redis://127.0.0.1:6379/0", replica_id="r1")
