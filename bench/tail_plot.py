@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 
 def plot_cdfs(
@@ -98,6 +99,9 @@ def plot_tradeoff(path: Path, load: float, points: Mapping[str, tuple[float, flo
     axis.axvline(long_goal, color="grey", linewidth=0.8, linestyle="--")
     axis.axhline(short_goal, color="grey", linewidth=0.8, linestyle="--", label=f"targets: long >= {long_goal}, short <= {short_goal}x")
     axis.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 1.5, not 1.5 x 10^0
+    axis.yaxis.set_major_formatter(plain)
+    axis.yaxis.set_minor_formatter(plain)
     axis.set_xlabel("long tokens served in the window / round robin's (shared)")
     axis.set_ylabel("short E2E P99 / short-only's (log)")
     axis.set_title(f"{engines} engine(s), load {load:g}: the trade-off (down-right is better)")
