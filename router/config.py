@@ -456,6 +456,7 @@ def _read_server(table: _Table) -> ServerConfig:
     keep_alive_timeout = table.number("keep_alive_timeout", default.keep_alive_timeout, minimum=0.0)
     write_timeout = table.number("write_timeout", default.write_timeout, minimum=0.0)
     max_connections = table.integer("max_connections", default.max_connections, minimum=1)
+    workers = table.integer("workers", default.workers, minimum=1)
     table.finish()
     return ServerConfig(
         http_host=http_host,
@@ -473,6 +474,7 @@ def _read_server(table: _Table) -> ServerConfig:
         keep_alive_timeout=keep_alive_timeout,
         write_timeout=write_timeout,
         max_connections=max_connections,
+        workers=workers,
     )
 
 

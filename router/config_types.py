@@ -47,6 +47,10 @@ class ServerConfig:
     keep_alive_timeout: float = 75.0  # an idle keep-alive connection is closed after this
     write_timeout: float = 30.0  # one write to a client that cannot complete in this closes it
     max_connections: int = 10_000  # open HTTP connections; one more is answered 503 and closed
+    # Processes serving the same ports (SO_REUSEPORT), under one supervisor;
+    # more than 1 shares every cap through [cluster] (a local redis-server
+    # is started when the file has no [cluster]). Needs a restart.
+    workers: int = 1
 
 
 @dataclass(frozen=True)

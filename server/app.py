@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ctypes
 import functools
 import gc
@@ -31,6 +32,7 @@ from .redis_ledger import RedisLedger
 from .metrics import Metrics
 from .reload import ConfigReloader
 from .simulate import SimulatedFleet
+from .workers import WorkerRole
 
 log = logging.getLogger("tailguard")
 
@@ -78,12 +80,15 @@ async def serve(
     grpc: bool = False,
     grpc_port: int | None = None,
     shutdown: trio.Event | None = None,
+    worker: WorkerRole | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run tailguard until ``shutdown`` is set, or a drain (SIGTERM, SIGINT) ends.
 
     With ``grpc`` the gRPC front end runs too (grpc.aio, on an asyncio loop
-    of its own thread: ``server/grpc_bridge.py``). ``http_port``/``grpc_port`` override the configured ports (0
+    of its own thread: ``server/grpc_bridge.py``). As one of several
+    ``worker`` processes (``server/workers.py``) it shares the ports with the
+    others and also serves on a port of its own. ``http_port``/``grpc_port`` override the configured ports (0
     picks a free one). Signals are handled only on the main thread.
     """
     shutdown = trio.Event() if shutdown is None else shutdown
@@ -141,17 +146,23 @@ async def serve(
         # in-flight requests finished (or its grace period passed); the rest
         # of the nursery is background work, cancelled after it.
         async with contextlib.AsyncExitStack() as front_stack, trio.open_nursery() as front:
-            if config.server.http_server == "lean":
+            if config.server.http_server == "lean" or worker is not None:
+                settings = HttpSettings.from_config(config.server, grace_timeout=_HTTP_GRACE_SECONDS)
+                if worker is not None:
+                    settings = dataclasses.replace(settings, reuse_port=True)
+                port = config.server.http_port if http_port is None else http_port
                 binds = await front.start(
-                    functools.partial(
-                        serve_http,
-                        app,
-                        config.server.http_host,
-                        config.server.http_port if http_port is None else http_port,
-                        settings=HttpSettings.from_config(config.server, grace_timeout=_HTTP_GRACE_SECONDS),
-                        shutdown_trigger=shutdown.wait,
-                    )
+                    functools.partial(serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait)
                 )
+                if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
+                    own = await front.start(
+                        functools.partial(
+                            serve_http, app, config.server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
+                                config.server, grace_timeout=_HTTP_GRACE_SECONDS
+                            ), shutdown_trigger=shutdown.wait,
+                        )
+                    )
+                    log.info("worker %d of %d: its own metrics and API on %s", worker.index, worker.count, own[0])
             else:
                 hypercorn_config = _hypercorn_config(config, http_port)
                 binds = await front.start(
@@ -171,7 +182,7 @@ async def serve(
                     telemetry, repeated_ids, metrics.repeated_request_id, log_prompts=lambda: access_log.log_prompts
                 )
                 bound_grpc = await front.start(
-                    functools.partial(serve_grpc, max_calls=config.server.grpc_max_calls),
+                    functools.partial(serve_grpc, max_calls=config.server.grpc_max_calls, reuse_port=worker is not None),
                     router,
                     asyncio_host,
                     listen,

@@ -13,6 +13,7 @@ from router.config import ConfigError, load_config, render_config
 
 from .app import serve
 from .logs import configured_logging
+from .workers import WorkerRole, supervise, worker_config
 
 # The shipped reference config, used when no --config is given and the
 # working directory has none (e.g. `tailguard serve --simulate` anywhere).
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument(
         "--no-grpc", action="store_true", help="serve only the HTTP API (no gRPC, no asyncio thread)"
+    )
+    serve_cmd.add_argument(
+        "--workers", type=int, default=None, help="processes serving the same ports, caps shared through [cluster] (default: server.workers)"
     )
     serve_cmd.add_argument("--log-level", default=None, help="logging level (default: the config's logging.level)")
     serve_cmd.add_argument(
@@ -67,9 +71,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     level = args.log_level or config.logging.level
     log_format = args.log_format or config.logging.format
+    role = WorkerRole.from_env()
+    workers = args.workers if args.workers is not None else config.server.workers
     with configured_logging(level, log_format):
         try:
-            trio.run(lambda: serve(config, path, simulate=args.simulate, grpc=not args.no_grpc))
+            if role is None and workers > 1:
+                extra = [*(["--simulate"] if args.simulate else []), *(["--no-grpc"] if args.no_grpc else [])]
+                extra += [*(["--log-level", args.log_level] if args.log_level else []), *(["--log-format", args.log_format] if args.log_format else [])]
+                return supervise(config, path, workers, extra)
+            if role is not None:
+                config = worker_config(config, role)
+            trio.run(lambda: serve(config, path, simulate=args.simulate, grpc=not args.no_grpc, worker=role))
         except KeyboardInterrupt:
             pass
     return 0

@@ -461,11 +461,14 @@ def limits_message(config: Config) -> pb.Limits:
 class GrpcServer:
     """The grpc.aio server with tailguard's service, health and reflection (asyncio side)."""
 
-    def __init__(self, router: Router, portal: TrioPortal, observers: Observers, *, max_calls: int = MAX_CONCURRENT_CALLS) -> None:
+    def __init__(
+        self, router: Router, portal: TrioPortal, observers: Observers, *, max_calls: int = MAX_CONCURRENT_CALLS, reuse_port: bool = False
+    ) -> None:
         self._router = router
         self._portal = portal
         self._observers = observers
         self._max_calls = max_calls
+        self._reuse_port = reuse_port
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
 
@@ -481,7 +484,7 @@ class GrpcServer:
                 # Streams on one connection: room for every call served and every
                 # call refused with RESOURCE_EXHAUSTED; a client queues the rest.
                 ("grpc.max_concurrent_streams", self._max_calls + pending),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", int(self._reuse_port)),  # on only for --workers
             ]
         )
         service = CompletionsService(self._router, self._portal, self._observers, max_calls=self._max_calls)
@@ -519,6 +522,7 @@ async def serve_grpc(
     observers: Observers | None = None,
     *,
     max_calls: int = MAX_CONCURRENT_CALLS,
+    reuse_port: bool = False,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """From Trio: run the gRPC server until ``shutdown``; reports the bound port.
@@ -526,7 +530,9 @@ async def serve_grpc(
     ``max_calls`` bounds the completion calls open at once (see the module's docstring).
     """
     async with trio.open_nursery() as calls:
-        grpc_server = GrpcServer(router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()), max_calls=max_calls)
+        grpc_server = GrpcServer(
+            router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()), max_calls=max_calls, reuse_port=reuse_port
+        )
         port = await host.run(lambda: grpc_server.start(*listen))
         log.info("gRPC listening on %s:%s", listen[0], port)
         await calls.start(_push_health, router, host, grpc_server)

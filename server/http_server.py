@@ -112,6 +112,7 @@ class HttpSettings:
     max_connections: int = _CONFIGURED.max_connections
     grace_timeout: float = 5.0  # requests in flight at shutdown get this long, then are cancelled
     backlog: int = 1024
+    reuse_port: bool = False  # several worker processes accept on the same port (SO_REUSEPORT)
 
     @classmethod
     def from_config(cls, server: ServerConfig, *, grace_timeout: float) -> HttpSettings:
@@ -930,7 +931,7 @@ async def serve(
     ``serve`` does. On shutdown: stop accepting, close idle connections, give
     requests in flight ``settings.grace_timeout`` s, then cancel them.
     """
-    listener = _listen(host, port, settings.backlog)
+    listener = _listen(host, port, settings.backlog, reuse_port=settings.reuse_port)
     bound = listener.getsockname()
     server = _Server(app, settings, (bound[0], bound[1]))
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
@@ -956,11 +957,13 @@ async def serve(
             listener.close()
 
 
-def _listen(host: str, port: int, backlog: int) -> socket.socket:
+def _listen(host: str, port: int, backlog: int, *, reuse_port: bool = False) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:  # the kernel spreads new connections over every worker's listener
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(backlog)
         sock.setblocking(False)

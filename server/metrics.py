@@ -312,6 +312,15 @@ def _sharing(stats: RouterStatistics, gauge: Callable[[str, str, tuple[str, ...]
     for e in stats.endpoints:
         assigned.add_metric((e.pool, e.url), 1)
     yield assigned
+    if stats.cluster is not None:
+        mode = gauge("tailguard_cluster_mode", "1 for the shared ledger's mode now: ledger, fallback (static shares) or starting.", ("mode",))
+        for name in ("ledger", "fallback", "starting"):
+            mode.add_metric((name,), int(stats.cluster.mode == name))
+        yield mode
+        grants = gauge("tailguard_cluster_grant_seats", "Seats of each cluster-wide cap this replica may use now.", ("resource",))
+        for resource, seats in stats.cluster.grants.items():
+            grants.add_metric((resource,), seats)
+        yield grants
     moving = gauge(
         "tailguard_endpoint_moving", "1 while an endpoint finishes its old pool's requests before joining another.", ("endpoint", "from", "to")
     )

@@ -14,6 +14,7 @@ from router.cluster import NO_WAITER, Demand, SharedBudget
 from router.config import ConfigError, parse_config
 from router.config_types import ClusterConfig
 from router.dispatch import Router
+from server.metrics import Metrics
 from server.redis_ledger import RedisLedger
 
 from .redis_helpers import RedisServer, redis_server
@@ -171,6 +172,8 @@ async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degra
         await nursery.start(functools.partial(router.run, ledger=ledger))
         health = router.health()
         assert health["status"] == "degraded" and health["cluster"]["mode"] == "fallback"
+        page = Metrics(router).render().decode()
+        assert 'tailguard_cluster_mode{mode="fallback"} 1.0' in page and 'tailguard_cluster_grant_seats{resource="pool:interactive"} 0.0' in page
         assert router.statistics().pool("interactive").max_concurrency == 0  # min(grant 0, share) at once
         await trio.sleep(0.4)  # past the lease: every replica has fallen back to its share
         assert router.statistics().pool("interactive").max_concurrency == 2  # half of 4

@@ -353,6 +353,8 @@ EXPORTED_METRICS = frozenset({
     "tailguard_endpoint_assignment",
     "tailguard_endpoint_moving",
     "tailguard_gc_pause_seconds",
+    "tailguard_cluster_mode",
+    "tailguard_cluster_grant_seats",
 })
 
 DASHBOARD_PATH = DOCS / "grafana" / "tailguard.json"
