@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import ipaddress
 import json
 import math
 import os
@@ -31,6 +32,9 @@ from .config_types import (
     ClassConfig,
     ClusterConfig,
     Config,
+    DiscoveryConfig,
+    DnsEndpointsConfig,
+    DnsScheme,
     EndpointConfig,
     EstimateConfig,
     LendConfig,
@@ -65,6 +69,8 @@ _LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
 _HEALTH_CHECKS: tuple[HealthCheckKind, ...] = get_args(HealthCheckKind)
 _REBALANCE_MODES: tuple[RebalanceMode, ...] = get_args(RebalanceMode)
 _HTTP_SERVERS: tuple[HttpServerKind, ...] = get_args(HttpServerKind)
+_DNS_SCHEMES: tuple[DnsScheme, ...] = get_args(DnsScheme)
+_DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -149,6 +155,7 @@ def parse_config(
     metrics = _read_metrics(root.table("metrics"))
     rebalance = _read_rebalance(root.table("rebalance"))
     cluster = _read_cluster(root.table("cluster"), present=root.has("cluster"))
+    discovery = _read_discovery(root.table("discovery"))
     root.finish()
     if problems:
         raise ConfigError(problems, source=source)
@@ -165,6 +172,7 @@ def parse_config(
         metrics=metrics,
         rebalance=rebalance,
         cluster=cluster,
+        discovery=discovery,
         warnings=_warnings(timeouts),
     )
 
@@ -633,7 +641,8 @@ def _read_pools(
 ) -> tuple[PoolConfig, ...]:
     """The pools that read cleanly; an endpoint URL may appear only once overall."""
     used_urls: dict[str, str] = {}
-    pools = (_read_pool(name, table, input_cap, used_urls) for name, table in tables)
+    used_names: dict[tuple[str, int, str], str] = {}
+    pools = (_read_pool(name, table, input_cap, used_urls, used_names) for name, table in tables)
     return tuple(pool for pool in pools if pool is not None)
 
 
@@ -642,8 +651,10 @@ def _read_pool(
     table: _Table,
     input_cap: int | None,
     used_urls: dict[str, str],
+    used_names: dict[tuple[str, int, str], str],
 ) -> PoolConfig | None:
     endpoints = _read_endpoints(table, used_urls)
+    endpoints_dns = _read_endpoints_dns(table, used_names)
     max_concurrency = table.integer("max_concurrency", minimum=1)
     max_queue = table.integer("max_queue", minimum=0)
     max_model_len = table.integer("max_model_len", minimum=1)
@@ -664,7 +675,7 @@ def _read_pool(
     class_limits = _read_class_limits(table)
     vllm_priority = table.boolean("vllm_priority", PoolConfig.vllm_priority)
     rebalance = table.choice("rebalance", _REBALANCE_MODES, PoolConfig.rebalance)
-    if endpoints and table.ok("endpoints", "max_concurrency"):
+    if endpoints and not endpoints_dns and table.ok("endpoints", "endpoints_dns", "max_concurrency"):
         total = sum(endpoint.max_concurrency for endpoint in endpoints)
         if max_concurrency > total:
             table.problem(
@@ -696,7 +707,88 @@ def _read_pool(
         class_max_concurrency=class_limits,
         vllm_priority=vllm_priority,
         rebalance=rebalance,
+        endpoints_dns=endpoints_dns,
     )
+
+
+def _read_endpoints_dns(pool: _Table, used_names: dict[tuple[str, int, str], str]) -> tuple[DnsEndpointsConfig, ...]:
+    """``endpoints_dns``: names whose addresses are endpoints (router/discovery.py); one pool per name and port."""
+    expect = 'an array of { name = "svc.namespace.svc.cluster.local", port = N, max_concurrency = N }'
+    items = pool.array("endpoints_dns", expect, [])
+    sources: list[DnsEndpointsConfig] = []
+    for index, item in enumerate(items):
+        key = f"{pool.key('endpoints_dns')}[{index}]"
+        table = pool.nested(key, item)
+        if table is None:
+            pool.report(key, f"must be a table, got {_describe(item)}")
+            pool.invalidate("endpoints_dns")
+            continue
+        name = table.string("name")
+        if table.ok("name"):
+            problem = _dns_name_problem(name)
+            if problem is not None:
+                table.problem("name", f"{problem}, got {json.dumps(name)}")
+        port = table.integer("port", minimum=1)
+        if table.ok("port") and port > 65535:
+            table.problem("port", f"must be at most 65535, got {port}")
+        scheme = table.choice("scheme", _DNS_SCHEMES, DnsEndpointsConfig.scheme)
+        max_concurrency = table.integer("max_concurrency", minimum=1)
+        source = DnsEndpointsConfig(name=name, port=port, max_concurrency=max_concurrency, scheme=scheme)
+        if table.ok("name", "port", "scheme"):
+            first = used_names.setdefault(source.key, table.key("name"))
+            if first != table.key("name"):
+                table.problem("name", f"{name} port {port} is already {first}; its addresses belong to one pool, once")
+        if table.finish():
+            sources.append(source)
+        else:
+            pool.invalidate("endpoints_dns")
+    return tuple(sources)
+
+
+def _dns_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a host name to resolve, or None (an address belongs in ``endpoints``)."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    else:
+        return "must be a DNS name, not an address (a fixed address is an entry of endpoints)"
+    labels = name[:-1].split(".") if name.endswith(".") else name.split(".")
+    if len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+        return "must be a DNS name (dot-separated labels of letters, digits, '-' and '_', 63 at most each)"
+    return None
+
+
+def _read_discovery(table: _Table) -> DiscoveryConfig:
+    """``[discovery]``: how often and through which server ``endpoints_dns`` are resolved."""
+    default = DiscoveryConfig()
+    interval = table.number("interval", default.interval, minimum=0.0)
+    timeout = table.number("timeout", default.timeout, minimum=0.0)
+    text = table.optional_string("nameserver")
+    host, port = None, default.nameserver_port
+    if text is not None and table.ok("nameserver"):
+        try:
+            host, port = _nameserver(text)
+        except ValueError:
+            table.problem("nameserver", f'must be an IP address with an optional port ("10.96.0.10", "127.0.0.1:5353", "[::1]:53"), got {json.dumps(text)}')
+    table.finish()
+    return DiscoveryConfig(interval=interval, timeout=timeout, nameserver=host, nameserver_port=port)
+
+
+def _nameserver(text: str) -> tuple[str, int]:
+    """(address, port) of ``ADDRESS``, ``ADDRESS:PORT`` or ``[IPV6]:PORT``; raises ValueError."""
+    try:
+        return ipaddress.ip_address(text).compressed, 53  # a bare address, IPv6 included
+    except ValueError:
+        pass
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(text)  # IPv6 with a port needs brackets
+    return ipaddress.ip_address(host).compressed, int(port)
 
 
 def _read_lend(table: _Table, pool: str, max_concurrency: int | None) -> LendConfig:
@@ -781,8 +873,9 @@ def _read_outlier_detection(table: _Table) -> OutlierDetectionConfig:
 def _read_endpoints(
     pool: _Table, used_urls: dict[str, str]
 ) -> tuple[EndpointConfig, ...]:
-    """The pool's endpoints; an empty list is allowed (a pool being emptied for a move)."""
-    items = pool.array("endpoints", 'an array of { url = "http://host:port", max_concurrency = N }')
+    """The pool's endpoints; an empty list is allowed (a pool being emptied for a move), none at all beside endpoints_dns."""
+    expect = 'an array of { url = "http://host:port", max_concurrency = N }'
+    items = pool.array("endpoints", expect, [] if pool.has("endpoints_dns") else None)
     endpoints: list[EndpointConfig] = []
     for index, item in enumerate(items):
         key = f"{pool.key('endpoints')}[{index}]"
@@ -1233,6 +1326,14 @@ def render_config(config: Config) -> str:
             ("threshold", f"{rebalance.threshold:g} utilisation"),
             ("cooldown", _seconds(rebalance.cooldown)),
         ])
+    if any(pool.endpoints_dns for pool in config.pools):
+        discovery = config.discovery
+        nameserver = discovery.nameserver
+        lines += _section("discovery", [
+            ("interval", _seconds(discovery.interval)),
+            ("timeout", _seconds(discovery.timeout)),
+            ("nameserver", "the system's (/etc/resolv.conf)" if nameserver is None else _host_port(nameserver, discovery.nameserver_port)),
+        ])
     for pool in config.pools:
         lines += _render_pool(pool)
     lines.append("classes (the first that admits a request wins)")
@@ -1268,9 +1369,16 @@ def _render_pool(pool: PoolConfig) -> list[str]:
     endpoints = _aligned(
         [(point.url, f"max_concurrency {point.max_concurrency}" + (", movable" if point.movable else "")) for point in pool.endpoints],
         indent="",
-    ) or ["(none: the pool has no GPUs now)"]
+    ) or ["(none: only those DNS names)" if pool.endpoints_dns else "(none: the pool has no GPUs now)"]
+    dns = [
+        f"{source.scheme}://{source.name}:{source.port} (each A/AAAA address), max_concurrency {source.max_concurrency} each"
+        for source in pool.endpoints_dns
+    ]
+    notes = [f"endpoints' sum {total}"] if pool.endpoints or not dns else []
+    notes += ["stays whatever the number of DNS addresses"] if dns else []
+    sum_note = "; ".join(notes)
     pairs = [
-        ("max_concurrency", f"{pool.max_concurrency} (endpoints' sum {total})"),
+        ("max_concurrency", f"{pool.max_concurrency} ({sum_note})"),
         ("max_queue", str(pool.max_queue)),
         ("max_model_len", str(pool.max_model_len)),
         ("models", ", ".join(pool.models)),
@@ -1285,6 +1393,8 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         *((("rebalance", "off (no endpoint moves in or out)"),) if pool.rebalance == "off" else ()),
         ("endpoints", endpoints[0]),
         *(("", line) for line in endpoints[1:]),
+        *((("endpoints_dns", dns[0]),) if dns else ()),
+        *(("", line) for line in dns[1:]),
     ]
     return _section(f"pool {pool.name}", pairs)
 

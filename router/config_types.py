@@ -163,6 +163,48 @@ class EndpointConfig:
     movable: bool = False  # may move to another pool when demand says so ([rebalance])
 
 
+DnsScheme = Literal["http", "https"]
+
+
+@dataclass(frozen=True)
+class DnsEndpointsConfig:
+    """Endpoints named by DNS (a Kubernetes headless Service), kept current by router/discovery.py.
+
+    Every A and AAAA address of ``name`` is one endpoint,
+    ``scheme://address:port``, with ``max_concurrency`` seats of its own.
+    """
+
+    name: str  # e.g. vllm-latency.default.svc.cluster.local
+    port: int
+    max_concurrency: int  # each address's cap
+    scheme: DnsScheme = "http"
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        """What a reload matches on: the same name, port and scheme are the same source."""
+        return (self.name.lower().rstrip("."), self.port, self.scheme)
+
+    def endpoint(self, address: str) -> EndpointConfig:
+        """The endpoint of one resolved address (an IPv4 or IPv6 literal)."""
+        host = f"[{address}]" if ":" in address else address
+        return EndpointConfig(url=f"{self.scheme}://{host}:{self.port}", max_concurrency=self.max_concurrency)
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """``[discovery]``: how pools' ``endpoints_dns`` are resolved.
+
+    Every ``interval`` seconds (and at once on a reload) each name is
+    resolved for A and AAAA records; a failed or empty answer keeps the last
+    good set, so a DNS outage never empties a pool.
+    """
+
+    interval: float = 10.0  # seconds between resolutions
+    timeout: float = 2.0  # one name's A and AAAA queries give up after this
+    nameserver: str | None = None  # an IP address; None: the system's resolver (/etc/resolv.conf)
+    nameserver_port: int = 53
+
+
 @dataclass(frozen=True)
 class OutlierDetectionConfig:
     """When live failures take an endpoint out of a pool for a while (Envoy's words).
@@ -232,6 +274,9 @@ class PoolConfig:
     vllm_priority: bool = False
     # "off": its movable endpoints stay, and none moves in.
     rebalance: RebalanceMode = "auto"
+    # Endpoints from DNS, beside ``endpoints``; ``max_concurrency`` stays the
+    # pool's cap whatever the number of addresses (their caps' sum may be less).
+    endpoints_dns: tuple[DnsEndpointsConfig, ...] = ()
 
     def class_limit(self, name: str) -> int | None:
         """The seats class ``name`` may hold in this pool at once, or None."""
@@ -295,6 +340,7 @@ class Config:
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()
     rebalance: RebalanceConfig = RebalanceConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
     cluster: ClusterConfig | None = None  # None: this process holds every cap alone
     warnings: tuple[str, ...] = ()
 

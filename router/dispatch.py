@@ -16,7 +16,7 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +29,7 @@ from .backend import BackendClient, BackendResponse
 from .backend_load import BackendLoad, scrape
 from .classify import classify, forced
 from .config_types import Config, EndpointConfig
+from .discovery import Discovery, Found
 from .errors import (
     BackendError,
     BackendRejected,
@@ -165,6 +166,8 @@ class Router:
         self._assignment_epoch = 0  # a reload starts a new one: moves begun before it are dropped
         self._moves: Counter[tuple[str, str]] = Counter()
         self._moving: dict[str, tuple[str, str]] = {}
+        self._discovered: dict[str, tuple[Found, ...]] = {}  # per pool: its endpoints_dns addresses now
+        self.discovery = Discovery(self)
         self.config = config
         self.apply(config)
 
@@ -181,36 +184,24 @@ class Router:
         over: a moved endpoint's running requests finish where they started
         and still count against its cap. A removed endpoint is retired: no
         new requests, its client closed when its last seat is released.
+
+        A pool's endpoints from DNS (``endpoints_dns``) stay as last resolved,
+        under the new file's caps, and discovery resolves again at once.
         """
-        built: dict[str, Endpoint] = {}
-        clients: dict[str, Clients] = {}
-        for pool_config in config.pools:
-            for endpoint_config in pool_config.endpoints:
-                url = endpoint_config.url
-                known = self._endpoints.get(url) or self._retired_endpoints.get(url)
-                if known is None:
-                    built[url] = self._new_endpoint(endpoint_config, config)
-                else:
-                    clients[url] = known.clients_for(endpoint_config)
+        discovered = self._discovered_under(config)
+        wanted = {p.name: [*p.endpoints, *(source.endpoint(a) for source, a in discovered.get(p.name, ()))] for p in config.pools}
+        built, clients = self._build((e for p in config.pools for e in wanted[p.name]), config)
         pools_built = {p.name: Pool(p, rng=self._rng) for p in config.pools if p.name not in self._pools}
 
         # -- the swap: nothing below raises ------------------------------------
         endpoints: dict[str, Endpoint] = {}
         for pool_config in config.pools:
-            for endpoint_config in pool_config.endpoints:
-                url = endpoint_config.url
-                endpoint = built.get(url)
-                if endpoint is None:
-                    # A removed endpoint that comes back keeps its in-flight count.
-                    endpoint = self._endpoints.get(url) or self._retired_endpoints.pop(url)
-                    endpoint.adopt(endpoint_config, clients[url], max_body_bytes=config.server.max_backend_body_bytes)
-                endpoints[url] = endpoint
+            for endpoint_config in wanted[pool_config.name]:
+                endpoints[endpoint_config.url] = self._take(endpoint_config, built, clients, config)
         pools = {p.name: self._pools.get(p.name) or pools_built[p.name] for p in config.pools}
         for url, endpoint in self._endpoints.items():
             if url not in endpoints:
-                endpoint.retire()  # running requests finish, nobody new
-                if endpoint.in_flight:
-                    self._retired_endpoints[url] = endpoint
+                self._retire(endpoint)
         for pool in self._pools.values():
             if pool.name not in pools:
                 pool.reconfigure(pool.config, [])  # removed: its waiters time out
@@ -221,7 +212,7 @@ class Router:
                 pools[pool_config.name].borrowers.append(pools[name])
                 pools[name].lenders.append(pools[pool_config.name])
         for pool_config in config.pools:
-            pools[pool_config.name].reconfigure(pool_config, [endpoints[e.url] for e in pool_config.endpoints])
+            pools[pool_config.name].reconfigure(pool_config, [endpoints[e.url] for e in wanted[pool_config.name]])
         for pool in pools.values():  # room a new lender opened
             pool.queue.dispatch()
         self._endpoints = endpoints
@@ -230,7 +221,118 @@ class Router:
         self._moving.clear()
         self._rebalancer.reset()
         self._authenticator = Authenticator(config.auth)
+        self._discovered = discovered
         self.config = config
+        self.discovery.wake()  # a reload resolves the pools' DNS names again at once
+
+    def _build(self, configs: Iterable[EndpointConfig], config: Config) -> tuple[dict[str, Endpoint], dict[str, Clients]]:
+        """New endpoints, and new clients for known ones, for ``configs``; nothing changes yet (may raise)."""
+        built: dict[str, Endpoint] = {}
+        clients: dict[str, Clients] = {}
+        for endpoint_config in configs:
+            url = endpoint_config.url
+            known = self._endpoints.get(url) or self._retired_endpoints.get(url)
+            if known is None:
+                built[url] = self._new_endpoint(endpoint_config, config)
+            else:
+                clients[url] = known.clients_for(endpoint_config)
+        return built, clients
+
+    def _take(self, endpoint_config: EndpointConfig, built: dict[str, Endpoint], clients: dict[str, Clients], config: Config) -> Endpoint:
+        """The endpoint for ``endpoint_config`` after ``_build``: the new one, or the known one adopting it (never raises)."""
+        url = endpoint_config.url
+        endpoint = built.get(url)
+        if endpoint is None:
+            # A removed endpoint that comes back keeps its in-flight count.
+            endpoint = self._endpoints.get(url) or self._retired_endpoints.pop(url)
+            endpoint.adopt(endpoint_config, clients[url], max_body_bytes=config.server.max_backend_body_bytes)
+        return endpoint
+
+    def _retire(self, endpoint: Endpoint) -> None:
+        """Out of every pool: running requests finish (and hold its seats), nobody new."""
+        endpoint.retire()
+        if endpoint.in_flight:
+            self._retired_endpoints[endpoint.url] = endpoint
+
+    def _discovered_under(self, config: Config) -> dict[str, tuple[Found, ...]]:
+        """The addresses resolved so far, for the pools and ``endpoints_dns`` entries ``config`` still has.
+
+        Each keeps its entry's new settings (a changed per-endpoint cap
+        applies now); an address that is already another endpoint is left out.
+        """
+        claimed = {e.url for p in config.pools for e in p.endpoints}
+        kept: dict[str, tuple[Found, ...]] = {}
+        for pool_config in config.pools:
+            sources = {source.key: source for source in pool_config.endpoints_dns}
+            found: list[Found] = []
+            for old, address in self._discovered.get(pool_config.name, ()):
+                source = sources.get(old.key)
+                if source is None:
+                    continue  # the entry left the file
+                url = source.endpoint(address).url
+                if url not in claimed:
+                    claimed.add(url)
+                    found.append((source, address))
+            if found:
+                kept[pool_config.name] = tuple(found)
+        return kept
+
+    def replace_discovered(self, pool_name: str, found: Sequence[Found]) -> None:
+        """One pool's endpoints from DNS are now ``found`` (router/discovery.py calls this each round).
+
+        The difference is applied as a reload applies it: a new address is
+        a new endpoint with its entry's cap; a vanished one is retired (its
+        running requests finish and still count against its cap, its client
+        closes with its last seat); one that comes back while those run gets
+        that same endpoint and count. The pool's own cap does not change,
+        so it holds through the change. All or nothing, like ``apply``.
+        """
+        pool = self._pools.get(pool_name)
+        if pool is None:
+            return  # a reload removed the pool meanwhile
+        config = self.config
+        static = {e.url for p in config.pools for e in p.endpoints}
+        current = {e.url: e for e in pool.endpoints if e.url not in static}  # its endpoints from DNS now
+        sources = {source.key: source for source in pool.config.endpoints_dns}
+        wanted: dict[str, EndpointConfig] = {}
+        kept: list[Found] = []
+        for old, address in found:
+            source = sources.get(old.key)
+            if source is None:
+                continue  # the entry left the file meanwhile
+            endpoint_config = source.endpoint(address)
+            other = self._endpoints.get(endpoint_config.url)
+            if endpoint_config.url in static or (other is not None and other.pool is not pool):
+                log.warning("pool %s: %s (from %s) is already an endpoint elsewhere; left there", pool_name, endpoint_config.url, source.name)
+                continue
+            wanted[endpoint_config.url] = endpoint_config
+            kept.append((source, address))
+        changed = [c for url, c in wanted.items() if url not in current or current[url].max_concurrency != c.max_concurrency]
+        gone = [endpoint for url, endpoint in current.items() if url not in wanted]
+        if changed or gone:
+            built, clients = self._build(changed, config)
+            # -- the swap: nothing below raises ------------------------------------
+            added = [self._take(c, built, clients, config) for c in changed if c.url not in current]
+            for c in changed:
+                if c.url in current:
+                    self._take(c, built, clients, config)  # a new per-endpoint cap
+            for endpoint in gone:
+                del self._endpoints[endpoint.url]
+                self._retire(endpoint)
+            for endpoint in added:
+                endpoint.pool = pool
+                self._endpoints[endpoint.url] = endpoint
+                if self._budget is not None:
+                    endpoint.granted = 0  # [cluster]: none of its seats until the ledger grants this replica some
+            if added and self._budget is not None:
+                self._budget.wake()
+            pool.endpoints = [*(e for e in pool.endpoints if e not in gone), *added]
+            log.info(
+                "pool %s: endpoints from DNS now %d (added %s; removed %s)",
+                pool_name, len(wanted), ", ".join(e.url for e in added) or "none", ", ".join(e.url for e in gone) or "none",
+            )
+            pool.queue.dispatch()  # room the new endpoints opened
+        self._discovered[pool_name] = tuple(kept)
 
     def _new_endpoint(self, endpoint_config: EndpointConfig, config: Config) -> Endpoint:
         endpoint = Endpoint(
@@ -482,6 +584,7 @@ class Router:
             if cluster is not None and ledger is not None:
                 self._budget = SharedBudget(cluster, ledger, self._cluster_demands)
                 await nursery.start(self._budget.run)
+            await nursery.start(self.discovery.run)  # pools' DNS names: the first answers come before started
             nursery.start_soon(
                 _forever, "health check", self.check_health, lambda: self.config.timeouts.health_check_interval
             )
