@@ -27,7 +27,7 @@ class ConfigReloader:
         self._apply = apply
         self._on_result = on_result or (lambda ok: None)
         self._lock = trio.Lock()
-        self._mtime = _mtime(path)
+        self._mtime = _version(path)
         self.reloads_ok = 0
         self.reloads_failed = 0
 
@@ -40,7 +40,7 @@ class ConfigReloader:
         process keeps serving.
         """
         async with self._lock:
-            self._mtime = _mtime(self._path)
+            self._mtime = _version(self._path)
             try:
                 config = await trio.to_thread.run_sync(load_config, self._path)
             except ConfigError as error:
@@ -78,12 +78,15 @@ class ConfigReloader:
         """Reload when the file's modification time changes (polled; no inotify dependency)."""
         while True:
             await trio.sleep(interval)
-            if _mtime(self._path) != self._mtime:
+            if _version(self._path) != self._mtime:
                 await self.reload()
 
 
-def _mtime(path: Path) -> float | None:
+def _version(path: Path) -> tuple[int, int, int] | None:
+    """What identifies the file's version: a ConfigMap swaps in a new file (a new inode),
+    an editor may keep the time to the second, so all three are compared."""
     try:
-        return os.stat(path).st_mtime
+        stat = os.stat(path)
     except OSError:
         return None
+    return (stat.st_mtime_ns, stat.st_ino, stat.st_size)
