@@ -282,10 +282,11 @@ def test_config_endpoints_are_the_engines_headless_services(config: Config) -> N
 
 
 def test_documented_cluster_table_parses_and_names_the_redis_service() -> None:
-    """The coming [cluster] table, as the page shows it, fits the ConfigMap's config."""
+    """The [cluster] table, as the page shows it, is the ConfigMap's, and fits its config."""
     snippets = [block for block in code_blocks(DOCS_PAGE, "toml") if "[cluster]" in block]
     assert len(snippets) == 1
-    config = parse_config(shipped_config_text() + "\n" + snippets[0])
+    without = shipped_config_text().split("\n    [cluster]")[0].split("\n[cluster]")[0]
+    config = parse_config(without + "\n" + snippets[0])
     assert config.cluster is not None
     url = urlsplit(config.cluster.redis_url)
     redis = one("Service", "redis")
@@ -293,6 +294,7 @@ def test_documented_cluster_table_parses_and_names_the_redis_service() -> None:
     assert url.port == redis["spec"]["ports"][0]["port"]
     replicas = one("Deployment", "tailguard")["spec"]["replicas"]
     assert config.cluster.static_share * replicas <= 1, "the fallback shares must not add up past a cap"
+    assert parse_config(shipped_config_text()).cluster == config.cluster  # the ConfigMap has the same table
 
 
 def test_documented_commands_name_real_files() -> None:
