@@ -43,6 +43,7 @@ by the same factor so its deadlines mean what they say in GPU time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -108,6 +109,7 @@ DEFAULT_SETUPS = ("shared", "priority", "disaggregated", "split-direct", "short-
 SETUP_NAMES = (*DEFAULT_SETUPS, "lend", "rebalance", "lend-rebalance", "shared-limit", "vllm-priority")
 SPLIT_KINDS = ("disaggregated", "split-direct", "lend", "rebalance", "lend-rebalance")  # set-ups on the I:B split
 TAILGUARD_SPLIT_KINDS = ("disaggregated", "lend", "rebalance", "lend-rebalance")
+BASELINES = ("shared", "short-only")  # what the others are measured against (--baselines-each-round copies them)
 ENGINE_PROBE_S = 0.5  # real s between two looks at every engine's running and waiting counts
 MODEL = "sim-llama-3.1-8b"  # the model every generated pool serves (PoolSpec.toml), which tailguard names in its body
 ADDED_TTFT_GOAL_MS = 10.0  # real ms: short TTFT P99 through tailguard over the same split fed directly, at load 0.8
@@ -216,6 +218,7 @@ class Options:
     max_engines: int = 0  # run set-ups at once while their engines add up to at most this; 0: one at a time
     phase_seconds: float = 0.0  # shift: real s of each phase
     bin_seconds: float = 0.0  # GPU s per bin of the over-time series; 0: none (shift: 2)
+    baselines_each_round: bool = False  # with max_engines: every round runs its own shared and short-only
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,7 @@ class SetupResult:
     borrowed: dict[str, float] = field(default_factory=dict)  # requests seated on a lender's seat, "pool<-lender"
     outcomes_all: dict[str, dict[str, int]] = field(default_factory=dict)  # every request's outcome, warm-up included
     series: list[dict[str, object]] = field(default_factory=list)  # per bin and class (``--bins``)
+    round: int = 0  # which round of set-ups run at once it was in
 
 
 @dataclass
@@ -332,9 +336,12 @@ def engine_params(options: Options, profile: str) -> EngineParams:
     return params.replace(max_num_seqs=options.seats) if options.seats else params
 
 
-def build_setups(options: Options) -> list[Setup]:
-    """The chosen set-ups, each on simulated engines of its own (ports picked here)."""
-    plans: list[tuple[str, tuple[int, int] | None, LendRule | None, int | None]] = []
+Plan = tuple[str, tuple[int, int] | None, LendRule | None, int | None]  # kind, split, lending rule, batch seats
+
+
+def build_plans(options: Options) -> list[Plan]:
+    """Every set-up to run, in SETUP_NAMES order: each split set-up on each split, lend on each rule, shared-limit on each limit."""
+    plans: list[Plan] = []
     splits = options.splits or [options.split]
     for kind in SETUP_NAMES:
         if kind not in options.setups:
@@ -346,9 +353,23 @@ def build_setups(options: Options) -> list[Setup]:
             plans += [(kind, None, None, seats) for seats in options.batch_seats]
         else:
             plans.append((kind, None, None, None))
-    need = sum(options.engines for _ in plans)
-    ports = iter(free_ports(need))
-    return [_setup(options, kind, split, rule, limit, [next(ports) for _ in range(options.engines)]) for kind, split, rule, limit in plans]
+    return plans
+
+
+def build_setups(options: Options, baseline_copies: int = 0) -> list[Setup]:
+    """The chosen set-ups, each on simulated engines of its own (ports picked here, all at once so they differ).
+
+    ``baseline_copies`` more of each baseline (shared, short-only), named
+    "shared #2" and so on, for rounds that carry baselines of their own.
+    """
+    plans = build_plans(options)
+    copies = [(kind, copy) for copy in range(2, baseline_copies + 2) for kind in BASELINES if kind in options.setups]
+    ports = iter(free_ports(options.engines * (len(plans) + len(copies))))
+    setups = [_setup(options, kind, split, rule, limit, [next(ports) for _ in range(options.engines)]) for kind, split, rule, limit in plans]
+    for kind, copy in copies:
+        setup = _setup(options, kind, None, None, None, [next(ports) for _ in range(options.engines)])
+        setups.append(dataclasses.replace(setup, name=f"{setup.name} #{copy}"))
+    return setups
 
 
 def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: LendRule | None, limit: int | None, ports: list[int]) -> Setup:
@@ -522,14 +543,18 @@ async def measure(options: Options, command: list[str]) -> Result:
         phase_s=options.phase_seconds,
     )
     _announce(result, caps, schedules)
-    setups = build_setups(options)
+    setups = build_setups(options, _baseline_copies(options))
     if any(s.scheduling == "priority" for s in setups) and not _sim_knows_priority():
         note = "the simulator has no --scheduling-policy yet: vllm-priority was not run"
         result.notes.append(note)
         print(note, file=sys.stderr)
         setups = [s for s in setups if s.scheduling != "priority"]
-    jobs = [(load, arrivals, setup) for load, arrivals in schedules for setup in setups]
-    rounds = _rounds(jobs, options.max_engines)
+    if options.baselines_each_round and options.max_engines > 0:
+        rounds = _rounds_with_baselines(schedules, setups, options.max_engines)
+        result.notes.append("every round ran its own shared and short-only: each set-up is compared with the baselines that ran beside it")
+    else:
+        rounds = _rounds([(load, arrivals, setup) for load, arrivals in schedules for setup in setups if "#" not in setup.name], options.max_engines)
+    jobs = [job for group in rounds for job in group]
     with tempfile.TemporaryDirectory(prefix="tailguard-tail-") as tmp:
         logs = {policy: Path(tmp) / f"sim-{policy}.log" for policy in dict.fromkeys(s.scheduling for s in setups)}
         try:
@@ -554,7 +579,9 @@ async def measure(options: Options, command: list[str]) -> Result:
                     async with trio.open_nursery() as round_nursery:
                         for index, (load, arrivals, setup) in enumerate(group):
                             round_nursery.start_soon(one, index, load, arrivals, setup, len(group))
-                    result.runs += [found[i] for i in range(len(group))]
+                    for i in range(len(group)):
+                        found[i].round = number
+                        result.runs.append(found[i])
                     for policy, sim in sims.items():
                         if sim.returncode is not None:
                             raise RuntimeError(f"the simulator ({policy}) exited with {sim.returncode}")
@@ -568,6 +595,42 @@ async def measure(options: Options, command: list[str]) -> Result:
     result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     result.checks = checks(result) + checks12(result, options)
     return result
+
+
+def _baseline_copies(options: Options) -> int:
+    """How many more copies of the baselines ``_rounds_with_baselines`` will need (rounds per load, less one)."""
+    if not (options.baselines_each_round and options.max_engines > 0):
+        return 0
+    base = sum(1 for kind in BASELINES if kind in options.setups)
+    per_round = max(1, options.max_engines // options.engines - base)
+    rest = len(build_plans(options)) - base
+    return max(0, math.ceil(rest / per_round) - 1)
+
+
+def _rounds_with_baselines(
+    schedules: Sequence[tuple[float, list[Arrival]]], setups: Sequence[Setup], budget: int
+) -> list[list[tuple[float, list[Arrival], Setup]]]:
+    """Per load, the other set-ups in rounds that each carry a copy of the baselines (the i-th round of a load the i-th copy)."""
+    copies: dict[int, list[Setup]] = {}
+    for setup in setups:
+        if setup.kind in BASELINES:
+            number = int(setup.name.rsplit("#", 1)[1]) if "#" in setup.name else 1
+            copies.setdefault(number, []).append(setup)
+    rest = [s for s in setups if s.kind not in BASELINES]
+    room = budget - sum(len(s.engines) for s in copies.get(1, []))
+    rounds: list[list[tuple[float, list[Arrival], Setup]]] = []
+    for load, arrivals in schedules:
+        groups: list[list[Setup]] = [[]]
+        used = 0
+        for setup in rest:
+            if groups[-1] and used + len(setup.engines) > room:
+                groups.append([])
+                used = 0
+            groups[-1].append(setup)
+            used += len(setup.engines)
+        for number, group in enumerate(groups, 1):
+            rounds.append([(load, arrivals, s) for s in [*copies.get(number, []), *group]])
+    return rounds
 
 
 def _rounds(jobs: Sequence[tuple[float, list[Arrival], Setup]], budget: int) -> list[list[tuple[float, list[Arrival], Setup]]]:
@@ -1203,10 +1266,12 @@ class Versus:
 def versus(result: Result) -> dict[tuple[str, float], Versus]:
     """Each run's ratios to the same load's ``shared`` (long) and ``short-only`` (short) runs."""
     found: dict[tuple[str, float], Versus] = {}
-    by = {(r.kind, round(r.load, 2)): r for r in result.runs if r.kind in ("shared", "short-only")}
+    by = {(r.kind, round(r.load, 2)): r for r in result.runs if r.kind in BASELINES and "#" not in r.setup}
+    beside = {(r.kind, round(r.load, 2), r.round): r for r in result.runs if r.kind in BASELINES}
     for run in result.runs:
         load = round(run.load, 2)
-        shared, ideal = by.get(("shared", load)), by.get(("short-only", load))
+        shared = beside.get(("shared", load, run.round)) or by.get(("shared", load))  # the one that ran beside it, if any
+        ideal = beside.get(("short-only", load, run.round)) or by.get(("short-only", load))
         short, long = _kind(run, "short"), _kind(run, "long")
         if short is None:
             continue
@@ -1611,6 +1676,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--batch-seats", default="16", help="shared-limit: batch's class_max_concurrency per engine, comma-separated, one set-up each (default %(default)s)")
     add("--max-engines", type=int, default=0, help="run set-ups (and loads) at once while their engines add up to at most this "
         "(each on engines of its own); 0: one at a time (default %(default)s)")
+    add("--baselines-each-round", action="store_true", help="with --max-engines: every round runs its own shared and short-only, "
+        "and each set-up is compared with those (a busy machine's load changes between rounds)")
     add("--bins", type=float, default=0.0, help="GPU s per bin of the per-class series over time (default: 2 with --mix shift, else none)")
     add("--out", type=Path, default=RESULTS, help="output folder (default %(default)s)")
     add("--name", default=None, help="base name of the outputs (default tail, or tail-quick)")
@@ -1678,6 +1745,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         max_engines=args.max_engines,
         phase_seconds=phase if args.mix == "shift" else 0.0,
         bin_seconds=args.bins,
+        baselines_each_round=args.baselines_each_round,
     )
 
 
