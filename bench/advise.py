@@ -11,8 +11,9 @@ MockClock), once per candidate assignment of the fleet's engines:
   ``disaggregated`` set-up runs them: interactive engines with that pool's
   profile and per-endpoint cap, batch engines with the batch pool's;
 - each split again with the interactive pool lending idle seats to batch
-  requests (``[pools.interactive.lend]``) under a few rules, and under the
-  config file's own rule;
+  requests (``[pools.interactive.lend]``) under a few rules, once also with
+  the batch pool lending its idle seats back to interactive requests, and
+  under the config file's own rules;
 - and two baselines: round robin over N batch-profile engines with no router
   (``shared``), and the same without the long requests (the short-only ideal).
 
@@ -129,12 +130,13 @@ def fleet_from(config: Config, engines: int | None) -> Fleet:
 
 @dataclass(frozen=True)
 class Candidate:
-    """An assignment: engines per pool, and what the interactive pool lends to batch."""
+    """An assignment: engines per pool, what the interactive pool lends to batch, and what batch lends back."""
 
     interactive: int
     batch: int
     rule: str  # "static", or which lending rule
     lend: LendConfig = LendConfig()
+    lend_back: LendConfig = LendConfig()
 
     @property
     def name(self) -> str:
@@ -142,24 +144,29 @@ class Candidate:
 
     @property
     def lends(self) -> bool:
-        return bool(self.lend.to)
+        return bool(self.lend.to or self.lend_back.to)
 
 
 def _scaled(value: int | None, factor: float, floor: int) -> int | None:
     return None if value is None else max(floor, round(value * factor))
 
 
-def lending_rules(fleet: Fleet, interactive: int) -> list[tuple[str, LendConfig]]:
+Rule = tuple[str, LendConfig, LendConfig]  # label, interactive's lend, batch's lend (back)
+
+
+def lending_rules(fleet: Fleet, interactive: int) -> list[Rule]:
     """The lending rules tried for a split with ``interactive`` engines in the interactive pool.
 
-    Halves and quarters are of the pool's seats; the prefill budget is half
-    the lender's step budget (a borrowed prefill then stalls a step by at
-    most half what a full chunk does). The file's own rule is scaled from
-    its endpoints to this split's.
+    Fractions are of the interactive pool's seats; the prefill budget is
+    half the lender's step budget (a borrowed prefill then stalls a step by
+    at most half what a full chunk does). One rule also has the batch pool
+    lend its idle seats back to interactive requests. The file's own rules
+    are scaled from its endpoints to this split's.
     """
-    plan, to = fleet.interactive, (fleet.batch.config.name,)
+    plan, to, back = fleet.interactive, (fleet.batch.config.name,), (fleet.interactive.config.name,)
     seats = plan.seats * interactive
-    rules = [
+    none = LendConfig()
+    one_way = [
         (f"lend {seats // 8}, keep {seats // 2}", LendConfig(to, max_seats=max(1, seats // 8), reserve=seats // 2)),
         (f"lend {seats // 2}, keep {seats // 4}", LendConfig(to, max_seats=max(1, seats // 2), reserve=seats // 4)),
         (
@@ -168,14 +175,24 @@ def lending_rules(fleet: Fleet, interactive: int) -> list[tuple[str, LendConfig]
         ),
         ("lend any idle", LendConfig(to)),
     ]
-    own = plan.config.lend
-    if fleet.batch.config.name in own.to:
-        factor = interactive / max(1, len(plan.config.endpoints))
-        reserve = min(seats - 1, _scaled(own.reserve, factor, 0) or 0)
-        scaled = dataclasses.replace(own, to=to, max_seats=_scaled(own.max_seats, factor, 1), reserve=reserve)
-        if all(scaled != lend for _, lend in rules):
-            rules.append(("config's lend", scaled))
+    rules: list[Rule] = [(label, lend, none) for label, lend in one_way]
+    rules.append((f"lend any idle, keep {seats // 16}; batch lends back", LendConfig(to, reserve=seats // 16), LendConfig(back)))
+    own = (
+        _scaled_lend(plan.config.lend, to, interactive, len(plan.config.endpoints), seats),
+        _scaled_lend(fleet.batch.config.lend, back, fleet.engines - interactive, len(fleet.batch.config.endpoints), fleet.batch.seats * (fleet.engines - interactive)),
+    )
+    if (own[0].to or own[1].to) and all((lend, lend_back) != own for _, lend, lend_back in rules):
+        rules.append(("config's lend", *own))
     return rules
+
+
+def _scaled_lend(lend: LendConfig, to: tuple[str, ...], engines: int, file_endpoints: int, seats: int) -> LendConfig:
+    """The file's ``lend`` of one pool for ``engines`` engines (seat counts scaled); nothing unless it lends to ``to``."""
+    if not set(to) <= set(lend.to):
+        return LendConfig()
+    factor = engines / max(1, file_endpoints)
+    reserve = min(seats - 1, _scaled(lend.reserve, factor, 0) or 0)
+    return dataclasses.replace(lend, to=to, max_seats=_scaled(lend.max_seats, factor, 1), reserve=reserve)
 
 
 def candidates(fleet: Fleet) -> list[Candidate]:
@@ -184,7 +201,7 @@ def candidates(fleet: Fleet) -> list[Candidate]:
     for interactive in range(1, fleet.engines):
         batch = fleet.engines - interactive
         found.append(Candidate(interactive, batch, "static"))
-        found += [Candidate(interactive, batch, rule, lend) for rule, lend in lending_rules(fleet, interactive)]
+        found += [Candidate(interactive, batch, rule, lend, back) for rule, lend, back in lending_rules(fleet, interactive)]
     return found
 
 
@@ -194,7 +211,7 @@ def stall_ms(fleet: Fleet, candidate: Candidate) -> float:
     A prefill runs in chunks of at most the engine's step budget, so a
     borrower's prompt over it stalls several steps by the chunk's time each.
     """
-    if not candidate.lends:
+    if not candidate.lend.to:
         return 0.0
     params = fleet.interactive.params
     budget = candidate.lend.max_prompt_tokens or params.max_num_batched_tokens
@@ -221,7 +238,7 @@ def candidate_config(fleet: Fleet, candidate: Candidate) -> Config:
     urls = [engine_url(i) for i in range(fleet.engines)]
     pools = (
         _pool_config(fleet.interactive, urls[: candidate.interactive], candidate.lend),
-        _pool_config(fleet.batch, urls[candidate.interactive :], LendConfig()),
+        _pool_config(fleet.batch, urls[candidate.interactive :], candidate.lend_back),
     )
     return dataclasses.replace(fleet.base, pools=pools, auth=AuthConfig(), digest="advise")
 
@@ -505,7 +522,7 @@ def _x(value: float) -> str:
 def table(advice: Advice) -> str:
     """Markdown: the baselines, then every candidate, the recommended one marked."""
     rows = [
-        "| set-up | lending (interactive -> batch) | borrowed prefill stall per step, ms | short E2E P99 s | x ideal | short TTFT P99 s | x ideal "
+        "| set-up | lending | borrowed prefill stall per step, ms | short E2E P99 s | x ideal | short TTFT P99 s | x ideal "
         "| short failed | long finished/s | x round robin | within bounds |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -558,9 +575,9 @@ def snippet(fleet: Fleet, candidate: Candidate) -> str:
     ]
     parts = (
         (fleet.interactive, urls[: candidate.interactive], candidate.lend),
-        (fleet.batch, urls[candidate.interactive :], None),
+        (fleet.batch, urls[candidate.interactive :], candidate.lend_back),
     )
-    for plan, mine, lend in parts:
+    for plan, mine, lend in parts:  # both lend tables, empty ones too: the file may lend where this does not
         out += [
             f"[pools.{plan.config.name}]",
             f"max_concurrency = {plan.seats * len(mine)}",
@@ -570,8 +587,7 @@ def snippet(fleet: Fleet, candidate: Candidate) -> str:
             "]",
             "",
         ]
-        if lend is not None:
-            out += [f"[pools.{plan.config.name}.lend]", *_lend_lines(lend), ""]
+        out += [f"[pools.{plan.config.name}.lend]", *_lend_lines(lend), ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -583,7 +599,7 @@ def report(advice: Advice) -> str:
         + (f", {advice.dropped} dropped (over the router's caps)" if advice.dropped else "")
         + f"; {fleet.engines} engines: interactive pool {fleet.interactive.profile!r} (cap {fleet.interactive.seats} each), "
         f"batch pool {fleet.batch.profile!r} (cap {fleet.batch.seats} each); {len(advice.predictions)} candidates "
-        f"in {advice.wall_s:.1f} s of CPU wall time. Bounds: short E2E P99 <= {E2E_BOUND:g}x and short TTFT P99 <= "
+        f"simulated in {advice.wall_s:.1f} s (wall) on this CPU. Bounds: short E2E P99 <= {E2E_BOUND:g}x and short TTFT P99 <= "
         f"{TTFT_BOUND:g}x the short-only ideal's. Long finished/s: long requests finished ok per second from the "
         "trace's start to the last one's end."
     )
@@ -601,7 +617,8 @@ def report(advice: Advice) -> str:
 
 def advice_json(advice: Advice) -> dict[str, Any]:
     def pred(p: Prediction) -> dict[str, Any]:
-        return {"candidate": p.candidate.name, "lend": dataclasses.asdict(p.candidate.lend), "stats": dataclasses.asdict(p.stats),
+        return {"candidate": p.candidate.name, "lend": dataclasses.asdict(p.candidate.lend),
+                "lend_back": dataclasses.asdict(p.candidate.lend_back), "stats": dataclasses.asdict(p.stats),
                 "e2e_vs_ideal": p.e2e_ratio, "ttft_vs_ideal": p.ttft_ratio, "goodput_vs_shared": p.goodput_ratio,
                 "stall_ms": p.stall_ms, "meets": p.meets}
 
@@ -632,12 +649,50 @@ def advice_json(advice: Advice) -> dict[str, Any]:
 
 # -- checking a prediction against bench tail ----------------------------------------------------
 
+TAIL_TIME_SCALE = 4.0  # bench tail's default --time-scale
+TAIL_DRAIN_GPU_S = 120.0  # the caller's deadline: no request outlasts it, so bench tail's drain never cuts one
+
+
+def tail_setup(candidate: Candidate) -> str:
+    """The ``bench tail`` set-up that runs ``candidate``: ``disaggregated`` when static, ``lend`` when lending."""
+    return "lend" if candidate.lends else "disaggregated"
+
+
+def _lend_rule(lend: LendConfig) -> str:
+    rule = [f"reserve={lend.reserve}"]
+    rule += [f"seats={lend.max_seats}"] if lend.max_seats is not None else []
+    rule += [f"prompt={lend.max_prompt_tokens}"] if lend.max_prompt_tokens is not None else []
+    rule += [f"output={lend.max_output_tokens}"] if lend.max_output_tokens is not None else []
+    return ",".join(rule)
+
+
+def tail_command(advice: Advice, candidate: Candidate, trace: Path, samples: Path, time_scale: float = TAIL_TIME_SCALE) -> str | None:
+    """The real-time ``bench tail`` run of ``candidate`` on ``trace`` (None: bench tail cannot express it).
+
+    bench tail's lending set-up lends interactive -> batch under one rule,
+    the batch pool lending back any idle seat unless ``--no-lend-back``.
+    """
+    back = candidate.lend_back
+    if back.to and (back != LendConfig(back.to) or not candidate.lend.to):
+        return None
+    window = math.ceil(advice.seconds * time_scale) + 1
+    words = [
+        "python -m bench tail",
+        f"--engines {advice.fleet.engines} --split {candidate.interactive}:{candidate.batch}",
+        f"--trace {trace} --time-scale {time_scale:g} --warmup 0 --seconds {window} --drain {TAIL_DRAIN_GPU_S * time_scale:g}",
+        f"--setup shared --setup short-only --setup {tail_setup(candidate)}",
+    ]
+    if candidate.lend.to:
+        words.append(f"--lend-rule {_lend_rule(candidate.lend)}" + ("" if back.to else " --no-lend-back"))
+    words.append(f"--samples {samples}")
+    return " ".join(words)
+
 
 @dataclass(frozen=True)
 class Check:
-    """Predicted against measured for one static split, from ``bench tail --samples`` files."""
+    """Predicted against measured for one candidate, from ``bench tail --samples`` files."""
 
-    split: str
+    candidate: Candidate
     predicted: Stats
     measured: Stats
     measured_ideal: Stats
@@ -651,14 +706,16 @@ def _one(directory: Path, setup: str) -> Path:
     return found[0]
 
 
-def compare(advice: Advice, split: tuple[int, int], directory: Path, time_scale: float) -> Check:
-    """The static ``split``'s prediction beside bench tail's disaggregated, shared and short-only samples."""
-    predicted = next(p.stats for p in advice.predictions if (p.candidate.interactive, p.candidate.batch) == split and not p.candidate.lends)
+def compare(advice: Advice, name: str | None, directory: Path, time_scale: float) -> Check:
+    """A candidate's prediction (default: the recommended one) beside bench tail's samples of it, shared and short-only."""
+    chosen = advice.recommended if name is None else next((p for p in advice.predictions if p.candidate.name == name), None)
+    if chosen is None:
+        raise ValueError(f"no candidate is named {name!r}; the names are the table's split and lending columns, e.g. '1:3 static'")
 
     def measured(setup: str) -> Stats:
         return stats_of(fates_from_samples(_one(directory, setup), time_scale))
 
-    return Check(f"{split[0]}:{split[1]}", predicted, measured("disaggregated"), measured("short-only"), measured("shared"))
+    return Check(chosen.candidate, chosen.stats, measured(tail_setup(chosen.candidate)), measured("short-only"), measured("shared"))
 
 
 def check_table(check: Check, advice: Advice) -> str:
@@ -668,7 +725,7 @@ def check_table(check: Check, advice: Advice) -> str:
 
     p, m = check.predicted, check.measured
     return "\n".join([
-        f"| {check.split} static, GPU s | predicted (virtual time) | measured (bench tail, real time) | predicted vs measured |",
+        f"| {check.candidate.name}, GPU s | predicted (virtual time) | measured (bench tail, real time) | predicted vs measured |",
         "|---|---|---|---|",
         row("short E2E P99", p.short_e2e_p99, m.short_e2e_p99),
         row("short TTFT P99", p.short_ttft_p99, m.short_ttft_p99),
@@ -699,9 +756,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seconds", type=float, default=DEFAULT_SECONDS, help=f"replay at most this many seconds of arrivals (default %(default)g, at most {MAX_SECONDS:g})")
     add("--jobs", type=int, default=1, help="processes to simulate candidates in (default %(default)s)")
     add("--json", type=Path, default=None, help="also write every prediction as JSON here")
-    add("--compare-samples", type=Path, default=None, help="a bench tail --samples folder (disaggregated, shared, short-only at one load) to set beside the prediction")
-    add("--compare-split", default=None, help="the I:B split that bench tail run used (with --compare-samples)")
-    add("--time-scale", type=float, default=4.0, help="that run's --time-scale (default %(default)g)")
+    add("--compare-samples", type=Path, default=None, help="a bench tail --samples folder of a run of the printed command: measured beside predicted")
+    add("--compare-candidate", default=None, help="which candidate that run was, e.g. '1:3 static' (default: the recommended one)")
+    add("--time-scale", type=float, default=TAIL_TIME_SCALE, help="that run's --time-scale (default %(default)g)")
     return parser
 
 
@@ -710,8 +767,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.seconds <= MAX_SECONDS or args.jobs < 1 or args.time_scale <= 0:
         parser.error(f"--seconds must be in (0, {MAX_SECONDS:g}], --jobs and --time-scale positive")
-    if (args.compare_samples is None) != (args.compare_split is None):
-        parser.error("--compare-samples and --compare-split go together")
     path: Path = args.config or default_config()
     try:
         config = load_config(path)
@@ -727,21 +782,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(arrivals) < 2:
             raise ValueError(f"{source}: fewer than two requests to replay")
         result = advise(fleet, arrivals, jobs=args.jobs, seconds=args.seconds, source=source)
-        split = None
-        if args.compare_split is not None:
-            left, _, right = args.compare_split.partition(":")
-            split = (int(left), int(right))
     except (OSError, ValueError) as error:
         print(f"tailguard advise: {error}", file=sys.stderr)
         return 2
     print(report(result), end="")
+    if args.trace is not None:
+        command = tail_command(result, result.recommended.candidate, args.trace, Path("samples"))
+        note = command and f"Check it in real time (bench tail; then --compare-samples samples): `{command}`"
+        print("\n" + (note or "bench tail has no set-up for this lending rule: check it by hand."))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(advice_json(result), indent=2) + "\n")
-    if split is not None and args.compare_samples is not None:
+    if args.compare_samples is not None:
         try:
-            check = compare(result, split, args.compare_samples, args.time_scale)
-        except (OSError, ValueError, StopIteration) as error:
+            check = compare(result, args.compare_candidate, args.compare_samples, args.time_scale)
+        except (OSError, ValueError) as error:
             print(f"tailguard advise: {error}", file=sys.stderr)
             return 2
         print("\n" + check_table(check, result))

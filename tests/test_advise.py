@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,11 @@ from bench.advise import (
     advise,
     arrivals_from_access_log,
     arrivals_from_trace,
+    compare,
     fleet_from,
     snippet,
     stats_of,
+    tail_command,
 )
 from bench.sweep_sim import Arrival
 from router.config import load_config
@@ -200,3 +203,61 @@ def test_stats_count_failed_short_requests_as_slowest() -> None:
     assert stats.short_failed == 2 and math.isinf(stats.short_e2e_p99) and math.isinf(stats.short_ttft_p99)
     assert stats.long_ok == 1 and stats.long_goodput == pytest.approx(1 / 10.0)
     assert stats_of(fates[:98]).short_e2e_p99 == 0.5
+
+
+def test_the_real_time_check_command_names_the_candidates_set_up(example_advice: tuple[Advice, float]) -> None:
+    advice, _ = example_advice
+    by_name = {p.candidate.name: p.candidate for p in advice.predictions}
+    static = tail_command(advice, by_name["1:3 static"], EXAMPLE_TRACE, Path("s"))
+    assert static is not None
+    assert "--engines 4 --split 1:3" in static and "--setup disaggregated" in static and "--lend-rule" not in static
+    assert "--warmup 0 --seconds 13 " in static  # the trace's 3 GPU s at time scale 4, all of it measured
+    lending = tail_command(advice, by_name["2:2 lend 64, keep 32"], EXAMPLE_TRACE, Path("s"))
+    assert lending is not None and "--setup lend --lend-rule reserve=32,seats=64 --no-lend-back" in lending
+    both = tail_command(advice, by_name["2:2 lend any idle, keep 8; batch lends back"], EXAMPLE_TRACE, Path("s"))
+    assert both is not None and "--lend-rule reserve=8 " in both and "--no-lend-back" not in both
+
+
+def test_compare_reads_bench_tail_samples_in_gpu_time(example_advice: tuple[Advice, float], tmp_path: Path) -> None:
+    """Samples are real seconds at the run's time scale; the check divides them back to GPU seconds."""
+    advice, _ = example_advice
+
+    def write(setup: str, e2e: float) -> None:
+        rows = [{"kind": "short", "at": 4.0 * i, "outcome": "ok", "ttft": 0.08, "e2e": e2e} for i in range(10)]
+        rows += [{"kind": "long", "at": 0.0, "outcome": "ok", "ttft": 0.4, "e2e": 40.0}]
+        (tmp_path / f"t-{setup}-load0.7.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write("disaggregated", 2.4)
+    write("shared", 4.0)
+    write("short-only", 2.0)
+    check = compare(advice, "1:3 static", tmp_path, 4.0)
+    assert check.candidate.name == "1:3 static"
+    assert check.measured.short_e2e_p99 == pytest.approx(0.6) and check.measured.short_ttft_p99 == pytest.approx(0.02)
+    assert check.measured_ideal.short_e2e_p99 == pytest.approx(0.5) and check.measured_shared.short_e2e_p99 == pytest.approx(1.0)
+    assert check.measured.long_goodput == pytest.approx(1 / 10.0)
+    with pytest.raises(ValueError, match="no candidate"):
+        compare(advice, "9:9 static", tmp_path, 4.0)
+
+
+def test_cli_replays_an_access_log(tmp_path: Path) -> None:
+    """The example trace written as tailguard's access lines gives the same traffic, and advice."""
+    start = 1_735_689_600.0  # 2025-01-01T00:00:00Z
+    lines = []
+    for row in map(json.loads, EXAMPLE_TRACE.read_text().splitlines()):
+        end = start + row["at"] + 0.25
+        stamp = datetime.fromtimestamp(end, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        klass = "interactive" if row["class"] == "short" else "batch"
+        fields = {"class": klass, "prompt_tokens_est": row["prompt_tokens"], "max_tokens": row["max_tokens"], "e2e_ms": 250.0}
+        lines.append(json.dumps({"ts": stamp, "level": "INFO", "logger": "tailguard.access", "msg": "http chat 200 ok", **fields}))
+    log = tmp_path / "tailguard.log"
+    log.write_text("\n".join(lines) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "advise", "--access-log", str(log), "--engines", "4", "--config", str(SHIPPED_CONFIG)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "239 requests over 3.0 s" in done.stdout and "Recommended: 1:3 static" in done.stdout
+    assert "[pools.batch]" in done.stdout
