@@ -233,9 +233,13 @@ class Router:
             url = endpoint_config.url
             known = self._endpoints.get(url) or self._retired_endpoints.get(url)
             if known is None:
-                built[url] = self._new_endpoint(endpoint_config, config)
+                built[url] = endpoint = self._new_endpoint(endpoint_config, config)
+                if self._budget is not None:
+                    endpoint.granted = 0  # [cluster]: none of its seats until the ledger grants this replica some
             else:
                 clients[url] = known.clients_for(endpoint_config)
+        if built and self._budget is not None:
+            self._budget.wake()
         return built, clients
 
     def _take(self, endpoint_config: EndpointConfig, built: dict[str, Endpoint], clients: dict[str, Clients], config: Config) -> Endpoint:

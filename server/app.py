@@ -107,7 +107,7 @@ async def serve(
             await nursery.start(functools.partial(router.run, ledger=ledger))
             log.info("cluster: replica %s shares its caps through %s", config.cluster.replica(), _redacted(config.cluster.redis_url))
         else:
-            nursery.start_soon(router.run)
+            await nursery.start(router.run)  # endpoints from DNS are resolved before serving
         metrics = Metrics(router)
         access_log = AccessLog(log_prompts=config.logging.log_prompts, enabled=config.logging.access_log)
         telemetry = Telemetry([metrics.observe, access_log])
