@@ -5,6 +5,7 @@
     python -m bench sweep      the policy in virtual time: loads x set-ups x splits
     python -m bench chaos      killed, hung and broken engines, hostile clients, reloads: what must hold
     python -m bench hold       RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold
+    python -m bench cluster    replicas sharing caps on Redis: caps under load, kill -9, Redis down (issue 13)
 
 Each prints its parameters and numbers, writes JSON (and plots) under
 ``bench/results/``, and takes ``--help``.
@@ -21,6 +22,7 @@ _COMMANDS = {
     "sweep": "bench.sweep",
     "chaos": "bench.chaos",
     "hold": "bench.hold",
+    "cluster": "bench.cluster",
 }
 
 
