@@ -12,7 +12,9 @@ import trio
 from bench.sim import PROFILES, Engine, SimApp, SimTransport
 from router.cluster import NO_WAITER, Demand, SharedBudget
 from router.config import ConfigError, parse_config
-from router.config_types import ClusterConfig
+from router.auth import Caller
+from router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig
+from router.errors import CallerOverLimit
 from router.dispatch import Router
 from server.metrics import Metrics
 from server.redis_ledger import RedisLedger
@@ -202,3 +204,43 @@ def test_without_a_cluster_section_nothing_changes() -> None:
     assert parse_config(BASE).cluster is None
     config = parse_config(BASE + '\n[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\nreplica_id = "r1"\n')
     assert config.cluster == ClusterConfig("redis://127.0.0.1:6379/0", replica_id="r1")
+
+
+async def test_an_api_keys_cap_holds_across_two_replicas(redis: RedisServer) -> None:
+    """A key with max_concurrency 2, called through both replicas at once: never 3 in flight."""
+    key = ApiKeyConfig("webapp", "0" * 64, frozenset(), 2)
+    base = dataclasses.replace(two_pool_config(interactive_cap=8), auth=AuthConfig(keys=(key,)))
+    engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
+    transports = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    routers = [
+        Router(
+            dataclasses.replace(base, cluster=ClusterConfig(redis.url, namespace="t7", replica_id=name, lease_ttl=1.0, sync_interval=0.02, block=1)),
+            transport_factory=lambda endpoint: transports[endpoint.url],
+            seed=0,
+        )
+        for name in ("a", "b")
+    ]
+    caller = Caller("webapp", frozenset(), 2)
+    outcomes = {"ok": 0, "over": 0}
+    async with RedisLedger(redis.url, "t7") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        for router in routers:
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+
+        async def ask(router: Router, i: int) -> None:
+            await trio.sleep(0.05 * (i // 2))  # pairs, one on each replica, while earlier ones still run
+            try:
+                async with router.open(chat(f"q{i}", max_tokens=100, request_id=f"k{i}"), caller=caller) as completion:
+                    await completion.read()
+                outcomes["ok"] += 1
+            except CallerOverLimit:
+                outcomes["over"] += 1
+
+        async with trio.open_nursery() as load:
+            for i in range(12):
+                load.start_soon(ask, routers[i % 2], i)
+        nursery.cancel_scope.cancel()
+    # The key's are the only requests: the engine's own running count is the key's concurrency.
+    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2  # its cap, held across both replicas
+    assert outcomes["ok"] >= 2 and outcomes["ok"] + outcomes["over"] == 12
