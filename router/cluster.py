@@ -20,9 +20,10 @@ Priority across replicas: with a sync each replica publishes the best
 (lowest) class priority waiting for each pool. While another live replica
 has a more urgent request waiting, the ledger lets a replica keep only the
 seats it uses: the seats that free up go back at its next sync, and the
-short request on replica A gets them before the long one on replica B. The
-cost is one sync interval; a seat freed on B between two syncs can still go
-to B's own waiter first.
+short request on replica A gets them before the long one on replica B. While
+any request waits on another replica, every replica syncs ten times as
+often, so the seats come back within a few milliseconds; a seat freed on B
+between two syncs can still go to B's own waiter first.
 
 Redis unreachable or slow (a sync fails or takes over half the TTL): the
 replica falls back at once to ``min(grant, static share)`` of each cap, and
@@ -64,11 +65,19 @@ class Want:
     in_use: int = 0  # seats in use here: kept even when more urgent work waits elsewhere
 
 
+@dataclass(frozen=True)
+class Synced:
+    """The ledger's answer to a sync."""
+
+    grants: list[int]  # per want, in order
+    contended: bool  # a request waits on another replica: sync again soon, seats may be wanted back
+
+
 class LedgerStore(Protocol):
     """The shared ledger (Redis in production, ``server.redis_ledger``)."""
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> list[int]:
-        """Renew the replica's lease and record its grants; returns the grant per want, in order."""
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
+        """Renew the replica's lease and record its grants; returns them, per want in order."""
         ...
 
 
@@ -109,6 +118,7 @@ class SharedBudget:
         self.syncs = 0
         self.failures = 0
         self._wanted = trio.Event()
+        self._contended = False
 
     def granted(self, resource: str, cap: int) -> int:
         """Seats of ``resource`` this replica may use now (0 until the first sync or fallback)."""
@@ -126,7 +136,9 @@ class SharedBudget:
         await self.sync_once()
         task_status.started()
         while True:
-            with trio.move_on_after(self.config.sync_interval):
+            # While a request waits on another replica, seats it may need are given back sooner.
+            interval = self.config.sync_interval / 10 if self._contended else self.config.sync_interval
+            with trio.move_on_after(interval):
                 await self._wanted.wait()
             self._wanted = trio.Event()
             await self.sync_once()
@@ -141,16 +153,17 @@ class SharedBudget:
             lowered = min(self._grants.get(demand.resource, 0), max(want.target, demand.in_use))
             if lowered < self._grants.get(demand.resource, 0):
                 self._set(demand, lowered)
-        granted: list[int] | None = None
+        synced: Synced | None = None
         with trio.move_on_after(self.config.lease_ttl / 2):
             try:
-                granted = await self._store.sync(self.replica, self.config.lease_ttl, wants)
+                synced = await self._store.sync(self.replica, self.config.lease_ttl, wants)
             except Exception as error:  # any failure of the store: fall back, never fail requests for it
                 self._failed(now, demands, f"{type(error).__name__}: {error}")
                 return
-        if granted is None:
+        if synced is None:
             self._failed(now, demands, f"no answer within {self.config.lease_ttl / 2:g} s")
             return
+        self._contended = synced.contended
         if self.mode != "ledger":
             log.info("cluster: the shared ledger answers (replica %s); caps are shared again", self.replica)
             if self.mode == "fallback":
@@ -158,7 +171,7 @@ class SharedBudget:
             self.mode = "ledger"
             self._fallback_since = None
         self.syncs += 1
-        for demand, seats in zip(demands, granted):
+        for demand, seats in zip(demands, synced.grants):
             self._set(demand, seats)
 
     def _want(self, demand: Demand, now: float) -> Want:

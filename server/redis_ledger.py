@@ -20,7 +20,7 @@ from typing import Any
 
 import coredis
 
-from router.cluster import NO_WAITER, Want
+from router.cluster import NO_WAITER, Synced, Want
 
 _SYNC = """
 local prefix, me, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -33,6 +33,7 @@ local function is_alive(replica)
   return alive[replica]
 end
 local out = {}
+local contended = 0  -- 1 when a request waits on another replica: everyone syncs sooner
 for i = 0, n - 1 do
   local base = 5 + i * 5
   local name = ARGV[base]
@@ -54,10 +55,12 @@ for i = 0, n - 1 do
   end
   local wants = redis.call('HGETALL', wants_key)
   for j = 1, #wants, 2 do
-    if wants[j] ~= me and tonumber(wants[j + 1]) < urgency and is_alive(wants[j]) then
-      -- a more urgent request waits elsewhere: this replica keeps only the seats in use
-      target = math.min(target, math.max(in_use, 0))
-      break
+    if wants[j] ~= me and is_alive(wants[j]) then
+      contended = 1
+      if tonumber(wants[j + 1]) < urgency then
+        -- a more urgent request waits elsewhere: this replica keeps only the seats in use
+        target = math.min(target, math.max(in_use, 0))
+      end
     end
   end
   local granted = math.max(0, math.min(target, cap - others))
@@ -69,6 +72,7 @@ for i = 0, n - 1 do
   end
   out[#out + 1] = granted
 end
+out[#out + 1] = contended
 return out
 """
 
@@ -85,13 +89,13 @@ class RedisLedger:
         self._prefix = namespace + ":"
         self._script: Any = self._client.register_script(_SYNC)
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> list[int]:
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
         args: list[str | int] = [self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants)]
         for want in wants:
             args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use]
         args.append(NO_WAITER)
-        result = await self._script(keys=[], args=args)
-        return [int(seats) for seats in result]
+        result = [int(value) for value in await self._script(keys=[], args=args)]
+        return Synced(grants=result[:-1], contended=bool(result[-1]))
 
     async def grants(self, resource: str) -> dict[str, int]:
         """Every replica's recorded grant of ``resource`` (tests and the benchmark check the ledger)."""

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from bench.sim import PROFILES, Engine, SimApp, SimTransport
-from router.cluster import NO_WAITER, Demand, SharedBudget
+from router.cluster import NO_WAITER, Demand, SharedBudget, Want
 from router.config import ConfigError, parse_config
 from router.auth import Caller
 from router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig
@@ -244,3 +244,13 @@ async def test_an_api_keys_cap_holds_across_two_replicas(redis: RedisServer) -> 
     # The key's are the only requests: the engine's own running count is the key's concurrency.
     assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2  # its cap, held across both replicas
     assert outcomes["ok"] >= 2 and outcomes["ok"] + outcomes["over"] == 12
+
+
+async def test_a_sync_says_when_a_request_waits_on_another_replica(redis: RedisServer) -> None:
+    """Then every replica syncs ten times as often, so seats come back within milliseconds."""
+    async with RedisLedger(redis.url, "t8") as ledger:
+        quiet = await ledger.sync("a", TTL, [Want("pool:x", CAP, 2, in_use=2)])
+        assert quiet.grants == [2] and not quiet.contended
+        await ledger.sync("b", TTL, [Want("pool:x", CAP, 9, best_waiting=0, in_use=8)])  # b has a request waiting
+        busy = await ledger.sync("a", TTL, [Want("pool:x", CAP, 3, in_use=1)])
+        assert busy.contended and busy.grants == [1]  # a keeps only what it uses: b's request is more urgent
