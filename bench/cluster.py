@@ -43,7 +43,8 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -90,6 +91,8 @@ from router.auth import hash_key
 from server.redis_ledger import RedisLedger
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cluster"
+PHASES = ("cost", "load", "kill", "outage", "skew")
+OUTAGES = ("outage_stop", "outage_pause", "outage_skew")
 NAMESPACE = "bench-cluster"
 BATCH_QUEUE_TIMEOUT = 10.0  # real s (interactive: tailguard_config's 3 s)
 MAX_QUEUE = 64
@@ -137,6 +140,8 @@ class Options:
     sample_interval: float
     seed: int
     out: Path
+    phases: tuple[str, ...] = PHASES
+    key_caps: bool = True  # the keys' max_concurrency in every config (--no-key-caps: none, for experiments)
 
 
 # -- processes -------------------------------------------------------------------------
@@ -235,8 +240,10 @@ class Lab:
         caps |= {e.resource: e.cap for e in self.engines}
         return caps | {f"key:{k.name}": k.max_concurrency for k in KEYS}
 
-    async def replica(self, name: str, namespace: str | None, static_share: float = 1.0, instant: bool = False) -> Replica:
-        """A tailguard process (HTTP only), with ``[cluster]`` in ``namespace`` unless None; ready on return."""
+    async def replica(
+        self, name: str, namespace: str | None, static_share: float = 1.0, instant: bool = False, block: int | None = None, key_caps: bool = True
+    ) -> Replica:
+        """A tailguard process (HTTP only), with ``[cluster]`` in ``namespace`` unless None; ``wait_ready`` before use."""
         http_port, grpc_port = free_ports(2)
         sections: list[str] = []
         if namespace is not None:
@@ -249,11 +256,12 @@ class Lab:
                 f"lease_ttl = {o.lease_ttl:g}",
                 f"sync_interval = {o.sync_interval:g}",
                 f"static_share = {static_share:g}",
-                f"block = {o.block}",
+                f"block = {o.block if block is None else block}",
                 "",
             ]
         for key in KEYS:
-            sections += ["[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"', f"max_concurrency = {key.max_concurrency}", ""]
+            sections += ["[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"']
+            sections += [f"max_concurrency = {key.max_concurrency}", ""] if key_caps and self.options.key_caps else [""]
         text = tailguard_config(http_port, grpc_port, *self.pools(instant), batch_queue_timeout=BATCH_QUEUE_TIMEOUT, sections=sections)
         config = self.tmp / f"{name}.toml"
         config.write_text(text)
@@ -263,9 +271,12 @@ class Lab:
         process = await start_tailguard(self.nursery, config, log=log, extra_args=["--no-grpc"])
         return Replica(name, http_port, process, log_path)
 
-    async def group(self, names: Sequence[str], namespace: str | None, static_share: float = 1.0, instant: bool = False) -> list[Replica]:
+    async def group(
+        self, names: Sequence[str], namespace: str | None, static_share: float = 1.0, instant: bool = False, block: int | None = None,
+        key_caps: bool = True,
+    ) -> list[Replica]:
         """Several replicas started at once; returns when every one answers /health 200."""
-        replicas = [await self.replica(name, namespace, static_share, instant) for name in names]
+        replicas = [await self.replica(name, namespace, static_share, instant, block, key_caps) for name in names]
         async with trio.open_nursery() as ready:
             for r in replicas:
                 ready.start_soon(wait_ready, r.port, r.process, r.name)
@@ -639,11 +650,16 @@ async def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float
     return found
 
 
-async def outage_run(lab: Lab, replicas: list[Replica], view: LedgerView, mode: str, hold: float, dead: Sequence[str], victim: Replica | None) -> dict[str, Any]:
+async def outage_run(
+    lab: Lab, replicas: list[Replica], view: LedgerView, mode: str, hold: float, dead: Sequence[str], victim: Replica | None, skew: bool = False
+) -> dict[str, Any]:
     """Load at the highest load; Redis killed (``mode`` "stop", started again empty) or paused ("pause") for ``hold`` s.
 
     ``victim`` is killed with SIGKILL halfway through the outage. ``dead`` are
     the replicas killed before, whose names must not come back in the ledger.
+    With ``skew``, the client sends everything to the first replica until
+    Redis goes (a balancer out of step), round robin from then on: the first
+    replica holds most seats when the ledger fails.
     """
     o = lab.options
     pre, post = 5.0, 10.0
@@ -655,7 +671,10 @@ async def outage_run(lab: Lab, replicas: list[Replica], view: LedgerView, mode: 
     health: dict[str, list[tuple[float, str, str]]] = {r.name: [] for r in replicas}
     ledger_max: dict[str, int] = {}
     ledger_reads = {"ok": 0, "failed": 0}
-    found: dict[str, Any] = {"mode": mode, "hold_s": hold, "pre_s": pre, "post_s": post, "load": max(o.loads), "victim": victim.name if victim else None}
+    found: dict[str, Any] = {
+        "mode": mode, "hold_s": hold, "pre_s": pre, "post_s": post, "load": max(o.loads), "victim": victim.name if victim else None, "skew": skew,
+        "replicas": [r.name for r in replicas],
+    }
     origin = time.perf_counter()
 
     def now() -> float:
@@ -688,7 +707,12 @@ async def outage_run(lab: Lab, replicas: list[Replica], view: LedgerView, mode: 
             await trio.sleep(0.1)
 
     async def outage(targets: list[TokenPool]) -> None:
+        everyone = list(targets)
+        if skew:
+            targets[:] = [t for t in targets if t.port == replicas[0].port]
         await trio.sleep_until(trio.current_time() + pre - now())
+        found["held_at_outage"] = {r.name: await _in_flight_by_endpoint(r, lab.engines) for r in replicas}
+        targets[:] = everyone
         found["redis_down_at_s"] = round(now(), 2)
         if mode == "stop":
             await lab.redis.kill()
@@ -755,11 +779,22 @@ async def outage_run(lab: Lab, replicas: list[Replica], view: LedgerView, mode: 
         + [f"{k}:{d}" for k, w in (await view.wants()).items() for d in dead if d in w],
         "in_flight_after": in_flight,
         "engines": watch_summary(watches),
-        "keys": key_results(played),
+        "keys": {} if skew else key_results(played),  # skewed: the keys have no max_concurrency
         "load_average": played.load_average,
         "machine_cores": round(played.cores, 2),
     }
     return found
+
+
+async def _in_flight_by_endpoint(replica: Replica, engines: Sequence[Engine]) -> dict[str, float]:
+    """The replica's requests running on each capped engine (its tailguard_endpoint_in_flight), by engine role."""
+    try:
+        with trio.fail_after(2.0):
+            metrics = await scrape(replica.port)
+    except (OSError, trio.BrokenResourceError, ProtocolError, trio.TooSlowError):
+        return {}
+    urls = {f"http://{HOST}:{e.port}": e.role for e in engines}
+    return {urls[url]: value for labels, value in metrics.get("tailguard_endpoint_in_flight", {}).items() if (url := dict(labels).get("endpoint")) in urls}
 
 
 async def _cluster_grants(replica: Replica) -> dict[str, float]:
@@ -815,40 +850,7 @@ async def measure(options: Options) -> dict[str, Any]:
             for port in ports[:5]:
                 await wait_ready(port, sim, "the simulator")
             try:
-                print("1. ledger cost", file=sys.stderr)
-                result["ledger_cost"] = await ledger_cost(lab)
-                print("2. load", file=sys.stderr)
-                names = [f"r{i}" for i in range(o.replicas)]
-                single = await lab.group(["single"], None)
-                alone = await lab.group(["single-ledger"], "bench-alone")
-                group = await lab.group(names, NAMESPACE, static_share=1 / o.replicas)
-                runs = []
-                for traffic in o.traffics:
-                    for load in o.loads:
-                        runs.append(await load_run(lab, "1 replica", single, traffic, load))
-                        if traffic == o.traffics[0] and load == o.loads[0]:
-                            runs.append(await load_run(lab, "1 replica + ledger", alone, traffic, load))
-                        runs.append(await load_run(lab, f"{o.replicas} replicas", group, traffic, load))
-                result["load"] = runs
-                await stop_all(single + alone)
-                caps = lab.caps()
-                async with RedisLedger(redis.url, NAMESPACE) as ledger:
-                    raw = coredis.Redis.from_url(redis.url, decode_responses=True, stream_timeout=1.0, connect_timeout=1.0)
-                    async with raw:
-                        view = LedgerView(ledger, raw, NAMESPACE, list(caps))
-                        print("3. kill -9 one replica", file=sys.stderr)
-                        victim = group[-1]
-                        result["kill"] = await kill_run(lab, group, victim, view)
-                        group = [r for r in group if r is not victim] + await lab.group([f"r{o.replicas}"], NAMESPACE, static_share=1 / o.replicas)
-                        print("4. redis-server stopped, then paused", file=sys.stderr)
-                        result["outage_stop"] = await outage_run(lab, group, view, "stop", o.outage, [victim.name], None)
-                    # a client of its own after the restart: nothing of the old connections is reused
-                    raw = coredis.Redis.from_url(redis.url, decode_responses=True, stream_timeout=1.0, connect_timeout=1.0)
-                async with RedisLedger(redis.url, NAMESPACE) as ledger:
-                    async with raw:
-                        view = LedgerView(ledger, raw, NAMESPACE, list(caps))
-                        second = group[0]
-                        result["outage_pause"] = await outage_run(lab, group, view, "pause", o.pause, [victim.name], second)
+                await phases(lab, result)
             finally:
                 with trio.CancelScope(shield=True):
                     if redis.paused:
@@ -856,11 +858,67 @@ async def measure(options: Options) -> dict[str, Any]:
                 nursery.cancel_scope.cancel()
         for log in lab.logs:
             log.close()
-        result["fallback_warnings"] = _fallback_warnings(tmp, [f"r{i}" for i in range(o.replicas + 1)])
+        result["fallback_warnings"] = _fallback_warnings(tmp, [*(f"r{i}" for i in range(o.replicas + 1)), *(f"s{i}" for i in range(o.replicas))])
     result["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     result["wall_s"] = round(time.perf_counter() - started, 1)
     result["checks"] = checks(result)
     return result
+
+
+async def phases(lab: Lab, result: dict[str, Any]) -> None:
+    """The phases ``--phases`` names, in order; each writes its part of ``result``."""
+    o = lab.options
+    share = 1 / o.replicas
+    if "cost" in o.phases:
+        print("ledger cost", file=sys.stderr)
+        result["ledger_cost"] = await ledger_cost(lab)
+    group = await lab.group([f"r{i}" for i in range(o.replicas)], NAMESPACE, share)
+    if "load" in o.phases:
+        print("load", file=sys.stderr)
+        single = await lab.group(["single"], None)
+        alone = await lab.group(["single-ledger"], "bench-alone")
+        runs = []
+        for traffic in o.traffics:
+            for load in o.loads:
+                runs.append(await load_run(lab, "1 replica", single, traffic, load))
+                if traffic == o.traffics[0] and load == o.loads[0]:
+                    runs.append(await load_run(lab, "1 replica + ledger", alone, traffic, load))
+                runs.append(await load_run(lab, f"{o.replicas} replicas", group, traffic, load))
+        result["load"] = runs
+        await stop_all(single + alone)
+    dead: list[str] = []
+    if "kill" in o.phases:
+        print("kill -9 one replica", file=sys.stderr)
+        victim = group[-1]
+        async with ledger_view(lab, NAMESPACE) as view:
+            result["kill"] = await kill_run(lab, group, victim, view)
+        dead.append(victim.name)
+        group = [r for r in group if r is not victim] + await lab.group([f"r{o.replicas}"], NAMESPACE, share)
+    if "outage" in o.phases:
+        print("redis-server stopped, then paused", file=sys.stderr)
+        async with ledger_view(lab, NAMESPACE) as view:  # a client per phase: nothing of the old connections is reused
+            result["outage_stop"] = await outage_run(lab, group, view, "stop", o.outage, dead, None)
+        async with ledger_view(lab, NAMESPACE) as view:
+            result["outage_pause"] = await outage_run(lab, group, view, "pause", o.pause, dead, group[0])
+    await stop_all([r for r in group if r.alive])
+    if "skew" in o.phases:
+        print("redis-server stopped, a replica holding most seats, block 0", file=sys.stderr)
+        # block 0: the first replica's grants may grow past its static share; keys without max_concurrency,
+        # since with block 0 a key's grant never grows past the requests it already holds
+        skewed = await lab.group([f"s{i}" for i in range(o.replicas)], "bench-skew", share, block=0, key_caps=False)
+        async with ledger_view(lab, "bench-skew") as view:
+            result["outage_skew"] = await outage_run(lab, skewed, view, "stop", max(3 * o.lease_ttl, 8.0), [], None, skew=True)
+        await stop_all(skewed)
+
+
+@asynccontextmanager
+async def ledger_view(lab: Lab, namespace: str) -> AsyncIterator[LedgerView]:
+    """The ledger of ``namespace`` as Redis holds it, through clients of its own."""
+    url = lab.redis.url
+    async with RedisLedger(url, namespace) as ledger:
+        raw = coredis.Redis.from_url(url, decode_responses=True, stream_timeout=1.0, connect_timeout=1.0)
+        async with raw:
+            yield LedgerView(ledger, raw, namespace, list(lab.caps()))
 
 
 def _fallback_warnings(tmp: Path, names: Sequence[str]) -> dict[str, int]:
@@ -881,17 +939,20 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
     o = result["options"]
     runs = result.get("load", [])
     phases = [("load " + f"{r['setup']} {r['traffic']} {r['load']:g}", r) for r in runs]
-    phases += [(name, result[name]) for name in ("kill", "outage_stop", "outage_pause") if name in result]
+    phases += [(name, result[name]) for name in ("kill", *OUTAGES) if name in result]
     over = [f"{label}: {role} {w['max_in_engine']}/{w['cap']}" for label, r in phases for role, w in r["engines"].items() if w["max_in_engine"] > w["cap"]]
     looks = sum(w["looks"] for _, r in phases for w in r["engines"].values())
     intervals = [w["mean_interval_ms"] for _, r in phases for w in r["engines"].values()]
+    gap = max(w["longest_gap_ms"] for _, r in phases for w in r["engines"].values())
     add("no engine ever above its cap (running + waiting, engines' /metrics)", not over,
-        f"{looks} looks, mean interval {min(intervals):.1f}-{max(intervals):.1f} ms; " + ("; ".join(over) if over else "max seen = cap at most"))
+        f"{looks} looks, mean interval {min(intervals):.1f}-{max(intervals):.1f} ms, longest gap {gap:.0f} ms; "
+        + ("; ".join(over) if over else "max seen = cap at most"))
     key_over = [
         f"{label}: {k} {v['max_streaming']}/{v['cap']} for {v['longest_above_cap_ms']} ms"
         for label, r in phases for k, v in r["keys"].items() if v["max_streaming"] > v["cap"]
     ]
-    add("no API key above its max_concurrency (client: first to last token of each 200)", not key_over, "; ".join(key_over) or "none")
+    if o.get("key_caps", True):
+        add("no API key above its max_concurrency (client: first to last token of each 200)", not key_over, "; ".join(key_over) or "none")
     cost = result.get("ledger_cost")
     if cost:
         add("added latency per request from the ledger (instant engine, 1 replica, [cluster] vs none)", None,
@@ -918,11 +979,11 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
             f"it held {kill.get('victim_grants_at_kill')}")
         add("kill -9: every request on the survivors ends with one answer", kill["survivor_unanswered"] == 0,
             f"survivors {kill['survivor_outcomes']}; on the victim {kill['victim_outcomes']}")
-    for name in ("outage_stop", "outage_pause"):
+    for name in OUTAGES:
         out = result.get(name)
         if not out:
             continue
-        label = f"Redis {out['mode']} {out['hold_s']:g} s"
+        label = f"Redis {out['mode']} {out['hold_s']:g} s" + (", skewed, block 0" if out["skew"] else "")
         over_engine = [f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in out["engines"].items() if w["max_in_engine"] > w["cap"]]
         add(f"{label}: caps never exceeded (engines)", not over_engine, "; ".join(over_engine) or "max in engine <= cap on every engine")
         served = out["ok_during_outage"]
@@ -991,7 +1052,7 @@ def render(result: dict[str, Any], command: str) -> str:
         for r in result["load"]:
             s, lg = r["short"], r["long"]
             engines = " ".join(f"{w['max_in_engine']}/{w['cap']}" for w in r["engines"].values())
-            keys = " ".join(f"{v['max_streaming']}/{v['cap']}" for v in r["keys"].values())
+            keys = " ".join(f"{v['max_streaming']}/{v['cap'] if o.get('key_caps', True) else '-'}" for v in r["keys"].values())
             rejected = " ".join(f"{k}:{v['outcomes'].get('429', 0)}" for k, v in r["keys"].items())
             lines.append(
                 f"| {r['setup']} | {r['traffic']} | {r['load']:g} | {r['rate_per_s']:.1f} | {s['outcomes'].get('ok', 0)}/{s['n']} | "
@@ -1015,17 +1076,21 @@ def render(result: dict[str, Any], command: str) -> str:
             f"- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in kill["engines"].items()),
             "",
         ]
-    for name in ("outage_stop", "outage_pause"):
+    for name in OUTAGES:
         out = result.get(name)
         if not out:
             continue
         what = "killed (SIGKILL), started again empty on the same port" if out["mode"] == "stop" else "paused (SIGSTOP), then resumed (SIGCONT)"
         lines += [
-            f"## Redis {out['mode']}: {out['hold_s']:g} s",
+            f"## Redis {out['mode']}: {out['hold_s']:g} s" + (", a replica holding most seats (block 0)" if out["skew"] else ""),
             "",
-            f"Poisson at load {out['load']:g}, {out['arrivals']} arrivals; redis-server {what}: down at {out['redis_down_at_s']} s, back at "
-            f"{out['redis_back_at_s']} s." + (f" {out['victim']} killed (SIGKILL) at {out.get('victim_killed_at_s')} s." if out["victim"] else ""),
+            f"Poisson at load {out['load']:g}, {out['arrivals']} arrivals, replicas {', '.join(out['replicas'])}; redis-server {what}: "
+            f"down at {out['redis_down_at_s']} s, back at {out['redis_back_at_s']} s."
+            + (f" {out['victim']} killed (SIGKILL) at {out.get('victim_killed_at_s')} s." if out["victim"] else "")
+            + (f" Replicas with block 0 and keys without max_concurrency, in a namespace of their own; until Redis went, the client "
+               f"sent every request to {out['replicas'][0]} (a balancer out of step), round robin from then on." if out["skew"] else ""),
             "",
+            f"- each replica's requests on each capped engine when Redis went (its tailguard_endpoint_in_flight): {out.get('held_at_outage')}",
             f"- outcomes: {out['outcomes']}; unanswered on survivors {out['unanswered_on_survivors']}",
             f"- ok answers to requests sent during the outage (from 1 s after it began), per replica: {out['ok_during_outage']}",
             f"- every replica in fallback within {out['fallback_within_s']} s; on the ledger again within {out['ledger_again_within_s']} s of Redis's return",
@@ -1079,6 +1144,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--overhead-seconds", type=float, default=5.0, help="ledger cost: s per round (default %(default)s)")
     add("--overhead-rounds", type=int, default=4, help="ledger cost: rounds, alternating (default %(default)s)")
     add("--seed", type=int, default=1, help="seed of the arrivals and key choices (default %(default)s)")
+    add("--phases", default=",".join(PHASES), help="phases to run, comma-separated, of: " + ", ".join(PHASES) + " (default: all)")
+    add("--no-key-caps", action="store_true", help="API keys without max_concurrency (experiments; the key check then says nothing)")
+    add("--name", default=None, help="base name of the outputs (default cluster, or cluster-quick)")
     add("--out", type=Path, default=RESULTS, help="output folder (default %(default)s)")
     return parser
 
@@ -1091,6 +1159,9 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
     traffics = tuple(t.strip() for t in args.traffic.split(",") if t.strip())
     if not loads or min(loads) <= 0 or any(t not in ("poisson", "bursty") for t in traffics) or not traffics:
         parser.error("--loads > 0; --traffic of poisson, bursty")
+    phases = tuple(x.strip() for x in args.phases.split(",") if x.strip())
+    if not phases or any(x not in PHASES for x in phases):
+        parser.error(f"--phases of: {', '.join(PHASES)}")
     if args.replicas < 2 or args.seats < args.replicas:
         parser.error("--replicas >= 2 and --seats >= --replicas (each static share at least one seat)")
     quick = args.quick
@@ -1115,6 +1186,8 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         sample_interval=0.01,
         seed=args.seed,
         out=args.out,
+        phases=phases,
+        key_caps=not args.no_key_caps,
     )
 
 
@@ -1131,7 +1204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\ninterrupted; redis-server, the simulator and tailguard were stopped", file=sys.stderr)
         return 130
     text = render(result, command)
-    name = "cluster-quick" if args.quick else "cluster"
+    name = args.name or ("cluster-quick" if args.quick else "cluster")
     options.out.mkdir(parents=True, exist_ok=True)
     write_json(options.out / f"{name}.json", result)
     (options.out / f"{name}.md").write_text(text)
