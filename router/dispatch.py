@@ -436,9 +436,12 @@ class Router:
             ticket = Ticket(klass.name, model, prompt_tokens, max_tokens)
             if self._budget is not None and pool.in_flight >= pool.max_concurrency:
                 self._budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
-            lease = await pool.admit(klass.priority, queue_deadline, ticket, retry_after=config.timeouts.retry_after)
             try:
-                admitted = trio.current_time()
+                lease = await pool.admit(klass.priority, queue_deadline, ticket, retry_after=config.timeouts.retry_after)
+            finally:
+                record.left_queue_at = left_queue = trio.current_time()  # the access log's queue_ms, also for a queue_timeout
+            try:
+                admitted = left_queue
                 record.admitted_at = admitted
                 record.endpoint = lease.endpoint.url
                 serving = lease.pool  # a lender's, when the seat is borrowed

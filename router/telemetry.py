@@ -87,6 +87,7 @@ class RequestRecord:
     max_tokens: int | None = None  # effective, as sent to the backend
     clamped: bool = False
     admitted_at: float | None = None
+    left_queue_at: float | None = None  # when it stopped waiting for a seat: admitted, refused or timed out
     first_token_at: float | None = None
     finished_at: float | None = None
     completion_tokens: int | None = None
@@ -122,6 +123,12 @@ class RequestRecord:
     @property
     def queue_seconds(self) -> float | None:
         return None if self.admitted_at is None else self.admitted_at - self.arrival
+
+    @property
+    def waited_seconds(self) -> float | None:
+        """Arrival to leaving the pool's queue, admitted or not (a queue_timeout waited too)."""
+        left = self.admitted_at if self.left_queue_at is None else self.left_queue_at
+        return None if left is None else left - self.arrival
 
     @property
     def ttft_seconds(self) -> float | None:

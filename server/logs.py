@@ -113,7 +113,7 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "outcome": record.outcome,
         "reason": record.reason,
         "status": record.status,
-        "queue_ms": _ms(record.queue_seconds),
+        "queue_ms": _ms(record.waited_seconds),  # admitted or not: a queue_timeout shows its wait
         "ttft_ms": _ms(record.ttft_seconds),
         "decode_ms": _ms(record.decode_seconds),
         "e2e_ms": _ms(record.e2e_seconds),
