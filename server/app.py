@@ -9,7 +9,9 @@ import functools
 import gc
 import logging
 import signal
+import socket
 import threading
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +32,28 @@ from .http_server import serve as serve_http
 from .logs import AccessLog
 from .redis_ledger import RedisLedger
 from .metrics import Metrics
-from .reload import ConfigReloader
-from .simulate import SimulatedFleet
+from .reload import ConfigReloader, Prepare
+from .simulate import SimulateError, SimulatedFleet, lone_os_error
 from .workers import WorkerRole
 
 log = logging.getLogger("tailguard")
+
+
+class StartupError(Exception):
+    """Something the operator must fix before tailguard can serve; the CLI prints it in one line and exits 2."""
+
+
+class ListenError(StartupError):
+    """An address tailguard must listen on cannot be bound (in use, not this host's, not allowed).
+
+    ``key`` says where the address comes from -- ``server.http_listen``,
+    ``server.grpc_listen``, or a ``--simulate`` endpoint's URL -- so the
+    message names what to change.
+    """
+
+    def __init__(self, address: str, key: str, reason: str) -> None:
+        super().__init__(f"cannot listen on {address} ({key}): {reason}")
+        self.address, self.key, self.reason = address, key, reason
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,7 @@ async def serve(
     grpc_port: int | None = None,
     shutdown: trio.Event | None = None,
     worker: WorkerRole | None = None,
+    prepare: Prepare | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run tailguard until ``shutdown`` is set, or a drain (SIGTERM, SIGINT) ends.
@@ -90,15 +110,27 @@ async def serve(
     ``worker`` processes (``server/workers.py``) it shares the ports with the
     others and also serves on a port of its own. ``http_port``/``grpc_port`` override the configured ports (0
     picks a free one). Signals are handled only on the main thread.
+    ``prepare`` is what the caller did to the file's config (command-line
+    overrides, a worker's share): reloads do it to the new file too.
+
+    Raises :exc:`ListenError` (in an exception group) when an address cannot
+    be bound, and :exc:`StartupError` for a config ``--simulate`` cannot serve.
     """
     shutdown = trio.Event() if shutdown is None else shutdown
     drain = trio.Event()
+    if config_path is not None:
+        log.info("config loaded from %s (digest %s)", config_path.absolute(), config.digest)
     for warning in config.warnings:
         log.warning("config: %s", warning)
     async with contextlib.AsyncExitStack() as stack, trio.open_nursery() as nursery:
         fleet = SimulatedFleet(nursery) if simulate else None
         if fleet is not None:
-            await fleet.ensure(config)
+            try:
+                await fleet.ensure(config)
+            except SimulateError as error:
+                if error.address is None:
+                    raise StartupError(str(error)) from None
+                raise ListenError(error.address, f"--simulate endpoint {error.url}", error.reason) from None
         router = Router(config)
         await router.check_health()
         if config.cluster is not None:
@@ -124,12 +156,15 @@ async def serve(
                 log.warning("config: %s", warning)
 
         on_main_thread = threading.current_thread() is threading.main_thread()
-        reloader = ConfigReloader(config_path, config, apply, on_result=metrics.reloaded) if config_path is not None else None
+        reloader = (
+            ConfigReloader(config_path, config, apply, on_result=metrics.reloaded, prepare=prepare)
+            if config_path is not None
+            else None
+        )
         if reloader is not None:
             if on_main_thread:
                 await nursery.start(reloader.watch_signals)
-            if config.server.reload_poll_interval > 0:
-                nursery.start_soon(reloader.watch_file, config.server.reload_poll_interval)
+            nursery.start_soon(reloader.watch_file)  # polls every reload_poll_interval s, as the running config says
         if on_main_thread:
             nursery.start_soon(_drain_on_signals, drain, shutdown)
         nursery.start_soon(_drain_then_stop, router, drain, shutdown)
@@ -151,50 +186,92 @@ async def serve(
                 if worker is not None:
                     settings = dataclasses.replace(settings, reuse_port=True)
                 port = config.server.http_port if http_port is None else http_port
-                binds = await front.start(
-                    functools.partial(serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait)
+                binds = await _bound(
+                    config.server.http_host, port, "server.http_listen",
+                    front.start(functools.partial(serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait)),
                 )
                 if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
-                    own = await front.start(
-                        functools.partial(
-                            serve_http, app, config.server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
-                                config.server, grace_timeout=_HTTP_GRACE_SECONDS
-                            ), shutdown_trigger=shutdown.wait,
-                        )
+                    own = await _bound(
+                        config.server.http_host, worker.own_port(port), f"worker {worker.index}'s own port: server.http_listen's + {1 + worker.index}",
+                        front.start(
+                            functools.partial(
+                                serve_http, app, config.server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
+                                    config.server, grace_timeout=_HTTP_GRACE_SECONDS
+                                ), shutdown_trigger=shutdown.wait,
+                            )
+                        ),
                     )
                     log.info("worker %d of %d: its own metrics and API on %s", worker.index, worker.count, own[0])
             else:
                 hypercorn_config = _hypercorn_config(config, http_port)
-                binds = await front.start(
-                    lambda task_status: hypercorn.trio.serve(
-                        app,  # type: ignore[arg-type]  # hypercorn's ASGI types are stricter than ASGI's dicts
-                        hypercorn_config,
-                        shutdown_trigger=shutdown.wait,
-                        task_status=task_status,
-                    )
+                binds = await _bound(
+                    config.server.http_host, config.server.http_port if http_port is None else http_port, "server.http_listen",
+                    front.start(
+                        lambda task_status: hypercorn.trio.serve(
+                            app,  # type: ignore[arg-type]  # hypercorn's ASGI types are stricter than ASGI's dicts
+                            hypercorn_config,
+                            shutdown_trigger=shutdown.wait,
+                            task_status=task_status,
+                        )
+                    ),
                 )
             log.info("tailguard listening on %s", binds[0])
             bound_grpc: int | None = None
             if grpc:
                 asyncio_host = await front_stack.enter_async_context(open_asyncio_host())
                 listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
+                # grpc says only "Failed to bind" (and logs to stderr): try the address first, and say why.
+                _check_bindable(*listen, "server.grpc_listen", reuse_port=worker is not None)
                 observers = Observers(
                     telemetry, repeated_ids, metrics.repeated_request_id, log_prompts=lambda: access_log.log_prompts
                 )
-                bound_grpc = await front.start(
-                    functools.partial(serve_grpc, max_calls=config.server.grpc_max_calls, reuse_port=worker is not None),
-                    router,
-                    asyncio_host,
-                    listen,
-                    shutdown,
-                    observers,
-                )
+                try:
+                    bound_grpc = await front.start(
+                        functools.partial(serve_grpc, max_calls=config.server.grpc_max_calls, reuse_port=worker is not None),
+                        router,
+                        asyncio_host,
+                        listen,
+                        shutdown,
+                        observers,
+                    )
+                except RuntimeError as error:  # grpc's bind failure; anything else is a bug and stays as it is
+                    if "bind" not in str(error):
+                        raise
+                    raise ListenError(_host_port(*listen), "server.grpc_listen", str(error)) from None
             _tune_gc()
             _return_big_buffers()
             task_status.started(Running(router, binds[0], reloader, metrics, drain, bound_grpc))
         nursery.cancel_scope.cancel()
     await router.aclose()
     metrics.close()
+
+
+async def _bound(host: str, port: int, key: str, starting: Awaitable[list[str]]) -> list[str]:
+    """A server's bound URLs once it listens; a bind that fails is a :exc:`ListenError` naming ``key``."""
+    try:
+        return await starting
+    except (OSError, BaseExceptionGroup) as error:  # hypercorn binds inside nurseries of its own
+        failed = lone_os_error(error)
+        if failed is None:
+            raise
+        raise ListenError(_host_port(host, port), key, failed.strerror or str(failed)) from None
+
+
+def _check_bindable(host: str, port: int, key: str, *, reuse_port: bool) -> None:
+    """Raise :exc:`ListenError` if ``host:port`` cannot be bound now (as a server would bind it)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            probe.bind(address)
+    except OSError as error:
+        raise ListenError(_host_port(host, port), key, error.strerror or str(error)) from None
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _redacted(url: str) -> str:

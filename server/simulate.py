@@ -20,6 +20,18 @@ log = logging.getLogger("tailguard.simulate")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
+class SimulateError(ValueError):
+    """An endpoint ``--simulate`` cannot serve: not a loopback URL with a port, or its port cannot be bound.
+
+    ``address`` and ``reason`` are set when binding failed (``reason`` is the
+    system's, e.g. "Address already in use"), so the caller can name the port.
+    """
+
+    def __init__(self, message: str, url: str, *, address: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.url, self.address, self.reason = url, address, reason
+
+
 class SimulatedFleet:
     """The engines started for a config, one per endpoint URL."""
 
@@ -43,7 +55,7 @@ class SimulatedFleet:
                 parts = urlsplit(endpoint.url)
                 host = parts.hostname or ""
                 if host not in _LOOPBACK or parts.port is None:
-                    raise ValueError(f"--simulate needs loopback endpoints with a port; {endpoint.url} is not one")
+                    raise SimulateError(f"--simulate needs loopback endpoints with a port; {endpoint.url} is not one", endpoint.url)
                 spec = EngineSpec(
                     port=parts.port,
                     params=PROFILES[pool.simulate_profile],
@@ -58,8 +70,15 @@ class SimulatedFleet:
             for url, spec in specs:
                 try:
                     started.append(await self._nursery.start(_engine_in_scope, spec))
-                except OSError as error:
-                    raise ValueError(f"--simulate could not start an engine for {url}: {error}") from error
+                except (OSError, BaseExceptionGroup) as error:  # the engine's bind fails inside its own nursery
+                    failed = lone_os_error(error)
+                    if failed is None:
+                        raise
+                    address = f"[{spec.host}]:{spec.port}" if ":" in spec.host else f"{spec.host}:{spec.port}"
+                    reason = failed.strerror or str(failed)
+                    raise SimulateError(
+                        f"--simulate could not start an engine for {url} on {address}: {reason}", url, address=address, reason=reason
+                    ) from failed
         except BaseException:
             for scope in started:
                 scope.cancel()
@@ -67,6 +86,17 @@ class SimulatedFleet:
         for url, spec in specs:
             self._running.add(url)
             log.info("simulated %s engine serving %s at %s", spec.name.split("@")[0], spec.model, url)
+
+
+def lone_os_error(error: BaseException) -> OSError | None:
+    """The OSError that ``error`` is, or that a (nested) exception group holds alone, else None.
+
+    A server that fails to bind inside its own nursery (the engine here,
+    hypercorn in ``app.py``) raises its OSError wrapped in groups.
+    """
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error if isinstance(error, OSError) else None
 
 
 async def _engine_in_scope(spec: EngineSpec, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:

@@ -6,8 +6,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -42,22 +42,31 @@ def test_check_config_lists_every_problem(tmp_path: Path, capsys: pytest.Capture
     assert "pools.interactive.max_queue" in err and "limits.bogus" in err
 
 
-@asynccontextmanager
-async def serve_process(tmp_path: Path) -> AsyncIterator[tuple[subprocess.Popen[bytes], httpx.AsyncClient]]:
-    """``tailguard serve --simulate`` on free ports, ready (healthy), killed if the test leaves it up."""
-    ports = [free_port() for _ in range(4)]
+def config_on_free_ports(tmp_path: Path, ports: Sequence[int] | None = None) -> Path:
+    """The shipped config with HTTP, the two engines and gRPC on ``ports`` (free ones by default)."""
+    ports = ports or [free_port() for _ in range(4)]
     text = (ROOT / "config.toml").read_text()
     text = text.replace("127.0.0.1:8080", f"127.0.0.1:{ports[0]}").replace(":8001", f":{ports[1]}").replace(":8002", f":{ports[2]}")
     text = text.replace("127.0.0.1:50051", f"127.0.0.1:{ports[3]}")
     path = tmp_path / "config.toml"
     path.write_text(text)
+    return path
+
+
+@asynccontextmanager
+async def serve_process(
+    tmp_path: Path, flags: Sequence[str] = (), http_port: int | None = None
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], httpx.AsyncClient]]:
+    """``tailguard serve --simulate`` on free ports, ready (healthy), killed if the test leaves it up."""
+    ports = [free_port() for _ in range(4)]
+    path = config_on_free_ports(tmp_path, ports)
     process = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING"],
+        [sys.executable, "-m", "server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports[0]}", timeout=30) as client:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port or ports[0]}", timeout=30) as client:
             with trio.fail_after(30):
                 while True:
                     try:
@@ -126,3 +135,103 @@ async def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path: 
         for text in streams:
             assert text.rstrip().endswith(b"data: [DONE]") and b'"finish_reason":"length"' in text
         assert await exited(process) == 0
+
+
+# -- a port in use, and the listen flags (issue 14, papercut 1) ------------------------------
+
+
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A loopback port another program listens on (no SO_REUSEADDR/SO_REUSEPORT: nobody else may bind it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def test_a_port_in_use_is_one_line_naming_the_key_and_exit_2(tmp_path: Path) -> None:
+    with held_port() as port:
+        path = config_on_free_ports(tmp_path, [port, free_port(), free_port(), free_port()])
+        done = subprocess.run(
+            [sys.executable, "-m", "server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING"],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert done.returncode == 2
+    assert done.stderr == f"tailguard: cannot listen on 127.0.0.1:{port} (server.http_listen): Address already in use\n"
+
+
+@pytest.mark.parametrize("which", ["grpc", "simulated engine", "hypercorn", "--http-listen", "--grpc-listen"])
+def test_every_address_in_use_names_where_it_comes_from(which: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ports = [free_port() for _ in range(4)]
+    with held_port() as held:
+        flags: list[str] = []
+        if which == "grpc":
+            ports[3] = held
+            named = "server.grpc_listen"
+        elif which == "simulated engine":
+            ports[2] = held
+            named = f"--simulate endpoint http://127.0.0.1:{held}"
+        elif which == "hypercorn":  # the fallback HTTP server binds inside nurseries of its own
+            ports[0] = held
+            named = "server.http_listen"
+        else:
+            flags = [which, f"127.0.0.1:{held}"]
+            named = which
+        path = config_on_free_ports(tmp_path, ports)
+        if which == "hypercorn":
+            path.write_text(path.read_text().replace('http_server = "lean"', 'http_server = "hypercorn"'))
+        status = main(["serve", "--simulate", "--config", str(path), "--log-level", "WARNING", *flags])
+    assert status == 2
+    assert capsys.readouterr().err == f"tailguard: cannot listen on 127.0.0.1:{held} ({named}): Address already in use\n"
+
+
+async def test_http_listen_overrides_the_config(tmp_path: Path) -> None:
+    port = free_port()
+    async with serve_process(tmp_path, ["--http-listen", f"127.0.0.1:{port}"], http_port=port) as (process, client):
+        response = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert response.status_code == 200
+        process.send_signal(signal.SIGINT)
+        assert await exited(process) == 0
+
+
+@pytest.mark.parametrize("value", ["8080", "localhost", "::1:8080", "127.0.0.1:70000"])
+def test_listen_flags_are_checked_like_the_config_keys(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited_with:
+        main(["serve", "--grpc-listen", value])
+    assert exited_with.value.code == 2
+    err = capsys.readouterr().err
+    assert "--grpc-listen" in err and 'must be "host:port"' in err
+
+
+# -- which config file (issue 14, papercut 5) -------------------------------------------------
+
+
+def test_check_config_takes_config_as_serve_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text((ROOT / "config.toml").read_text().replace("max_queue = 256", "max_queue = 77"))
+    assert main(["check-config", "--config", str(path)]) == 0
+    by_flag = capsys.readouterr().out
+    assert main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().out == by_flag
+    assert by_flag.splitlines()[0] == f"config file: {path}" and "77" in by_flag
+    with pytest.raises(SystemExit):
+        main(["check-config", str(path), "--config", str(path)])
+
+
+def test_a_config_toml_in_the_working_directory_wins_over_the_shipped_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["check-config"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"config file: {ROOT / 'config.toml'}"
+    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text().replace("max_queue = 256", "max_queue = 77"))
+    assert main(["check-config"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"config file: {tmp_path / 'config.toml'}" and "77" in out
+
+
+def test_the_readme_says_how_the_config_file_is_found() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = " ".join(readme[readme.index("\n## Configuration") :].split("\n## ")[1].split())
+    assert "--config" in section and "./config.toml" in section
+    assert "check-config --config" in section

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+
+from router.config_types import Config
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from .sim_helpers import MODEL
@@ -153,3 +156,150 @@ async def test_reload_warns_of_inverted_timeout_layers_and_counts_results(tmp_pa
             assert 'tailguard_config_reloads_total{result="ok"} 1.0' in page
             assert 'tailguard_config_reloads_total{result="failed"} 1.0' in page
             assert f'tailguard_config_info{{digest="{running.router.config.digest}"}} 1.0' in page
+
+
+# -- issue 14, papercut 6: restart-only keys, a live poll interval, what a reload changed ------------
+
+
+def reload_lines(caplog: pytest.LogCaptureFixture, level: str = "INFO") -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "tailguard.reload" and r.levelname == level]
+
+
+async def test_a_reload_names_each_key_that_needs_a_restart_and_applies_the_rest(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from router.config import load_config
+
+    async with engines_on_sockets([QUICK, QUICK]) as backends:
+        a, b = backends.urls
+        path = tmp_path / "config.toml"
+        path.write_text(toml([a], [b]))
+        async with tailguard(load_config(path), path) as running:
+            assert running.reloader is not None
+            started = running.router.config.server
+            changed = toml([a], [b], cap=6).replace(
+                'http_listen = "127.0.0.1:0"',
+                'http_listen = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:50999"\nworkers = 2\nhttp_server = "hypercorn"\nkeep_alive_timeout = 5.0',
+            )
+            path.write_text(changed + '\n[cluster]\nredis_url = "redis://127.0.0.1:1/0"\n')
+            with caplog.at_level(logging.INFO, logger="tailguard.reload"):
+                assert await running.reloader.reload()
+            [warning] = reload_lines(caplog, "WARNING")
+            named = warning.removeprefix("config reload: ").split(" changed in ")[0]
+            assert named == "server.grpc_listen, server.workers, server.http_server, server.keep_alive_timeout, cluster", warning
+            assert "only after a restart" in warning
+            assert running.router.config.server == started and running.router.config.cluster is None  # still as started
+            assert running.router.statistics().pool("interactive").max_concurrency == 6  # the rest applied
+
+
+def test_the_readme_lists_exactly_the_restart_only_keys() -> None:
+    import re
+
+    from server.reload import RESTART_ONLY
+
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    sentence = readme[readme.index("Keys that need a restart:") :]
+    sentence = sentence[: sentence.index(". ")]
+    listed = re.findall(r"`([a-z_.]+)`", sentence)
+    assert listed == list(RESTART_ONLY)
+
+
+async def test_reload_poll_interval_is_applied_live(tmp_path: Path) -> None:
+    from router.config import load_config
+
+    async with engines_on_sockets([QUICK, QUICK]) as backends:
+        a, b = backends.urls
+        path = tmp_path / "config.toml"
+        path.write_text(toml([a], [b], poll=0))  # no polling: only a signal (here: reload()) reloads
+        async with tailguard(load_config(path), path) as running:
+            assert running.reloader is not None
+            path.write_text(toml([a], [b], poll=0.05))
+            assert await running.reloader.reload()
+            assert running.reloader.reloads_ok == 1
+            path.write_text(toml([a], [b], poll=0.05, cap=5))  # no signal: the new interval's polling finds it
+            await eventually(lambda: running.reloader.reloads_ok == 2)  # type: ignore[union-attr]
+            assert running.router.statistics().pool("interactive").max_concurrency == 5
+
+
+async def test_a_reload_logs_what_changed_and_an_unchanged_file_logs_that_nothing_did(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from router.config import load_config
+
+    async with engines_on_sockets([QUICK, QUICK, QUICK]) as backends:
+        a, b, c = backends.urls
+        path = tmp_path / "config.toml"
+        path.write_text(toml([a], [b, c]))
+        async with tailguard(load_config(path), path) as running:
+            assert running.reloader is not None
+            with caplog.at_level(logging.INFO, logger="tailguard.reload"):
+                path.write_text(toml([a, c], [b]).replace("max_output_tokens = 128", "max_output_tokens = 64"))
+                os.kill(os.getpid(), signal.SIGHUP)
+                await eventually(lambda: running.reloader.reloads_ok == 1)  # type: ignore[union-attr]
+                os.kill(os.getpid(), signal.SIGHUP)  # the same file again
+                await eventually(lambda: len(reload_lines(caplog)) == 2)
+            changed, unchanged = reload_lines(caplog)
+            assert changed.startswith(f"config reloaded from {path.absolute()} (digest {running.router.config.digest}): ")
+            assert changed.endswith(
+                f"endpoints {c} moved batch->interactive; caps pools.interactive.max_concurrency 4->8, "
+                "pools.batch.max_concurrency 8->4; classes ~interactive"
+            ), changed
+            assert unchanged == f"config reload: {path.absolute()} is unchanged (digest {running.router.config.digest}); nothing changed"
+            assert running.reloader.reloads_ok == 1
+
+
+def test_the_summary_names_pools_endpoints_caps_classes_and_other_keys() -> None:
+    from router.config import parse_config
+    from server.reload import summarize
+
+    def endpoints(*ports: int) -> str:
+        return ", ".join(f'{{ url = "http://127.0.0.1:{p}", max_concurrency = 4 }}' for p in ports)
+
+    def pool(name: str, *ports: int, queue: int = 10) -> str:
+        return f'[pools.{name}]\nmax_concurrency = {4 * len(ports)}\nmax_queue = {queue}\nmax_model_len = 32768\nmodels = ["m"]\nendpoints = [{endpoints(*ports)}]\n'
+
+    before = parse_config(pool("a", 1, 2) + pool("b", 3) + '[classes.x]\npool = "a"\nqueue_timeout = 1.0\npriority = 0\n')
+    after = parse_config(
+        pool("a", 1, queue=20) + pool("c", 3, 4)
+        + '[classes.x]\npool = "c"\nqueue_timeout = 1.0\npriority = 0\n[limits]\noutput_cap_tokens = 512\n'
+    )
+    assert summarize(before, after) == (
+        "pools +c -b; endpoints +http://127.0.0.1:4 (c), -http://127.0.0.1:2 (a), http://127.0.0.1:3 moved b->c; "
+        "caps pools.a.max_concurrency 8->4, pools.a.max_queue 10->20; classes ~x; also limits.output_cap_tokens"
+    )
+    assert summarize(before, before) == "no setting changed"
+
+
+async def test_start_and_reload_say_which_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from router.config import load_config
+
+    async with engines_on_sockets([QUICK, QUICK]) as backends:
+        a, b = backends.urls
+        path = tmp_path / "config.toml"
+        path.write_text(toml([a], [b]))
+        with caplog.at_level(logging.INFO):
+            async with tailguard(load_config(path), path):
+                pass
+        assert f"config loaded from {path.absolute()} (digest {load_config(path).digest})" in [r.getMessage() for r in caplog.records]
+
+
+async def test_command_line_addresses_survive_a_reload_without_a_restart_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from router.config import load_config
+    from server.cli import _prepared, build_parser
+    from server.reload import ConfigReloader
+
+    path = tmp_path / "config.toml"
+    path.write_text(toml(["http://127.0.0.1:1"], ["http://127.0.0.1:2"]))
+    args = build_parser().parse_args(["serve", "--http-listen", "127.0.0.1:18123", "--grpc-listen", "[::1]:18124", "--log-level", "debug"])
+    prepare = _prepared(args, None)
+    applied: list[Config] = []
+
+    async def apply(new: Config) -> None:
+        applied.append(new)
+
+    reloader = ConfigReloader(path, prepare(load_config(path)), apply, prepare=prepare)
+    path.write_text(toml(["http://127.0.0.1:1"], ["http://127.0.0.1:2"], cap=5))
+    with caplog.at_level(logging.INFO, logger="tailguard.reload"):
+        assert await reloader.reload()
+    assert reload_lines(caplog, "WARNING") == []
+    [new] = applied
+    assert (new.server.http_host, new.server.http_port, new.server.grpc_host, new.server.grpc_port) == ("127.0.0.1", 18123, "::1", 18124)
+    assert new.logging.level == "DEBUG"
