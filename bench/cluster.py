@@ -940,7 +940,10 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
     runs = result.get("load", [])
     phases = [("load " + f"{r['setup']} {r['traffic']} {r['load']:g}", r) for r in runs]
     phases += [(name, result[name]) for name in ("kill", *OUTAGES) if name in result]
-    over = [f"{label}: {role} {w['max_in_engine']}/{w['cap']}" for label, r in phases for role, w in r["engines"].items() if w["max_in_engine"] > w["cap"]]
+    over = [
+        f"{label}: {role} {w['max_in_engine']}/{w['cap']} (first at {w['first_over_s']} s, {w['over_cap_looks']} looks)"
+        for label, r in phases for role, w in r["engines"].items() if w["max_in_engine"] > w["cap"]
+    ]
     looks = sum(w["looks"] for _, r in phases for w in r["engines"].values())
     intervals = [w["mean_interval_ms"] for _, r in phases for w in r["engines"].values()]
     gap = max(w["longest_gap_ms"] for _, r in phases for w in r["engines"].values())
@@ -984,7 +987,11 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
         if not out:
             continue
         label = f"Redis {out['mode']} {out['hold_s']:g} s" + (", skewed, block 0" if out["skew"] else "")
-        over_engine = [f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in out["engines"].items() if w["max_in_engine"] > w["cap"]]
+        over_engine = [
+            f"{role} {w['max_in_engine']}/{w['cap']} from {w['first_over_s']} s ({w['over_cap_looks']} looks; Redis down {out['redis_down_at_s']} s, "
+            f"back {out['redis_back_at_s']} s)"
+            for role, w in out["engines"].items() if w["max_in_engine"] > w["cap"]
+        ]
         add(f"{label}: caps never exceeded (engines)", not over_engine, "; ".join(over_engine) or "max in engine <= cap on every engine")
         served = out["ok_during_outage"]
         victim = out["victim"]

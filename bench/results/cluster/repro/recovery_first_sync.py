@@ -1,0 +1,41 @@
+"""Repro: the first sync after Redis returns is not held to the static share (the recovery limit starts one sync late)."""
+from __future__ import annotations
+import sys
+import trio
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
+from router.cluster import Demand, SharedBudget
+from router.config_types import ClusterConfig
+from server.redis_ledger import RedisLedger
+from tests.redis_helpers import RedisServer
+
+CAP, TTL = 8, 0.5
+
+class Replica:
+    def __init__(self, name: str, ledger: RedisLedger) -> None:
+        self.in_use = self.waiting = self.granted = 0
+        config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=TTL, static_share=0.25, block=0)
+        self.budget = SharedBudget(config, ledger, lambda: [Demand("endpoint:e", CAP, self.in_use, self.waiting, apply=self._apply)])
+    def _apply(self, seats: int) -> None:
+        self.granted = seats
+
+async def main() -> None:
+    redis = RedisServer(); redis.start()
+    async with RedisLedger(redis.url, "repro", timeout=0.2) as ledger:
+        replicas = [Replica(n, ledger) for n in "abcd"]
+        for r in replicas: await r.budget.sync_once()
+        redis.stop()
+        for r in replicas: await r.budget.sync_once()
+        await trio.sleep(TTL + 0.05)
+        for r in replicas:
+            await r.budget.sync_once()
+            r.in_use, r.waiting = r.granted, 5            # each serves its static share, with a queue
+        print("fallback, settled:", {r.budget.replica: r.granted for r in replicas}, "modes", {r.budget.mode for r in replicas})
+        redis.start()
+        a = replicas[0]
+        await a.budget.sync_once()                         # a reconnects first; b, c, d still on their static shares
+        print(f"a's first sync after Redis returns: granted {a.granted} (static share {int(CAP * 0.25)}); "
+              f"a + the others' static shares = {a.granted + 3 * int(CAP * 0.25)} > cap {CAP}")
+        await a.budget.sync_once()
+        print(f"a's second sync: granted {a.granted} (the recovery limit applies from here)")
+
+trio.run(main)
