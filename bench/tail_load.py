@@ -317,6 +317,9 @@ async def send_one(pool: TokenPool, request: bytes, sample: Sample) -> None:
         sample.code = error_code(client.last_piece)
     else:
         sample.outcome = "ok" if reply.done_seen and times else "other"
+        if sample.outcome == "other":  # a stream that ended without [DONE]: its last event may be an error
+            last = client.last_piece.strip().rsplit(b"\n\n", 1)[-1].removeprefix(b"data: ")
+            sample.code = error_code(last) if b'"error"' in last else "no [DONE]"
 
 
 async def play(
