@@ -122,7 +122,11 @@ async def serve(
         log.info("config loaded from %s (digest %s)", config_path.absolute(), config.digest)
     for warning in config.warnings:
         log.warning("config: %s", warning)
-    async with contextlib.AsyncExitStack() as stack, trio.open_nursery() as nursery:
+    # The ledger's connections (a task group of coredis's) open before the nursery and close after it.
+    ledger_context: contextlib.AbstractAsyncContextManager[RedisLedger | None] = (
+        RedisLedger(config.cluster.redis_url, config.cluster.namespace) if config.cluster is not None else contextlib.nullcontext()
+    )
+    async with ledger_context as ledger, trio.open_nursery() as nursery:
         fleet = SimulatedFleet(nursery) if simulate else None
         if fleet is not None:
             try:
@@ -135,7 +139,6 @@ async def serve(
         await router.check_health()
         if config.cluster is not None:
             # One admission budget with the other replicas: the ledger lives as long as the process.
-            ledger = await stack.enter_async_context(RedisLedger(config.cluster.redis_url, config.cluster.namespace))
             await nursery.start(functools.partial(router.run, ledger=ledger))
             log.info("cluster: replica %s shares its caps through %s", config.cluster.replica(), _redacted(config.cluster.redis_url))
         else:

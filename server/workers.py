@@ -103,13 +103,14 @@ async def _supervise(config: Config, config_path: Path, workers: int, extra_args
         supervisor = _Supervisor(config_path, workers, extra_args, env, grace)
         try:
             await supervisor.run()
+            status = supervisor.exit_status
         finally:
             if redis is not None:
                 redis.terminate()
                 with trio.move_on_after(5):
                     await redis.wait()
         nursery.cancel_scope.cancel()
-    return 0
+    return status
 
 
 async def _local_redis(nursery: trio.Nursery) -> tuple[trio.Process, str]:
@@ -147,10 +148,13 @@ class _Supervisor:
         self._grace = grace  # a drain's longest time, and then some: past it, workers are killed
         self._processes: dict[int, trio.Process] = {}
         self._stopping = False
+        self.exit_status = 0
+        self._nursery: trio.Nursery | None = None
 
     async def run(self) -> None:
         with trio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 for index in range(self._count):
                     nursery.start_soon(self._keep_running, index)
                 async for signum in signals:
@@ -158,6 +162,10 @@ class _Supervisor:
                     if signum != signal.SIGHUP and not self._stopping:
                         self._stopping = True
                         nursery.start_soon(self._stop, nursery.cancel_scope)
+
+    def _nursery_scope_stop(self) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._stop, self._nursery.cancel_scope)
 
     def _forward(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -182,6 +190,13 @@ class _Supervisor:
                 self._processes.pop(index, None)
             if self._stopping:
                 log.info("workers: worker %d exited (%d)", index, status)
+                return
+            if status == 2:  # a config or listen error: starting it again would fail the same way
+                log.error("workers: worker %d could not start (status 2); stopping the others", index)
+                self.exit_status = 2
+                self._stopping = True
+                self._forward(signal.SIGTERM)
+                self._nursery_scope_stop()
                 return
             log.warning("workers: worker %d died (status %d); starting it again in %g s", index, status, _RESTART_PAUSE)
             await trio.sleep(_RESTART_PAUSE)

@@ -129,3 +129,30 @@ def _drain(process: subprocess.Popen[bytes]) -> bytes:
         chunks.append(chunk)
     _seen[process.pid] = b"".join(chunks)
     return _seen[process.pid]
+
+
+async def test_a_worker_that_cannot_start_stops_the_supervisor_with_status_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+        text = text.replace(":8001", f":{free_port()}").replace(":8002", f":{free_port()}")
+        path = tmp_path / "config.toml"
+        path.write_text(text)
+        output = tmp_path / "out.log"
+        # The port is taken without SO_REUSEPORT: no worker can share it.
+        with output.open("wb") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "server", "serve", "--workers", "2", "--no-grpc", "--config", str(path)],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            assert await exited(process, timeout=40) == 2  # not restarted for ever
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        assert b"could not start" in output.read_bytes()
