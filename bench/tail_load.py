@@ -233,17 +233,37 @@ class TokenClient(KeepAliveClient):
         await super()._read_exactly(size, scan)
 
 
+STALE_IDLE_S = 30.0  # real s: an idle connection older than this is not reused (servers close idle ones: tailguard after 75 s)
+
+
 class TokenPool(ConnectionPool):
-    """ConnectionPool of TokenClients."""
+    """ConnectionPool of TokenClients that never reuses a connection idle for STALE_IDLE_S or more.
+
+    A request written to a connection the server has just closed for
+    idleness fails before any reply: that would count as a failed request
+    of the set-up when it is the client's own doing (a pool that grows,
+    then shrinks, then grows again reaches deep into its idle stack).
+    """
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
+        self._idle_since: dict[int, float] = {}
 
     def take(self) -> TokenClient:
-        if self._idle:
+        now = time.perf_counter()
+        while self._idle:
             client = self._idle.pop()
             assert isinstance(client, TokenClient)
-            return client
+            if now - self._idle_since.pop(id(client), now) < STALE_IDLE_S:
+                return client
+            # stale: left for aclose(), which closes every client the pool made
         client = TokenClient(self.port)
         self._all.append(client)
         return client
+
+    def give_back(self, client: KeepAliveClient) -> None:
+        self._idle_since[id(client)] = time.perf_counter()
+        super().give_back(client)
 
 
 @dataclass
