@@ -27,12 +27,12 @@ between two syncs can still go to B's own waiter first.
 
 Redis unreachable or slow (a sync fails or takes over half the TTL): the
 replica falls back at once to ``min(grant, static share)`` of each cap, and
-after ``lease_ttl`` (when every replica has noticed) to its static share:
-``static_share`` of the cap, the shares of all replicas adding up to at
-most 1, so the caps hold in total. It is *degraded*, not down. When the
-ledger answers again it records at most the static share for ``2 x
-lease_ttl`` (while the others come back) and then grows as usual: no seat is
-counted twice. A replica cut off from Redis while the others still reach it
+once every request admitted before the outage has ended (the end-to-end
+deadline, at least the lease) to its static share: ``static_share`` of the
+cap, the shares of all replicas adding up to at most 1, so the caps hold in
+total. It is *degraded*, not down. When the ledger answers again it claims
+no more than its fallback cap for ``2 x lease_ttl`` (while the others come
+back), and only then grows as usual: no seat is counted twice. A replica cut off from Redis while the others still reach it
 is the case this cannot make strict: after the TTL the others take back its
 grant while it still serves its static share (documented in the README).
 """
@@ -106,8 +106,13 @@ class ClusterStatus:
 class SharedBudget:
     """This replica's grants, kept in step with the ledger by ``run``."""
 
-    def __init__(self, config: ClusterConfig, store: LedgerStore, demands: Callable[[], list[Demand]]) -> None:
+    def __init__(
+        self, config: ClusterConfig, store: LedgerStore, demands: Callable[[], list[Demand]], *, settle_after: float = 0.0
+    ) -> None:
         self.config = config
+        # In fallback, the static share is safe only once every request admitted under a larger grant,
+        # here or on another replica, has ended: the end-to-end deadline (and at least the lease).
+        self._settle_after = max(config.lease_ttl, settle_after)
         self.replica = config.replica()
         self._store = store
         self._demands = demands
@@ -177,9 +182,10 @@ class SharedBudget:
     def _want(self, demand: Demand, now: float) -> Want:
         config = self.config
         target = min(demand.cap, max(demand.in_use, demand.in_use + demand.waiting + config.block))
-        if now - self._recovered_at < 2 * config.lease_ttl:
-            # Others may still run on their static shares: claim no more than ours meanwhile.
-            target = min(target, max(demand.in_use, self._static(demand.cap)))
+        if self.mode == "fallback" or now - self._recovered_at < 2 * config.lease_ttl:
+            # Redis is back (or about to be) and the others may still run on their fallback caps,
+            # which it does not count yet: claim no more than this replica's own fallback cap.
+            target = min(target, max(demand.in_use, self._grants.get(demand.resource, 0)))
         return Want(demand.resource, demand.cap, target, demand.best_waiting, demand.in_use)
 
     def _static(self, cap: int) -> int:
@@ -191,7 +197,7 @@ class SharedBudget:
             log.warning("cluster: the shared ledger failed (%s); each cap falls back to this replica's static share", why)
             self.mode = "fallback"
             self._fallback_since = now
-        settled = self._fallback_since is not None and now - self._fallback_since >= self.config.lease_ttl
+        settled = self._fallback_since is not None and now - self._fallback_since >= self._settle_after
         for demand in demands:
             static = self._static(demand.cap)
             # At once: never more than the grant the ledger counted, nor the static share.

@@ -589,7 +589,9 @@ class Router:
         async with trio.open_nursery() as nursery:
             cluster = self.config.cluster
             if cluster is not None and ledger is not None:
-                self._budget = SharedBudget(cluster, ledger, self._cluster_demands)
+                self._budget = SharedBudget(
+                    cluster, ledger, self._cluster_demands, settle_after=self.config.timeouts.end_to_end_timeout
+                )
                 await nursery.start(self._budget.run)
             await nursery.start(self.discovery.run)  # pools' DNS names: the first answers come before started
             nursery.start_soon(

@@ -13,7 +13,7 @@ from bench.sim import PROFILES, Engine, SimApp, SimTransport
 from router.cluster import NO_WAITER, Demand, SharedBudget, Want
 from router.config import ConfigError, parse_config
 from router.auth import Caller
-from router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig
+from router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, TimeoutsConfig
 from router.errors import CallerOverLimit
 from router.dispatch import Router
 from server.metrics import Metrics
@@ -106,10 +106,12 @@ async def test_redis_down_falls_back_to_static_shares_and_recovers_without_doubl
         # After the lease: every replica has noticed; each has its static share.
         assert await a.need(2, waiting=6) == 5 and await b.need(8) == 5
         redis.start()  # an empty Redis: the ledger is rebuilt from what the replicas claim
+        seen: list[int] = []
         with trio.fail_after(10):
             while a.budget.mode != "ledger":
-                await a.need(5, waiting=3)
+                seen.append(await a.need(5, waiting=3))
                 await trio.sleep(0.05)
+        assert max(seen) <= 5  # the first answer after Redis returns too: b may still run its static 5
         # While the others may still be on their static shares: at most ours.
         assert await a.need(5, waiting=3) == 5
         assert await b.need(8) == 5  # b is back too; its 8 in use wait for the others to go
@@ -164,7 +166,9 @@ async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degra
         await probe.bind(("127.0.0.1", 0))
         dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"  # nothing listens there
     cluster = ClusterConfig(dead, replica_id="alone", lease_ttl=0.3, sync_interval=0.05, static_share=0.5)
-    config = dataclasses.replace(two_pool_config(interactive_cap=4), cluster=cluster)
+    # In fallback the static share comes once requests admitted before the outage have ended: the e2e deadline.
+    base = two_pool_config(interactive_cap=4, timeouts=TimeoutsConfig(end_to_end_timeout=0.8), interactive_timeout=0.5, batch_timeout=0.5)
+    config = dataclasses.replace(base, cluster=cluster)
     engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
     transports = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
     router = Router(config, transport_factory=lambda endpoint: transports[endpoint.url], seed=0)
@@ -177,7 +181,9 @@ async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degra
         page = Metrics(router).render().decode()
         assert 'tailguard_cluster_mode{mode="fallback"} 1.0' in page and 'tailguard_cluster_grant_seats{resource="pool:interactive"} 0.0' in page
         assert router.statistics().pool("interactive").max_concurrency == 0  # min(grant 0, share) at once
-        await trio.sleep(0.4)  # past the lease: every replica has fallen back to its share
+        await trio.sleep(0.3)
+        assert router.statistics().pool("interactive").max_concurrency == 0  # past the lease, not yet the e2e deadline
+        await trio.sleep(0.6)  # past the end-to-end deadline: nothing admitted before the outage can still run
         assert router.statistics().pool("interactive").max_concurrency == 2  # half of 4
         async with trio.open_nursery() as load:
             for i in range(6):
