@@ -34,6 +34,12 @@ def redis() -> Iterator[RedisServer]:
         yield server
 
 
+def shared_engines() -> tuple[dict[str, Engine], dict[str, SimTransport]]:
+    """In-process engines for both pools, and one transport each that every replica's router shares."""
+    engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
+    return engines, {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+
+
 class Replica:
     """One replica's view of one capped resource, and its budget."""
 
@@ -129,8 +135,7 @@ async def test_redis_down_falls_back_to_static_shares_and_recovers_without_doubl
 async def test_two_routers_on_one_ledger_never_send_an_engine_more_than_its_cap(redis: RedisServer) -> None:
     """Two replicas, one engine of 4 seats behind both: alone each would run 4, together still 4."""
     base = two_pool_config(interactive_cap=4, interactive_timeout=20.0)
-    engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
-    transports = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    engines, transports = shared_engines()
     routers = [
         Router(
             dataclasses.replace(base, cluster=ClusterConfig(redis.url, namespace="t5", replica_id=name, lease_ttl=1.0, sync_interval=0.02, block=1)),
@@ -169,8 +174,7 @@ async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degra
     # In fallback the static share comes once requests admitted before the outage have ended: the e2e deadline.
     base = two_pool_config(interactive_cap=4, timeouts=TimeoutsConfig(end_to_end_timeout=0.8), interactive_timeout=0.5, batch_timeout=0.5)
     config = dataclasses.replace(base, cluster=cluster)
-    engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
-    transports = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    engines, transports = shared_engines()
     router = Router(config, transport_factory=lambda endpoint: transports[endpoint.url], seed=0)
     async with RedisLedger(dead, "t6", timeout=0.1) as ledger, trio.open_nursery() as nursery:
         for engine in engines.values():
@@ -216,8 +220,7 @@ async def test_an_api_keys_cap_holds_across_two_replicas(redis: RedisServer) -> 
     """A key with max_concurrency 2, called through both replicas at once: never 3 in flight."""
     key = ApiKeyConfig("webapp", "0" * 64, frozenset(), 2)
     base = dataclasses.replace(two_pool_config(interactive_cap=8), auth=AuthConfig(keys=(key,)))
-    engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
-    transports = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    engines, transports = shared_engines()
     routers = [
         Router(
             dataclasses.replace(base, cluster=ClusterConfig(redis.url, namespace="t7", replica_id=name, lease_ttl=1.0, sync_interval=0.02, block=1)),
