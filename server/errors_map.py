@@ -30,9 +30,12 @@ class HttpError:
     body: dict[str, object]
     retry_after: float | None
     retryable: bool = False
+    allow: tuple[str, ...] = ()  # a 405's methods the path does take (its Allow header)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"content-type", b"application/json")]
+        if self.allow:
+            headers.append((b"allow", ", ".join(self.allow).encode()))
         if self.retry_after is not None:
             headers.append((b"retry-after", str(retry_after_seconds(self.retry_after)).encode()))
         if not self.retryable and (self.status >= 500 or self.status in _SDK_RETRIES):
@@ -70,9 +73,15 @@ def http_error(error: errors.TailguardError) -> HttpError:
     )
 
 
-def route_error(message: str, *, status: int) -> HttpError:
-    """An HTTP-only answer about the route itself (404 no such route, 405 wrong method)."""
-    return HttpError(status, _body(message, "invalid_request_error", None, None), None)
+def no_route(method: str, path: str) -> HttpError:
+    """404 for a path no route serves, worded and shaped as OpenAI's own answer."""
+    return HttpError(404, _body(f"Invalid URL ({method} {path})", "invalid_request_error", None, None), None)
+
+
+def wrong_method(method: str, path: str, allow: tuple[str, ...]) -> HttpError:
+    """405 for a known path asked with a method it does not take; ``Allow`` names the ones it does."""
+    message = f"Invalid method for URL ({method} {path}): use {' or '.join(allow)}"
+    return HttpError(405, _body(message, "invalid_request_error", None, None), None, allow=allow)
 
 
 # -- gRPC -------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -21,12 +22,12 @@ import trio
 
 from router.config import limits_document
 from router.dispatch import Completion, Router
-from router.errors import BackendStreamError, BodyTooLarge, InternalError, TailguardError
+from router.errors import BackendStreamError, BodyTooLarge, InternalError, ModelNotFound, TailguardError
 from router.request import RequestKind
 from router.session import ClientLeft, Session, Sessions, checked_header
 from router.telemetry import RepeatedIds, Telemetry
 
-from .errors_map import HttpError, http_error, route_error
+from .errors_map import HttpError, http_error, no_route, wrong_method
 from .logs import AccessLog
 from .metrics import CONTENT_TYPE, Metrics
 from .openai_wire import parse_completion_body
@@ -40,6 +41,15 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _COMPLETION_PATHS: dict[str, RequestKind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+# Every route and the methods it takes; a path not here is a 404, a method not listed a 405.
+_ROUTES: dict[str, tuple[str, ...]] = {
+    **{path: ("POST",) for path in _COMPLETION_PATHS},
+    "/health": ("GET",),
+    "/metrics": ("GET",),  # when the app has metrics
+    "/v1/models": ("GET",),
+    "/v1/limits": ("GET",),
+}
+_MODEL_PATH = "/v1/models/"  # + a model id, which may itself hold slashes ("org/name")
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream")
 _NO_CACHE = (b"cache-control", b"no-cache")
@@ -49,6 +59,9 @@ _NO_BUFFERING = (b"x-accel-buffering", b"no")  # nginx: relay each event as it c
 class HttpApi:
     """ASGI application, served by ``server.http_server.serve`` (or hypercorn, by config).
 
+    A path no route serves is a 404 in OpenAI's shape, whatever the method
+    (so the openai SDK raises ``NotFoundError``, as it would against OpenAI);
+    a route asked with a method it does not take is a 405 with ``Allow``.
     With API keys configured, every ``/v1/`` route needs ``Authorization:
     Bearer <key>``; ``/health`` and ``/metrics`` stay open for load balancers
     and Prometheus.
@@ -67,6 +80,8 @@ class HttpApi:
         self._router = router
         self._max_body_bytes = max_body_bytes
         self._metrics = metrics
+        # OpenAI's model objects carry a Unix time; this process's start is the honest one.
+        self._created = int(time.time())
         self._sessions = Sessions(
             router,
             telemetry or Telemetry(),
@@ -103,11 +118,12 @@ class HttpApi:
         if refused is not None:
             await _send_error(send, http_error(refused), request_id)
             return
-        if path in _COMPLETION_PATHS:
-            await _send_error(send, route_error(f"use POST for {path}", status=405), request_id)
+        allowed = self._methods(path)
+        if allowed is None:
+            await _send_error(send, no_route(method, path), request_id)
             return
-        if method != "GET":
-            await _send_error(send, route_error(f"use GET for {path}", status=405), request_id)
+        if method not in allowed:
+            await _send_error(send, wrong_method(method, path, allowed), request_id)
             return
         if path == "/health":
             health = self._router.health()
@@ -125,13 +141,30 @@ class HttpApi:
             await _send_error(send, http_error(error), request_id)
             return
         if path == "/v1/models":
-            data = [{"id": m, "object": "model", "owned_by": "tailguard"} for m in self._router.models()]
+            data = [self._model(m) for m in self._router.models()]
             await _send_json(send, 200, {"object": "list", "data": data}, request_id)
         elif path == "/v1/limits":
             document = {**limits_document(self._router.config), "assignment": self._router.assignment()}
             await _send_json(send, 200, document, request_id)
-        else:
-            await _send_error(send, route_error(f"no route for {path}", status=404), request_id)
+        else:  # _MODEL_PATH + id
+            model = path[len(_MODEL_PATH) :]
+            if model in self._router.models():
+                await _send_json(send, 200, self._model(model), request_id)
+            else:
+                missing = ModelNotFound(f"The model {model!r} does not exist; GET /v1/models lists the models served", param="model")
+                await _send_error(send, http_error(missing), request_id)
+
+    def _methods(self, path: str) -> tuple[str, ...] | None:
+        """The methods ``path`` takes, or None when no route serves it."""
+        if path == "/metrics" and self._metrics is None:
+            return None
+        if path.startswith(_MODEL_PATH):
+            return ("GET",)
+        return _ROUTES.get(path)
+
+    def _model(self, model: str) -> dict[str, object]:
+        """OpenAI's model object."""
+        return {"id": model, "object": "model", "created": self._created, "owned_by": "tailguard"}
 
     # -- completions --------------------------------------------------------
 
