@@ -34,6 +34,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 
 from router.auth import Caller
 from router.config_types import Config, ServerConfig
@@ -45,6 +46,7 @@ from router.telemetry import RepeatedIds, Telemetry
 
 from .errors_map import grpc_error
 from .grpc_bridge import AsyncioHost, TrioPortal
+from .grpc_gen.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
 from .grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from .grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from .sse import DONE, SseDecoder
@@ -53,6 +55,8 @@ from .timing import server_timing
 log = logging.getLogger("tailguard.grpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Completions"].full_name
+HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+REFLECTION_SERVICE_NAMES = (reflection_v1_pb2.DESCRIPTOR.services_by_name["ServerReflection"].full_name, reflection.SERVICE_NAME)
 GRACE_SECONDS = 5.0
 # How often the Trio side looks at the router's readiness for the health service.
 HEALTH_CHECK_SECONDS = 0.25
@@ -458,6 +462,27 @@ def limits_message(config: Config) -> pb.Limits:
 # -- the server's lifecycle ----------------------------------------------------------
 
 
+def enable_reflection(server: grpc.aio.Server, services: tuple[str, ...]) -> None:
+    """Server reflection under both its names, ``grpc.reflection.v1`` and ``v1alpha``.
+
+    grpcurl and Postman ask for v1 first; grpcio-reflection implements only
+    v1alpha. The two protocols' messages are the same on the wire (field for
+    field; only the package differs), so grpcio-reflection's servicer answers
+    both: it is registered under each service name with v1alpha's codecs.
+    v1's proto is vendored (``proto/grpc/reflection/v1``) so that its
+    descriptor is in the pool and a client can describe every service listed.
+    """
+    servicer = reflection.aio.ReflectionServicer((*services, *REFLECTION_SERVICE_NAMES))
+    method = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_v1alpha_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_v1alpha_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler(name, {"ServerReflectionInfo": method}) for name in REFLECTION_SERVICE_NAMES]
+    )
+
+
 class GrpcServer:
     """The grpc.aio server with tailguard's service, health and reflection (asyncio side)."""
 
@@ -490,9 +515,7 @@ class GrpcServer:
         service = CompletionsService(self._router, self._portal, self._observers, max_calls=self._max_calls)
         pb_grpc.add_CompletionsServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
-        )
+        enable_reflection(server, (SERVICE_NAME, HEALTH_SERVICE_NAME))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         bound: int = server.add_insecure_port(address)
         if not bound:

@@ -18,7 +18,8 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-PROTO_FILES = ("tailguard/v1/tailguard.proto",)
+# tailguard's contract, and the v1 reflection service grpcio-reflection lacks (server/grpc_api.py).
+PROTO_FILES = ("tailguard/v1/tailguard.proto", "grpc/reflection/v1/reflection.proto")
 PACKAGE_PREFIX = "server/grpc_gen"
 
 
