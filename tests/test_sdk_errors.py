@@ -207,6 +207,21 @@ def rejections(service: FrontEnds) -> dict[str, float]:
     return counts
 
 
+def settled_rejections(service: FrontEnds) -> dict[str, float]:
+    """The counts once the router has finished every request: a caller has its answer a moment
+    before the router's session records it, so read until no request is open and two reads agree."""
+    deadline = time.monotonic() + 5
+    last: dict[str, float] | None = None
+    while time.monotonic() < deadline:
+        open_requests = trio.from_thread.run_sync(lambda: service.router.statistics().open_requests, trio_token=service.token)
+        counts = rejections(service)
+        if open_requests == 0 and counts == last:
+            return counts
+        last = counts
+        time.sleep(0.05)
+    return rejections(service)
+
+
 def attempt(client: openai.OpenAI, call: Call) -> tuple[BaseException | None, float]:
     start = time.monotonic()
     try:
@@ -236,7 +251,7 @@ def outcomes() -> Iterator[dict[str, Outcome]]:
         with ThreadPoolExecutor(len(CASES)) as pool:
             futures = {key: pool.submit(attempt, client, call) for key, (_, call) in CASES.items()}
             done = {key: future.result() for key, future in futures.items()}
-        counts = rejections(service)
+        counts = settled_rejections(service)
         for key, (reason, _) in CASES.items():
             results[key] = Outcome(done[key][0], int(counts.get(reason, 0)), done[key][1])
         trio.from_thread.run_sync(service.router.drain, trio_token=service.token)
