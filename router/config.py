@@ -367,6 +367,19 @@ class _Table:
 
         return self._read(name, expect, convert, default, [])
 
+    def tables_in(self, name: str, expect: str, default: list[object] | None = None) -> list[_Table]:
+        """The tables of array ``name``; an item that is not a table is reported, skipped, and marks ``name`` bad."""
+        tables: list[_Table] = []
+        for index, item in enumerate(self.array(name, expect, default)):
+            key = f"{self.key(name)}[{index}]"
+            table = self.nested(key, item)
+            if table is None:
+                self.report(key, f"must be a table, got {_describe(item)}")
+                self.invalidate(name)
+                continue
+            tables.append(table)
+        return tables
+
     def table(self, name: str) -> _Table:
         """An optional sub-table; an absent one reads as empty, so defaults apply."""
         data: Mapping[str, object] = self._read(name, "a table", _as_mapping, {}, {})
@@ -714,15 +727,8 @@ def _read_pool(
 def _read_endpoints_dns(pool: _Table, used_names: dict[tuple[str, int, str], str]) -> tuple[DnsEndpointsConfig, ...]:
     """``endpoints_dns``: names whose addresses are endpoints (router/discovery.py); one pool per name and port."""
     expect = 'an array of { name = "svc.namespace.svc.cluster.local", port = N, max_concurrency = N }'
-    items = pool.array("endpoints_dns", expect, [])
     sources: list[DnsEndpointsConfig] = []
-    for index, item in enumerate(items):
-        key = f"{pool.key('endpoints_dns')}[{index}]"
-        table = pool.nested(key, item)
-        if table is None:
-            pool.report(key, f"must be a table, got {_describe(item)}")
-            pool.invalidate("endpoints_dns")
-            continue
+    for table in pool.tables_in("endpoints_dns", expect, []):
         name = table.string("name")
         if table.ok("name"):
             problem = _dns_name_problem(name)
@@ -875,15 +881,8 @@ def _read_endpoints(
 ) -> tuple[EndpointConfig, ...]:
     """The pool's endpoints; an empty list is allowed (a pool being emptied for a move), none at all beside endpoints_dns."""
     expect = 'an array of { url = "http://host:port", max_concurrency = N }'
-    items = pool.array("endpoints", expect, [] if pool.has("endpoints_dns") else None)
     endpoints: list[EndpointConfig] = []
-    for index, item in enumerate(items):
-        key = f"{pool.key('endpoints')}[{index}]"
-        table = pool.nested(key, item)
-        if table is None:
-            pool.report(key, f"must be a table, got {_describe(item)}")
-            pool.invalidate("endpoints")
-            continue
+    for table in pool.tables_in("endpoints", expect, [] if pool.has("endpoints_dns") else None):
         url = _read_url(table, used_urls)
         max_concurrency = table.integer("max_concurrency", minimum=1)
         movable = table.boolean("movable", EndpointConfig.movable)
