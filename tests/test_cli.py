@@ -162,8 +162,8 @@ def test_a_port_in_use_is_one_line_naming_the_key_and_exit_2(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("which", ["grpc", "simulated engine", "hypercorn", "--http-listen", "--grpc-listen"])
 def test_every_address_in_use_names_where_it_comes_from(which: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ports = [free_port() for _ in range(4)]
     with held_port() as held:
+        ports = [free_port() for _ in range(4)]  # chosen while held is bound: none of them can be it
         flags: list[str] = []
         if which == "grpc":
             ports[3] = held
