@@ -868,7 +868,9 @@ class _Exchange:
         self._head_sent = True
         status = self._status
         request = self._request
-        close = not request.keep_alive or self._server.draining
+        # An answer that starts before the body is all here (a 413, a 404, ...)
+        # is the connection's last: say so, or a client reuses a socket we close.
+        close = not request.keep_alive or self._server.draining or not request.complete
         lines = [_status_line(status)]
         length = None
         for name, value in self._headers:  # names are lower-case (ASGI)

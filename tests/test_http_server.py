@@ -173,6 +173,24 @@ async def test_expect_100_continue_is_answered_when_the_app_reads() -> None:
             assert (await read_response(sock))[2] == b"echo:ok"
 
 
+async def test_an_answer_before_the_whole_body_says_it_closes_the_connection() -> None:
+    """A 413 sent while the body is still coming is the connection's last answer:
+    its head must say ``connection: close``, or a client's pool reuses the socket
+    the server is about to close and its next request fails on a dead connection."""
+
+    async def refuse_unread(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"too large"})
+
+    async with server(refuse_unread) as (port, _):
+        with await connect(port) as sock:
+            await sock.send(b"POST /big HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n" + b"x" * 1000)
+            status, headers, body = await read_response(sock)
+            assert (status, body) == (413, b"too large")
+            assert headers["connection"] == "close"
+            assert await closed_by_server(sock)
+
+
 # -- request smuggling ----------------------------------------------------------------
 
 SMUGGLED = b"GET /second HTTP/1.1\r\nhost: x\r\n\r\n"
