@@ -48,13 +48,13 @@ import trio
 import trio.testing
 
 from bench.router_overhead import percentile
-from bench.sim import PROFILES
-from bench.sim.params import EngineParams
+from tailguard.sim import PROFILES
+from tailguard.sim.params import EngineParams
 from bench.sweep_sim import CLASSES, GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
 from bench.tail_load import MAX_ARRIVALS, read_trace
-from router.config import ConfigError, load_config
-from router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
-from server.logs import ACCESS_LOGGER
+from tailguard.router.config import ConfigError, load_config
+from tailguard.router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
+from tailguard.server.logs import ACCESS_LOGGER
 
 SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 DEFAULT_SECONDS = 120.0  # of arrivals replayed, by default

@@ -49,7 +49,7 @@ from bench.chaos_report import render, write_outputs
 from bench.grpc_overhead import AsyncioThread
 from bench.router_overhead import PoolSpec, add_serve_arg, log_tail, start_process, start_tailguard, wait_ready
 from bench.router_overhead import tailguard_config as shared_config
-from bench.sim.params import PROFILES
+from tailguard.sim.params import PROFILES
 from bench.sim_cpu import PROJECT_ROOT, free_ports, interrupted, stop
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chaos"
@@ -473,7 +473,7 @@ async def measure(options: Options, command: str) -> Result:
             try:
                 async with trio.open_nursery() as nursery:
                     spec = f"{a}:latency,{b}:latency,{c}:throughput"
-                    command_line = [sys.executable, "-m", "bench.sim", "--engines", spec, "--admin-port", str(admin_port)]
+                    command_line = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--admin-port", str(admin_port)]
                     sim = await start_process(nursery, [*command_line, "--seed", str(options.seed)], sim_out)
                     for port in engines.values():
                         await wait_ready(port, sim, "the simulator")

@@ -26,8 +26,8 @@ import trio
 
 from bench.chaos_http import Answer, RequestSpec, judge, probe_bytes, send
 from bench.router_overhead import percentile
-from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from bench.chaos import Lab

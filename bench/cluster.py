@@ -70,7 +70,7 @@ from bench.router_overhead import (
     wait_ready,
     write_json,
 )
-from bench.sim.params import PROFILES
+from tailguard.sim.params import PROFILES
 from bench.sim_cpu import free_ports, interrupted, process_cpu_seconds, stop
 from bench.tail import _engine_counts
 from bench.tail_load import (
@@ -87,8 +87,8 @@ from bench.tail_load import (
     shapes_by_class,
     token_times,
 )
-from router.auth import hash_key
-from server.redis_ledger import RedisLedger
+from tailguard.router.auth import hash_key
+from tailguard.server.redis_ledger import RedisLedger
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cluster"
 PHASES = ("cost", "load", "kill", "outage", "skew")
@@ -844,7 +844,7 @@ async def measure(options: Options) -> dict[str, Any]:
             await redis.start()
             engines = [Engine("interactive", ports[0], o.seats), Engine("batch-1", ports[1], o.seats), Engine("batch-2", ports[2], o.seats)]
             spec = ",".join([f"{ports[0]}:latency", f"{ports[1]}:throughput", f"{ports[2]}:throughput", f"{ports[3]}:instant", f"{ports[4]}:instant"])
-            command = [sys.executable, "-m", "bench.sim", "--engines", spec, "--time-scale", f"{o.time_scale:g}"]
+            command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--time-scale", f"{o.time_scale:g}"]
             sim = await start_process(nursery, command, sim_log)
             lab = Lab(o, tmp, nursery, redis, engines, (ports[3], ports[4]), [sim_log, redis_log])
             for port in ports[:5]:

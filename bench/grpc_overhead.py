@@ -83,9 +83,9 @@ from bench.router_overhead import (
 )
 from bench.sim_cpu import LoadCounters, free_ports, interrupted, stop
 from bench.sim_cpu import client as sse_client
-from server.grpc_bridge import AsyncioHost
-from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc_bridge import AsyncioHost
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "grpc_overhead.json"
@@ -491,7 +491,7 @@ async def measure(options: Options, aio: AsyncioThread, nofile: int) -> Result:
 async def start_slow_simulator(nursery: trio.Nursery, ports: Sequence[int], log: IO[bytes]) -> trio.Process:
     """Engines that step every 4 s with 20,000 seats each: streams stay open for minutes."""
     engines = ",".join(f"{port}:instant" for port in ports)
-    command = [sys.executable, "-m", "bench.sim", "--engines", engines, *SLOW_ENGINE_ARGS]
+    command = [sys.executable, "-m", "tailguard.sim", "--engines", engines, *SLOW_ENGINE_ARGS]
     return await start_process(nursery, command, log)
 
 

@@ -148,7 +148,7 @@ def router_child(argv: Sequence[str]) -> int:
     logs what is in force, for the benchmark to quote. RLIMIT_NOFILE's soft
     limit is raised to the hard one first.
     """
-    from server.cli import main as tailguard_main
+    from tailguard.server.cli import main as tailguard_main
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     raise_nofile(hard)
@@ -666,7 +666,7 @@ async def measure(options: Options) -> Result:
                     slow_sims: dict[str, trio.Process] = {}
                     for first in range(0, len(slow), ENGINES_PER_SIMULATOR):
                         spec = ",".join(f"{port}:instant" for port in slow[first : first + ENGINES_PER_SIMULATOR])
-                        command = [sys.executable, "-m", "bench.sim", "--engines", spec, *slow_args]
+                        command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, *slow_args]
                         slow_sims[f"{SLOW_SIM} {len(slow_sims) + 1}"] = await start_process(nursery, command, slow_out)
                     await wait_ready(instant, sim, "the simulator")
                     for index, port in enumerate(slow):

@@ -34,8 +34,8 @@ from bench.grpc_overhead import CALL_TIMEOUT_S, StreamRun
 from bench.router_overhead import CpuClock, KeepAliveClient, ProtocolError
 from bench.sim_cpu import LoadCounters
 from bench.sim_cpu import client as sse_client
-from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
 START_DELAY_S = 0.05  # between drawing the schedule's origin and its first arrival
 MAX_CONNECTIONS = 2048  # per open-loop HTTP pool; beyond it an arrival is dropped (and counted)

@@ -52,8 +52,8 @@ from bench.router_overhead import (
     wait_ready,
     write_json,
 )
-from bench.sim.params import PROFILES, EngineParams
-from bench.sim.tokens import count_chat_tokens
+from tailguard.sim.params import PROFILES, EngineParams
+from tailguard.sim.tokens import count_chat_tokens
 from bench.sim_cpu import free_ports, interrupted, stop
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "quick_mixed.json"

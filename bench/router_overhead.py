@@ -199,17 +199,17 @@ def http_request(port: int, path: str, payload: object) -> bytes:
 async def start_simulator(
     nursery: trio.Nursery, engines: Sequence[tuple[int, str]], time_scale: float = 1.0, log: IO[bytes] | None = None
 ) -> trio.Process:
-    """``python -m bench.sim`` with (port, profile) engines; cancelling ``nursery`` terminates it."""
+    """``python -m tailguard.sim`` with (port, profile) engines; cancelling ``nursery`` terminates it."""
     spec = ",".join(f"{port}:{profile}" for port, profile in engines)
-    command = [sys.executable, "-m", "bench.sim", "--engines", spec, "--time-scale", f"{time_scale:g}"]
+    command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--time-scale", f"{time_scale:g}"]
     return await start_process(nursery, command, log)
 
 
 async def start_tailguard(
     nursery: trio.Nursery, config: Path, log: IO[bytes] | None = None, extra_args: Sequence[str] = ()
 ) -> trio.Process:
-    """``python -m server serve --config CONFIG``; cancelling ``nursery`` terminates it."""
-    command = [sys.executable, "-m", "server", "serve", "--config", str(config), "--log-level", "WARNING", *extra_args]
+    """``python -m tailguard.server serve --config CONFIG``; cancelling ``nursery`` terminates it."""
+    command = [sys.executable, "-m", "tailguard.server", "serve", "--config", str(config), "--log-level", "WARNING", *extra_args]
     return await start_process(nursery, command, log)
 
 

@@ -3,7 +3,7 @@
 The target: two engines (latency + throughput) streaming to 128 concurrent
 clients each, at time scale 1, under half a core of the simulator process.
 
-The simulator runs as a subprocess (``python -m bench.sim``) on two free
+The simulator runs as a subprocess (``python -m tailguard.sim``) on two free
 ports; this process holds N streaming requests open per engine for the whole
 run and reads the simulator's CPU time from ``/proc/PID/stat`` around a
 measurement window that follows a warm-up. The load client is deliberately
@@ -133,9 +133,9 @@ def sample(pid: int) -> CpuSample:
 async def start_simulator(
     nursery: trio.Nursery, ports: Sequence[int], time_scale: float
 ) -> trio.Process:
-    """Run ``python -m bench.sim`` in ``nursery``; cancelling the nursery terminates it."""
+    """Run ``python -m tailguard.sim`` in ``nursery``; cancelling the nursery terminates it."""
     engines = ",".join(f"{port}:{profile}" for port, profile in zip(ports, PROFILES, strict=True))
-    command = [sys.executable, "-m", "bench.sim", "--engines", engines, "--time-scale", str(time_scale)]
+    command = [sys.executable, "-m", "tailguard.sim", "--engines", engines, "--time-scale", str(time_scale)]
     process: trio.Process = await nursery.start(
         partial(trio.run_process, command, cwd=str(PROJECT_ROOT), stdout=subprocess.DEVNULL, check=False)
     )

@@ -24,8 +24,8 @@ import trio
 import trio.testing
 
 from bench.quick_mixed import SHORT_SHARE, Capacity, payloads, prompt_tokens, schedule, shared_capacity
-from bench.sim import PROFILES, Engine
-from bench.sim import Sequence as EngineSequence
+from tailguard.sim import PROFILES, Engine
+from tailguard.sim import Sequence as EngineSequence
 
 from .sweep_clock import Timeline
 from .sweep_engine import SweepEngine

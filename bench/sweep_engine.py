@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import trio
 
-from bench.sim import EngineParams, EngineRequestError
+from tailguard.sim import EngineParams, EngineRequestError
 
 from .sweep_clock import Timeline, Timer
 

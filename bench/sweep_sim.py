@@ -47,10 +47,10 @@ import trio.testing
 
 from bench.quick_mixed import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, payloads
 from bench.router_overhead import percentile
-from bench.sim import DEFAULT_MODEL, PROFILES, EngineRequestError
-from bench.sim.tokens import count_chat_tokens
+from tailguard.sim import DEFAULT_MODEL, PROFILES, EngineRequestError
+from tailguard.sim.tokens import count_chat_tokens
 from bench.tail_load import body_for
-from router.config_types import (
+from tailguard.router.config_types import (
     ClassConfig,
     Config,
     EndpointConfig,
@@ -60,9 +60,9 @@ from router.config_types import (
     ServerConfig,
     TimeoutsConfig,
 )
-from router.dispatch import Router
-from router.errors import BackendError, BackendRejected, DeadlineExceeded, Overloaded, QueueFull
-from router.request import RouterRequest, message_text
+from tailguard.router.dispatch import Router
+from tailguard.router.errors import BackendError, BackendRejected, DeadlineExceeded, Overloaded, QueueFull
+from tailguard.router.request import RouterRequest, message_text
 
 from .sweep_clock import Timeline
 from .sweep_engine import SweepEngine, SweepSequence

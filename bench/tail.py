@@ -76,7 +76,7 @@ from bench.router_overhead import (
     wait_ready,
     write_json,
 )
-from bench.sim.params import PROFILES, EngineParams
+from tailguard.sim.params import PROFILES, EngineParams
 from bench.sim_cpu import free_ports, interrupted, process_cpu_seconds, stop
 from bench.tail_load import (
     FAST_REJECTION_MS,
@@ -101,8 +101,8 @@ from bench.tail_load import (
     write_trace,
 )
 from bench.tail_plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
-from router.config_types import LimitsConfig
-from router.limits import effective_max_tokens
+from tailguard.router.config_types import LimitsConfig
+from tailguard.router.limits import effective_max_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tail"
 DEFAULT_SETUPS = ("shared", "priority", "disaggregated", "split-direct", "short-only")
@@ -649,17 +649,17 @@ def _rounds(jobs: Sequence[tuple[float, list[Arrival], Setup]], budget: int) -> 
 
 
 def _sim_knows_priority() -> bool:
-    """Whether ``python -m bench.sim`` takes ``--scheduling-policy`` (another change adds it)."""
-    helped = subprocess.run([sys.executable, "-m", "bench.sim", "--help"], capture_output=True, text=True, check=False)
+    """Whether ``python -m tailguard.sim`` takes ``--scheduling-policy`` (another change adds it)."""
+    helped = subprocess.run([sys.executable, "-m", "tailguard.sim", "--help"], capture_output=True, text=True, check=False)
     return "--scheduling-policy" in helped.stdout
 
 
 async def _start_simulator(
     nursery: trio.Nursery, engines: Sequence[tuple[int, str]], options: Options, policy: str, log: IO[bytes]
 ) -> trio.Process:
-    """``python -m bench.sim`` serving ``engines``, with ``--seats`` and the scheduling policy applied to each."""
+    """``python -m tailguard.sim`` serving ``engines``, with ``--seats`` and the scheduling policy applied to each."""
     spec = ",".join(f"{port}:{profile}" for port, profile in engines)
-    command = [sys.executable, "-m", "bench.sim", "--engines", spec, "--time-scale", f"{options.time_scale:g}"]
+    command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--time-scale", f"{options.time_scale:g}"]
     if options.seats:
         command += ["--max-num-seqs", str(options.seats)]
     if policy != "fcfs":

@@ -20,8 +20,8 @@ import trio
 
 from bench.quick_mixed import SHORT_SHARE, TOKEN_MARKER, ConnectionPool, long_document, payloads, prompt_tokens
 from bench.router_overhead import KeepAliveClient, ProtocolError, Reply, _Scan, percentile
-from bench.sim.params import EngineParams
-from bench.sim.tokens import count_chat_tokens
+from tailguard.sim.params import EngineParams
+from tailguard.sim.tokens import count_chat_tokens
 
 INTERACTIVE_PROMPT_MAX = 500  # the shipped interactive class's thresholds (config.toml)
 INTERACTIVE_OUTPUT_MAX = 128

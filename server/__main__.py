@@ -1,4 +1,4 @@
-"""``python -m server``: the same as the ``tailguard`` command."""
+"""``python -m tailguard.server``: the same as the ``tailguard`` command."""
 
 import sys
 

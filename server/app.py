@@ -19,10 +19,10 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from router.config_types import Config
-from router.dispatch import Router
+from tailguard.router.config_types import Config
+from tailguard.router.dispatch import Router
 
-from router.telemetry import RepeatedIds, Telemetry
+from tailguard.router.telemetry import RepeatedIds, Telemetry
 
 from .grpc_api import Observers, serve_grpc
 from .grpc_bridge import open_asyncio_host

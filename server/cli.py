@@ -11,22 +11,20 @@ from typing import get_args
 
 import trio
 
-from router.config import ConfigError, _parse_listen, load_config, render_config
-from router.config_types import Config, LogLevel
+from tailguard.router.config import ConfigError, _parse_listen, load_config, render_config
+from tailguard.router.config_types import Config, LogLevel
 
+from . import SHIPPED_CONFIG
 from .app import ListenError, StartupError, serve
 from .logs import configured_logging
 from .workers import WorkerRole, supervise, worker_config
 
-# The shipped reference config, used when no --config is given and the
-# working directory has none (e.g. `tailguard serve --simulate` anywhere).
-_SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 _CONFIG_HELP = "config file (default: ./config.toml if there is one, else the shipped one)"
 
 
 def _default_config() -> Path:
     local = Path("config.toml")
-    return local if local.exists() else _SHIPPED_CONFIG
+    return local if local.exists() else SHIPPED_CONFIG
 
 
 def _listen(text: str) -> tuple[str, int]:

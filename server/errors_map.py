@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from router import error_spec, errors
+from tailguard.router import error_spec, errors
 
 # Statuses the openai SDK retries on its own unless told not to.
 _SDK_RETRIES = frozenset({408, 409, 429})

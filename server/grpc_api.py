@@ -36,13 +36,13 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 
-from router.auth import Caller
-from router.config_types import Config, ServerConfig
-from router.dispatch import Router
-from router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, TailguardError
-from router.request import RequestKind, Routing, RouterRequest
-from router.session import Session, Sessions, checked_header
-from router.telemetry import RepeatedIds, Telemetry
+from tailguard.router.auth import Caller
+from tailguard.router.config_types import Config, ServerConfig
+from tailguard.router.dispatch import Router
+from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, TailguardError
+from tailguard.router.request import RequestKind, Routing, RouterRequest
+from tailguard.router.session import Session, Sessions, checked_header
+from tailguard.router.telemetry import RepeatedIds, Telemetry
 
 from .errors_map import grpc_error
 from .grpc_bridge import AsyncioHost, TrioPortal

@@ -20,12 +20,12 @@ from typing import Any
 
 import trio
 
-from router.config import limits_document
-from router.dispatch import Completion, Router
-from router.errors import BackendStreamError, BodyTooLarge, InternalError, ModelNotFound, TailguardError
-from router.request import RequestKind
-from router.session import ClientLeft, Session, Sessions, checked_header
-from router.telemetry import RepeatedIds, Telemetry
+from tailguard.router.config import limits_document
+from tailguard.router.dispatch import Completion, Router
+from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, ModelNotFound, TailguardError
+from tailguard.router.request import RequestKind
+from tailguard.router.session import ClientLeft, Session, Sessions, checked_header
+from tailguard.router.telemetry import RepeatedIds, Telemetry
 
 from .errors_map import HttpError, http_error, no_route, wrong_method
 from .logs import AccessLog

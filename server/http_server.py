@@ -66,7 +66,7 @@ from urllib.parse import unquote
 import httptools
 import trio
 
-from router.config_types import ServerConfig
+from tailguard.router.config_types import ServerConfig
 
 from .errors_map import HttpError
 

@@ -2,7 +2,7 @@
 
 Regenerate it with::
 
-    python -m server.limits_doc [config.toml] > docs/limits.md
+    python -m tailguard.server.limits_doc [config.toml] > docs/limits.md
 
 ``tests/test_docs.py`` fails when the committed file differs from the
 rendering of the shipped ``config.toml``. The facts come from
@@ -20,14 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from router import error_spec, errors
-from router.config import ConfigError, limits_document, load_config
-from router.config_types import Config
+from tailguard.router import error_spec, errors
+from tailguard.router.config import ConfigError, limits_document, load_config
+from tailguard.router.config_types import Config
 
+from . import SHIPPED_CONFIG
 from .errors_map import HttpError, http_error
 
-SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
-REGENERATE = "python -m server.limits_doc config.toml > docs/limits.md"
+REGENERATE = "python -m tailguard.server.limits_doc config.toml > docs/limits.md"
 
 # Error classes a caller never sees under their own status: a backend's 4xx is
 # passed through as it came (documented as its own row).
@@ -440,7 +440,7 @@ def _default_max_tokens_note(classes: Sequence[Mapping[str, object]], default_ma
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m server.limits_doc [config.toml]``: print the page to stdout."""
+    """``python -m tailguard.server.limits_doc [config.toml]``: print the page to stdout."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1 or any(arg.startswith("-") for arg in args):
         print(f"usage: {REGENERATE}", file=sys.stderr)

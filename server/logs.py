@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from router.telemetry import RequestRecord
+from tailguard.router.telemetry import RequestRecord
 
 ACCESS_LOGGER = "tailguard.access"
 _PROMPT_LOG_LIMIT = 4000  # characters of prompt text in one access line, when enabled

@@ -24,8 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from router.dispatch import Router, RouterStatistics
-from router.telemetry import RequestRecord
+from tailguard.router.dispatch import Router, RouterStatistics
+from tailguard.router.telemetry import RequestRecord
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

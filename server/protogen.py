@@ -1,16 +1,18 @@
 """Regenerate the gRPC Python code from ``proto/`` with grpcio-tools.
 
-    python -m server.protogen            # rewrites server/grpc_gen/
+    python -m tailguard.server.protogen            # rewrites server/grpc_gen/
 
 The generated modules live next to their one user (``server/grpc_api.py``)
 under ``server/grpc_gen/``; the proto path is mapped so that their imports
-read ``server.grpc_gen.tailguard.v1``. A test regenerates into a temporary
+read ``tailguard.server.grpc_gen.tailguard.v1``. A test regenerates into a temporary
 folder and fails if the committed code is stale.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -20,11 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 # tailguard's contract, and the v1 reflection service grpcio-reflection lacks (server/grpc_api.py).
 PROTO_FILES = ("tailguard/v1/tailguard.proto", "grpc/reflection/v1/reflection.proto")
-PACKAGE_PREFIX = "server/grpc_gen"
+PACKAGE_PREFIX = "tailguard/server/grpc_gen"  # the installed name: what the modules import
+COMMITTED = ROOT / "server" / "grpc_gen"  # where that package's source lives in the repository
 
 
 def generate(out_dir: Path) -> list[Path]:
-    """Write the generated modules under ``out_dir/server/grpc_gen``; returns them."""
+    """Write the generated modules under ``out_dir/tailguard/server/grpc_gen``; returns them."""
     include = resources.files("grpc_tools") / "_proto"
     args = [
         "grpc_tools.protoc",
@@ -50,8 +53,14 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 def main() -> int:
-    for path in generate(ROOT):
-        print(path.relative_to(ROOT))
+    with tempfile.TemporaryDirectory() as scratch:
+        package = Path(scratch) / PACKAGE_PREFIX
+        for path in generate(Path(scratch)):
+            target = COMMITTED / path.relative_to(package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            (target.parent / "__init__.py").touch()
+            print(target.relative_to(ROOT))
     return 0
 
 

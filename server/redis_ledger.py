@@ -20,7 +20,7 @@ from typing import Any
 
 import coredis
 
-from router.cluster import NO_WAITER, Synced, Want
+from tailguard.router.cluster import NO_WAITER, Synced, Want
 
 _SYNC = """
 local prefix, me, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])

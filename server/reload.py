@@ -19,8 +19,8 @@ from pathlib import Path
 
 import trio
 
-from router.config import ConfigError, load_config
-from router.config_types import Config
+from tailguard.router.config import ConfigError, load_config
+from tailguard.router.config_types import Config
 
 log = logging.getLogger("tailguard.reload")
 

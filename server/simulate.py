@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import trio
 
-from bench.sim import PROFILES, EngineSpec, serve_engine
-from router.config_types import Config
+from tailguard.sim import PROFILES, EngineSpec, serve_engine
+from tailguard.router.config_types import Config
 
 log = logging.getLogger("tailguard.simulate")
 

@@ -12,7 +12,7 @@ Lines end with LF or CRLF, as vLLM and every OpenAI-compatible server send.
 
 from __future__ import annotations
 
-from router.errors import BadBackendReply
+from tailguard.router.errors import BadBackendReply
 
 DONE = b"[DONE]"
 # Far above any real event (one step's tokens, with logprobs), far below harm.

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import trio
 
-from router.config_types import ClusterConfig, Config
+from tailguard.router.config_types import ClusterConfig, Config
 
 log = logging.getLogger("tailguard.workers")
 
@@ -177,7 +177,7 @@ class _Supervisor:
     async def _keep_running(self, index: int) -> None:
         """Start worker ``index``; start it again whenever it dies, until the supervisor stops."""
         while not self._stopping:
-            command = [sys.executable, "-m", "server", "serve", "--config", str(self._config_path), *self._extra]
+            command = [sys.executable, "-m", "tailguard.server", "serve", "--config", str(self._config_path), *self._extra]
             if index > 0:
                 command = [arg for arg in command if arg != "--simulate"]  # one process runs the simulated engines
             env = {**self._env, WORKER_ENV: f"{index}/{self._count}"}

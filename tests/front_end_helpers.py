@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 
 import trio
 
-from bench.sim import Engine, SimApp, SimResponse
-from bench.sim.app import JSON_HEADERS, SSE_HEADERS
-from bench.sim.http import serve as serve_sim
-from router.config_types import Config
-from router.dispatch import Router
-from router.telemetry import RequestRecord, Telemetry
-from server.grpc_api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
-from server.grpc_bridge import open_asyncio_host
-from server.http_api import HttpApi
-from server.http_server import HttpSettings
-from server.http_server import serve as serve_http
-from server.metrics import Metrics
+from tailguard.sim import Engine, SimApp, SimResponse
+from tailguard.sim.app import JSON_HEADERS, SSE_HEADERS
+from tailguard.sim.http import serve as serve_sim
+from tailguard.router.config_types import Config
+from tailguard.router.dispatch import Router
+from tailguard.router.telemetry import RequestRecord, Telemetry
+from tailguard.server.grpc_api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
+from tailguard.server.grpc_bridge import open_asyncio_host
+from tailguard.server.http_api import HttpApi
+from tailguard.server.http_server import HttpSettings
+from tailguard.server.http_server import serve as serve_http
+from tailguard.server.metrics import Metrics
 
 from .grpc_helpers import service_thread
 from .http_helpers import QUICK

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import trio
 
-from bench.sim import Engine, EngineParams, SimApp, SimResponse
-from bench.sim.http import serve as serve_sim
-from router.config_types import Config
-from server.app import Running, serve
+from tailguard.sim import Engine, EngineParams, SimApp, SimResponse
+from tailguard.sim.http import serve as serve_sim
+from tailguard.router.config_types import Config
+from tailguard.server.app import Running, serve
 
 from .sim_helpers import MODEL
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import trio
 
-from bench.sim import PROFILES, Engine, EngineParams, SimApp
-from bench.sim.http import Handler, serve as serve_sim
-from router.config_types import Config
-from server.app import Running, serve
+from tailguard.sim import PROFILES, Engine, EngineParams, SimApp
+from tailguard.sim.http import Handler, serve as serve_sim
+from tailguard.router.config_types import Config
+from tailguard.server.app import Running, serve
 
 from .sim_helpers import MODEL
 

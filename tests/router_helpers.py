@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import httpx
 import trio
 
-from bench.sim import PROFILES, Engine, EngineParams, SimApp, SimTransport
-from router.config_types import (
+from tailguard.sim import PROFILES, Engine, EngineParams, SimApp, SimTransport
+from tailguard.router.config_types import (
     ClassConfig,
     Config,
     EndpointConfig,
@@ -21,8 +21,8 @@ from router.config_types import (
     ServerConfig,
     TimeoutsConfig,
 )
-from router.dispatch import Router
-from router.request import RouterRequest
+from tailguard.router.dispatch import Router
+from tailguard.router.request import RouterRequest
 
 from .sim_helpers import MODEL
 

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import httpx
 import trio
 
-from bench.sim import DEFAULT_MODEL, Engine, EngineParams, SimApp, SimTransport
+from tailguard.sim import DEFAULT_MODEL, Engine, EngineParams, SimApp, SimTransport
 
 MODEL = DEFAULT_MODEL
 

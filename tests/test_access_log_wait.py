@@ -8,10 +8,10 @@ import pytest
 import trio
 import trio.testing
 
-from router import errors
-from router.request import RouterRequest
-from router.telemetry import Telemetry
-from server.logs import AccessLog
+from tailguard.router import errors
+from tailguard.router.request import RouterRequest
+from tailguard.router.telemetry import Telemetry
+from tailguard.server.logs import AccessLog
 
 from .router_helpers import chat, router_over_engines, two_pool_config
 

@@ -27,7 +27,7 @@ from bench.advise import (
     tail_command,
 )
 from bench.sweep_sim import Arrival
-from router.config import load_config
+from tailguard.router.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_TRACE = ROOT / "bench" / "results" / "tail" / "example-trace.jsonl"
@@ -134,7 +134,7 @@ def test_lending_seats_waiting_batch_requests_on_idle_interactive_engines(tmp_pa
 
 def test_cli_prints_the_table_and_the_snippet() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "server", "advise", "--trace", str(EXAMPLE_TRACE), "--engines", "4", "--config", str(SHIPPED_CONFIG)],
+        [sys.executable, "-m", "tailguard.server", "advise", "--trace", str(EXAMPLE_TRACE), "--engines", "4", "--config", str(SHIPPED_CONFIG)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -151,7 +151,7 @@ def test_cli_prints_the_table_and_the_snippet() -> None:
 
 def test_cli_refuses_a_missing_trace(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "server", "advise", "--trace", str(tmp_path / "none.jsonl"), "--engines", "2"],
+        [sys.executable, "-m", "tailguard.server", "advise", "--trace", str(tmp_path / "none.jsonl"), "--engines", "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -252,7 +252,7 @@ def test_cli_replays_an_access_log(tmp_path: Path) -> None:
     log = tmp_path / "tailguard.log"
     log.write_text("\n".join(lines) + "\n")
     done = subprocess.run(
-        [sys.executable, "-m", "server", "advise", "--access-log", str(log), "--engines", "4", "--config", str(SHIPPED_CONFIG)],
+        [sys.executable, "-m", "tailguard.server", "advise", "--access-log", str(log), "--engines", "4", "--config", str(SHIPPED_CONFIG)],
         cwd=ROOT,
         capture_output=True,
         text=True,

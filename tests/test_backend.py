@@ -11,8 +11,8 @@ import pytest
 import trio
 import trio.testing
 
-from router.backend import BackendClient, BackendProbe, BackendResponse
-from router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
+from tailguard.router.backend import BackendClient, BackendProbe, BackendResponse
+from tailguard.router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
 
 COMPLETION = {"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from server.cli import main
+from tailguard.server.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ async def serve_process(
     ports = [free_port() for _ in range(4)]
     path = config_on_free_ports(tmp_path, ports)
     process = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING", *flags],
+        [sys.executable, "-m", "tailguard.server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -153,7 +153,7 @@ def test_a_port_in_use_is_one_line_naming_the_key_and_exit_2(tmp_path: Path) -> 
     with held_port() as port:
         path = config_on_free_ports(tmp_path, [port, free_port(), free_port(), free_port()])
         done = subprocess.run(
-            [sys.executable, "-m", "server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING"],
+            [sys.executable, "-m", "tailguard.server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING"],
             capture_output=True, text=True, timeout=60,
         )
     assert done.returncode == 2

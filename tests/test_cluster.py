@@ -9,15 +9,15 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from bench.sim import PROFILES, Engine, SimApp, SimTransport
-from router.cluster import NO_WAITER, Demand, SharedBudget, Want
-from router.config import ConfigError, parse_config
-from router.auth import Caller
-from router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, TimeoutsConfig
-from router.errors import CallerOverLimit
-from router.dispatch import Router
-from server.metrics import Metrics
-from server.redis_ledger import RedisLedger
+from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
+from tailguard.router.cluster import NO_WAITER, Demand, SharedBudget, Want
+from tailguard.router.config import ConfigError, parse_config
+from tailguard.router.auth import Caller
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, TimeoutsConfig
+from tailguard.router.errors import CallerOverLimit
+from tailguard.router.dispatch import Router
+from tailguard.server.metrics import Metrics
+from tailguard.server.redis_ledger import RedisLedger
 
 from .redis_helpers import RedisServer, redis_server
 from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config

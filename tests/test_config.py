@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from router.auth import hash_key
-from router.config import ConfigError, limits_document, load_config, parse_config, render_config
-from router.config_types import (
+from tailguard.router.auth import hash_key
+from tailguard.router.config import ConfigError, limits_document, load_config, parse_config, render_config
+from tailguard.router.config_types import (
     ApiKeyConfig,
     AuthConfig,
     ClassConfig,
@@ -126,7 +126,7 @@ def test_shipped_config_parses_with_the_documented_values() -> None:
 
 
 def test_shipped_config_model_name_is_what_the_simulator_serves() -> None:
-    from bench.sim.server import DEFAULT_MODEL
+    from tailguard.sim.server import DEFAULT_MODEL
 
     config = load_config(SHIPPED)
     assert all(pool.models[0] == DEFAULT_MODEL for pool in config.pools)

@@ -24,11 +24,11 @@ import pytest
 import trio
 import yaml
 
-from router.config import parse_config
-from router.config_types import Config
-from server.app import _HTTP_GRACE_SECONDS
-from server.cli import build_parser
-from server.reload import ConfigReloader
+from tailguard.router.config import parse_config
+from tailguard.router.config_types import Config
+from tailguard.server.app import _HTTP_GRACE_SECONDS
+from tailguard.server.cli import build_parser
+from tailguard.server.reload import ConfigReloader
 from tests.test_docs import code_blocks, vllm_commands
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,14 +24,14 @@ import trio.testing
 from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSError, DNSRecord
 from dnslib.server import BaseResolver, DNSHandler, DNSLogger, DNSServer
 
-from bench.sim import Engine, SimApp
-from bench.sim.http import serve as serve_sim
-from router.config import ConfigError, load_config, parse_config, render_config
-from router.config_types import DnsEndpointsConfig
-from router.dispatch import Router
-from router.errors import QueueTimeout
-from router.pool import Ticket
-from server.app import Running
+from tailguard.sim import Engine, SimApp
+from tailguard.sim.http import serve as serve_sim
+from tailguard.router.config import ConfigError, load_config, parse_config, render_config
+from tailguard.router.config_types import DnsEndpointsConfig
+from tailguard.router.dispatch import Router
+from tailguard.router.errors import QueueTimeout
+from tailguard.router.pool import Ticket
+from tailguard.server.app import Running
 
 from .http_helpers import QUICK, eventually, tailguard
 from .sim_helpers import MODEL

@@ -22,10 +22,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from router import error_spec, errors
-from router.config import load_config, parse_config
-from router.config_types import Config, EndpointConfig, PoolConfig, TimeoutsConfig
-from server import grpc_api, limits_doc
+from tailguard.router import error_spec, errors
+from tailguard.router.config import load_config, parse_config
+from tailguard.router.config_types import Config, EndpointConfig, PoolConfig, TimeoutsConfig
+from tailguard.server import grpc_api, limits_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -268,7 +268,7 @@ def test_nginx_points_at_tailguards_listeners(shipped: Config) -> None:
 
 
 def test_nginx_drops_idle_connections_before_tailguard_does(shipped: Config) -> None:
-    from server.app import _hypercorn_config
+    from tailguard.server.app import _hypercorn_config
 
     tailguard_idle = _hypercorn_config(shipped, None).keep_alive_timeout
     for value in directive(nginx_config(), "keepalive_timeout"):

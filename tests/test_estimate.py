@@ -19,12 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.sim.tokens import count_chat_tokens, count_text_tokens
-from router.classify import classify
-from router.config_types import Config, EstimateConfig, LimitsConfig, ServerConfig
-from router.errors import PromptTooLong
-from router.limits import check_prompt, estimate_prompt_tokens, estimate_text_tokens
-from router.request import RouterRequest
+from tailguard.sim.tokens import count_chat_tokens, count_text_tokens
+from tailguard.router.classify import classify
+from tailguard.router.config_types import Config, EstimateConfig, LimitsConfig, ServerConfig
+from tailguard.router.errors import PromptTooLong
+from tailguard.router.limits import check_prompt, estimate_prompt_tokens, estimate_text_tokens
+from tailguard.router.request import RouterRequest
 
 from .http_helpers import QUICK, engines_on_sockets, tailguard
 from .router_helpers import two_pool_config

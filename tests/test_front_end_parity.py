@@ -17,11 +17,11 @@ import grpc
 import httpx
 import pytest
 
-from router import error_spec, errors
-from router.config_types import Config, TimeoutsConfig
-from router.telemetry import RequestRecord
-from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.router import error_spec, errors
+from tailguard.router.config_types import Config, TimeoutsConfig
+from tailguard.router.telemetry import RequestRecord
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
 from .front_end_helpers import SINK_FAILS, Faulty, FrontEnds, front_ends
 from .router_helpers import two_pool_config

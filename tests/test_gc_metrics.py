@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.config_types import ServerConfig
-from router.dispatch import Router
-from server.metrics import GC_PAUSE_BUCKETS, GcPauses, Metrics
+from tailguard.router.config_types import ServerConfig
+from tailguard.router.dispatch import Router
+from tailguard.server.metrics import GC_PAUSE_BUCKETS, GcPauses, Metrics
 
 from .http_helpers import QUICK, engines_on_sockets, tailguard
 from .router_helpers import two_pool_config

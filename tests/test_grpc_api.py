@@ -11,9 +11,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from router.config_types import Config, TimeoutsConfig
-from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.router.config_types import Config, TimeoutsConfig
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
 from .front_end_helpers import Faulty, front_ends
 from .grpc_helpers import Service, grpc_service, wait_for

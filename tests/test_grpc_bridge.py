@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
-from server.grpc_bridge import open_asyncio_host, TrioPortal
+from tailguard.server.grpc_bridge import open_asyncio_host, TrioPortal
 
 
 async def test_a_call_returns_its_result_and_raises_its_error_on_the_asyncio_side() -> None:

@@ -9,10 +9,10 @@ import grpc
 import httpx
 import pytest
 
-from router.auth import hash_key
-from router.config_types import ApiKeyConfig, AuthConfig, Config
-from server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.router.auth import hash_key
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
 from .grpc_helpers import grpc_service, wait_for
 from .http_helpers import QUICK

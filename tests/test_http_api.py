@@ -12,10 +12,10 @@ import openai
 import pytest
 import trio
 
-from bench.sim import SimResponse
-from router.config_types import Config, LimitsConfig, ServerConfig, TimeoutsConfig
-from router.dispatch import Router
-from server import http_api
+from tailguard.sim import SimResponse
+from tailguard.router.config_types import Config, LimitsConfig, ServerConfig, TimeoutsConfig
+from tailguard.router.dispatch import Router
+from tailguard.server import http_api
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from .router_helpers import two_pool_config
@@ -261,8 +261,8 @@ async def test_a_response_head_goes_out_whole_even_when_its_request_is_cancelled
     """hypercorn passes the head to h11 and then waits for its send lock: a
     cancellation at that wait used to leave h11 mid-response while hypercorn
     thought none had begun, and its 500 on top ended the server (chaos run)."""
-    from router.session import Sessions
-    from router.telemetry import Telemetry
+    from tailguard.router.session import Sessions
+    from tailguard.router.telemetry import Telemetry
 
     sent: list[dict[str, object]] = []
 

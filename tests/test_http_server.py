@@ -20,13 +20,13 @@ import h11
 import pytest
 import trio
 
-from bench.sim import SimResponse
-from bench.sim.app import SSE_HEADERS
-from router.config import ConfigError, parse_config, render_config
-from router.config_types import Config, ServerConfig, TimeoutsConfig
-from server.app import Running
-from server.app import serve as serve_tailguard
-from server.http_server import HttpSettings, Message, Receive, Scope, Send, serve
+from tailguard.sim import SimResponse
+from tailguard.sim.app import SSE_HEADERS
+from tailguard.router.config import ConfigError, parse_config, render_config
+from tailguard.router.config_types import Config, ServerConfig, TimeoutsConfig
+from tailguard.server.app import Running
+from tailguard.server.app import serve as serve_tailguard
+from tailguard.server.http_server import HttpSettings, Message, Receive, Scope, Send, serve
 
 from .http_helpers import engines_on_sockets, eventually, tailguard
 from .router_helpers import two_pool_config

@@ -15,7 +15,7 @@ import h11
 import pytest
 import trio
 
-from server.http_server import Receive, Scope, Send
+from tailguard.server.http_server import Receive, Scope, Send
 
 from .test_http_server import Recorder, closed_by_server, connect, post, read_response, server
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 import trio
 
-from router.lean_transport import LeanTransport
+from tailguard.router.lean_transport import LeanTransport
 
 from .http_helpers import QUICK, engines_on_sockets
 from .sim_helpers import MODEL

@@ -9,9 +9,9 @@ import httpx
 import pytest
 import trio
 
-from router.config import ConfigError, parse_config
-from router.config_types import Config, LendConfig
-from server.metrics import Metrics
+from tailguard.router.config import ConfigError, parse_config
+from tailguard.router.config_types import Config, LendConfig
+from tailguard.server.metrics import Metrics
 
 from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from .test_config import BASE, edit

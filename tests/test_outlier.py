@@ -19,10 +19,10 @@ import pytest
 import trio
 import trio.testing
 
-from router import errors
-from router.config_types import Config, EndpointConfig, OutlierDetectionConfig, PoolConfig, TimeoutsConfig
-from router.dispatch import Router
-from server.metrics import Metrics
+from tailguard.router import errors
+from tailguard.router.config_types import Config, EndpointConfig, OutlierDetectionConfig, PoolConfig, TimeoutsConfig
+from tailguard.router.dispatch import Router
+from tailguard.server.metrics import Metrics
 
 from .http_helpers import QUICK, engines_on_sockets
 from .router_helpers import chat, run_to_end, two_pool_config

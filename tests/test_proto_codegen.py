@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from server.protogen import PACKAGE_PREFIX, ROOT, generate
+from tailguard.server.protogen import COMMITTED, PACKAGE_PREFIX, ROOT, generate
 
 # Lines that only stamp the generator's version: a newer grpcio-tools may
 # change them without the contract changing.
@@ -19,12 +19,13 @@ def _normalised(data: bytes) -> bytes:
 def test_generated_code_is_not_stale(tmp_path: Path) -> None:
     fresh = generate(tmp_path)
     assert fresh, "protoc generated nothing"
+    package = tmp_path / PACKAGE_PREFIX
     for path in fresh:
-        relative = path.relative_to(tmp_path)
-        committed = ROOT / relative
-        assert committed.exists(), f"{relative} is not committed; run: python -m server.protogen"
+        relative = path.relative_to(package)
+        committed = COMMITTED / relative
+        assert committed.exists(), f"{relative} is not committed; run: python -m tailguard.server.protogen"
         assert _normalised(committed.read_bytes()) == _normalised(path.read_bytes()), (
-            f"{relative} is stale; run: python -m server.protogen"
+            f"{relative} is stale; run: python -m tailguard.server.protogen"
         )
-    committed_files = {p.relative_to(ROOT) for p in (ROOT / PACKAGE_PREFIX).rglob("*_pb2*.py*")}
-    assert committed_files == {p.relative_to(tmp_path) for p in fresh}
+    committed_files = {p.relative_to(COMMITTED) for p in COMMITTED.rglob("*_pb2*.py*")}
+    assert committed_files == {p.relative_to(package) for p in fresh}

@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from router.errors import QueueFull, QueueTimeout
-from router.queue import SKIP, Skip, WaitQueue
+from tailguard.router.errors import QueueFull, QueueTimeout
+from tailguard.router.queue import SKIP, Skip, WaitQueue
 
 INF = math.inf
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from router.config_types import Config
+from tailguard.router.config_types import Config
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from .sim_helpers import MODEL
@@ -63,7 +63,7 @@ priority = 1
 async def test_sighup_moves_an_endpoint_under_traffic_and_refuses_a_broken_file(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from router.config import load_config
+    from tailguard.router.config import load_config
 
     slower = QUICK.replace(base_ms=3.0)
     async with engines_on_sockets([slower, slower, slower]) as backends:
@@ -121,7 +121,7 @@ async def test_sighup_moves_an_endpoint_under_traffic_and_refuses_a_broken_file(
 
 
 async def test_a_changed_file_is_picked_up_without_a_signal(tmp_path: Path) -> None:
-    from router.config import load_config
+    from tailguard.router.config import load_config
 
     async with engines_on_sockets([QUICK, QUICK]) as backends:
         a, b = backends.urls
@@ -138,7 +138,7 @@ async def test_a_changed_file_is_picked_up_without_a_signal(tmp_path: Path) -> N
 
 
 async def test_reload_warns_of_inverted_timeout_layers_and_counts_results(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from router.config import load_config
+    from tailguard.router.config import load_config
 
     async with engines_on_sockets([QUICK, QUICK]) as backends:
         a, b = backends.urls
@@ -166,7 +166,7 @@ def reload_lines(caplog: pytest.LogCaptureFixture, level: str = "INFO") -> list[
 
 
 async def test_a_reload_names_each_key_that_needs_a_restart_and_applies_the_rest(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from router.config import load_config
+    from tailguard.router.config import load_config
 
     async with engines_on_sockets([QUICK, QUICK]) as backends:
         a, b = backends.urls
@@ -193,7 +193,7 @@ async def test_a_reload_names_each_key_that_needs_a_restart_and_applies_the_rest
 def test_the_readme_lists_exactly_the_restart_only_keys() -> None:
     import re
 
-    from server.reload import RESTART_ONLY
+    from tailguard.server.reload import RESTART_ONLY
 
     readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
     sentence = readme[readme.index("Keys that need a restart:") :]
@@ -203,7 +203,7 @@ def test_the_readme_lists_exactly_the_restart_only_keys() -> None:
 
 
 async def test_reload_poll_interval_is_applied_live(tmp_path: Path) -> None:
-    from router.config import load_config
+    from tailguard.router.config import load_config
 
     async with engines_on_sockets([QUICK, QUICK]) as backends:
         a, b = backends.urls
@@ -222,7 +222,7 @@ async def test_reload_poll_interval_is_applied_live(tmp_path: Path) -> None:
 async def test_a_reload_logs_what_changed_and_an_unchanged_file_logs_that_nothing_did(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from router.config import load_config
+    from tailguard.router.config import load_config
 
     async with engines_on_sockets([QUICK, QUICK, QUICK]) as backends:
         a, b, c = backends.urls
@@ -247,8 +247,8 @@ async def test_a_reload_logs_what_changed_and_an_unchanged_file_logs_that_nothin
 
 
 def test_the_summary_names_pools_endpoints_caps_classes_and_other_keys() -> None:
-    from router.config import parse_config
-    from server.reload import summarize
+    from tailguard.router.config import parse_config
+    from tailguard.server.reload import summarize
 
     def endpoints(*ports: int) -> str:
         return ", ".join(f'{{ url = "http://127.0.0.1:{p}", max_concurrency = 4 }}' for p in ports)
@@ -269,7 +269,7 @@ def test_the_summary_names_pools_endpoints_caps_classes_and_other_keys() -> None
 
 
 async def test_start_and_reload_say_which_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from router.config import load_config
+    from tailguard.router.config import load_config
 
     async with engines_on_sockets([QUICK, QUICK]) as backends:
         a, b = backends.urls
@@ -282,9 +282,9 @@ async def test_start_and_reload_say_which_file(tmp_path: Path, caplog: pytest.Lo
 
 
 async def test_command_line_addresses_survive_a_reload_without_a_restart_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from router.config import load_config
-    from server.cli import _prepared, build_parser
-    from server.reload import ConfigReloader
+    from tailguard.router.config import load_config
+    from tailguard.server.cli import _prepared, build_parser
+    from tailguard.server.reload import ConfigReloader
 
     path = tmp_path / "config.toml"
     path.write_text(toml(["http://127.0.0.1:1"], ["http://127.0.0.1:2"]))

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import trio
 
-from router.backend import BackendClient
-from router.config import load_config
-from server.app import serve
+from tailguard.router.backend import BackendClient
+from tailguard.router.config import load_config
+from tailguard.server.app import serve
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from .test_reload import toml
@@ -149,7 +149,7 @@ async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_conf
 
 
 async def test_applying_a_config_is_all_or_nothing() -> None:
-    from router.dispatch import Router
+    from tailguard.router.dispatch import Router
 
     from .router_helpers import BATCH_URL, INTERACTIVE_URL, two_pool_config, with_digest
 
@@ -178,8 +178,8 @@ async def test_applying_a_config_is_all_or_nothing() -> None:
 
 
 async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from router import pool
-    from router.dispatch import Router
+    from tailguard.router import pool
+    from tailguard.router.dispatch import Router
 
     from .router_helpers import two_pool_config, with_digest
 

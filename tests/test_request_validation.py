@@ -24,11 +24,11 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.sim import Engine, SimApp, SimResponse
-from router.config_types import Config, ServerConfig
-from router.errors import InvalidRequest
-from router.request import MAX_JSON_DEPTH, RouterRequest
-from server.openai_wire import parse_completion_body
+from tailguard.sim import Engine, SimApp, SimResponse
+from tailguard.router.config_types import Config, ServerConfig
+from tailguard.router.errors import InvalidRequest
+from tailguard.router.request import MAX_JSON_DEPTH, RouterRequest
+from tailguard.server.openai_wire import parse_completion_body
 
 from .http_helpers import QUICK, engines_on_sockets, tailguard
 from .router_helpers import two_pool_config

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from router import error_spec
-from server.errors_map import HttpError
+from tailguard.router import error_spec
+from tailguard.server.errors_map import HttpError
 
 DEPLOYMENT = Path(__file__).resolve().parent.parent / "docs" / "deployment.md"
 _SDK_RETRIES = {408, 409, 429}  # and every 5xx, unless x-should-retry says otherwise

@@ -12,12 +12,12 @@ import pytest
 import trio
 import trio.testing
 
-from bench.sim import PROFILES
-from router import errors
-from router.config import ConfigError, parse_config
-from router.config_types import Config, LimitsConfig, TimeoutsConfig
-from router.dispatch import Router
-from router.request import RouterRequest
+from tailguard.sim import PROFILES
+from tailguard.router import errors
+from tailguard.router.config import ConfigError, parse_config
+from tailguard.router.config_types import Config, LimitsConfig, TimeoutsConfig
+from tailguard.router.dispatch import Router
+from tailguard.router.request import RouterRequest
 
 from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 
@@ -216,7 +216,7 @@ async def test_unreachable_endpoint_fails_fast_and_only_its_health_check_takes_i
                 return httpx.Response(200)
             raise httpx.ConnectError("connection refused", request=request)
 
-        from router.backend import BackendClient, BackendProbe
+        from tailguard.router.backend import BackendClient, BackendProbe
 
         real_probe = endpoint.probe
         endpoint.client = BackendClient(endpoint.url, max_concurrency=8, connect_timeout=1.0, transport=httpx.MockTransport(refuse))

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from router.config_types import ApiKeyConfig, AuthConfig, Config
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config
 
 from .front_end_helpers import Faulty, FrontEnds, front_ends
 from .router_helpers import two_pool_config

@@ -25,9 +25,9 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.sim import SimResponse
-from bench.sim.app import JSON_HEADERS
-from router.config_types import (
+from tailguard.sim import SimResponse
+from tailguard.sim.app import JSON_HEADERS
+from tailguard.router.config_types import (
     ApiKeyConfig,
     AuthConfig,
     ClassConfig,
@@ -39,7 +39,7 @@ from router.config_types import (
     ServerConfig,
     TimeoutsConfig,
 )
-from router.telemetry import RequestRecord
+from tailguard.router.telemetry import RequestRecord
 
 from .front_end_helpers import Faulty, FrontEnds, front_ends
 from .sim_helpers import MODEL

@@ -9,10 +9,10 @@ import pytest
 import trio
 import trio.testing
 
-from router import errors
-from router.request import Routing
-from router.session import ClientLeft, Sessions, checked_header
-from router.telemetry import RepeatedIds, RequestRecord, Telemetry
+from tailguard.router import errors
+from tailguard.router.request import Routing
+from tailguard.router.session import ClientLeft, Sessions, checked_header
+from tailguard.router.telemetry import RepeatedIds, RequestRecord, Telemetry
 
 from .router_helpers import Fleet, chat, router_over_engines, two_pool_config
 

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from bench.sim import PROFILES
+from tailguard.sim import PROFILES
 
 from .http_helpers import engines_on_sockets
 from .sim_helpers import MODEL, in_process_engine

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from bench.sim import PROFILES, Engine, EngineParams, EngineRequestError, Sequence
+from tailguard.sim import PROFILES, Engine, EngineParams, EngineRequestError, Sequence
 
 # A cost model with round numbers, so expected times are easy to write down.
 ROUND = EngineParams(

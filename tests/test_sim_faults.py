@@ -19,9 +19,9 @@ import httpx
 import pytest
 import trio
 
-from bench.sim import PROFILES, AdminApp, DropConnection, Engine, Fault, FaultError, FaultInjector, FaultSwitch, SimApp, SimTransport
-from bench.sim.__main__ import build_parser
-from bench.sim.http import serve
+from tailguard.sim import PROFILES, AdminApp, DropConnection, Engine, Fault, FaultError, FaultInjector, FaultSwitch, SimApp, SimTransport
+from tailguard.sim.__main__ import build_parser
+from tailguard.sim.http import serve
 
 from .sim_helpers import MODEL
 
@@ -261,7 +261,7 @@ async def test_in_process_transport_maps_a_drop_to_httpx_errors() -> None:
 
 
 def test_cli_starts_in_a_fault_mode_and_the_admin_port_revives() -> None:
-    command = [sys.executable, "-m", "bench.sim", "--port", "0", "--fault", "kill", "--admin-port", "0", "--base-ms", "1"]
+    command = [sys.executable, "-m", "tailguard.sim", "--port", "0", "--fault", "kill", "--admin-port", "0", "--base-ms", "1"]
     root = Path(__file__).resolve().parent.parent
     with subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, text=True) as process:
         try:

@@ -16,9 +16,9 @@ import pytest
 import trio
 import trio.testing
 
-from bench.sim import Engine, EngineParams, Sequence
-from bench.sim.__main__ import build_parser
-from bench.sim.app import SimApp
+from tailguard.sim import Engine, EngineParams, Sequence
+from tailguard.sim.__main__ import build_parser
+from tailguard.sim.app import SimApp
 
 # Round numbers: a step is 10 ms + 1 ms a sequence, prefill and attention free.
 ROUND = EngineParams(

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from router.errors import BadBackendReply
-from server.sse import DONE, MAX_EVENT_BYTES, SseDecoder
+from tailguard.router.errors import BadBackendReply
+from tailguard.server.sse import DONE, MAX_EVENT_BYTES, SseDecoder
 
 STREAM = (
     b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\n'

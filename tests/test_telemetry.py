@@ -9,15 +9,15 @@ import pytest
 import trio
 import trio.testing
 
-from router import errors
-from router.auth import Caller
-from router.config_types import TimeoutsConfig
-from router.dispatch import Router
-from router.request import RouterRequest
-from router.telemetry import RepeatedIds, RequestRecord, Telemetry, is_valid_request_id, outcome_of
-from server.app import drain_router
-from server.logs import AccessLog, access_fields
-from server.metrics import Metrics
+from tailguard.router import errors
+from tailguard.router.auth import Caller
+from tailguard.router.config_types import TimeoutsConfig
+from tailguard.router.dispatch import Router
+from tailguard.router.request import RouterRequest
+from tailguard.router.telemetry import RepeatedIds, RequestRecord, Telemetry, is_valid_request_id, outcome_of
+from tailguard.server.app import drain_router
+from tailguard.server.logs import AccessLog, access_fields
+from tailguard.server.metrics import Metrics
 
 from .router_helpers import INTERACTIVE_URL, chat, router_over_engines, two_pool_config
 

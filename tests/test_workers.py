@@ -65,7 +65,7 @@ async def test_two_workers_share_the_port_and_the_caps_restart_and_stop_on_signa
     path = tmp_path / "config.toml"
     path.write_text(text)
     process = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--workers", "2", "--simulate", "--no-grpc", "--config", str(path), "--log-format", "text"],
+        [sys.executable, "-m", "tailguard.server", "serve", "--workers", "2", "--simulate", "--no-grpc", "--config", str(path), "--log-format", "text"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -144,7 +144,7 @@ async def test_a_worker_that_cannot_start_stops_the_supervisor_with_status_2(tmp
         # The port is taken without SO_REUSEPORT: no worker can share it.
         with output.open("wb") as sink:
             process = subprocess.Popen(
-                [sys.executable, "-m", "server", "serve", "--workers", "2", "--no-grpc", "--config", str(path)],
+                [sys.executable, "-m", "tailguard.server", "serve", "--workers", "2", "--no-grpc", "--config", str(path)],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -1,4 +1,4 @@
-"""``python -m bench.sim``: run one or several simulated vLLM engines on localhost.
+"""``python -m tailguard.sim``: run one or several simulated vLLM engines on localhost.
 
 ``--scheduling-policy priority`` runs every engine as vLLM does with that
 flag (the waiting queue by the request's ``priority``, preemption of the
@@ -43,7 +43,7 @@ _PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scheduling_policy": SCHEDULING_PO
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.sim",
+        prog="python -m tailguard.sim",
         description="Simulated vLLM engines: OpenAI-compatible HTTP servers whose engine "
         "models continuous batching on one GPU (an 8B model on an H100 by default).",
     )

@@ -25,8 +25,8 @@ Faults touch the completion routes (``/v1/chat/completions``,
 always answers. ``GET /_sim/faults`` shows the current fault as JSON, ``POST``
 sets one from a JSON object such as ``{"mode": "error_rate", "p": 0.3}``; a
 process of several engines may also serve an admin port
-(``python -m bench.sim --admin-port``) that reaches each engine by its port,
-which is how a killed engine is revived. At start, ``python -m bench.sim
+(``python -m tailguard.sim --admin-port``) that reaches each engine by its port,
+which is how a killed engine is revived. At start, ``python -m tailguard.sim
 --fault error_rate:p=0.3`` sets it for every engine.
 """
 

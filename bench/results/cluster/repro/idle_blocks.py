@@ -4,9 +4,9 @@ from __future__ import annotations
 import sys
 import trio
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
-from router.cluster import Demand, SharedBudget
-from router.config_types import ClusterConfig
-from server.redis_ledger import RedisLedger
+from tailguard.router.cluster import Demand, SharedBudget
+from tailguard.router.config_types import ClusterConfig
+from tailguard.server.redis_ledger import RedisLedger
 from tests.redis_helpers import redis_server
 
 CAP = 4  # key:trial max_concurrency

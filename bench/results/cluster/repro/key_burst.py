@@ -7,14 +7,14 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]
 from bench.cluster import RedisProcess, KEYS
 from bench.router_overhead import PoolSpec, tailguard_config, start_process, start_tailguard, wait_ready, http_request, KeepAliveClient, CHAT_PATH
 from bench.sim_cpu import free_ports
-from router.auth import hash_key
+from tailguard.router.auth import hash_key
 
 async def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     async with trio.open_nursery() as n:
         e1, e2, rp, hp, gp = free_ports(5)
         redis = RedisProcess(n, rp, open(tmp / "r.log", "ab")); await redis.start()
-        sim = await start_process(n, [sys.executable, "-m", "bench.sim", "--engines", f"{e1}:instant,{e2}:instant"], None)
+        sim = await start_process(n, [sys.executable, "-m", "tailguard.sim", "--engines", f"{e1}:instant,{e2}:instant"], None)
         await wait_ready(e1, sim, "sim")
         key = KEYS[0]
         sections = ["[cluster]", f'redis_url = "{redis.url}"', 'namespace = "repro"', 'replica_id = "only"', "block = 2", "",
