@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -129,10 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tailguard: {path}: invalid config\n{error}", file=sys.stderr)
         return 2
     if args.command == "check-config":
-        print(f"config file: {path.absolute()}")
-        print(render_config(config))
         for warning in config.warnings:
             print(f"warning: {warning}", file=sys.stderr)
+        try:
+            print(f"config file: {path.absolute()}\n{render_config(config)}", flush=True)
+        except BrokenPipeError:  # `tailguard check-config | head`: the reader had what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     role = WorkerRole.from_env()
     prepare = _prepared(args, role)

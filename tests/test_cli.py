@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -40,6 +41,20 @@ def test_check_config_lists_every_problem(tmp_path: Path, capsys: pytest.Capture
     assert main(["check-config", str(path)]) == 2
     err = capsys.readouterr().err
     assert "pools.interactive.max_queue" in err and "limits.bogus" in err
+
+
+def test_check_config_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """``tailguard check-config | head`` must not end in a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "tailguard.server", "check-config", "--config", str(ROOT / "config.toml")],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
 
 
 def config_on_free_ports(tmp_path: Path, ports: Sequence[int] | None = None) -> Path:
