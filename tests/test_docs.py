@@ -7,6 +7,10 @@
 - docs/grafana/tailguard.json must parse, and every metric it queries must be
   one tailguard exports (DASHBOARD_METRICS; the metrics tests compare it with
   the real /metrics output).
+- README.md and docs/*.md: every relative link resolves (file and heading),
+  the README's first screen reaches a streamed answer on the shipped port, its
+  performance figures are those of the pages it links, and
+  docs/performance.md's current table is the committed overhead run.
 """
 
 from __future__ import annotations
@@ -402,3 +406,93 @@ def test_dashboard_shows_the_tail_per_class() -> None:
             if m == metric
         }
         assert quantiles == {"0.5", "0.95", "0.99"}, metric
+
+
+# -- README.md and the pages it links -----------------------------------------------
+
+
+def _prose(path: Path) -> str:
+    """A Markdown file without its fenced code blocks (a ``# comment`` in one is no heading)."""
+    return re.sub(r"^```.*?^```[ \t]*$", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+
+
+def _anchors(path: Path) -> set[str]:
+    """The fragment GitHub gives each heading: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#{1,6} (.+?)\s*$", _prose(path), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+MARKDOWN_PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda p: p.name)
+def test_every_relative_link_names_a_file_and_heading_that_exist(page: Path) -> None:
+    """The README's detail moved to docs/: a link that points nowhere loses it again."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", _prose(page)):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file_part, _, fragment = target.partition("#")
+        linked = (page.parent / file_part).resolve() if file_part else page
+        if not linked.exists():
+            broken.append(target)
+        elif fragment and linked.suffix == ".md" and fragment not in _anchors(linked):
+            broken.append(target)
+    assert not broken, f"{page.name}: {broken}"
+
+
+def test_readme_first_screen_goes_from_clone_to_a_streamed_answer(shipped: Config) -> None:
+    first_screen = "\n".join((ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:40])
+    blocks = re.findall(r"^```sh\n(.*?)^```", first_screen, flags=re.M | re.S)
+    assert any("pip install -e . && .venv/bin/tailguard serve --simulate" in block for block in blocks)
+    (curl,) = [shlex.split(block.replace("\\\n", " ")) for block in blocks if block.startswith("curl")]
+    body = json.loads(curl[curl.index("-d") + 1])
+    assert body["stream"] is True and body["messages"]
+    url = next(word for word in curl if "/v1/chat/completions" in word)
+    assert urlsplit(f"http://{url}").port == shipped.server.http_port
+    assert "data: [DONE]" in first_screen
+
+
+def _section(path: Path, title: str) -> str:
+    text = path.read_text(encoding="utf-8")
+    start = text.index(f"\n{title}\n")
+    end = text.find("\n## ", start + len(title) + 2)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_readme_performance_headline_is_what_the_linked_pages_say() -> None:
+    """Every figure the README quotes is one of docs/performance.md's or docs/results.md's."""
+    headline = _section(ROOT / "README.md", "## Performance")
+    pages = " ".join(" ".join((DOCS / name).read_text(encoding="utf-8").split()) for name in ("performance.md", "results.md"))
+    figures = set(re.findall(r"(?<![\w.])\d[\d,]*\.?\d*(?=\s|x|-|\)|,|$)", headline)) - {"2", "4"}
+    assert len(figures) > 10
+    missing = sorted(f for f in figures if not re.search(rf"(?<![\d,.]){re.escape(f.rstrip('.,'))}(?![\d])", pages))
+    assert not missing, f"README's performance figures not in docs/performance.md or docs/results.md: {missing}"
+
+
+def test_performance_pages_overhead_table_is_the_committed_run() -> None:
+    """docs/performance.md's current table is bench/results/overhead/overhead.json, rounded."""
+    run = json.loads((ROOT / "bench" / "results" / "overhead" / "overhead.json").read_text(encoding="utf-8"))
+    section = _section(DOCS / "performance.md", "## Where it stands (issue 11, commit 080d5e7)")
+    assert run["code"].startswith("080d5e7")
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:5]]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| |")
+    }
+    saturation = {entry["target"]: entry for entry in run["saturation"]}
+    columns = ["vllm-router HTTP", "tailguard HTTP", "tailguard gRPC"]
+    assert rows["saturation, concurrency 64"] == [
+        f"{saturation[target]['req_per_s']:,.0f} {'calls' if 'gRPC' in target else 'req'}/s" for target in columns
+    ]
+    assert rows["router CPU per request"] == [f"{saturation[target]['router_cpu_ms_per_request'] * 1000:.0f} µs" for target in columns]
+    added = {entry["path"]: entry for entry in run["added"] if entry["rate"] == 100.0}
+    assert rows["added P50 / P99 at 100 req/s"] == [
+        f"{added[target]['added_p50_ms']:.2f} / {added[target]['added_p99_ms']:.2f} ms" for target in columns
+    ]
+    streams = {entry["target"]: entry for entry in run["streams"] if entry["streams"] == 256}
+    peer, ours = streams["vllm-router HTTP"], streams["tailguard HTTP"]
+    assert rows["SSE relay, 256 streams"][:2] == [
+        f"{peer['chunks_per_s']:,.0f} events/s ({peer['tailguard_cpu_us_per_chunk']:.1f} µs CPU each)",
+        f"{ours['chunks_per_s']:,.0f} events/s ({ours['tailguard_cpu_us_per_chunk']:.1f} µs)",
+    ]
