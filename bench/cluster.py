@@ -73,20 +73,9 @@ from bench.router_overhead import (
 from tailguard.sim.params import PROFILES
 from bench.sim_cpu import free_ports, interrupted, process_cpu_seconds, stop
 from bench.tail import _engine_counts
-from bench.tail_load import (
-    Arrival,
-    Sample,
-    TokenClient,
-    TokenPool,
-    body_for,
-    class_stats,
-    generated,
-    origin_mix,
-    play,
-    pooled_capacity,
-    shapes_by_class,
-    token_times,
-)
+from bench.tail_load import Sample, TokenClient, TokenPool, class_stats, play, token_times
+from tailguard.sim.virtual.mix import body_for, origin_mix, pooled_capacity, shapes_by_class
+from tailguard.sim.virtual.trace import Arrival, generated
 from tailguard.router.auth import hash_key
 from tailguard.server.redis_ledger import RedisLedger
 

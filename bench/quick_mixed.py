@@ -45,7 +45,6 @@ from bench.router_overhead import (
     add_serve_arg,
     http_request,
     log_tail,
-    percentile,
     start_simulator,
     start_tailguard,
     tailguard_config,
@@ -53,96 +52,14 @@ from bench.router_overhead import (
     write_json,
 )
 from tailguard.sim.params import PROFILES, EngineParams
-from tailguard.sim.tokens import count_chat_tokens
+from tailguard.sim.virtual.mix import CLASSES, SHORT_SHARE, Capacity, payloads, percentile, prompt_tokens, shared_capacity
 from bench.sim_cpu import free_ports, interrupted, stop
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "quick_mixed.json"
-CLASSES = ("short", "long")
-SHORT_SHARE = 0.8
-SHORT_MAX_TOKENS = 64
-LONG_MAX_TOKENS = 512
-LONG_DOCUMENT_CHARS = 8_000
-SHORT_QUESTION = "What is the capital of France, and why is it famous?"
 TARGET_LOAD = 0.8  # of the single shared engine's capacity
 SETUP_NAMES = ("shared x1", "shared x2 rr", "tailguard", "split direct")
 TOKEN_MARKER = b'"delta":{"content":'  # a token event; the first event (the role) does not match
 
-_WORDS = (
-    "the engine schedules every sequence in a continuous batch while the router keeps short requests "
-    "fast and long documents share the fleet under caps queues deadlines and pools of graphics processors"
-).split()
-
-
-# -- the workload -------------------------------------------------------------------
-
-
-def long_document(chars: int = LONG_DOCUMENT_CHARS, seed: int = 7) -> str:
-    """Deterministic filler text of about ``chars`` characters (~4 chars a token)."""
-    rng = random.Random(seed)
-    words: list[str] = []
-    size = 0
-    while size < chars:
-        sentence = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 16))).capitalize() + "."
-        words.append(sentence)
-        size += len(sentence) + 1
-    return " ".join(words)
-
-
-def payloads() -> dict[str, dict[str, object]]:
-    """The two request bodies, by class."""
-    document = long_document()
-    return {
-        "short": {
-            "messages": [{"role": "user", "content": SHORT_QUESTION}],
-            "max_tokens": SHORT_MAX_TOKENS,
-            "stream": True,
-        },
-        "long": {
-            "messages": [{"role": "user", "content": f"{document}\n\nSummarize the document above."}],
-            "max_tokens": LONG_MAX_TOKENS,
-            "stream": True,
-        },
-    }
-
-
-def prompt_tokens(payload: dict[str, object]) -> int:
-    """The simulator's own count of a chat payload's prompt."""
-    messages = payload["messages"]
-    assert isinstance(messages, list)
-    return count_chat_tokens([m["content"] for m in messages])
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """The single shared engine's capacity for this mix (GPU time, unscaled)."""
-
-    req_per_s: float
-    step_ms_full_batch: float
-    mean_context_tokens: float
-    kv_tokens_at_full_batch: float
-
-
-def shared_capacity(params: EngineParams, short_prompt: int, long_prompt: int) -> Capacity:
-    """Requests/s one engine sustains for the mix with every seat busy.
-
-    Per request, on average: ``decode`` tokens, each one seat for one step,
-    and ``prefill`` prompt tokens at ``prefill_tokens_per_ms``. A running
-    sequence holds, on average over its decode steps, its prompt plus half its
-    output as context. With all ``max_num_seqs`` seats busy, a step costs
-    ``base + N (per_seq + per_context x context)`` ms and emits N tokens, so a
-    request costs ``decode / N`` steps plus its prefill time.
-    """
-    shares = {"short": SHORT_SHARE, "long": 1 - SHORT_SHARE}
-    output = {"short": SHORT_MAX_TOKENS, "long": LONG_MAX_TOKENS}
-    prompt = {"short": short_prompt, "long": long_prompt}
-    decode = sum(shares[c] * output[c] for c in CLASSES)
-    prefill = sum(shares[c] * prompt[c] for c in CLASSES)
-    # Context weighted by seat-steps (a long request holds a seat 8x longer).
-    context = sum(shares[c] * output[c] * (prompt[c] + output[c] / 2) for c in CLASSES) / decode
-    seats = params.max_num_seqs
-    step_ms = params.base_ms + seats * (params.per_seq_ms + params.per_context_token_ms * context)
-    request_ms = decode / seats * step_ms + prefill / params.prefill_tokens_per_ms
-    return Capacity(1000 / request_ms, step_ms, context, seats * context)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import IO
 
 import trio
 
+from tailguard.sim.virtual.mix import percentile
 from bench.sim_cpu import PROJECT_ROOT, free_ports, interrupted, process_cpu_seconds, stop
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "router_overhead.json"
@@ -319,14 +320,6 @@ def tailguard_config(
 
 
 # -- statistics -------------------------------------------------------------------
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of already sorted values; NaN if empty."""
-    if not sorted_values:
-        return math.nan
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.quick_mixed import Capacity
+from tailguard.sim.virtual.mix import Capacity
 
 from .sweep_check import (
     QUICK_MIXED_JSON,
@@ -61,8 +61,8 @@ from .sweep_check import (
     saturation_run,
 )
 from .sweep_report import comparison_table, cost_summary, engine_table, full_table, pivot, plot_headline, plot_split
-from .sweep_sim import PointResult, Setup, disaggregated, priority, run_point, shared
-from .sweep_sim import Point as SimPoint
+from tailguard.sim.virtual.fleet import PointResult, Setup, disaggregated, priority, run_point, shared
+from tailguard.sim.virtual.fleet import Point as SimPoint
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sweep"
 DEFAULT_LOADS = "0.1,0.3,0.5,0.7,0.8,0.9,1.0,1.1,1.3,1.5"

@@ -23,13 +23,14 @@ from typing import Any
 import trio
 import trio.testing
 
-from bench.quick_mixed import SHORT_SHARE, Capacity, payloads, prompt_tokens, schedule, shared_capacity
+from bench.quick_mixed import schedule
+from tailguard.sim.virtual.mix import SHORT_SHARE, Capacity, payloads, prompt_tokens, shared_capacity
 from tailguard.sim import PROFILES, Engine
 from tailguard.sim import Sequence as EngineSequence
 
-from .sweep_clock import Timeline
-from .sweep_engine import SweepEngine
-from .sweep_sim import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, shared, split_direct
+from tailguard.sim.virtual.clock import Timeline
+from tailguard.sim.virtual.engine import SweepEngine
+from tailguard.sim.virtual.fleet import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, shared, split_direct
 
 QUICK_MIXED_JSON = Path(__file__).resolve().parent / "results" / "quick_mixed.json"
 COMPARED = (("ttft_p50_ms", "TTFT P50"), ("ttft_p99_ms", "TTFT P99"), ("e2e_p50_ms", "E2E P50"), ("e2e_p99_ms", "E2E P99"))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .sweep_check import Comparison, EngineAgreement
-from .sweep_sim import ClassStats, PointResult
+from tailguard.sim.virtual.fleet import ClassStats, PointResult
 
 OK_SHARE_FLAG = 0.99  # below this share of ok answers a percentile hides failures: say so
 

@@ -80,26 +80,17 @@ from tailguard.sim.params import PROFILES, EngineParams
 from bench.sim_cpu import free_ports, interrupted, process_cpu_seconds, stop
 from bench.tail_load import (
     FAST_REJECTION_MS,
-    Arrival,
-    MIXES,
     ClassStats,
     Sample,
-    Shape,
     TokenClient,
     TokenPool,
-    body_for,
     class_stats,
-    generated,
-    mix_of,
-    phased,
     play,
-    pooled_capacity,
-    read_trace,
-    shapes_by_class,
     token_times,
     write_samples,
-    write_trace,
 )
+from tailguard.sim.virtual.mix import MIXES, Shape, body_for, pooled_capacity, shapes_by_class
+from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
 from bench.tail_plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
 from tailguard.router.config_types import LimitsConfig
 from tailguard.router.limits import effective_max_tokens

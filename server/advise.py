@@ -1,10 +1,10 @@
 """``tailguard advise``: how many GPUs go to which pool, and whether to lend, predicted in virtual time.
 
 It replays a recorded trace (``bench tail --record-trace``) or tailguard's own
-JSON access log against the virtual-time engine model of ``bench sweep``
-(``bench/sweep_sim.py``: the real router core, ``Router.open`` with its caps,
-queues and lending, in front of ``bench/sweep_engine.py``'s engines under a
-MockClock), once per candidate assignment of the fleet's engines:
+JSON access log against the virtual-time fleet model that ``bench sweep`` also runs
+(``tailguard.sim.virtual``: the real router core, ``Router.open`` with its
+caps, queues and lending, in front of modelled engines under a MockClock),
+once per candidate assignment of the fleet's engines:
 
 - every static split of the N engines between the interactive pool and the
   batch pool (1..N-1 interactive engines), as ``bench tail``'s
@@ -47,16 +47,17 @@ from typing import Any
 import trio
 import trio.testing
 
-from bench.router_overhead import percentile
-from tailguard.sim import PROFILES
-from tailguard.sim.params import EngineParams
-from bench.sweep_sim import CLASSES, GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
-from bench.tail_load import MAX_ARRIVALS, read_trace
 from tailguard.router.config import ConfigError, load_config
 from tailguard.router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
-from tailguard.server.logs import ACCESS_LOGGER
+from tailguard.sim import PROFILES
+from tailguard.sim.params import EngineParams
+from tailguard.sim.virtual.fleet import CLASSES, GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
+from tailguard.sim.virtual.mix import percentile
+from tailguard.sim.virtual.trace import MAX_ARRIVALS, read_trace
 
-SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+from . import SHIPPED_CONFIG
+from .logs import ACCESS_LOGGER
+
 DEFAULT_SECONDS = 120.0  # of arrivals replayed, by default
 MAX_SECONDS = 3600.0
 E2E_BOUND = 1.25  # short E2E P99 at most this times the ideal's
@@ -73,7 +74,7 @@ class PoolPlan:
     """One pool of the file, per engine: what an engine put in it runs and may take."""
 
     config: PoolConfig
-    profile: str  # bench.sim profile of its engines (the pool's simulate_profile)
+    profile: str  # tailguard.sim profile of its engines (the pool's simulate_profile)
     seats: int  # max_concurrency of each endpoint
     queue: int  # max_queue per endpoint
 

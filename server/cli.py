@@ -119,7 +119,7 @@ def _startup_error(error: BaseException) -> StartupError | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["advise"]:
-        from bench.advise import main as advise  # imported only here: the simulator is not needed to serve
+        from .advise import main as advise  # imported only here: the fleet model is not needed to serve
 
         return advise(argv[1:])
     args = build_parser().parse_args(argv)

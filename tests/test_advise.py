@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.advise import (
+from tailguard.server.advise import (
     SHIPPED_CONFIG,
     Advice,
     Fate,
@@ -26,7 +26,7 @@ from bench.advise import (
     stats_of,
     tail_command,
 )
-from bench.sweep_sim import Arrival
+from tailguard.sim.virtual.fleet import Arrival
 from tailguard.router.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

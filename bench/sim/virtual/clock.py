@@ -1,4 +1,4 @@
-"""Virtual time for the sweep: timed callbacks, fired by one task that moves the MockClock.
+"""Virtual time for the fleet model: timed callbacks, fired by one task that moves the MockClock.
 
 Under ``MockClock(autojump_threshold=0)`` every timed wake-up is a Trio
 sleep: a cancel scope whose deadline delivers ``Cancelled`` through the

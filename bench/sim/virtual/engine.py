@@ -1,6 +1,6 @@
-"""The sweep's engine: ``bench.sim.Engine``'s model of one GPU, stepped in aggregate.
+"""The fleet model's engine: ``tailguard.sim.Engine``'s model of one GPU, stepped in aggregate.
 
-``bench.sim.Engine`` touches every running sequence on every step (a token, a
+``tailguard.sim.Engine`` touches every running sequence on every step (a token, a
 reader to wake): ~70 sequences x ~40 steps a second per engine, tens of
 millions of Python operations per simulated hour. A sweep needs two instants
 of each request, its first token and its end, so this engine runs the same
@@ -20,11 +20,11 @@ sequence when a decode finds the cache full -- with three economies:
   change a decode-only batch before then, and both bring the engine up to
   date and move the timer to the end of the step in progress.
 - A decode step the cache cannot take is planned one sequence at a time, in
-  running order, exactly as ``bench.sim.Engine`` does (preemptions included).
+  running order, exactly as ``tailguard.sim.Engine`` does (preemptions included).
 
 Step durations are ``EngineParams.step_ms`` of the same counts, laid end to
 end on the same timeline, so first-token and finish times are those of
-``bench.sim.Engine`` (``bench/sweep_check.py`` replays seeded traffic through
+``tailguard.sim.Engine`` (``bench/sweep/check.py`` replays seeded traffic through
 both and reports the largest difference). Not modelled: output token ids and
 EOS (``eos_probability`` must be 0), per-token readers, ``/metrics``.
 """
@@ -39,9 +39,10 @@ from dataclasses import dataclass
 
 import trio
 
-from tailguard.sim import EngineParams, EngineRequestError
+from ..engine import EngineRequestError
+from ..params import EngineParams
 
-from .sweep_clock import Timeline, Timer
+from .clock import Timeline, Timer
 
 
 LOOKAHEAD_STEPS = 64  # decode-only steps computed ahead per wake: a submit usually cuts the run short anyway
@@ -148,7 +149,7 @@ class SweepEngine:
         if params.scheduling_policy != "fcfs":
             # bench.sim.Engine models vLLM's priority policy; this aggregate
             # model does not, and must not answer as if it did.
-            raise ValueError("the sweep engine models vLLM's fcfs policy only; use bench.sim.Engine for priority")
+            raise ValueError("the sweep engine models vLLM's fcfs policy only; use tailguard.sim.Engine for priority")
         self.params = params
         self.timeline = timeline
         self.time_scale = time_scale

@@ -1,4 +1,4 @@
-"""One point of ``python -m bench sweep``: a fleet, open-loop traffic, virtual time.
+"""The fleet in virtual time, as ``python -m bench sweep`` and ``tailguard advise`` run it: a fleet, open-loop traffic.
 
 The router core and the simulated engines run in one process under
 ``trio.testing.MockClock``, with no sockets and no HTTP. Simulated time costs
@@ -12,10 +12,10 @@ engine (``EngineClient``). An hour of traffic per point (~400,000 requests
 at full load) is affordable because nothing costs CPU per token, and none of
 the economies changes what is measured:
 
-- the engine (``SweepEngine``) runs ``bench.sim.Engine``'s schedule with
+- the engine (``SweepEngine``) runs ``tailguard.sim.Engine``'s schedule with
   decoding sequences held in aggregate, so a decode step is O(1), and it is
   woken only at the end of a step that starts or ends a sequence (checked
-  against ``bench.sim.Engine`` in ``sweep_check``: identical timestamps);
+  against ``tailguard.sim.Engine`` in ``bench/sweep/check.py``: identical timestamps);
 - a request carries no bytes: its TTFT and E2E are the engine's own
   first-token and finish instants, which is when a token-by-token reader
   would have seen them (the engine never waits for readers); the caller
@@ -45,11 +45,6 @@ import httpx
 import trio
 import trio.testing
 
-from bench.quick_mixed import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, payloads
-from bench.router_overhead import percentile
-from tailguard.sim import DEFAULT_MODEL, PROFILES, EngineRequestError
-from tailguard.sim.tokens import count_chat_tokens
-from bench.tail_load import body_for
 from tailguard.router.config_types import (
     ClassConfig,
     Config,
@@ -64,8 +59,13 @@ from tailguard.router.dispatch import Router
 from tailguard.router.errors import BackendError, BackendRejected, DeadlineExceeded, Overloaded, QueueFull
 from tailguard.router.request import RouterRequest, message_text
 
-from .sweep_clock import Timeline
-from .sweep_engine import SweepEngine, SweepSequence
+from ..engine import EngineRequestError
+from ..params import PROFILES
+from ..server import DEFAULT_MODEL
+from ..tokens import count_chat_tokens
+from .clock import Timeline
+from .engine import SweepEngine, SweepSequence
+from .mix import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, body_for, payloads, percentile
 
 CLASSES = ("short", "long")
 MAX_TOKENS = {"short": SHORT_MAX_TOKENS, "long": LONG_MAX_TOKENS}
