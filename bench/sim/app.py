@@ -12,6 +12,7 @@ encoder on the per-token path.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -215,6 +216,9 @@ class SimApp:
         self.metrics = metrics if metrics is not None else SimMetrics(engine, model)
         self._ids = itertools.count()
         self._created = int(time.time())
+        # The W3C traceparent of the latest completion requests that sent one, as
+        # vLLM reads it to join the caller's trace (tests check what the router sends).
+        self.traceparents: collections.deque[str] = collections.deque(maxlen=1000)
 
     async def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
         """Answer one request. Never raises for bad input: that is a 4xx response."""
@@ -240,6 +244,9 @@ class SimApp:
     async def _complete(self, chat: bool, headers: Mapping[str, str], body: bytes) -> SimResponse:
         parsed = self._parse(chat, _load_json(body))
         request_id = headers.get("x-request-id") or f"sim-{next(self._ids)}"
+        traceparent = headers.get("traceparent")
+        if traceparent is not None:
+            self.traceparents.append(traceparent)
         try:
             sequence = self.engine.submit(
                 parsed.prompt_tokens,
