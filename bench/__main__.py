@@ -1,37 +1,44 @@
-"""``python -m bench <benchmark>``: the benchmarks, one command each.
+"""``python -m bench <driver> [--help | options]``: every benchmark, one command each.
 
-    python -m bench tail       short-request P99 under mixed load, set-ups side by side
-    python -m bench overhead   what the router adds per request and per relayed event
-    python -m bench sweep      the policy in virtual time: loads x set-ups x splits
-    python -m bench chaos      killed, hung and broken engines, hostile clients, reloads: what must hold
-    python -m bench hold       RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold
-    python -m bench cluster    replicas sharing caps on Redis: caps under load, kill -9, Redis down (issue 13)
-
-Each prints its parameters and numbers, writes JSON (and plots) under
-``bench/results/``, and takes ``--help``.
+Each driver prints its parameters and numbers, writes JSON (and plots or
+markdown) under ``bench/results/``, and takes ``--help``. ``python -m bench``
+alone lists them.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 
-_COMMANDS = {
-    "tail": "bench.tail",
-    "overhead": "bench.overhead",
-    "sweep": "bench.sweep",
-    "chaos": "bench.chaos",
-    "hold": "bench.hold",
-    "cluster": "bench.cluster",
+# name -> (module with main(argv), what it measures); the order is the listing's
+DRIVERS: dict[str, tuple[str, str]] = {
+    "tail": ("bench.tail.run", "short-request P99 under mixed load, set-ups side by side"),
+    "quick-mixed": ("bench.tail.quick_mixed", "the first tail run: one shared engine vs tailguard, the origin's mix"),
+    "overhead": ("bench.overhead.run", "what the router adds per request and per relayed event, beside vllm-router"),
+    "router-overhead": ("bench.overhead.closed_loop", "closed-loop HTTP latency and CPU per request, direct vs through tailguard"),
+    "grpc-overhead": ("bench.overhead.grpc_streams", "the gRPC front end: unary calls, streams, 10,000 open streams"),
+    "hold": ("bench.overhead.hold", "RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold"),
+    "sweep": ("bench.sweep.run", "the policy in virtual time: loads x set-ups x splits"),
+    "chaos": ("bench.chaos.run", "killed, hung and broken engines, hostile clients, reloads: what must hold"),
+    "cluster": ("bench.cluster.run", "replicas sharing caps on Redis: caps under load, kill -9, Redis down"),
+    "sim-cpu": ("bench.simcheck.cpu", "the simulator's own CPU while streaming to many clients"),
+    "sim-profile": ("bench.simcheck.profile", "the simulated engine's TTFT and ITL by concurrency, in virtual time"),
 }
 
 
-def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in _COMMANDS:
-        print(__doc__.strip())
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(_COMMANDS[argv[0]])
-    result: int = module.main(argv[1:])
+def usage() -> str:
+    width = max(map(len, DRIVERS))
+    rows = [f"    python -m bench {name:<{width}}  {what}" for name, (_, what) in DRIVERS.items()]
+    return "\n".join([__doc__.strip(), "", *rows])
+
+
+def main(argv: Sequence[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in DRIVERS:
+        print(usage())
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(DRIVERS[argv[0]][0])
+    result: int = module.main(list(argv[1:]))
     return result
 
 

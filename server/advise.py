@@ -51,8 +51,8 @@ from tailguard.router.config import ConfigError, load_config
 from tailguard.router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
 from tailguard.sim import PROFILES
 from tailguard.sim.params import EngineParams
-from tailguard.sim.virtual.fleet import CLASSES, GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
-from tailguard.sim.virtual.mix import percentile
+from tailguard.sim.virtual.fleet import GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
+from tailguard.sim.virtual.mix import CLASSES, percentile
 from tailguard.sim.virtual.trace import MAX_ARRIVALS, read_trace
 
 from . import SHIPPED_CONFIG

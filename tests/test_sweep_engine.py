@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sweep_check import engine_agreement
+from bench.sweep.check import engine_agreement
 
 
 @pytest.mark.parametrize(

@@ -65,9 +65,8 @@ from ..server import DEFAULT_MODEL
 from ..tokens import count_chat_tokens
 from .clock import Timeline
 from .engine import SweepEngine, SweepSequence
-from .mix import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, body_for, payloads, percentile
+from .mix import CLASSES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, body_for, payloads, percentile
 
-CLASSES = ("short", "long")
 MAX_TOKENS = {"short": SHORT_MAX_TOKENS, "long": LONG_MAX_TOKENS}
 E2E_TIMEOUT = TimeoutsConfig().end_to_end_timeout  # 120 s: every set-up's caller gives up here
 INTERACTIVE_QUEUE_TIMEOUT = 3.0  # config.toml

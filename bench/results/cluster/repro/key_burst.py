@@ -4,9 +4,10 @@ import sys, tempfile
 from pathlib import Path
 import trio
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
-from bench.cluster import RedisProcess, KEYS
-from bench.router_overhead import PoolSpec, tailguard_config, start_process, start_tailguard, wait_ready, http_request, KeepAliveClient, CHAT_PATH
-from bench.sim_cpu import free_ports
+from bench.cluster.run import RedisProcess, KEYS
+from bench.harness.client import CHAT_PATH, KeepAliveClient, http_request
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.procs import free_ports, start_process, start_tailguard, wait_ready
 from tailguard.router.auth import hash_key
 
 async def main() -> None:

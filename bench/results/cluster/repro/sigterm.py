@@ -3,8 +3,8 @@ from __future__ import annotations
 import signal, subprocess, sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
-from bench.router_overhead import PoolSpec, tailguard_config
-from bench.sim_cpu import free_ports
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.procs import free_ports
 e1, e2, rp, hp, gp = free_ports(5)
 tmp = Path(tempfile.mkdtemp())
 redis = subprocess.Popen(["redis-server", "--port", str(rp), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)

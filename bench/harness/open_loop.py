@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,8 +17,14 @@ from pathlib import Path
 
 import trio
 
-from bench.quick_mixed import TOKEN_MARKER, ConnectionPool
-from bench.router_overhead import KeepAliveClient, ProtocolError, Reply, _Scan
+from bench.harness.client import (
+    TOKEN_MARKER,
+    ConnectionPool,
+    KeepAliveClient,
+    ProtocolError,
+    Reply,
+    Scan,
+)
 from tailguard.sim.virtual.mix import percentile
 from tailguard.sim.virtual.trace import Arrival
 
@@ -41,7 +46,7 @@ class TokenClient(KeepAliveClient):
         self.last_piece = b""
         return await super().exchange(request, marker)
 
-    async def _read_exactly(self, size: int, scan: _Scan | None) -> None:
+    async def _read_exactly(self, size: int, scan: Scan | None) -> None:
         if scan is not None:
             while len(self._buffer) < size:
                 await self._fill()

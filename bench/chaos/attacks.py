@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import trio
 
-from bench.chaos_http import Answer, RequestSpec, judge, probe_bytes, send
-from bench.router_overhead import percentile
+from bench.chaos.client import Answer, RequestSpec, judge, probe_bytes, send
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.sim.virtual.mix import percentile
 
 if TYPE_CHECKING:
-    from bench.chaos import Lab
+    from bench.chaos.run import Lab
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .sweep_check import Comparison, EngineAgreement
+from bench.sweep.check import Comparison, EngineAgreement
 from tailguard.sim.virtual.fleet import ClassStats, PointResult
 
 OK_SHARE_FLAG = 0.99  # below this share of ok answers a percentile hides failures: say so

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.chaos import PhaseResult, Result
+    from bench.chaos.run import PhaseResult, Result
 
 _MAX_LABELS = 6  # outcome labels shown in a cell; the JSON has them all
 

@@ -1,4 +1,4 @@
-"""``python -m bench.sim_profile``: TTFT and ITL against load for each engine profile.
+"""``python -m bench sim-profile``: TTFT and ITL against load for each engine profile.
 
 Closed-loop clients submit straight to an ``Engine`` under Trio's MockClock,
 so a minute of simulated traffic per row runs in about a second of wall time
@@ -37,10 +37,11 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from .sim.engine import Engine, Sequence
-from .sim.params import PROFILES
+from bench.harness.procs import RESULTS_ROOT
+from tailguard.sim.engine import Engine, Sequence
+from tailguard.sim.params import PROFILES
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "sim_profile.json"
+DEFAULT_JSON = RESULTS_ROOT / "sim_profile.json"
 LEVELS = (1, 8, 32, 64, 128, 256)
 PROFILE_NAMES = ("latency", "throughput")
 TURNAROUND_MAX_S = 0.010
@@ -322,7 +323,7 @@ def interrupted(error: BaseException) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.sim_profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench sim-profile", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="simulated measurement window per row (default %(default)s)")
     parser.add_argument(
         "--warmup",

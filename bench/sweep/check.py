@@ -1,12 +1,12 @@
 """Checks the sweep leans on: its engine, the shared fleet's capacity, and virtual vs real time.
 
-- The sweep's engine (``bench/sweep_engine.py``) against ``bench.sim.Engine``:
+- The sweep's engine (``tailguard.sim.virtual.engine``) against ``bench.sim.Engine``:
   the same seeded submissions and hang-ups through both, every first-token
   and finish time compared.
 - Capacity: the analytic figure ``quick_mixed.shared_capacity`` computes, and
   a saturation run of one throughput engine in virtual time (offered twice
   its capacity, completions counted over a window) to confirm it.
-- Virtual vs real: ``bench/quick_mixed.py``'s exact arrival schedule (same
+- Virtual vs real: ``bench/tail/quick_mixed.py``'s exact arrival schedule (same
   seed, rate, warm-up and window) replayed through the same set-ups in
   virtual time, next to its real-time results.
 """
@@ -23,16 +23,32 @@ from typing import Any
 import trio
 import trio.testing
 
-from bench.quick_mixed import schedule
-from tailguard.sim.virtual.mix import SHORT_SHARE, Capacity, payloads, prompt_tokens, shared_capacity
-from tailguard.sim import PROFILES, Engine
-from tailguard.sim import Sequence as EngineSequence
-
+from bench.harness.procs import RESULTS_ROOT
+from bench.harness.traffic import schedule
+from tailguard.sim.engine import Engine
+from tailguard.sim.engine import Sequence as EngineSequence
+from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.clock import Timeline
 from tailguard.sim.virtual.engine import SweepEngine
-from tailguard.sim.virtual.fleet import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, shared, split_direct
+from tailguard.sim.virtual.fleet import (
+    MAX_TOKENS,
+    Arrival,
+    Point,
+    PointResult,
+    Setup,
+    disaggregated,
+    shared,
+    split_direct,
+)
+from tailguard.sim.virtual.mix import (
+    SHORT_SHARE,
+    Capacity,
+    payloads,
+    prompt_tokens,
+    shared_capacity,
+)
 
-QUICK_MIXED_JSON = Path(__file__).resolve().parent / "results" / "quick_mixed.json"
+QUICK_MIXED_JSON = RESULTS_ROOT / "quick_mixed.json"
 COMPARED = (("ttft_p50_ms", "TTFT P50"), ("ttft_p99_ms", "TTFT P99"), ("e2e_p50_ms", "E2E P50"), ("e2e_p99_ms", "E2E P99"))
 
 

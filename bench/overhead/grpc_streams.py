@@ -1,4 +1,4 @@
-"""``python -m bench.grpc_overhead``: what tailguard's gRPC path costs, beside calling the engine over HTTP.
+"""``python -m bench grpc-overhead``: what tailguard's gRPC path costs, beside calling the engine over HTTP.
 
 One run, one machine, side by side (the issue's targets: >= 2,500 unary
 calls/s, >= 20,000 relayed chunks/s, 10,000 concurrent open streams in one
@@ -6,13 +6,13 @@ process with RSS under 1 GiB and no thread per stream):
 
 1. Unary: a closed loop of ``Chat`` calls (max_tokens 16, interactive class)
    at concurrency 1 and 64, straight to an ``instant`` engine over HTTP (the
-   lean keep-alive client of ``bench.router_overhead``), then through
+   lean keep-alive client of ``bench.overhead.closed_loop``), then through
    tailguard over gRPC (a grpc.aio client). P50/P99, calls/s, and
    tailguard's CPU per call from ``/proc/PID/stat``.
 2. Streaming: 200 concurrent ``ChatStream`` calls (max_tokens 128, so still
    interactive), restarted as they finish, for a fixed window; chunks/s
    received and tailguard's CPU per chunk. Beside it, the engine's own SSE
-   rate to 200 direct streams (``bench.sim_cpu``'s lean streaming client).
+   rate to 200 direct streams (``bench.simcheck.cpu``'s lean streaming client).
 3. Open streams: N ``ChatStream`` calls held open at once against slow
    engines (a second simulator process: one step every 4 s), as the batch
    class (max_tokens 256) so the instant engine of phases 1-2 stays in the
@@ -45,7 +45,6 @@ import asyncio
 import collections
 import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -60,35 +59,45 @@ from typing import IO
 import grpc
 import trio
 
-from bench.router_overhead import (
+from bench.harness.cli import interrupted
+from bench.harness.client import (
+    CALL_TIMEOUT_S,
     CHAT_PATH,
     HOST,
+    KeepAliveClient,
+    LoadCounters,
+    http_request,
+    sse_client,
+)
+from bench.harness.clocks import CpuClock
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.grpc import AsyncioThread
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    ProcSample,
+    free_ports,
+    log_tail,
+    proc_sample,
+    raise_nofile,
+    start_process,
+    start_simulator,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
+from bench.harness.report import write_json
+from bench.overhead.closed_loop import (
     MAX_TOKENS,
     MESSAGE,
     Budget,
-    CpuClock,
-    KeepAliveClient,
-    PoolSpec,
     RunResult,
     Tally,
-    start_process,
     closed_loop,
-    http_request,
-    log_tail,
-    start_simulator,
-    start_tailguard,
-    tailguard_config,
-    wait_ready,
-    write_json,
 )
-from bench.sim_cpu import LoadCounters, free_ports, interrupted, stop
-from bench.sim_cpu import client as sse_client
-from tailguard.server.grpc_bridge import AsyncioHost
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
-
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "grpc_overhead.json"
+DEFAULT_JSON = RESULTS_ROOT / "grpc_overhead.json"
 
 # The issue's targets.
 TARGET_CALLS_PER_S = 2_500
@@ -101,7 +110,6 @@ UNARY_SECONDS = {1: 4.0, 64: 8.0}
 UNARY_MAX_CALLS = 100_000
 WARMUP_SECONDS = 1.0
 WARMUP_CALLS = 300
-CALL_TIMEOUT_S = 10.0
 
 # Phase 2: streams.
 STREAMS = 200
@@ -134,23 +142,6 @@ _PY_SPY_SECONDS = 4
 # -- the asyncio side: a loop on its own thread, for grpc.aio -----------------------------
 
 
-class AsyncioThread(AsyncioHost):
-    """tailguard's own asyncio thread (``server.grpc_bridge``), started outside Trio.
-
-    grpc.aio needs asyncio; everything else here is Trio. One loop serves the
-    whole run (grpc.aio binds itself to the loop of its first channel).
-    """
-
-    def __init__(self) -> None:
-        super().__init__("grpc-client")
-
-    def __enter__(self) -> AsyncioThread:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=_CANCEL_GRACE_S)
 
 
 @dataclass
@@ -309,50 +300,12 @@ async def hold_streams(client: GrpcClient, request: pb.ChatRequest, count: int, 
 # -- /proc readings -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ProcSample:
-    """tailguard's footprint at one moment."""
-
-    moment: str
-    at_s: float  # since the phase began
-    open_streams: int
-    rss_mib: float
-    peak_rss_mib: float  # VmHWM: the high-water mark so far
-    threads: int
-    fds: int
 
 
-def read_status(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/status") as f:
-        return {name: value.strip() for name, _, value in (line.partition(":") for line in f)}
 
 
-def proc_sample(pid: int, moment: str, since: float, open_streams: int) -> ProcSample:
-    status = read_status(pid)
-    return ProcSample(
-        moment=moment,
-        at_s=time.perf_counter() - since,
-        open_streams=open_streams,
-        rss_mib=int(status["VmRSS"].split()[0]) / 1024,
-        peak_rss_mib=int(status["VmHWM"].split()[0]) / 1024,
-        threads=int(status["Threads"]),
-        fds=len(os.listdir(f"/proc/{pid}/fd")),
-    )
 
 
-def raise_nofile(wanted: int) -> int:
-    """Raise this process's RLIMIT_NOFILE (children inherit it); return the soft limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft >= wanted:
-        return soft
-    if hard != resource.RLIM_INFINITY and hard < wanted:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))  # needs CAP_SYS_RESOURCE
-            return wanted
-        except (ValueError, OSError):
-            wanted = hard
-    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 # -- results --------------------------------------------------------------------------------
@@ -827,7 +780,7 @@ def _stream_progress(run: StreamRun) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.grpc_overhead", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench grpc-overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results (default %(default)s)")
     parser.add_argument(
         "--streams-open", type=int, default=TARGET_OPEN_STREAMS, help="streams held open at once in phase 3; 0 skips it (default %(default)s)"

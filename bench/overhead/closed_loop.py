@@ -1,4 +1,4 @@
-"""``python -m bench.router_overhead``: what tailguard adds to a request, beside calling the engine directly.
+"""``python -m bench router-overhead``: what tailguard adds to a request, beside calling the engine directly.
 
 One run, one machine, side by side: the simulator serves two engines in the
 ``instant`` profile (no GPU cost, so every millisecond measured is HTTP, JSON
@@ -12,16 +12,13 @@ CPU are reported too, so a reader can tell which process was the limit.
 The load client is lean on purpose (raw Trio sockets, keep-alive HTTP/1.1,
 hand-parsed responses): on a two-core machine an httpx client would compete
 with the router for CPU and inflate what is attributed to it. The helpers
-here (client, processes, config) are shared with ``bench.quick_mixed``.
+here (client, processes, config) are shared with ``bench.tail.quick_mixed``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,328 +26,66 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO
 
 import trio
 
+from bench.harness.cli import interrupted
+from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http_request
+from bench.harness.clocks import CpuClock, cpu_count
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    add_serve_arg,
+    free_ports,
+    log_tail,
+    start_simulator,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
+from bench.harness.report import write_json
 from tailguard.sim.virtual.mix import percentile
-from bench.sim_cpu import PROJECT_ROOT, free_ports, interrupted, process_cpu_seconds, stop
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "router_overhead.json"
-HOST = "127.0.0.1"
-CHAT_PATH = "/v1/chat/completions"
+DEFAULT_JSON = RESULTS_ROOT / "router_overhead.json"
 
-_READ_SIZE = 64 * 1024
-_READY_TIMEOUT_S = 30.0
 _ERROR_BACKOFF_S = 0.05
-_LOG_TAIL_BYTES = 4000
-_DONE = b"data: [DONE]"
 
 
 # -- a lean keep-alive HTTP/1.1 client ---------------------------------------
 
 
-class ProtocolError(Exception):
-    """The server closed the connection early or sent something unparsable."""
 
 
-@dataclass
-class Reply:
-    """One response, as much of it as a benchmark needs."""
-
-    status: int
-    body_bytes: int
-    marker_at: float | None  # perf_counter() when the marker (e.g. a token event) first arrived
-    done_seen: bool  # the body held "data: [DONE]" (streams)
-    keep_alive: bool
 
 
-class KeepAliveClient:
-    """One connection to one port, opened lazily, reopened after a failure.
-
-    Requests go one at a time (no pipelining). Parsing is hand-written and
-    minimal (status line, Content-Length, chunked framing, Connection: close)
-    so the client costs a few tens of microseconds a response.
-    """
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self._stream: trio.SocketStream | None = None
-        self._buffer = b""
-
-    async def exchange(self, request: bytes, marker: bytes | None = None) -> Reply:
-        """Send ``request`` (complete bytes), read the whole response.
-
-        Raises OSError, trio.BrokenResourceError or ProtocolError on failure,
-        after closing the connection (the next call opens a new one).
-        """
-        try:
-            if self._stream is None:
-                self._stream = await trio.open_tcp_stream(HOST, self.port)
-                self._buffer = b""
-            await self._stream.send_all(request)
-            reply = await self._read_reply(marker)
-        except BaseException:
-            await self.aclose()
-            raise
-        if not reply.keep_alive:
-            await self.aclose()
-        return reply
-
-    async def aclose(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            await trio.aclose_forcefully(stream)
-
-    async def _fill(self) -> None:
-        assert self._stream is not None
-        data = await self._stream.receive_some(_READ_SIZE)
-        if not data:
-            raise ProtocolError("the server closed the connection mid-response")
-        self._buffer += data
-
-    async def _read_reply(self, marker: bytes | None) -> Reply:
-        while (end := self._buffer.find(b"\r\n\r\n")) < 0:
-            await self._fill()
-        head, self._buffer = self._buffer[:end], self._buffer[end + 4 :]
-        lines = head.split(b"\r\n")
-        try:
-            status = int(lines[0].split(b" ", 2)[1])
-        except (IndexError, ValueError):
-            raise ProtocolError(f"bad status line {lines[0][:80]!r}") from None
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip().lower()
-        keep_alive = headers.get(b"connection") != b"close"
-        scan = _Scan(marker)
-        if headers.get(b"transfer-encoding") == b"chunked":
-            await self._read_chunked(scan)
-        elif b"content-length" in headers:
-            await self._read_exactly(int(headers[b"content-length"]), scan)
-        else:
-            raise ProtocolError("a response without Content-Length or chunked framing")
-        return Reply(status, scan.size, scan.marker_at, scan.done_seen, keep_alive)
-
-    async def _read_exactly(self, size: int, scan: _Scan | None) -> None:
-        while len(self._buffer) < size:
-            await self._fill()
-        if scan is not None:
-            scan.feed(self._buffer[:size])
-        self._buffer = self._buffer[size:]
-
-    async def _read_chunked(self, scan: _Scan) -> None:
-        while True:
-            while (end := self._buffer.find(b"\r\n")) < 0:
-                await self._fill()
-            try:
-                size = int(self._buffer[:end].split(b";", 1)[0], 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size {self._buffer[:end][:40]!r}") from None
-            self._buffer = self._buffer[end + 2 :]
-            if size == 0:
-                while not self._buffer.startswith(b"\r\n") and (trailers := self._buffer.find(b"\r\n\r\n")) < 0:
-                    await self._fill()
-                cut = 2 if self._buffer.startswith(b"\r\n") else trailers + 4
-                self._buffer = self._buffer[cut:]
-                return
-            await self._read_exactly(size, scan)
-            await self._read_exactly(2, None)  # the chunk's CRLF
 
 
-class _Scan:
-    """Counts body bytes and notes when ``marker`` and ``[DONE]`` first appear.
-
-    A short tail of earlier bytes is kept so a marker split across reads or
-    chunks is still found.
-    """
-
-    def __init__(self, marker: bytes | None) -> None:
-        self.marker = marker
-        self.size = 0
-        self.marker_at: float | None = None
-        self.done_seen = False
-        self._tail = b""
-
-    def feed(self, data: bytes) -> None:
-        self.size += len(data)
-        window = self._tail + data
-        if self.marker is not None and self.marker_at is None and self.marker in window:
-            self.marker_at = time.perf_counter()
-        if not self.done_seen and _DONE in window:
-            self.done_seen = True
-        self._tail = window[-32:]
 
 
-def http_request(port: int, path: str, payload: object) -> bytes:
-    """A keep-alive POST with a JSON body, as bytes (built once, sent many times)."""
-    body = json.dumps(payload).encode()
-    head = (
-        f"POST {path} HTTP/1.1\r\n"
-        f"Host: {HOST}:{port}\r\n"
-        "Content-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 # -- processes ------------------------------------------------------------------
 
 
-async def start_simulator(
-    nursery: trio.Nursery, engines: Sequence[tuple[int, str]], time_scale: float = 1.0, log: IO[bytes] | None = None
-) -> trio.Process:
-    """``python -m tailguard.sim`` with (port, profile) engines; cancelling ``nursery`` terminates it."""
-    spec = ",".join(f"{port}:{profile}" for port, profile in engines)
-    command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--time-scale", f"{time_scale:g}"]
-    return await start_process(nursery, command, log)
 
 
-async def start_tailguard(
-    nursery: trio.Nursery, config: Path, log: IO[bytes] | None = None, extra_args: Sequence[str] = ()
-) -> trio.Process:
-    """``python -m tailguard.server serve --config CONFIG``; cancelling ``nursery`` terminates it."""
-    command = [sys.executable, "-m", "tailguard.server", "serve", "--config", str(config), "--log-level", "WARNING", *extra_args]
-    return await start_process(nursery, command, log)
 
 
-async def start_process(nursery: trio.Nursery, command: list[str], log: IO[bytes] | None) -> trio.Process:
-    # trio.run_process terminates the child (SIGTERM, then SIGKILL) when its
-    # scope is cancelled: by an error, by Ctrl-C, or at the end of the run.
-    run = partial(
-        trio.run_process, command, cwd=str(PROJECT_ROOT), stdout=subprocess.DEVNULL, stderr=log, check=False
-    )
-    process: trio.Process = await nursery.start(run)
-    return process
 
 
-async def wait_ready(port: int, process: trio.Process, name: str) -> None:
-    """Poll GET /health until it answers 200 (tailguard: every pool healthy)."""
-    client = KeepAliveClient(port)
-    request = f"GET /health HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode()
-    try:
-        with trio.fail_after(_READY_TIMEOUT_S):
-            while True:
-                if process.returncode is not None:
-                    raise RuntimeError(f"{name} exited with {process.returncode} before it was ready")
-                try:
-                    if (await client.exchange(request)).status == 200:
-                        return
-                except (OSError, trio.BrokenResourceError, ProtocolError):
-                    pass
-                await trio.sleep(0.05)
-    except trio.TooSlowError:
-        raise RuntimeError(f"{name} on port {port} was not ready within {_READY_TIMEOUT_S:g} s") from None
-    finally:
-        await client.aclose()
 
 
-def log_tail(path: Path) -> str:
-    """The end of a child's log, to show when it failed."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-_LOG_TAIL_BYTES:].decode("utf-8", "replace")
 
 
-@dataclass(frozen=True)
-class PoolSpec:
-    """One [pools.NAME] of a generated tailguard config."""
-
-    name: str
-    endpoints: Sequence[tuple[int, int]]  # (port, max_concurrency)
-    max_concurrency: int
-    max_queue: int
-    extra: Sequence[str] = ()  # more "key = value" lines of the pool's table
-
-    def toml(self) -> list[str]:
-        """The pool's table, as config.toml lines (endpoints on this host)."""
-        endpoints = ", ".join(f'{{ url = "http://{HOST}:{port}", max_concurrency = {cap} }}' for port, cap in self.endpoints)
-        return [
-            f"[pools.{self.name}]",
-            f"max_concurrency = {self.max_concurrency}",
-            f"max_queue = {self.max_queue}",
-            "max_model_len = 32768",
-            'models = ["sim-llama-3.1-8b"]',
-            *self.extra,
-            f"endpoints = [{endpoints}]",
-            "",
-        ]
 
 
-def tailguard_config(
-    http_port: int,
-    grpc_port: int,
-    interactive: PoolSpec,
-    batch: PoolSpec,
-    *,
-    batch_queue_timeout: float = 30.0,
-    sections: Sequence[str] = (),
-) -> str:
-    """A config.toml: the shipped classes (interactive <= 500 prompt / 128 output tokens, batch the rest).
-
-    ``sections`` are more tables (lines) put after ``[server]``.
-    """
-    lines = [
-        "[server]",
-        f'http_listen = "{HOST}:{http_port}"',
-        f'grpc_listen = "{HOST}:{grpc_port}"',
-        "reload_poll_interval = 0",
-        "",
-        *sections,
-    ]
-    for pool in (interactive, batch):
-        lines += pool.toml()
-    lines += [
-        "[classes.interactive]",
-        f'pool = "{interactive.name}"',
-        "max_prompt_tokens = 500",
-        "max_output_tokens = 128",
-        "queue_timeout = 3.0",
-        "priority = 0",
-        "",
-        "[classes.batch]",
-        f'pool = "{batch.name}"',
-        f"queue_timeout = {batch_queue_timeout}",
-        "priority = 1",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 # -- statistics -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CpuClock:
-    """CPU seconds of the processes under test and of this client, at one instant."""
-
-    wall: float
-    processes: dict[str, float]
-    client: float
-
-    @staticmethod
-    def read(pids: dict[str, int]) -> CpuClock:
-        return CpuClock(time.perf_counter(), {name: _cpu_seconds(name, pid) for name, pid in pids.items()}, time.process_time())
-
-    def seconds_since(self, before: CpuClock) -> dict[str, float]:
-        """CPU seconds of each process (and "client", this one) between ``before`` and now."""
-        seconds = {name: cpu - before.processes[name] for name, cpu in self.processes.items()}
-        seconds["client"] = self.client - before.client
-        return seconds
-
-    def cores_since(self, before: CpuClock) -> dict[str, float]:
-        """Cores used by each process (and "client") between ``before`` and now."""
-        wall = self.wall - before.wall
-        return {name: seconds / wall for name, seconds in self.seconds_since(before).items()}
 
 
-def _cpu_seconds(name: str, pid: int) -> float:
-    try:
-        return sum(process_cpu_seconds(pid))
-    except FileNotFoundError:
-        raise RuntimeError(f"{name} (pid {pid}) exited during the run") from None
 
 
 # -- the closed loop -----------------------------------------------------------------
@@ -531,7 +266,7 @@ async def measure(plan: Plan) -> Result:
         serve_args=list(plan.serve_args),
         warmup_requests=plan.warmup,
         seconds_bound=plan.seconds,
-        cpu_count=_cpu_count(),
+        cpu_count=cpu_count(),
         runs=runs,
         overhead=_overheads(runs),
     )
@@ -576,8 +311,6 @@ def _overheads(runs: Sequence[RunResult]) -> list[Overhead]:
     return overheads
 
 
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 def _progress(run: RunResult) -> str:
@@ -612,24 +345,12 @@ def render_table(result: Result) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, payload: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def add_serve_arg(parser: argparse.ArgumentParser) -> None:
-    """``--serve-arg``: what every benchmark that starts tailguard passes on to ``tailguard serve``."""
-    parser.add_argument(
-        "--serve-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for `tailguard serve`, repeatable; write it as --serve-arg=--no-grpc",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.router_overhead", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench router-overhead", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--requests",
         type=int,

@@ -1,4 +1,4 @@
-"""``python -m bench.quick_mixed``: short requests' P99 through tailguard vs one shared engine, under a mixed load.
+"""``python -m bench quick-mixed``: short requests' P99 through tailguard vs one shared engine, under a mixed load.
 
 Real time, open loop, the origin's mix: Poisson arrivals, 80% short chat
 questions (max_tokens 64) and 20% ~2,000-token documents (max_tokens 512),
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import random
 import sys
 import tempfile
 import time
@@ -36,75 +35,54 @@ from pathlib import Path
 
 import trio
 
-from bench.router_overhead import (
+from bench.harness.cli import interrupted
+from bench.harness.client import (
     CHAT_PATH,
-    CpuClock,
-    KeepAliveClient,
-    PoolSpec,
+    TOKEN_MARKER,
+    ConnectionPool,
     ProtocolError,
-    add_serve_arg,
     http_request,
+)
+from bench.harness.clocks import CpuClock
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    add_serve_arg,
+    free_ports,
     log_tail,
     start_simulator,
     start_tailguard,
-    tailguard_config,
+    stop,
     wait_ready,
-    write_json,
 )
-from tailguard.sim.params import PROFILES, EngineParams
-from tailguard.sim.virtual.mix import CLASSES, SHORT_SHARE, Capacity, payloads, percentile, prompt_tokens, shared_capacity
-from bench.sim_cpu import free_ports, interrupted, stop
+from bench.harness.report import write_json
+from bench.harness.traffic import Arrival, schedule
+from tailguard.sim.params import PROFILES
+from tailguard.sim.virtual.mix import (
+    CLASSES,
+    LONG_MAX_TOKENS,
+    SHORT_MAX_TOKENS,
+    SHORT_SHARE,
+    Capacity,
+    payloads,
+    percentile,
+    prompt_tokens,
+    shared_capacity,
+)
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "quick_mixed.json"
+DEFAULT_JSON = RESULTS_ROOT / "quick_mixed.json"
 TARGET_LOAD = 0.8  # of the single shared engine's capacity
 SETUP_NAMES = ("shared x1", "shared x2 rr", "tailguard", "split direct")
-TOKEN_MARKER = b'"delta":{"content":'  # a token event; the first event (the role) does not match
 
 
 
-@dataclass(frozen=True)
-class Arrival:
-    at: float  # seconds after the start, real time
-    kind: str  # "short" or "long"
-    measured: bool  # arrived after the warm-up
 
 
-def schedule(rate: float, warmup: float, seconds: float, seed: int) -> list[Arrival]:
-    """Poisson arrivals over warm-up + window, each short with probability 0.8 (seeded)."""
-    rng = random.Random(seed)
-    arrivals: list[Arrival] = []
-    at = rng.expovariate(rate)
-    while at < warmup + seconds:
-        kind = "short" if rng.random() < SHORT_SHARE else "long"
-        arrivals.append(Arrival(at, kind, at >= warmup))
-        at += rng.expovariate(rate)
-    return arrivals
 
 
 # -- the open loop -------------------------------------------------------------------
 
 
-class ConnectionPool:
-    """Idle keep-alive connections to one port; a new one when none is idle."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self._idle: list[KeepAliveClient] = []
-        self._all: list[KeepAliveClient] = []
-
-    def take(self) -> KeepAliveClient:
-        if self._idle:
-            return self._idle.pop()
-        client = KeepAliveClient(self.port)
-        self._all.append(client)
-        return client
-
-    def give_back(self, client: KeepAliveClient) -> None:
-        self._idle.append(client)
-
-    async def aclose(self) -> None:
-        for client in self._all:
-            await client.aclose()
 
 
 @dataclass
@@ -427,7 +405,7 @@ def render_table(result: Result) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.quick_mixed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench quick-mixed", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="measured arrival window per set-up, real s (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=12.0, help="unmeasured arrivals before the window, real s (default %(default)s)")
     parser.add_argument("--drain", type=float, default=20.0, help="longest wait for stragglers after the last arrival, real s (default %(default)s)")

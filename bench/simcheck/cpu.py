@@ -1,4 +1,4 @@
-"""``python -m bench.sim_cpu``: how much CPU the simulator burns streaming to many clients.
+"""``python -m bench sim-cpu``: how much CPU the simulator burns streaming to many clients.
 
 The target: two engines (latency + throughput) streaming to 128 concurrent
 clients each, at time scale 1, under half a core of the simulator process.
@@ -16,41 +16,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 
 import trio
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "sim_cpu.json"
+from bench.harness.cli import interrupted
+from bench.harness.client import HOST, LoadCounters, sse_client
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    free_ports,
+    process_cpu_seconds,
+    start_simulator,
+    stop,
+    wait_ready,
+)
+
+DEFAULT_JSON = RESULTS_ROOT / "sim_cpu.json"
 PROFILES = ("latency", "throughput")
-HOST = "127.0.0.1"
 TARGET_CORES = 0.5  # the simulator's CPU budget for this load
-
-EVENT = b"data: "
-DONE = b"data: [DONE]"
-_TAIL = len(DONE) - 1  # bytes kept between reads so no marker is split unseen
-_READ_SIZE = 64 * 1024
-_HEALTH_TIMEOUT_S = 15.0
-_ERROR_BACKOFF_S = 0.1
-_MAX_REQUESTS_PER_CLIENT = 10_000  # a bound on every client loop besides the deadline
-
-
-@dataclass
-class LoadCounters:
-    """What the clients of one engine have received so far (cumulative)."""
-
-    events: int = 0  # SSE events ("data: " lines), including the finish event and [DONE]
-    streams_started: int = 0
-    streams_done: int = 0
-    errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,73 +90,9 @@ class Result:
 # -- the simulator process ---------------------------------------------------
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel hands out now; all held open together so they differ."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((HOST, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def process_cpu_seconds(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process (all its threads), from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(b")") + 2 :].split()  # comm may hold spaces; it ends at the last ')'
-    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
-    ticks = os.sysconf("SC_CLK_TCK")
-    return utime / ticks, stime / ticks
-
-
 def sample(pid: int) -> CpuSample:
     user, system = process_cpu_seconds(pid)
     return CpuSample(trio.current_time(), user, system, time.process_time())
-
-
-async def start_simulator(
-    nursery: trio.Nursery, ports: Sequence[int], time_scale: float
-) -> trio.Process:
-    """Run ``python -m tailguard.sim`` in ``nursery``; cancelling the nursery terminates it."""
-    engines = ",".join(f"{port}:{profile}" for port, profile in zip(ports, PROFILES, strict=True))
-    command = [sys.executable, "-m", "tailguard.sim", "--engines", engines, "--time-scale", str(time_scale)]
-    process: trio.Process = await nursery.start(
-        partial(trio.run_process, command, cwd=str(PROJECT_ROOT), stdout=subprocess.DEVNULL, check=False)
-    )
-    return process
-
-
-async def wait_healthy(port: int, process: trio.Process) -> None:
-    """Poll GET /health until it answers 200; fail if the simulator exits first."""
-    request = f"GET /health HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n".encode()
-    with trio.fail_after(_HEALTH_TIMEOUT_S):
-        while True:
-            if process.returncode is not None:
-                raise RuntimeError(f"the simulator exited with {process.returncode} before it was healthy")
-            try:
-                stream = await trio.open_tcp_stream(HOST, port)
-                async with stream:
-                    await stream.send_all(request)
-                    reply = await stream.receive_some(_READ_SIZE)
-                if reply.startswith(b"HTTP/1.1 200"):
-                    return
-            except OSError:
-                pass
-            await trio.sleep(0.05)
-
-
-async def stop(process: trio.Process) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within a few seconds."""
-    if process.returncode is None:
-        process.terminate()
-    with trio.move_on_after(5):
-        await process.wait()
-    if process.returncode is None:
-        process.kill()
-        await process.wait()
 
 
 # -- the load -----------------------------------------------------------------
@@ -196,46 +119,6 @@ def completion_request(port: int) -> bytes:
     return head.encode() + body
 
 
-async def read_stream(stream: trio.SocketStream, counters: LoadCounters) -> bool:
-    """Count SSE events until [DONE]; False if the response is not a 200 or ends early."""
-    tail = b""
-    first = True
-    while True:
-        data = await stream.receive_some(_READ_SIZE)
-        if not data:
-            return False
-        if first:
-            if not data.startswith(b"HTTP/1.1 200"):
-                return False
-            first = False
-        window = tail + data
-        # Markers wholly inside the tail were counted on the previous read.
-        counters.events += window.count(EVENT) - tail.count(EVENT)
-        if DONE in window:
-            return True
-        tail = window[-_TAIL:]
-
-
-async def client(port: int, request: bytes, deadline: float, counters: LoadCounters) -> None:
-    """One connection at a time: stream a completion to its end, then start the next."""
-    with trio.move_on_at(deadline):
-        for _ in range(_MAX_REQUESTS_PER_CLIENT):
-            ok = False
-            try:
-                stream = await trio.open_tcp_stream(HOST, port)
-                async with stream:
-                    await stream.send_all(request)
-                    counters.streams_started += 1
-                    ok = await read_stream(stream, counters)
-            except (OSError, trio.BrokenResourceError):
-                ok = False
-            if ok:
-                counters.streams_done += 1
-            else:
-                counters.errors += 1
-                await trio.sleep(_ERROR_BACKOFF_S)
-
-
 # -- the run ------------------------------------------------------------------
 
 
@@ -244,16 +127,16 @@ async def measure(streams: int, warmup: float, seconds: float, time_scale: float
     ports = free_ports(len(PROFILES))
     counters = {profile: LoadCounters() for profile in PROFILES}
     async with trio.open_nursery() as nursery:
-        process = await start_simulator(nursery, ports, time_scale)
+        process = await start_simulator(nursery, list(zip(ports, PROFILES, strict=True)), time_scale)
         try:
             for port in ports:
-                await wait_healthy(port, process)
+                await wait_ready(port, process, "the simulator")
             deadline = trio.current_time() + warmup + seconds + 1.0
             async with trio.open_nursery() as load:
                 for port, profile in zip(ports, PROFILES, strict=True):
                     request = completion_request(port)
                     for _ in range(streams):
-                        load.start_soon(client, port, request, deadline, counters[profile])
+                        load.start_soon(sse_client, port, request, deadline, counters[profile])
                 await trio.sleep(warmup)
                 before, events_before = sample(process.pid), _snapshot(counters)
                 await trio.sleep(seconds)
@@ -348,16 +231,8 @@ def write_json(path: Path, result: Result) -> None:
     path.write_text(json.dumps(asdict(result), indent=2) + "\n")
 
 
-def interrupted(error: BaseException) -> bool:
-    """Whether ``error`` is Ctrl-C, possibly wrapped in Trio's exception groups."""
-    if isinstance(error, BaseExceptionGroup):
-        _, rest = error.split(KeyboardInterrupt)
-        return rest is None
-    return isinstance(error, KeyboardInterrupt)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.sim_cpu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench sim-cpu", description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=128, help="concurrent streams per engine (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measurement window (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=5.0, help="load before the window opens (default %(default)s)")

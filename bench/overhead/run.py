@@ -26,9 +26,9 @@ The peer serves no gRPC, so tailguard's gRPC rows are set beside its HTTP.
 ``--no-peer`` leaves it out (when it is not installed).
 
 Load generators (none of them the bottleneck; their CPU is in every row):
-``bench.router_overhead``'s lean keep-alive HTTP/1.1 client on raw Trio
-sockets, grpc.aio on its own asyncio thread (``bench.grpc_overhead``), and
-``bench.sim_cpu``'s lean SSE client. Router CPU comes from /proc/PID/stat.
+``bench.overhead.closed_loop``'s lean keep-alive HTTP/1.1 client on raw Trio
+sockets, grpc.aio on its own asyncio thread (``bench.overhead.grpc_streams``), and
+``bench.simcheck.cpu``'s lean SSE client. Router CPU comes from /proc/PID/stat.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import importlib.metadata
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,55 +48,58 @@ from pathlib import Path
 
 import trio
 
-from bench.grpc_overhead import (
+from bench.harness.cli import interrupted
+from bench.harness.client import (
+    CHAT_PATH,
+    HOST,
+    ConnectionPool,
+    KeepAliveClient,
+    http_request,
+)
+from bench.harness.clocks import CpuClock, MachineClock
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.grpc import AsyncioThread
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    free_ports,
+    log_tail,
+    raise_nofile,
+    start_process,
+    start_simulator,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
+from bench.harness.report import code_version, write_json
+from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
+from bench.overhead.closed_loop import (
+    MAX_TOKENS,
+    MESSAGE,
+    Plan,
+    RunResult,
+    closed_loop,
+    measure_closed_loop,
+)
+from bench.overhead.grpc_streams import (
     WARMUP_CALLS,
     WARMUP_SECONDS,
-    AsyncioThread,
     GrpcClient,
     StreamRun,
     Target,
-    run_result,
     chat_request,
     grpc_closed_loop,
-    raise_nofile,
+    run_result,
 )
-from bench.overhead_load import (
-    ConnectionPool,
-    MachineClock,
-    OpenTally,
+from bench.overhead.load import (
     ProfileSummary,
     grpc_open_loop,
-    http_open_loop,
-    poisson_offsets,
     py_spy_speedscope,
     sse_streams,
     summarize_speedscope,
 )
-from bench.router_overhead import (
-    CHAT_PATH,
-    HOST,
-    MAX_TOKENS,
-    MESSAGE,
-    CpuClock,
-    KeepAliveClient,
-    Plan,
-    PoolSpec,
-    RunResult,
-    measure_closed_loop,
-    closed_loop,
-    http_request,
-    log_tail,
-    percentile,
-    start_process,
-    start_simulator,
-    start_tailguard,
-    tailguard_config,
-    wait_ready,
-    write_json,
-)
-from bench.sim_cpu import PROJECT_ROOT, free_ports, interrupted, stop
+from tailguard.sim.virtual.mix import percentile
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results" / "overhead"
+RESULTS_DIR = RESULTS_ROOT / "overhead"
 
 # The issue's targets.
 TARGET_RATE = 400.0  # req/s at which the added latency is judged
@@ -265,16 +267,6 @@ def peer_command(exe: Path, port: int, metrics_port: int, engine_port: int) -> l
     ]  # fmt: skip
 
 
-def code_version() -> str:
-    """The commit of the tailguard code measured (the tree the router starts from), and whether router/ or server/ had edits beyond it."""
-    git = ["git", "-C", str(PROJECT_ROOT)]
-    try:
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run([*git, "status", "--porcelain", "--", "router", "server"], capture_output=True, text=True, check=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return f"unknown (no git checkout at {PROJECT_ROOT})"
-    state = "with uncommitted changes in router/ or server/" if dirty.strip() else "router/ and server/ as committed"
-    return f"{commit} ({state}), from {PROJECT_ROOT}"
 
 
 def find_peer() -> Path | None:
@@ -313,10 +305,10 @@ async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, port
         stream_max_tokens=STREAM_MAX_TOKENS,
         arrivals=f"Poisson (exponential gaps, seed {options.seed} + rate), the same arrivals for every path at a rate",
         load_generators=[
-            "HTTP: bench.router_overhead.KeepAliveClient (raw Trio sockets, keep-alive HTTP/1.1, hand-parsed), "
+            "HTTP: bench.overhead.closed_loop.KeepAliveClient (raw Trio sockets, keep-alive HTTP/1.1, hand-parsed), "
             "a pool of idle connections: each arrival takes one or opens one, never waits",
-            "gRPC: grpc.aio on its own asyncio thread (bench.grpc_overhead), one channel, one call per arrival",
-            "SSE: bench.sim_cpu.client (raw Trio sockets, one connection per stream, events counted with bytes.count)",
+            "gRPC: grpc.aio on its own asyncio thread (bench.overhead.grpc_streams), one channel, one call per arrival",
+            "SSE: bench.harness.client.sse_client (raw Trio sockets, one connection per stream, events counted with bytes.count)",
         ],
         parameters={k: (list(v) if isinstance(v, Sequence) else str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
         open_loop=open_runs,

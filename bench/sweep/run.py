@@ -17,8 +17,8 @@ max_tokens 512, all streaming), it compares:
 Load is a fraction of the shared fleet's capacity for the mix. Each point is
 an independent simulation (warm-up, then a measured window -- an hour by
 default; traffic goes on until the window's requests end); points run in
-parallel processes. What makes an hour affordable (bench/sweep_sim.py,
-bench/sweep_engine.py, bench/sweep_clock.py): the engine model steps in
+parallel processes. What makes an hour affordable (tailguard.sim.virtual.fleet,
+tailguard.sim.virtual.engine, tailguard.sim.virtual.clock): the engine model steps in
 aggregate and wakes only when a sequence starts or ends, requests carry no
 bytes (first-token and finish times are the engine's own), and timers do not
 go through Trio cancel scopes. Every routed request still goes through the
@@ -26,7 +26,7 @@ router's own ``Router.open`` (limits, classes, pools, caps, wait queue).
 
 Also checked and reported: the sweep's engine against ``bench.sim.Engine`` on
 the same seeded traffic (every timestamp), the capacity model against a
-saturation run, and ``bench/quick_mixed.py``'s real-time run replayed in
+saturation run, and ``bench/tail/quick_mixed.py``'s real-time run replayed in
 virtual time.
 """
 
@@ -44,9 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tailguard.sim.virtual.mix import Capacity
-
-from .sweep_check import (
+from bench.harness.procs import RESULTS_ROOT
+from bench.sweep.check import (
     QUICK_MIXED_JSON,
     Comparison,
     EngineAgreement,
@@ -60,11 +59,27 @@ from .sweep_check import (
     replay_points,
     saturation_run,
 )
-from .sweep_report import comparison_table, cost_summary, engine_table, full_table, pivot, plot_headline, plot_split
-from tailguard.sim.virtual.fleet import PointResult, Setup, disaggregated, priority, run_point, shared
+from bench.sweep.report import (
+    comparison_table,
+    cost_summary,
+    engine_table,
+    full_table,
+    pivot,
+    plot_headline,
+    plot_split,
+)
 from tailguard.sim.virtual.fleet import Point as SimPoint
+from tailguard.sim.virtual.fleet import (
+    PointResult,
+    Setup,
+    disaggregated,
+    priority,
+    run_point,
+    shared,
+)
+from tailguard.sim.virtual.mix import Capacity
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sweep"
+DEFAULT_OUT = RESULTS_ROOT / "sweep"
 DEFAULT_LOADS = "0.1,0.3,0.5,0.7,0.8,0.9,1.0,1.1,1.3,1.5"
 DEFAULT_SPLITS = "1:3,2:2"
 DEFAULT_SECONDS = 3600.0  # an hour of simulated traffic per point
@@ -200,7 +215,7 @@ def header(args: argparse.Namespace, setups: int, loads: int, per_engine: Capaci
         "of its check (hang-ups and preemptions included)."
         if all(c.agrees for c in checks.engines)
         else "WARNING: the sweep's engine and bench.sim.Engine disagree (see the engine table below); "
-        "bench/sweep_engine.py no longer follows bench/sim/engine.py."
+        "tailguard.sim.virtual.engine no longer follows bench/sim/engine.py."
     )
     return (
         f"Virtual time (Trio MockClock), {args.engines} engines, {loads} loads x {setups} set-ups; per point "
@@ -223,7 +238,7 @@ def markdown(head: str, results: Sequence[PointResult], checks: Checks) -> tuple
     sections = ["# python -m bench sweep", head, cost_summary(results), *tables, "## every point", full_table(results)]
     sections += ["## the sweep's engine against bench.sim.Engine", engine_table(checks.engines)]
     if checks.comparison and checks.real is not None:
-        sections += ["## virtual vs real (bench/quick_mixed.py)", replay_title(checks.real), comparison_table(checks.comparison)]
+        sections += ["## virtual vs real (bench/tail/quick_mixed.py)", replay_title(checks.real), comparison_table(checks.comparison)]
     return tables, "\n\n".join(sections) + "\n"
 
 

@@ -58,7 +58,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -66,32 +65,38 @@ import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.grpc_overhead import ProcSample, proc_sample, raise_nofile
-from bench.overhead import code_version
-from bench.overhead_load import MachineClock
-from bench.router_overhead import (
+from bench.harness.cli import interrupted
+from bench.harness.client import (
     CHAT_PATH,
+    EVENT,
     HOST,
-    MESSAGE,
-    CpuClock,
     KeepAliveClient,
-    PoolSpec,
+    LoadCounters,
     ProtocolError,
     http_request,
+    sse_client,
+)
+from bench.harness.clocks import CpuClock, MachineClock
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    ProcSample,
+    free_ports,
     log_tail,
-    percentile,
+    proc_sample,
+    raise_nofile,
     start_process,
     start_simulator,
-    tailguard_config,
+    stop,
     wait_ready,
-    write_json,
 )
-from bench.sim_cpu import EVENT, LoadCounters, free_ports, interrupted, stop
-from bench.sim_cpu import client as sse_client
+from bench.harness.report import code_version, write_json
+from bench.overhead.closed_loop import MESSAGE
+from tailguard.sim.virtual.mix import percentile
 
 T = TypeVar("T")
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results" / "hold"
+RESULTS_DIR = RESULTS_ROOT / "hold"
 GC_METRIC = "tailguard_gc_pause_seconds"
 
 HOLD_MAX_TOKENS = 256  # above the interactive class's 128: the batch class, the slow engines' pool
@@ -119,7 +124,7 @@ CONNECT_TIMEOUT_S = 10.0  # the router's to the engines (default 2)
 HEALTH_CHECK_TIMEOUT_S = 5.0  # (default 1)
 THRESHOLD_WAIT_S = 60.0  # the child's wait for the server's own gc.set_threshold
 THRESHOLD_LOG = "bench.hold: gc thresholds"
-_CHILD_ENTRY = "import sys; from bench.hold import router_child; sys.exit(router_child(sys.argv[1:]))"
+_CHILD_ENTRY = "import sys; from bench.overhead.hold import router_child; sys.exit(router_child(sys.argv[1:]))"
 _ERROR_CODE = re.compile(rb'"code":\s*"([a-z_]+)"')  # the OpenAI error body's code, when it came with the head
 
 

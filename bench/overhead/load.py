@@ -7,9 +7,9 @@ arrival times whatever the server does, and each latency runs from the
 HTTP side takes an idle keep-alive connection for each request or opens a new
 one (up to a cap), so the client never queues; the gRPC side starts one call
 per arrival on one HTTP/2 channel (gRPC multiplexes, so it never queues
-either). The lean HTTP client is ``bench.router_overhead``'s, the gRPC
-client and its asyncio thread are ``bench.grpc_overhead``'s, and the SSE
-client is ``bench.sim_cpu``'s.
+either). The lean HTTP client is ``bench.overhead.closed_loop``'s, the gRPC
+client and its asyncio thread are ``bench.overhead.grpc_streams``'s, and the SSE
+client is ``bench.simcheck.cpu``'s.
 """
 
 from __future__ import annotations
@@ -17,149 +17,49 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import os
-import random
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
 import trio
 
-from bench.grpc_overhead import CALL_TIMEOUT_S, StreamRun
-from bench.router_overhead import CpuClock, KeepAliveClient, ProtocolError
-from bench.sim_cpu import LoadCounters
-from bench.sim_cpu import client as sse_client
+from bench.harness.client import CALL_TIMEOUT_S, LoadCounters, sse_client
+from bench.harness.clocks import CpuClock
+from bench.harness.traffic import START_DELAY_S, OpenTally
+from bench.overhead.grpc_streams import StreamRun
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
-START_DELAY_S = 0.05  # between drawing the schedule's origin and its first arrival
-MAX_CONNECTIONS = 2048  # per open-loop HTTP pool; beyond it an arrival is dropped (and counted)
 _PY_SPY_GRACE_S = 30.0  # py-spy's own start-up and writing of the file
 
 
 # -- the machine's CPU --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MachineClock:
-    """Busy CPU seconds of the whole machine (every core, every process), at one instant.
-
-    Other work on a shared machine takes cores from the router; the
-    machine's busy cores beside the measured processes' show how much.
-    """
-
-    wall: float
-    busy: float
-
-    @staticmethod
-    def read() -> MachineClock:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-        busy = sum(values) - values[3] - values[4]
-        return MachineClock(time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"))
-
-    def cores_since(self, before: MachineClock) -> float:
-        return (self.busy - before.busy) / max(self.wall - before.wall, 1e-9)
 
 
 # -- arrivals -------------------------------------------------------------------------
 
 
-def poisson_offsets(rate: float, seconds: float, seed: int) -> list[float]:
-    """Arrival times (s from the start) of a Poisson process at ``rate``; the same seed gives the same arrivals."""
-    rng = random.Random(seed)
-    offsets: list[float] = []
-    t = rng.expovariate(rate)
-    limit = int(rate * seconds * 2) + 100  # a bound besides the horizon
-    while t < seconds and len(offsets) < limit:
-        offsets.append(t)
-        t += rng.expovariate(rate)
-    return offsets
 
 
-@dataclass
-class OpenTally:
-    """One open-loop run as the client saw it (seconds)."""
-
-    latencies: list[float] = field(default_factory=list)  # completion - scheduled send time
-    lags: list[float] = field(default_factory=list)  # actual send start - scheduled send time
-    errors: int = 0
-    dropped: int = 0  # no connection could be had (HTTP pool at MAX_CONNECTIONS)
-    connections: int = 0  # connections opened (HTTP) or channels used (gRPC)
 
 
 # -- HTTP: Trio, keep-alive pool ---------------------------------------------------------
 
 
-class ConnectionPool:
-    """Idle keep-alive connections to one port: take one, or open one; never wait for one."""
-
-    def __init__(self, port: int, cap: int = MAX_CONNECTIONS) -> None:
-        self.port = port
-        self.cap = cap
-        self.opened = 0
-        self._idle: list[KeepAliveClient] = []
-
-    def take(self) -> KeepAliveClient | None:
-        if self._idle:
-            return self._idle.pop()
-        if self.opened >= self.cap:
-            return None
-        self.opened += 1
-        return KeepAliveClient(self.port)  # connects on its first exchange
-
-    def give(self, client: KeepAliveClient) -> None:
-        self._idle.append(client)
-
-    async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        for client in idle:
-            await client.aclose()
 
 
-async def _http_call(pool: ConnectionPool, request: bytes, due: float, tally: OpenTally) -> None:
-    client = pool.take()
-    if client is None:
-        tally.dropped += 1
-        return
-    tally.lags.append(time.perf_counter() - due)
-    try:
-        reply = await client.exchange(request)
-    except (OSError, trio.BrokenResourceError, ProtocolError):
-        tally.errors += 1
-    else:
-        if reply.status == 200:
-            tally.latencies.append(time.perf_counter() - due)
-        else:
-            tally.errors += 1
-    finally:
-        pool.give(client)  # a failed client closed itself and reconnects on its next use
 
 
-async def http_open_loop(pool: ConnectionPool, request: bytes, offsets: Sequence[float]) -> OpenTally:
-    """Send ``request`` at ``offsets`` (s from now) whatever the server does; wait for the stragglers (bounded)."""
-    tally = OpenTally()
-    opened_before = pool.opened
-    start = time.perf_counter() + START_DELAY_S
-    horizon = offsets[-1] if offsets else 0.0
-    with trio.move_on_after(START_DELAY_S + horizon + CALL_TIMEOUT_S):
-        async with trio.open_nursery() as nursery:
-            for offset in offsets:
-                due = start + offset
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    await trio.sleep(delay)
-                nursery.start_soon(_http_call, pool, request, due, tally)
-    tally.connections = pool.opened - opened_before
-    return tally
 
 
-# -- gRPC: grpc.aio on bench.grpc_overhead's asyncio thread ---------------------------------
+# -- gRPC: grpc.aio on bench.overhead.grpc_streams's asyncio thread ---------------------------------
 
 
 async def grpc_open_loop(stub: pb_grpc.CompletionsStub, request: pb.ChatRequest, offsets: Sequence[float]) -> OpenTally:

@@ -7,14 +7,14 @@ their fault modes (``bench.sim.faults``); tailguard runs in front from a
 generated config (end-to-end timeout 8 s, so hung requests end in bounded
 time; everything else as shipped).
 
-Each attack (``bench.chaos_attacks``) is one phase: normal traffic (20
+Each attack (``bench.chaos.attacks``) is one phase: normal traffic (20
 req/s short chats, half streamed) starts, the attack runs, normal traffic
 goes on for a while after the attack's fault ended, then the benchmark waits
 for tailguard and the engines to settle. One row per attack:
 
 - requests sent, and their outcomes by status and error code;
 - normal requests that failed (collateral damage of the attack);
-- requests without exactly one terminal answer (``bench.chaos_http`` says
+- requests without exactly one terminal answer (``bench.chaos.client`` says
   what counts): must be 0;
 - seats in use / queued in tailguard's pools (its ``/metrics``) and
   sequences running or waiting in the engines (theirs) after settling: must be 0;
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,16 +42,34 @@ from typing import Any
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.chaos_attacks import ATTACKS, BATCH_MAX_TOKENS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
-from bench.chaos_http import Answer, HttpPool, RequestSpec, recovery_s, send, tally
-from bench.chaos_report import render, write_outputs
-from bench.grpc_overhead import AsyncioThread
-from bench.router_overhead import PoolSpec, add_serve_arg, log_tail, start_process, start_tailguard, wait_ready
-from bench.router_overhead import tailguard_config as shared_config
+from bench.chaos.attacks import (
+    ATTACKS,
+    BATCH_MAX_TOKENS,
+    NORMAL_MAX_TOKENS,
+    Attack,
+    Phase,
+    normal_spec,
+)
+from bench.chaos.client import Answer, HttpPool, RequestSpec, recovery_s, send, tally
+from bench.chaos.report import render, write_outputs
+from bench.harness.cli import interrupted
+from bench.harness.config import PoolSpec
+from bench.harness.config import tailguard_config as shared_config
+from bench.harness.grpc import AsyncioThread
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    add_serve_arg,
+    free_ports,
+    log_tail,
+    start_process,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
+from bench.harness.report import git_commit
 from tailguard.sim.params import PROFILES
-from bench.sim_cpu import PROJECT_ROOT, free_ports, interrupted, stop
 
-RESULTS = Path(__file__).resolve().parent / "results" / "chaos"
+RESULTS = RESULTS_ROOT / "chaos"
 HOST = "127.0.0.1"
 E2E_TIMEOUT_S = 8.0  # tailguard's end_to_end_timeout here: a hung request ends within it
 CLIENT_SLACK_S = 4.0  # the client waits this much longer before it calls a request unanswered
@@ -522,16 +539,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def git_commit() -> str:
-    """HEAD of the tree being measured, marked when router/ or server/ have uncommitted changes."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "router", "server"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + (" + uncommitted changes in router/ or server/" if dirty.stdout.strip() else "")
 
 
 def checks(result: Result, fd_slack: int = FD_SLACK, rss_slack_mib: float = 30.0) -> list[str]:

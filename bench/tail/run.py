@@ -34,7 +34,7 @@ Every set-up gets engines of its own, so ``--max-engines`` can run several set-u
 or ``shift`` (``chat`` then the origin's, ``--phase-seconds`` each).
 
 The load is a fraction of the ``shared`` set-up's capacity for the traffic's
-mix, computed from the engine model (``bench.tail_load.engine_capacity``);
+mix, computed from the engine model (``tailguard.sim.virtual.mix.engine_capacity``);
 every set-up's own modelled capacity is reported beside it. Latencies are
 GPU time (real divided by ``--time-scale``); tailguard's timeouts are scaled
 by the same factor so its deadlines mean what they say in GPU time.
@@ -61,24 +61,17 @@ from typing import IO
 
 import trio
 
-from bench.quick_mixed import CLASSES
-from bench.router_overhead import (
+from bench.harness.cli import interrupted
+from bench.harness.client import (
     CHAT_PATH,
     HOST,
-    CpuClock,
-    PoolSpec,
     ProtocolError,
+    engine_counts,
     http_request,
-    log_tail,
-    percentile,
-    start_process,
-    start_tailguard,
-    wait_ready,
-    write_json,
 )
-from tailguard.sim.params import PROFILES, EngineParams
-from bench.sim_cpu import free_ports, interrupted, process_cpu_seconds, stop
-from bench.tail_load import (
+from bench.harness.clocks import CpuClock
+from bench.harness.config import PoolSpec
+from bench.harness.open_loop import (
     FAST_REJECTION_MS,
     ClassStats,
     Sample,
@@ -89,13 +82,46 @@ from bench.tail_load import (
     token_times,
     write_samples,
 )
-from tailguard.sim.virtual.mix import MIXES, Shape, body_for, pooled_capacity, shapes_by_class
-from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
-from bench.tail_plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    free_ports,
+    log_tail,
+    process_cpu_seconds,
+    start_process,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
+from bench.harness.report import write_json
+from bench.tail.plot import (
+    plot_cdfs,
+    plot_p99_vs_load,
+    plot_shift,
+    plot_timelines,
+    plot_tradeoff,
+)
 from tailguard.router.config_types import LimitsConfig
 from tailguard.router.limits import effective_max_tokens
+from tailguard.sim.params import PROFILES, EngineParams
+from tailguard.sim.virtual.mix import (
+    CLASSES,
+    MIXES,
+    Shape,
+    body_for,
+    percentile,
+    pooled_capacity,
+    shapes_by_class,
+)
+from tailguard.sim.virtual.trace import (
+    Arrival,
+    generated,
+    mix_of,
+    phased,
+    read_trace,
+    write_trace,
+)
 
-RESULTS = Path(__file__).resolve().parent / "results" / "tail"
+RESULTS = RESULTS_ROOT / "tail"
 DEFAULT_SETUPS = ("shared", "priority", "disaggregated", "split-direct", "short-only")
 SETUP_NAMES = (*DEFAULT_SETUPS, "lend", "rebalance", "lend-rebalance", "shared-limit", "vllm-priority")
 SPLIT_KINDS = ("disaggregated", "split-direct", "lend", "rebalance", "lend-rebalance")  # set-ups on the I:B split
@@ -1058,7 +1084,7 @@ async def _watch_engines(watch: EngineWatch, origin: float, keep: bool) -> None:
                 with trio.move_on_after(1.0):
                     try:
                         if (await client.exchange(scrape)).status == 200:
-                            look[port] = _engine_counts(client.last_piece)
+                            look[port] = engine_counts(client.last_piece)
                     except (OSError, trio.BrokenResourceError, ProtocolError):
                         pass
             for port, (running, waiting) in look.items():
@@ -1073,14 +1099,6 @@ async def _watch_engines(watch: EngineWatch, origin: float, keep: bool) -> None:
             await client.aclose()
 
 
-def _engine_counts(page: bytes) -> tuple[int, int]:
-    """(vllm:num_requests_running, vllm:num_requests_waiting) from an engine's /metrics page."""
-    counts = {b"vllm:num_requests_running": 0, b"vllm:num_requests_waiting": 0}
-    for line in page.splitlines():
-        for name in counts:
-            if line.startswith(name + b"{") or line.startswith(name + b" "):
-                counts[name] = int(float(line.rsplit(b" ", 1)[1]))
-    return counts[b"vllm:num_requests_running"], counts[b"vllm:num_requests_waiting"]
 
 
 def _join_access_log(router: _Router, samples: Sequence[Sample]) -> float:

@@ -54,32 +54,49 @@ import coredis
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.chaos import git_commit
-from bench.overhead_load import ConnectionPool as OpenPool
-from bench.overhead_load import MachineClock, http_open_loop, poisson_offsets
-from bench.router_overhead import (
+from bench.harness.cli import interrupted
+from bench.harness.client import (
     CHAT_PATH,
     HOST,
-    PoolSpec,
     ProtocolError,
+    engine_counts,
     http_request,
-    percentile,
+)
+from bench.harness.client import ConnectionPool as OpenPool
+from bench.harness.clocks import MachineClock
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.open_loop import (
+    Sample,
+    TokenClient,
+    TokenPool,
+    class_stats,
+    play,
+    token_times,
+)
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    free_ports,
+    process_cpu_seconds,
     start_process,
     start_tailguard,
-    tailguard_config,
+    stop,
     wait_ready,
-    write_json,
 )
-from tailguard.sim.params import PROFILES
-from bench.sim_cpu import free_ports, interrupted, process_cpu_seconds, stop
-from bench.tail import _engine_counts
-from bench.tail_load import Sample, TokenClient, TokenPool, class_stats, play, token_times
-from tailguard.sim.virtual.mix import body_for, origin_mix, pooled_capacity, shapes_by_class
-from tailguard.sim.virtual.trace import Arrival, generated
+from bench.harness.report import git_commit, write_json
+from bench.harness.traffic import http_open_loop, poisson_offsets
 from tailguard.router.auth import hash_key
 from tailguard.server.redis_ledger import RedisLedger
+from tailguard.sim.params import PROFILES
+from tailguard.sim.virtual.mix import (
+    body_for,
+    origin_mix,
+    percentile,
+    pooled_capacity,
+    shapes_by_class,
+)
+from tailguard.sim.virtual.trace import Arrival, generated
 
-RESULTS = Path(__file__).resolve().parent / "results" / "cluster"
+RESULTS = RESULTS_ROOT / "cluster"
 PHASES = ("cost", "load", "kill", "outage", "skew")
 OUTAGES = ("outage_stop", "outage_pause", "outage_skew")
 NAMESPACE = "bench-cluster"
@@ -314,7 +331,7 @@ async def watch_engine(watch: CapWatch, interval: float, origin: float) -> None:
             if reply is None or reply.status != 200:
                 watch.failed_looks += 1
             else:
-                running, waiting = _engine_counts(client.last_piece)
+                running, waiting = engine_counts(client.last_piece)
                 watch.looks += 1
                 watch.max_running = max(watch.max_running, running)
                 watch.max_in_engine = max(watch.max_in_engine, running + waiting)
@@ -1069,7 +1086,7 @@ def render(result: dict[str, Any], command: str) -> str:
             f"- ledger afterwards: {kill.get('grants_after')}",
             f"- survivors' requests: {kill['survivor_outcomes']} (unanswered {kill['survivor_unanswered']}); the victim's: {kill['victim_outcomes']}",
             f"- survivors' short E2E p50 / p99: {kill['survivor_short']['e2e_ms']['p50']:.0f} / {kill['survivor_short']['e2e_ms']['p99']:.0f} ms",
-            f"- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in kill["engines"].items()),
+            "- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in kill["engines"].items()),
             "",
         ]
     for name in OUTAGES:
@@ -1091,8 +1108,8 @@ def render(result: dict[str, Any], command: str) -> str:
             f"- ok answers to requests sent during the outage (from 1 s after it began), per replica: {out['ok_during_outage']}",
             f"- every replica in fallback within {out['fallback_within_s']} s; on the ledger again within {out['ledger_again_within_s']} s of Redis's return",
             f"- grants each replica used 1 s before Redis came back (its /metrics): {out['grants_in_fallback']}",
-            f"- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in out["engines"].items()),
-            f"- keys, most streaming at once / cap: " + ", ".join(f"{k} {v['max_streaming']}/{v['cap']}" for k, v in out["keys"].items()),
+            "- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in out["engines"].items()),
+            "- keys, most streaming at once / cap: " + ", ".join(f"{k} {v['max_streaming']}/{v['cap']}" for k, v in out["keys"].items()),
             f"- ledger reads during the run: {out['ledger_reads']}; largest sum of grants per resource: {out['ledger_max_sum']}",
             f"- ledger afterwards (idle): {out['grants_after']}",
             f"- dead replicas' keys left: {out['dead_in_ledger'] or 'none'}; tailguard_pool_in_flight afterwards: {out['in_flight_after']}",

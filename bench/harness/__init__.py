@@ -1,0 +1,12 @@
+"""What every benchmark shares, one copy each; a driver imports only this and the product.
+
+- ``procs``: free ports, starting the simulator and tailguard, readiness, stopping, /proc readings;
+- ``client``: the lean HTTP/1.1 clients (keep-alive, pooled, SSE-counting);
+- ``config``: generated tailguard config files;
+- ``clocks``: CPU clocks of the processes under test, the client and the machine;
+- ``report``: JSON results and the code version;
+- ``cli``: ``main()``'s Trio run with Ctrl-C handling.
+
+The traffic mix, traces and percentiles are the product's own
+(``tailguard.sim.virtual``), since ``tailguard advise`` needs them too.
+"""
