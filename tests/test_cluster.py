@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import trio
@@ -13,7 +13,7 @@ from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
 from tailguard.router.cluster import NO_WAITER, Demand, SharedBudget, Want
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.auth import Caller
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, TimeoutsConfig
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, Config, TimeoutsConfig
 from tailguard.router.errors import CallerOverLimit
 from tailguard.router.dispatch import Router
 from tailguard.server.metrics import Metrics
@@ -263,3 +263,125 @@ async def test_a_sync_says_when_a_request_waits_on_another_replica(redis: RedisS
         await ledger.sync("b", TTL, [Want("pool:x", CAP, 9, best_waiting=0, in_use=8)])  # b has a request waiting
         busy = await ledger.sync("a", TTL, [Want("pool:x", CAP, 3, in_use=1)])
         assert busy.contended and busy.grants == [1]  # a keeps only what it uses: b's request is more urgent
+
+
+def cluster_routers(
+    redis: RedisServer, namespace: str, base: Config, names: Sequence[str], transports: dict[str, SimTransport], *, block: int
+) -> list[Router]:
+    """One Router per replica name on one ledger; every replica's calls reach the same in-process engines."""
+    return [
+        Router(
+            dataclasses.replace(
+                base, cluster=ClusterConfig(redis.url, namespace=namespace, replica_id=name, lease_ttl=1.0, sync_interval=0.05, block=block)
+            ),
+            transport_factory=lambda endpoint: transports[endpoint.url],
+            seed=0,
+        )
+        for name in names
+    ]
+
+
+async def watch_ledger(ledger: RedisLedger, caps: dict[str, int], most: dict[str, int]) -> None:
+    """Record the largest total grant Redis holds for each resource, read every few milliseconds, until cancelled."""
+    while True:
+        for resource in caps:
+            total = sum((await ledger.grants(resource)).values())
+            most[resource] = max(most.get(resource, 0), total)
+        await trio.sleep(0.002)
+
+
+async def ask_as(router: Router, caller: Caller, request_id: str, outcomes: list[str], *, max_tokens: int = 40) -> None:
+    """One request of ``caller``'s key; its outcome ("ok" or "429") is appended."""
+    try:
+        async with router.open(chat(request_id, max_tokens=max_tokens, request_id=request_id), caller=caller) as completion:
+            await completion.read()
+        outcomes.append("ok")
+    except CallerOverLimit:
+        outcomes.append("429")
+
+
+@pytest.mark.parametrize("block", [2, 0])
+async def test_a_key_over_its_grant_here_waits_for_the_next_sync_instead_of_429(redis: RedisServer, block: int) -> None:
+    """Finding 3: one replica alone, key cap 16: 5 concurrent requests are 5 answers, as without [cluster]."""
+    key = ApiKeyConfig("webapp", "0" * 64, frozenset(), 16)
+    base = dataclasses.replace(two_pool_config(interactive_cap=16), auth=AuthConfig(keys=(key,)))
+    engines, transports = shared_engines()
+    [router] = cluster_routers(redis, f"f3a{block}", base, ["only"], transports, block=block)
+    caller = Caller("webapp", frozenset(), 16)
+    outcomes: list[str] = []
+    most: dict[str, int] = {}
+    async with RedisLedger(redis.url, f"f3a{block}") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        await nursery.start(functools.partial(router.run, ledger=ledger))
+        nursery.start_soon(watch_ledger, ledger, {"key:webapp": 16}, most)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as load:
+                for i in range(5):
+                    load.start_soon(ask_as, router, caller, f"q{i}", outcomes)
+        nursery.cancel_scope.cancel()
+    assert outcomes == ["ok"] * 5
+    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 5  # all five ran at once: none waited out a sync's worth
+    assert most["key:webapp"] <= 16
+
+
+async def test_idle_replicas_give_a_keys_block_back_and_429_comes_only_when_the_cap_is_full(redis: RedisServer) -> None:
+    """Finding 3 across replicas: key cap 4, a and b idle with 2 each; c's 4 callers all run, a 5th anywhere is 429 at once."""
+    key = ApiKeyConfig("webapp", "0" * 64, frozenset(), 4)
+    base = dataclasses.replace(two_pool_config(interactive_cap=8, interactive_timeout=5.0), auth=AuthConfig(keys=(key,)))
+    engines, transports = shared_engines()
+    a, b, c = cluster_routers(redis, "f3b", base, ["a", "b", "c"], transports, block=2)
+    caller = Caller("webapp", frozenset(), 4)
+    outcomes: list[str] = []
+    refused: list[str] = []
+    most: dict[str, int] = {}
+    async with RedisLedger(redis.url, "f3b") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        for router in (a, b, c):
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+        assert await ledger.grants("key:webapp") == {"a": 2, "b": 2, "c": 0}  # the idle ones hold their blocks
+        nursery.start_soon(watch_ledger, ledger, {"key:webapp": 4}, most)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as load:
+                for i in range(4):
+                    load.start_soon(functools.partial(ask_as, c, caller, f"c{i}", outcomes, max_tokens=100))
+                while engines[INTERACTIVE_URL].statistics().running < 4 and len(outcomes) < 4:  # the cap is full, on c alone
+                    await trio.sleep(0.005)
+                started = trio.current_time()
+                await ask_as(a, caller, "a-over", refused)
+                assert trio.current_time() - started < 1.0  # not the 5 s queue timeout: the cap is really full
+        nursery.cancel_scope.cancel()
+    assert outcomes == ["ok"] * 4 and refused == ["429"]
+    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 4
+    assert most["key:webapp"] <= 4
+
+
+async def test_a_replica_with_a_queue_gets_more_than_its_block_of_an_endpoint_from_idle_ones(redis: RedisServer) -> None:
+    """Finding 4: engine cap 8, block 4; a is idle, b has 8 requests: the engine runs 8, never more, and the ledger agrees."""
+    base = two_pool_config(interactive_cap=8, interactive_timeout=5.0)
+    engines, transports = shared_engines()
+    a, b = cluster_routers(redis, "f4", base, ["a", "b"], transports, block=4)
+    answered: list[str] = []
+    most: dict[str, int] = {}
+    async with RedisLedger(redis.url, "f4") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        for router in (a, b):
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+        endpoint = f"endpoint:{INTERACTIVE_URL}"
+        assert await ledger.grants(endpoint) == {"a": 4, "b": 4}
+        nursery.start_soon(watch_ledger, ledger, {endpoint: 8, "pool:interactive": 8}, most)
+
+        async def ask(i: int) -> None:
+            await run_to_end(b, chat(f"q{i}", max_tokens=100, request_id=f"r{i}"))
+            answered.append(f"r{i}")
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as load:
+                for i in range(8):
+                    load.start_soon(ask, i)
+        nursery.cancel_scope.cancel()
+    assert len(answered) == 8
+    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 8  # more than b's block of 4: a gave its seats back
+    assert most[endpoint] <= 8 and most["pool:interactive"] <= 8
