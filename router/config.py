@@ -53,6 +53,7 @@ from .config_types import (
     ServerConfig,
     SimulateProfile,
     TimeoutsConfig,
+    TracingConfig,
 )
 
 __all__ = ["ConfigError", "limits_document", "load_config", "parse_config", "render_config"]
@@ -74,6 +75,8 @@ _DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
 
 
 class ConfigError(Exception):
@@ -156,6 +159,7 @@ def parse_config(
     rebalance = _read_rebalance(root.table("rebalance"))
     cluster = _read_cluster(root.table("cluster"), present=root.has("cluster"))
     discovery = _read_discovery(root.table("discovery"))
+    tracing = _read_tracing(root.table("tracing"))
     root.finish()
     if problems:
         raise ConfigError(problems, source=source)
@@ -173,6 +177,7 @@ def parse_config(
         rebalance=rebalance,
         cluster=cluster,
         discovery=discovery,
+        tracing=tracing,
         warnings=_warnings(timeouts),
     )
 
@@ -781,6 +786,40 @@ def _read_discovery(table: _Table) -> DiscoveryConfig:
     return DiscoveryConfig(interval=interval, timeout=timeout, nameserver=host, nameserver_port=port)
 
 
+def _read_tracing(table: _Table) -> TracingConfig:
+    """``[tracing]``: where spans go and how many traces are kept (router/tracing.py makes them)."""
+    default = TracingConfig()
+    enabled = table.boolean("enabled", default.enabled)
+    endpoint = table.string("endpoint", default.endpoint)
+    if table.ok("endpoint"):
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            table.problem("endpoint", f'must be an http:// or https:// URL (OTLP/HTTP, e.g. "http://127.0.0.1:4318/v1/traces"), got {json.dumps(endpoint)}')
+    ratio = table.number("sample_ratio", default.sample_ratio, minimum=0.0, inclusive=True)
+    if table.ok("sample_ratio") and ratio > 1:
+        table.problem("sample_ratio", f"must be at most 1 (the share of traces kept), got {ratio:g}")
+    service_name = table.string("service_name", default.service_name)
+    if table.ok("service_name") and not service_name.strip():
+        table.problem("service_name", "must not be empty")
+    headers: list[tuple[str, str]] = []
+    written: Mapping[str, object] = table._read("headers", "a table of header names to strings", _as_mapping, {}, {})
+    for name, value in written.items():
+        key = _join(table.key("headers"), name)
+        if not _HEADER_NAME.fullmatch(name):
+            table.report(key, "must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)")
+            table.invalidate("headers")
+        elif not isinstance(value, str):  # the value may be a credential: never quoted
+            table.report(key, f"must be a string, got {_kind(value)} (its value is not shown)")
+            table.invalidate("headers")
+        elif _HEADER_VALUE.fullmatch(value) is None:
+            table.report(key, "must be printable ASCII: it holds another character (its value is not shown)")
+            table.invalidate("headers")
+        else:
+            headers.append((name.lower(), value))
+    table.finish()
+    return TracingConfig(enabled=enabled, endpoint=endpoint, sample_ratio=ratio, service_name=service_name, headers=tuple(headers))
+
+
 def _nameserver(text: str) -> tuple[str, int]:
     """(address, port) of ``ADDRESS``, ``ADDRESS:PORT`` or ``[IPV6]:PORT``; raises ValueError."""
     try:
@@ -1317,6 +1356,14 @@ def render_config(config: Config) -> str:
         ("backend_scrape_interval", _seconds_or_off(metrics.backend_scrape_interval)),
         ("duplicate_request_id_window", _seconds_or_off(metrics.duplicate_request_id_window)),
     ])
+    tracing = config.tracing
+    if tracing.enabled:  # off (the default) is not shown, as rebalance and discovery without their pools
+        lines += _section("tracing", [
+            ("endpoint", tracing.endpoint),
+            ("sample_ratio", f"{tracing.sample_ratio:g} (of the traces tailguard starts; a caller's traceparent decides for its own)"),
+            ("service_name", tracing.service_name),
+            ("headers", ", ".join(name for name, _ in tracing.headers) + " (values not shown)" if tracing.headers else "none"),
+        ])
     if any(e.movable for pool in config.pools for e in pool.endpoints):
         rebalance = config.rebalance
         lines += _section("rebalance", [

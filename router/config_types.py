@@ -132,6 +132,21 @@ class MetricsConfig:
     duplicate_request_id_window: float = 10.0
 
 
+@dataclass(frozen=True)
+class TracingConfig:
+    """``[tracing]``: an OpenTelemetry trace of every request, exported over OTLP/HTTP. Off by default.
+
+    ``headers`` go with every export (a collector's or vendor's credentials:
+    check-config and the reload summary show their names, never their values).
+    """
+
+    enabled: bool = False
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"  # the OTLP/HTTP traces URL, path included
+    sample_ratio: float = 1.0  # of the traces this process starts; a caller's traceparent decides for its own
+    service_name: str = "tailguard"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
 RebalanceMode = Literal["auto", "off"]
 
 
@@ -342,6 +357,7 @@ class Config:
     rebalance: RebalanceConfig = RebalanceConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     cluster: ClusterConfig | None = None  # None: this process holds every cap alone
+    tracing: TracingConfig = TracingConfig()
     warnings: tuple[str, ...] = ()
 
     def pool(self, name: str) -> PoolConfig:

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
@@ -47,6 +47,9 @@ from .rebalance import Rebalancer
 from .request import Routing, RouterRequest
 from .telemetry import RequestRecord
 
+if TYPE_CHECKING:  # imported only while [tracing] is on
+    from .tracing import RequestTrace
+
 log = logging.getLogger("tailguard.router")
 
 TransportFactory = Callable[[EndpointConfig], "httpx.AsyncBaseTransport | None"]
@@ -71,8 +74,10 @@ class Completion:
         """
         body = await self.response.read()
         usage = self.payload.get("usage")
-        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        self.record.saw_answer(tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None)
+        if not isinstance(usage, dict):
+            usage = {}
+        self.record.input_tokens = _count(usage.get("prompt_tokens"))
+        self.record.saw_answer(_count(usage.get("completion_tokens")))
         return body
 
     @property
@@ -430,12 +435,16 @@ class Router:
                 param="model",
             )
         check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
+        record.model = model
+        trace = record.trace
 
         with self._holding(caller, config.timeouts.retry_after):
             queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
             ticket = Ticket(klass.name, model, prompt_tokens, max_tokens)
             if self._budget is not None and pool.in_flight >= pool.max_concurrency:
                 self._budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
+            if trace is not None:
+                trace.queued()
             try:
                 lease = await pool.admit(klass.priority, queue_deadline, ticket, retry_after=config.timeouts.retry_after)
             finally:
@@ -451,7 +460,7 @@ class Router:
                 if serving.config.vllm_priority:
                     body["priority"] = klass.priority
                 try:
-                    response = await self._start_call(serving, lease, request, body)
+                    response = await self._start_call(serving, lease, request, body, trace)
                 except trio.Cancelled:
                     # The router's own deadline passed with no answer begun (not the
                     # caller leaving, nor a caller's shorter gRPC deadline): the
@@ -484,14 +493,17 @@ class Router:
             finally:
                 lease.release()
 
-    async def _start_call(self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any]) -> BackendResponse:
+    async def _start_call(
+        self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], trace: RequestTrace | None = None
+    ) -> BackendResponse:
         """Send the request and wait for its first byte, trying once more elsewhere if that fails.
 
         A failure before any response came (refused, reset, no first byte in
         the pool's ``first_byte_timeout``) is retried once on another
         endpoint of the pool that has room; the seat moves with it, so the
         pool's cap holds. Nothing has reached the caller yet, so a retry is
-        invisible to it. An answered 5xx or a 4xx is never retried.
+        invisible to it. An answered 5xx or a 4xx is never retried. With
+        ``trace``, each attempt has a span, named in the ``traceparent`` sent.
         """
         headers = {"x-request-id": request.request_id}
         path = _PATHS[request.kind]
@@ -500,12 +512,18 @@ class Router:
         timeout = pool.config.first_byte_timeout if request.stream else math.inf
         for attempt in (1, 2):
             endpoint = lease.endpoint
+            if trace is not None:
+                headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
             try:
                 return await _first_byte(lease.client, path, body, headers, stream=request.stream, timeout=timeout)
-            except BackendRejected:
+            except BackendRejected as error:
+                if trace is not None:
+                    trace.call_failed(error)
                 pool.record_success(endpoint)  # it answered: the request was at fault
                 raise
             except BackendError as error:
+                if trace is not None:
+                    trace.call_failed(error)
                 self._failed(pool, endpoint, error)
                 retry_to = pool.retry_endpoint(lease) if attempt == 1 and _retryable(error) else None
                 if retry_to is None:
@@ -841,6 +859,11 @@ async def _open_started(
             await response.aclose()
         raise
     return response
+
+
+def _count(value: object) -> int | None:
+    """A token count from a usage object, if it is one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _endpoint_grant(endpoint: Endpoint, pool: Pool) -> Callable[[int], None]:

@@ -33,9 +33,10 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -44,6 +45,9 @@ from .dispatch import Completion, Router
 from .errors import DeadlineExceeded, InternalError, InvalidRequest, ServerBusy, TailguardError
 from .request import Routing, RouterRequest
 from .telemetry import Api, RepeatedIds, RequestRecord, Telemetry, is_valid_request_id
+
+if TYPE_CHECKING:  # imported only while [tracing] is on
+    from .tracing import Tracing
 
 __all__ = ["ClientLeft", "Session", "Sessions", "checked_header", "checked_headers"]
 
@@ -79,7 +83,8 @@ class Sessions:
     ``max_open`` bounds the sessions open at once: beyond it a request gets
     :class:`~router.errors.ServerBusy` (with a retry hint) before any work, and
     is still recorded. ``request_id_field`` names where the wire carries the id
-    (for the error's ``param``).
+    (for the error's ``param``). ``tracing`` says, per request, which tracer
+    (if any: None while ``[tracing]`` is off) traces it.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class Sessions:
         max_open: int | None = None,
         log_prompts: Callable[[], bool] | None = None,
         request_id_field: str = "x-request-id",
+        tracing: Callable[[], Tracing | None] | None = None,
     ) -> None:
         self.router = router
         self.telemetry = telemetry
@@ -102,6 +108,7 @@ class Sessions:
         self._on_repeat = on_repeat
         self._log_prompts = log_prompts
         self._request_id_field = request_id_field
+        self._tracing = tracing
         self._open = 0
 
     @property
@@ -124,14 +131,22 @@ class Sessions:
             self._on_repeat()
         return supplied, None
 
-    def start(self, supplied_id: str | None = None) -> Session:
+    def start(self, supplied_id: str | None = None, *, carrier: Mapping[str, str] | None = None, route: str = "") -> Session:
         """A session for one completion request; enter it with ``async with``.
 
         Nothing is raised here, so the front end knows the request id it
         answers under whatever happens next; a refused id is raised on entry.
+        While tracing is on the request is traced from here: ``carrier`` (the
+        caller's headers or metadata, lower-case names) may hold its parent's
+        ``traceparent``, and ``route`` names its span.
         """
         request_id, refused = self.request_id(supplied_id)
-        return Session(self, self.telemetry.start(request_id, self.api), refused)
+        record = self.telemetry.start(request_id, self.api)
+        if self._tracing is not None:
+            tracing = self._tracing()
+            if tracing is not None:
+                record.trace = tracing.start(record, carrier, route)
+        return Session(self, record, refused)
 
     def _busy(self) -> ServerBusy | None:
         if self.max_open is None or self._open < self.max_open:

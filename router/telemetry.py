@@ -18,12 +18,15 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
 from . import errors
 from .error_spec import CLIENT_CANCELLED, Outcome, grpc_status, http_status, outcome_and_reason
+
+if TYPE_CHECKING:  # imported only while [tracing] is on (router/tracing.py loads the SDK)
+    from .tracing import RequestTrace
 
 __all__ = [
     "UNKNOWN", "Api", "Outcome", "RepeatedIds", "RequestRecord", "Sink", "Telemetry", "is_valid_request_id", "outcome_of", "status_of",
@@ -37,6 +40,7 @@ UNKNOWN = "none"  # label value for a class or pool not yet decided
 # One SSE event per engine step carrying output; vLLM emits one per token
 # unless it batches several tokens into one step's delta.
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 
 
 # A caller's request id goes into headers, logs and the backend's request.
@@ -77,6 +81,7 @@ class RequestRecord:
     arrival: float
     caller: str = "anonymous"
     kind: str = UNKNOWN
+    model: str | None = None  # as sent to the backend
     stream: bool = False
     request_class: str = UNKNOWN
     pool: str = UNKNOWN
@@ -91,11 +96,13 @@ class RequestRecord:
     first_token_at: float | None = None
     finished_at: float | None = None
     completion_tokens: int | None = None
+    input_tokens: int | None = None  # the prompt's tokens as the backend's usage reports them
     outcome: Outcome | None = None
     reason: str | None = None
     status: int | str | None = None  # the HTTP status or gRPC code the caller saw
     error: str | None = None
     prompt_text: str | None = field(default=None, repr=False)  # only when log_prompts is on
+    trace: RequestTrace | None = field(default=None, repr=False)  # only while [tracing] is on
     _events: int = field(default=0, repr=False)
     _done_seen: bool = field(default=False, repr=False)
 
@@ -117,6 +124,9 @@ class RequestRecord:
         match = _USAGE.search(chunk)
         if match is not None:  # a usage chunk (stream_options.include_usage) is exact
             self.completion_tokens = int(match.group(1))
+            prompt = _PROMPT_USAGE.search(chunk)
+            if prompt is not None:
+                self.input_tokens = int(prompt.group(1))
 
     # -- derived timings -----------------------------------------------------
 
@@ -212,6 +222,11 @@ class Telemetry:
                 sink(record)
             except Exception:  # a broken sink must never fail a request
                 log.exception("telemetry sink %r failed", sink)
+        if record.trace is not None:
+            try:
+                record.trace.finish(record)
+            except Exception:  # nor a broken trace
+                log.exception("finishing the trace of request %s failed", record.request_id)
 
 
 class RepeatedIds:

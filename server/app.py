@@ -34,6 +34,7 @@ from .redis_ledger import RedisLedger
 from .metrics import Metrics
 from .reload import ConfigReloader, Prepare
 from .simulate import SimulateError, SimulatedFleet, lone_os_error
+from .trace_switch import TracingSwitch
 from .workers import WorkerRole
 
 log = logging.getLogger("tailguard")
@@ -147,10 +148,14 @@ async def serve(
         access_log = AccessLog(log_prompts=config.logging.log_prompts, enabled=config.logging.access_log)
         telemetry = Telemetry([metrics.observe, access_log])
         repeated_ids = RepeatedIds(config.metrics.duplicate_request_id_window)
+        # [tracing]: off, the OpenTelemetry SDK is not even imported; a reload switches it live.
+        tracing = TracingSwitch(config.tracing, grace=lambda: router.config.timeouts.end_to_end_timeout)
+        await nursery.start(tracing.run)
 
         async def apply(new: Config) -> None:
             if fleet is not None:
                 await fleet.ensure(new)
+            tracing.apply(new.tracing)
             router.apply(new)
             access_log.enabled, access_log.log_prompts = new.logging.access_log, new.logging.log_prompts
             repeated_ids.window = new.metrics.duplicate_request_id_window
@@ -179,6 +184,7 @@ async def serve(
             metrics=metrics,
             repeated_ids=repeated_ids,
             access_log=access_log,
+            tracing=tracing,
         )
         # The HTTP server returns once the shutdown trigger fired and its
         # in-flight requests finished (or its grace period passed); the rest
@@ -226,7 +232,7 @@ async def serve(
                 # grpc says only "Failed to bind" (and logs to stderr): try the address first, and say why.
                 _check_bindable(*listen, "server.grpc_listen", reuse_port=worker is not None)
                 observers = Observers(
-                    telemetry, repeated_ids, metrics.repeated_request_id, log_prompts=lambda: access_log.log_prompts
+                    telemetry, repeated_ids, metrics.repeated_request_id, log_prompts=lambda: access_log.log_prompts, tracing=tracing
                 )
                 try:
                     bound_grpc = await front.start(

@@ -26,7 +26,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import trio
@@ -43,6 +43,9 @@ from tailguard.router.errors import BackendStreamError, BadBackendReply, Drainin
 from tailguard.router.request import RequestKind, Routing, RouterRequest
 from tailguard.router.session import Session, Sessions, checked_header
 from tailguard.router.telemetry import RepeatedIds, Telemetry
+
+if TYPE_CHECKING:  # imported only while [tracing] is on
+    from tailguard.router.tracing import Tracing
 
 from .errors_map import grpc_error
 from .grpc_bridge import AsyncioHost, TrioPortal
@@ -85,6 +88,12 @@ class _Call:
     remaining: float | None  # the caller's deadline, in seconds from now
     stream: bool
     request_id: str | None = None  # set by the Trio side: the id the call goes by
+    trace_context: dict[str, str] | None = None  # the caller's traceparent and tracestate, if it sent them
+
+    @property
+    def route(self) -> str:
+        """The call's full method name, as its span is named."""
+        return f"tailguard.v1.Completions/{'Chat' if self.kind == 'chat' else 'Complete'}{'Stream' if self.stream else ''}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +115,7 @@ class _TrioSide:
         self._sessions = sessions
 
     async def unary(self, call: _Call) -> tuple[pb.CompletionResponse, tuple[tuple[str, str], ...], str]:
-        session = self._sessions.start(call.supplied_id)
+        session = self._sessions.start(call.supplied_id, carrier=call.trace_context, route=call.route)
         call.request_id = session.request_id
         async with session:
             request, caller = self._admit(call, session)
@@ -119,7 +128,7 @@ class _TrioSide:
 
     async def stream(self, emit: Callable[[Any], Awaitable[None]], call: _Call) -> None:
         """Emit a _Head, then a list of chunks per backend read (one hand-off each), then the _Timing."""
-        session = self._sessions.start(call.supplied_id)
+        session = self._sessions.start(call.supplied_id, carrier=call.trace_context, route=call.route)
         call.request_id = session.request_id
         async with session:
             request, caller = self._admit(call, session)
@@ -298,6 +307,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             max_open=max_calls,
             log_prompts=observers.log_prompts,
             request_id_field="request_id",
+            tracing=observers.tracing,
         )
         self._trio = _TrioSide(sessions)
 
@@ -371,6 +381,10 @@ class Observers:
     repeated_ids: RepeatedIds | None = None
     on_repeat: Callable[[], None] = lambda: None
     log_prompts: Callable[[], bool] = lambda: False
+    tracing: Callable[[], Tracing | None] | None = None  # the tracer of each call, if any
+
+
+_TRACE_CONTEXT = ("traceparent", "tracestate")  # W3C trace context, as gRPC metadata carries it
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -381,7 +395,8 @@ def _call(kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *,
     """What the Trio side needs of one call (asyncio side: metadata and deadline are read here)."""
     metadata = _metadata(context)
     supplied = message.options.request_id or metadata.get("x-request-id") or ""
-    return _Call(kind, message, supplied, metadata.get("authorization"), context.time_remaining(), stream)
+    trace_context = {key: metadata[key] for key in _TRACE_CONTEXT if key in metadata} or None
+    return _Call(kind, message, supplied, metadata.get("authorization"), context.time_remaining(), stream, trace_context=trace_context)
 
 
 def _params(options: pb.Options) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -26,6 +26,9 @@ from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalEr
 from tailguard.router.request import RequestKind
 from tailguard.router.session import ClientLeft, Session, Sessions, checked_header
 from tailguard.router.telemetry import RepeatedIds, Telemetry
+
+if TYPE_CHECKING:  # imported only while [tracing] is on
+    from tailguard.router.tracing import Tracing
 
 from .errors_map import HttpError, http_error, no_route, wrong_method
 from .logs import AccessLog
@@ -64,7 +67,8 @@ class HttpApi:
     a route asked with a method it does not take is a 405 with ``Allow``.
     With API keys configured, every ``/v1/`` route needs ``Authorization:
     Bearer <key>``; ``/health`` and ``/metrics`` stay open for load balancers
-    and Prometheus.
+    and Prometheus. ``tracing`` gives the tracer of each completion request
+    (None: not traced); a ``traceparent`` header makes its trace a child.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class HttpApi:
         metrics: Metrics | None = None,
         repeated_ids: RepeatedIds | None = None,
         access_log: AccessLog | None = None,
+        tracing: Callable[[], Tracing | None] | None = None,
     ) -> None:
         self._router = router
         self._max_body_bytes = max_body_bytes
@@ -89,6 +94,7 @@ class HttpApi:
             repeated_ids=repeated_ids,
             on_repeat=None if metrics is None else metrics.repeated_request_id,
             log_prompts=None if access_log is None else (lambda: access_log.log_prompts),
+            tracing=tracing,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -102,7 +108,7 @@ class HttpApi:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         kind = _COMPLETION_PATHS.get(path)
         if kind is not None and method == "POST":
-            await self._completion(kind, headers, receive, send)
+            await self._completion(kind, path, headers, receive, send)
             return
         request_id, refused = self._sessions.request_id(headers.get("x-request-id"))
         try:
@@ -168,8 +174,8 @@ class HttpApi:
 
     # -- completions --------------------------------------------------------
 
-    async def _completion(self, kind: RequestKind, headers: dict[str, str], receive: Receive, send: Send) -> None:
-        session = self._sessions.start(headers.get("x-request-id"))
+    async def _completion(self, kind: RequestKind, path: str, headers: dict[str, str], receive: Receive, send: Send) -> None:
+        session = self._sessions.start(headers.get("x-request-id"), carrier=headers, route=f"POST {path}")
         exchange = _Exchange(send, session)
         async with trio.open_nursery() as nursery:
             try:

@@ -124,7 +124,7 @@ def summarize(old: Config, new: Config) -> str:
     return "; ".join(parts) if parts else "no setting changed"
 
 
-_OTHER_TABLES = ("server", "estimate", "limits", "timeouts", "auth", "logging", "metrics", "rebalance", "discovery", "cluster")
+_OTHER_TABLES = ("server", "estimate", "limits", "timeouts", "auth", "logging", "metrics", "rebalance", "discovery", "cluster", "tracing")
 _POOL_KEYS_SUMMARIZED = frozenset({"name", "endpoints", "max_concurrency", "max_queue", "class_max_concurrency"})
 
 
