@@ -42,30 +42,14 @@ from typing import Any
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.chaos.attacks import (
-    ATTACKS,
-    BATCH_MAX_TOKENS,
-    NORMAL_MAX_TOKENS,
-    Attack,
-    Phase,
-    normal_spec,
-)
+from bench.chaos.attacks import ATTACKS, BATCH_MAX_TOKENS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
 from bench.chaos.client import Answer, HttpPool, RequestSpec, recovery_s, send, tally
 from bench.chaos.report import render, write_outputs
-from bench.harness.cli import interrupted
+from bench.harness.cli import driver_parser, run_trio
 from bench.harness.config import PoolSpec
 from bench.harness.config import tailguard_config as shared_config
 from bench.harness.grpc import AsyncioThread
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    add_serve_arg,
-    free_ports,
-    log_tail,
-    start_process,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
+from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_process, start_tailguard, stop, wait_ready
 from bench.harness.report import git_commit
 from tailguard.sim.params import PROFILES
 
@@ -539,8 +523,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-
-
 def checks(result: Result, fd_slack: int = FD_SLACK, rss_slack_mib: float = 30.0) -> list[str]:
     """What must hold, phase by phase: each failure as one line (empty: all held)."""
     failures = []
@@ -574,7 +556,7 @@ def notes(result: Result) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench chaos", description=__doc__.splitlines()[0])
+    parser = driver_parser("chaos", __doc__)
     parser.add_argument("--quick", action="store_true", help="shorter windows and fewer requests (under 3 minutes; the default run takes about 4)")
     parser.add_argument(
         "--attacks", default="", help=f"comma-separated subset, in run order; default all: {', '.join(a.name for a in ATTACKS)}"
@@ -609,12 +591,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "bench", "chaos", *argv])
     print(f"command: {command}", flush=True)
     started = time.perf_counter()
-    try:
-        result = trio.run(measure, options, command)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("interrupted; the simulator and tailguard were stopped", file=sys.stderr)
+    result = run_trio(measure, options, command, said="the simulator and tailguard were stopped")
+    if result is None:
         return 130
     result.wall_s = round(time.perf_counter() - started, 1)
     result.checks = checks(result)

@@ -54,46 +54,19 @@ import coredis
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.cli import interrupted
-from bench.harness.client import (
-    CHAT_PATH,
-    HOST,
-    ProtocolError,
-    engine_counts,
-    http_request,
-)
+from bench.harness.cli import driver_parser, run_trio
+from bench.harness.client import CHAT_PATH, HOST, ProtocolError, engine_counts, http_request
 from bench.harness.client import ConnectionPool as OpenPool
 from bench.harness.clocks import MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.open_loop import (
-    Sample,
-    TokenClient,
-    TokenPool,
-    class_stats,
-    play,
-    token_times,
-)
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    free_ports,
-    process_cpu_seconds,
-    start_process,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
+from bench.harness.open_loop import Sample, TokenClient, TokenPool, class_stats, play, token_times
+from bench.harness.procs import RESULTS_ROOT, free_ports, process_cpu_seconds, start_process, start_tailguard, stop, wait_ready
 from bench.harness.report import git_commit, write_json
 from bench.harness.traffic import http_open_loop, poisson_offsets
 from tailguard.router.auth import hash_key
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.mix import (
-    body_for,
-    origin_mix,
-    percentile,
-    pooled_capacity,
-    shapes_by_class,
-)
+from tailguard.sim.virtual.mix import body_for, origin_mix, percentile, pooled_capacity, shapes_by_class
 from tailguard.sim.virtual.trace import Arrival, generated
 
 RESULTS = RESULTS_ROOT / "cluster"
@@ -1136,7 +1109,7 @@ def render(result: dict[str, Any], command: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench cluster", description=__doc__.splitlines()[0])
+    parser = driver_parser("cluster", __doc__)
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run (~3 min): one load, Poisson only, short windows, Redis down 8 s and paused 4 s")
     add("--replicas", type=int, default=4, help="replicas sharing the caps (default %(default)s)")
@@ -1209,12 +1182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options = options_from(args, parser)
     command = " ".join(["python -m bench cluster", *(argv or [])])
-    try:
-        result = trio.run(measure, options)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("\ninterrupted; redis-server, the simulator and tailguard were stopped", file=sys.stderr)
+    result = run_trio(measure, options, said="redis-server, the simulator and tailguard were stopped")
+    if result is None:
         return 130
     text = render(result, command)
     name = args.name or ("cluster-quick" if args.quick else "cluster")
@@ -1225,6 +1194,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {options.out / name}.md and .json")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -260,7 +260,6 @@ async def sse_client(port: int, request: bytes, deadline: float, counters: LoadC
                 await trio.sleep(_ERROR_BACKOFF_S)
 
 
-
 def engine_counts(page: bytes) -> tuple[int, int]:
     """(vllm:num_requests_running, vllm:num_requests_waiting) from an engine's /metrics page."""
     counts = {b"vllm:num_requests_running": 0, b"vllm:num_requests_waiting": 0}

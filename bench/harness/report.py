@@ -14,6 +14,19 @@ def write_json(path: Path, payload: object) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
+def save_json(path: Path, payload: object) -> None:
+    """``write_json``, and say where (a driver's last line)."""
+    write_json(path, payload)
+    print(f"wrote {path}")
+
+
+def write_report(out: Path, stem: str, payload: object, report: str) -> None:
+    """``out/STEM.json`` (the numbers) and ``out/STEM.md`` (the printed report), and say so."""
+    write_json(out / f"{stem}.json", payload)
+    (out / f"{stem}.md").write_text(report + "\n")
+    print(f"wrote {out / f'{stem}.json'} and {out / f'{stem}.md'}")
+
+
 def _git(*args: str) -> str:
     """A git command's output in this checkout (raises OSError or SubprocessError without one)."""
     return subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, check=True, timeout=10).stdout.strip()

@@ -29,21 +29,12 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.cli import interrupted
+from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http_request
 from bench.harness.clocks import CpuClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    add_serve_arg,
-    free_ports,
-    log_tail,
-    start_simulator,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
-from bench.harness.report import write_json
+from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
+from bench.harness.report import save_json
 from tailguard.sim.virtual.mix import percentile
 
 DEFAULT_JSON = RESULTS_ROOT / "router_overhead.json"
@@ -54,38 +45,10 @@ _ERROR_BACKOFF_S = 0.05
 # -- a lean keep-alive HTTP/1.1 client ---------------------------------------
 
 
-
-
-
-
-
-
-
-
-
-
 # -- processes ------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # -- statistics -------------------------------------------------------------------
-
-
-
-
 
 
 # -- the closed loop -----------------------------------------------------------------
@@ -311,8 +274,6 @@ def _overheads(runs: Sequence[RunResult]) -> list[Overhead]:
     return overheads
 
 
-
-
 def _progress(run: RunResult) -> str:
     return f"  {run.target:>9} c={run.concurrency:<3} n={run.requests} P50 {run.p50_ms:.2f} ms P99 {run.p99_ms:.2f} ms {run.req_per_s:,.0f} req/s"
 
@@ -345,12 +306,8 @@ def render_table(result: Result) -> str:
     return "\n".join(lines)
 
 
-
-
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench router-overhead", description=__doc__.splitlines()[0])
+    parser = driver_parser("router-overhead", __doc__)
     parser.add_argument(
         "--requests",
         type=int,
@@ -361,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=500, help="unmeasured requests before each run (default %(default)s)")
     parser.add_argument("--concurrency", default="1,64", help="comma-separated concurrencies (default %(default)s)")
     add_serve_arg(parser)
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results (default %(default)s)")
+    add_json_arg(parser, DEFAULT_JSON)
     return parser
 
 
@@ -383,12 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_args=args.serve_arg,
     )
     started = time.perf_counter()
-    try:
-        result = trio.run(measure, plan)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("interrupted; the simulator and tailguard were stopped", file=sys.stderr)
+    result = run_trio(measure, plan, said="the simulator and tailguard were stopped")
+    if result is None:
         return 130
     print(render_table(result))
     flags = " ".join(plan.serve_args) or "(default flags)"
@@ -398,10 +351,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"warm-up requests per run; {result.cpu_count} CPUs shared by the simulator, tailguard and this client. "
         f"Wall time {time.perf_counter() - started:.0f} s."
     )
-    write_json(args.json, asdict(result))
-    print(f"wrote {args.json}")
+    save_json(args.json, asdict(result))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

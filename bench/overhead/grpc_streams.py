@@ -59,41 +59,15 @@ from typing import IO
 import grpc
 import trio
 
-from bench.harness.cli import interrupted
-from bench.harness.client import (
-    CALL_TIMEOUT_S,
-    CHAT_PATH,
-    HOST,
-    KeepAliveClient,
-    LoadCounters,
-    http_request,
-    sse_client,
-)
+from bench.harness.cli import add_json_arg, driver_parser, run_trio
+from bench.harness.client import CALL_TIMEOUT_S, CHAT_PATH, HOST, KeepAliveClient, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    ProcSample,
-    free_ports,
-    log_tail,
-    proc_sample,
-    raise_nofile,
-    start_process,
-    start_simulator,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
-from bench.harness.report import write_json
-from bench.overhead.closed_loop import (
-    MAX_TOKENS,
-    MESSAGE,
-    Budget,
-    RunResult,
-    Tally,
-    closed_loop,
-)
+from bench.harness.procs import RESULTS_ROOT, ProcSample, free_ports, log_tail, proc_sample, raise_nofile, start_process, start_simulator, start_tailguard, stop, wait_ready
+from bench.harness.report import save_json
+from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop
+from bench.overhead.load import StreamRun, sse_streams
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
@@ -140,8 +114,6 @@ _PY_SPY_SECONDS = 4
 
 
 # -- the asyncio side: a loop on its own thread, for grpc.aio -----------------------------
-
-
 
 
 @dataclass
@@ -300,28 +272,9 @@ async def hold_streams(client: GrpcClient, request: pb.ChatRequest, count: int, 
 # -- /proc readings -------------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
-
 # -- results --------------------------------------------------------------------------------
 
 
-@dataclass
-class StreamRun:
-    target: str  # "http-direct" (SSE events from the engine) or "grpc" (chunks through tailguard)
-    streams: int
-    window_s: float
-    chunks: int  # gRPC messages; for http-direct, SSE events without [DONE]
-    chunks_per_s: float
-    streams_done: int
-    errors: int
-    cores: dict[str, float]
-    tailguard_cpu_us_per_chunk: float | None
 
 
 @dataclass
@@ -528,20 +481,7 @@ async def direct_streams(port: int, pids: dict[str, int]) -> StreamRun:
         "stream_options": {"include_usage": True},  # tailguard asks for it too
     }
     request = http_request(port, CHAT_PATH, payload)
-    counters = LoadCounters()
-    deadline = trio.current_time() + DIRECT_STREAM_WARMUP_S + DIRECT_STREAM_WINDOW_S + 1.0
-    async with trio.open_nursery() as load:
-        for _ in range(STREAMS):
-            load.start_soon(sse_client, port, request, deadline, counters)
-        await trio.sleep(DIRECT_STREAM_WARMUP_S)
-        before, at_start = CpuClock.read(pids), LoadCounters(**asdict(counters))
-        await trio.sleep(DIRECT_STREAM_WINDOW_S)
-        after, at_end = CpuClock.read(pids), LoadCounters(**asdict(counters))
-        load.cancel_scope.cancel()
-    done = at_end.streams_done - at_start.streams_done
-    events = at_end.events - at_start.events - done  # every finished stream's [DONE] is not a chunk
-    wall = after.wall - before.wall
-    return StreamRun("http-direct", STREAMS, wall, events, events / wall, done, at_end.errors - at_start.errors, after.cores_since(before), None)
+    return await sse_streams("http-direct", port, request, STREAMS, DIRECT_STREAM_WARMUP_S, DIRECT_STREAM_WINDOW_S, pids, router=None)
 
 
 async def grpc_stream_run(aio: AsyncioThread, client: GrpcClient, pids: dict[str, int], tg_pid: int, profile: Path | None) -> StreamRun:
@@ -780,8 +720,8 @@ def _stream_progress(run: StreamRun) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench grpc-overhead", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results (default %(default)s)")
+    parser = driver_parser("grpc-overhead", __doc__)
+    add_json_arg(parser, DEFAULT_JSON)
     parser.add_argument(
         "--streams-open", type=int, default=TARGET_OPEN_STREAMS, help="streams held open at once in phase 3; 0 skips it (default %(default)s)"
     )
@@ -809,13 +749,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warning: RLIMIT_NOFILE is {nofile}; {args.streams_open:,} streams may run out of sockets", file=sys.stderr)
     options = Options(args.streams_open, args.open_endpoints, args.channels, args.py_spy)
     started = time.perf_counter()
-    try:
-        with AsyncioThread() as aio:
-            result = trio.run(measure, options, aio, nofile)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("interrupted; the simulators and tailguard were stopped", file=sys.stderr)
+    with AsyncioThread() as aio:
+        result = run_trio(measure, options, aio, nofile, said="the simulators and tailguard were stopped")
+    if result is None:
         return 130
     result.wall_s = time.perf_counter() - started
     print(render(result))
@@ -824,10 +760,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.channels} channel(s); {result.cpu_count} CPUs shared by the simulators, tailguard and this client; "
         f"RLIMIT_NOFILE {nofile:,} (inherited by the children). Wall time {result.wall_s:.0f} s."
     )
-    write_json(args.json, asdict(result))
-    print(f"wrote {args.json}")
+    save_json(args.json, asdict(result))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -65,32 +65,12 @@ import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.cli import interrupted
-from bench.harness.client import (
-    CHAT_PATH,
-    EVENT,
-    HOST,
-    KeepAliveClient,
-    LoadCounters,
-    ProtocolError,
-    http_request,
-    sse_client,
-)
+from bench.harness.cli import driver_parser, run_trio
+from bench.harness.client import CHAT_PATH, EVENT, HOST, KeepAliveClient, LoadCounters, ProtocolError, http_request, sse_client
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    ProcSample,
-    free_ports,
-    log_tail,
-    proc_sample,
-    raise_nofile,
-    start_process,
-    start_simulator,
-    stop,
-    wait_ready,
-)
-from bench.harness.report import code_version, write_json
+from bench.harness.procs import RESULTS_ROOT, ProcSample, free_ports, log_tail, proc_sample, raise_nofile, start_process, start_simulator, stop, wait_ready
+from bench.harness.report import code_version, write_report
 from bench.overhead.closed_loop import MESSAGE
 from tailguard.sim.virtual.mix import percentile
 
@@ -834,7 +814,7 @@ def _ints(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench hold", description=__doc__.splitlines()[0])
+    parser = driver_parser("hold", __doc__)
     parser.add_argument("--streams", type=int, default=10_000, help="streams to hold; 0 skips the hold (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=15.0, help="how long the streams are held once open (default %(default)s)")
     parser.add_argument("--step-ms", type=float, default=1000.0, help="the slow engines' step: a token per stream per step (default %(default)s)")
@@ -873,24 +853,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.freeze()
     gc.disable()
     try:
-        result = trio.run(measure, options)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("interrupted; the simulators and the router were stopped", file=sys.stderr)
-        return 130
+        result = run_trio(measure, options, said="the simulators and the router were stopped")
     finally:
         gc.enable()
         gc.unfreeze()
+    if result is None:
+        return 130
     result.wall_s = time.perf_counter() - started
     report = render(result)
     print(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "hold.json", asdict(result))
-    (args.out / "hold.md").write_text(report + "\n")
-    print(f"wrote {args.out / 'hold.json'} and {args.out / 'hold.md'}")
+    write_report(args.out, "hold", asdict(result), report)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

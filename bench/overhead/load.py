@@ -31,7 +31,6 @@ import trio
 from bench.harness.client import CALL_TIMEOUT_S, LoadCounters, sse_client
 from bench.harness.clocks import CpuClock
 from bench.harness.traffic import START_DELAY_S, OpenTally
-from bench.overhead.grpc_streams import StreamRun
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
@@ -41,22 +40,10 @@ _PY_SPY_GRACE_S = 30.0  # py-spy's own start-up and writing of the file
 # -- the machine's CPU --------------------------------------------------------------------
 
 
-
-
 # -- arrivals -------------------------------------------------------------------------
 
 
-
-
-
-
 # -- HTTP: Trio, keep-alive pool ---------------------------------------------------------
-
-
-
-
-
-
 
 
 # -- gRPC: grpc.aio on bench.overhead.grpc_streams's asyncio thread ---------------------------------
@@ -109,11 +96,11 @@ async def sse_streams(
     pids: dict[str, int],
     profile: Path | None = None,
     profile_s: float = 0.0,
-    router: str = "tailguard",
+    router: str | None = "tailguard",
 ) -> StreamRun:
     """``streams`` concurrent streams, each restarted when it ends (a connection each); events/s over the window.
 
-    ``router`` names the pid whose CPU per event is reported (none for ``target`` "direct").
+    ``router`` names the pid whose CPU per event is reported (None: no router, the engine's own stream).
 
     With ``profile``, the load goes on after the window while py-spy records
     tailguard, so the profile does not perturb the measured numbers.
@@ -134,8 +121,7 @@ async def sse_streams(
     done = at_end.streams_done - at_start.streams_done
     events = at_end.events - at_start.events - done  # a finished stream's [DONE] is not a relayed chunk
     wall = after.wall - before.wall
-    cpu = after.seconds_since(before)[router]
-    per_event = cpu / events * 1e6 if target != "direct" and events else None
+    per_event = after.seconds_since(before)[router] / events * 1e6 if router is not None and events else None
     return StreamRun(target, streams, wall, events, events / wall, done, at_end.errors - at_start.errors, after.cores_since(before), per_event)
 
 
@@ -219,3 +205,17 @@ def _component(file: str) -> str:
         rest = file.split("/lib/python3", 1)[1].split("/", 1)[-1]
         return "stdlib " + rest.split("/", 1)[0].removesuffix(".py")
     return file or "?"
+
+
+
+@dataclass
+class StreamRun:
+    target: str  # "http-direct" (SSE events from the engine) or "grpc" (chunks through tailguard)
+    streams: int
+    window_s: float
+    chunks: int  # gRPC messages; for http-direct, SSE events without [DONE]
+    chunks_per_s: float
+    streams_done: int
+    errors: int
+    cores: dict[str, float]
+    tailguard_cpu_us_per_chunk: float | None

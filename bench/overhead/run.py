@@ -48,55 +48,17 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.cli import interrupted
-from bench.harness.client import (
-    CHAT_PATH,
-    HOST,
-    ConnectionPool,
-    KeepAliveClient,
-    http_request,
-)
+from bench.harness.cli import driver_parser, run_trio
+from bench.harness.client import CHAT_PATH, HOST, ConnectionPool, KeepAliveClient, http_request
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    free_ports,
-    log_tail,
-    raise_nofile,
-    start_process,
-    start_simulator,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
-from bench.harness.report import code_version, write_json
+from bench.harness.procs import RESULTS_ROOT, free_ports, log_tail, raise_nofile, start_process, start_simulator, start_tailguard, stop, wait_ready
+from bench.harness.report import code_version, write_report
 from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
-from bench.overhead.closed_loop import (
-    MAX_TOKENS,
-    MESSAGE,
-    Plan,
-    RunResult,
-    closed_loop,
-    measure_closed_loop,
-)
-from bench.overhead.grpc_streams import (
-    WARMUP_CALLS,
-    WARMUP_SECONDS,
-    GrpcClient,
-    StreamRun,
-    Target,
-    chat_request,
-    grpc_closed_loop,
-    run_result,
-)
-from bench.overhead.load import (
-    ProfileSummary,
-    grpc_open_loop,
-    py_spy_speedscope,
-    sse_streams,
-    summarize_speedscope,
-)
+from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
+from bench.overhead.grpc_streams import WARMUP_CALLS, WARMUP_SECONDS, GrpcClient, StreamRun, Target, chat_request, grpc_closed_loop, run_result
+from bench.overhead.load import ProfileSummary, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
 from tailguard.sim.virtual.mix import percentile
 
 RESULTS_DIR = RESULTS_ROOT / "overhead"
@@ -267,8 +229,6 @@ def peer_command(exe: Path, port: int, metrics_port: int, engine_port: int) -> l
     ]  # fmt: skip
 
 
-
-
 def find_peer() -> Path | None:
     """The vllm-router beside this Python (the venv's), else on PATH."""
     beside = Path(sys.executable).with_name("vllm-router")
@@ -420,7 +380,7 @@ async def sse_phase(options: Options, ports: dict[str, int], pids: dict[str, int
             machine = MachineClock.read()
             target = "direct" if path == DIRECT else path
             run = await sse_streams(
-                target, ports[path], request, streams, options.sse_warmup_s, options.sse_seconds, pids, profile, options.profile_s, ROUTER_OF.get(path, TAILGUARD)
+                target, ports[path], request, streams, options.sse_warmup_s, options.sse_seconds, pids, profile, options.profile_s, ROUTER_OF.get(path)
             )
             busy[f"{path} {streams}"] = MachineClock.read().cores_since(machine)
             runs.append(replace(run, target=path))
@@ -670,7 +630,7 @@ def _sse_progress(s: StreamRun) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench overhead", description=__doc__.splitlines()[0])
+    parser = driver_parser("overhead", __doc__)
     parser.add_argument("--rates", default="100,400", help="comma-separated open-loop rates, req/s (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=10.0, help="each open-loop run (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured open loop before each run (default %(default)s)")
@@ -706,23 +666,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     raise_nofile(8192)  # children inherit it: 256 streams are 512 sockets in tailguard
     started = time.perf_counter()
-    try:
-        with AsyncioThread() as aio:
-            result = trio.run(measure, options, aio)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("interrupted; the simulator and the routers were stopped", file=sys.stderr)
+    with AsyncioThread() as aio:
+        result = run_trio(measure, options, aio, said="the simulator and the routers were stopped")
+    if result is None:
         return 130
     result.wall_s = time.perf_counter() - started
     report = render(result)
     print(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "overhead.json", asdict(result))
-    (args.out / "overhead.md").write_text(report + "\n")
-    print(f"wrote {args.out / 'overhead.json'} and {args.out / 'overhead.md'}")
+    write_report(args.out, "overhead", asdict(result), report)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,24 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import trio
 
-from bench.harness.cli import interrupted
+from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.client import HOST, LoadCounters, sse_client
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    free_ports,
-    process_cpu_seconds,
-    start_simulator,
-    stop,
-    wait_ready,
-)
+from bench.harness.procs import RESULTS_ROOT, free_ports, process_cpu_seconds, start_simulator, stop, wait_ready
+from bench.harness.report import save_json
 
 DEFAULT_JSON = RESULTS_ROOT / "sim_cpu.json"
 PROFILES = ("latency", "throughput")
@@ -226,18 +218,13 @@ def render_table(result: Result) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, result: Result) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(result), indent=2) + "\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench sim-cpu", description=__doc__.splitlines()[0])
+    parser = driver_parser("sim-cpu", __doc__)
     parser.add_argument("--streams", type=int, default=128, help="concurrent streams per engine (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measurement window (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=5.0, help="load before the window opens (default %(default)s)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="the simulator's --time-scale (default %(default)s)")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results (default %(default)s)")
+    add_json_arg(parser, DEFAULT_JSON)
     return parser
 
 
@@ -246,22 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.streams < 1 or args.seconds <= 0 or args.warmup < 0 or args.time_scale <= 0:
         parser.error("--streams must be >= 1, --seconds and --time-scale > 0, --warmup >= 0")
-    try:
-        result = trio.run(measure, args.streams, args.warmup, args.seconds, args.time_scale)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("interrupted; the simulator was stopped", file=sys.stderr)
+    result = run_trio(measure, args.streams, args.warmup, args.seconds, args.time_scale, said="the simulator was stopped")
+    if result is None:
         return 130
     print(render_table(result))
     print(
         f"\nsimulator: {', '.join(PROFILES)} at time scale {args.time_scale:g}, {args.streams} streams each, "
         f"{args.warmup:g} s warm-up; events are SSE 'data: ' lines (256 tokens + finish + [DONE] per stream)"
     )
-    write_json(args.json, result)
-    print(f"wrote {args.json}")
+    save_json(args.json, asdict(result))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,19 +25,18 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import random
-import sys
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import trio
 import trio.testing
 
+from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.procs import RESULTS_ROOT
+from bench.harness.report import save_json
 from tailguard.sim.engine import Engine, Sequence
 from tailguard.sim.params import PROFILES
 
@@ -300,9 +299,9 @@ def _json_safe(value: object) -> object:
     return value
 
 
-def write_json(path: Path, rows: Seq[Row], warmup: float, seconds: float, seed: int, wall: float) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
+def payload_of(rows: Seq[Row], warmup: float, seconds: float, seed: int, wall: float) -> dict[str, object]:
+    """What the JSON file holds: the run's parameters, the profiles, a row per scenario."""
+    return {
         "what": "closed-loop load on one simulated engine, virtual time (MockClock), time scale 1",
         "seed": seed,
         "warmup_s": warmup,
@@ -311,19 +310,10 @@ def write_json(path: Path, rows: Seq[Row], warmup: float, seconds: float, seed: 
         "profiles": {name: asdict(PROFILES[name]) for name in PROFILE_NAMES},
         "rows": [{k: _json_safe(v) for k, v in asdict(row).items()} for row in rows],
     }
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-
-
-def interrupted(error: BaseException) -> bool:
-    """Whether ``error`` is Ctrl-C, possibly wrapped in Trio's exception groups."""
-    if isinstance(error, BaseExceptionGroup):
-        _, rest = error.split(KeyboardInterrupt)
-        return rest is None
-    return isinstance(error, KeyboardInterrupt)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench sim-profile", description=__doc__.splitlines()[0])
+    parser = driver_parser("sim-profile", __doc__)
     parser.add_argument("--seconds", type=float, default=60.0, help="simulated measurement window per row (default %(default)s)")
     parser.add_argument(
         "--warmup",
@@ -335,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--levels", default=",".join(map(str, LEVELS)), help="concurrency levels, comma-separated (default %(default)s)"
     )
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results (default %(default)s)")
+    add_json_arg(parser, DEFAULT_JSON)
     return parser
 
 
@@ -345,12 +335,8 @@ def main(argv: Seq[str] | None = None) -> int:
     scenarios = build_scenarios(levels)
     started = time.perf_counter()  # wall time of the whole run, for the reader only
     clock = trio.testing.MockClock(autojump_threshold=0)
-    try:
-        rows = trio.run(run_all, scenarios, args.warmup, args.seconds, args.seed, clock=clock)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("interrupted", file=sys.stderr)
+    rows = run_trio(run_all, scenarios, args.warmup, args.seconds, args.seed, clock=clock, said="nothing to stop (virtual time)")
+    if rows is None:
         return 130
     wall = time.perf_counter() - started
     print(render_table(rows))
@@ -359,10 +345,6 @@ def main(argv: Seq[str] | None = None) -> int:
         f"ITL = (last token - first token) / (tokens - 1) per request; gap = every inter-token gap "
         f"(mixed rows, short requests only); wall {wall:.1f} s"
     )
-    write_json(args.json, rows, args.warmup, args.seconds, args.seed, wall)
-    print(f"wrote {args.json}")
+    save_json(args.json, payload_of(rows, args.warmup, args.seconds, args.seed, wall))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -44,39 +44,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cli import driver_parser
 from bench.harness.procs import RESULTS_ROOT
-from bench.sweep.check import (
-    QUICK_MIXED_JSON,
-    Comparison,
-    EngineAgreement,
-    Saturation,
-    compare,
-    comparison_json,
-    engine_agreements,
-    load_real,
-    mix_prompt_tokens,
-    model_capacity,
-    replay_points,
-    saturation_run,
-)
-from bench.sweep.report import (
-    comparison_table,
-    cost_summary,
-    engine_table,
-    full_table,
-    pivot,
-    plot_headline,
-    plot_split,
-)
+from bench.sweep.check import QUICK_MIXED_JSON, Comparison, EngineAgreement, Saturation, compare, comparison_json, engine_agreements, load_real, mix_prompt_tokens, model_capacity, replay_points, saturation_run
+from bench.sweep.report import comparison_table, cost_summary, engine_table, full_table, pivot, plot_headline, plot_split
 from tailguard.sim.virtual.fleet import Point as SimPoint
-from tailguard.sim.virtual.fleet import (
-    PointResult,
-    Setup,
-    disaggregated,
-    priority,
-    run_point,
-    shared,
-)
+from tailguard.sim.virtual.fleet import PointResult, Setup, disaggregated, priority, run_point, shared
 from tailguard.sim.virtual.mix import Capacity
 
 DEFAULT_OUT = RESULTS_ROOT / "sweep"
@@ -143,7 +116,7 @@ def _indexed(item: tuple[int, SimPoint]) -> tuple[int, PointResult]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench sweep", description=__doc__.splitlines()[0])
+    parser = driver_parser("sweep", __doc__)
     parser.add_argument(
         "--seconds",
         type=float,
@@ -317,6 +290,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -35,54 +35,22 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.cli import interrupted
-from bench.harness.client import (
-    CHAT_PATH,
-    TOKEN_MARKER,
-    ConnectionPool,
-    ProtocolError,
-    http_request,
-)
+from bench.harness.cli import add_json_arg, driver_parser, run_trio
+from bench.harness.client import CHAT_PATH, TOKEN_MARKER, ConnectionPool, ProtocolError, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    add_serve_arg,
-    free_ports,
-    log_tail,
-    start_simulator,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
-from bench.harness.report import write_json
+from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
+from bench.harness.report import save_json
 from bench.harness.traffic import Arrival, schedule
 from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.mix import (
-    CLASSES,
-    LONG_MAX_TOKENS,
-    SHORT_MAX_TOKENS,
-    SHORT_SHARE,
-    Capacity,
-    payloads,
-    percentile,
-    prompt_tokens,
-    shared_capacity,
-)
+from tailguard.sim.virtual.mix import CLASSES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, Capacity, payloads, percentile, prompt_tokens, shared_capacity
 
 DEFAULT_JSON = RESULTS_ROOT / "quick_mixed.json"
 TARGET_LOAD = 0.8  # of the single shared engine's capacity
 SETUP_NAMES = ("shared x1", "shared x2 rr", "tailguard", "split direct")
 
 
-
-
-
-
-
 # -- the open loop -------------------------------------------------------------------
-
-
 
 
 @dataclass
@@ -405,7 +373,7 @@ def render_table(result: Result) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench quick-mixed", description=__doc__.splitlines()[0])
+    parser = driver_parser("quick-mixed", __doc__)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured arrival window per set-up, real s (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=12.0, help="unmeasured arrivals before the window, real s (default %(default)s)")
     parser.add_argument("--drain", type=float, default=20.0, help="longest wait for stragglers after the last arrival, real s (default %(default)s)")
@@ -416,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--setup", action="append", default=[], choices=SETUP_NAMES, help="run only this set-up, repeatable (default: all)"
     )
     add_serve_arg(parser)
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results (default %(default)s)")
+    add_json_arg(parser, DEFAULT_JSON)
     return parser
 
 
@@ -427,12 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--seconds, --time-scale and --load must be > 0; --warmup and --drain >= 0")
     options = Options(args.seconds, args.warmup, args.drain, args.time_scale, args.load, args.seed, args.serve_arg, args.setup)
     started = time.perf_counter()
-    try:
-        result = trio.run(measure, options)
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("interrupted; the simulator and tailguard were stopped", file=sys.stderr)
+    result = run_trio(measure, options, said="the simulator and tailguard were stopped")
+    if result is None:
         return 130
     print(render_table(result))
     print(
@@ -443,10 +407,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result.times_are}. Warm-up {result.warmup_s:g} s, window {result.window_s:g} s, drain <= {result.drain_s:g} s "
         f"per set-up; TTFT = first token event (not the role event). Wall time {time.perf_counter() - started:.0f} s."
     )
-    write_json(args.json, asdict(result))
-    print(f"wrote {args.json}")
+    save_json(args.json, asdict(result))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -61,65 +61,19 @@ from typing import IO
 
 import trio
 
-from bench.harness.cli import interrupted
-from bench.harness.client import (
-    CHAT_PATH,
-    HOST,
-    ProtocolError,
-    engine_counts,
-    http_request,
-)
+from bench.harness.cli import driver_parser, run_trio
+from bench.harness.client import CHAT_PATH, HOST, ProtocolError, engine_counts, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec
-from bench.harness.open_loop import (
-    FAST_REJECTION_MS,
-    ClassStats,
-    Sample,
-    TokenClient,
-    TokenPool,
-    class_stats,
-    play,
-    token_times,
-    write_samples,
-)
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    free_ports,
-    log_tail,
-    process_cpu_seconds,
-    start_process,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
+from bench.harness.open_loop import FAST_REJECTION_MS, ClassStats, Sample, TokenClient, TokenPool, class_stats, play, token_times, write_samples
+from bench.harness.procs import RESULTS_ROOT, free_ports, log_tail, process_cpu_seconds, start_process, start_tailguard, stop, wait_ready
 from bench.harness.report import write_json
-from bench.tail.plot import (
-    plot_cdfs,
-    plot_p99_vs_load,
-    plot_shift,
-    plot_timelines,
-    plot_tradeoff,
-)
+from bench.tail.plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
 from tailguard.router.config_types import LimitsConfig
 from tailguard.router.limits import effective_max_tokens
 from tailguard.sim.params import PROFILES, EngineParams
-from tailguard.sim.virtual.mix import (
-    CLASSES,
-    MIXES,
-    Shape,
-    body_for,
-    percentile,
-    pooled_capacity,
-    shapes_by_class,
-)
-from tailguard.sim.virtual.trace import (
-    Arrival,
-    generated,
-    mix_of,
-    phased,
-    read_trace,
-    write_trace,
-)
+from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, body_for, percentile, pooled_capacity, shapes_by_class
+from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
 
 RESULTS = RESULTS_ROOT / "tail"
 DEFAULT_SETUPS = ("shared", "priority", "disaggregated", "split-direct", "short-only")
@@ -1099,8 +1053,6 @@ async def _watch_engines(watch: EngineWatch, origin: float, keep: bool) -> None:
             await client.aclose()
 
 
-
-
 def _join_access_log(router: _Router, samples: Sequence[Sample]) -> float:
     """Put the router's own end-to-end time (its access log) on each sample; the share of measured ones found."""
     times: dict[str, float] = {}
@@ -1666,7 +1618,7 @@ def write_outputs(result: Result, options: Options, table: str) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench tail", description=__doc__.splitlines()[0])
+    parser = driver_parser("tail", __doc__)
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke check under 2 minutes: load 0.8, warm-up 4 s, window 8 s, drain 12 s")
     add("--engines", type=int, default=4, help="simulated GPUs per set-up (default %(default)s)")
@@ -1779,12 +1731,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options = options_from(args, parser)
     started = time.perf_counter()
-    try:
-        result = trio.run(measure, options, ["python", "-m", "bench", "tail", *(argv or [])])
-    except BaseException as error:
-        if not interrupted(error):
-            raise
-        print("\ninterrupted; the simulator and tailguard were stopped", file=sys.stderr)
+    result = run_trio(measure, options, ["python", "-m", "bench", "tail", *(argv or [])], said="the simulator and tailguard were stopped")
+    if result is None:
         return 130
     table = render(result)
     print(table)
@@ -1793,6 +1741,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wall time {time.perf_counter() - started:.0f} s")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
