@@ -48,6 +48,8 @@ from typing import Protocol
 import trio
 
 from .config_types import ClusterConfig
+from .errors import CallerOverLimit, QueueFull, QueueTimeout
+from .queue import WaitQueue
 
 log = logging.getLogger("tailguard.cluster")
 
@@ -71,6 +73,7 @@ class Synced:
 
     grants: list[int]  # per want, in order
     contended: bool  # a request waits on another replica: sync again soon, seats may be wanted back
+    elsewhere: list[int] = field(default_factory=list)  # per want: seats in use on the other live replicas
 
 
 class LedgerStore(Protocol):
@@ -124,6 +127,21 @@ class SharedBudget:
         self.failures = 0
         self._wanted = trio.Event()
         self._contended = False
+        self._short = False  # a request waits here for seats the last sync did not grant
+        self._elsewhere: dict[str, int] = {}  # per resource: seats in use on the other replicas, at the last sync
+        self._keys: dict[str, KeySeats] = {}
+
+    def key_seats(self, name: str, cap: int) -> KeySeats:
+        """The seats of API key ``name``'s cap on this replica (made at first use; a reload may change the cap)."""
+        seats = self._keys.get(name)
+        if seats is None:
+            seats = self._keys[name] = KeySeats(self, name, cap)
+        seats.cap = cap
+        return seats
+
+    def in_use_elsewhere(self, resource: str) -> int:
+        """Seats of ``resource`` in use on the other live replicas, as the last sync found them."""
+        return self._elsewhere.get(resource, 0)
 
     def granted(self, resource: str, cap: int) -> int:
         """Seats of ``resource`` this replica may use now (0 until the first sync or fallback)."""
@@ -141,8 +159,9 @@ class SharedBudget:
         await self.sync_once()
         task_status.started()
         while True:
-            # While a request waits on another replica, seats it may need are given back sooner.
-            interval = self.config.sync_interval / 10 if self._contended else self.config.sync_interval
+            # While a request waits on another replica, seats it may need are given back sooner; while one
+            # waits here for seats not yet granted, they are asked for again as soon.
+            interval = self.config.sync_interval / 10 if self._contended or self._short else self.config.sync_interval
             with trio.move_on_after(interval):
                 await self._wanted.wait()
             self._wanted = trio.Event()
@@ -176,7 +195,10 @@ class SharedBudget:
             self.mode = "ledger"
             self._fallback_since = None
         self.syncs += 1
-        for demand, seats in zip(demands, synced.grants):
+        self._short = False
+        for demand, seats, elsewhere in zip(demands, synced.grants, synced.elsewhere or [0] * len(demands)):
+            self._elsewhere[demand.resource] = elsewhere
+            self._short |= demand.waiting > 0 and seats < min(demand.cap, demand.in_use + demand.waiting)
             self._set(demand, seats)
 
     def _want(self, demand: Demand, now: float) -> Want:
@@ -193,6 +215,7 @@ class SharedBudget:
 
     def _failed(self, now: float, demands: list[Demand], why: str) -> None:
         self.failures += 1
+        self._short = False
         if self.mode != "fallback":
             log.warning("cluster: the shared ledger failed (%s); each cap falls back to this replica's static share", why)
             self.mode = "fallback"
@@ -208,3 +231,76 @@ class SharedBudget:
     def _set(self, demand: Demand, seats: int) -> None:
         self._grants[demand.resource] = seats
         demand.apply(seats)
+
+
+class KeySeats:
+    """This replica's seats of one API key's cap, under ``[cluster]``: in use, granted, waited for.
+
+    A request takes a seat of the replica's grant at once, no round trip. When
+    the grant is used up it waits in line (class priority, then arrival) for
+    a sync to grant another, until its queue deadline; its waiting count and
+    priority go into the key's demand, so the ledger is asked for what it
+    needs and idle replicas give their spare seats of the key back. It is
+    refused (``CallerOverLimit``) at once when the key's cap is full here
+    alone, and after a sync when it is full across the replicas -- as a
+    single process refuses at its cap -- or when its deadline passes.
+    """
+
+    def __init__(self, budget: SharedBudget, name: str, cap: int) -> None:
+        self.name = name
+        self.resource = f"key:{name}"
+        self.cap = cap
+        self.in_use = 0
+        self.granted = 0
+        self._budget = budget
+        # A waiter's ticket: the syncs done when it arrived ("full" counts only from a later one).
+        self._queue: WaitQueue[bool, int] = WaitQueue(self._grant, max_waiting=1 << 30)
+
+    def demand(self) -> Demand:
+        urgent = self._queue.most_urgent()
+        return Demand(self.resource, self.cap, self.in_use, self._queue.waiting, NO_WAITER if urgent is None else urgent, self._apply)
+
+    async def take(self, priority: int, deadline: float, retry_after: float) -> None:
+        """Take one seat of the key, waiting for the ledger until ``deadline`` if this replica has none free.
+
+        Raises:
+          CallerOverLimit: the cap is full (here, or across replicas at a sync
+            after this request came), the ledger is unreachable (fallback:
+            no sync will grant more), or ``deadline`` passed.
+        """
+        if self.in_use + self._queue.waiting >= self.cap:
+            raise self._over(f"already has {self.in_use + self._queue.waiting} requests in flight here, its cap", retry_after)
+        if self.in_use >= min(self.cap, self.granted):
+            self._budget.wake()  # ask the ledger now, not at the next tick
+        try:
+            seated = await self._queue.get(priority, deadline, self._budget.syncs, retry_after=retry_after)
+        except (QueueTimeout, QueueFull):
+            raise self._over("got no seat of its cap from the other replicas before its queue deadline", retry_after) from None
+        if not seated:
+            if self._budget.mode != "ledger":
+                raise self._over("has used this replica's share of its cap (the shared ledger is unreachable)", retry_after)
+            raise self._over(f"already has {self.cap} requests in flight across the replicas, its cap", retry_after)
+
+    def release(self) -> None:
+        """A request of the key ended: its seat goes to the next waiter here."""
+        self.in_use -= 1
+        self._queue.dispatch()
+
+    def _grant(self, since: int) -> bool | None:
+        """True: a seat, taken; False: refused (cap full); None: wait for the next sync."""
+        if self.in_use < min(self.cap, self.granted):
+            self.in_use += 1
+            return True
+        budget = self._budget
+        if budget.mode != "ledger":
+            return False
+        if budget.syncs > since and budget.in_use_elsewhere(self.resource) + self.in_use >= self.cap:
+            return False
+        return None
+
+    def _apply(self, seats: int) -> None:
+        self.granted = seats
+        self._queue.dispatch()
+
+    def _over(self, why: str, retry_after: float) -> CallerOverLimit:
+        return CallerOverLimit(f"the caller {self.name!r} {why}; retry after {retry_after:g} s", retry_after=retry_after)

@@ -16,8 +16,8 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -167,7 +167,6 @@ class Router:
         self._close_wanted = trio.Event()
         self._rebalancer = Rebalancer()
         self._budget: SharedBudget | None = None  # [cluster]: this replica's share of every cap
-        self._caller_grants: dict[str, int] = {}
         self._assignment_epoch = 0  # a reload starts a new one: moves begun before it are dropped
         self._moves: Counter[tuple[str, str]] = Counter()
         self._moving: dict[str, tuple[str, str]] = {}
@@ -438,8 +437,8 @@ class Router:
         record.model = model
         trace = record.trace
 
-        with self._holding(caller, config.timeouts.retry_after):
-            queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
+        queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
+        async with self._holding(caller, config.timeouts.retry_after, klass.priority, queue_deadline):
             ticket = Ticket(klass.name, model, prompt_tokens, max_tokens)
             if self._budget is not None and pool.in_flight >= pool.max_concurrency:
                 self._budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
@@ -548,33 +547,42 @@ class Router:
                 error.message,
             )
 
-    @contextmanager
-    def _holding(self, caller: Caller, retry_after: float) -> Iterator[None]:
-        """Count the request against its caller's cap and the drain, from queue to end."""
+    @asynccontextmanager
+    async def _holding(self, caller: Caller, retry_after: float, priority: int, deadline: float) -> AsyncIterator[None]:
+        """Count the request against its caller's cap and the drain, from queue to end.
+
+        With ``[cluster]`` the key's cap is shared: the request takes a seat of
+        this replica's grant, or waits (until ``deadline``, in class priority
+        order) for a sync to grant one; it is refused when the cap is full
+        across the replicas (``cluster.KeySeats``).
+        """
         held = self._caller_in_flight.get(caller.name, 0)
         limit = caller.max_concurrency
-        if limit is not None and self._budget is not None:
-            limit = min(limit, self._caller_grants.get(caller.name, 0))  # this replica's share of the key's cap
-        if limit is not None and held >= limit:
-            if self._budget is not None:
-                self._budget.wake()  # ask for more of the key's cap before the next caller comes
+        seats = None if limit is None or self._budget is None else self._budget.key_seats(caller.name, limit)
+        if seats is None and limit is not None and held >= limit:
             raise CallerOverLimit(
                 f"the caller {caller.name!r} already has {held} requests in flight, its cap; "
                 f"retry after {retry_after:g} s",
                 retry_after=retry_after,
             )
-        self._caller_in_flight[caller.name] = held + 1
         self._open_requests += 1
         if self._open_requests == 1:
             self._idle = trio.Event()
         try:
-            yield
+            if seats is not None:
+                await seats.take(priority, deadline, retry_after)
+            self._caller_in_flight[caller.name] = self._caller_in_flight.get(caller.name, 0) + 1
+            try:
+                yield
+            finally:
+                if seats is not None:
+                    seats.release()
+                left = self._caller_in_flight[caller.name] - 1
+                if left:
+                    self._caller_in_flight[caller.name] = left
+                else:
+                    del self._caller_in_flight[caller.name]
         finally:
-            left = self._caller_in_flight[caller.name] - 1
-            if left:
-                self._caller_in_flight[caller.name] = left
-            else:
-                del self._caller_in_flight[caller.name]
             self._open_requests -= 1
             if self._open_requests == 0:
                 self._idle.set()
@@ -631,12 +639,19 @@ class Router:
             )
             for endpoint in pool.endpoints:
                 demands.append(
-                    Demand(f"endpoint:{endpoint.url}", endpoint.max_concurrency, endpoint.in_flight, waiting, apply=_endpoint_grant(endpoint, pool))
+                    Demand(
+                        f"endpoint:{endpoint.url}",
+                        endpoint.max_concurrency,
+                        endpoint.in_flight,
+                        waiting,
+                        NO_WAITER if urgent is None else urgent,  # so idle replicas give back their blocks of it
+                        _endpoint_grant(endpoint, pool),
+                    )
                 )
+        budget = self._budget
         for key in self.config.auth.keys:
-            if key.max_concurrency is not None:
-                held = self._caller_in_flight.get(key.name, 0)
-                demands.append(Demand(f"key:{key.name}", key.max_concurrency, held, apply=_caller_grant(self._caller_grants, key.name)))
+            if key.max_concurrency is not None and budget is not None:
+                demands.append(budget.key_seats(key.name, key.max_concurrency).demand())
         return demands
 
     async def _rebalance_forever(self, nursery: trio.Nursery) -> None:
@@ -870,13 +885,6 @@ def _endpoint_grant(endpoint: Endpoint, pool: Pool) -> Callable[[int], None]:
     def apply(seats: int) -> None:
         endpoint.granted = seats
         pool.queue.dispatch()
-
-    return apply
-
-
-def _caller_grant(grants: dict[str, int], name: str) -> Callable[[int], None]:
-    def apply(seats: int) -> None:
-        grants[name] = seats
 
     return apply
 

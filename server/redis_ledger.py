@@ -3,7 +3,9 @@
 Keys, under the namespace ``NS``:
 - ``NS:alive:REPLICA`` -- the replica's lease, set with a TTL at every sync;
 - ``NS:grant:RESOURCE`` -- a hash, replica -> seats of the resource's cap recorded as its own;
-- ``NS:want:RESOURCE`` -- a hash, replica -> the most urgent class priority waiting there.
+- ``NS:want:RESOURCE`` -- a hash, replica -> the most urgent class priority waiting there;
+- ``NS:used:RESOURCE`` -- a hash, replica -> seats of the resource in use there (absent: none),
+  so a replica can tell a cap that is full across replicas from one held as idle blocks.
 
 The script runs atomically in Redis, so grants are decided one replica at a
 time: a grant grows only by seats that no live replica holds (the grants of
@@ -39,7 +41,7 @@ for i = 0, n - 1 do
   local name = ARGV[base]
   local cap, target, urgency = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local in_use = tonumber(ARGV[base + 4])
-  local grants_key, wants_key = prefix .. 'grant:' .. name, prefix .. 'want:' .. name
+  local grants_key, wants_key, used_key = prefix .. 'grant:' .. name, prefix .. 'want:' .. name, prefix .. 'used:' .. name
   local grants = redis.call('HGETALL', grants_key)
   local others, mine = 0, 0
   for j = 1, #grants, 2 do
@@ -51,6 +53,14 @@ for i = 0, n - 1 do
     else
       redis.call('HDEL', grants_key, replica)
       redis.call('HDEL', wants_key, replica)
+      redis.call('HDEL', used_key, replica)
+    end
+  end
+  local used = redis.call('HGETALL', used_key)
+  local elsewhere = 0
+  for j = 1, #used, 2 do
+    if used[j] ~= me and is_alive(used[j]) then
+      elsewhere = elsewhere + tonumber(used[j + 1])
     end
   end
   local wants = redis.call('HGETALL', wants_key)
@@ -70,7 +80,13 @@ for i = 0, n - 1 do
   else
     redis.call('HDEL', wants_key, me)
   end
+  if in_use > 0 then
+    redis.call('HSET', used_key, me, in_use)
+  else
+    redis.call('HDEL', used_key, me)
+  end
   out[#out + 1] = granted
+  out[#out + 1] = elsewhere
 end
 out[#out + 1] = contended
 return out
@@ -95,7 +111,7 @@ class RedisLedger:
             args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use]
         args.append(NO_WAITER)
         result = [int(value) for value in await self._script(keys=[], args=args)]
-        return Synced(grants=result[:-1], contended=bool(result[-1]))
+        return Synced(grants=result[:-1:2], contended=bool(result[-1]), elsewhere=result[1:-1:2])
 
     async def grants(self, resource: str) -> dict[str, int]:
         """Every replica's recorded grant of ``resource`` (tests and the benchmark check the ledger)."""
