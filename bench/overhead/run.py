@@ -265,9 +265,9 @@ async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, port
         stream_max_tokens=STREAM_MAX_TOKENS,
         arrivals=f"Poisson (exponential gaps, seed {options.seed} + rate), the same arrivals for every path at a rate",
         load_generators=[
-            "HTTP: bench.overhead.closed_loop.KeepAliveClient (raw Trio sockets, keep-alive HTTP/1.1, hand-parsed), "
+            "HTTP: bench.harness.client.KeepAliveClient (raw Trio sockets, keep-alive HTTP/1.1, hand-parsed), "
             "a pool of idle connections: each arrival takes one or opens one, never waits",
-            "gRPC: grpc.aio on its own asyncio thread (bench.overhead.grpc_streams), one channel, one call per arrival",
+            "gRPC: grpc.aio on its own asyncio thread (bench.harness.grpc.AsyncioThread), one channel, one call per arrival",
             "SSE: bench.harness.client.sse_client (raw Trio sockets, one connection per stream, events counted with bytes.count)",
         ],
         parameters={k: (list(v) if isinstance(v, Sequence) else str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
