@@ -401,4 +401,3 @@ def test_a_reload_summary_names_the_tracing_keys_that_changed() -> None:
     new = parse_config(shipped_with('[tracing]\nenabled = true\nheaders = { "authorization" = "Bearer t" }\n'))
     summary = summarize(old, new)
     assert "tracing.enabled" in summary and "tracing.headers" in summary and "Bearer" not in summary
-
