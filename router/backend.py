@@ -258,6 +258,10 @@ class BackendClient:
         await self._transport.aclose()
 
 
+class ModelLenUnknown(Exception):
+    """An endpoint did not say its ``max_model_len``; the message says why (for the log)."""
+
+
 class BackendProbe:
     """Health probes and /metrics scrapes of one endpoint, on two connections of their own.
 
@@ -296,6 +300,42 @@ class BackendProbe:
                 return response.status_code == 200
         except httpx.HTTPError:
             return False
+
+    async def max_model_len(self) -> int:
+        """The context length the engine serves: the smallest ``max_model_len`` in ``GET /v1/models``.
+
+        vLLM puts its ``--max-model-len`` in every served model's object
+        (``{"object": "list", "data": [{"id": ..., "max_model_len": N}]}``;
+        LoRA adapters' objects may leave it out). Unbounded in time: the
+        caller's cancel scope sets the timeout. Raises
+        :exc:`ModelLenUnknown` saying why there is no value (unreachable, a
+        status other than 200, a body that is not that list, or one naming none).
+        """
+        if self._probe.is_closed:
+            raise ModelLenUnknown("its probe was closed (the endpoint left the config)")
+        try:
+            async with self._probe.stream("GET", "/v1/models", headers={"accept-encoding": "identity"}) as response:
+                body = await _read_capped(response, METRICS_BODY_LIMIT)
+                status = response.status_code
+        except httpx.HTTPError as error:
+            raise ModelLenUnknown(_describe(error)) from None
+        if status != 200:
+            raise ModelLenUnknown(f"GET /v1/models answered {status}")
+        if body is None:
+            raise ModelLenUnknown(f"GET /v1/models answered more than {METRICS_BODY_LIMIT} bytes")
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            raise ModelLenUnknown("GET /v1/models answered something other than JSON") from None
+        data = payload.get("data") if isinstance(payload, dict) else None
+        lengths: list[int] = [
+            value
+            for entry in (data if isinstance(data, list) else [])
+            if isinstance(entry, dict) and isinstance(value := entry.get("max_model_len"), int) and not isinstance(value, bool) and value > 0
+        ]
+        if not lengths:
+            raise ModelLenUnknown("GET /v1/models names no max_model_len (not a vLLM engine?)")
+        return min(lengths)
 
     async def metrics_text(self) -> str | None:
         """The body of ``GET /metrics`` (Prometheus text), or None if there is none to read.

@@ -56,7 +56,7 @@ from .config_types import (
     TracingConfig,
 )
 
-__all__ = ["ConfigError", "limits_document", "load_config", "parse_config", "render_config"]
+__all__ = ["ConfigError", "limits_document", "load_config", "max_model_len_problem", "parse_config", "render_config"]
 
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound=str)
@@ -675,7 +675,7 @@ def _read_pool(
     endpoints_dns = _read_endpoints_dns(table, used_names)
     max_concurrency = table.integer("max_concurrency", minimum=1)
     max_queue = table.integer("max_queue", minimum=0)
-    max_model_len = table.integer("max_model_len", minimum=1)
+    max_model_len = table.optional_integer("max_model_len", minimum=1)  # None: asked of the endpoints
     models = _read_models(table)
     profile = table.choice("simulate_profile", _SIMULATE_PROFILES, PoolConfig.simulate_profile)
     fail_fast = table.number(
@@ -701,12 +701,10 @@ def _read_pool(
                 f"{max_concurrency} is more than its endpoints can take"
                 f" (their max_concurrency adds up to {total}); the pool could never use it",
             )
-    if input_cap is not None and table.ok("max_model_len") and max_model_len <= input_cap:
-        table.problem(
-            "max_model_len",
-            f"{max_model_len} cannot hold a prompt of limits.input_cap_tokens {input_cap}"
-            f" plus one output token (needs >= {input_cap + 1})",
-        )
+    if input_cap is not None and max_model_len is not None and table.ok("max_model_len"):
+        problem = max_model_len_problem(max_model_len, input_cap)
+        if problem is not None:
+            table.problem("max_model_len", problem)
     if not table.finish():
         return None
     return PoolConfig(
@@ -714,7 +712,7 @@ def _read_pool(
         endpoints=endpoints,
         max_concurrency=max_concurrency,
         max_queue=max_queue,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len or 0,
         models=models,
         simulate_profile=profile,
         fail_fast_fraction=fail_fast,
@@ -726,6 +724,17 @@ def _read_pool(
         vllm_priority=vllm_priority,
         rebalance=rebalance,
         endpoints_dns=endpoints_dns,
+        max_model_len_configured=max_model_len is not None,
+    )
+
+
+def max_model_len_problem(max_model_len: int, input_cap: int) -> str | None:
+    """Why ``max_model_len`` cannot serve ``limits.input_cap_tokens``, or None (also checked on a discovered value)."""
+    if max_model_len > input_cap:
+        return None
+    return (
+        f"{max_model_len} cannot hold a prompt of limits.input_cap_tokens {input_cap}"
+        f" plus one output token (needs >= {input_cap + 1})"
     )
 
 
@@ -1426,7 +1435,7 @@ def _render_pool(pool: PoolConfig) -> list[str]:
     pairs = [
         ("max_concurrency", f"{pool.max_concurrency} ({sum_note})"),
         ("max_queue", str(pool.max_queue)),
-        ("max_model_len", str(pool.max_model_len)),
+        ("max_model_len", _max_model_len(pool)),
         ("models", ", ".join(pool.models)),
         ("simulate_profile", pool.simulate_profile),
         ("fail_fast_fraction", _fail_fast(pool.fail_fast_fraction)),
@@ -1443,6 +1452,13 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         *(("", line) for line in dns[1:]),
     ]
     return _section(f"pool {pool.name}", pairs)
+
+
+def _max_model_len(pool: PoolConfig) -> str:
+    if pool.max_model_len_configured:
+        return str(pool.max_model_len)
+    found = f"{pool.max_model_len} now; " if pool.max_model_len else ""
+    return f"{found}asked of the endpoints at start and on every reload (GET /v1/models: the smallest they report)"
 
 
 def _lend(lend: LendConfig) -> str:

@@ -265,7 +265,9 @@ class PoolConfig:
     endpoints: tuple[EndpointConfig, ...]
     max_concurrency: int  # across all endpoints of the pool
     max_queue: int  # requests allowed to wait; one more -> 429
-    max_model_len: int  # prompt + max_tokens must fit
+    # prompt + max_tokens must fit; when the file leaves it out, the smallest
+    # value the pool's endpoints report (router/model_len.py), 0 until asked
+    max_model_len: int
     models: tuple[str, ...]  # served model names; the first is the default
     simulate_profile: SimulateProfile = "latency"  # engine profile under --simulate
     # Refuse at arrival a request whose expected wait (from the pool's measured
@@ -292,6 +294,10 @@ class PoolConfig:
     # Endpoints from DNS, beside ``endpoints``; ``max_concurrency`` stays the
     # pool's cap whatever the number of addresses (their caps' sum may be less).
     endpoints_dns: tuple[DnsEndpointsConfig, ...] = ()
+    # False: max_model_len was left out of the file and is asked of the
+    # endpoints (GET /v1/models) at start and on every reload; an endpoint
+    # then serves the pool only once it has reported at least that much.
+    max_model_len_configured: bool = True
 
     def class_limit(self, name: str) -> int | None:
         """The seats class ``name`` may hold in this pool at once, or None."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,7 +33,7 @@ import trio
 
 from .config_types import Config, DiscoveryConfig, DnsEndpointsConfig
 
-__all__ = ["Discovery", "DiscoveryStatistics", "Found", "NameStatistics"]
+__all__ = ["Discovery", "DiscoveryStatistics", "Found", "NameStatistics", "resolve_once"]
 
 log = logging.getLogger("tailguard.discovery")
 
@@ -171,13 +171,7 @@ class Discovery:
         """A resolver for ``[discovery]``, made again only when that table changes."""
         if self._resolver is not None and self._resolver[0] == config:
             return self._resolver[1]
-        if config.nameserver is None:
-            # Reads /etc/resolv.conf (its search domains too): a file, so off the event loop.
-            resolver = await trio.to_thread.run_sync(dns.asyncresolver.Resolver)
-        else:
-            resolver = dns.asyncresolver.Resolver(configure=False)
-            resolver.nameservers = [config.nameserver]
-            resolver.port = config.nameserver_port
+        resolver = await _new_resolver(config)
         self._resolver = (config, resolver)
         return resolver
 
@@ -187,6 +181,45 @@ class Discovery:
             for (pool, key), state in self._names.items()
         }
         return DiscoveryStatistics(turns=self._turns, names=names)
+
+
+async def resolve_once(config: DiscoveryConfig, names: Collection[str]) -> dict[str, tuple[str, ...]]:
+    """Each name's addresses now, at once; a name that fails or has none is left out.
+
+    One round outside the loop, for start-up and reloads: router/model_len.py
+    asks the engines found this way for their ``max_model_len``.
+    """
+    try:
+        resolver = await _new_resolver(config)
+    except dns.exception.DNSException as error:
+        log.warning("DNS names cannot be resolved: no resolver: %s", error)
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+
+    async def resolve(name: str) -> None:
+        try:
+            addresses = await _resolve(resolver, name, config)
+        except _Failed as error:
+            log.warning("%s: %s", name, error)
+            return
+        if addresses:
+            found[name] = addresses
+
+    async with trio.open_nursery() as nursery:
+        for name in set(names):
+            nursery.start_soon(resolve, name)
+    return found
+
+
+async def _new_resolver(config: DiscoveryConfig) -> dns.asyncresolver.Resolver:
+    """A resolver as ``[discovery]`` says: the system's, or the nameserver it names."""
+    if config.nameserver is None:
+        # Reads /etc/resolv.conf (its search domains too): a file, so off the event loop.
+        return await trio.to_thread.run_sync(dns.asyncresolver.Resolver)
+    resolver = dns.asyncresolver.Resolver(configure=False)
+    resolver.nameservers = [config.nameserver]
+    resolver.port = config.nameserver_port
+    return resolver
 
 
 async def _resolve(resolver: dns.asyncresolver.Resolver, name: str, config: DiscoveryConfig) -> tuple[str, ...]:

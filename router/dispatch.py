@@ -16,7 +16,7 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,10 +25,10 @@ import httpx
 import trio
 
 from .auth import ANONYMOUS, Authenticator, Caller
-from .backend import BackendClient, BackendResponse
+from .backend import BackendClient, BackendResponse, ModelLenUnknown
 from .backend_load import BackendLoad, scrape
 from .classify import classify, forced
-from .config_types import Config, EndpointConfig
+from .config_types import Config, EndpointConfig, PoolConfig
 from .discovery import Discovery, Found
 from .errors import (
     BackendError,
@@ -41,6 +41,7 @@ from .errors import (
     ModelNotFound,
 )
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
+from .model_len import context_fits
 from .cluster import NO_WAITER, ClusterStatus, Demand, LedgerStore, SharedBudget
 from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics, Ticket
 from .rebalance import Rebalancer
@@ -149,7 +150,15 @@ class RouterStatistics:
 class Router:
     """Classifies, caps, queues and routes requests over the configured pools."""
 
-    def __init__(self, config: Config, *, transport_factory: TransportFactory | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        transport_factory: TransportFactory | None = None,
+        seed: int | None = None,
+        model_lens: Mapping[str, int | None] | None = None,
+    ) -> None:
+        """``model_lens``: what endpoints reported in GET /v1/models (router/model_len.py's ``Asked.reported``)."""
         self._transport_factory = transport_factory or (lambda _: None)
         self._rng = random.Random(seed)
         self._endpoints: dict[str, Endpoint] = {}
@@ -171,6 +180,7 @@ class Router:
         self._moves: Counter[tuple[str, str]] = Counter()
         self._moving: dict[str, tuple[str, str]] = {}
         self._discovered: dict[str, tuple[Found, ...]] = {}  # per pool: its endpoints_dns addresses now
+        self._model_lens: dict[str, int | None] = dict(model_lens or {})  # URL -> its last max_model_len report
         self.discovery = Discovery(self)
         self.config = config
         self.apply(config)
@@ -216,6 +226,8 @@ class Router:
                 pools[pool_config.name].borrowers.append(pools[name])
                 pools[name].lenders.append(pools[pool_config.name])
         for pool_config in config.pools:
+            for endpoint_config in wanted[pool_config.name]:  # before any waiter is seated on it
+                self._gate(endpoints[endpoint_config.url], pool_config)
             pools[pool_config.name].reconfigure(pool_config, [endpoints[e.url] for e in wanted[pool_config.name]])
         for pool in pools.values():  # room a new lender opened
             pool.queue.dispatch()
@@ -328,6 +340,7 @@ class Router:
                 del self._endpoints[endpoint.url]
                 self._retire(endpoint)
             for endpoint in added:
+                self._gate(endpoint, pool.config)  # a new address of a discovered max_model_len waits to be asked
                 endpoint.pool = pool
                 self._endpoints[endpoint.url] = endpoint
                 if self._budget is not None:
@@ -350,7 +363,61 @@ class Router:
             closer=self._close_later,
             max_body_bytes=config.server.max_backend_body_bytes,
         )
+        endpoint.max_model_len = self._model_lens.get(endpoint.url)
         return endpoint
+
+    # -- context length (router/model_len.py) -----------------------------
+
+    def note_model_lens(self, reported: Mapping[str, int | None]) -> None:
+        """What endpoints just reported in GET /v1/models (a reload's round of asking); kept for endpoints to come."""
+        self._model_lens.update(reported)
+        for url, value in reported.items():
+            endpoint = self._endpoints.get(url)
+            if endpoint is not None:
+                news = value != endpoint.max_model_len
+                endpoint.max_model_len = value
+                if endpoint.pool is not None:
+                    self._gate(endpoint, endpoint.pool.config, news=news)
+
+    def _gate(self, endpoint: Endpoint, pool: PoolConfig, *, news: bool = False) -> None:
+        """Let ``endpoint`` take ``pool``'s requests only if its context length is known to fit.
+
+        Logged when that changes, and when an endpoint kept out says something new.
+        """
+        fits = context_fits(endpoint.max_model_len, pool)
+        if fits == endpoint.fits_context and (fits or not news):
+            return
+        endpoint.fits_context = fits
+        if fits:
+            log.info("endpoint %s reports max_model_len %s: it serves pool %s", endpoint.url, endpoint.max_model_len, pool.name)
+        elif endpoint.max_model_len is None:
+            log.warning(
+                "endpoint %s takes no requests of pool %s until it reports a max_model_len of at least %d (GET /v1/models)",
+                endpoint.url, pool.name, pool.max_model_len,
+            )
+        else:
+            log.warning(
+                "endpoint %s reports max_model_len %d, less than pool %s's %d: it takes none of the pool's requests"
+                " (start it with --max-model-len >= %d, or reload to ask every endpoint again)",
+                endpoint.url, endpoint.max_model_len, pool.name, pool.max_model_len, pool.max_model_len,
+            )
+
+    async def _ask_unverified(self, timeout: float) -> None:
+        """Ask every healthy endpoint kept out for its context length again (one health check turn)."""
+
+        async def ask(endpoint: Endpoint) -> None:
+            with trio.move_on_after(timeout):
+                try:
+                    value = await endpoint.probe.max_model_len()
+                except ModelLenUnknown as error:
+                    log.debug("endpoint %s: no max_model_len yet: %s", endpoint.url, error)
+                    return
+                self.note_model_lens({endpoint.url: value})
+
+        async with trio.open_nursery() as nursery:
+            for endpoint in list(self._endpoints.values()):
+                if endpoint.pool is not None and endpoint.healthy and not endpoint.fits_context:
+                    nursery.start_soon(ask, endpoint)
 
     def _close_later(self, client: Closable) -> None:
         """Hand an idle retired client to the closer task (closing is async; releases are not)."""
@@ -685,6 +752,7 @@ class Router:
         await endpoint.wait_idle()
         if epoch != self._assignment_epoch or endpoint.retired:
             return  # a reload came first: the file's assignment stands
+        self._gate(endpoint, target.config)
         target.endpoints = [*target.endpoints, endpoint]
         target.cap_moved += endpoint.max_concurrency
         endpoint.pool = target
@@ -761,6 +829,7 @@ class Router:
         async with trio.open_nursery() as nursery:
             for endpoint in list(self._endpoints.values()):
                 nursery.start_soon(probe, endpoint)
+        await self._ask_unverified(timeout)
         for pool in self._pools.values():
             pool.queue.dispatch()
         for endpoint in list(self._endpoints.values()):
@@ -895,9 +964,11 @@ def _retryable(error: BackendError) -> bool:
 
 
 def _state(endpoint: Endpoint) -> str:
-    """An endpoint's state for /health: up, down (health check) or ejected (outlier detection)."""
+    """An endpoint's state for /health: up, down (health check), unverified (its context length) or ejected (outlier detection)."""
     if not endpoint.healthy:
         return "down"
+    if not endpoint.fits_context:
+        return "unverified"
     return "ejected" if endpoint.ejected else "up"
 
 

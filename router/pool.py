@@ -82,6 +82,10 @@ class Endpoint:
         self.in_flight = 0
         self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
         self.healthy = True
+        # Context length: what GET /v1/models said last (None: not asked, or no
+        # answer), and whether that is enough for its pool (router/model_len.py).
+        self.max_model_len: int | None = None
+        self.fits_context = True
         self.pool: Pool | None = None
         self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
         self.failures_in_a_row = 0
@@ -199,8 +203,8 @@ class Endpoint:
 
     @property
     def usable(self) -> bool:
-        """Healthy and not ejected: may take new requests when it has room."""
-        return self.healthy and (self.ejected_until is None or not self.ejected)
+        """Healthy, long enough for its pool, not ejected: may take new requests when it has room."""
+        return self.healthy and self.fits_context and (self.ejected_until is None or not self.ejected)
 
     @property
     def seats(self) -> int:

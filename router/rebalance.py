@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .config_types import Config, RebalanceConfig
+from .model_len import context_fits
 from .pool import Endpoint, Pool
 
 
@@ -111,7 +112,9 @@ def _best_move(target: Pool, source: Pool, wanted: Mapping[str, float], settings
     """The movable endpoint of ``source`` whose move helps ``target`` most without flapping, or None."""
     if len(source.endpoints) < 2 or not set(target.config.models) <= set(source.config.models):
         return None  # never empty a pool; never move an engine to a pool whose models it does not serve
-    movable: Sequence[Endpoint] = [e for e in source.endpoints if e.movable and e.usable]
+    movable: Sequence[Endpoint] = [
+        e for e in source.endpoints if e.movable and e.usable and context_fits(e.max_model_len, target.config)
+    ]  # a move into a pool whose max_model_len the engine does not reach would only idle it there
     for endpoint in sorted(movable, key=lambda e: (e.in_flight, e.url)):  # the least busy finishes soonest
         seats = endpoint.max_concurrency
         target_after = _ratio(wanted[target.name], target.seats + seats)

@@ -21,6 +21,7 @@ import trio
 
 from tailguard.router.config_types import Config
 from tailguard.router.dispatch import Router
+from tailguard.router.model_len import ModelLenError, ask_model_lens
 
 from tailguard.router.telemetry import RepeatedIds, Telemetry
 
@@ -115,7 +116,8 @@ async def serve(
     overrides, a worker's share): reloads do it to the new file too.
 
     Raises :exc:`ListenError` (in an exception group) when an address cannot
-    be bound, and :exc:`StartupError` for a config ``--simulate`` cannot serve.
+    be bound, and :exc:`StartupError` for a config ``--simulate`` cannot serve
+    or a pool whose ``max_model_len`` is neither set nor reported by an endpoint.
     """
     shutdown = trio.Event() if shutdown is None else shutdown
     drain = trio.Event()
@@ -136,7 +138,12 @@ async def serve(
                 if error.address is None:
                     raise StartupError(str(error)) from None
                 raise ListenError(error.address, f"--simulate endpoint {error.url}", error.reason) from None
-        router = Router(config)
+        try:  # pools without max_model_len ask their engines (at once, bounded)
+            asked = await ask_model_lens(config)
+        except ModelLenError as error:
+            raise StartupError(str(error)) from None
+        config = asked.config
+        router = Router(config, model_lens=asked.reported)
         await router.check_health()
         if config.cluster is not None:
             # One admission budget with the other replicas: the ledger lives as long as the process.
@@ -152,6 +159,14 @@ async def serve(
         tracing = TracingSwitch(config.tracing, grace=lambda: router.config.timeouts.end_to_end_timeout)
         await nursery.start(tracing.run)
 
+        async def resolve(new: Config) -> Config:
+            """A reloaded file's pools without max_model_len ask their engines (simulated ones started first)."""
+            if fleet is not None:
+                await fleet.ensure(new)
+            found = await ask_model_lens(new)
+            router.note_model_lens(found.reported)
+            return found.config
+
         async def apply(new: Config) -> None:
             if fleet is not None:
                 await fleet.ensure(new)
@@ -165,7 +180,7 @@ async def serve(
 
         on_main_thread = threading.current_thread() is threading.main_thread()
         reloader = (
-            ConfigReloader(config_path, config, apply, on_result=metrics.reloaded, prepare=prepare)
+            ConfigReloader(config_path, config, apply, on_result=metrics.reloaded, prepare=prepare, resolve=resolve)
             if config_path is not None
             else None
         )

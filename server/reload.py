@@ -21,11 +21,13 @@ import trio
 
 from tailguard.router.config import ConfigError, load_config
 from tailguard.router.config_types import Config
+from tailguard.router.model_len import ModelLenError
 
 log = logging.getLogger("tailguard.reload")
 
 Apply = Callable[[Config], Awaitable[None]]
 Prepare = Callable[[Config], Config]
+Resolve = Callable[[Config], Awaitable[Config]]
 
 # Keys read only when the process starts, and how to read each from a Config.
 # ``cluster`` stands for the whole [cluster] table (its ledger is opened once).
@@ -94,7 +96,7 @@ def summarize(old: Config, new: Config) -> str:
         before = old_pools.get(name)
         if before is None:
             continue
-        for key in ("max_concurrency", "max_queue"):
+        for key in ("max_concurrency", "max_queue", "max_model_len"):
             if getattr(before, key) != getattr(pool, key):
                 caps.append(f"pools.{name}.{key} {getattr(before, key)}->{getattr(pool, key)}")
         if before.class_max_concurrency != pool.class_max_concurrency:
@@ -125,7 +127,7 @@ def summarize(old: Config, new: Config) -> str:
 
 
 _OTHER_TABLES = ("server", "estimate", "limits", "timeouts", "auth", "logging", "metrics", "rebalance", "discovery", "cluster", "tracing")
-_POOL_KEYS_SUMMARIZED = frozenset({"name", "endpoints", "max_concurrency", "max_queue", "class_max_concurrency"})
+_POOL_KEYS_SUMMARIZED = frozenset({"name", "endpoints", "max_concurrency", "max_queue", "class_max_concurrency", "max_model_len"})
 
 
 def _changed_keys(prefix: str, old: object, new: object, *, skip: frozenset[str] = frozenset()) -> list[str]:
@@ -143,7 +145,10 @@ class ConfigReloader:
 
     ``prepare`` turns the file's config into the one the process runs (the
     command line's overrides, a worker's share of the caps): it was applied
-    at start, so it is applied to every reloaded file too.
+    at start, so it is applied to every reloaded file too. ``resolve`` then
+    fills in what the file leaves to the engines (pools' ``max_model_len``,
+    asked of them on every reload, even of an unchanged file); its
+    ``ModelLenError`` refuses the reload.
     """
 
     def __init__(
@@ -154,12 +159,14 @@ class ConfigReloader:
         *,
         on_result: Callable[[bool], None] | None = None,
         prepare: Prepare | None = None,
+        resolve: Resolve | None = None,
     ) -> None:
         self._path = path
         self._shown = path.absolute()  # not resolved: a ConfigMap's symlinks change on every update
         self._current = current
         self._apply = apply
         self._prepare = prepare or (lambda config: config)
+        self._resolve = resolve
         self._on_result = on_result or (lambda ok: None)
         self._lock = trio.Lock()
         self._mtime = _version(path)
@@ -189,7 +196,18 @@ class ConfigReloader:
                 self._failed()
                 log.error("config reload refused, keeping the running config: %s", error)
                 return False
-            if config.digest == self._current.digest:
+            if self._resolve is not None:
+                try:
+                    config = await self._resolve(config)
+                except ModelLenError as error:
+                    self._failed()
+                    log.error("config reload refused, keeping the running config: %s: %s", self._shown, error)
+                    return False
+                except Exception:  # a bug: logged, and the process keeps serving the running config
+                    self._failed()
+                    log.exception("config reload failed while asking the engines; keeping the running config")
+                    return False
+            if config.digest == self._current.digest and _model_lens(config) == _model_lens(self._current):
                 log.info("config reload: %s is unchanged (digest %s); nothing changed", self._shown, config.digest)
                 return True
             pending = restart_needed(self._current, config)
@@ -246,6 +264,11 @@ class ConfigReloader:
                 continue  # a reload set a new interval: wait by it from now on
             if _version(self._path) != self._mtime:
                 await self.reload()
+
+
+def _model_lens(config: Config) -> list[tuple[str, int]]:
+    """Each pool's max_model_len: an unchanged file whose engines now report another value is a change."""
+    return [(pool.name, pool.max_model_len) for pool in config.pools]
 
 
 def _version(path: Path) -> tuple[int, int, int] | None:

@@ -277,8 +277,8 @@ ONE_PROBLEM = [
         "pools.batch.simulate_profile",
         '"latency", "throughput", "instant"',
     ),
-    ("max_model_len = 32768\nmodels = [\"m\"]\nendpoints = [{", "models = [\"m\"]\nendpoints = [{",
-     "pools.interactive.max_model_len", "missing"),
+    ("max_model_len = 32768\nmodels = [\"m\"]\nendpoints = [{", "max_model_len = 0\nmodels = [\"m\"]\nendpoints = [{",
+     "pools.interactive.max_model_len", ">= 1"),
     ('"http://127.0.0.1:8001"', '"ftp://127.0.0.1:8001"', "pools.interactive.endpoints[0].url", "http"),
     ('"http://127.0.0.1:8001"', '"127.0.0.1:8001"', "pools.interactive.endpoints[0].url", "http"),
     ('"http://127.0.0.1:8001"', '"http://:8001"', "pools.interactive.endpoints[0].url", "base URL"),
@@ -406,6 +406,16 @@ def test_input_cap_over_max_model_len_is_reported_for_every_pool() -> None:
     ]
     # max_model_len == input cap + 1 is just enough
     parse_config(BASE + "\n[limits]\ninput_cap_tokens = 32767\n")
+
+
+def test_max_model_len_left_out_is_asked_of_the_endpoints() -> None:
+    """Optional: the pool's value is 0 (refuses everything) until router/model_len.py asks; check-config says so."""
+    config = parse_config(edit('max_model_len = 32768\nmodels = ["m"]\nendpoints = [{', 'models = ["m"]\nendpoints = [{'))
+    left_out, written = config.pool("interactive"), config.pool("batch")
+    assert (left_out.max_model_len, left_out.max_model_len_configured) == (0, False)
+    assert (written.max_model_len, written.max_model_len_configured) == (32768, True)
+    shown = render_config(config)
+    assert "asked of the endpoints at start and on every reload (GET /v1/models" in shown
 
 
 @pytest.mark.parametrize(
