@@ -54,8 +54,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from .config_types import TracingConfig
-from .errors import TailguardError
 from .error_spec import outcome_and_reason
+from .errors import TailguardError
 from .telemetry import UNKNOWN, RequestRecord
 
 __all__ = ["RequestTrace", "Tracing"]

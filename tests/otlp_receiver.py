@@ -17,7 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -79,7 +82,7 @@ def otlp_receiver() -> Iterator[Receiver]:
     receiver: Receiver
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802  (http.server's name)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             encoding = self.headers.get("content-encoding", "")
             if encoding == "gzip":
@@ -105,7 +108,7 @@ def otlp_receiver() -> Iterator[Receiver]:
             self.end_headers()
             self.wfile.write(answer)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (http.server's signature)
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -8,10 +8,9 @@ OTLP/HTTP to a receiver on 127.0.0.1 (``tests/otlp_receiver.py``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +33,8 @@ from tailguard.server.http_server import HttpSettings
 from tailguard.server.http_server import serve as serve_http
 from tailguard.server.reload import summarize
 from tailguard.server.trace_switch import TracingSwitch
-from tailguard.sim.engine import Engine
 from tailguard.sim.app import SimApp
+from tailguard.sim.engine import Engine
 from tailguard.sim.http import serve as serve_sim
 
 from .grpc_helpers import grpc_service
@@ -294,9 +293,10 @@ async def test_spans_reach_a_real_otlp_receiver_and_the_exit_flushes_them() -> N
 
 
 def test_a_grpc_callers_traceparent_metadata_is_the_parent() -> None:
+    import grpc
+
     from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
     from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
-    import grpc
 
     with otlp_receiver() as receiver:
         with grpc_service([QUICK, QUICK], lambda urls: tracing_config(urls, receiver.url)) as service:

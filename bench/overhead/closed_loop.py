@@ -22,7 +22,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,8 +33,19 @@ from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http_request
 from bench.harness.clocks import CpuClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    add_serve_arg,
+    free_ports,
+    log_tail,
+    start_simulator,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
 from bench.harness.report import save_json
+from tailguard.sim import SimResponse
+from tailguard.sim.http import serve as serve_sim
 from tailguard.sim.virtual.mix import percentile
 
 DEFAULT_JSON = RESULTS_ROOT / "router_overhead.json"
@@ -167,6 +178,7 @@ class Result:
     max_tokens: int
     engine_profile: str
     serve_args: list[str]
+    tracing: float | None  # [tracing]'s sample_ratio; None: off
     warmup_requests: int
     seconds_bound: float
     cpu_count: int
@@ -181,6 +193,7 @@ class Plan:
     seconds: float
     warmup: int
     serve_args: Sequence[str] = ()
+    tracing: float | None = None  # [tracing]'s sample_ratio, spans exported to a receiver run here; None: off
 
 
 MESSAGE = "What is the capital of France?"
@@ -189,7 +202,11 @@ MAX_TOKENS = 16
 
 async def measure(plan: Plan) -> Result:
     """Start the simulator and tailguard, run every (concurrency, target), tear it all down."""
-    sim_port, batch_port, tg_port, grpc_port = free_ports(4)
+    sim_port, batch_port, tg_port, grpc_port, otlp_port = free_ports(5)
+    # --tracing: tailguard exports OTLP/HTTP to a receiver in this process (its CPU is the client's), which answers 200.
+    sections = [] if plan.tracing is None else [
+        "[tracing]", "enabled = true", f'endpoint = "http://127.0.0.1:{otlp_port}/v1/traces"', f"sample_ratio = {plan.tracing}", ""
+    ]
     payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS}
     targets = {"direct": sim_port, "tailguard": tg_port}
     runs: list[RunResult] = []
@@ -197,7 +214,7 @@ async def measure(plan: Plan) -> Result:
         config = Path(tmp) / "config.toml"
         pool = partial(PoolSpec, max_concurrency=1024, max_queue=4096)
         config.write_text(
-            tailguard_config(tg_port, grpc_port, pool("interactive", [(sim_port, 1024)]), pool("batch", [(batch_port, 1024)]))
+            tailguard_config(tg_port, grpc_port, pool("interactive", [(sim_port, 1024)]), pool("batch", [(batch_port, 1024)]), sections=sections)
         )
         sim_log, tg_log = Path(tmp) / "sim.log", Path(tmp) / "tailguard.log"
         with sim_log.open("wb") as sim_out, tg_log.open("wb") as tg_out:
@@ -206,6 +223,8 @@ async def measure(plan: Plan) -> Result:
                     sim = await start_simulator(nursery, [(sim_port, "instant"), (batch_port, "instant")], log=sim_out)
                     await wait_ready(sim_port, sim, "the simulator")
                     await wait_ready(batch_port, sim, "the simulator")
+                    if plan.tracing is not None:
+                        await nursery.start(serve_sim, _accept_export, "127.0.0.1", otlp_port)
                     tg = await start_tailguard(nursery, config, log=tg_out, extra_args=plan.serve_args)
                     await wait_ready(tg_port, tg, "tailguard")
                     pids = {"simulator": sim.pid, "tailguard": tg.pid}
@@ -227,6 +246,7 @@ async def measure(plan: Plan) -> Result:
         max_tokens=MAX_TOKENS,
         engine_profile="instant",
         serve_args=list(plan.serve_args),
+        tracing=plan.tracing,
         warmup_requests=plan.warmup,
         seconds_bound=plan.seconds,
         cpu_count=cpu_count(),
@@ -306,6 +326,11 @@ def render_table(result: Result) -> str:
     return "\n".join(lines)
 
 
+async def _accept_export(method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
+    """An OTLP/HTTP receiver that keeps nothing: every export succeeds (an empty ExportTraceServiceResponse)."""
+    return SimResponse(200, [("content-type", "application/x-protobuf")])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("router-overhead", __doc__)
     parser.add_argument(
@@ -318,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=500, help="unmeasured requests before each run (default %(default)s)")
     parser.add_argument("--concurrency", default="1,64", help="comma-separated concurrencies (default %(default)s)")
     add_serve_arg(parser)
+    parser.add_argument(
+        "--tracing", nargs="?", type=float, const=1.0, default=None, metavar="RATIO",
+        help="[tracing] on, sample_ratio RATIO (default 1): tailguard exports spans over OTLP/HTTP to a receiver run here",
+    )
     add_json_arg(parser, DEFAULT_JSON)
     return parser
 
@@ -331,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--concurrency must be comma-separated integers")
     if args.requests < 1 or args.seconds <= 0 or args.warmup < 0 or not concurrencies or min(concurrencies) < 1:
         parser.error("--requests and --concurrency must be >= 1, --seconds > 0, --warmup >= 0")
+    if args.tracing is not None and not 0 <= args.tracing <= 1:
+        parser.error("--tracing RATIO must be from 0 to 1")
     top = max(concurrencies)
     plan = Plan(
         concurrencies=concurrencies,
@@ -338,13 +369,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=args.seconds,
         warmup=args.warmup,
         serve_args=args.serve_arg,
+        tracing=args.tracing,
     )
     started = time.perf_counter()
     result = run_trio(measure, plan, said="the simulator and tailguard were stopped")
     if result is None:
         return 130
     print(render_table(result))
-    flags = " ".join(plan.serve_args) or "(default flags)"
+    flags = (" ".join(plan.serve_args) or "(default flags)") + ("" if plan.tracing is None else f", [tracing] on (sample_ratio {plan.tracing:g})")
     print(
         f"\n'{MESSAGE}', max_tokens {MAX_TOKENS}, non-streaming chat (interactive class); engines in the "
         f"'instant' profile; tailguard serve {flags}; closed loop on keep-alive connections, {plan.warmup} "
