@@ -401,3 +401,35 @@ def test_a_reload_summary_names_the_tracing_keys_that_changed() -> None:
     new = parse_config(shipped_with('[tracing]\nenabled = true\nheaders = { "authorization" = "Bearer t" }\n'))
     summary = summarize(old, new)
     assert "tracing.enabled" in summary and "tracing.headers" in summary and "Bearer" not in summary
+
+
+async def test_a_reload_turns_tracing_on_for_the_requests_after_it(tmp_path: Path) -> None:
+    from tailguard.router.config import load_config
+
+    with otlp_receiver() as receiver:
+        async with trio.open_nursery() as nursery:
+            urls = []
+            for _ in range(2):
+                engine = Engine(QUICK)
+                await nursery.start(engine.run)
+                urls.append(f"http://127.0.0.1:{await nursery.start(serve_sim, SimApp(engine, model=MODEL).handle, '127.0.0.1', 0)}")
+            shipped = SHIPPED.read_text(encoding="utf-8").replace("http://127.0.0.1:8001", urls[0]).replace("http://127.0.0.1:8002", urls[1])
+            path = tmp_path / "config.toml"
+            path.write_text(shipped)
+            async with tailguard(load_config(path), path) as running:
+                assert running.reloader is not None
+                assert (await stream_chat(running.http_url, headers={"x-request-id": "before"}))[0] == 200
+                path.write_text(shipped + f'\n[tracing]\nenabled = true\nendpoint = "{receiver.url}"\n')
+                assert await running.reloader.reload()
+                assert (await stream_chat(running.http_url, headers={"x-request-id": "after"}))[0] == 200
+            nursery.cancel_scope.cancel()
+        spans = receiver.received()
+    roots = [span for span in spans if span.name == "POST /v1/chat/completions"]
+    assert [root.attributes["tailguard.request_id"] for root in roots] == ["after"]
+
+
+def test_the_tracing_page_s_toml_snippet_is_a_valid_tracing_table() -> None:
+    page = (SHIPPED.parent / "docs" / "tracing.md").read_text(encoding="utf-8")
+    snippet = page.split("```toml\n", 1)[1].split("```", 1)[0]
+    tracing = parse_config(shipped_with(snippet)).tracing
+    assert tracing.enabled and tracing.sample_ratio == 0.1 and tracing.endpoint.endswith(":4318/v1/traces")
