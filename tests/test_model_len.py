@@ -6,6 +6,7 @@ Real sockets and simulated engines throughout: the engines report their
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import socket
@@ -25,7 +26,11 @@ from tailguard.sim.app import SimResponse
 from tailguard.sim.http import Handler
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
+from .router_helpers import INTERACTIVE_URL, router_over_engines
 from .sim_helpers import MODEL
+from .test_discovery import HOSTS, NAME, dns_server, pods, urls
+from .test_discovery import toml as dns_toml
+from .test_rebalance import CAP, SPARE_URL, interactive_load, movable_config
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -171,7 +176,7 @@ async def test_a_reload_whose_pool_cannot_be_asked_keeps_the_running_config(tmp_
             assert running.router.config.digest == digest
             assert [e.url for e in running.router.config.pool("interactive").endpoints] == [a]
             refused = [m for m in messages(caplog, logging.ERROR) if "config reload refused" in m]
-            assert refused and f"pools.interactive.max_model_len is not set and no endpoint of pool interactive reported one" in refused[0]
+            assert refused and "pools.interactive.max_model_len is not set and no endpoint of pool interactive reported one" in refused[0]
             assert gone in refused[0]
             async with httpx.AsyncClient(base_url=running.http_url, timeout=10) as http:
                 assert (await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8})).status_code == 200
@@ -231,3 +236,55 @@ async def test_an_endpoint_that_joins_unasked_serves_only_once_it_reports_enough
                             clients.start_soon(functools.partial(http.post, "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4}))
                 await eventually(lambda: late.statistics().finished_total > 0)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_new_dns_address_serves_a_discovered_pool_only_once_it_reports_enough(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with dns_server() as (zone, dns_port):
+        async with pods(HOSTS) as fleet:
+            first, short, third = HOSTS
+            fleet.engines[short].params = fleet.engines[short].params.replace(max_model_len=16384)
+            zone.set(NAME, [first])
+            path = tmp_path / "config.toml"
+            path.write_text(dns_toml(dns_port, fleet.port).replace("max_model_len = 32768\n", ""))  # asked at start: first's 32768
+            async with tailguard(load_config(path), path) as running:
+                assert running.router.config.pool("latency").max_model_len == 32768
+
+                def states() -> dict[str, str]:
+                    return dict(running.router.health()["pools"]["latency"]["endpoints"])
+
+                assert states() == {f"http://{first}:{fleet.port}": "up"}
+                zone.set(NAME, [first, short, third])  # two pods join; nobody has asked them yet
+                await eventually(lambda: set(states()) == urls(fleet.port, first, short, third))
+                assert set(states().values()) == {"up", "unverified"}
+                assert [u for u, s in states().items() if s == "up"] == [f"http://{first}:{fleet.port}"]
+                await running.router.check_health()  # a health check asks them
+                assert states() == {
+                    f"http://{first}:{fleet.port}": "up", f"http://{short}:{fleet.port}": "unverified", f"http://{third}:{fleet.port}": "up"
+                }
+                assert any(f"http://{short}:{fleet.port} reports max_model_len 16384, less than pool latency's 32768" in m for m in messages(caplog))
+
+
+def test_check_config_says_the_value_will_be_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(toml([f"http://127.0.0.1:{closed_port()}"], [f"http://127.0.0.1:{closed_port()}"]))
+    assert main(["check-config", "--config", str(path)]) == 0  # offline: nothing is asked
+    out = capsys.readouterr().out
+    assert "max_model_len       asked of the endpoints at start and on every reload (GET /v1/models: the smallest they report)" in out
+
+
+async def test_rebalancing_moves_an_engine_only_into_a_pool_whose_value_it_reported(autojump_clock: trio.testing.MockClock) -> None:
+    config = movable_config()
+    interactive = dataclasses.replace(config.pool("interactive"), max_model_len_configured=False)  # as asked at start: 32768
+    config = dataclasses.replace(config, pools=(interactive, config.pool("batch")))
+    async with router_over_engines(config) as fleet, trio.open_nursery() as background:
+        await background.start(fleet.router.run)
+        await fleet.router.check_health()  # asks interactive's own endpoint, which reports 32768
+        assert fleet.router.health()["pools"]["interactive"]["endpoints"] == {INTERACTIVE_URL: "up"}
+        fleet.router.note_model_lens({SPARE_URL: 16384})
+        await interactive_load(fleet.router, 20.0, 3 * CAP, [])  # starved, but the spare engine is too short for it
+        assert fleet.router.statistics().moves == {}
+        fleet.router.note_model_lens({SPARE_URL: 32768})  # a reload's round heard it restarted with enough
+        await interactive_load(fleet.router, 20.0, 3 * CAP, [])
+        assert fleet.router.statistics().moves == {("batch", "interactive"): 1}
+        assert fleet.router.health()["pools"]["interactive"]["endpoints"][SPARE_URL] == "up"
+        background.cancel_scope.cancel()
