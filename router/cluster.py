@@ -128,6 +128,7 @@ class SharedBudget:
         self._wanted = trio.Event()
         self._contended = False
         self._short = False  # a request waits here for seats the last sync did not grant
+        self.synced_from = -math.inf  # when the last sync that the ledger answered began
         self._elsewhere: dict[str, int] = {}  # per resource: seats in use on the other replicas, at the last sync
         self._keys: dict[str, KeySeats] = {}
 
@@ -195,6 +196,7 @@ class SharedBudget:
             self.mode = "ledger"
             self._fallback_since = None
         self.syncs += 1
+        self.synced_from = now
         self._short = False
         for demand, seats, elsewhere in zip(demands, synced.grants, synced.elsewhere or [0] * len(demands)):
             self._elsewhere[demand.resource] = elsewhere
@@ -242,8 +244,13 @@ class KeySeats:
     priority go into the key's demand, so the ledger is asked for what it
     needs and idle replicas give their spare seats of the key back. It is
     refused (``CallerOverLimit``) at once when the key's cap is full here
-    alone, and after a sync when it is full across the replicas -- as a
-    single process refuses at its cap -- or when its deadline passes.
+    alone; when it is full across the replicas -- as a single process
+    refuses at its cap -- as the first sync begun after it came finds it
+    (one round trip: the others' seats as of their own last syncs, at most
+    ``sync_interval`` old, a tenth of it while any request waits anywhere);
+    or when its deadline passes. Waiting longer for fresher news serves a
+    few requests a single process would refuse, late: measured, it cost
+    more at P99 than it gave (bench/results/cluster/after-findings-3-4.md).
     """
 
     def __init__(self, budget: SharedBudget, name: str, cap: int) -> None:
@@ -253,8 +260,8 @@ class KeySeats:
         self.in_use = 0
         self.granted = 0
         self._budget = budget
-        # A waiter's ticket: the syncs done when it arrived ("full" counts only from a later one).
-        self._queue: WaitQueue[bool, int] = WaitQueue(self._grant, max_waiting=1 << 30)
+        # A waiter's ticket: when it came ("full" counts only from a sync begun after it).
+        self._queue: WaitQueue[bool, float] = WaitQueue(self._grant, max_waiting=1 << 30)
 
     def demand(self) -> Demand:
         urgent = self._queue.most_urgent()
@@ -273,7 +280,7 @@ class KeySeats:
         if self.in_use >= min(self.cap, self.granted):
             self._budget.wake()  # ask the ledger now, not at the next tick
         try:
-            seated = await self._queue.get(priority, deadline, self._budget.syncs, retry_after=retry_after)
+            seated = await self._queue.get(priority, deadline, trio.current_time(), retry_after=retry_after)
         except (QueueTimeout, QueueFull):
             raise self._over("got no seat of its cap from the other replicas before its queue deadline", retry_after) from None
         if not seated:
@@ -286,7 +293,7 @@ class KeySeats:
         self.in_use -= 1
         self._queue.dispatch()
 
-    def _grant(self, since: int) -> bool | None:
+    def _grant(self, came: float) -> bool | None:
         """True: a seat, taken; False: refused (cap full); None: wait for the next sync."""
         if self.in_use < min(self.cap, self.granted):
             self.in_use += 1
@@ -294,7 +301,7 @@ class KeySeats:
         budget = self._budget
         if budget.mode != "ledger":
             return False
-        if budget.syncs > since and budget.in_use_elsewhere(self.resource) + self.in_use >= self.cap:
+        if budget.synced_from > came and budget.in_use_elsewhere(self.resource) + self.in_use >= self.cap:
             return False
         return None
 
