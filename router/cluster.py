@@ -14,16 +14,27 @@ request finds its grant used up) asks the ledger for what the replica needs:
 the seats in use, the requests waiting, and a small ``block`` of spare seats
 so a burst does not wait for a round trip. A grant grows only once the ledger
 has recorded it, and shrinks locally before the ledger hears of it, so the
-sum of what replicas may use never exceeds a cap.
+sum of what replicas may use never exceeds a cap. While a request waits here
+for seats the last sync did not grant, the replica syncs ten times as often.
+
+An API key's cap (``KeySeats``): a request whose key has no seat left in
+this replica's grant waits, in class priority order and until its queue
+deadline, for a sync to grant one -- its waiting count and priority are in
+the key's demand -- rather than being refused while the cap has room on
+other replicas. It is refused (429) when the key's cap is full across the
+replicas: the ledger records the seats each replica uses, not only its grant.
 
 Priority across replicas: with a sync each replica publishes the best
-(lowest) class priority waiting for each pool. While another live replica
-has a more urgent request waiting, the ledger lets a replica keep only the
-seats it uses: the seats that free up go back at its next sync, and the
+(lowest) class priority waiting for each pool, each of its endpoints and
+each API key. While another live replica has a more urgent request
+waiting, the ledger lets a replica keep only the seats it uses: the seats that free up go back at its next sync, and the
 short request on replica A gets them before the long one on replica B. While
 any request waits on another replica, every replica syncs ten times as
 often, so the seats come back within a few milliseconds; a seat freed on B
-between two syncs can still go to B's own waiter first.
+between two syncs can still go to B's own waiter first. An idle replica
+waits for nothing, so any waiter elsewhere is more urgent: it gives back
+the spare ``block`` seats it holds of that resource, and a replica with a
+long queue may grow past its block up to what the others use.
 
 Redis unreachable or slow (a sync fails or takes over half the TTL): the
 replica falls back at once to ``min(grant, static share)`` of each cap, and
