@@ -22,6 +22,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "sweep": ("bench.sweep.run", "the policy in virtual time: loads x set-ups x splits"),
     "chaos": ("bench.chaos.run", "killed, hung and broken engines, hostile clients, reloads: what must hold"),
     "cluster": ("bench.cluster.run", "replicas sharing caps on Redis: caps under load, kill -9, Redis down"),
+    "workers": ("bench.overhead.workers", "serve --workers 2 beside --workers 1 and vllm-router: req/s, CPU per request"),
     "sim-cpu": ("bench.simcheck.cpu", "the simulator's own CPU while streaming to many clients"),
     "sim-profile": ("bench.simcheck.profile", "the simulated engine's TTFT and ITL by concurrency, in virtual time"),
 }

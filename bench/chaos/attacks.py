@@ -27,6 +27,7 @@ import trio
 from bench.chaos.client import Answer, RequestSpec, judge, probe_bytes, send
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.sim.faults import wants_stream
 from tailguard.sim.virtual.mix import percentile
 
 if TYPE_CHECKING:
@@ -186,16 +187,8 @@ def fuzz_bodies(count: int, seed: int) -> list[RequestSpec]:
             for _ in range(rng.randint(1, 4)):
                 mutated[rng.randrange(len(mutated))] = rng.randrange(256)
             path, body = CHAT_PATH, bytes(mutated)
-        specs.append(RequestSpec(path, body, stream=_asks_stream(body)))
+        specs.append(RequestSpec(path, body, stream=wants_stream(body)))
     return specs
-
-
-def _asks_stream(body: bytes) -> bool:
-    try:
-        request = json.loads(body)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(request, dict) and request.get("stream") is True
 
 
 async def fuzz(lab: Lab, phase: Phase) -> None:

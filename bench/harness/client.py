@@ -265,7 +265,7 @@ def engine_counts(page: bytes) -> tuple[int, int]:
     counts = {b"vllm:num_requests_running": 0, b"vllm:num_requests_waiting": 0}
     for line in page.splitlines():
         for name in counts:
-            if line.startswith(name + b"{") or line.startswith(name + b" "):
+            if line.startswith((name + b"{", name + b" ")):
                 counts[name] = int(float(line.rsplit(b" ", 1)[1]))
     return counts[b"vllm:num_requests_running"], counts[b"vllm:num_requests_waiting"]
 

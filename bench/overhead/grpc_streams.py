@@ -60,13 +60,39 @@ import grpc
 import trio
 
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
-from bench.harness.client import CALL_TIMEOUT_S, CHAT_PATH, HOST, KeepAliveClient, http_request
+from bench.harness.client import (
+    CALL_TIMEOUT_S,
+    CHAT_PATH,
+    HOST,
+    KeepAliveClient,
+    http_request,
+)
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
-from bench.harness.procs import RESULTS_ROOT, ProcSample, free_ports, log_tail, proc_sample, raise_nofile, start_process, start_simulator, start_tailguard, stop, wait_ready
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    ProcSample,
+    free_ports,
+    log_tail,
+    proc_sample,
+    raise_nofile,
+    start_process,
+    start_simulator,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
+from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import save_json
-from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop
+from bench.overhead.closed_loop import (
+    MAX_TOKENS,
+    MESSAGE,
+    Budget,
+    RunResult,
+    Tally,
+    closed_loop,
+)
 from bench.overhead.load import StreamRun, sse_streams
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
@@ -521,35 +547,26 @@ async def open_streams(aio: AsyncioThread, client: GrpcClient, count: int, endpo
     cpu_start = CpuClock.read(pids)
     async with trio.open_nursery() as holders:
         holders.start_soon(aio.run, partial(hold_streams, client, request, count, call_timeout, tally))
-        stopped_because = f"ramp timeout ({RAMP_TIMEOUT_S:g} s)"
-        last_progress, progress_at, printed_at = -1, time.perf_counter(), start
+        ramp = Ramp(count, RAMP_TIMEOUT_S, STALL_S, started=time.perf_counter())
+        printed_at = start
         ramp_progress: list[tuple[float, int]] = []
         with trio.move_on_after(RAMP_TIMEOUT_S):
             while True:
                 await trio.sleep(SAMPLE_EVERY_S)
                 now = time.perf_counter()
                 sample = proc_sample(tg_pid, "peak (ramp + hold)", start, tally.open)
-                peak = max(peak, sample, key=lambda s: s.rss_mib)
-                progress = tally.first_chunk + tally.failed + tally.ended
+                peak = higher(peak, sample)
                 if now - printed_at >= PROGRESS_EVERY_S:
                     print(f"  open streams: {tally.open:,} open, {tally.failed} failed, RSS {sample.rss_mib:,.0f} MiB", file=sys.stderr, flush=True)
                     ramp_progress.append((round(now - start, 1), tally.open))
                     printed_at = now
-                if progress >= count:
-                    stopped_because = "every stream opened or failed"
+                if ramp.done(tally.first_chunk + tally.failed + tally.ended, now):
                     break
-                if progress != last_progress:
-                    last_progress, progress_at = progress, now
-                elif now - progress_at >= STALL_S:
-                    stopped_because = f"no progress for {STALL_S:g} s"
-                    break
+        stopped_because = ramp.stopped_because
         ramp_s = time.perf_counter() - start
         cpu_ramp = CpuClock.read(pids)
         chunks_at = tally.chunks
-        with trio.move_on_after(HOLD_S):
-            while True:  # keep the peak honest while holding
-                await trio.sleep(SAMPLE_EVERY_S)
-                peak = max(peak, proc_sample(tg_pid, "peak (ramp + hold)", start, tally.open), key=lambda s: s.rss_mib)
+        peak = await hold_peak(tg_pid, peak, start, lambda: tally.open, HOLD_S, SAMPLE_EVERY_S)
         cpu_held = CpuClock.read(pids)
         hold_chunks = tally.chunks - chunks_at
         held = proc_sample(tg_pid, "held", start, tally.open)
@@ -557,7 +574,9 @@ async def open_streams(aio: AsyncioThread, client: GrpcClient, count: int, endpo
         cancel_at = time.perf_counter()
         holders.cancel_scope.cancel()
     cancel_s = time.perf_counter() - cancel_at
-    settle_s, after = await _settle(tg_pid, before, start, tally)
+    settle_s, after = await settle(
+        tg_pid, before, start, "after cancel", lambda: tally.open, threads=True, timeout=SETTLE_TIMEOUT_S, fd_slack=SETTLE_FD_SLACK, every=SAMPLE_EVERY_S
+    )
     unary_ok = await _unary_ok(aio, client)
     return OpenStreams(
         requested=count,
@@ -587,18 +606,6 @@ async def open_streams(aio: AsyncioThread, client: GrpcClient, count: int, endpo
         samples=[before, peak, held, after],
         stopped_because=stopped_because,
     )
-
-
-async def _settle(tg_pid: int, baseline: ProcSample, start: float, tally: OpenTally) -> tuple[float, ProcSample]:
-    """Wait (bounded) until tailguard's threads and fds are back near the baseline."""
-    began = time.perf_counter()
-    sample = proc_sample(tg_pid, "after cancel", start, tally.open)
-    with trio.move_on_after(SETTLE_TIMEOUT_S):
-        while sample.threads > baseline.threads or sample.fds > baseline.fds + SETTLE_FD_SLACK:
-            await trio.sleep(SAMPLE_EVERY_S)
-            sample = proc_sample(tg_pid, "after cancel", start, tally.open)
-    await trio.sleep(1.0)  # let the last frees land before the final reading
-    return time.perf_counter() - began, proc_sample(tg_pid, "after cancel", start, tally.open)
 
 
 async def _unary_ok(aio: AsyncioThread, client: GrpcClient) -> bool:

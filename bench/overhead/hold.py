@@ -63,13 +63,35 @@ from typing import TypeVar
 
 import httpx
 import trio
+import trio.lowlevel
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.cli import driver_parser, run_trio
-from bench.harness.client import CHAT_PATH, EVENT, HOST, KeepAliveClient, LoadCounters, ProtocolError, http_request, sse_client
+from bench.harness.client import (
+    CHAT_PATH,
+    EVENT,
+    HOST,
+    KeepAliveClient,
+    LoadCounters,
+    ProtocolError,
+    http_request,
+    sse_client,
+)
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import RESULTS_ROOT, ProcSample, free_ports, log_tail, proc_sample, raise_nofile, start_process, start_simulator, stop, wait_ready
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    ProcSample,
+    free_ports,
+    log_tail,
+    proc_sample,
+    raise_nofile,
+    start_process,
+    start_simulator,
+    stop,
+    wait_ready,
+)
+from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import code_version, write_report
 from bench.overhead.closed_loop import MESSAGE
 from tailguard.sim.virtual.mix import percentile
@@ -466,49 +488,42 @@ async def hold_phase(
     gc_start = await scrape_gc(port)
     probes = HealthProbes({"router GET /health": port, "one slow engine GET /health": engine_port})
     async with probes, trio.open_nursery() as holders:
-        stopped_because = f"ramp timeout ({RAMP_TIMEOUT_S:g} s)"
+        ramp = Ramp(target, RAMP_TIMEOUT_S, STALL_S, started=start)
         with trio.move_on_after(RAMP_TIMEOUT_S):
-            last_progress, progress_at, printed_at, sampled_at = -1, start, start, start
+            printed_at, sampled_at = start, start
             launched = 0
             while True:
                 while launched < target and tally.waiting < MAX_OPENING:
                     holders.start_soon(hold_one, port, request, options.read_pause, tally)
                     launched += 1
                     if launched % 64 == 0:
-                        await trio.sleep(0)  # let the connects go out
+                        await trio.lowlevel.checkpoint()  # let the connects go out
                 await trio.sleep(0.01)
                 now = time.perf_counter()
                 if now - sampled_at >= SAMPLE_EVERY_S:
-                    peak = max(peak, proc_sample(tg.pid, "peak (ramp + hold)", start, tally.open), key=lambda s: s.rss_mib)
+                    peak = higher(peak, proc_sample(tg.pid, "peak (ramp + hold)", start, tally.open))
                     sampled_at = now
                 if now - printed_at >= PROGRESS_EVERY_S:
                     print(f"  hold: {tally.open:,} open, {tally.failed} failed, RSS {peak.rss_mib:,.0f} MiB peak", file=sys.stderr, flush=True)
                     printed_at = now
-                progress = tally.first_event + tally.failed + tally.ended
-                if progress >= target:
-                    stopped_because = "every stream opened or failed"
+                if ramp.done(tally.first_event + tally.failed + tally.ended, now):
                     break
-                if progress != last_progress:
-                    last_progress, progress_at = progress, now
-                elif now - progress_at >= STALL_S:
-                    stopped_because = f"no progress for {STALL_S:g} s"
-                    break
+        stopped_because = ramp.stopped_because
         ramp_s = time.perf_counter() - start
         cpu_ramp, machine = CpuClock.read(pids), MachineClock.read()
         gc_before, events_before = await scrape_gc(port), tally.events
-        with trio.move_on_after(options.seconds):
-            while True:
-                await trio.sleep(SAMPLE_EVERY_S)
-                peak = max(peak, proc_sample(tg.pid, "peak (ramp + hold)", start, tally.open), key=lambda s: s.rss_mib)
+        peak = await hold_peak(tg.pid, peak, start, lambda: tally.open, options.seconds, SAMPLE_EVERY_S)
         gc_after, cpu_held = await scrape_gc(port), CpuClock.read(pids)
         busy = MachineClock.read().cores_since(machine)
         events = tally.events - events_before
         held = proc_sample(tg.pid, "held", start, tally.open)
-        peak = max(peak, held, key=lambda s: s.rss_mib)
+        peak = higher(peak, held)
         open_at_end = tally.open
         print(f"  hold: {open_at_end:,} open for {options.seconds:g} s, RSS {held.rss_mib:,.0f} MiB; closing them", file=sys.stderr, flush=True)
         holders.cancel_scope.cancel()
-    settle_s, after = await settle(tg.pid, idle, start)
+    settle_s, after = await settle(
+        tg.pid, idle, start, "after", lambda: 0, threads=False, timeout=SETTLE_TIMEOUT_S, fd_slack=SETTLE_FD_SLACK, every=SAMPLE_EVERY_S
+    )
     hold_s = cpu_held.wall - cpu_ramp.wall
     router_cpu = cpu_held.seconds_since(cpu_ramp)["tailguard"]
     return HoldRun(
@@ -548,18 +563,6 @@ async def hold_phase(
             *(Latencies.of(f"{name} (a probe thread)", seconds) for name, seconds in probes.latencies.items()),
         ],
     )
-
-
-async def settle(pid: int, idle: ProcSample, start: float) -> tuple[float, ProcSample]:
-    """Wait (bounded) until the router's fds are back near idle; then a last reading."""
-    began = time.perf_counter()
-    sample = proc_sample(pid, "after", start, 0)
-    with trio.move_on_after(SETTLE_TIMEOUT_S):
-        while sample.fds > idle.fds + SETTLE_FD_SLACK:
-            await trio.sleep(SAMPLE_EVERY_S)
-            sample = proc_sample(pid, "after", start, 0)
-    await trio.sleep(1.0)  # let the last frees land
-    return time.perf_counter() - began, proc_sample(pid, "after", start, 0)
 
 
 # -- phase 2: SSE relay under each GC threshold ------------------------------------------

@@ -49,16 +49,54 @@ from pathlib import Path
 import trio
 
 from bench.harness.cli import driver_parser, run_trio
-from bench.harness.client import CHAT_PATH, HOST, ConnectionPool, KeepAliveClient, http_request
+from bench.harness.client import (
+    CHAT_PATH,
+    HOST,
+    ConnectionPool,
+    KeepAliveClient,
+    http_request,
+)
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
-from bench.harness.procs import RESULTS_ROOT, free_ports, log_tail, raise_nofile, start_process, start_simulator, start_tailguard, stop, wait_ready
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    free_ports,
+    log_tail,
+    raise_nofile,
+    start_process,
+    start_simulator,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
 from bench.harness.report import code_version, write_report
 from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
-from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
-from bench.overhead.grpc_streams import WARMUP_CALLS, WARMUP_SECONDS, GrpcClient, StreamRun, Target, chat_request, grpc_closed_loop, run_result
-from bench.overhead.load import ProfileSummary, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
+from bench.overhead.closed_loop import (
+    MAX_TOKENS,
+    MESSAGE,
+    Plan,
+    RunResult,
+    closed_loop,
+    measure_closed_loop,
+)
+from bench.overhead.grpc_streams import (
+    WARMUP_CALLS,
+    WARMUP_SECONDS,
+    GrpcClient,
+    StreamRun,
+    Target,
+    chat_request,
+    grpc_closed_loop,
+    run_result,
+)
+from bench.overhead.load import (
+    ProfileSummary,
+    grpc_open_loop,
+    py_spy_speedscope,
+    sse_streams,
+    summarize_speedscope,
+)
 from tailguard.sim.virtual.mix import percentile
 
 RESULTS_DIR = RESULTS_ROOT / "overhead"

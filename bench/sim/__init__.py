@@ -12,7 +12,7 @@ from .engine import Engine as Engine
 from .engine import EngineRequestError as EngineRequestError
 from .engine import EngineStatistics as EngineStatistics
 from .engine import Sequence as Sequence
-from .faults import MODES as FAULT_MODES
+from .faults import MODES as FAULT_MODES  # noqa: F401 (public, under the package's name)
 from .faults import AdminApp as AdminApp
 from .faults import Fault as Fault
 from .faults import FaultError as FaultError

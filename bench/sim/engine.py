@@ -362,11 +362,7 @@ class Engine:
             if self._kv_used + head._prefill_target > params.kv_cache_tokens:
                 break
             self._waiting.popleft()
-            self._waiting_count -= 1
-            self._running.append(head)
-            self._kv_used += head._prefill_target
-            head._kv_held = head._prefill_target
-            chunk = min(head._prefill_target, budget)
+            chunk = self._admit(head, budget)
             budget -= chunk
             prefill_tokens += chunk
             plan.append((head, chunk))
@@ -434,11 +430,7 @@ class Engine:
             if self._kv_used + head._prefill_target > params.kv_cache_tokens:
                 break
             heapq.heappop(self._queue)
-            self._waiting_count -= 1
-            self._running.append(head)
-            self._kv_used += head._prefill_target
-            head._kv_held = head._prefill_target
-            chunk = min(head._prefill_target, budget)
+            chunk = self._admit(head, budget)
             budget -= chunk
             plan[head] = chunk
 
@@ -496,6 +488,14 @@ class Engine:
     def _release_kv(self, sequence: Sequence) -> None:
         self._kv_used -= sequence._kv_held
         sequence._kv_held = 0
+
+    def _admit(self, head: Sequence, budget: int) -> int:
+        """Seat ``head``, just taken off the queue (either policy's), with its whole prompt's cache reserved; return this step's prefill chunk."""
+        self._waiting_count -= 1
+        self._running.append(head)
+        self._kv_used += head._prefill_target
+        head._kv_held = head._prefill_target
+        return min(head._prefill_target, budget)
 
     def _preempt(self, victim: Sequence) -> None:
         """Free a running sequence's cache; it recomputes from the queue's head.

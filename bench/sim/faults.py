@@ -42,7 +42,15 @@ from typing import Any
 
 import trio
 
-from .app import JSON_HEADERS, SSE_HEADERS, ApiError, BodyStream, DropConnection, SimApp, SimResponse
+from .app import (
+    JSON_HEADERS,
+    SSE_HEADERS,
+    ApiError,
+    BodyStream,
+    DropConnection,
+    SimApp,
+    SimResponse,
+)
 
 log = logging.getLogger("bench.sim.faults")
 
@@ -220,7 +228,7 @@ class FaultInjector:
             await trio.sleep_forever()
         if not completion or fault.mode == "none":
             return await self.app.handle(method, path, headers, body)
-        stream = _wants_stream(body)
+        stream = wants_stream(body)
         if fault.mode == "error_rate":
             if self.switch.draw(fault.p):
                 return SimResponse(500, list(JSON_HEADERS), _error_body(ENGINE_ERROR_MESSAGE))
@@ -238,10 +246,11 @@ class FaultInjector:
         return _truncated(await self.app.handle(method, path, headers, body), fault)
 
 
-def _wants_stream(body: bytes) -> bool:
+def wants_stream(body: bytes) -> bool:
+    """Whether a completion body asks for SSE (``"stream": true``); False for anything that is not a JSON object, nested too deep included."""
     try:
         request = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return False
     return isinstance(request, dict) and request.get("stream") is True
 

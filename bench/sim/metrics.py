@@ -8,6 +8,7 @@ in the GPU's own time (raw intervals divided by the engine's time scale).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -62,20 +63,9 @@ class SimMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(engine, model))
         self._time_scale = engine.time_scale
-        self._ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            ["model_name"],
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
-        ).labels(model)
-        self._e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of end to end request latency in seconds.",
-            ["model_name"],
-            buckets=E2E_BUCKETS,
-            registry=self.registry,
-        ).labels(model)
+        seconds = partial(Histogram, labelnames=["model_name"], registry=self.registry)  # both latencies: by model
+        self._ttft = seconds("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", buckets=TTFT_BUCKETS).labels(model)
+        self._e2e = seconds("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", buckets=E2E_BUCKETS).labels(model)
         self._model = model
 
         self._success = Counter(

@@ -46,10 +46,38 @@ from typing import Any
 
 from bench.harness.cli import driver_parser
 from bench.harness.procs import RESULTS_ROOT
-from bench.sweep.check import QUICK_MIXED_JSON, Comparison, EngineAgreement, Saturation, compare, comparison_json, engine_agreements, load_real, mix_prompt_tokens, model_capacity, replay_points, saturation_run
-from bench.sweep.report import comparison_table, cost_summary, engine_table, full_table, pivot, plot_headline, plot_split
+from bench.sweep.check import (
+    QUICK_MIXED_JSON,
+    Comparison,
+    EngineAgreement,
+    Saturation,
+    compare,
+    comparison_json,
+    engine_agreements,
+    load_real,
+    mix_prompt_tokens,
+    model_capacity,
+    replay_points,
+    saturation_run,
+)
+from bench.sweep.report import (
+    comparison_table,
+    cost_summary,
+    engine_table,
+    full_table,
+    pivot,
+    plot_headline,
+    plot_split,
+)
 from tailguard.sim.virtual.fleet import Point as SimPoint
-from tailguard.sim.virtual.fleet import PointResult, Setup, disaggregated, priority, run_point, shared
+from tailguard.sim.virtual.fleet import (
+    PointResult,
+    Setup,
+    disaggregated,
+    priority,
+    run_point,
+    shared,
+)
 from tailguard.sim.virtual.mix import Capacity
 
 DEFAULT_OUT = RESULTS_ROOT / "sweep"

@@ -36,14 +36,39 @@ from pathlib import Path
 import trio
 
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
-from bench.harness.client import CHAT_PATH, TOKEN_MARKER, ConnectionPool, ProtocolError, http_request
+from bench.harness.client import (
+    CHAT_PATH,
+    TOKEN_MARKER,
+    ConnectionPool,
+    ProtocolError,
+    http_request,
+)
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
+from bench.harness.procs import (
+    RESULTS_ROOT,
+    add_serve_arg,
+    free_ports,
+    log_tail,
+    start_simulator,
+    start_tailguard,
+    stop,
+    wait_ready,
+)
 from bench.harness.report import save_json
 from bench.harness.traffic import Arrival, schedule
 from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.mix import CLASSES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, Capacity, payloads, percentile, prompt_tokens, shared_capacity
+from tailguard.sim.virtual.mix import (
+    CLASSES,
+    LONG_MAX_TOKENS,
+    SHORT_MAX_TOKENS,
+    SHORT_SHARE,
+    Capacity,
+    payloads,
+    percentile,
+    prompt_tokens,
+    shared_capacity,
+)
 
 DEFAULT_JSON = RESULTS_ROOT / "quick_mixed.json"
 TARGET_LOAD = 0.8  # of the single shared engine's capacity

@@ -41,9 +41,7 @@ import trio
 
 from ..engine import EngineRequestError
 from ..params import EngineParams
-
 from .clock import Timeline, Timer
-
 
 LOOKAHEAD_STEPS = 64  # decode-only steps computed ahead per wake: a submit usually cuts the run short anyway
 

@@ -1,27 +1,16 @@
 """Repro: the first sync after Redis returns is not held to the static share (the recovery limit starts one sync late)."""
 from __future__ import annotations
-import sys
 import trio
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
-from tailguard.router.cluster import Demand, SharedBudget
-from tailguard.router.config_types import ClusterConfig
+from _replica import Replica
 from tailguard.server.redis_ledger import RedisLedger
 from tests.redis_helpers import RedisServer
 
 CAP, TTL = 8, 0.5
 
-class Replica:
-    def __init__(self, name: str, ledger: RedisLedger) -> None:
-        self.in_use = self.waiting = self.granted = 0
-        config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=TTL, static_share=0.25, block=0)
-        self.budget = SharedBudget(config, ledger, lambda: [Demand("endpoint:e", CAP, self.in_use, self.waiting, apply=self._apply)])
-    def _apply(self, seats: int) -> None:
-        self.granted = seats
-
 async def main() -> None:
     redis = RedisServer(); redis.start()
     async with RedisLedger(redis.url, "repro", timeout=0.2) as ledger:
-        replicas = [Replica(n, ledger) for n in "abcd"]
+        replicas = [Replica(n, ledger, cap=CAP, lease_ttl=TTL, static_share=0.25) for n in "abcd"]
         for r in replicas: await r.budget.sync_once()
         redis.stop()
         for r in replicas: await r.budget.sync_once()
