@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.harness.client import HOST
@@ -46,28 +46,33 @@ def tailguard_config(
 
     ``sections`` are more tables (lines) put after ``[server]``.
     """
-    lines = [
+    lines = [*server_table(http_port, grpc_port), *sections]
+    for pool in (interactive, batch):
+        lines += pool.toml()
+    lines += classes_tables({"interactive": interactive.name, "batch": batch.name}, {"interactive": "3.0", "batch": f"{batch_queue_timeout}"})
+    return "\n".join(lines)
+
+
+def server_table(http_port: int, grpc_port: int) -> list[str]:
+    """``[server]``: both listeners on this host, no reload polling (a benchmark's config does not change under it)."""
+    return [
         "[server]",
         f'http_listen = "{HOST}:{http_port}"',
         f'grpc_listen = "{HOST}:{grpc_port}"',
         "reload_poll_interval = 0",
         "",
-        *sections,
     ]
-    for pool in (interactive, batch):
-        lines += pool.toml()
-    lines += [
-        "[classes.interactive]",
-        f'pool = "{interactive.name}"',
-        "max_prompt_tokens = 500",
-        "max_output_tokens = 128",
-        "queue_timeout = 3.0",
-        "priority = 0",
-        "",
-        "[classes.batch]",
-        f'pool = "{batch.name}"',
-        f"queue_timeout = {batch_queue_timeout}",
-        "priority = 1",
-        "",
-    ]
-    return "\n".join(lines)
+
+
+def classes_tables(pools: Mapping[str, str], queue_timeouts: Mapping[str, str]) -> list[str]:
+    """The shipped classes: interactive (<= 500 prompt / 128 output tokens, priority 0) and batch (the rest, priority 1).
+
+    ``pools`` names each class's pool; ``queue_timeouts`` are written as given
+    (the callers' committed configs spell them differently: ``3.0``, ``1.5``).
+    """
+    thresholds = {"interactive": ["max_prompt_tokens = 500", "max_output_tokens = 128"], "batch": []}
+    lines: list[str] = []
+    for priority, name in enumerate(("interactive", "batch")):
+        lines += [f"[classes.{name}]", f'pool = "{pools[name]}"', *thresholds[name]]
+        lines += [f"queue_timeout = {queue_timeouts[name]}", f"priority = {priority}", ""]
+    return lines

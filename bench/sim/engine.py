@@ -172,6 +172,16 @@ class Engine:
         seed: int = 0,
         name: str = "engine",
     ) -> None:
+        """The queue, the batch, the KV cache in use, and the counters ``statistics()`` reports.
+
+        Deliberately repeated: ``tailguard.sim.virtual.engine.SweepEngine``
+        keeps the same state and counters (and ``tailguard.sim.virtual.fleet``
+        reports them alike) because it runs this engine's schedule in
+        aggregate, for sweeps too long to step token by token. It stays a
+        second copy so this engine stays the readable reference; ``python -m
+        bench sweep`` (``bench/sweep/check.py``) replays seeded traffic through
+        both and reports where their timestamps and preemptions differ.
+        """
         if time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
         self.params = params

@@ -70,7 +70,7 @@ from bench.harness.client import (
     http_request,
 )
 from bench.harness.clocks import CpuClock
-from bench.harness.config import PoolSpec
+from bench.harness.config import PoolSpec, classes_tables, server_table
 from bench.harness.open_loop import (
     FAST_REJECTION_MS,
     ClassStats,
@@ -469,11 +469,7 @@ def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: floa
     follow the pools; ``movable`` marks every endpoint movable.
     """
     lines = [
-        "[server]",
-        f'http_listen = "{HOST}:{http_port}"',
-        f'grpc_listen = "{HOST}:{grpc_port}"',
-        "reload_poll_interval = 0",
-        "",
+        *server_table(http_port, grpc_port),
         "[timeouts]",
         f"end_to_end_timeout = {END_TO_END_TIMEOUT * time_scale:g}",
         "",
@@ -486,10 +482,7 @@ def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: floa
             table = [line.replace(" }", ", movable = true }") if line.startswith("endpoints = ") else line for line in table]
         lines += table
     lines += setup.tables
-    thresholds = {"interactive": ["max_prompt_tokens = 500", "max_output_tokens = 128"], "batch": []}
-    for priority, name in enumerate(("interactive", "batch")):
-        lines += [f"[classes.{name}]", f'pool = "{setup.class_pool[name]}"', *thresholds[name]]
-        lines += [f"queue_timeout = {QUEUE_TIMEOUTS[name] * time_scale:g}", f"priority = {priority}", ""]
+    lines += classes_tables(setup.class_pool, {name: f"{QUEUE_TIMEOUTS[name] * time_scale:g}" for name in ("interactive", "batch")})
     return "\n".join(lines)
 
 

@@ -138,6 +138,13 @@ class SweepEngine:
     """One simulated GPU on a Timeline: ``submit``, and ``abort`` to hang up."""
 
     def __init__(self, params: EngineParams, timeline: Timeline, *, time_scale: float = 1.0, name: str = "engine") -> None:
+        """The same state and counters as ``tailguard.sim.Engine.__init__``, on purpose: this engine is its schedule in aggregate.
+
+        The likeness with ``tailguard.sim.engine`` (and the statistics the fleet
+        model builds from it) is deliberate; ``python -m bench sweep``
+        (``bench/sweep/check.py``) checks the two agree on seeded traffic:
+        first-token and finish times, preemptions, who ended how.
+        """
         if params.eos_probability:
             raise ValueError("the sweep engine has no output tokens, so no EOS: eos_probability must be 0")
         if params.max_num_seqs >= params.max_num_batched_tokens:
