@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 
@@ -32,9 +33,7 @@ def plot_cdfs(
         axis.grid(True, which="both", alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_p99_vs_load(path: Path, series: Mapping[str, Sequence[tuple[float, float]]], deadline_ms: float) -> None:
@@ -50,9 +49,7 @@ def plot_p99_vs_load(path: Path, series: Mapping[str, Sequence[tuple[float, floa
     axis.set_ylabel("short end-to-end P99, ms (GPU time)")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_timelines(
@@ -77,9 +74,7 @@ def plot_timelines(
     rss_axis.legend(fontsize=8)
     queue_axis.set_ylabel("requests waiting for a seat")
     queue_axis.set_xlabel("real seconds since the first arrival")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_tradeoff(path: Path, load: float, points: Mapping[str, tuple[float, float]], engines: int) -> None:
@@ -107,9 +102,7 @@ def plot_tradeoff(path: Path, load: float, points: Mapping[str, tuple[float, flo
     axis.set_title(f"{engines} engine(s), load {load:g}: the trade-off (down-right is better)")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_shift(
@@ -150,6 +143,11 @@ def plot_shift(
     for axis in (top, middle, bottom):
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=6, ncol=2)
+    _save(figure, path)
+
+
+def _save(figure: Figure, path: Path) -> None:
+    """Every plot's last step: lay out, write the PNG at the committed plots' resolution, free the figure."""
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
