@@ -30,8 +30,13 @@ from typing import Any
 import httpx
 
 from .config_types import ServerConfig
+from .errors import (
+    BackendRejected,
+    BackendStreamError,
+    BackendUnavailable,
+    BadBackendReply,
+)
 from .lean_transport import LeanTransport
-from .errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
 ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make

@@ -37,11 +37,9 @@ from .config_types import (
     DnsScheme,
     EndpointConfig,
     EstimateConfig,
-    LendConfig,
-    RebalanceConfig,
-    RebalanceMode,
     HealthCheckKind,
     HttpServerKind,
+    LendConfig,
     LimitsConfig,
     LogFormat,
     LoggingConfig,
@@ -50,6 +48,8 @@ from .config_types import (
     OutlierDetectionConfig,
     OverCapMode,
     PoolConfig,
+    RebalanceConfig,
+    RebalanceMode,
     ServerConfig,
     SimulateProfile,
     TimeoutsConfig,
@@ -624,7 +624,7 @@ def _read_cluster(table: _Table, present: bool) -> ClusterConfig | None:
         return None
     default = ClusterConfig(redis_url="")
     url = table.string("redis_url")
-    if table.ok("redis_url") and not (url.startswith("redis://") or url.startswith("rediss://") or url.startswith("unix://")):
+    if table.ok("redis_url") and not (url.startswith(("redis://", "rediss://", "unix://"))):
         table.problem("redis_url", f"must be a redis:// (or rediss://, unix://) URL, got {json.dumps(url)}")
     namespace = table.string("namespace", default.namespace)
     replica_id = table.string("replica_id", default.replica_id)
@@ -1007,7 +1007,7 @@ def _read_classes(
 ) -> tuple[ClassConfig, ...]:
     """The classes in file order (the match order), checked to cover every request."""
     catch_all: str | None = None
-    for index, (name, table) in enumerate(tables):
+    for index, (_name, table) in enumerate(tables):
         key = table.path
         is_catch_all = not table.has("max_prompt_tokens") and not table.has("max_output_tokens")
         if catch_all is not None:

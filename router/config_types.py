@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-
 from dataclasses import dataclass, field
 from typing import Literal
 

@@ -42,8 +42,14 @@ import trio
 
 from .auth import Caller
 from .dispatch import Completion, Router
-from .errors import DeadlineExceeded, InternalError, InvalidRequest, ServerBusy, TailguardError
-from .request import Routing, RouterRequest
+from .errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidRequest,
+    ServerBusy,
+    TailguardError,
+)
+from .request import RouterRequest, Routing
 from .telemetry import Api, RepeatedIds, RequestRecord, Telemetry, is_valid_request_id
 
 if TYPE_CHECKING:  # imported only while [tracing] is on

@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,23 @@ import trio
 import trio.testing
 
 from tailguard.router.config import ConfigError, load_config
-from tailguard.router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
+from tailguard.router.config_types import (
+    AuthConfig,
+    Config,
+    EndpointConfig,
+    LendConfig,
+    PoolConfig,
+)
 from tailguard.sim import PROFILES
 from tailguard.sim.params import EngineParams
-from tailguard.sim.virtual.fleet import GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
+from tailguard.sim.virtual.fleet import (
+    GC_THRESHOLDS,
+    Arrival,
+    Record,
+    Setup,
+    open_fleet,
+    play,
+)
 from tailguard.sim.virtual.mix import CLASSES, percentile
 from tailguard.sim.virtual.trace import MAX_ARRIVALS, read_trace
 
@@ -266,7 +279,7 @@ def arrivals_from_trace(path: Path, seconds: float) -> list[Arrival]:
 
 
 def _log_time(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 
 
 def arrivals_from_access_log(path: Path, short_class: str, seconds: float) -> list[Arrival]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import ctypes
+import dataclasses
 import functools
 import gc
 import logging
@@ -22,7 +22,6 @@ import trio
 from tailguard.router.config_types import Config
 from tailguard.router.dispatch import Router
 from tailguard.router.model_len import ModelLenError, ask_model_lens
-
 from tailguard.router.telemetry import RepeatedIds, Telemetry
 
 from .grpc_api import Observers, serve_grpc
@@ -31,10 +30,10 @@ from .http_api import HttpApi
 from .http_server import HttpSettings
 from .http_server import serve as serve_http
 from .logs import AccessLog
-from .redis_ledger import RedisLedger
 from .metrics import Metrics
+from .redis_ledger import RedisLedger
 from .reload import ConfigReloader, Prepare
-from .simulate import SimulateError, SimulatedFleet, lone_os_error
+from .simulate import SimulatedFleet, SimulateError, lone_os_error
 from .trace_switch import TracingSwitch
 from .workers import WorkerRole
 
@@ -122,7 +121,7 @@ async def serve(
     shutdown = trio.Event() if shutdown is None else shutdown
     drain = trio.Event()
     if config_path is not None:
-        log.info("config loaded from %s (digest %s)", config_path.absolute(), config.digest)
+        log.info("config loaded from %s (digest %s)", config_path.absolute(), config.digest)  # noqa: ASYNC240 - one getcwd at start
     for warning in config.warnings:
         log.warning("config: %s", warning)
     # The ledger's connections (a task group of coredis's) open before the nursery and close after it.

@@ -12,7 +12,12 @@ from typing import get_args
 
 import trio
 
-from tailguard.router.config import ConfigError, _parse_listen, load_config, render_config
+from tailguard.router.config import (
+    ConfigError,
+    _parse_listen,
+    load_config,
+    render_config,
+)
 from tailguard.router.config_types import Config, LogLevel
 
 from . import SHIPPED_CONFIG
@@ -119,7 +124,8 @@ def _startup_error(error: BaseException) -> StartupError | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["advise"]:
-        from .advise import main as advise  # imported only here: the fleet model is not needed to serve
+        # Imported only here: the fleet model is not needed to serve.
+        from .advise import main as advise
 
         return advise(argv[1:])
     args = build_parser().parse_args(argv)

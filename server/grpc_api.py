@@ -39,8 +39,14 @@ from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 from tailguard.router.auth import Caller
 from tailguard.router.config_types import Config, ServerConfig
 from tailguard.router.dispatch import Router
-from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, TailguardError
-from tailguard.router.request import RequestKind, Routing, RouterRequest
+from tailguard.router.errors import (
+    BackendStreamError,
+    BadBackendReply,
+    Draining,
+    InternalError,
+    TailguardError,
+)
+from tailguard.router.request import RequestKind, RouterRequest, Routing
 from tailguard.router.session import Session, Sessions, checked_header
 from tailguard.router.telemetry import RepeatedIds, Telemetry
 
@@ -311,24 +317,24 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         )
         self._trio = _TrioSide(sessions)
 
-    async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:  # noqa: N802
+    async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
         return await self._unary(_call("chat", request, context, stream=False), context)
 
-    async def Complete(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:  # noqa: N802
+    async def Complete(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
         return await self._unary(_call("completion", request, context, stream=False), context)
 
     # grpc.aio recognises streaming handlers by being async generator functions.
-    async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:  # noqa: N802
+    async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:
         async for chunk in self._stream(_call("chat", request, context, stream=True), context):
             yield chunk
 
-    async def CompleteStream(  # noqa: N802
+    async def CompleteStream(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
         async for chunk in self._stream(_call("completion", request, context, stream=True), context):
             yield chunk
 
-    async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:  # noqa: N802
+    async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:
         """The limits in force; with API keys configured it needs one, as HTTP's /v1/limits does."""
         try:
             self._router.authenticate(_metadata(context).get("authorization"))

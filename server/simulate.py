@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import trio
 
-from tailguard.sim import PROFILES, EngineSpec, serve_engine
 from tailguard.router.config_types import Config
+from tailguard.sim import PROFILES, EngineSpec, serve_engine
 
 log = logging.getLogger("tailguard.simulate")
 

@@ -204,7 +204,9 @@ class _Supervisor:
     async def _stop(self, scope: trio.CancelScope) -> None:
         """Wait for every worker to drain and exit; kill the ones still there after the grace."""
         with trio.move_on_after(self._grace):
-            while self._processes:
+            # Each worker's watcher is already in its Process.wait(); a second waiter
+            # on the same process would contend for its pidfd, so poll their register.
+            while self._processes:  # noqa: ASYNC110
                 await trio.sleep(0.05)
         for index, process in list(self._processes.items()):
             log.warning("workers: worker %d did not stop within %g s; killing it", index, self._grace)

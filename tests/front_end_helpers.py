@@ -19,9 +19,6 @@ from dataclasses import dataclass, field
 
 import trio
 
-from tailguard.sim import Engine, SimApp, SimResponse
-from tailguard.sim.app import JSON_HEADERS, SSE_HEADERS
-from tailguard.sim.http import serve as serve_sim
 from tailguard.router.config_types import Config
 from tailguard.router.dispatch import Router
 from tailguard.router.telemetry import RequestRecord, Telemetry
@@ -31,6 +28,9 @@ from tailguard.server.http_api import HttpApi
 from tailguard.server.http_server import HttpSettings
 from tailguard.server.http_server import serve as serve_http
 from tailguard.server.metrics import Metrics
+from tailguard.sim import Engine, SimApp, SimResponse
+from tailguard.sim.app import JSON_HEADERS, SSE_HEADERS
+from tailguard.sim.http import serve as serve_sim
 
 from .grpc_helpers import service_thread
 from .http_helpers import QUICK

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from tailguard.sim import Engine, EngineParams, SimApp, SimResponse
-from tailguard.sim.http import serve as serve_sim
 from tailguard.router.config_types import Config
 from tailguard.server.app import Running, serve
+from tailguard.sim import Engine, EngineParams, SimApp, SimResponse
+from tailguard.sim.http import serve as serve_sim
 
 from .sim_helpers import MODEL
+
 
 class Switchable:
     """An engine that can be turned off (``up``), or made to fail only its completions."""
@@ -69,7 +70,7 @@ def service_thread(trio_main: ServiceMain, name: str) -> Iterator[dict[str, obje
     def thread_main() -> None:
         try:
             trio.run(trio_main, ready, box)
-        except BaseException as error:  # noqa: BLE001 - reported to the test thread
+        except BaseException as error:
             box["error"] = error
             ready.set()
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import trio
 
-from tailguard.sim import PROFILES, Engine, EngineParams, SimApp
-from tailguard.sim.http import Handler, serve as serve_sim
 from tailguard.router.config_types import Config
 from tailguard.server.app import Running, serve
+from tailguard.sim import PROFILES, Engine, EngineParams, SimApp
+from tailguard.sim.http import Handler
+from tailguard.sim.http import serve as serve_sim
 
 from .sim_helpers import MODEL
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import httpx
 import trio
 
-from tailguard.sim import PROFILES, Engine, EngineParams, SimApp, SimTransport
 from tailguard.router.config_types import (
     ClassConfig,
     Config,
@@ -23,6 +22,7 @@ from tailguard.router.config_types import (
 )
 from tailguard.router.dispatch import Router
 from tailguard.router.request import RouterRequest
+from tailguard.sim import PROFILES, Engine, EngineParams, SimApp, SimTransport
 
 from .sim_helpers import MODEL
 

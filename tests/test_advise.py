@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from tailguard.router.config import load_config
 from tailguard.server.advise import (
     SHIPPED_CONFIG,
     Advice,
@@ -27,7 +28,6 @@ from tailguard.server.advise import (
     tail_command,
 )
 from tailguard.sim.virtual.fleet import Arrival
-from tailguard.router.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_TRACE = ROOT / "bench" / "results" / "tail" / "example-trace.jsonl"
@@ -245,7 +245,7 @@ def test_cli_replays_an_access_log(tmp_path: Path) -> None:
     lines = []
     for row in map(json.loads, EXAMPLE_TRACE.read_text().splitlines()):
         end = start + row["at"] + 0.25
-        stamp = datetime.fromtimestamp(end, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        stamp = datetime.fromtimestamp(end, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         klass = "interactive" if row["class"] == "short" else "batch"
         fields = {"class": klass, "prompt_tokens_est": row["prompt_tokens"], "max_tokens": row["max_tokens"], "e2e_ms": 250.0}
         lines.append(json.dumps({"ts": stamp, "level": "INFO", "logger": "tailguard.access", "msg": "http chat 200 ok", **fields}))

@@ -10,11 +10,11 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.sim import PROFILES, SimApp, SimTransport
 from tailguard.router.backend import METRICS_BODY_LIMIT, BackendProbe
 from tailguard.router.backend_load import BackendLoad, parse_vllm_metrics, scrape
 from tailguard.router.config_types import EndpointConfig
 from tailguard.router.pool import Endpoint
+from tailguard.sim import PROFILES, SimApp, SimTransport
 
 from .http_helpers import QUICK, engines_on_sockets
 from .sim_helpers import MODEL, in_process_engine

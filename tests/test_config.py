@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from tailguard.router.auth import hash_key
-from tailguard.router.config import ConfigError, limits_document, load_config, parse_config, render_config
+from tailguard.router.config import (
+    ConfigError,
+    limits_document,
+    load_config,
+    parse_config,
+    render_config,
+)
 from tailguard.router.config_types import (
     ApiKeyConfig,
     AuthConfig,

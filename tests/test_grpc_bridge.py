@@ -8,13 +8,14 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
+import trio.lowlevel
 
-from tailguard.server.grpc_bridge import open_asyncio_host, TrioPortal
+from tailguard.server.grpc_bridge import TrioPortal, open_asyncio_host
 
 
 async def test_a_call_returns_its_result_and_raises_its_error_on_the_asyncio_side() -> None:
     async def double(value: int) -> int:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         return 2 * value
 
     async def fail() -> None:

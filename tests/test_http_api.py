@@ -11,11 +11,17 @@ import httpx
 import openai
 import pytest
 import trio
+import trio.lowlevel
 
-from tailguard.sim import SimResponse
-from tailguard.router.config_types import Config, LimitsConfig, ServerConfig, TimeoutsConfig
+from tailguard.router.config_types import (
+    Config,
+    LimitsConfig,
+    ServerConfig,
+    TimeoutsConfig,
+)
 from tailguard.router.dispatch import Router
 from tailguard.server import http_api
+from tailguard.sim import SimResponse
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from .router_helpers import two_pool_config
@@ -267,7 +273,7 @@ async def test_a_response_head_goes_out_whole_even_when_its_request_is_cancelled
     sent: list[dict[str, object]] = []
 
     async def send(message: dict[str, object]) -> None:
-        await trio.sleep(0)  # hypercorn's send lock: a checkpoint
+        await trio.lowlevel.checkpoint()  # hypercorn's send lock: a checkpoint
         sent.append(message)
 
     router = Router(two_pool_config())

@@ -19,14 +19,22 @@ from typing import Any
 import h11
 import pytest
 import trio
+import trio.lowlevel
 
-from tailguard.sim import SimResponse
-from tailguard.sim.app import SSE_HEADERS
 from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.config_types import Config, ServerConfig, TimeoutsConfig
 from tailguard.server.app import Running
 from tailguard.server.app import serve as serve_tailguard
-from tailguard.server.http_server import HttpSettings, Message, Receive, Scope, Send, serve
+from tailguard.server.http_server import (
+    HttpSettings,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    serve,
+)
+from tailguard.sim import SimResponse
+from tailguard.sim.app import SSE_HEADERS
 
 from .http_helpers import engines_on_sockets, eventually, tailguard
 from .router_helpers import two_pool_config
@@ -81,7 +89,7 @@ class Recorder:
                 if self.disconnected.is_set():
                     break
                 await send({"type": "http.response.body", "body": self.chunk, "more_body": True})
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             nursery.cancel_scope.cancel()
 
 
@@ -407,7 +415,7 @@ def _endless_events() -> SimResponse:
         async def __aiter__(self) -> AsyncIterator[bytes]:
             for _ in range(20_000):  # bounded: ~160 MB, far beyond any socket buffer
                 yield event
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
 
         async def aclose(self) -> None:
             return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tailguard.server.protogen import COMMITTED, PACKAGE_PREFIX, ROOT, generate
+from tailguard.server.protogen import COMMITTED, PACKAGE_PREFIX, generate
 
 # Lines that only stamp the generator's version: a newer grpcio-tools may
 # change them without the contract changing.

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import math
-from functools import partial
 import random
+from functools import partial
 
 import pytest
 import trio

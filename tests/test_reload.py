@@ -77,7 +77,7 @@ async def test_sighup_moves_an_endpoint_under_traffic_and_refuses_a_broken_file(
 
             async def client(i: int) -> None:
                 async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
-                    for j in range(12):
+                    for _j in range(12):
                         max_tokens = 16 if i % 2 else 200
                         response = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": max_tokens})
                         statuses.append(response.status_code)

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trio.lowlevel
 
 from tailguard.router.backend import BackendClient
 from tailguard.router.config import load_config
@@ -96,7 +97,7 @@ async def test_a_thousand_reloads_under_traffic_leave_no_connection_behind(tmp_p
                         path.write_text(toml([a], [b], cap=5 - i % 2))  # a new cap: a new client each time
                         assert await running.reloader.reload()
                         if i % 20 == 0:
-                            await trio.sleep(0)
+                            await trio.lowlevel.checkpoint()
                 assert running.reloader.reloads_ok == 1000
                 assert verdicts and set(verdicts) == {"ready"}, verdicts
                 assert statuses and set(statuses) == {200}, set(statuses)

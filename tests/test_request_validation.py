@@ -24,11 +24,11 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tailguard.sim import Engine, SimApp, SimResponse
 from tailguard.router.config_types import Config, ServerConfig
 from tailguard.router.errors import InvalidRequest
 from tailguard.router.request import MAX_JSON_DEPTH, RouterRequest
 from tailguard.server.openai_wire import parse_completion_body
+from tailguard.sim import Engine, SimApp, SimResponse
 
 from .http_helpers import QUICK, engines_on_sockets, tailguard
 from .router_helpers import two_pool_config
@@ -127,7 +127,7 @@ def nested(depth: int) -> str:
 
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH, 500, 995, 5_000, 100_000])
 def test_deep_nesting_is_a_clean_400(depth: int) -> None:
-    body = ('{"messages": [%s], "extra": %s}' % (json.dumps(USER), nested(depth))).encode()
+    body = (f'{{"messages": [{json.dumps(USER)}], "extra": {nested(depth)}}}').encode()
     with pytest.raises(InvalidRequest, match=f"nested too deeply \\(at most {MAX_JSON_DEPTH} levels") as caught:
         parse(body)
     assert caught.value.param in (None, "extra[0][0][0][0][0][0][0][0][0]...")
@@ -135,7 +135,7 @@ def test_deep_nesting_is_a_clean_400(depth: int) -> None:
 
 def test_nesting_a_real_schema_needs_passes() -> None:
     # The body is level 1 and "extra" level 2: 99 more levels fit exactly.
-    parse(('{"messages": [%s], "extra": %s}' % (json.dumps(USER), nested(MAX_JSON_DEPTH - 1))).encode())
+    parse((f'{{"messages": [{json.dumps(USER)}], "extra": {nested(MAX_JSON_DEPTH - 1)}}}').encode())
     schema: dict[str, Any] = {"type": "string"}
     for _ in range(20):  # an object schema twenty levels deep is ~40 JSON levels
         schema = {"type": "object", "properties": {"child": schema}}
@@ -144,7 +144,7 @@ def test_nesting_a_real_schema_needs_passes() -> None:
 
 def test_a_wrong_max_tokens_is_described_not_dumped() -> None:
     with pytest.raises(InvalidRequest, match="must be an integer, got a list") as caught:
-        parse(('{"messages": [%s], "max_tokens": %s}' % (json.dumps(USER), nested(900))).encode())
+        parse((f'{{"messages": [{json.dumps(USER)}], "max_tokens": {nested(900)}}}').encode())
     assert caught.value.param == "max_tokens"
 
 
@@ -239,9 +239,9 @@ async def test_http_bad_bodies_are_400_and_never_reach_the_backend() -> None:
         headers = {"content-type": "application/json"}
         lone = await client.post("/v1/chat/completions", content=chat_body(messages=[{"role": "user", "content": "@LONE@"}]), headers=headers)
         assert assert_openai_400(lone, "lone UTF-16 surrogate")["param"] == "messages[0].content"
-        digits = ('{"messages": [%s], "seed": %s}' % (json.dumps(USER), "7" * 5000)).encode()
+        digits = ('{{"messages": [{}], "seed": {}}}'.format(json.dumps(USER), "7" * 5000)).encode()
         assert_openai_400(await client.post("/v1/chat/completions", content=digits, headers=headers), "4300 digits")
-        deep = ('{"messages": [%s], "x": %s}' % (json.dumps(USER), nested(5000))).encode()
+        deep = (f'{{"messages": [{json.dumps(USER)}], "x": {nested(5000)}}}').encode()
         assert_openai_400(await client.post("/v1/chat/completions", content=deep, headers=headers), "nested too deeply")
         assert recorder.received == []
         # The pool was never touched: a good request right after is served.

@@ -12,14 +12,22 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.sim import PROFILES
 from tailguard.router import errors
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import Config, LimitsConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.request import RouterRequest
+from tailguard.sim import PROFILES
 
-from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
+from .router_helpers import (
+    BATCH_URL,
+    INTERACTIVE_URL,
+    chat,
+    router_over_engines,
+    run_to_end,
+    two_pool_config,
+    with_digest,
+)
 
 LONG_TEXT = "The quarterly report covers revenue, costs and outlook in detail. " * 200  # ~3,300 tokens
 
@@ -253,7 +261,7 @@ async def test_reload_moves_an_endpoint_under_live_traffic(autojump_clock: trio.
                 try:
                     _, routing = await run_to_end(fleet.router, chat(text, max_tokens=max_tokens))
                     served_by[routing.pool].add(routing.endpoint)  # type: ignore[attr-defined]
-                except Exception as error:  # noqa: BLE001 - any failure fails the test
+                except Exception as error:
                     failures.append(error)
 
         async with trio.open_nursery() as nursery:

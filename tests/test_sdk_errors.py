@@ -25,8 +25,6 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailguard.sim import SimResponse
-from tailguard.sim.app import JSON_HEADERS
 from tailguard.router.config_types import (
     ApiKeyConfig,
     AuthConfig,
@@ -40,6 +38,8 @@ from tailguard.router.config_types import (
     TimeoutsConfig,
 )
 from tailguard.router.telemetry import RequestRecord
+from tailguard.sim import SimResponse
+from tailguard.sim.app import JSON_HEADERS
 
 from .front_end_helpers import Faulty, FrontEnds, front_ends
 from .sim_helpers import MODEL

@@ -121,7 +121,7 @@ async def test_metrics_use_vllm_names_and_move(autojump_clock: trio.testing.Mock
 
 def _metric(text: str, name: str) -> str:
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith((name + "{", name + " ")):
             return line.rsplit(" ", 1)[1]
     raise AssertionError(f"{name} not in metrics")
 
