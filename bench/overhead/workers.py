@@ -48,13 +48,7 @@ from bench.harness.client import CHAT_PATH, HOST, http_request
 from bench.harness.clocks import MachineClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.report import code_version, git_commit, write_report
-from bench.overhead.closed_loop import (
-    MAX_TOKENS,
-    MESSAGE,
-    Plan,
-    RunResult,
-    measure_closed_loop,
-)
+from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, measure_closed_loop
 from bench.overhead.run import _peer_version, find_peer, peer_command
 
 RESULTS_DIR = procs.RESULTS_ROOT / "cluster"
