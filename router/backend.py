@@ -30,12 +30,7 @@ from typing import Any
 import httpx
 
 from .config_types import ServerConfig
-from .errors import (
-    BackendRejected,
-    BackendStreamError,
-    BackendUnavailable,
-    BadBackendReply,
-)
+from .errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 from .lean_transport import LeanTransport
 
 ERROR_BODY_LIMIT = 64 * 1024

@@ -42,13 +42,7 @@ import trio
 
 from .auth import Caller
 from .dispatch import Completion, Router
-from .errors import (
-    DeadlineExceeded,
-    InternalError,
-    InvalidRequest,
-    ServerBusy,
-    TailguardError,
-)
+from .errors import DeadlineExceeded, InternalError, InvalidRequest, ServerBusy, TailguardError
 from .request import RouterRequest, Routing
 from .telemetry import Api, RepeatedIds, RequestRecord, Telemetry, is_valid_request_id
 

@@ -23,13 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import trio
 
 from . import errors
-from .error_spec import (
-    CLIENT_CANCELLED,
-    Outcome,
-    grpc_status,
-    http_status,
-    outcome_and_reason,
-)
+from .error_spec import CLIENT_CANCELLED, Outcome, grpc_status, http_status, outcome_and_reason
 
 if TYPE_CHECKING:  # imported only while [tracing] is on (router/tracing.py loads the SDK)
     from .tracing import RequestTrace

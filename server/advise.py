@@ -48,23 +48,10 @@ import trio
 import trio.testing
 
 from tailguard.router.config import ConfigError, load_config
-from tailguard.router.config_types import (
-    AuthConfig,
-    Config,
-    EndpointConfig,
-    LendConfig,
-    PoolConfig,
-)
+from tailguard.router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
 from tailguard.sim import PROFILES
 from tailguard.sim.params import EngineParams
-from tailguard.sim.virtual.fleet import (
-    GC_THRESHOLDS,
-    Arrival,
-    Record,
-    Setup,
-    open_fleet,
-    play,
-)
+from tailguard.sim.virtual.fleet import GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
 from tailguard.sim.virtual.mix import CLASSES, percentile
 from tailguard.sim.virtual.trace import MAX_ARRIVALS, read_trace
 

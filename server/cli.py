@@ -12,12 +12,7 @@ from typing import get_args
 
 import trio
 
-from tailguard.router.config import (
-    ConfigError,
-    _parse_listen,
-    load_config,
-    render_config,
-)
+from tailguard.router.config import ConfigError, _parse_listen, load_config, render_config
 from tailguard.router.config_types import Config, LogLevel
 
 from . import SHIPPED_CONFIG

@@ -39,13 +39,7 @@ from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 from tailguard.router.auth import Caller
 from tailguard.router.config_types import Config, ServerConfig
 from tailguard.router.dispatch import Router
-from tailguard.router.errors import (
-    BackendStreamError,
-    BadBackendReply,
-    Draining,
-    InternalError,
-    TailguardError,
-)
+from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, TailguardError
 from tailguard.router.request import RequestKind, RouterRequest, Routing
 from tailguard.router.session import Session, Sessions, checked_header
 from tailguard.router.telemetry import RepeatedIds, Telemetry

@@ -22,13 +22,7 @@ import trio
 
 from tailguard.router.config import limits_document
 from tailguard.router.dispatch import Completion, Router
-from tailguard.router.errors import (
-    BackendStreamError,
-    BodyTooLarge,
-    InternalError,
-    ModelNotFound,
-    TailguardError,
-)
+from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, ModelNotFound, TailguardError
 from tailguard.router.request import RequestKind
 from tailguard.router.session import ClientLeft, Session, Sessions, checked_header
 from tailguard.router.telemetry import RepeatedIds, Telemetry

@@ -12,12 +12,7 @@ import trio
 import trio.testing
 
 from tailguard.router.backend import BackendClient, BackendProbe, BackendResponse
-from tailguard.router.errors import (
-    BackendRejected,
-    BackendStreamError,
-    BackendUnavailable,
-    BadBackendReply,
-)
+from tailguard.router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 
 COMPLETION = {"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}
 

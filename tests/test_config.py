@@ -8,22 +8,8 @@ from pathlib import Path
 import pytest
 
 from tailguard.router.auth import hash_key
-from tailguard.router.config import (
-    ConfigError,
-    limits_document,
-    load_config,
-    parse_config,
-    render_config,
-)
-from tailguard.router.config_types import (
-    ApiKeyConfig,
-    AuthConfig,
-    ClassConfig,
-    Config,
-    EndpointConfig,
-    LoggingConfig,
-    MetricsConfig,
-)
+from tailguard.router.config import ConfigError, limits_document, load_config, parse_config, render_config
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, Config, EndpointConfig, LoggingConfig, MetricsConfig
 
 SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
 

@@ -24,12 +24,7 @@ import trio.testing
 from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSError, DNSRecord
 from dnslib.server import BaseResolver, DNSHandler, DNSLogger, DNSServer
 
-from tailguard.router.config import (
-    ConfigError,
-    load_config,
-    parse_config,
-    render_config,
-)
+from tailguard.router.config import ConfigError, load_config, parse_config, render_config
 from tailguard.router.config_types import DnsEndpointsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import QueueTimeout

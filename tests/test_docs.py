@@ -28,12 +28,7 @@ import pytest
 
 from tailguard.router import error_spec, errors
 from tailguard.router.config import load_config, parse_config
-from tailguard.router.config_types import (
-    Config,
-    EndpointConfig,
-    PoolConfig,
-    TimeoutsConfig,
-)
+from tailguard.router.config_types import Config, EndpointConfig, PoolConfig, TimeoutsConfig
 from tailguard.server import grpc_api, limits_doc
 
 ROOT = Path(__file__).resolve().parents[1]

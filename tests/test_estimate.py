@@ -20,18 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailguard.router.classify import classify
-from tailguard.router.config_types import (
-    Config,
-    EstimateConfig,
-    LimitsConfig,
-    ServerConfig,
-)
+from tailguard.router.config_types import Config, EstimateConfig, LimitsConfig, ServerConfig
 from tailguard.router.errors import PromptTooLong
-from tailguard.router.limits import (
-    check_prompt,
-    estimate_prompt_tokens,
-    estimate_text_tokens,
-)
+from tailguard.router.limits import check_prompt, estimate_prompt_tokens, estimate_text_tokens
 from tailguard.router.request import RouterRequest
 from tailguard.sim.tokens import count_chat_tokens, count_text_tokens
 

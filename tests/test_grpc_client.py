@@ -28,9 +28,7 @@ from grpc_reflection.v1alpha import reflection_pb2_grpc as v1alpha_pb2_grpc
 
 from tailguard.router.config_types import Config
 from tailguard.server.grpc_gen.grpc.reflection.v1 import reflection_pb2 as v1_pb2
-from tailguard.server.grpc_gen.grpc.reflection.v1 import (
-    reflection_pb2_grpc as v1_pb2_grpc,
-)
+from tailguard.server.grpc_gen.grpc.reflection.v1 import reflection_pb2_grpc as v1_pb2_grpc
 
 from .grpc_helpers import Service, grpc_service
 from .http_helpers import QUICK

@@ -13,12 +13,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from tailguard.router.config_types import (
-    Config,
-    LimitsConfig,
-    ServerConfig,
-    TimeoutsConfig,
-)
+from tailguard.router.config_types import Config, LimitsConfig, ServerConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.server import http_api
 from tailguard.sim import SimResponse

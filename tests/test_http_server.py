@@ -25,14 +25,7 @@ from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.config_types import Config, ServerConfig, TimeoutsConfig
 from tailguard.server.app import Running
 from tailguard.server.app import serve as serve_tailguard
-from tailguard.server.http_server import (
-    HttpSettings,
-    Message,
-    Receive,
-    Scope,
-    Send,
-    serve,
-)
+from tailguard.server.http_server import HttpSettings, Message, Receive, Scope, Send, serve
 from tailguard.sim import SimResponse
 from tailguard.sim.app import SSE_HEADERS
 

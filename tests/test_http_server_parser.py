@@ -17,14 +17,7 @@ import trio
 
 from tailguard.server.http_server import Receive, Scope, Send
 
-from .test_http_server import (
-    Recorder,
-    closed_by_server,
-    connect,
-    post,
-    read_response,
-    server,
-)
+from .test_http_server import Recorder, closed_by_server, connect, post, read_response, server
 
 SMUGGLED = b"GET /second HTTP/1.1\r\nhost: x\r\n\r\n"
 

@@ -14,13 +14,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tailguard.router.auth import hash_key
-from tailguard.router.config_types import (
-    ApiKeyConfig,
-    AuthConfig,
-    Config,
-    MetricsConfig,
-    ServerConfig,
-)
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config, MetricsConfig, ServerConfig
 from tailguard.sim import Engine, SimApp, SimResponse
 
 from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard

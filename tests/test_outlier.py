@@ -20,12 +20,7 @@ import trio
 import trio.testing
 
 from tailguard.router import errors
-from tailguard.router.config_types import (
-    Config,
-    EndpointConfig,
-    OutlierDetectionConfig,
-    TimeoutsConfig,
-)
+from tailguard.router.config_types import Config, EndpointConfig, OutlierDetectionConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.server.metrics import Metrics
 

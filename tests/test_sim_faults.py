@@ -19,18 +19,7 @@ import httpx
 import pytest
 import trio
 
-from tailguard.sim import (
-    PROFILES,
-    AdminApp,
-    DropConnection,
-    Engine,
-    Fault,
-    FaultError,
-    FaultInjector,
-    FaultSwitch,
-    SimApp,
-    SimTransport,
-)
+from tailguard.sim import PROFILES, AdminApp, DropConnection, Engine, Fault, FaultError, FaultInjector, FaultSwitch, SimApp, SimTransport
 from tailguard.sim.__main__ import build_parser
 from tailguard.sim.http import serve
 

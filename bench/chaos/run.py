@@ -42,30 +42,14 @@ from typing import Any
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.chaos.attacks import (
-    ATTACKS,
-    BATCH_MAX_TOKENS,
-    NORMAL_MAX_TOKENS,
-    Attack,
-    Phase,
-    normal_spec,
-)
+from bench.chaos.attacks import ATTACKS, BATCH_MAX_TOKENS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
 from bench.chaos.client import Answer, HttpPool, RequestSpec, recovery_s, send, tally
 from bench.chaos.report import render, write_outputs
 from bench.harness.cli import driver_parser, run_trio
 from bench.harness.config import PoolSpec
 from bench.harness.config import tailguard_config as shared_config
 from bench.harness.grpc import AsyncioThread
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    add_serve_arg,
-    free_ports,
-    log_tail,
-    start_process,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
+from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_process, start_tailguard, stop, wait_ready
 from bench.harness.report import git_commit
 from tailguard.sim.params import PROFILES
 

@@ -55,45 +55,18 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.cli import driver_parser, run_trio
-from bench.harness.client import (
-    CHAT_PATH,
-    HOST,
-    ProtocolError,
-    engine_counts,
-    http_request,
-)
+from bench.harness.client import CHAT_PATH, HOST, ProtocolError, engine_counts, http_request
 from bench.harness.client import ConnectionPool as OpenPool
 from bench.harness.clocks import MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.open_loop import (
-    Sample,
-    TokenClient,
-    TokenPool,
-    class_stats,
-    play,
-    token_times,
-)
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    free_ports,
-    process_cpu_seconds,
-    start_process,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
+from bench.harness.open_loop import Sample, TokenClient, TokenPool, class_stats, play, token_times
+from bench.harness.procs import RESULTS_ROOT, free_ports, process_cpu_seconds, start_process, start_tailguard, stop, wait_ready
 from bench.harness.report import git_commit, write_json
 from bench.harness.traffic import http_open_loop, poisson_offsets
 from tailguard.router.auth import hash_key
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.mix import (
-    body_for,
-    origin_mix,
-    percentile,
-    pooled_capacity,
-    shapes_by_class,
-)
+from tailguard.sim.virtual.mix import body_for, origin_mix, percentile, pooled_capacity, shapes_by_class
 from tailguard.sim.virtual.trace import Arrival, generated
 
 RESULTS = RESULTS_ROOT / "cluster"

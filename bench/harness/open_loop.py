@@ -17,14 +17,7 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.client import (
-    TOKEN_MARKER,
-    ConnectionPool,
-    KeepAliveClient,
-    ProtocolError,
-    Reply,
-    Scan,
-)
+from bench.harness.client import TOKEN_MARKER, ConnectionPool, KeepAliveClient, ProtocolError, Reply, Scan
 from tailguard.sim.virtual.mix import percentile
 from tailguard.sim.virtual.trace import Arrival
 

@@ -33,16 +33,7 @@ from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http_request
 from bench.harness.clocks import CpuClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    add_serve_arg,
-    free_ports,
-    log_tail,
-    start_simulator,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
+from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
 from bench.harness.report import save_json
 from tailguard.sim import SimResponse
 from tailguard.sim.http import serve as serve_sim

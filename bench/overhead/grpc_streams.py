@@ -60,13 +60,7 @@ import grpc
 import trio
 
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
-from bench.harness.client import (
-    CALL_TIMEOUT_S,
-    CHAT_PATH,
-    HOST,
-    KeepAliveClient,
-    http_request,
-)
+from bench.harness.client import CALL_TIMEOUT_S, CHAT_PATH, HOST, KeepAliveClient, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
@@ -85,14 +79,7 @@ from bench.harness.procs import (
 )
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import save_json
-from bench.overhead.closed_loop import (
-    MAX_TOKENS,
-    MESSAGE,
-    Budget,
-    RunResult,
-    Tally,
-    closed_loop,
-)
+from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop
 from bench.overhead.load import StreamRun, sse_streams
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc

@@ -67,16 +67,7 @@ import trio.lowlevel
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.cli import driver_parser, run_trio
-from bench.harness.client import (
-    CHAT_PATH,
-    EVENT,
-    HOST,
-    KeepAliveClient,
-    LoadCounters,
-    ProtocolError,
-    http_request,
-    sse_client,
-)
+from bench.harness.client import CHAT_PATH, EVENT, HOST, KeepAliveClient, LoadCounters, ProtocolError, http_request, sse_client
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import (

@@ -49,13 +49,7 @@ from pathlib import Path
 import trio
 
 from bench.harness.cli import driver_parser, run_trio
-from bench.harness.client import (
-    CHAT_PATH,
-    HOST,
-    ConnectionPool,
-    KeepAliveClient,
-    http_request,
-)
+from bench.harness.client import CHAT_PATH, HOST, ConnectionPool, KeepAliveClient, http_request
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
@@ -72,14 +66,7 @@ from bench.harness.procs import (
 )
 from bench.harness.report import code_version, write_report
 from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
-from bench.overhead.closed_loop import (
-    MAX_TOKENS,
-    MESSAGE,
-    Plan,
-    RunResult,
-    closed_loop,
-    measure_closed_loop,
-)
+from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
 from bench.overhead.grpc_streams import (
     WARMUP_CALLS,
     WARMUP_SECONDS,
@@ -90,13 +77,7 @@ from bench.overhead.grpc_streams import (
     grpc_closed_loop,
     run_result,
 )
-from bench.overhead.load import (
-    ProfileSummary,
-    grpc_open_loop,
-    py_spy_speedscope,
-    sse_streams,
-    summarize_speedscope,
-)
+from bench.overhead.load import ProfileSummary, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
 from tailguard.sim.virtual.mix import percentile
 
 RESULTS_DIR = RESULTS_ROOT / "overhead"

@@ -42,15 +42,7 @@ from typing import Any
 
 import trio
 
-from .app import (
-    JSON_HEADERS,
-    SSE_HEADERS,
-    ApiError,
-    BodyStream,
-    DropConnection,
-    SimApp,
-    SimResponse,
-)
+from .app import JSON_HEADERS, SSE_HEADERS, ApiError, BodyStream, DropConnection, SimApp, SimResponse
 
 log = logging.getLogger("bench.sim.faults")
 

@@ -24,14 +24,7 @@ import trio
 
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.client import HOST, LoadCounters, sse_client
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    free_ports,
-    process_cpu_seconds,
-    start_simulator,
-    stop,
-    wait_ready,
-)
+from bench.harness.procs import RESULTS_ROOT, free_ports, process_cpu_seconds, start_simulator, stop, wait_ready
 from bench.harness.report import save_json
 
 DEFAULT_JSON = RESULTS_ROOT / "sim_cpu.json"

@@ -30,23 +30,8 @@ from tailguard.sim.engine import Sequence as EngineSequence
 from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.clock import Timeline
 from tailguard.sim.virtual.engine import SweepEngine
-from tailguard.sim.virtual.fleet import (
-    MAX_TOKENS,
-    Arrival,
-    Point,
-    PointResult,
-    Setup,
-    disaggregated,
-    shared,
-    split_direct,
-)
-from tailguard.sim.virtual.mix import (
-    SHORT_SHARE,
-    Capacity,
-    payloads,
-    prompt_tokens,
-    shared_capacity,
-)
+from tailguard.sim.virtual.fleet import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, shared, split_direct
+from tailguard.sim.virtual.mix import SHORT_SHARE, Capacity, payloads, prompt_tokens, shared_capacity
 
 QUICK_MIXED_JSON = RESULTS_ROOT / "quick_mixed.json"
 COMPARED = (("ttft_p50_ms", "TTFT P50"), ("ttft_p99_ms", "TTFT P99"), ("e2e_p50_ms", "E2E P50"), ("e2e_p99_ms", "E2E P99"))

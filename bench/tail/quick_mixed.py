@@ -36,25 +36,10 @@ from pathlib import Path
 import trio
 
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
-from bench.harness.client import (
-    CHAT_PATH,
-    TOKEN_MARKER,
-    ConnectionPool,
-    ProtocolError,
-    http_request,
-)
+from bench.harness.client import CHAT_PATH, TOKEN_MARKER, ConnectionPool, ProtocolError, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    add_serve_arg,
-    free_ports,
-    log_tail,
-    start_simulator,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
+from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
 from bench.harness.report import save_json
 from bench.harness.traffic import Arrival, schedule
 from tailguard.sim.params import PROFILES

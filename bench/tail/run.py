@@ -62,13 +62,7 @@ from typing import IO
 import trio
 
 from bench.harness.cli import driver_parser, run_trio
-from bench.harness.client import (
-    CHAT_PATH,
-    HOST,
-    ProtocolError,
-    engine_counts,
-    http_request,
-)
+from bench.harness.client import CHAT_PATH, HOST, ProtocolError, engine_counts, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, classes_tables, server_table
 from bench.harness.open_loop import (
@@ -82,44 +76,14 @@ from bench.harness.open_loop import (
     token_times,
     write_samples,
 )
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    free_ports,
-    log_tail,
-    process_cpu_seconds,
-    start_process,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
+from bench.harness.procs import RESULTS_ROOT, free_ports, log_tail, process_cpu_seconds, start_process, start_tailguard, stop, wait_ready
 from bench.harness.report import write_json
-from bench.tail.plot import (
-    plot_cdfs,
-    plot_p99_vs_load,
-    plot_shift,
-    plot_timelines,
-    plot_tradeoff,
-)
+from bench.tail.plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
 from tailguard.router.config_types import LimitsConfig
 from tailguard.router.limits import effective_max_tokens
 from tailguard.sim.params import PROFILES, EngineParams
-from tailguard.sim.virtual.mix import (
-    CLASSES,
-    MIXES,
-    Shape,
-    body_for,
-    percentile,
-    pooled_capacity,
-    shapes_by_class,
-)
-from tailguard.sim.virtual.trace import (
-    Arrival,
-    generated,
-    mix_of,
-    phased,
-    read_trace,
-    write_trace,
-)
+from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, body_for, percentile, pooled_capacity, shapes_by_class
+from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
 
 RESULTS = RESULTS_ROOT / "tail"
 DEFAULT_SETUPS = ("shared", "priority", "disaggregated", "split-direct", "short-only")

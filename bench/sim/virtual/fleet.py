@@ -56,13 +56,7 @@ from tailguard.router.config_types import (
     TimeoutsConfig,
 )
 from tailguard.router.dispatch import Router
-from tailguard.router.errors import (
-    BackendError,
-    BackendRejected,
-    DeadlineExceeded,
-    Overloaded,
-    QueueFull,
-)
+from tailguard.router.errors import BackendError, BackendRejected, DeadlineExceeded, Overloaded, QueueFull
 from tailguard.router.request import RouterRequest, message_text
 
 from ..engine import EngineRequestError
@@ -71,15 +65,7 @@ from ..server import DEFAULT_MODEL
 from ..tokens import count_chat_tokens
 from .clock import Timeline
 from .engine import SweepEngine, SweepSequence
-from .mix import (
-    CLASSES,
-    LONG_MAX_TOKENS,
-    SHORT_MAX_TOKENS,
-    SHORT_SHARE,
-    body_for,
-    payloads,
-    percentile,
-)
+from .mix import CLASSES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, body_for, payloads, percentile
 
 MAX_TOKENS = {"short": SHORT_MAX_TOKENS, "long": LONG_MAX_TOKENS}
 E2E_TIMEOUT = TimeoutsConfig().end_to_end_timeout  # 120 s: every set-up's caller gives up here

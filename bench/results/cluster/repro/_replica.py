@@ -1,12 +1,15 @@
 """A replica's side of SharedBudget for one endpoint's cap, without a router: the seats it runs and
 wants are set by hand, what the ledger grants it lands in ``granted``. Shared by the repro scripts."""
 from __future__ import annotations
+
 import sys
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from tailguard.router.cluster import Demand, SharedBudget
 from tailguard.router.config_types import ClusterConfig
 from tailguard.server.redis_ledger import RedisLedger
+
 
 class Replica:
     def __init__(self, name: str, ledger: RedisLedger, *, cap: int, lease_ttl: float, static_share: float) -> None:

@@ -1,8 +1,10 @@
 """Repro: after the ledger fails, once lease_ttl has passed every replica moves to its static share
 whatever the others still have running: seats in use above a static share are counted twice."""
 from __future__ import annotations
+
 import trio
 from _replica import Replica
+
 from tailguard.server.redis_ledger import RedisLedger
 from tests.redis_helpers import RedisServer
 

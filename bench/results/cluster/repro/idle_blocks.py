@@ -1,8 +1,11 @@
 """Repro: idle replicas keep their `block` of a key's cap (and of an endpoint's) for ever; a replica with
 demand gets nothing however often it syncs, though no request of the key runs anywhere."""
 from __future__ import annotations
+
 import sys
+
 import trio
+
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
 from tailguard.router.cluster import Demand, SharedBudget
 from tailguard.router.config_types import ClusterConfig

@@ -1,14 +1,19 @@
 """Repro: one replica alone on the ledger, key cap 16, 5 concurrent requests -> some 429."""
 from __future__ import annotations
-import sys, tempfile
+
+import sys
+import tempfile
 from pathlib import Path
+
 import trio
+
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
-from bench.cluster.run import RedisProcess, KEYS
+from bench.cluster.run import KEYS, RedisProcess
 from bench.harness.client import CHAT_PATH, KeepAliveClient, http_request
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import free_ports, start_process, start_tailguard, wait_ready
 from tailguard.router.auth import hash_key
+
 
 async def main() -> None:
     tmp = Path(tempfile.mkdtemp())

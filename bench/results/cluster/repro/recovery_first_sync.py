@@ -1,7 +1,9 @@
 """Repro: the first sync after Redis returns is not held to the static share (the recovery limit starts one sync late)."""
 from __future__ import annotations
+
 import trio
 from _replica import Replica
+
 from tailguard.server.redis_ledger import RedisLedger
 from tests.redis_helpers import RedisServer
 

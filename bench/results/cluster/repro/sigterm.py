@@ -1,10 +1,17 @@
 """Repro: tailguard with [cluster] on SIGTERM (graceful drain) -> exit code and traceback."""
 from __future__ import annotations
-import signal, subprocess, sys, tempfile, time
+
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
+
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import free_ports
+
 e1, e2, rp, hp, gp = free_ports(5)
 tmp = Path(tempfile.mkdtemp())
 redis = subprocess.Popen(["redis-server", "--port", str(rp), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
