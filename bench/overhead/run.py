@@ -230,7 +230,7 @@ async def measure(options: Options, aio: AsyncioThread) -> Result:
                 for name, path in logs.items():
                     print(f"--- {name} log ---\n{log_tail(path)}", file=sys.stderr)
                 raise
-    result.peer = _peer_version(options.peer)
+    result.peer = peer_version(options.peer)
     return result
 
 
@@ -257,7 +257,7 @@ def find_peer() -> Path | None:
     return Path(found) if found else None
 
 
-def _peer_version(peer: Path | None) -> str | None:
+def peer_version(peer: Path | None) -> str | None:
     if peer is None:
         return None
     try:

@@ -49,7 +49,7 @@ from bench.harness.clocks import MachineClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.report import code_version, git_commit, write_report
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, measure_closed_loop
-from bench.overhead.run import _peer_version, find_peer, peer_command
+from bench.overhead.run import find_peer, peer_command, peer_version
 
 RESULTS_DIR = procs.RESULTS_ROOT / "cluster"
 POOL_CAP = 1024  # the instant profile's max_num_seqs: no cap binds at 64 or 128
@@ -386,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code=code_version(),
         commit=git_commit(),
         cpu_count=cpu_count(),
-        peer=_peer_version(peer),
+        peer=peer_version(peer),
         engine=f"One simulated engine, profile 'instant' ({POOL_CAP} seats, no GPU time)",
         message=MESSAGE,
         max_tokens=MAX_TOKENS,
