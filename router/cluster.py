@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import trio
@@ -75,7 +75,10 @@ class Want:
     cap: int  # the cluster-wide cap
     target: int  # seats it wants recorded as its own
     best_waiting: int = NO_WAITER  # the most urgent class priority waiting for it here
-    in_use: int = 0  # seats in use here: kept even when more urgent work waits elsewhere
+    in_use: int = 0  # seats in use here (recorded, so others can tell a full cap from idle blocks)
+    # Seats kept even when more urgent work waits elsewhere: as many as this replica may be using
+    # when the answer comes back (its grant while the sync is under way); None: ``in_use``.
+    keep: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ class Synced:
     grants: list[int]  # per want, in order
     contended: bool  # a request waits on another replica: sync again soon, seats may be wanted back
     elsewhere: list[int] = field(default_factory=list)  # per want: seats in use on the other live replicas
+    # Per want: a more urgent request waits on another replica; the next sync gives back what is not in use.
+    yielding: list[bool] = field(default_factory=list)
 
 
 class LedgerStore(Protocol):
@@ -141,6 +146,7 @@ class SharedBudget:
         self._short = False  # a request waits here for seats the last sync did not grant
         self.synced_from = -math.inf  # when the last sync that the ledger answered began
         self._elsewhere: dict[str, int] = {}  # per resource: seats in use on the other replicas, at the last sync
+        self._yielding: set[str] = set()  # resources a more urgent request waits for elsewhere, at the last sync
         self._keys: dict[str, KeySeats] = {}
 
     def key_seats(self, name: str, cap: int) -> KeySeats:
@@ -183,12 +189,17 @@ class SharedBudget:
         """One round trip: ask for what the demand needs, apply what the ledger granted."""
         now = trio.current_time()
         demands = self._demands()
-        wants = [self._want(d, now) for d in demands]
-        for demand, want in zip(demands, wants):
-            # Seats about to be given back are not used meanwhile.
-            lowered = min(self._grants.get(demand.resource, 0), max(want.target, demand.in_use))
+        wants = []
+        for demand in demands:
+            want = self._want(demand, now)
+            # Seats about to be given back are not used meanwhile: the ledger may record as few as
+            # ``keep``, so no more are used here until it answers. A more urgent request waited
+            # elsewhere at the last sync: every seat not in use now goes back.
+            keep = max(want.target, demand.in_use) if demand.resource not in self._yielding else demand.in_use
+            lowered = min(self._grants.get(demand.resource, 0), keep)
             if lowered < self._grants.get(demand.resource, 0):
                 self._set(demand, lowered)
+            wants.append(replace(want, keep=lowered))
         synced: Synced | None = None
         with trio.move_on_after(self.config.lease_ttl / 2):
             try:
@@ -209,6 +220,7 @@ class SharedBudget:
         self.syncs += 1
         self.synced_from = now
         self._short = False
+        self._yielding = {d.resource for d, y in zip(demands, synced.yielding) if y}
         for demand, seats, elsewhere in zip(demands, synced.grants, synced.elsewhere or [0] * len(demands)):
             self._elsewhere[demand.resource] = elsewhere
             self._short |= demand.waiting > 0 and seats < min(demand.cap, demand.in_use + demand.waiting)
@@ -229,6 +241,7 @@ class SharedBudget:
     def _failed(self, now: float, demands: list[Demand], why: str) -> None:
         self.failures += 1
         self._short = False
+        self._yielding = set()
         if self.mode != "fallback":
             log.warning("cluster: the shared ledger failed (%s); each cap falls back to this replica's static share", why)
             self.mode = "fallback"

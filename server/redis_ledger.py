@@ -10,8 +10,10 @@ Keys, under the namespace ``NS``:
 The script runs atomically in Redis, so grants are decided one replica at a
 time: a grant grows only by seats that no live replica holds (the grants of
 replicas whose lease has lapsed are dropped on the way); while another live
-replica has a more urgent request waiting, a grant keeps only the seats in
-use, so seats that free up go to that request at its next sync. coredis
+replica has a more urgent request waiting, a grant keeps only the seats the
+replica may be using until it hears the answer (``keep``: its grant during
+the round trip, then at its next sync the seats in use), so seats that free
+up go to that request. coredis
 (anyio, so it runs under Trio) speaks the protocol.
 """
 
@@ -37,10 +39,11 @@ end
 local out = {}
 local contended = 0  -- 1 when a request waits on another replica: everyone syncs sooner
 for i = 0, n - 1 do
-  local base = 5 + i * 5
+  local base = 5 + i * 6
   local name = ARGV[base]
   local cap, target, urgency = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-  local in_use = tonumber(ARGV[base + 4])
+  local in_use, keep = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+  local yielding = 0
   local grants_key, wants_key, used_key = prefix .. 'grant:' .. name, prefix .. 'want:' .. name, prefix .. 'used:' .. name
   local grants = redis.call('HGETALL', grants_key)
   local others, mine = 0, 0
@@ -68,8 +71,10 @@ for i = 0, n - 1 do
     if wants[j] ~= me and is_alive(wants[j]) then
       contended = 1
       if tonumber(wants[j + 1]) < urgency then
-        -- a more urgent request waits elsewhere: this replica keeps only the seats in use
-        target = math.min(target, math.max(in_use, 0))
+        -- a more urgent request waits elsewhere: this replica keeps only the seats it may be using
+        -- until it hears this answer (its next sync gives back those it does not use)
+        target = math.min(target, math.max(keep, 0))
+        yielding = 1
       end
     end
   end
@@ -87,6 +92,7 @@ for i = 0, n - 1 do
   end
   out[#out + 1] = granted
   out[#out + 1] = elsewhere
+  out[#out + 1] = yielding
 end
 out[#out + 1] = contended
 return out
@@ -108,10 +114,13 @@ class RedisLedger:
     async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
         args: list[str | int] = [self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants)]
         for want in wants:
-            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use]
+            keep = want.in_use if want.keep is None else want.keep
+            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep]
         args.append(NO_WAITER)
         result = [int(value) for value in await self._script(keys=[], args=args)]
-        return Synced(grants=result[:-1:2], contended=bool(result[-1]), elsewhere=result[1:-1:2])
+        return Synced(
+            grants=result[:-1:3], contended=bool(result[-1]), elsewhere=result[1:-1:3], yielding=[bool(y) for y in result[2:-1:3]]
+        )
 
     async def grants(self, resource: str) -> dict[str, int]:
         """Every replica's recorded grant of ``resource`` (tests and the benchmark check the ledger)."""

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import trio
 
-from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
-from tailguard.router.cluster import NO_WAITER, Demand, SharedBudget, Want
-from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.auth import Caller
+from tailguard.router.cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, Want
+from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, Config, TimeoutsConfig
-from tailguard.router.errors import CallerOverLimit
 from tailguard.router.dispatch import Router
+from tailguard.router.errors import CallerOverLimit
 from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
+from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
 
 from .redis_helpers import RedisServer, redis_server
 from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
@@ -43,12 +43,12 @@ def shared_engines() -> tuple[dict[str, Engine], dict[str, SimTransport]]:
 class Replica:
     """One replica's view of one capped resource, and its budget."""
 
-    def __init__(self, name: str, ledger: RedisLedger, *, static_share: float = 0.5) -> None:
+    def __init__(self, name: str, ledger: LedgerStore, *, static_share: float = 0.5, block: int = 0) -> None:
         self.in_use = 0
         self.waiting = 0
         self.best_waiting = NO_WAITER
         self.granted = 0
-        config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=TTL, static_share=static_share, block=0)
+        config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=TTL, static_share=static_share, block=block)
         self.budget = SharedBudget(config, ledger, self.demands)
 
     def demands(self) -> list[Demand]:
@@ -93,11 +93,52 @@ async def test_a_more_urgent_request_waiting_elsewhere_gets_the_next_free_seat(r
         assert await a.need(5) == 5 and await b.need(5) == 5  # the cap is full
         assert await b.need(5, waiting=1, best_waiting=1) == 5  # a long request waits on b
         assert await a.need(5, waiting=1, best_waiting=0) == 5  # a short one waits on a
-        # One of b's requests ends: b keeps only the seats it uses, though its own long one waits.
+        # One of b's requests ends. b hears of a's short request at this sync: the ledger keeps b's grant
+        # (b may have seated its long one while the sync was under way) and b gives back at its next sync
+        # what it does not use, though its own long one waits.
+        assert await b.need(4, waiting=1, best_waiting=1) == 5
         assert await b.need(4, waiting=1, best_waiting=1) == 4
         assert await a.need(5, waiting=1, best_waiting=0) == 6  # the seat goes to a's short request
         assert await b.need(4, waiting=1, best_waiting=1) == 4
         assert sum((await ledger.grants("pool:x")).values()) == CAP
+
+
+class AdmitsDuringSync:
+    """A replica's store: while its sync is on the wire, ``during`` runs (requests it admits meanwhile)."""
+
+    def __init__(self, ledger: RedisLedger) -> None:
+        self.ledger = ledger
+        self.during: Callable[[], None] = lambda: None
+
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
+        self.during()
+        return await self.ledger.sync(replica, lease_ttl, wants)
+
+
+async def test_a_replica_yielding_to_a_more_urgent_waiter_keeps_the_seats_it_filled_during_the_sync(redis: RedisServer) -> None:
+    """Seats a replica seats during a sync's round trip count: the ledger never records fewer than it may be using.
+
+    (Found by bench cluster at 9/8 once endpoints published their waiters: the ledger recorded the
+    in-use count sent, and the replica had filled two more seats of its grant meanwhile.)
+    """
+    async with RedisLedger(redis.url, "t9") as ledger:
+        store = AdmitsDuringSync(ledger)
+        a, b = Replica("a", store, block=2), Replica("b", ledger)
+        assert await a.need(CAP - 2) == CAP  # 8 in use and a block of 2: the whole cap
+        assert await b.need(0, waiting=2, best_waiting=0) == 0  # a short request waits on b
+
+        def admit_two() -> None:
+            a.in_use += 2  # a's own arrivals take its two spare seats while its sync is on the wire
+
+        store.during = admit_two
+        assert await a.need(CAP - 2) == CAP  # sent "8 in use", but 10 run when the answer comes
+        store.during = lambda: None
+        assert await b.need(0, waiting=2, best_waiting=0) == 0  # so nothing is free for b yet
+        assert a.in_use + b.granted <= CAP
+        a.in_use -= 1  # one of a's requests ends; a heard of b's waiter at its last sync
+        assert await a.need(a.in_use) == CAP - 1  # it gives back what it does not use
+        assert await b.need(0, waiting=2, best_waiting=0) == 1  # and the short request on b gets it
+        assert sum((await ledger.grants("pool:x")).values()) <= CAP
 
 
 async def test_redis_down_falls_back_to_static_shares_and_recovers_without_double_counting(redis: RedisServer) -> None:
