@@ -4,7 +4,7 @@
 - ``client``: the lean HTTP/1.1 clients (keep-alive, pooled, SSE-counting);
 - ``config``: generated tailguard config files;
 - ``clocks``: CPU clocks of the processes under test, the client and the machine;
-- ``report``: JSON results and the code version;
+- ``report``: JSON results, markdown tables and the code version;
 - ``cli``: ``main()``'s Trio run with Ctrl-C handling.
 
 The traffic mix, traces and percentiles are the product's own

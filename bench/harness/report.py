@@ -1,9 +1,11 @@
-"""Writing results: JSON files, and the code version a result was measured on."""
+"""Writing results: JSON files, markdown tables, and the code version a result was measured on."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness.procs import PROJECT_ROOT
@@ -25,6 +27,40 @@ def write_report(out: Path, stem: str, payload: object, report: str) -> None:
     write_json(out / f"{stem}.json", payload)
     (out / f"{stem}.md").write_text(report + "\n")
     print(f"wrote {out / f'{stem}.json'} and {out / f'{stem}.md'}")
+
+
+def md_row(cells: Iterable[object]) -> str:
+    """One markdown table line, ``| a | b |``: cells already formatted (``str()`` of each)."""
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def md_table(header: Sequence[str], rows: Iterable[Iterable[object]] = ()) -> list[str]:
+    """A markdown table's lines: the header, the ``|---|`` rule, one line a row (every report's tables, one format)."""
+    return [md_row(header), "|" + "---|" * len(header), *map(md_row, rows)]
+
+
+def maybe(value: float | None, spec: str) -> str:
+    """``format(value, spec)``, or ``-`` where nothing was measured."""
+    return "-" if value is None else format(value, spec)
+
+
+def cores_cell(cores: Mapping[str, float], router: str | None = "tailguard") -> str:
+    """The cores of the simulator, the router under test and the client in one cell, ``sim / router / client`` (``-``: no router)."""
+    return f"{cores['simulator']:.2f} / {maybe(cores[router] if router is not None else None, '.2f')} / {cores['client']:.2f}"
+
+
+@dataclass
+class Target:
+    """A goal a report states beside what was measured (reported, not tuned for)."""
+
+    name: str
+    goal: str
+    measured: str
+    met: bool
+
+
+def targets_table(targets: Iterable[Target]) -> list[str]:
+    return md_table(["target", "goal", "measured", "verdict"], ((t.name, t.goal, t.measured, "PASS" if t.met else "MISS") for t in targets))
 
 
 def _git(*args: str) -> str:

@@ -34,7 +34,7 @@ from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http
 from bench.harness.clocks import CpuClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
-from bench.harness.report import save_json
+from bench.harness.report import cores_cell, maybe, md_table, save_json
 from tailguard.sim import SimResponse
 from tailguard.sim.http import serve as serve_sim
 from tailguard.sim.virtual.mix import percentile
@@ -293,28 +293,22 @@ def _progress(run: RunResult) -> str:
 
 
 def render_table(result: Result) -> str:
-    lines = [
-        "| target | concurrency | requests | errors | P50 ms | P99 ms | req/s | cores: sim / tailguard / client | router CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result.runs:
-        cores = f"{r.cores['simulator']:.2f} / {r.cores['tailguard']:.2f} / {r.cores['client']:.2f}"
-        cpu = f"{r.router_cpu_ms_per_request:.3f}" if r.router_cpu_ms_per_request is not None else "-"
-        lines.append(
-            f"| {r.target} | {r.concurrency} | {r.requests:,} | {r.errors} | {r.p50_ms:.3f} | {r.p99_ms:.3f} "
-            f"| {r.req_per_s:,.0f} | {cores} | {cpu} |"
-        )
-    lines += [
-        "",
-        "| concurrency | added P50 ms | added P99 ms | req/s direct | req/s tailguard |",
-        "|---|---|---|---|---|",
-    ]
-    for o in result.overhead:
-        lines.append(
-            f"| {o.concurrency} | {o.added_p50_ms:+.3f} | {o.added_p99_ms:+.3f} "
-            f"| {o.req_per_s_direct:,.0f} | {o.req_per_s_tailguard:,.0f} |"
-        )
-    return "\n".join(lines)
+    runs = md_table(
+        ["target", "concurrency", "requests", "errors", "P50 ms", "P99 ms", "req/s", "cores: sim / tailguard / client", "router CPU ms/req"],
+        (
+            (r.target, r.concurrency, f"{r.requests:,}", r.errors, f"{r.p50_ms:.3f}", f"{r.p99_ms:.3f}", f"{r.req_per_s:,.0f}", cores_cell(r.cores),
+             maybe(r.router_cpu_ms_per_request, ".3f"))
+            for r in result.runs
+        ),
+    )
+    added = md_table(
+        ["concurrency", "added P50 ms", "added P99 ms", "req/s direct", "req/s tailguard"],
+        (
+            (o.concurrency, f"{o.added_p50_ms:+.3f}", f"{o.added_p99_ms:+.3f}", f"{o.req_per_s_direct:,.0f}", f"{o.req_per_s_tailguard:,.0f}")
+            for o in result.overhead
+        ),
+    )
+    return "\n".join([*runs, "", *added])
 
 
 async def _accept_export(method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:

@@ -78,7 +78,7 @@ from bench.harness.procs import (
     wait_ready,
 )
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
-from bench.harness.report import save_json
+from bench.harness.report import Target, cores_cell, maybe, md_table, save_json, targets_table
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop
 from bench.overhead.load import StreamRun, sse_streams
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
@@ -318,14 +318,6 @@ class OpenStreams:
     unary_call_ok_after: bool
     samples: list[ProcSample]  # before, during the ramp (peak), held, after
     stopped_because: str
-
-
-@dataclass
-class Target:
-    name: str
-    goal: str
-    measured: str
-    met: bool
 
 
 @dataclass
@@ -644,29 +636,26 @@ def _targets(unary: Sequence[RunResult], streaming: Sequence[StreamRun], held: O
 
 
 def render(result: Result) -> str:
+    unary = md_table(
+        ["path", "concurrency", "calls", "errors", "P50 ms", "P99 ms", "calls/s", "cores: sim / tailguard / client", "tailguard CPU ms/call"],
+        (
+            (r.target, r.concurrency, f"{r.requests:,}", r.errors, f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.req_per_s:,.0f}", cores_cell(r.cores),
+             maybe(r.router_cpu_ms_per_request, ".3f"))
+            for r in result.unary
+        ),
+    )
+    streaming = md_table(
+        ["path", "streams", "window s", "chunks/s", "streams done", "errors", "cores: sim / tailguard / client", "tailguard CPU µs/chunk"],
+        (
+            (s.target, s.streams, f"{s.window_s:.1f}", f"{s.chunks_per_s:,.0f}", f"{s.streams_done:,}", s.errors, cores_cell(s.cores),
+             maybe(s.tailguard_cpu_us_per_chunk, ".1f"))
+            for s in result.streaming
+        ),
+    )
     lines = [
-        "Unary `Chat`, max_tokens 16 (interactive), instant engine",
-        "",
-        "| path | concurrency | calls | errors | P50 ms | P99 ms | calls/s | cores: sim / tailguard / client | tailguard CPU ms/call |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Unary `Chat`, max_tokens 16 (interactive), instant engine", "", *unary, "",
+        f"Streaming `ChatStream`, {STREAMS} concurrent streams, max_tokens {STREAM_MAX_TOKENS} (interactive), instant engine", "", *streaming,
     ]
-    for r in result.unary:
-        cores = f"{r.cores['simulator']:.2f} / {r.cores['tailguard']:.2f} / {r.cores['client']:.2f}"
-        cpu = f"{r.router_cpu_ms_per_request:.3f}" if r.router_cpu_ms_per_request is not None else "-"
-        lines.append(
-            f"| {r.target} | {r.concurrency} | {r.requests:,} | {r.errors} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.req_per_s:,.0f} | {cores} | {cpu} |"
-        )
-    lines += [
-        "",
-        f"Streaming `ChatStream`, {STREAMS} concurrent streams, max_tokens {STREAM_MAX_TOKENS} (interactive), instant engine",
-        "",
-        "| path | streams | window s | chunks/s | streams done | errors | cores: sim / tailguard / client | tailguard CPU µs/chunk |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for s in result.streaming:
-        cores = f"{s.cores['simulator']:.2f} / {s.cores['tailguard']:.2f} / {s.cores['client']:.2f}"
-        cpu = f"{s.tailguard_cpu_us_per_chunk:.1f}" if s.tailguard_cpu_us_per_chunk is not None else "-"
-        lines.append(f"| {s.target} | {s.streams} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {cores} | {cpu} |")
     held = result.open_streams
     if held is not None:
         lines += [
@@ -674,11 +663,11 @@ def render(result: Result) -> str:
             f"Open streams: {held.requested:,} `ChatStream` calls held at once, max_tokens {held.max_tokens} (batch), "
             f"{held.endpoints} slow engine endpoint(s) ({' '.join(held.slow_engine_args)})",
             "",
-            "| moment | at s | open streams | tailguard RSS MiB | peak RSS MiB | threads | fds |",
-            "|---|---|---|---|---|---|---|",
+            *md_table(
+                ["moment", "at s", "open streams", "tailguard RSS MiB", "peak RSS MiB", "threads", "fds"],
+                ((p.moment, f"{p.at_s:.1f}", f"{p.open_streams:,}", f"{p.rss_mib:,.0f}", f"{p.peak_rss_mib:,.0f}", p.threads, f"{p.fds:,}") for p in held.samples),
+            ),
         ]
-        for p in held.samples:
-            lines.append(f"| {p.moment} | {p.at_s:.1f} | {p.open_streams:,} | {p.rss_mib:,.0f} | {p.peak_rss_mib:,.0f} | {p.threads} | {p.fds:,} |")
         codes = ", ".join(f"{code} {n}" for code, n in sorted(held.error_codes.items())) or "none"
         hold = held.hold_cores
         lines += [
@@ -695,9 +684,7 @@ def render(result: Result) -> str:
             "",
             "Ramp (s: open): " + ", ".join(f"{t:g}: {n:,}" for t, n in held.ramp_progress),
         ]
-    lines += ["", "| target | goal | measured | verdict |", "|---|---|---|---|"]
-    for t in result.targets:
-        lines.append(f"| {t.name} | {t.goal} | {t.measured} | {'PASS' if t.met else 'MISS'} |")
+    lines += ["", *targets_table(result.targets)]
     return "\n".join(lines)
 
 

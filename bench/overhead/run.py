@@ -64,19 +64,10 @@ from bench.harness.procs import (
     stop,
     wait_ready,
 )
-from bench.harness.report import code_version, write_report
+from bench.harness.report import Target, code_version, cores_cell, maybe, md_table, targets_table, write_report
 from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
-from bench.overhead.grpc_streams import (
-    WARMUP_CALLS,
-    WARMUP_SECONDS,
-    GrpcClient,
-    StreamRun,
-    Target,
-    chat_request,
-    grpc_closed_loop,
-    run_result,
-)
+from bench.overhead.grpc_streams import WARMUP_CALLS, WARMUP_SECONDS, GrpcClient, StreamRun, chat_request, grpc_closed_loop, run_result
 from bench.overhead.load import ProfileSummary, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
 from tailguard.sim.virtual.mix import percentile
 
@@ -516,18 +507,13 @@ def _router(path: str) -> str | None:
 
 def _cores(cores: dict[str, float], path: str) -> str:
     """Simulator / the path's router / client cores (no router on the direct path)."""
-    router = _router(path)
-    middle = f"{cores[router]:.2f}" if router is not None else "-"
-    return f"{cores['simulator']:.2f} / {middle} / {cores['client']:.2f}"
+    return cores_cell(cores, _router(path))
 
 
 def _router_cores(cores: dict[str, float], path: str) -> float:
     router = _router(path)
     return cores[router] if router is not None else 0.0
 
-
-def _opt(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
 
 
 def render(result: Result) -> str:
@@ -546,7 +532,7 @@ def render(result: Result) -> str:
         lines.append(
             f"| {r.path} | {r.rate:g} | {r.arrivals:,} | {r.completed:,} | {r.errors} / {r.dropped} / {r.unfinished} | {r.connections} | {r.p50_ms:.2f} "
             f"| {r.p99_ms:.2f} | {plus} | {r.lag_p50_ms:.2f} / {r.lag_p99_ms:.2f} | {_cores(r.cores, r.path)} | {r.machine_busy_cores:.2f} "
-            f"| {_opt(r.router_cpu_us_per_request, ',.0f')} |"
+            f"| {maybe(r.router_cpu_us_per_request, ',.0f')} |"
         )
     lines += [
         "",
@@ -559,10 +545,10 @@ def render(result: Result) -> str:
     for c in result.saturation:
         tg = _router_cores(c.cores, c.target)
         per_core = f"{c.req_per_s / tg:,.0f}" if c.target != DIRECT and tg > 0 else "-"
-        cpu = _opt(c.router_cpu_ms_per_request * 1000 if c.router_cpu_ms_per_request is not None else None, ",.0f")
+        cpu = maybe(c.router_cpu_ms_per_request * 1000 if c.router_cpu_ms_per_request is not None else None, ",.0f")
         lines.append(
             f"| {c.target} | {c.requests:,} | {c.errors} | {c.req_per_s:,.0f} | {c.p50_ms:.2f} | {c.p99_ms:.2f} | {tg:.2f} | {per_core} | {cpu} | {_cores(c.cores, c.target)} "
-            f"| {_opt(result.machine_busy_cores.get(c.target), '.2f')} |"
+            f"| {maybe(result.machine_busy_cores.get(c.target), '.2f')} |"
         )
     lines += [
         "",
@@ -574,13 +560,12 @@ def render(result: Result) -> str:
     for s in result.streams:
         lines.append(
             f"| {s.target} | {s.streams} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {_cores(s.cores, s.target)} "
-            f"| {_opt(result.machine_busy_cores.get(f'{s.target} {s.streams}'), '.2f')} | {_opt(s.tailguard_cpu_us_per_chunk, '.1f')} |"
+            f"| {maybe(result.machine_busy_cores.get(f'{s.target} {s.streams}'), '.2f')} | {maybe(s.tailguard_cpu_us_per_chunk, '.1f')} |"
         )
-    lines += ["", "## Targets (reported, not tuned for)", "", "| target | goal | measured | verdict |", "|---|---|---|---|"]
-    for t in result.targets:
-        lines.append(f"| {t.name} | {t.goal} | {t.measured} | {'PASS' if t.met else 'MISS'} |")
+    lines += ["", "## Targets (reported, not tuned for)", "", *targets_table(result.targets)]
     for name, p in result.profiles.items():
         others = ", ".join(f"{thread} {n}" for thread, n in p.other_thread_samples.items()) or "none"
+        inclusive = [(f, s) for f, s in p.top_inclusive if s < 0.9][:12]
         lines += [
             "",
             f"## Router profile: {name} (py-spy, `{_rel(p.path)}`)",
@@ -589,13 +574,10 @@ def render(result: Result) -> str:
             "Self time by component (the leaf frame's package): " + ", ".join(f"{c} {s:.0%}" for c, s in p.self_by_component[:8]) + ".",
             "Inclusive by component (anywhere on the stack): " + ", ".join(f"{c} {s:.0%}" for c, s in p.inclusive_by_component[:10]) + ".",
             "",
-            "| top self frames | share |",
-            "|---|---|",
+            *md_table(["top self frames", "share"], ((f"`{f}`", f"{s:.1%}") for f, s in p.top_self[:10])),
+            "",
+            *md_table(["top inclusive frames (below 90%)", "share"], ((f"`{f}`", f"{s:.1%}") for f, s in inclusive)),
         ]
-        lines += [f"| `{f}` | {s:.1%} |" for f, s in p.top_self[:10]]
-        inclusive = [(f, s) for f, s in p.top_inclusive if s < 0.9][:12]
-        lines += ["", "| top inclusive frames (below 90%) | share |", "|---|---|"]
-        lines += [f"| `{f}` | {s:.1%} |" for f, s in inclusive]
     lines += ["", "Load generators: " + "; ".join(result.load_generators) + "."]
     lines.append(
         f"Engines in the '{result.engine_profile}' profile; {result.cpu_count} CPUs shared by the simulator, tailguard and the load "
@@ -620,8 +602,8 @@ def _render_versus_peer(result: Result) -> list[str]:
     for v in result.versus_peer:
         fmt = ",.0f" if abs(v.peer) >= 100 else ".2f"
         lines.append(
-            f"| {v.measure} | {v.better} | {format(v.peer, fmt)} | {_opt(v.http, fmt)} | {_opt(v.grpc, fmt)} "
-            f"| {_opt(v.http_ratio, '.2f')}{'x' if v.http_ratio is not None else ''} | {_opt(v.grpc_ratio, '.2f')}{'x' if v.grpc_ratio is not None else ''} |"
+            f"| {v.measure} | {v.better} | {format(v.peer, fmt)} | {maybe(v.http, fmt)} | {maybe(v.grpc, fmt)} "
+            f"| {maybe(v.http_ratio, '.2f')}{'x' if v.http_ratio is not None else ''} | {maybe(v.grpc_ratio, '.2f')}{'x' if v.grpc_ratio is not None else ''} |"
         )
     lines += [
         "",

@@ -25,7 +25,7 @@ import trio
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.client import HOST, LoadCounters, sse_client
 from bench.harness.procs import RESULTS_ROOT, free_ports, process_cpu_seconds, start_simulator, stop, wait_ready
-from bench.harness.report import save_json
+from bench.harness.report import md_table, save_json
 
 DEFAULT_JSON = RESULTS_ROOT / "sim_cpu.json"
 PROFILES = ("latency", "throughput")
@@ -200,22 +200,19 @@ def _result(
 
 
 def render_table(result: Result) -> str:
-    lines = [
-        "| engine | streams | events/s | streams done | errors |",
-        "|---|---|---|---|---|",
-    ]
-    for e in result.engines:
-        lines.append(f"| {e.profile} :{e.port} | {e.streams} | {e.events_per_s:,.0f} | {e.streams_done} | {e.errors} |")
-    lines += [
-        "",
-        "| window s | sim CPU s (user + sys) | sim cores | events/s | sim CPU µs/event | client cores | target | verdict |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {result.window_s:.1f} | {result.sim_cpu_s:.2f} ({result.sim_user_s:.2f} + {result.sim_system_s:.2f}) "
-        f"| {result.sim_cores:.3f} | {result.events_per_s:,.0f} "
-        f"| {result.sim_cpu_us_per_event:.1f} | {result.client_cores:.3f} | < {result.target_cores} core "
-        f"| {'PASS' if result.within_target else 'FAIL'} |",
-    ]
-    return "\n".join(lines)
+    engines = md_table(
+        ["engine", "streams", "events/s", "streams done", "errors"],
+        ((f"{e.profile} :{e.port}", e.streams, f"{e.events_per_s:,.0f}", e.streams_done, e.errors) for e in result.engines),
+    )
+    r = result
+    total = md_table(
+        ["window s", "sim CPU s (user + sys)", "sim cores", "events/s", "sim CPU µs/event", "client cores", "target", "verdict"],
+        [(
+            f"{r.window_s:.1f}", f"{r.sim_cpu_s:.2f} ({r.sim_user_s:.2f} + {r.sim_system_s:.2f})", f"{r.sim_cores:.3f}", f"{r.events_per_s:,.0f}",
+            f"{r.sim_cpu_us_per_event:.1f}", f"{r.client_cores:.3f}", f"< {r.target_cores} core", "PASS" if r.within_target else "FAIL",
+        )],
+    )
+    return "\n".join([*engines, "", *total])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,7 +36,7 @@ import trio.testing
 
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.procs import RESULTS_ROOT
-from bench.harness.report import save_json
+from bench.harness.report import md_table, save_json
 from tailguard.sim.engine import Engine, Sequence
 from tailguard.sim.params import PROFILES
 
@@ -279,18 +279,17 @@ def _ms(value: float | None) -> str:
 
 
 def render_table(rows: Seq[Row]) -> str:
-    header = (
-        "| profile | clients | requests | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms "
-        "| gap P99 ms | gap max ms | out tok/s | running | waiting | preempt |"
-    )
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for r in rows:
-        lines.append(
-            f"| {r.profile} | {r.clients} | {r.requests} | {_ms(r.ttft_p50_ms)} | {_ms(r.ttft_p99_ms)} "
-            f"| {_ms(r.itl_p50_ms)} | {_ms(r.itl_p99_ms)} | {_ms(r.gap_p99_ms)} | {_ms(r.gap_max_ms)} "
-            f"| {r.output_tokens_per_s:,.0f} | {r.running_mean:.1f} | {r.waiting_mean:.1f} | {r.preemptions} |"
+    header = [
+        "profile", "clients", "requests", "TTFT P50 ms", "TTFT P99 ms", "ITL P50 ms", "ITL P99 ms", "gap P99 ms", "gap max ms", "out tok/s",
+        "running", "waiting", "preempt",
+    ]
+    return "\n".join(md_table(header, (
+        (
+            r.profile, r.clients, r.requests, *map(_ms, (r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.gap_p99_ms, r.gap_max_ms)),
+            f"{r.output_tokens_per_s:,.0f}", f"{r.running_mean:.1f}", f"{r.waiting_mean:.1f}", r.preemptions,
         )
-    return "\n".join(lines)
+        for r in rows
+    )))
 
 
 def _json_safe(value: object) -> object:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.harness.report import md_table
 from bench.sweep.check import Comparison, EngineAgreement
 from tailguard.sim.virtual.fleet import ClassStats, PointResult
 
@@ -22,20 +23,19 @@ def _ok_share(stats: ClassStats) -> float:
 
 def full_table(results: Sequence[PointResult]) -> str:
     """Every point and class: counts, outcomes, percentiles, goodput; what the point cost."""
-    lines = [
-        "| set-up | load | req/s | class | n | ok | 429 | 503 | timeout | TTFT P50 ms | TTFT P99 ms "
-        "| E2E P50 ms | E2E P99 ms | goodput req/s | goodput tok/s | preemptions | CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "set-up", "load", "req/s", "class", "n", "ok", "429", "503", "timeout", "TTFT P50 ms", "TTFT P99 ms", "E2E P50 ms", "E2E P99 ms",
+        "goodput req/s", "goodput tok/s", "preemptions", "CPU s",
     ]
-    for r in results:
-        for c in r.classes:
-            o = c.outcomes
-            lines.append(
-                f"| {r.setup} | {r.load:g} | {r.rate:.1f} | {c.kind} | {c.n} | {c.ok} | {o.get('429', 0)} | {o.get('503', 0)} "
-                f"| {o.get('timeout', 0)} | {_ms(c.ttft_p50_ms)} | {_ms(c.ttft_p99_ms)} | {_ms(c.e2e_p50_ms)} "
-                f"| {_ms(c.e2e_p99_ms)} | {c.goodput_rps:.1f} | {c.goodput_tokens_per_s:,.0f} | {r.preemptions} | {r.cpu_s:.1f} |"
-            )
-    return "\n".join(lines)
+    return "\n".join(md_table(header, (
+        (
+            r.setup, f"{r.load:g}", f"{r.rate:.1f}", c.kind, c.n, c.ok, *(c.outcomes.get(k, 0) for k in ("429", "503", "timeout")),
+            *map(_ms, (c.ttft_p50_ms, c.ttft_p99_ms, c.e2e_p50_ms, c.e2e_p99_ms)), f"{c.goodput_rps:.1f}", f"{c.goodput_tokens_per_s:,.0f}",
+            r.preemptions, f"{r.cpu_s:.1f}",
+        )
+        for r in results
+        for c in r.classes
+    )))
 
 
 def cost_summary(results: Sequence[PointResult]) -> str:
@@ -51,28 +51,24 @@ def cost_summary(results: Sequence[PointResult]) -> str:
         f"{simulated / 3600:,.1f} h of simulated traffic: {cpu / requests * 1e6 if requests else math.nan:.0f} µs per request. "
         "CPU seconds per point (its window, warm-up and tail):",
         "",
-        "| load | " + " | ".join(setups) + " |",
-        "|---|" + "---|" * len(setups),
+        *md_table(["load", *setups], ([f"{load:g}", *(f"{cells[(s, load)].cpu_s:.1f}" if (s, load) in cells else "" for s in setups)] for load in loads)),
     ]
-    for load in loads:
-        row = [f"{cells[(s, load)].cpu_s:.1f}" if (s, load) in cells else "" for s in setups]
-        lines.append(f"| {load:g} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def engine_table(checks: Sequence[EngineAgreement]) -> str:
     """The same seeded submissions (some hung up) through bench.sim.Engine and the sweep's engine."""
-    lines = [
-        "| engine | offered req/s | simulated s | requests | hung up | preemptions (sim / sweep) "
-        "| ended differently | largest timestamp difference |",
-        "|---|---|---|---|---|---|---|---|",
+    header = [
+        "engine", "offered req/s", "simulated s", "requests", "hung up", "preemptions (sim / sweep)", "ended differently",
+        "largest timestamp difference",
     ]
-    for c in checks:
-        lines.append(
-            f"| {c.profile} | {c.offered_req_per_s:.1f} | {c.seconds:g} | {c.requests} | {c.hang_ups} "
-            f"| {c.preemptions_reference} / {c.preemptions_sweep} | {c.differing} | {c.max_difference_s:.3g} s |"
+    return "\n".join(md_table(header, (
+        (
+            c.profile, f"{c.offered_req_per_s:.1f}", f"{c.seconds:g}", c.requests, c.hang_ups, f"{c.preemptions_reference} / {c.preemptions_sweep}",
+            c.differing, f"{c.max_difference_s:.3g} s",
         )
-    return "\n".join(lines)
+        for c in checks
+    )))
 
 
 def pivot(results: Sequence[PointResult], kind: str, metric: str, title: str) -> str:
@@ -80,9 +76,9 @@ def pivot(results: Sequence[PointResult], kind: str, metric: str, title: str) ->
     setups = list(dict.fromkeys(r.setup for r in results))
     loads = sorted({r.load for r in results})
     cells = {(r.setup, r.load): r.stats(kind) for r in results}
-    lines = [f"**{title}**", "", "| load | " + " | ".join(setups) + " |", "|---|" + "---|" * len(setups)]
+    rows = []
     for load in loads:
-        row = []
+        row = [f"{load:g}"]
         for setup in setups:
             stats = cells.get((setup, load))
             if stats is None:
@@ -93,15 +89,13 @@ def pivot(results: Sequence[PointResult], kind: str, metric: str, title: str) ->
             if share < OK_SHARE_FLAG:
                 cell += f" ({share:.0%} ok)"
             row.append(cell)
-        lines.append(f"| {load:g} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return "\n".join([f"**{title}**", "", *md_table(["load", *setups], rows)])
 
 
 def comparison_table(rows: Sequence[Comparison]) -> str:
-    lines = ["| set-up | class | metric | real ms | virtual ms | virtual / real |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.setup} | {r.kind} | {r.metric} | {_ms(r.real_ms)} | {_ms(r.virtual_ms)} | {r.ratio:.2f} |")
-    return "\n".join(lines)
+    header = ["set-up", "class", "metric", "real ms", "virtual ms", "virtual / real"]
+    return "\n".join(md_table(header, ((r.setup, r.kind, r.metric, _ms(r.real_ms), _ms(r.virtual_ms), f"{r.ratio:.2f}") for r in rows)))
 
 
 # -- plots ----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from bench.harness.client import CHAT_PATH, TOKEN_MARKER, ConnectionPool, Protoc
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
-from bench.harness.report import save_json
+from bench.harness.report import cores_cell, md_table, save_json
 from bench.harness.traffic import Arrival, schedule
 from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.mix import (
@@ -358,28 +358,22 @@ def _class_stats(setup: str, kind: str, samples: Sequence[Sample], scale: float)
 
 
 def render_table(result: Result) -> str:
-    lines = [
-        "| set-up | class | n | TTFT P50 ms | TTFT P99 ms | E2E P50 ms | E2E P99 ms | errors | unfinished |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for setup in result.setups:
-        for c in setup.classes:
-            lines.append(
-                f"| {setup.name} | {c.kind} | {c.n} | {c.ttft_p50_ms:,.1f} | {c.ttft_p99_ms:,.1f} "
-                f"| {c.e2e_p50_ms:,.0f} | {c.e2e_p99_ms:,.0f} | {c.errors} | {c.unfinished} |"
-            )
-    lines += [
-        "",
-        "| set-up | wall s | arrivals | cores: sim / tailguard / client | client lag P99 / max ms |",
-        "|---|---|---|---|---|",
-    ]
-    for setup in result.setups:
-        cores = f"{setup.cores['simulator']:.2f} / {setup.cores['tailguard']:.2f} / {setup.cores['client']:.2f}"
-        lines.append(
-            f"| {setup.name} | {setup.wall_s:.0f} | {setup.arrivals} | {cores} "
-            f"| {setup.client_lag_p99_ms:.1f} / {setup.client_lag_max_ms:.1f} |"
-        )
-    return "\n".join(lines)
+    classes = md_table(
+        ["set-up", "class", "n", "TTFT P50 ms", "TTFT P99 ms", "E2E P50 ms", "E2E P99 ms", "errors", "unfinished"],
+        (
+            (s.name, c.kind, c.n, f"{c.ttft_p50_ms:,.1f}", f"{c.ttft_p99_ms:,.1f}", f"{c.e2e_p50_ms:,.0f}", f"{c.e2e_p99_ms:,.0f}", c.errors, c.unfinished)
+            for s in result.setups
+            for c in s.classes
+        ),
+    )
+    setups = md_table(
+        ["set-up", "wall s", "arrivals", "cores: sim / tailguard / client", "client lag P99 / max ms"],
+        (
+            (s.name, f"{s.wall_s:.0f}", s.arrivals, cores_cell(s.cores), f"{s.client_lag_p99_ms:.1f} / {s.client_lag_max_ms:.1f}")
+            for s in result.setups
+        ),
+    )
+    return "\n".join([*classes, "", *setups])
 
 
 def build_parser() -> argparse.ArgumentParser:

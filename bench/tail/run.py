@@ -77,7 +77,7 @@ from bench.harness.open_loop import (
     write_samples,
 )
 from bench.harness.procs import RESULTS_ROOT, free_ports, log_tail, process_cpu_seconds, start_process, start_tailguard, stop, wait_ready
-from bench.harness.report import write_json
+from bench.harness.report import md_table, write_json
 from bench.tail.plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
 from tailguard.router.config_types import LimitsConfig
 from tailguard.router.limits import effective_max_tokens
@@ -1405,10 +1405,9 @@ def render(result: Result) -> str:
         out += [*_rejection_table(runs), "", *_process_table(runs, result), ""]
         if any(r.timeline for r in runs):
             out += [*_memory_table(runs), ""]
-    out += ["### targets (reported, not tuned for)", "", "| check | value | target | met |", "|---|---|---|---|"]
-    for check in result.checks:
-        met = "-" if check["met"] is None else ("PASS" if check["met"] else "MISS")
-        out.append(f"| {check['check']} | {check['value']} | {check['target']} | {met} |")
+    met = {None: "-", True: "PASS", False: "MISS"}
+    checks = [(c["check"], c["value"], c["target"], met[c["met"]]) for c in result.checks]
+    out += ["### targets (reported, not tuned for)", "", *md_table(["check", "value", "target", "met"], checks)]
     return "\n".join(out) + "\n"
 
 
@@ -1424,12 +1423,11 @@ def _work_table(runs: Sequence[SetupResult], table: dict[tuple[str, float], Vers
     rows = [(run, table.get((run.setup, round(run.load, 2)))) for run in runs]
     if not any(v is not None and not math.isnan(v.long) for _, v in rows):
         return []
-    out = [
-        "| set-up | long served tok/s (x shared) | short E2E P99 ms (x ideal) | short TTFT P99 ms (x ideal) | short not ok / long failed "
-        "| lent max / borrowed | moves | engines max running / sent (cap) | load avg at start, set-ups at once, round "
-        "| client lag P99, GPU ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "set-up", "long served tok/s (x shared)", "short E2E P99 ms (x ideal)", "short TTFT P99 ms (x ideal)", "short not ok / long failed",
+        "lent max / borrowed", "moves", "engines max running / sent (cap)", "load avg at start, set-ups at once, round", "client lag P99, GPU ms",
     ]
+    cells = []
     for run, v in rows:
         if v is None:
             continue
@@ -1442,32 +1440,28 @@ def _work_table(runs: Sequence[SetupResult], table: dict[tuple[str, float], Vers
             f"{max(watch.max_running.values(), default=0)} / {max(watch.max_sent.values(), default=0)} ({max(watch.caps.values(), default=0)})"
             if watch and watch.looks else "-"
         )
-        out.append(
-            f"| {run.setup} | {v.long_tok_s:,.0f} ({v.long:.2f}) | {short.e2e_ms['p99']:,.0f} ({v.short_e2e:.2f}) "
-            f"| {short.ttft_ms['p99']:.1f} ({v.short_ttft:.2f}) | {v.short_not_ok} / {v.long_failed} | {lent} | {moves} | {engines} "
-            f"| {run.load_average[0] if run.load_average else '-'}, {run.concurrent}, {run.round} "
-            f"| {run.client_lag_p99_ms / scale:.0f}{' (starved)' if run.client_lag_p99_ms / scale > STARVED_LAG_GPU_MS else ''} |"
-        )
-    return out
+        lag = run.client_lag_p99_ms / scale
+        cells.append([
+            run.setup, f"{v.long_tok_s:,.0f} ({v.long:.2f})", f"{short.e2e_ms['p99']:,.0f} ({v.short_e2e:.2f})",
+            f"{short.ttft_ms['p99']:.1f} ({v.short_ttft:.2f})", f"{v.short_not_ok} / {v.long_failed}", lent, moves, engines,
+            f"{run.load_average[0] if run.load_average else '-'}, {run.concurrent}, {run.round}",
+            f"{lag:.0f}{' (starved)' if lag > STARVED_LAG_GPU_MS else ''}",
+        ])
+    return md_table(header, cells)
 
 
 def _latency_table(runs: Sequence[SetupResult]) -> list[str]:
-    out = [
-        "| set-up | class | n | TTFT P50/P95/P99 ms | E2E P50/P95/P99 ms | ITL P50/P99 ms | ok/429/503/timeout/other/cut "
-        "| ok ones within deadline | goodput tok/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "set-up", "class", "n", "TTFT P50/P95/P99 ms", "E2E P50/P95/P99 ms", "ITL P50/P99 ms", "ok/429/503/timeout/other/cut",
+        "ok ones within deadline", "goodput tok/s",
     ]
-    for run in runs:
-        for c in run.classes:
-            if not c.n:
-                continue
-            outcome = "/".join(str(c.outcomes.get(k, 0)) for k in ("ok", "429", "503", "timeout", "other", "cut"))
-            on_time = "-" if c.ok_within_deadline is None else f"{c.ok_within_deadline:.3f}"
-            out.append(
-                f"| {run.setup} | {c.kind} | {c.n} | {_trio(c.ttft_ms)} | {_trio(c.e2e_ms)} | {_trio(c.itl_ms)} "
-                f"| {outcome} | {on_time} | {c.goodput_tok_s:,.0f} |"
-            )
-    return out
+    return md_table(header, (_latency_row(run, c) for run in runs for c in run.classes if c.n))
+
+
+def _latency_row(run: SetupResult, c: ClassStats) -> list[object]:
+    outcome = "/".join(str(c.outcomes.get(k, 0)) for k in ("ok", "429", "503", "timeout", "other", "cut"))
+    on_time = "-" if c.ok_within_deadline is None else f"{c.ok_within_deadline:.3f}"
+    return [run.setup, c.kind, c.n, _trio(c.ttft_ms), _trio(c.e2e_ms), _trio(c.itl_ms), outcome, on_time, f"{c.goodput_tok_s:,.0f}"]
 
 
 def _rejection_table(runs: Sequence[SetupResult]) -> list[str]:
@@ -1477,25 +1471,22 @@ def _rejection_table(runs: Sequence[SetupResult]) -> list[str]:
     ]
     if not rows:
         return ["No request was rejected."]
-    out = [
-        "| set-up | class | rejection | n | client real ms P50/P99/max | router real ms P50/P99/max | GPU ms P50/P99 "
-        f"| share < {FAST_REJECTION_MS:g} ms real |",
-        "|---|---|---|---|---|---|---|---|",
+    header = [
+        "set-up", "class", "rejection", "n", "client real ms P50/P99/max", "router real ms P50/P99/max", "GPU ms P50/P99",
+        f"share < {FAST_REJECTION_MS:g} ms real",
     ]
-    for run, c, kind, r in rows:
-        out.append(
-            f"| {run.setup} | {c.kind} | {kind} | {r.n} | {_trio(r.client_ms)} | {_trio(r.router_ms)} | {_trio(r.gpu_ms)} "
-            f"| {r.under_10ms:.3f} |"
-        )
-    return out
+    return md_table(header, (
+        (run.setup, c.kind, kind, r.n, _trio(r.client_ms), _trio(r.router_ms), _trio(r.gpu_ms), f"{r.under_10ms:.3f}")
+        for run, c, kind, r in rows
+    ))
 
 
 def _process_table(runs: Sequence[SetupResult], result: Result) -> list[str]:
-    out = [
-        "| set-up | capacity req/s | own load | wall s | cores sim/router/client | router's busiest 2 s, cores "
-        "| router loop waiting for a CPU, mean / max share | client lag P99 ms | access log lines joined |",
-        "|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "set-up", "capacity req/s", "own load", "wall s", "cores sim/router/client", "router's busiest 2 s, cores",
+        "router loop waiting for a CPU, mean / max share", "client lag P99 ms", "access log lines joined",
     ]
+    rows = []
     for run in runs:
         cores = f"{run.cores['simulator']:.2f}/{run.cores.get('tailguard', 0):.2f}/{run.cores['client']:.2f}"
         own = run.load * result.shared_capacity_req_s / run.capacity_req_s
@@ -1503,21 +1494,19 @@ def _process_table(runs: Sequence[SetupResult], result: Result) -> list[str]:
         joined = "-" if math.isnan(run.access_lines_joined) else f"{run.access_lines_joined:.3f}"
         waits = [p.cpu_wait for p in run.timeline]
         starved = f"{sum(waits) / len(waits):.2f} / {max(waits):.2f}" if waits else "-"
-        out.append(
-            f"| {run.setup} | {run.capacity_req_s:.1f} | {own:.2f} | {run.wall_s:.0f} | {cores} | {busiest} "
-            f"| {starved} | {run.client_lag_p99_ms:.1f} | {joined} |"
-        )
-    return out
+        rows.append([
+            run.setup, f"{run.capacity_req_s:.1f}", f"{own:.2f}", f"{run.wall_s:.0f}", cores, busiest, starved, f"{run.client_lag_p99_ms:.1f}", joined
+        ])
+    return md_table(header, rows)
 
 
 def _memory_table(runs: Sequence[SetupResult]) -> list[str]:
     """The router's RSS over the run (so 'flat' can be judged) beside its sockets and queue."""
-    out = [
-        f"| set-up | router RSS MiB start / warm-up end / last arrival / end | peak | window slope MiB/min "
-        f"| open fds max | waiting max | GET /health ms P50 / max (None = over 1 s) | GC pauses: n / over 10 ms / total ms "
-        f"| samples (every {PROBE_S:g} s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "set-up", "router RSS MiB start / warm-up end / last arrival / end", "peak", "window slope MiB/min", "open fds max", "waiting max",
+        "GET /health ms P50 / max (None = over 1 s)", "GC pauses: n / over 10 ms / total ms", f"samples (every {PROBE_S:g} s)",
     ]
+    rows = []
     for run in runs:
         if not run.timeline:
             continue
@@ -1527,11 +1516,11 @@ def _memory_table(runs: Sequence[SetupResult]) -> list[str]:
         answered = sorted(p.health_ms for p in run.timeline if p.health_ms is not None)
         late = sum(1 for p in run.timeline if p.health_ms is None)
         health = f"{percentile(answered, 50):.1f} / {answered[-1] if answered else math.nan:.0f}" + (f" ({late} over 1 s)" if late else "")
-        out.append(
-            f"| {run.setup} | {points} | {rss['max']:.0f} | {rss['window_slope_per_min']:+.2f} "
-            f"| {max(p.fds for p in run.timeline)} | {waiting:.0f} | {health} | {_gc_during(run.timeline)} | {len(run.timeline)} |"
-        )
-    return out
+        rows.append([
+            run.setup, points, f"{rss['max']:.0f}", f"{rss['window_slope_per_min']:+.2f}", max(p.fds for p in run.timeline), f"{waiting:.0f}",
+            health, _gc_during(run.timeline), len(run.timeline),
+        ])
+    return md_table(header, rows)
 
 
 def _short(run: SetupResult) -> ClassStats:
@@ -1544,11 +1533,10 @@ def _added_table(runs: Sequence[SetupResult], scale: float) -> list[str]:
     if not {"disaggregated", "split-direct"} <= set(by):
         return []
     routed, direct = by["disaggregated"].ttft_ms, by["split-direct"].ttft_ms
-    out = ["| short TTFT, real ms | P50 | P95 | P99 |", "|---|---|---|---|"]
-    for name, q in (("disaggregated (tailguard)", routed), ("split-direct (no router)", direct)):
-        out.append(f"| {name} | " + " | ".join(f"{q[k] * scale:.1f}" for k in ("p50", "p95", "p99")) + " |")
-    out.append("| added by tailguard | " + " | ".join(f"{(routed[k] - direct[k]) * scale:+.1f}" for k in ("p50", "p95", "p99")) + " |")
-    return out
+    keys = ("p50", "p95", "p99")
+    rows = [[name, *(f"{q[k] * scale:.1f}" for k in keys)] for name, q in (("disaggregated (tailguard)", routed), ("split-direct (no router)", direct))]
+    rows.append(["added by tailguard", *(f"{(routed[k] - direct[k]) * scale:+.1f}" for k in keys)])
+    return md_table(["short TTFT, real ms", "P50", "P95", "P99"], rows)
 
 
 def _gc_during(timeline: Sequence[Probe]) -> str:
