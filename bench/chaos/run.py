@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.chaos.attacks import ATTACKS, BATCH_MAX_TOKENS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
 from bench.chaos.client import Answer, HttpPool, RequestSpec, recovery_s, send, tally
 from bench.chaos.report import render, write_outputs
-from bench.harness.cli import driver_parser, run_trio
+from bench.harness.cli import add_out_arg, add_seed_arg, driver_parser, run_trio
 from bench.harness.config import PoolSpec
 from bench.harness.config import tailguard_config as shared_config
 from bench.harness.grpc import AsyncioThread
@@ -568,8 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the pool the 10x overload aims at; the interactive pool's 10x (~600 req/s) saturates a 2-core machine's "
         "CPU, client included (default %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fuzz, the cancel storm and the engines (default %(default)s)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for JSON and markdown (default %(default)s)")
+    add_seed_arg(parser, 0, "the fuzz, the cancel storm and the engines")
+    add_out_arg(parser, RESULTS, "directory for JSON and markdown")
     parser.add_argument("--name", default=None, help="base name of the outputs (default chaos, or chaos-quick)")
     add_serve_arg(parser)
     return parser

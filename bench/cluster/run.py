@@ -54,7 +54,7 @@ import coredis
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.cli import driver_parser, run_trio
+from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, add_warmup_arg, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, HOST, ProtocolError, engine_counts, http_request
 from bench.harness.client import ConnectionPool as OpenPool
 from bench.harness.clocks import MachineClock
@@ -1113,11 +1113,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--quick", action="store_true", help="smoke run (~3 min): one load, Poisson only, short windows, Redis down 8 s and paused 4 s")
     add("--replicas", type=int, default=4, help="replicas sharing the caps (default %(default)s)")
     add("--seats", type=int, default=8, help="every capped endpoint's max_concurrency (default %(default)s)")
-    add("--time-scale", type=float, default=2.0, help="the simulator's --time-scale (default %(default)s)")
+    add_time_scale_arg(parser, 2.0)
     add("--loads", default="0.8,1.3", help="fractions of the capped engines' capacity (default %(default)s)")
     add("--traffic", default="poisson,bursty", help="arrival processes, comma-separated (default %(default)s)")
     add("--burst-period", type=float, default=6.0, help="bursty: twice the rate for half of this many s, then silence (default %(default)s)")
-    add("--warmup", type=float, default=3.0, help="unmeasured arrivals first, s (default %(default)s)")
+    add_warmup_arg(parser, 3.0, "unmeasured arrivals first, s")
     add("--window", type=float, default=15.0, help="measured arrivals, s (default %(default)s)")
     add("--drain", type=float, default=10.0, help="longest wait after the last arrival, s (default %(default)s)")
     add("--lease-ttl", type=float, default=2.0, help="[cluster] lease_ttl, s (default %(default)s)")
@@ -1128,11 +1128,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--overhead-rate", type=float, default=100.0, help="ledger cost: req/s of the open loop (default %(default)s)")
     add("--overhead-seconds", type=float, default=5.0, help="ledger cost: s per round (default %(default)s)")
     add("--overhead-rounds", type=int, default=4, help="ledger cost: rounds, alternating (default %(default)s)")
-    add("--seed", type=int, default=1, help="seed of the arrivals and key choices (default %(default)s)")
+    add_seed_arg(parser, 1, "the arrivals and key choices")
     add("--phases", default=",".join(PHASES), help="phases to run, comma-separated, of: " + ", ".join(PHASES) + " (default: all)")
     add("--no-key-caps", action="store_true", help="API keys without max_concurrency (experiments; the key check then says nothing)")
     add("--name", default=None, help="base name of the outputs (default cluster, or cluster-quick)")
-    add("--out", type=Path, default=RESULTS, help="output folder (default %(default)s)")
+    add_out_arg(parser, RESULTS)
     return parser
 
 

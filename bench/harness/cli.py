@@ -1,4 +1,4 @@
-"""The drivers' ``main()``: run the measurement under Trio, and stop cleanly on Ctrl-C."""
+"""The drivers' command lines: the options they share, and ``main()``'s Trio run that stops cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import trio
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 def interrupted(error: BaseException) -> bool:
     """Whether ``error`` is Ctrl-C, possibly wrapped in Trio's exception groups."""
@@ -43,3 +44,38 @@ def driver_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
 def add_json_arg(parser: argparse.ArgumentParser, default: Path) -> None:
     """``--json PATH``: where a driver with one result file writes it."""
     parser.add_argument("--json", type=Path, default=default, help="where to write results (default %(default)s)")
+
+
+def add_out_arg(parser: argparse.ArgumentParser, default: Path, what: str = "output folder") -> None:
+    """``--out DIR``: where a driver with several result files writes them."""
+    parser.add_argument("--out", type=Path, default=default, help=f"{what} (default %(default)s)")
+
+
+def add_seconds_arg(parser: argparse.ArgumentParser, default: float, what: str) -> None:
+    """``--seconds``: the measured window (what it bounds is the driver's, said in ``what``)."""
+    parser.add_argument("--seconds", type=float, default=default, help=f"{what} (default %(default)s)")
+
+
+def add_warmup_arg(parser: argparse.ArgumentParser, default: float, what: str, kind: type[float] | type[int] = float) -> None:
+    """``--warmup``: unmeasured load before the window (seconds, or requests where ``kind`` is int)."""
+    parser.add_argument("--warmup", type=kind, default=default, help=f"{what} (default %(default)s)")
+
+
+def add_time_scale_arg(parser: argparse.ArgumentParser, default: float = 1.0, what: str = "the simulator's --time-scale") -> None:
+    """``--time-scale``: passed to the simulator (GPU time runs this many times slower)."""
+    parser.add_argument("--time-scale", type=float, default=default, help=f"{what} (default %(default)s)")
+
+
+def add_seed_arg(parser: argparse.ArgumentParser, default: int, of: str) -> None:
+    """``--seed``: what it seeds is the driver's (``of``)."""
+    parser.add_argument("--seed", type=int, default=default, help=f"seed of {of} (default %(default)s)")
+
+
+def comma_separated(kind: Callable[[str], N]) -> Callable[[str], list[N]]:
+    """An argparse ``type=`` for ``"1,64"``: the numbers sorted, each once (a bad one is argparse's usage error)."""
+
+    def parse(text: str) -> list[N]:
+        return sorted({kind(part) for part in text.split(",") if part.strip()})
+
+    parse.__name__ = f"comma-separated {getattr(kind, '__name__', 'number')}"
+    return parse

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.cli import add_json_arg, driver_parser, run_trio
+from bench.harness.cli import add_json_arg, add_seconds_arg, add_warmup_arg, comma_separated, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http_request
 from bench.harness.clocks import CpuClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
@@ -292,15 +292,20 @@ def _progress(run: RunResult) -> str:
 # -- reporting -------------------------------------------------------------------
 
 
+RUNS_HEADER = ("target", "concurrency", "requests", "errors", "P50 ms", "P99 ms", "req/s", "cores: sim / tailguard / client", "router CPU ms/req")
+
+
+def runs_table(runs: Sequence[RunResult], header: Sequence[str], ms: str) -> list[str]:
+    """Closed-loop runs, a row each: HTTP requests here, gRPC calls in ``grpc-overhead`` (its own header, latency digits ``ms``)."""
+    return md_table(header, (
+        (r.target, r.concurrency, f"{r.requests:,}", r.errors, format(r.p50_ms, ms), format(r.p99_ms, ms), f"{r.req_per_s:,.0f}", cores_cell(r.cores),
+         maybe(r.router_cpu_ms_per_request, ".3f"))
+        for r in runs
+    ))
+
+
 def render_table(result: Result) -> str:
-    runs = md_table(
-        ["target", "concurrency", "requests", "errors", "P50 ms", "P99 ms", "req/s", "cores: sim / tailguard / client", "router CPU ms/req"],
-        (
-            (r.target, r.concurrency, f"{r.requests:,}", r.errors, f"{r.p50_ms:.3f}", f"{r.p99_ms:.3f}", f"{r.req_per_s:,.0f}", cores_cell(r.cores),
-             maybe(r.router_cpu_ms_per_request, ".3f"))
-            for r in result.runs
-        ),
-    )
+    runs = runs_table(result.runs, RUNS_HEADER, ".3f")
     added = md_table(
         ["concurrency", "added P50 ms", "added P99 ms", "req/s direct", "req/s tailguard"],
         (
@@ -324,9 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=10_000,
         help="requests per measured run at the highest concurrency; concurrency 1 runs a fifth of it (default %(default)s)",
     )
-    parser.add_argument("--seconds", type=float, default=15.0, help="time bound of each measured run (default %(default)s)")
-    parser.add_argument("--warmup", type=int, default=500, help="unmeasured requests before each run (default %(default)s)")
-    parser.add_argument("--concurrency", default="1,64", help="comma-separated concurrencies (default %(default)s)")
+    add_seconds_arg(parser, 15.0, "time bound of each measured run")
+    add_warmup_arg(parser, 500, "unmeasured requests before each run", int)
+    parser.add_argument("--concurrency", type=comma_separated(int), default="1,64", help="comma-separated concurrencies (default %(default)s)")
     add_serve_arg(parser)
     parser.add_argument(
         "--tracing", nargs="?", type=float, const=1.0, default=None, metavar="RATIO",
@@ -339,10 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        concurrencies = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
-    except ValueError:
-        parser.error("--concurrency must be comma-separated integers")
+    concurrencies: list[int] = args.concurrency
     if args.requests < 1 or args.seconds <= 0 or args.warmup < 0 or not concurrencies or min(concurrencies) < 1:
         parser.error("--requests and --concurrency must be >= 1, --seconds > 0, --warmup >= 0")
     if args.tracing is not None and not 0 <= args.tracing <= 1:

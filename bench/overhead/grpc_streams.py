@@ -79,7 +79,7 @@ from bench.harness.procs import (
 )
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import Target, cores_cell, maybe, md_table, save_json, targets_table
-from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop
+from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop, runs_table
 from bench.overhead.load import StreamRun, sse_streams
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
@@ -636,13 +636,8 @@ def _targets(unary: Sequence[RunResult], streaming: Sequence[StreamRun], held: O
 
 
 def render(result: Result) -> str:
-    unary = md_table(
-        ["path", "concurrency", "calls", "errors", "P50 ms", "P99 ms", "calls/s", "cores: sim / tailguard / client", "tailguard CPU ms/call"],
-        (
-            (r.target, r.concurrency, f"{r.requests:,}", r.errors, f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.req_per_s:,.0f}", cores_cell(r.cores),
-             maybe(r.router_cpu_ms_per_request, ".3f"))
-            for r in result.unary
-        ),
+    unary = runs_table(
+        result.unary, ["path", "concurrency", "calls", "errors", "P50 ms", "P99 ms", "calls/s", "cores: sim / tailguard / client", "tailguard CPU ms/call"], ".2f"
     )
     streaming = md_table(
         ["path", "streams", "window s", "chunks/s", "streams done", "errors", "cores: sim / tailguard / client", "tailguard CPU µs/chunk"],

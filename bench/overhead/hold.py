@@ -66,7 +66,7 @@ import trio
 import trio.lowlevel
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.cli import driver_parser, run_trio
+from bench.harness.cli import add_out_arg, add_seconds_arg, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, EVENT, HOST, KeepAliveClient, LoadCounters, ProtocolError, http_request, sse_client
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
@@ -166,7 +166,10 @@ def _impose_threshold(wanted: tuple[int, int, int] | None) -> None:
     print(f"{THRESHOLD_LOG} {gc.get_threshold()} in force (the server's own: {server}; frozen objects: {gc.get_freeze_count()})", file=sys.stderr, flush=True)
 
 
-def _thresholds(text: str) -> tuple[int, int, int]:
+def _thresholds(text: str) -> tuple[int, int, int] | None:
+    """``--gc-threshold A,B,C`` (empty: the server's own)."""
+    if not text:
+        return None
     a, b, c = (int(v) for v in text.split(","))
     return a, b, c
 
@@ -810,27 +813,24 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("hold", __doc__)
     parser.add_argument("--streams", type=int, default=10_000, help="streams to hold; 0 skips the hold (default %(default)s)")
-    parser.add_argument("--seconds", type=float, default=15.0, help="how long the streams are held once open (default %(default)s)")
+    add_seconds_arg(parser, 15.0, "how long the streams are held once open")
     parser.add_argument("--step-ms", type=float, default=1000.0, help="the slow engines' step: a token per stream per step (default %(default)s)")
     parser.add_argument("--read-pause", type=float, default=0.5, help="the client's pause between reads of a stream, s (default %(default)s)")
-    parser.add_argument("--gc-threshold", default=None, help="GC thresholds A,B,C in the router during the hold (default: the server's own)")
-    parser.add_argument("--relay-gen0", default="700,10000,50000", help="first-generation GC thresholds to try under SSE relay; empty skips (default %(default)s)")
-    parser.add_argument("--gc-older", default="20,100", help="the older generations' thresholds in the relay runs (default %(default)s, the server's)")
+    parser.add_argument("--gc-threshold", type=_thresholds, default=None, help="GC thresholds A,B,C in the router during the hold (default: the server's own)")
+    parser.add_argument("--relay-gen0", type=_ints, default="700,10000,50000", help="first-generation GC thresholds to try under SSE relay; empty skips (default %(default)s)")
+    parser.add_argument("--gc-older", type=_ints, default="20,100", help="the older generations' thresholds in the relay runs (default %(default)s, the server's)")
     parser.add_argument("--relay-warmup", type=float, default=2.0, help="relay load before each window (default %(default)s)")
     parser.add_argument("--relay-seconds", type=float, default=8.0, help="each relay window (default %(default)s)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of hold.json and hold.md (default %(default)s)")
+    add_out_arg(parser, RESULTS_DIR, "directory of hold.json and hold.md")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        gc_threshold = _thresholds(args.gc_threshold) if args.gc_threshold else None
-        relay_gen0 = _ints(args.relay_gen0)
-        older = _ints(args.gc_older)
-    except ValueError:
-        parser.error("--gc-threshold takes A,B,C; --relay-gen0 and --gc-older comma-separated integers")
+    gc_threshold: tuple[int, int, int] | None = args.gc_threshold
+    relay_gen0: list[int] = args.relay_gen0
+    older: list[int] = args.gc_older
     if len(older) != 2 or min([*older, *relay_gen0, 1]) < 1:
         parser.error("--gc-older takes two thresholds; thresholds must be >= 1")
     if args.streams < 0 or min(args.seconds, args.step_ms, args.relay_seconds) <= 0 or min(args.read_pause, args.relay_warmup) < 0:

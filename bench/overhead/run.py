@@ -48,7 +48,7 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.cli import driver_parser, run_trio
+from bench.harness.cli import add_out_arg, add_seconds_arg, add_seed_arg, add_warmup_arg, comma_separated, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, HOST, ConnectionPool, KeepAliveClient, http_request
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
@@ -632,29 +632,26 @@ def _sse_progress(s: StreamRun) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("overhead", __doc__)
-    parser.add_argument("--rates", default="100,400", help="comma-separated open-loop rates, req/s (default %(default)s)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="each open-loop run (default %(default)s)")
-    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured open loop before each run (default %(default)s)")
+    parser.add_argument("--rates", type=comma_separated(float), default="100,400", help="comma-separated open-loop rates, req/s (default %(default)s)")
+    add_seconds_arg(parser, 10.0, "each open-loop run")
+    add_warmup_arg(parser, 1.0, "unmeasured open loop before each run")
     parser.add_argument("--sat-seconds", type=float, default=8.0, help="each saturation run (default %(default)s)")
-    parser.add_argument("--streams", default="64,256", help="comma-separated concurrent SSE streams (default %(default)s)")
+    parser.add_argument("--streams", type=comma_separated(int), default="64,256", help="comma-separated concurrent SSE streams (default %(default)s)")
     parser.add_argument("--sse-warmup", type=float, default=2.0, help="SSE load before each window (default %(default)s)")
     parser.add_argument("--sse-seconds", type=float, default=6.0, help="each SSE window (default %(default)s)")
     parser.add_argument("--profile-seconds", type=float, default=8.0, help="py-spy recording of the router; 0 skips it (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the Poisson arrivals (default %(default)s)")
+    add_seed_arg(parser, 1, "the Poisson arrivals")
     parser.add_argument("--peer", type=Path, default=None, help="the vllm-router executable (default: beside this Python, else on PATH)")
     parser.add_argument("--no-peer", action="store_true", help="leave vllm-router out (when it is not installed)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of overhead.json, overhead.md, profiles (default %(default)s)")
+    add_out_arg(parser, RESULTS_DIR, "directory of overhead.json, overhead.md, profiles")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        rates = sorted({float(r) for r in args.rates.split(",") if r.strip()})
-        streams = sorted({int(s) for s in args.streams.split(",") if s.strip()})
-    except ValueError:
-        parser.error("--rates and --streams must be comma-separated numbers")
+    rates: list[float] = args.rates
+    streams: list[int] = args.streams
     if not rates or min(rates) <= 0 or not streams or min(streams) < 1:
         parser.error("--rates must be > 0 and --streams >= 1")
     if min(args.seconds, args.sat_seconds, args.sse_seconds) <= 0 or min(args.warmup, args.sse_warmup, args.profile_seconds) < 0:

@@ -43,7 +43,7 @@ from typing import IO
 import trio
 
 from bench.harness import procs
-from bench.harness.cli import driver_parser, run_trio
+from bench.harness.cli import add_out_arg, add_seconds_arg, add_warmup_arg, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, HOST, http_request
 from bench.harness.clocks import MachineClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
@@ -355,12 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("workers", __doc__)
     add = parser.add_argument
     add("--concurrency", type=int, nargs="+", default=[64, 128], metavar="N", help="closed-loop concurrencies (default 64 128)")
-    add("--seconds", type=float, default=4.0, help="time bound of each measured loop, > 0 (default %(default)s)")
+    add_seconds_arg(parser, 4.0, "time bound of each measured loop, > 0")
     add("--requests", type=int, default=50_000, help="count bound of each measured loop (default %(default)s)")
-    add("--warmup", type=int, default=500, help="unmeasured requests before each loop (default %(default)s)")
+    add_warmup_arg(parser, 500, "unmeasured requests before each loop", int)
     add("--rounds", type=int, default=2, help="every set-up this many times, the order reversed every other round (default %(default)s)")
     add("--peer", default="auto", metavar="PATH|auto|none", help="vllm-router: auto finds it beside this Python or on PATH, none leaves it out (default %(default)s)")
-    add("--out", type=Path, default=RESULTS_DIR, help="directory of workers.json and workers.md (default %(default)s)")
+    add_out_arg(parser, RESULTS_DIR, "directory of workers.json and workers.md")
     return parser
 
 

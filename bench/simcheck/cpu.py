@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import trio
 
-from bench.harness.cli import add_json_arg, driver_parser, run_trio
+from bench.harness.cli import add_json_arg, add_seconds_arg, add_time_scale_arg, add_warmup_arg, driver_parser, run_trio
 from bench.harness.client import HOST, LoadCounters, sse_client
 from bench.harness.procs import RESULTS_ROOT, free_ports, process_cpu_seconds, start_simulator, stop, wait_ready
 from bench.harness.report import md_table, save_json
@@ -218,9 +218,9 @@ def render_table(result: Result) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("sim-cpu", __doc__)
     parser.add_argument("--streams", type=int, default=128, help="concurrent streams per engine (default %(default)s)")
-    parser.add_argument("--seconds", type=float, default=20.0, help="measurement window (default %(default)s)")
-    parser.add_argument("--warmup", type=float, default=5.0, help="load before the window opens (default %(default)s)")
-    parser.add_argument("--time-scale", type=float, default=1.0, help="the simulator's --time-scale (default %(default)s)")
+    add_seconds_arg(parser, 20.0, "measurement window")
+    add_warmup_arg(parser, 5.0, "load before the window opens")
+    add_time_scale_arg(parser, 1.0)
     add_json_arg(parser, DEFAULT_JSON)
     return parser
 

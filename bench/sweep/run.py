@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness.cli import driver_parser
+from bench.harness.cli import add_out_arg, add_seed_arg, add_warmup_arg, driver_parser
 from bench.harness.procs import RESULTS_ROOT
 from bench.sweep.check import (
     QUICK_MIXED_JSON,
@@ -136,14 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SECONDS,
         help=f"simulated measured window per point, at most {MAX_SECONDS:g} (default %(default)s: an hour)",
     )
-    parser.add_argument("--warmup", type=float, default=20.0, help="simulated warm-up per point, not measured (default %(default)s)")
+    add_warmup_arg(parser, 20.0, "simulated warm-up per point, not measured")
     parser.add_argument("--loads", default=DEFAULT_LOADS, help="offered loads, fractions of the shared fleet's capacity (default %(default)s)")
     parser.add_argument("--engines", type=int, default=4, help="engines (GPUs) in every set-up (default %(default)s)")
     parser.add_argument("--splits", default=DEFAULT_SPLITS, help="interactive:batch engine splits for disaggregated (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the arrivals, the same for every set-up (default %(default)s)")
+    add_seed_arg(parser, 1, "the arrivals, the same for every set-up")
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="processes (default: the CPUs, %(default)s)")
     parser.add_argument("--no-compare", action="store_true", help="skip the virtual-vs-real replay of quick_mixed")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where JSON, markdown and plots go (default %(default)s)")
+    add_out_arg(parser, DEFAULT_OUT, "where JSON, markdown and plots go")
     return parser
 
 

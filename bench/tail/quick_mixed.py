@@ -35,7 +35,7 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.cli import add_json_arg, driver_parser, run_trio
+from bench.harness.cli import add_json_arg, add_seconds_arg, add_seed_arg, add_time_scale_arg, add_warmup_arg, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, TOKEN_MARKER, ConnectionPool, ProtocolError, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
@@ -378,12 +378,12 @@ def render_table(result: Result) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("quick-mixed", __doc__)
-    parser.add_argument("--seconds", type=float, default=30.0, help="measured arrival window per set-up, real s (default %(default)s)")
-    parser.add_argument("--warmup", type=float, default=12.0, help="unmeasured arrivals before the window, real s (default %(default)s)")
+    add_seconds_arg(parser, 30.0, "measured arrival window per set-up, real s")
+    add_warmup_arg(parser, 12.0, "unmeasured arrivals before the window, real s")
     parser.add_argument("--drain", type=float, default=20.0, help="longest wait for stragglers after the last arrival, real s (default %(default)s)")
-    parser.add_argument("--time-scale", type=float, default=1.0, help="the simulator's --time-scale; arrival rate is divided by it (default %(default)s)")
+    add_time_scale_arg(parser, 1.0, "the simulator's --time-scale; arrival rate is divided by it")
     parser.add_argument("--load", type=float, default=TARGET_LOAD, help="offered load, fraction of one shared engine's capacity (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the arrival schedule (default %(default)s)")
+    add_seed_arg(parser, 1, "the arrival schedule")
     parser.add_argument(
         "--setup", action="append", default=[], choices=SETUP_NAMES, help="run only this set-up, repeatable (default: all)"
     )

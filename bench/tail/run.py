@@ -61,7 +61,7 @@ from typing import IO
 
 import trio
 
-from bench.harness.cli import driver_parser, run_trio
+from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_trio
 from bench.harness.client import CHAT_PATH, HOST, ProtocolError, engine_counts, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, classes_tables, server_table
@@ -1405,8 +1405,7 @@ def render(result: Result) -> str:
         out += [*_rejection_table(runs), "", *_process_table(runs, result), ""]
         if any(r.timeline for r in runs):
             out += [*_memory_table(runs), ""]
-    met = {None: "-", True: "PASS", False: "MISS"}
-    checks = [(c["check"], c["value"], c["target"], met[c["met"]]) for c in result.checks]
+    checks = [(c["check"], c["value"], c["target"], "-" if c["met"] is None else "PASS" if c["met"] else "MISS") for c in result.checks]
     out += ["### targets (reported, not tuned for)", "", *md_table(["check", "value", "target", "met"], checks)]
     return "\n".join(out) + "\n"
 
@@ -1627,8 +1626,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--warmup", type=float, default=None, help="unmeasured arrivals before the window, real s (default 20)")
     add("--seconds", type=float, default=None, help="measured arrival window, real s (default 30)")
     add("--drain", type=float, default=None, help="longest wait after the last arrival, real s (default 30)")
-    add("--time-scale", type=float, default=4.0, help="the simulator's --time-scale; keeps its CPU and the router's low (default %(default)s)")
-    add("--seed", type=int, default=1, help="seed of the arrivals (default %(default)s)")
+    add_time_scale_arg(parser, 4.0, "the simulator's --time-scale; keeps its CPU and the router's low")
+    add_seed_arg(parser, 1, "the arrivals")
     add("--setup", action="append", choices=SETUP_NAMES, help=f"run this set-up, repeatable (default: {', '.join(DEFAULT_SETUPS)})")
     add("--mix", choices=(*MIXES, "shift"), default="origin", help="traffic: the origin's, chat (short requests take most GPU time), "
         "or shift (chat, then the origin's, --phase-seconds each) (default %(default)s)")
@@ -1647,7 +1646,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--baselines-each-round", action="store_true", help="with --max-engines: every round runs its own shared and short-only, "
         "and each set-up is compared with those (a busy machine's load changes between rounds)")
     add("--bins", type=float, default=0.0, help="GPU s per bin of the per-class series over time (default: 2 with --mix shift, else none)")
-    add("--out", type=Path, default=RESULTS, help="output folder (default %(default)s)")
+    add_out_arg(parser, RESULTS)
     add("--name", default=None, help="base name of the outputs (default tail, or tail-quick)")
     add("--samples", type=Path, default=None, help="also write every request's fate (JSONL, one file per set-up and load) to this folder")
     add(
