@@ -3,8 +3,10 @@
 A :class:`Pool` hands out :class:`Lease` objects, each one seat on one
 endpoint. A lease is granted only while the pool is under its cap and some
 healthy endpoint is under its own cap; the least-loaded such endpoint wins
-(ties broken at random). Requests that cannot get a lease at once wait in the
-pool's :class:`~router.queue.WaitQueue`, ordered by (class priority, arrival).
+(ties broken at random), except that seats lent to another pool's requests
+are packed together and kept apart from the pool's own (``Pool._place``).
+Requests that cannot get a lease at once wait in the pool's
+:class:`~router.queue.WaitQueue`, ordered by (class priority, arrival).
 
 Endpoints outlive pools across config reloads: an endpoint moved from one
 pool to another keeps its in-flight count (its running requests finish where
@@ -80,6 +82,7 @@ class Endpoint:
         self.movable = config.movable
         self.granted: int | None = None  # its seats this replica may use ([cluster]); None: all
         self.in_flight = 0
+        self.borrowed = 0  # of those, seats serving another pool's request (a lease with a borrower)
         self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
         self.healthy = True
         # Context length: what GET /v1/models said last (None: not asked, or no
@@ -321,9 +324,12 @@ class Lease:
         """Carry the seat to another endpoint of the pool (a retry); the pool's count is unchanged."""
         old = self.endpoint
         old.in_flight -= 1
+        endpoint.in_flight += 1
+        if self.borrower is not None:
+            old.borrowed -= 1
+            endpoint.borrowed += 1
         old.seat_freed()
         old.lease_ended(self.client)
-        endpoint.in_flight += 1
         self.endpoint = endpoint
         self.client = endpoint.client
         self.client.leases += 1
@@ -339,6 +345,8 @@ class Lease:
         pool.in_flight -= 1
         pool.seat_ended(self)
         self.endpoint.in_flight -= 1
+        if self.borrower is not None:
+            self.endpoint.borrowed -= 1
         self.endpoint.seat_freed()
         self.endpoint.lease_ended(self.client)
         pool.seat_time.observe(trio.current_time() - self.granted_at)
@@ -433,7 +441,22 @@ class Pool:
 
     def retry_endpoint(self, lease: Lease) -> Endpoint | None:
         """Another endpoint with room for a failed request's second try, or None."""
-        return self._least_loaded([e for e in self.endpoints if e is not lease.endpoint and e.has_room])
+        return self._place([e for e in self.endpoints if e is not lease.endpoint and e.has_room], lease.borrower is not None)
+
+    def _place(self, candidates: list[Endpoint], borrowed: bool) -> Endpoint | None:
+        """Where a new seat goes among ``candidates`` (endpoints with room), or None.
+
+        A borrowed seat's request runs beside its lender's own: a short
+        request lent a batch seat shares every step with that engine's long
+        prefills. So borrowed seats are packed onto the endpoint that already
+        holds the most of them, and the pool's own requests go to an endpoint
+        holding none when one has room; ties to the least loaded. Any
+        endpoint with room beats none (work-conserving).
+        """
+        if borrowed:
+            most = max((e.borrowed for e in candidates), default=0)
+            return self._least_loaded([e for e in candidates if e.borrowed == most])
+        return self._least_loaded([e for e in candidates if not e.borrowed] or candidates)
 
     def _least_loaded(self, candidates: list[Endpoint]) -> Endpoint | None:
         """The endpoint with the fewest requests in flight (ties at random), or None."""
@@ -476,18 +499,20 @@ class Pool:
         return answer
 
     def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
-        """A seat on this pool's least-loaded endpoint with room, within the pool's and the class's caps."""
+        """A seat on an endpoint of this pool with room (``_place``), within the pool's and the class's caps."""
         if self.in_flight >= self.max_concurrency:
             return None
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
             return SKIP
-        endpoint = self._least_loaded([e for e in self.endpoints if e.has_room])
+        endpoint = self._place([e for e in self.endpoints if e.has_room], borrower is not None)
         if endpoint is None:
             return None
         self.in_flight += 1
         self.class_in_flight[ticket.request_class] = self.class_in_flight.get(ticket.request_class, 0) + 1
         endpoint.in_flight += 1
+        if borrower is not None:
+            endpoint.borrowed += 1
         return Lease(self, endpoint, ticket.request_class, borrower)
 
     def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:

@@ -14,7 +14,7 @@ from tailguard.router.config_types import Config, LendConfig
 from tailguard.server.metrics import Metrics
 
 from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
-from .test_config import BASE, edit
+from .test_config import BASE
 
 LONG_OUTPUT = 400  # over the interactive class's 128: a batch request
 
@@ -139,14 +139,14 @@ async def test_vllm_priority_is_sent_only_where_the_pool_asks_for_it(autojump_cl
     async with router_over_engines(config) as fleet:
         sent: dict[str, object] = {}
         for url in (INTERACTIVE_URL, BATCH_URL):
-            client = fleet.router._endpoints[url].client  # noqa: SLF001 - wrap its transport to see the bodies
-            inner = client._transport  # noqa: SLF001
+            client = fleet.router._endpoints[url].client
+            inner = client._transport  # wrap its transport to see the bodies
 
             async def record(request: httpx.Request, inner: httpx.AsyncBaseTransport = inner, url: str = url) -> httpx.Response:
                 sent[url] = json.loads(request.content).get("priority", "absent")
                 return await inner.handle_async_request(request)
 
-            client._transport = httpx.MockTransport(record)  # noqa: SLF001
+            client._transport = httpx.MockTransport(record)
         await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id="i"))
         await run_to_end(fleet.router, chat("long job", max_tokens=LONG_OUTPUT, request_id="b"))
         assert sent == {INTERACTIVE_URL: "absent", BATCH_URL: 1}  # the batch class's priority
@@ -175,3 +175,78 @@ def test_lending_rules_read_from_the_file() -> None:
     config = parse_config(text)
     assert config.pool("interactive").lend == LendConfig(to=("batch",), max_seats=8, reserve=4, max_prompt_tokens=512)
     assert config.pool("batch").class_limit("batch") == 48 and config.pool("batch").class_limit("interactive") is None
+
+
+BATCH_URLS = (BATCH_URL, "http://batch-1:8000")
+
+
+def lend_back_config() -> Config:
+    """Interactive has one seat; batch has two endpoints of 4 and lends its idle seats back to interactive requests."""
+    base = two_pool_config(interactive_cap=1, batch_cap=4, batch_urls=BATCH_URLS, interactive_timeout=60.0, batch_timeout=60.0)
+    interactive, batch = base.pools
+    return with_digest(base, "lend-back", pools=(interactive, dataclasses.replace(batch, lend=LendConfig(to=("interactive",)))))
+
+
+async def test_borrowed_seats_pack_onto_one_endpoint(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(lend_back_config()) as fleet:
+        endpoints = [fleet.router._endpoints[url] for url in BATCH_URLS]
+        async with trio.open_nursery() as nursery:
+            for i in range(4):  # the first takes interactive's one seat, the other three borrow batch seats
+                nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=64, request_id=f"i{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            # least loaded would have spread them 2 / 1; they share one engine, the other keeps none
+            assert sorted((e.borrowed, e.in_flight) for e in endpoints) == [(0, 0), (3, 3)]
+            assert fleet.router.statistics().pool("batch").in_flight == 3
+        assert [e.borrowed for e in endpoints] == [0, 0]
+
+
+async def test_the_lenders_own_requests_avoid_borrowed_seats_while_another_endpoint_has_room(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with router_over_engines(lend_back_config()) as fleet:
+        by_url = {url: fleet.router._endpoints[url] for url in BATCH_URLS}
+        async with trio.open_nursery() as nursery:
+            for i in range(2):  # interactive's own seat, then one borrowed on a batch endpoint
+                nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=128, request_id=f"i{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            lent = next(e for e in by_url.values() if e.borrowed)
+            clear = next(e for e in by_url.values() if e is not lent)
+            for i in range(3):  # batch's own: to the other endpoint, though the lent one is less loaded (1 < 2)
+                nursery.start_soon(run_to_end, fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            assert (lent.in_flight, clear.in_flight) == (1, 3)
+            for i in range(3, 5):  # the fourth fills the clear one; the fifth has nowhere else: it joins the borrowed seat
+                nursery.start_soon(run_to_end, fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            assert (lent.in_flight, lent.borrowed, clear.in_flight, clear.borrowed) == (2, 1, 4, 0)
+            assert fleet.router.statistics().pool("batch").queue.waiting == 0
+        assert [e.borrowed for e in by_url.values()] == [0, 0]
+        assert fleet.router._pools["batch"].lent == 0
+
+
+async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(lend_back_config()) as fleet:
+        refused: list[str] = []
+        for url in BATCH_URLS:  # the first call to a batch endpoint is refused before any response: retried elsewhere
+            client = fleet.router._endpoints[url].client
+            inner = client._transport  # wrap its transport to refuse one call
+
+            async def refuse_once(request: httpx.Request, inner: httpx.AsyncBaseTransport = inner, url: str = url) -> httpx.Response:
+                if not refused:
+                    refused.append(url)
+                    raise httpx.ConnectError("connection refused", request=request)
+                return await inner.handle_async_request(request)
+
+            client._transport = httpx.MockTransport(refuse_once)
+        async with trio.open_nursery() as nursery:
+            for i in range(2):  # interactive's own seat, then one borrowed, refused on its first endpoint
+                nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=64, request_id=f"i{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            assert len(refused) == 1
+            first, second = (fleet.router._endpoints[url] for url in sorted(BATCH_URLS, key=lambda u: u != refused[0]))
+            assert (first.borrowed, first.in_flight, second.borrowed, second.in_flight) == (0, 0, 1, 1)
+            # the pool's own request now avoids the endpoint the borrowed seat moved to
+            nursery.start_soon(run_to_end, fleet.router, chat("job", max_tokens=LONG_OUTPUT, request_id="b"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert (first.in_flight, second.in_flight) == (1, 1)
+        assert (first.borrowed, second.borrowed, first.in_flight, second.in_flight) == (0, 0, 0, 0)
