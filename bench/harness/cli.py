@@ -1,17 +1,32 @@
-"""The drivers' command lines: the options they share, and ``main()``'s Trio run that stops cleanly on Ctrl-C."""
+"""The drivers' command lines: the options they share, and ``main()``'s Trio run that stops cleanly on Ctrl-C and reports."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import Field, asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import trio
 
+from bench.harness.report import write_report
+
 T = TypeVar("T")
 N = TypeVar("N", int, float)
+
+
+class Timed(Protocol):
+    """A driver's result: a dataclass with the run's wall time in it."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    wall_s: float
+
+
+R = TypeVar("R", bound=Timed)
+
 
 def interrupted(error: BaseException) -> bool:
     """Whether ``error`` is Ctrl-C, possibly wrapped in Trio's exception groups."""
@@ -34,6 +49,24 @@ def run_trio(measure: Callable[..., Awaitable[T]], *args: Any, said: str, **kwar
             raise
         print(f"\ninterrupted; {said}", file=sys.stderr)
         return None
+
+
+def run_and_report(
+    measure: Callable[..., Awaitable[R]], *args: Any, said: str, render: Callable[[R], str], out: Path, stem: str, **kwargs: Any
+) -> int:
+    """The end of a driver's ``main()``: ``run_trio``, the wall time into ``wall_s``, the report printed and written to ``out/STEM.{json,md}``.
+
+    Returns the exit status: 0, or 130 on Ctrl-C (nothing written).
+    """
+    started = time.perf_counter()
+    result = run_trio(measure, *args, said=said, **kwargs)
+    if result is None:
+        return 130
+    result.wall_s = time.perf_counter() - started
+    report = render(result)
+    print(report)
+    write_report(out, stem, asdict(result), report)
+    return 0
 
 
 def driver_parser(name: str, doc: str | None) -> argparse.ArgumentParser:

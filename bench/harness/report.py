@@ -3,12 +3,35 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from bench.harness.procs import PROJECT_ROOT
+from tailguard.sim.virtual.mix import percentile
+
+
+class LatencyMs(TypedDict):
+    """A run's latency summary, in ms: the fields of that name in every closed- and open-loop result."""
+
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+
+
+def latency_ms(ordered: Sequence[float]) -> LatencyMs:
+    """``LatencyMs`` of latencies in seconds, already sorted (NaN everywhere when there are none)."""
+    n = len(ordered)
+    return LatencyMs(
+        p50_ms=percentile(ordered, 50) * 1000,
+        p99_ms=percentile(ordered, 99) * 1000,
+        mean_ms=sum(ordered) / n * 1000 if n else math.nan,
+        max_ms=ordered[-1] * 1000 if n else math.nan,
+    )
 
 
 def write_json(path: Path, payload: object) -> None:

@@ -18,7 +18,6 @@ here (client, processes, config) are shared with ``bench.tail.quick_mixed``.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -34,10 +33,9 @@ from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http
 from bench.harness.clocks import CpuClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
-from bench.harness.report import cores_cell, maybe, md_table, save_json
+from bench.harness.report import cores_cell, latency_ms, maybe, md_table, save_json
 from tailguard.sim import SimResponse
 from tailguard.sim.http import serve as serve_sim
-from tailguard.sim.virtual.mix import percentile
 
 DEFAULT_JSON = RESULTS_ROOT / "router_overhead.json"
 
@@ -144,10 +142,7 @@ class RunResult:
             requests=n,
             errors=tally.errors,
             wall_s=wall,
-            p50_ms=percentile(latencies, 50) * 1000,
-            p99_ms=percentile(latencies, 99) * 1000,
-            mean_ms=sum(latencies) / n * 1000 if n else math.nan,
-            max_ms=latencies[-1] * 1000 if n else math.nan,
+            **latency_ms(latencies),
             req_per_s=n / wall,
             cores=after.cores_since(before),
             router_cpu_ms_per_request=after.seconds_since(before)[router] / n * 1000 if through_router and n else None,

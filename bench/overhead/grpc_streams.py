@@ -59,24 +59,12 @@ from typing import IO
 import grpc
 import trio
 
+from bench.harness import procs
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.client import CALL_TIMEOUT_S, CHAT_PATH, HOST, KeepAliveClient, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    ProcSample,
-    free_ports,
-    log_tail,
-    proc_sample,
-    raise_nofile,
-    start_process,
-    start_simulator,
-    start_tailguard,
-    stop,
-    wait_ready,
-)
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import Target, cores_cell, maybe, md_table, save_json, targets_table
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop, runs_table
@@ -84,7 +72,7 @@ from bench.overhead.load import StreamRun, sse_streams
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
-DEFAULT_JSON = RESULTS_ROOT / "grpc_overhead.json"
+DEFAULT_JSON = procs.RESULTS_ROOT / "grpc_overhead.json"
 
 # The issue's targets.
 TARGET_CALLS_PER_S = 2_500
@@ -316,7 +304,7 @@ class OpenStreams:
     fds_back_to_baseline: bool
     fds_left_above_baseline: int
     unary_call_ok_after: bool
-    samples: list[ProcSample]  # before, during the ramp (peak), held, after
+    samples: list[procs.ProcSample]  # before, during the ramp (peak), held, after
     stopped_because: str
 
 
@@ -365,7 +353,7 @@ def write_config(path: Path, ports: Ports, streams_open: int) -> None:
 
 async def measure(options: Options, aio: AsyncioThread, nofile: int) -> Result:
     """Start both simulators and tailguard, run the three phases, tear everything down."""
-    fast, http, grpc_port, *slow_ports = free_ports(3 + options.open_endpoints)
+    fast, http, grpc_port, *slow_ports = procs.free_ports(3 + options.open_endpoints)
     ports = Ports(fast, http, grpc_port, tuple(slow_ports))
     with tempfile.TemporaryDirectory(prefix="tailguard-grpc-bench-") as tmp:
         config = Path(tmp) / "config.toml"
@@ -374,13 +362,13 @@ async def measure(options: Options, aio: AsyncioThread, nofile: int) -> Result:
         with logs["sim"].open("wb") as sim_out, logs["slow-sim"].open("wb") as slow_out, logs["tailguard"].open("wb") as tg_out:
             try:
                 async with trio.open_nursery() as nursery:
-                    sim = await start_simulator(nursery, [(ports.fast, "instant")], log=sim_out)
+                    sim = await procs.start_simulator(nursery, [(ports.fast, "instant")], log=sim_out)
                     slow = await start_slow_simulator(nursery, ports.slow, slow_out)
-                    await wait_ready(ports.fast, sim, "the simulator")
+                    await procs.wait_ready(ports.fast, sim, "the simulator")
                     for port in ports.slow:
-                        await wait_ready(port, slow, "the slow simulator")
-                    tg = await start_tailguard(nursery, config, log=tg_out)
-                    await wait_ready(ports.http, tg, "tailguard")
+                        await procs.wait_ready(port, slow, "the slow simulator")
+                    tg = await procs.start_tailguard(nursery, config, log=tg_out)
+                    await procs.wait_ready(ports.http, tg, "tailguard")
                     client = await aio.run(partial(GrpcClient.open, f"{HOST}:{ports.grpc}", options.channels))
                     try:
                         result = await _phases(options, aio, client, ports, sim, slow, tg, nofile)
@@ -390,11 +378,11 @@ async def measure(options: Options, aio: AsyncioThread, nofile: int) -> Result:
                     for process, name in ((tg, "tailguard"), (sim, "the simulator"), (slow, "the slow simulator")):
                         if process.returncode is not None:
                             raise RuntimeError(f"{name} exited with {process.returncode} during the run")
-                    await stop(tg)  # tailguard first: it must not see its backends vanish
+                    await procs.stop(tg)  # tailguard first: it must not see its backends vanish
                     nursery.cancel_scope.cancel()
             except Exception:
                 for name, path in logs.items():
-                    print(f"--- {name} log ---\n{log_tail(path)}", file=sys.stderr)
+                    print(f"--- {name} log ---\n{procs.log_tail(path)}", file=sys.stderr)
                 raise
     return result
 
@@ -403,7 +391,15 @@ async def start_slow_simulator(nursery: trio.Nursery, ports: Sequence[int], log:
     """Engines that step every 4 s with 20,000 seats each: streams stay open for minutes."""
     engines = ",".join(f"{port}:instant" for port in ports)
     command = [sys.executable, "-m", "tailguard.sim", "--engines", engines, *SLOW_ENGINE_ARGS]
-    return await start_process(nursery, command, log)
+    return await procs.start_process(nursery, command, log)
+
+
+def _progress(run: RunResult) -> str:
+    return f"  {run.target:>11} c={run.concurrency:<3} n={run.requests} P50 {run.p50_ms:.2f} ms P99 {run.p99_ms:.2f} ms {run.req_per_s:,.0f} calls/s"
+
+
+def _stream_progress(run: StreamRun) -> str:
+    return f"  {run.target:>11} {run.streams} streams: {run.chunks_per_s:,.0f} chunks/s, {run.errors} errors"
 
 
 async def _phases(
@@ -522,7 +518,7 @@ async def open_streams(aio: AsyncioThread, client: GrpcClient, count: int, endpo
     request = chat_request(OPEN_MAX_TOKENS)
     call_timeout = RAMP_TIMEOUT_S + HOLD_S + 30.0
     start = time.perf_counter()
-    before = peak = proc_sample(tg_pid, "before", start, 0)
+    before = peak = procs.proc_sample(tg_pid, "before", start, 0)
     cpu_start = CpuClock.read(pids)
     async with trio.open_nursery() as holders:
         holders.start_soon(aio.run, partial(hold_streams, client, request, count, call_timeout, tally))
@@ -533,7 +529,7 @@ async def open_streams(aio: AsyncioThread, client: GrpcClient, count: int, endpo
             while True:
                 await trio.sleep(SAMPLE_EVERY_S)
                 now = time.perf_counter()
-                sample = proc_sample(tg_pid, "peak (ramp + hold)", start, tally.open)
+                sample = procs.proc_sample(tg_pid, "peak (ramp + hold)", start, tally.open)
                 peak = higher(peak, sample)
                 if now - printed_at >= PROGRESS_EVERY_S:
                     print(f"  open streams: {tally.open:,} open, {tally.failed} failed, RSS {sample.rss_mib:,.0f} MiB", file=sys.stderr, flush=True)
@@ -548,7 +544,7 @@ async def open_streams(aio: AsyncioThread, client: GrpcClient, count: int, endpo
         peak = await hold_peak(tg_pid, peak, start, lambda: tally.open, HOLD_S, SAMPLE_EVERY_S)
         cpu_held = CpuClock.read(pids)
         hold_chunks = tally.chunks - chunks_at
-        held = proc_sample(tg_pid, "held", start, tally.open)
+        held = procs.proc_sample(tg_pid, "held", start, tally.open)
         open_at_hold_end = tally.open
         cancel_at = time.perf_counter()
         holders.cancel_scope.cancel()
@@ -687,14 +683,6 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _progress(run: RunResult) -> str:
-    return f"  {run.target:>11} c={run.concurrency:<3} n={run.requests} P50 {run.p50_ms:.2f} ms P99 {run.p99_ms:.2f} ms {run.req_per_s:,.0f} calls/s"
-
-
-def _stream_progress(run: StreamRun) -> str:
-    return f"  {run.target:>11} {run.streams} streams: {run.chunks_per_s:,.0f} chunks/s, {run.errors} errors"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("grpc-overhead", __doc__)
     add_json_arg(parser, DEFAULT_JSON)
@@ -720,7 +708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.open_endpoints = max(1, math.ceil(args.streams_open / STREAMS_PER_ENDPOINT))
     if args.streams_open < 0 or args.channels < 1 or args.open_endpoints < 1:
         parser.error("--streams-open must be >= 0, --channels and --open-endpoints >= 1")
-    nofile = raise_nofile(4 * args.streams_open + 4096)
+    nofile = procs.raise_nofile(4 * args.streams_open + 4096)
     if nofile < args.streams_open + 1024:  # tailguard and the slow simulator each hold one socket per stream
         print(f"warning: RLIMIT_NOFILE is {nofile}; {args.streams_open:,} streams may run out of sockets", file=sys.stderr)
     options = Options(args.streams_open, args.open_endpoints, args.channels, args.py_spy)

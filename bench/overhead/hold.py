@@ -66,30 +66,19 @@ import trio
 import trio.lowlevel
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.cli import add_out_arg, add_seconds_arg, driver_parser, run_trio
+from bench.harness import procs
+from bench.harness.cli import add_out_arg, add_seconds_arg, driver_parser, run_and_report
 from bench.harness.client import CHAT_PATH, EVENT, HOST, KeepAliveClient, LoadCounters, ProtocolError, http_request, sse_client
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import (
-    RESULTS_ROOT,
-    ProcSample,
-    free_ports,
-    log_tail,
-    proc_sample,
-    raise_nofile,
-    start_process,
-    start_simulator,
-    stop,
-    wait_ready,
-)
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
-from bench.harness.report import code_version, write_report
+from bench.harness.report import code_version
 from bench.overhead.closed_loop import MESSAGE
 from tailguard.sim.virtual.mix import percentile
 
 T = TypeVar("T")
 
-RESULTS_DIR = RESULTS_ROOT / "hold"
+RESULTS_DIR = procs.RESULTS_ROOT / "hold"
 GC_METRIC = "tailguard_gc_pause_seconds"
 
 HOLD_MAX_TOKENS = 256  # above the interactive class's 128: the batch class, the slow engines' pool
@@ -149,7 +138,7 @@ def router_child(argv: Sequence[str]) -> int:
     from tailguard.server.cli import main as tailguard_main
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    raise_nofile(hard)
+    procs.raise_nofile(hard)
     wanted = None if argv[0] == "server" else _thresholds(argv[0])
     threading.Thread(target=_impose_threshold, args=(wanted,), name="bench-gc-threshold", daemon=True).start()
     return tailguard_main(list(argv[1:]))
@@ -179,14 +168,14 @@ async def start_router(nursery: trio.Nursery, config: Path, thresholds: tuple[in
     spec = "server" if thresholds is None else ",".join(map(str, thresholds))
     command = [sys.executable, "-c", _CHILD_ENTRY, spec, "serve", "--config", str(config), "--no-grpc", "--log-level", "WARNING"]
     with log.open("ab") as out:  # the child holds its own descriptor
-        return await start_process(nursery, command, out)
+        return await procs.start_process(nursery, command, out)
 
 
 async def thresholds_in_force(log: Path, process: trio.Process) -> str:
     """The child's line saying which GC thresholds are in force (bounded wait), e.g. "(700, 20, 100) in force (...)"."""
     with trio.move_on_after(5.0):
         while process.returncode is None:
-            for line in log_tail(log).splitlines():
+            for line in procs.log_tail(log).splitlines():
                 if line.startswith(THRESHOLD_LOG):
                     return line[len(THRESHOLD_LOG) :].strip()
             await trio.sleep(0.05)
@@ -436,7 +425,7 @@ class HoldRun:
     gc: list[GcPauses]  # while held
     settle_s: float
     fds_left_above_idle: int
-    samples: list[ProcSample]  # idle, peak (ramp + hold), held, after
+    samples: list[procs.ProcSample]  # idle, peak (ramp + hold), held, after
     latencies: list[Latencies]  # the streams' heads and first events; /health of the router and of one engine during ramp + hold
     router_log_tail: str  # its warnings, if any
 
@@ -467,7 +456,7 @@ async def hold_phase(
     """Open N streams (paced), hold them while they relay, close them all; sample the router throughout."""
     await trio.sleep(1.0)  # start-up garbage collected, health checks settled
     start = time.perf_counter()
-    idle = proc_sample(tg.pid, "idle", start, 0)
+    idle = procs.proc_sample(tg.pid, "idle", start, 0)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     fit = (hard - idle.fds - FD_MARGIN) // 2
     target = min(options.streams, fit)
@@ -495,7 +484,7 @@ async def hold_phase(
                 await trio.sleep(0.01)
                 now = time.perf_counter()
                 if now - sampled_at >= SAMPLE_EVERY_S:
-                    peak = higher(peak, proc_sample(tg.pid, "peak (ramp + hold)", start, tally.open))
+                    peak = higher(peak, procs.proc_sample(tg.pid, "peak (ramp + hold)", start, tally.open))
                     sampled_at = now
                 if now - printed_at >= PROGRESS_EVERY_S:
                     print(f"  hold: {tally.open:,} open, {tally.failed} failed, RSS {peak.rss_mib:,.0f} MiB peak", file=sys.stderr, flush=True)
@@ -510,7 +499,7 @@ async def hold_phase(
         gc_after, cpu_held = await scrape_gc(port), CpuClock.read(pids)
         busy = MachineClock.read().cores_since(machine)
         events = tally.events - events_before
-        held = proc_sample(tg.pid, "held", start, tally.open)
+        held = procs.proc_sample(tg.pid, "held", start, tally.open)
         peak = higher(peak, held)
         open_at_end = tally.open
         print(f"  hold: {open_at_end:,} open for {options.seconds:g} s, RSS {held.rss_mib:,.0f} MiB; closing them", file=sys.stderr, flush=True)
@@ -550,7 +539,7 @@ async def hold_phase(
         settle_s=settle_s,
         fds_left_above_idle=max(0, after.fds - idle.fds),
         samples=[idle, replace(peak, moment="peak (ramp + hold)"), held, after],
-        router_log_tail=log_tail(log)[-1500:],
+        router_log_tail=procs.log_tail(log)[-1500:],
         latencies=[
             Latencies.of("stream: connect + send to the response head (as the client saw it)", tally.head_s),
             Latencies.of("stream: connect + send to the first SSE event (as the client saw it)", tally.first_event_s),
@@ -610,7 +599,7 @@ async def relay_window(port: int, pid: int, pids: dict[str, int], warmup: float,
         router_cores=cpu / wall,
         router_cpu_us_per_event=cpu / events * 1e6 if events else None,
         machine_busy_cores=busy,
-        rss_mib_end=proc_sample(pid, "end", 0.0, 0).rss_mib,
+        rss_mib_end=procs.proc_sample(pid, "end", 0.0, 0).rss_mib,
         gc=gc_delta(gc_before, gc_after, wall),
     )
 
@@ -634,7 +623,7 @@ class Result:
 async def measure(options: Options) -> Result:
     """Start the engines, then a router for the hold and one per GC threshold; tear everything down on every path."""
     engines = max(1, math.ceil(options.streams / STREAMS_PER_ENGINE))
-    http_port, grpc_port, instant, *slow = free_ports(3 + engines)
+    http_port, grpc_port, instant, *slow = procs.free_ports(3 + engines)
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="tailguard-hold-") as tmp:
         config = Path(tmp) / "config.toml"
@@ -643,16 +632,16 @@ async def measure(options: Options) -> Result:
         try:
             with logs["simulator"].open("wb") as sim_out, logs["slow-simulator"].open("wb") as slow_out:
                 async with trio.open_nursery() as nursery:
-                    sim = await start_simulator(nursery, [(instant, "instant")], log=sim_out)
+                    sim = await procs.start_simulator(nursery, [(instant, "instant")], log=sim_out)
                     slow_args = ["--max-num-seqs", "20000", "--base-ms", f"{options.step_ms:g}", "--kv-cache-tokens", "100000000"]
                     slow_sims: dict[str, trio.Process] = {}
                     for first in range(0, len(slow), ENGINES_PER_SIMULATOR):
                         spec = ",".join(f"{port}:instant" for port in slow[first : first + ENGINES_PER_SIMULATOR])
                         command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, *slow_args]
-                        slow_sims[f"{SLOW_SIM} {len(slow_sims) + 1}"] = await start_process(nursery, command, slow_out)
-                    await wait_ready(instant, sim, "the simulator")
+                        slow_sims[f"{SLOW_SIM} {len(slow_sims) + 1}"] = await procs.start_process(nursery, command, slow_out)
+                    await procs.wait_ready(instant, sim, "the simulator")
                     for index, port in enumerate(slow):
-                        await wait_ready(port, slow_sims[f"{SLOW_SIM} {index // ENGINES_PER_SIMULATOR + 1}"], "a slow simulator")
+                        await procs.wait_ready(port, slow_sims[f"{SLOW_SIM} {index // ENGINES_PER_SIMULATOR + 1}"], "a slow simulator")
                     slow_pids = {name: process.pid for name, process in slow_sims.items()}
                     hold = None
                     if options.streams > 0:
@@ -680,7 +669,7 @@ async def measure(options: Options) -> Result:
                     nursery.cancel_scope.cancel()
         except Exception:
             for name, path in logs.items():
-                print(f"--- {name} log ---\n{log_tail(path)}", file=sys.stderr)
+                print(f"--- {name} log ---\n{procs.log_tail(path)}", file=sys.stderr)
             raise
     params: dict[str, object] = {k: (list(v) if isinstance(v, (tuple, list)) else str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
     return Result(code_version(), len(os.sched_getaffinity(0)), load_start, os.getloadavg(), resource.getrlimit(resource.RLIMIT_NOFILE), params, hold, relay)
@@ -697,12 +686,12 @@ async def _with_router(
     """Start a router, wait until it listens and says its GC thresholds, ``run(tg, pids, said)``, stop it."""
     async with trio.open_nursery() as nursery:
         tg = await start_router(nursery, config, thresholds, log)
-        await wait_ready(port, tg, "tailguard")
+        await procs.wait_ready(port, tg, "tailguard")
         said = await thresholds_in_force(log, tg)
         result = await run(tg, {**pids, "tailguard": tg.pid}, said)
         if tg.returncode is not None:
             raise RuntimeError(f"tailguard exited with {tg.returncode} during the run")
-        await stop(tg)
+        await procs.stop(tg)
         nursery.cancel_scope.cancel()
     log.write_bytes(b"")  # the next router's lines only
     return result
@@ -839,23 +828,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.streams, args.seconds, args.step_ms, args.read_pause, gc_threshold, relay_gen0, (older[0], older[1]), args.relay_warmup, args.relay_seconds, args.out
     )
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    raise_nofile(hard)  # children inherit it: the router and the slow engines hold a socket per stream
-    started = time.perf_counter()
+    procs.raise_nofile(hard)  # children inherit it: the router and the slow engines hold a socket per stream
     # This process holds a socket and a task per stream: its own collections
     # (default thresholds, a big heap) would stall the client and its probes,
     # and show as the router's latency. Its garbage waits for the end.
     gc.freeze()
     gc.disable()
     try:
-        result = run_trio(measure, options, said="the simulators and the router were stopped")
+        return run_and_report(measure, options, said="the simulators and the router were stopped", render=render, out=args.out, stem="hold")
     finally:
         gc.enable()
         gc.unfreeze()
-    if result is None:
-        return 130
-    result.wall_s = time.perf_counter() - started
-    report = render(result)
-    print(report)
-    write_report(args.out, "hold", asdict(result), report)
-    return 0
 

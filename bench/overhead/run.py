@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import math
 import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -48,7 +46,7 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.cli import add_out_arg, add_seconds_arg, add_seed_arg, add_warmup_arg, comma_separated, driver_parser, run_trio
+from bench.harness.cli import add_out_arg, add_seconds_arg, add_seed_arg, add_warmup_arg, comma_separated, driver_parser, run_and_report
 from bench.harness.client import CHAT_PATH, HOST, ConnectionPool, KeepAliveClient, http_request
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
@@ -64,7 +62,7 @@ from bench.harness.procs import (
     stop,
     wait_ready,
 )
-from bench.harness.report import Target, code_version, cores_cell, maybe, md_table, targets_table, write_report
+from bench.harness.report import Target, code_version, cores_cell, latency_ms, maybe, md_table, targets_table
 from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
 from bench.overhead.grpc_streams import WARMUP_CALLS, WARMUP_SECONDS, GrpcClient, StreamRun, chat_request, grpc_closed_loop, run_result
@@ -292,6 +290,18 @@ async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, port
     )
 
 
+def _open_progress(r: OpenRun) -> str:
+    return f"  open {r.path:>14} {r.rate:g}/s: n={r.completed} P50 {r.p50_ms:.2f} P99 {r.p99_ms:.2f} ms, lag P99 {r.lag_p99_ms:.2f} ms, router {_router_cores(r.cores, r.path):.2f} cores"
+
+
+def _sat_progress(r: RunResult) -> str:
+    return f"  saturation {r.target:>14}: {r.req_per_s:,.0f} req/s, router {_router_cores(r.cores, r.target):.2f} cores, client {r.cores['client']:.2f}"
+
+
+def _sse_progress(s: StreamRun) -> str:
+    return f"  sse {s.target:>14} {s.streams} streams: {s.chunks_per_s:,.0f} events/s, router {_router_cores(s.cores, s.target):.2f} cores, {s.errors} errors"
+
+
 async def open_loop_phase(options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int]) -> list[OpenRun]:
     """Every rate, every path, the same Poisson arrivals; unmeasured warm-up at the same rate before each run."""
     payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS}
@@ -428,10 +438,7 @@ def _open_run(path: str, rate: float, arrivals: int, tally: OpenTally, before: C
         unfinished=arrivals - n - tally.errors - tally.dropped,
         connections=tally.connections,
         wall_s=wall,
-        p50_ms=percentile(latencies, 50) * 1000,
-        p99_ms=percentile(latencies, 99) * 1000,
-        mean_ms=sum(latencies) / n * 1000 if n else math.nan,
-        max_ms=latencies[-1] * 1000 if n else math.nan,
+        **latency_ms(latencies),
         lag_p50_ms=percentile(lags, 50) * 1000,
         lag_p99_ms=percentile(lags, 99) * 1000,
         cores=after.cores_since(before),
@@ -618,18 +625,6 @@ def _rel(path: str) -> str:
     return path.rsplit("/work/main/", 1)[-1]
 
 
-def _open_progress(r: OpenRun) -> str:
-    return f"  open {r.path:>14} {r.rate:g}/s: n={r.completed} P50 {r.p50_ms:.2f} P99 {r.p99_ms:.2f} ms, lag P99 {r.lag_p99_ms:.2f} ms, router {_router_cores(r.cores, r.path):.2f} cores"
-
-
-def _sat_progress(r: RunResult) -> str:
-    return f"  saturation {r.target:>14}: {r.req_per_s:,.0f} req/s, router {_router_cores(r.cores, r.target):.2f} cores, client {r.cores['client']:.2f}"
-
-
-def _sse_progress(s: StreamRun) -> str:
-    return f"  sse {s.target:>14} {s.streams} streams: {s.chunks_per_s:,.0f} events/s, router {_router_cores(s.cores, s.target):.2f} cores, {s.errors} errors"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("overhead", __doc__)
     parser.add_argument("--rates", type=comma_separated(float), default="100,400", help="comma-separated open-loop rates, req/s (default %(default)s)")
@@ -663,14 +658,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates, args.seconds, args.warmup, args.sat_seconds, streams, args.sse_warmup, args.sse_seconds, args.profile_seconds, args.seed, args.out, peer
     )
     raise_nofile(8192)  # children inherit it: 256 streams are 512 sockets in tailguard
-    started = time.perf_counter()
     with AsyncioThread() as aio:
-        result = run_trio(measure, options, aio, said="the simulator and the routers were stopped")
-    if result is None:
-        return 130
-    result.wall_s = time.perf_counter() - started
-    report = render(result)
-    print(report)
-    write_report(args.out, "overhead", asdict(result), report)
-    return 0
+        return run_and_report(measure, options, aio, said="the simulator and the routers were stopped", render=render, out=args.out, stem="overhead")
 

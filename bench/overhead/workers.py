@@ -33,7 +33,6 @@ import signal
 import socket
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -43,11 +42,11 @@ from typing import IO
 import trio
 
 from bench.harness import procs
-from bench.harness.cli import add_out_arg, add_seconds_arg, add_warmup_arg, driver_parser, run_trio
+from bench.harness.cli import add_out_arg, add_seconds_arg, add_warmup_arg, driver_parser, run_and_report
 from bench.harness.client import CHAT_PATH, HOST, http_request
 from bench.harness.clocks import MachineClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.report import code_version, git_commit, write_report
+from bench.harness.report import code_version, git_commit
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, measure_closed_loop
 from bench.overhead.run import find_peer, peer_command, peer_version
 
@@ -247,6 +246,7 @@ async def measure(options: Options, result: Result) -> Result:
                 print(f"--- simulator log ---\n{procs.log_tail(sim_log)}\n--- set-ups' log ---\n{procs.log_tail(setup_log)}", file=sys.stderr)
                 raise
     result.ratios = _ratios(result.rows)
+    result.load_average_end = _load_average()  # every process of the run has stopped
     return result
 
 
@@ -393,12 +393,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         parameters={**asdict(options), "peer": str(peer), "concurrencies": list(options.concurrencies)},
         load_average_start=_load_average(),
     )
-    started = time.perf_counter()
     said = "the simulator, vllm-router and tailguard (supervisor, workers, redis-server) were stopped"
-    if run_trio(measure, options, result, said=said) is None:
-        return 130
-    result.load_average_end, result.wall_s = _load_average(), time.perf_counter() - started
-    report = render(result)
-    print(report)
-    write_report(args.out, "workers", asdict(result), report)
-    return 0
+    return run_and_report(measure, options, result, said=said, render=render, out=args.out, stem="workers")

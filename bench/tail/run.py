@@ -52,12 +52,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, TypeVar
 
 import trio
 
@@ -84,6 +84,8 @@ from tailguard.router.limits import effective_max_tokens
 from tailguard.sim.params import PROFILES, EngineParams
 from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, body_for, percentile, pooled_capacity, shapes_by_class
 from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
+
+T = TypeVar("T")
 
 RESULTS = RESULTS_ROOT / "tail"
 DEFAULT_SETUPS = ("shared", "priority", "disaggregated", "split-direct", "short-only")
@@ -812,19 +814,11 @@ def _lent_max(timeline: Sequence[Probe]) -> dict[str, float]:
 
 def _moves_in_log(router: _Router, wall_origin: float) -> list[tuple[float, str]]:
     """The router's rebalancing lines for this run: (real s after the start, message)."""
-    found: list[tuple[float, str]] = []
-    with router.log.open("rb") as log:
-        log.seek(router.log_from)
-        for line in log:
-            if b"rebalancing:" not in line:
-                continue
-            try:
-                row = json.loads(line)
-                stamp = datetime.fromisoformat(str(row["ts"]).replace("Z", "+00:00")).timestamp()
-            except (ValueError, KeyError, TypeError):
-                continue
-            found.append((round(stamp - wall_origin, 2), str(row.get("msg", ""))))
-    return found
+    def pick(row: dict[str, Any]) -> tuple[float, str]:
+        stamp = datetime.fromisoformat(str(row["ts"]).replace("Z", "+00:00")).timestamp()
+        return round(stamp - wall_origin, 2), str(row.get("msg", ""))
+
+    return list(router.log_rows(b"rebalancing:", pick))
 
 
 def _series(samples: Sequence[Sample], bin_gpu_s: float, scale: float) -> list[dict[str, object]]:
@@ -881,6 +875,19 @@ class _Router:
     process: trio.Process
     log: Path
     log_from: int
+
+    def log_rows(self, marker: bytes, pick: Callable[[dict[str, Any]], T]) -> Iterator[T]:
+        """``pick(row)`` for each JSON line of this set-up's log holding ``marker``; a line that does not parse, or lacks what ``pick`` reads, is skipped."""
+        with self.log.open("rb") as log:
+            log.seek(self.log_from)
+            for line in log:
+                if marker not in line:
+                    continue
+                try:
+                    picked = pick(json.loads(line))
+                except (ValueError, KeyError, TypeError):
+                    continue
+                yield picked
 
 
 @asynccontextmanager
@@ -1058,17 +1065,7 @@ async def _watch_engines(watch: EngineWatch, origin: float, keep: bool) -> None:
 
 def _join_access_log(router: _Router, samples: Sequence[Sample]) -> float:
     """Put the router's own end-to-end time (its access log) on each sample; the share of measured ones found."""
-    times: dict[str, float] = {}
-    with router.log.open("rb") as log:
-        log.seek(router.log_from)
-        for line in log:
-            if b'"tailguard.access"' not in line:
-                continue
-            try:
-                row = json.loads(line)
-                times[str(row["request_id"])] = float(row["e2e_ms"]) / 1000
-            except (ValueError, KeyError, TypeError):
-                continue
+    times = dict(router.log_rows(b'"tailguard.access"', lambda row: (str(row["request_id"]), float(row["e2e_ms"]) / 1000)))
     measured = [s for s in samples if s.measured]
     for s in samples:
         s.router_e2e = times.get(s.request_id)
