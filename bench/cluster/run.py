@@ -922,17 +922,17 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
         f"{label}: {role} {w['max_in_engine']}/{w['cap']} (first at {w['first_over_s']} s, {w['over_cap_looks']} looks)"
         for label, r in phases for role, w in r["engines"].items() if w["max_in_engine"] > w["cap"]
     ]
-    looks = sum(w["looks"] for _, r in phases for w in r["engines"].values())
-    intervals = [w["mean_interval_ms"] for _, r in phases for w in r["engines"].values()]
-    gap = max(w["longest_gap_ms"] for _, r in phases for w in r["engines"].values())
-    add("no engine ever above its cap (running + waiting, engines' /metrics)", not over,
-        f"{looks} looks, mean interval {min(intervals):.1f}-{max(intervals):.1f} ms, longest gap {gap:.0f} ms; "
-        + ("; ".join(over) if over else "max seen = cap at most"))
+    watched = [w for _, r in phases for w in r["engines"].values()]
+    if watched:  # the cost phase alone watches no engine: nothing to judge
+        intervals = [w["mean_interval_ms"] for w in watched]
+        add("no engine ever above its cap (running + waiting, engines' /metrics)", not over,
+            f"{sum(w['looks'] for w in watched)} looks, mean interval {min(intervals):.1f}-{max(intervals):.1f} ms, "
+            f"longest gap {max(w['longest_gap_ms'] for w in watched):.0f} ms; " + ("; ".join(over) if over else "max seen = cap at most"))
     key_over = [
         f"{label}: {k} {v['max_streaming']}/{v['cap']} for {v['longest_above_cap_ms']} ms"
         for label, r in phases for k, v in r["keys"].items() if v["max_streaming"] > v["cap"]
     ]
-    if o.get("key_caps", True):
+    if o.get("key_caps", True) and phases:
         add("no API key above its max_concurrency (client: first to last token of each 200)", not key_over, "; ".join(key_over) or "none")
     cost = result.get("ledger_cost")
     if cost:
