@@ -7,7 +7,7 @@ The cost model of one engine step (one forward pass of a continuous batch):
             + prefill tokens in the step / prefill_tokens_per_ms
             + per_context_token_ms * tokens of context the step attends to
 
-The figures are derived in the README ("Simulator calibration"): decode steps
+The figures are derived in docs/simulator.md ("Calibration"): decode steps
 of ~7.8 ms at batch 1 and ~29 ms at batch 256 with ~1k tokens of context per
 sequence, prefill at ~25k tokens/s, ~400k tokens of KV cache.
 
