@@ -319,10 +319,7 @@ async def _accept_export(method: str, path: str, headers: Mapping[str, str], bod
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("router-overhead", __doc__)
     parser.add_argument(
-        "--requests",
-        type=int,
-        default=10_000,
-        help="requests per measured run at the highest concurrency; concurrency 1 runs a fifth of it (default %(default)s)",
+        "--requests", type=int, default=10_000, help="requests per measured run at the highest concurrency; concurrency 1 runs a fifth of it (default %(default)s)"
     )
     add_seconds_arg(parser, 15.0, "time bound of each measured run")
     add_warmup_arg(parser, 500, "unmeasured requests before each run", int)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 import trio
 import trio.testing
 
-from bench.harness.cli import add_json_arg, add_seconds_arg, add_seed_arg, driver_parser, run_trio
+from bench.harness.cli import add_json_arg, add_seconds_arg, add_seed_arg, add_warmup_arg, driver_parser, run_trio
 from bench.harness.procs import RESULTS_ROOT
 from bench.harness.report import md_table, save_json
 from tailguard.sim.engine import Engine, Sequence
@@ -314,16 +314,9 @@ def payload_of(rows: Seq[Row], warmup: float, seconds: float, seed: int, wall: f
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("sim-profile", __doc__)
     add_seconds_arg(parser, 60.0, "simulated measurement window per row")
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=10.0,
-        help="simulated warm-up before each window; clients start spread over its first half (default %(default)s)",
-    )
+    add_warmup_arg(parser, 10.0, "simulated warm-up before each window; clients start spread over its first half")
     add_seed_arg(parser, 0, "the clients' start offsets")
-    parser.add_argument(
-        "--levels", default=",".join(map(str, LEVELS)), help="concurrency levels, comma-separated (default %(default)s)"
-    )
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels, comma-separated (default %(default)s)")
     add_json_arg(parser, DEFAULT_JSON)
     return parser
 
