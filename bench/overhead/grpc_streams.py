@@ -280,6 +280,16 @@ async def hold_streams(client: GrpcClient, request: pb.ChatRequest, count: int, 
 
 @dataclass
 class OpenStreams:
+    """Phase 3: many gRPC streams held open at once, then cancelled.
+
+    Deliberately parallel to ``bench.overhead.hold.HoldRun`` (the same
+    measurement over HTTP SSE): both are filled field by field from a stream
+    tally, CPU clocks and ``harness.ramp``'s samples, so their constructors
+    look alike. They stay two records because the committed JSON of each
+    (grpc_overhead.json, hold/hold.json) names its fields its own way; the
+    ramp, hold and settle rules they share are one copy, in ``harness.ramp``.
+    """
+
     requested: int
     max_tokens: int
     endpoints: int  # slow engines behind the batch pool

@@ -397,6 +397,14 @@ class HealthProbes:
 
 @dataclass
 class HoldRun:
+    """Phase 1: many HTTP SSE streams held open at once, then closed.
+
+    Deliberately parallel to ``bench.overhead.grpc_streams.OpenStreams`` (the
+    same measurement over gRPC), filled alike; two records because each
+    committed JSON names its fields its own way. What they share (ramp, hold,
+    settle) is one copy, in ``harness.ramp``.
+    """
+
     requested: int
     target: int  # requested, or fewer when the router's fd limit cannot hold them
     capped_because: str | None

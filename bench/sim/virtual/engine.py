@@ -175,6 +175,8 @@ class SweepEngine:
         self._alarm: Timer | None = None
         self._orders = itertools.count()
         self._ids = itertools.count()
+        # The counters of tailguard.sim.Engine, repeated on purpose (that engine's
+        # __init__ says why); bench/sweep/check.py compares the two engines' runs.
         self._steps = 0
         self._wakes = 0
         self._preemptions = 0
