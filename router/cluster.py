@@ -26,12 +26,17 @@ replicas: the ledger records the seats each replica uses, not only its grant.
 
 Priority across replicas: with a sync each replica publishes the best
 (lowest) class priority waiting for each pool, each of its endpoints and
-each API key. While another live replica has a more urgent request
-waiting, the ledger lets a replica keep only the seats it uses: the seats that free up go back at its next sync, and the
-short request on replica A gets them before the long one on replica B. While
-any request waits on another replica, every replica syncs ten times as
-often, so the seats come back within a few milliseconds; a seat freed on B
-between two syncs can still go to B's own waiter first. An idle replica
+each API key, and hears the best waiting on the others (``Yielding``).
+While another live replica has a more urgent request waiting, the ledger
+lets a replica keep only the seats it uses, and a seat that frees up on it
+goes to a request of its own only if that one is as urgent as the one
+elsewhere; otherwise the replica lowers its grant at once and syncs, and
+the short request on replica A gets the seat before the long ones queued
+on replica B. While any request waits on another replica, every replica
+syncs ten times as often, so the seat changes hands within a few
+milliseconds, and the yielding ends at the first sync after the request
+elsewhere is served. Between equally urgent waiters each replica serves
+its own first (no FIFO across replicas). An idle replica
 waits for nothing, so any waiter elsewhere is more urgent: it gives back
 the spare ``block`` seats it holds of that resource, and a replica with a
 long queue may grow past its block up to what the others use.
@@ -90,6 +95,8 @@ class Synced:
     elsewhere: list[int] = field(default_factory=list)  # per want: seats in use on the other live replicas
     # Per want: a more urgent request waits on another replica; the next sync gives back what is not in use.
     yielding: list[bool] = field(default_factory=list)
+    # Per want: the most urgent class priority waiting for it on the other live replicas (NO_WAITER: none).
+    urgent: list[int] = field(default_factory=list)
 
 
 class LedgerStore(Protocol):
@@ -98,6 +105,22 @@ class LedgerStore(Protocol):
     async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
         """Renew the replica's lease and record its grants; returns them, per want in order."""
         ...
+
+
+@dataclass(frozen=True)
+class Yielding:
+    """A request waits for a resource on another replica, as the last sync found: a seat freed here may be its.
+
+    A seat of the resource that frees up here goes to a request here only if
+    it is as urgent (class priority ``priority`` or lower); otherwise the
+    router lowers its grant to the seats still in use and calls
+    ``give_back(seats)``: the budget records the lower grant and syncs at
+    once, so the ledger can grant the seat to the other replica at its next
+    sync (a tenth of ``sync_interval`` while a request waits anywhere).
+    """
+
+    priority: int
+    give_back: Callable[[int], None] = field(repr=False)
 
 
 @dataclass
@@ -110,6 +133,8 @@ class Demand:
     waiting: int = 0
     best_waiting: int = NO_WAITER
     apply: Callable[[int], None] = field(default=lambda granted: None, repr=False)  # gives the router the grant
+    # Tells the router, after each sync, who waits for it elsewhere (None: nobody, or Redis is away).
+    yielding: Callable[[Yielding | None], None] = field(default=lambda way: None, repr=False)
 
 
 @dataclass
@@ -147,6 +172,7 @@ class SharedBudget:
         self.synced_from = -math.inf  # when the last sync that the ledger answered began
         self._elsewhere: dict[str, int] = {}  # per resource: seats in use on the other replicas, at the last sync
         self._yielding: set[str] = set()  # resources a more urgent request waits for elsewhere, at the last sync
+        self._given_back: set[str] = set()  # resources whose grant a freed seat lowered since this sync began
         self._keys: dict[str, KeySeats] = {}
 
     def key_seats(self, name: str, cap: int) -> KeySeats:
@@ -189,6 +215,7 @@ class SharedBudget:
         """One round trip: ask for what the demand needs, apply what the ledger granted."""
         now = trio.current_time()
         demands = self._demands()
+        self._given_back = set()  # lowered before now: the wants below carry it
         wants = []
         for demand in demands:
             want = self._want(demand, now)
@@ -221,10 +248,15 @@ class SharedBudget:
         self.synced_from = now
         self._short = False
         self._yielding = {d.resource for d, y in zip(demands, synced.yielding) if y}
-        for demand, seats, elsewhere in zip(demands, synced.grants, synced.elsewhere or [0] * len(demands)):
+        urgent = synced.urgent or [NO_WAITER] * len(demands)
+        for demand, seats, elsewhere, best in zip(demands, synced.grants, synced.elsewhere or [0] * len(demands), urgent):
             self._elsewhere[demand.resource] = elsewhere
             self._short |= demand.waiting > 0 and seats < min(demand.cap, demand.in_use + demand.waiting)
+            if demand.resource in self._given_back:
+                # A seat freed during the round trip went back: the answer, sent before, must not hand it out again.
+                seats = min(seats, self._grants.get(demand.resource, 0))
             self._set(demand, seats)
+            demand.yielding(None if best >= NO_WAITER else Yielding(best, self._giver(demand.resource)))
 
     def _want(self, demand: Demand, now: float) -> Want:
         config = self.config
@@ -234,6 +266,15 @@ class SharedBudget:
             # which it does not count yet: claim no more than this replica's own fallback cap.
             target = min(target, max(demand.in_use, self._grants.get(demand.resource, 0)))
         return Want(demand.resource, demand.cap, target, demand.best_waiting, demand.in_use)
+
+    def _giver(self, resource: str) -> Callable[[int], None]:
+        def give_back(seats: int) -> None:
+            """A seat freed here goes to a more urgent request elsewhere: record the lower grant, sync now."""
+            self._grants[resource] = min(self._grants.get(resource, 0), seats)
+            self._given_back.add(resource)
+            self.wake()
+
+        return give_back
 
     def _static(self, cap: int) -> int:
         return math.floor(cap * self.config.static_share + 1e-9)
@@ -253,6 +294,7 @@ class SharedBudget:
             # After the TTL every replica has fallen back: the static share itself.
             seats = static if settled else min(self._grants.get(demand.resource, 0), static)
             self._set(demand, seats)
+            demand.yielding(None)  # no news of the others: each replica serves its own share
 
     def _set(self, demand: Demand, seats: int) -> None:
         self._grants[demand.resource] = seats
@@ -284,12 +326,15 @@ class KeySeats:
         self.in_use = 0
         self.granted = 0
         self._budget = budget
+        self._yielding: Yielding | None = None  # a request of the key waits on another replica (the last sync)
         # A waiter's ticket: when it came ("full" counts only from a sync begun after it).
         self._queue: WaitQueue[bool, float] = WaitQueue(self._grant, max_waiting=1 << 30)
 
     def demand(self) -> Demand:
         urgent = self._queue.most_urgent()
-        return Demand(self.resource, self.cap, self.in_use, self._queue.waiting, NO_WAITER if urgent is None else urgent, self._apply)
+        return Demand(
+            self.resource, self.cap, self.in_use, self._queue.waiting, NO_WAITER if urgent is None else urgent, self._apply, self._yield
+        )
 
     async def take(self, priority: int, deadline: float, retry_after: float) -> None:
         """Take one seat of the key, waiting for the ledger until ``deadline`` if this replica has none free.
@@ -313,8 +358,18 @@ class KeySeats:
             raise self._over(f"already has {self.cap} requests in flight across the replicas, its cap", retry_after)
 
     def release(self) -> None:
-        """A request of the key ended: its seat goes to the next waiter here."""
+        """A request of the key ended: its seat goes to the next waiter here, unless a more urgent one waits elsewhere.
+
+        Then (``Yielding``) the grant falls to the seats in use and the ledger
+        hears of it at once, so the other replica's request gets the seat.
+        """
         self.in_use -= 1
+        way = self._yielding
+        if way is not None and self.in_use < self.granted:
+            urgent = self._queue.most_urgent()
+            if urgent is None or urgent > way.priority:
+                self.granted = self.in_use
+                way.give_back(self.in_use)
         self._queue.dispatch()
 
     def _grant(self, came: float) -> bool | None:
@@ -332,6 +387,9 @@ class KeySeats:
     def _apply(self, seats: int) -> None:
         self.granted = seats
         self._queue.dispatch()
+
+    def _yield(self, way: Yielding | None) -> None:
+        self._yielding = way
 
     def _over(self, why: str, retry_after: float) -> CallerOverLimit:
         return CallerOverLimit(f"the caller {self.name!r} {why}; retry after {retry_after:g} s", retry_after=retry_after)

@@ -28,24 +28,15 @@ from .auth import ANONYMOUS, Authenticator, Caller
 from .backend import BackendClient, BackendResponse, ModelLenUnknown
 from .backend_load import BackendLoad, scrape
 from .classify import classify, forced
+from .cluster import NO_WAITER, ClusterStatus, Demand, LedgerStore, SharedBudget, Yielding
 from .config_types import Config, EndpointConfig, PoolConfig
 from .discovery import Discovery, Found
-from .errors import (
-    BackendError,
-    BackendRejected,
-    BackendTimeout,
-    BackendUnavailable,
-    CallerOverLimit,
-    Draining,
-    Forbidden,
-    ModelNotFound,
-)
+from .errors import BackendError, BackendRejected, BackendTimeout, BackendUnavailable, CallerOverLimit, Draining, Forbidden, ModelNotFound
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
 from .model_len import context_fits
-from .cluster import NO_WAITER, ClusterStatus, Demand, LedgerStore, SharedBudget
 from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics, Ticket
 from .rebalance import Rebalancer
-from .request import Routing, RouterRequest
+from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
@@ -506,7 +497,7 @@ class Router:
 
         queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
         async with self._holding(caller, config.timeouts.retry_after, klass.priority, queue_deadline):
-            ticket = Ticket(klass.name, model, prompt_tokens, max_tokens)
+            ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority)
             if self._budget is not None and pool.in_flight >= pool.max_concurrency:
                 self._budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
             if trace is not None:
@@ -702,7 +693,15 @@ class Router:
             urgent = pool.queue.most_urgent()
             waiting = pool.queue.waiting
             demands.append(
-                Demand(f"pool:{pool.name}", pool.cluster_cap, pool.in_flight, waiting, NO_WAITER if urgent is None else urgent, pool.set_grant)
+                Demand(
+                    f"pool:{pool.name}",
+                    pool.cluster_cap,
+                    pool.in_flight,
+                    waiting,
+                    NO_WAITER if urgent is None else urgent,
+                    pool.set_grant,
+                    _yielding_of(pool),
+                )
             )
             for endpoint in pool.endpoints:
                 demands.append(
@@ -713,6 +712,7 @@ class Router:
                         waiting,
                         NO_WAITER if urgent is None else urgent,  # so idle replicas give back their blocks of it
                         _endpoint_grant(endpoint, pool),
+                        _yielding_of(endpoint),
                     )
                 )
         budget = self._budget
@@ -954,6 +954,15 @@ def _endpoint_grant(endpoint: Endpoint, pool: Pool) -> Callable[[int], None]:
     def apply(seats: int) -> None:
         endpoint.granted = seats
         pool.queue.dispatch()
+
+    return apply
+
+
+def _yielding_of(holder: Pool | Endpoint) -> Callable[[Yielding | None], None]:
+    """Who waits for ``holder``'s seats on other replicas, as each sync finds it (``Pool.yield_freed_seat`` reads it)."""
+
+    def apply(way: Yielding | None) -> None:
+        holder.yielding = way
 
     return apply
 

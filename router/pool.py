@@ -35,6 +35,7 @@ import trio
 
 from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
+from .cluster import Yielding
 from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig
 from .errors import NoBackend
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
@@ -81,6 +82,7 @@ class Endpoint:
         self.max_concurrency = config.max_concurrency
         self.movable = config.movable
         self.granted: int | None = None  # its seats this replica may use ([cluster]); None: all
+        self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
         self.in_flight = 0
         self.borrowed = 0  # of those, seats serving another pool's request (a lease with a borrower)
         self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
@@ -253,6 +255,7 @@ class Ticket:
     model: str
     prompt_tokens: int
     max_tokens: int
+    priority: int = 0  # the class's: a seat another replica's request waits for goes only to one as urgent
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,7 @@ class Lease:
         self.endpoint = endpoint
         self.client = endpoint.client
         self.client.leases += 1
+        self.pool.yield_freed_seat(old)
         self.pool.queue.dispatch()  # the old endpoint's seat may seat a waiter
         if old.pool is not None and old.pool is not self.pool:  # a reload moved it meanwhile
             old.pool.queue.dispatch()
@@ -350,6 +354,7 @@ class Lease:
         self.endpoint.seat_freed()
         self.endpoint.lease_ended(self.client)
         pool.seat_time.observe(trio.current_time() - self.granted_at)
+        pool.yield_freed_seat(self.endpoint)  # [cluster]: to a more urgent request on another replica
         pool.queue.dispatch()  # the pool's own requests first
         for borrower in pool.borrowers:  # then, if a seat is still idle, the pools it lends to
             borrower.queue.dispatch()
@@ -374,6 +379,8 @@ class Pool:
         self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
         self.cap_moved = 0  # seats of endpoints moved in, less those moved out, since the last reload
         self.granted: int | None = None  # this replica's share of the cap ([cluster]); None: all of it
+        self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
+        self._serving_up_to: int | None = None  # while a freed seat is offered: the least urgent priority that may take it
         self._rng = rng or random.Random()
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
@@ -392,6 +399,34 @@ class Pool:
         """This replica's share of the pool's cap changed: waiters get any room it opened."""
         self.granted = seats
         self.queue.dispatch()
+
+    def yield_freed_seat(self, endpoint: Endpoint) -> None:
+        """[cluster] A seat of this pool on ``endpoint`` just freed while a request waits for one on another replica.
+
+        ``yielding`` (the pool's cap) and ``endpoint.yielding`` (the endpoint's)
+        say, as of the last sync, how urgent the most urgent such request is.
+        The seat goes at once to a request here as urgent or more; the
+        others here -- less urgent, or another pool's borrowing this one's
+        idle seats, which come after the pool's own requests wherever those
+        wait -- get nothing: this replica's grant of each cap wanted
+        elsewhere falls to the seats in use, and ``give_back`` syncs at once,
+        so the ledger can grant the seat to the other replica. Nobody yields
+        while Redis is away (``yielding`` is None then).
+        """
+        ways = [way for way in (self.yielding, endpoint.yielding) if way is not None]
+        if not ways:
+            return
+        self._serving_up_to = min(way.priority for way in ways)
+        try:
+            self.queue.dispatch()  # only the requests as urgent: ``_seat`` skips the others
+        finally:
+            self._serving_up_to = None
+        if self.yielding is not None and self.granted is not None and self.in_flight < self.granted:
+            self.granted = self.in_flight
+            self.yielding.give_back(self.in_flight)
+        if endpoint.yielding is not None and endpoint.granted is not None and endpoint.in_flight < endpoint.granted:
+            endpoint.granted = endpoint.in_flight
+            endpoint.yielding.give_back(endpoint.in_flight)
 
     def reconfigure(self, config: PoolConfig, endpoints: list[Endpoint]) -> None:
         """Adopt a new config and endpoint set (a reload: moves are undone); waiters get any room it opens."""
@@ -502,6 +537,8 @@ class Pool:
         """A seat on an endpoint of this pool with room (``_place``), within the pool's and the class's caps."""
         if self.in_flight >= self.max_concurrency:
             return None
+        if self._serving_up_to is not None and ticket.priority > self._serving_up_to:
+            return SKIP  # a freed seat a more urgent request waits for on another replica
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
             return SKIP

@@ -13,8 +13,10 @@ replicas whose lease has lapsed are dropped on the way); while another live
 replica has a more urgent request waiting, a grant keeps only the seats the
 replica may be using until it hears the answer (``keep``: its grant during
 the round trip, then at its next sync the seats in use), so seats that free
-up go to that request. coredis
-(anyio, so it runs under Trio) speaks the protocol.
+up go to that request. Each answer also says, per resource, the most urgent
+priority waiting on the other replicas, so a seat freed between two syncs
+goes back too (``router.cluster.Yielding``). coredis (anyio, so it runs
+under Trio) speaks the protocol.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ local function is_alive(replica)
   end
   return alive[replica]
 end
+local no_waiter = tonumber(ARGV[#ARGV])
 local out = {}
 local contended = 0  -- 1 when a request waits on another replica: everyone syncs sooner
 for i = 0, n - 1 do
@@ -67,9 +70,11 @@ for i = 0, n - 1 do
     end
   end
   local wants = redis.call('HGETALL', wants_key)
+  local urgent = no_waiter  -- the most urgent priority waiting on another replica
   for j = 1, #wants, 2 do
     if wants[j] ~= me and is_alive(wants[j]) then
       contended = 1
+      urgent = math.min(urgent, tonumber(wants[j + 1]))
       if tonumber(wants[j + 1]) < urgency then
         -- a more urgent request waits elsewhere: this replica keeps only the seats it may be using
         -- until it hears this answer (its next sync gives back those it does not use)
@@ -80,7 +85,7 @@ for i = 0, n - 1 do
   end
   local granted = math.max(0, math.min(target, cap - others))
   redis.call('HSET', grants_key, me, granted)
-  if urgency < ARGV[#ARGV] + 0 then
+  if urgency < no_waiter then
     redis.call('HSET', wants_key, me, urgency)
   else
     redis.call('HDEL', wants_key, me)
@@ -93,6 +98,7 @@ for i = 0, n - 1 do
   out[#out + 1] = granted
   out[#out + 1] = elsewhere
   out[#out + 1] = yielding
+  out[#out + 1] = urgent
 end
 out[#out + 1] = contended
 return out
@@ -119,7 +125,11 @@ class RedisLedger:
         args.append(NO_WAITER)
         result = [int(value) for value in await self._script(keys=[], args=args)]
         return Synced(
-            grants=result[:-1:3], contended=bool(result[-1]), elsewhere=result[1:-1:3], yielding=[bool(y) for y in result[2:-1:3]]
+            grants=result[:-1:4],
+            contended=bool(result[-1]),
+            elsewhere=result[1:-1:4],
+            yielding=[bool(y) for y in result[2:-1:4]],
+            urgent=result[3:-1:4],
         )
 
     async def grants(self, resource: str) -> dict[str, int]:

@@ -8,13 +8,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import trio
+import trio.testing
 
 from tailguard.router.auth import Caller
 from tailguard.router.cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, Want
 from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, Config, TimeoutsConfig
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, ClusterConfig, Config, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import CallerOverLimit
+from tailguard.router.telemetry import RequestRecord
 from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
@@ -426,3 +428,131 @@ async def test_a_replica_with_a_queue_gets_more_than_its_block_of_an_endpoint_fr
     assert len(answered) == 8
     assert engines[INTERACTIVE_URL].statistics().max_running_seen == 8  # more than b's block of 4: a gave its seats back
     assert most[endpoint] <= 8 and most["pool:interactive"] <= 8
+
+
+def shared_pool_config(cap: int) -> Config:
+    """One pool (one engine of ``cap`` seats) serving a short class (priority 0) and a long one (priority 1)."""
+    base = two_pool_config(interactive_cap=cap)
+    classes = (ClassConfig("short", "interactive", 10.0, 0, 500, 128), ClassConfig("long", "interactive", 10.0, 1))
+    return dataclasses.replace(base, classes=classes)
+
+
+class Requests:
+    """Requests started by a test: each keeps its own record and can be ended (its client goes away) on demand."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self.records: dict[str, RequestRecord] = {}
+        self._scopes: dict[str, trio.CancelScope] = {}
+
+    def start(self, router: Router, request_id: str, max_tokens: int) -> None:
+        record = self.records[request_id] = RequestRecord(request_id, "http", trio.current_time())
+        scope = self._scopes[request_id] = trio.CancelScope()
+
+        async def run() -> None:
+            with scope:
+                async with router.open(chat(request_id, max_tokens=max_tokens, request_id=request_id), record=record) as completion:
+                    await completion.read()
+
+        self._nursery.start_soon(run)
+
+    def end(self, request_id: str) -> None:
+        self._scopes[request_id].cancel()
+
+    def admitted(self, request_id: str) -> bool:
+        return self.records[request_id].admitted_at is not None
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (polling every few ms, bounded by the caller's fail_after) until ``condition()`` holds."""
+    while not condition():
+        await trio.sleep(0.003)
+
+
+async def heard_of_a_waiter(router: Router, ledger: RedisLedger, namespace: str, resource: str, waiter: str) -> None:
+    """Until ``router`` has completed a sync begun after ``waiter``'s wait was in Redis's own want key."""
+    client = ledger._client  # Redis's keys, read as they are
+    while await client.hget(f"{namespace}:want:{resource}", waiter) is None:
+        await trio.sleep(0.003)
+    status = router.statistics().cluster
+    assert status is not None
+    seen = status.syncs
+    await until(lambda: router.statistics().cluster.syncs >= seen + 2)  # type: ignore[union-attr]
+
+
+LONG = 4000  # max_tokens of a long request: minutes on the engine, so it ends only when the test ends it
+SHORT = 16
+
+
+async def test_a_seat_freed_on_a_replica_goes_to_a_more_urgent_waiter_on_another_before_its_own_queue(redis: RedisServer) -> None:
+    """Finding 7: a runs and queues long requests, a short one waits on b; a's next freed seat is the short one's.
+
+    Engine cap 2, block 0. The router's own records say who was admitted when; Redis's grant keys never add up past 2.
+    """
+    engines, transports = shared_engines()
+    a, b = cluster_routers(redis, "f7", shared_pool_config(2), ["a", "b"], transports, block=0)
+    endpoint = f"endpoint:{INTERACTIVE_URL}"
+    most: dict[str, int] = {}
+    async with RedisLedger(redis.url, "f7") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        for router in (a, b):
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+        nursery.start_soon(watch_ledger, ledger, {endpoint: 2, "pool:interactive": 2}, most)
+        requests = Requests(nursery)
+        with trio.fail_after(10):
+            for name in ("L1", "L2"):
+                requests.start(a, name, LONG)
+            await until(lambda: engines[INTERACTIVE_URL].statistics().running == 2)
+            for name in ("L3", "L4"):
+                requests.start(a, name, LONG)
+            await until(lambda: a.statistics().pool("interactive").queue.waiting == 2)
+            requests.start(b, "S", SHORT)
+            await heard_of_a_waiter(a, ledger, "f7", "pool:interactive", "b")
+            assert not requests.admitted("S")
+            requests.end("L1")
+            await trio.testing.wait_all_tasks_blocked()
+            # The seat went back to the ledger, not to a's own long requests.
+            assert not requests.admitted("L3") and not requests.admitted("L4")
+            assert a.statistics().pool("interactive").max_concurrency == 1
+            queued_long = lambda: requests.admitted("L3") or requests.admitted("L4")  # noqa: E731
+            await until(lambda: requests.admitted("S") or queued_long())
+            assert requests.admitted("S") and not queued_long(), "a's own long request took the seat"
+            # Once the short request has ended and b waits for nothing, a's long ones get their seats back.
+            await until(queued_long)
+        records = requests.records
+        next_long = min(r.admitted_at for r in (records["L3"], records["L4"]) if r.admitted_at is not None)
+        assert records["S"].admitted_at is not None and records["S"].admitted_at < next_long
+        nursery.cancel_scope.cancel()
+    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2
+    assert most[endpoint] <= 2 and most["pool:interactive"] <= 2
+
+
+async def test_a_seat_freed_on_a_replica_goes_at_once_to_its_own_waiter_as_urgent_as_the_one_elsewhere(redis: RedisServer) -> None:
+    """A short request waits on a and on b: the seat a frees is a's short request's, in the release itself, no sync."""
+    engines, transports = shared_engines()
+    a, b = cluster_routers(redis, "f7b", shared_pool_config(2), ["a", "b"], transports, block=0)
+    most: dict[str, int] = {}
+    async with RedisLedger(redis.url, "f7b") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        for router in (a, b):
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+        nursery.start_soon(watch_ledger, ledger, {"pool:interactive": 2}, most)
+        requests = Requests(nursery)
+        with trio.fail_after(10):
+            for name in ("L1", "L2"):
+                requests.start(a, name, LONG)
+            await until(lambda: engines[INTERACTIVE_URL].statistics().running == 2)
+            requests.start(a, "L3", LONG)
+            requests.start(a, "Sa", SHORT)
+            await until(lambda: a.statistics().pool("interactive").queue.waiting == 2)
+            requests.start(b, "Sb", SHORT)
+            await heard_of_a_waiter(a, ledger, "f7b", "pool:interactive", "b")
+            requests.end("L1")
+            await trio.testing.wait_all_tasks_blocked()
+            assert requests.admitted("Sa") and not requests.admitted("Sb") and not requests.admitted("L3")
+            assert a.statistics().pool("interactive").max_concurrency == 2  # nothing given back
+        nursery.cancel_scope.cancel()
+    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2
+    assert most["pool:interactive"] <= 2
