@@ -137,6 +137,11 @@ class RedisLedger:
         raw = await self._client.hgetall(self._prefix + "grant:" + resource)
         return {str(k): int(v) for k, v in raw.items()}
 
+    async def wants(self, resource: str) -> dict[str, int]:
+        """Every replica's most urgent class priority waiting for ``resource`` (absent: none waits there)."""
+        raw = await self._client.hgetall(self._prefix + "want:" + resource)
+        return {str(k): int(v) for k, v in raw.items()}
+
     async def __aenter__(self) -> RedisLedger:
         await self._client.__aenter__()
         return self

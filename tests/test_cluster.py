@@ -469,10 +469,9 @@ async def until(condition: Callable[[], bool]) -> None:
         await trio.sleep(0.003)
 
 
-async def heard_of_a_waiter(router: Router, ledger: RedisLedger, namespace: str, resource: str, waiter: str) -> None:
+async def heard_of_a_waiter(router: Router, ledger: RedisLedger, resource: str, waiter: str) -> None:
     """Until ``router`` has completed a sync begun after ``waiter``'s wait was in Redis's own want key."""
-    client = ledger._client  # Redis's keys, read as they are
-    while await client.hget(f"{namespace}:want:{resource}", waiter) is None:
+    while waiter not in await ledger.wants(resource):
         await trio.sleep(0.003)
     status = router.statistics().cluster
     assert status is not None
@@ -508,7 +507,7 @@ async def test_a_seat_freed_on_a_replica_goes_to_a_more_urgent_waiter_on_another
                 requests.start(a, name, LONG)
             await until(lambda: a.statistics().pool("interactive").queue.waiting == 2)
             requests.start(b, "S", SHORT)
-            await heard_of_a_waiter(a, ledger, "f7", "pool:interactive", "b")
+            await heard_of_a_waiter(a, ledger, "pool:interactive", "b")
             assert not requests.admitted("S")
             requests.end("L1")
             await trio.testing.wait_all_tasks_blocked()
@@ -548,7 +547,7 @@ async def test_a_seat_freed_on_a_replica_goes_at_once_to_its_own_waiter_as_urgen
             requests.start(a, "Sa", SHORT)
             await until(lambda: a.statistics().pool("interactive").queue.waiting == 2)
             requests.start(b, "Sb", SHORT)
-            await heard_of_a_waiter(a, ledger, "f7b", "pool:interactive", "b")
+            await heard_of_a_waiter(a, ledger, "pool:interactive", "b")
             requests.end("L1")
             await trio.testing.wait_all_tasks_blocked()
             assert requests.admitted("Sa") and not requests.admitted("Sb") and not requests.admitted("L3")
