@@ -418,7 +418,7 @@ class Pool:
             return
         self._serving_up_to = min(way.priority for way in ways)
         try:
-            self.queue.dispatch()  # only the requests as urgent: ``_seat`` skips the others
+            self.queue.dispatch()  # only the requests as urgent: ``_seat`` stops at the first less urgent one
         finally:
             self._serving_up_to = None
         if self.yielding is not None and self.granted is not None and self.in_flight < self.granted:
@@ -538,7 +538,9 @@ class Pool:
         if self.in_flight >= self.max_concurrency:
             return None
         if self._serving_up_to is not None and ticket.priority > self._serving_up_to:
-            return SKIP  # a freed seat a more urgent request waits for on another replica
+            # A freed seat a more urgent request waits for on another replica; the queue is in priority
+            # order, so everyone behind this ticket is less urgent too: none of them gets it.
+            return None
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
             return SKIP
