@@ -131,6 +131,9 @@ async def sse_streams(
 async def py_spy_speedscope(pid: int, path: Path, seconds: float) -> bool:
     """``py-spy record --format speedscope`` of ``pid`` for ``seconds``; whether the file was written."""
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():  # the run's figures stand without it; say why there is no profile
+        print("warning: py-spy is not installed (pip install -e '.[bench]'): no router profile", file=sys.stderr)
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     command = [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "100", "--format", "speedscope", "--output", str(path)]
