@@ -50,7 +50,7 @@ total. It is *degraded*, not down. When the ledger answers again it claims
 no more than its fallback cap for ``2 x lease_ttl`` (while the others come
 back), and only then grows as usual: no seat is counted twice. A replica cut off from Redis while the others still reach it
 is the case this cannot make strict: after the TTL the others take back its
-grant while it still serves its static share (documented in the README).
+grant while it still serves its static share (documented in docs/replicas.md).
 """
 
 from __future__ import annotations
