@@ -82,14 +82,7 @@ async def serve_process(
     )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port or ports[0]}", timeout=30) as client:
-            with trio.fail_after(30):
-                while True:
-                    try:
-                        if (await client.get("/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.1)
+            await until_healthy(client, process)
             yield process, client
     finally:
         if process.poll() is None:
@@ -97,6 +90,18 @@ async def serve_process(
         process.wait()
         assert process.stdout is not None
         process.stdout.close()
+
+
+async def until_healthy(client: httpx.AsyncClient, process: subprocess.Popen[bytes], seconds: float = 30) -> None:
+    """Poll ``/health`` until it answers 200; fail at once if the process exits first."""
+    with trio.fail_after(seconds):
+        while True:
+            try:
+                if (await client.get("/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                assert process.poll() is None, f"tailguard exited with {process.returncode}"
+            await trio.sleep(0.1)
 
 
 async def exited(process: subprocess.Popen[bytes], timeout: float = 15) -> int:

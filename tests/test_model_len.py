@@ -31,6 +31,7 @@ from .sim_helpers import MODEL
 from .test_discovery import HOSTS, NAME, dns_server, pods, urls
 from .test_discovery import toml as dns_toml
 from .test_rebalance import CAP, SPARE_URL, interactive_load, movable_config
+from .test_reload import toml as reload_toml
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -38,33 +39,8 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 def toml(
     interactive: list[str], batch: list[str], *, interactive_len: int | None = None, batch_len: int | None = 32768, extra: str = ""
 ) -> str:
-    """Two pools; a ``*_len`` of None leaves that pool's max_model_len out of the file."""
-
-    def pool(name: str, urls: list[str], length: int | None) -> str:
-        endpoints = ", ".join(f'{{ url = "{u}", max_concurrency = 4 }}' for u in urls)
-        written = "" if length is None else f"max_model_len = {length}\n"
-        return f'[pools.{name}]\nmax_concurrency = {4 * max(1, len(urls))}\nmax_queue = 100\n{written}models = ["{MODEL}"]\nendpoints = [{endpoints}]\n'
-
-    return f"""
-[server]
-http_listen = "127.0.0.1:0"
-grpc_listen = "127.0.0.1:0"
-reload_poll_interval = 0
-
-{pool("interactive", interactive, interactive_len)}
-{pool("batch", batch, batch_len)}
-[classes.interactive]
-pool = "interactive"
-max_prompt_tokens = 500
-max_output_tokens = 128
-queue_timeout = 10.0
-priority = 0
-
-[classes.batch]
-pool = "batch"
-queue_timeout = 20.0
-priority = 1
-{extra}"""
+    """Two pools; the interactive one leaves max_model_len out (asked of its engines) unless given."""
+    return reload_toml(interactive, batch, extra=extra, interactive_len=interactive_len, batch_len=batch_len)
 
 
 def closed_port() -> int:

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import trio
 
-from .test_cli import config_on_free_ports, exited, free_port
+from .test_cli import config_on_free_ports, exited, free_port, until_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each installed package's source lives in the repository.
@@ -130,14 +129,7 @@ async def test_serve_simulate_answers_from_a_temporary_folder(installed: Path, t
     )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports[0]}", timeout=30) as client:
-            with trio.fail_after(40):
-                while True:
-                    try:
-                        if (await client.get("/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        assert process.poll() is None, "the installed tailguard exited"
-                    await trio.sleep(0.1)
+            await until_healthy(client, process, seconds=40)
             body = {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8, "stream": True}
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 assert response.status_code == 200

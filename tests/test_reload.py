@@ -19,11 +19,26 @@ from .sim_helpers import MODEL
 MESSAGES = [{"role": "user", "content": "Summarise the meeting notes."}]
 
 
-def toml(interactive: list[str], batch: list[str], *, poll: float = 0.0, extra: str = "", cap: int = 4) -> str:
-    """Two pools over the given endpoints, ``cap`` seats each, and the shipped classes."""
+def toml(
+    interactive: list[str],
+    batch: list[str],
+    *,
+    poll: float = 0.0,
+    extra: str = "",
+    cap: int = 4,
+    interactive_len: int | None = 32768,
+    batch_len: int | None = 32768,
+) -> str:
+    """Two pools over the given endpoints, ``cap`` seats each, and the shipped classes.
+
+    A ``*_len`` of None leaves that pool's max_model_len out (asked of its engines).
+    """
 
     def endpoints(urls: list[str]) -> str:
         return ", ".join(f'{{ url = "{u}", max_concurrency = {cap} }}' for u in urls)
+
+    def model_len(length: int | None) -> str:
+        return "" if length is None else f"max_model_len = {length}\n"
 
     return f"""
 [server]
@@ -33,15 +48,13 @@ reload_poll_interval = {poll}
 [pools.interactive]
 max_concurrency = {cap * len(interactive)}
 max_queue = 100
-max_model_len = 32768
-models = ["{MODEL}"]
+{model_len(interactive_len)}models = ["{MODEL}"]
 endpoints = [{endpoints(interactive)}]
 
 [pools.batch]
 max_concurrency = {cap * len(batch)}
 max_queue = 100
-max_model_len = 32768
-models = ["{MODEL}"]
+{model_len(batch_len)}models = ["{MODEL}"]
 simulate_profile = "throughput"
 endpoints = [{endpoints(batch)}]
 
