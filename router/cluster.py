@@ -35,8 +35,12 @@ the short request on replica A gets the seat before the long ones queued
 on replica B. While any request waits on another replica, every replica
 syncs ten times as often, so the seat changes hands within a few
 milliseconds, and the yielding ends at the first sync after the request
-elsewhere is served. Between equally urgent waiters each replica serves
-its own first (no FIFO across replicas). An idle replica
+elsewhere is served. Between equally urgent waiters the oldest goes
+first, across replicas too: each demand carries when its oldest most urgent
+waiter came (wall clock, so replicas can compare), and a replica whose
+oldest waiter came later than one elsewhere (by more than half a
+``sync_interval``, for clock skew and the age of the news) yields to it as
+to a more urgent one. An idle replica
 waits for nothing, so any waiter elsewhere is more urgent: it gives back
 the spare ``block`` seats it holds of that resource, and a replica with a
 long queue may grow past its block up to what the others use.
@@ -57,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -84,6 +89,10 @@ class Want:
     # Seats kept even when more urgent work waits elsewhere: as many as this replica may be using
     # when the answer comes back (its grant while the sync is under way); None: ``in_use``.
     keep: int | None = None
+    # When the oldest request waiting here at ``best_waiting`` came (wall-clock seconds: replicas compare them).
+    since: float = 0.0
+    # Seconds: as urgent a request elsewhere comes first only if it came earlier by more (clock skew, news age).
+    tolerance: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,8 @@ class Synced:
     yielding: list[bool] = field(default_factory=list)
     # Per want: the most urgent class priority waiting for it on the other live replicas (NO_WAITER: none).
     urgent: list[int] = field(default_factory=list)
+    # Per want: when the oldest of those most urgent requests came (wall-clock seconds).
+    urgent_since: list[float] = field(default_factory=list)
 
 
 class LedgerStore(Protocol):
@@ -112,7 +123,9 @@ class Yielding:
     """A request waits for a resource on another replica, as the last sync found: a seat freed here may be its.
 
     A seat of the resource that frees up here goes to a request here only if
-    it is as urgent (class priority ``priority`` or lower); otherwise the
+    it comes first: a lower class priority than ``priority``, or the same and
+    arrived (this process's ``trio.current_time()``) by ``since`` -- the
+    other's arrival, plus a tolerance for clock skew; otherwise the
     router lowers its grant to the seats still in use and calls
     ``give_back(seats)``: the budget records the lower grant and syncs at
     once, so the ledger can grant the seat to the other replica at its next
@@ -121,6 +134,36 @@ class Yielding:
 
     priority: int
     give_back: Callable[[int], None] = field(repr=False)
+    since: float = math.inf  # inf: the same priority here always comes first
+
+    def before(self, priority: int, arrived: float) -> bool:
+        """A request here at ``priority`` that arrived at ``arrived`` comes before the one elsewhere."""
+        return (priority, arrived) <= (self.priority, self.since)
+
+
+class Arrivals:
+    """The requests waiting here, by (class priority, arrival): who is first, to compare with the other replicas.
+
+    A wait queue orders its own waiters; this says when the first of them
+    came, which the ledger compares across replicas (``Want.since``).
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, tuple[int, float]] = {}
+        self._next = 0
+
+    def add(self, priority: int, arrived: float) -> int:
+        """A request starts waiting; returns the token ``discard`` takes when it stops."""
+        self._next += 1
+        self._waiting[self._next] = (priority, arrived)
+        return self._next
+
+    def discard(self, token: int) -> None:
+        self._waiting.pop(token, None)
+
+    def first(self) -> tuple[int, float] | None:
+        """(priority, arrival) of the most urgent request waiting here, the oldest of its priority; None: nobody."""
+        return min(self._waiting.values()) if self._waiting else None
 
 
 @dataclass
@@ -135,6 +178,7 @@ class Demand:
     apply: Callable[[int], None] = field(default=lambda granted: None, repr=False)  # gives the router the grant
     # Tells the router, after each sync, who waits for it elsewhere (None: nobody, or Redis is away).
     yielding: Callable[[Yielding | None], None] = field(default=lambda way: None, repr=False)
+    oldest: float = math.inf  # when the oldest request waiting at ``best_waiting`` came (trio.current_time())
 
 
 @dataclass
@@ -174,6 +218,8 @@ class SharedBudget:
         self._yielding: set[str] = set()  # resources a more urgent request waits for elsewhere, at the last sync
         self._given_back: set[str] = set()  # resources whose grant a freed seat lowered since this sync began
         self._keys: dict[str, KeySeats] = {}
+        # Wall clock minus trio's clock (set at the first sync): arrivals are compared across processes.
+        self._epoch: float | None = None
 
     def key_seats(self, name: str, cap: int) -> KeySeats:
         """The seats of API key ``name``'s cap on this replica (made at first use; a reload may change the cap)."""
@@ -214,6 +260,8 @@ class SharedBudget:
     async def sync_once(self) -> None:
         """One round trip: ask for what the demand needs, apply what the ledger granted."""
         now = trio.current_time()
+        if self._epoch is None:
+            self._epoch = time.time() - now  # the only wall-clock read: other replicas' arrivals are on it
         demands = self._demands()
         self._given_back = set()  # lowered before now: the wants below carry it
         wants = []
@@ -249,14 +297,24 @@ class SharedBudget:
         self._short = False
         self._yielding = {d.resource for d, y in zip(demands, synced.yielding) if y}
         urgent = synced.urgent or [NO_WAITER] * len(demands)
-        for demand, seats, elsewhere, best in zip(demands, synced.grants, synced.elsewhere or [0] * len(demands), urgent):
+        urgent_since = synced.urgent_since or [math.inf] * len(demands)  # a store that does not say: ours first
+        # News of the other's arrival is up to a sync old and their clocks may differ a little: within
+        # this much, a request here counts as first (it takes the seat at once, no round trip).
+        tolerance = self.config.sync_interval / 2
+        for demand, seats, elsewhere, best, since in zip(
+            demands, synced.grants, synced.elsewhere or [0] * len(demands), urgent, urgent_since
+        ):
             self._elsewhere[demand.resource] = elsewhere
             self._short |= demand.waiting > 0 and seats < min(demand.cap, demand.in_use + demand.waiting)
             if demand.resource in self._given_back:
                 # A seat freed during the round trip went back: the answer, sent before, must not hand it out again.
                 seats = min(seats, self._grants.get(demand.resource, 0))
             self._set(demand, seats)
-            demand.yielding(None if best >= NO_WAITER else Yielding(best, self._giver(demand.resource)))
+            if best >= NO_WAITER:
+                demand.yielding(None)
+            else:
+                local = since - (self._epoch or 0.0) + tolerance
+                demand.yielding(Yielding(best, self._giver(demand.resource), local))
 
     def _want(self, demand: Demand, now: float) -> Want:
         config = self.config
@@ -265,7 +323,12 @@ class SharedBudget:
             # Redis is back (or about to be) and the others may still run on their fallback caps,
             # which it does not count yet: claim no more than this replica's own fallback cap.
             target = min(target, max(demand.in_use, self._grants.get(demand.resource, 0)))
-        return Want(demand.resource, demand.cap, target, demand.best_waiting, demand.in_use)
+        since = 0.0  # nobody waits, or a ticket with no arrival: first
+        if self._epoch is not None and demand.best_waiting < NO_WAITER and math.isfinite(demand.oldest):
+            since = max(0.0, demand.oldest + self._epoch)
+        return Want(
+            demand.resource, demand.cap, target, demand.best_waiting, demand.in_use, since=since, tolerance=config.sync_interval / 2
+        )
 
     def _giver(self, resource: str) -> Callable[[int], None]:
         def give_back(seats: int) -> None:
@@ -329,12 +392,12 @@ class KeySeats:
         self._yielding: Yielding | None = None  # a request of the key waits on another replica (the last sync)
         # A waiter's ticket: when it came ("full" counts only from a sync begun after it).
         self._queue: WaitQueue[bool, float] = WaitQueue(self._grant, max_waiting=1 << 30)
+        self._arrivals = Arrivals()
 
     def demand(self) -> Demand:
-        urgent = self._queue.most_urgent()
-        return Demand(
-            self.resource, self.cap, self.in_use, self._queue.waiting, NO_WAITER if urgent is None else urgent, self._apply, self._yield
-        )
+        first = self._arrivals.first()
+        priority, oldest = (NO_WAITER, math.inf) if first is None else first
+        return Demand(self.resource, self.cap, self.in_use, self._queue.waiting, priority, self._apply, self._yield, oldest)
 
     async def take(self, priority: int, deadline: float, retry_after: float) -> None:
         """Take one seat of the key, waiting for the ledger until ``deadline`` if this replica has none free.
@@ -348,26 +411,31 @@ class KeySeats:
             raise self._over(f"already has {self.in_use + self._queue.waiting} requests in flight here, its cap", retry_after)
         if self.in_use >= min(self.cap, self.granted):
             self._budget.wake()  # ask the ledger now, not at the next tick
+        came = trio.current_time()
+        token = self._arrivals.add(priority, came)
         try:
-            seated = await self._queue.get(priority, deadline, trio.current_time(), retry_after=retry_after)
+            seated = await self._queue.get(priority, deadline, came, retry_after=retry_after)
         except (QueueTimeout, QueueFull):
             raise self._over("got no seat of its cap from the other replicas before its queue deadline", retry_after) from None
+        finally:
+            self._arrivals.discard(token)
         if not seated:
             if self._budget.mode != "ledger":
                 raise self._over("has used this replica's share of its cap (the shared ledger is unreachable)", retry_after)
             raise self._over(f"already has {self.cap} requests in flight across the replicas, its cap", retry_after)
 
     def release(self) -> None:
-        """A request of the key ended: its seat goes to the next waiter here, unless a more urgent one waits elsewhere.
+        """A request of the key ended: its seat goes to the next waiter here, unless one elsewhere comes first.
 
-        Then (``Yielding``) the grant falls to the seats in use and the ledger
-        hears of it at once, so the other replica's request gets the seat.
+        Then (``Yielding``: more urgent, or as urgent and older) the grant
+        falls to the seats in use and the ledger hears of it at once, so the
+        other replica's request gets the seat.
         """
         self.in_use -= 1
         way = self._yielding
         if way is not None and self.in_use < self.granted:
-            urgent = self._queue.most_urgent()
-            if urgent is None or urgent > way.priority:
+            first = self._arrivals.first()
+            if first is None or not way.before(*first):
                 self.granted = self.in_use
                 way.give_back(self.in_use)
         self._queue.dispatch()

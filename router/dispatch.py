@@ -497,7 +497,7 @@ class Router:
 
         queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
         async with self._holding(caller, config.timeouts.retry_after, klass.priority, queue_deadline):
-            ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority)
+            ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival)
             if self._budget is not None and pool.in_flight >= pool.max_concurrency:
                 self._budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
             if trace is not None:
@@ -690,7 +690,8 @@ class Router:
         """Every capped resource as this replica sees it now: pools, endpoints, API keys."""
         demands: list[Demand] = []
         for pool in self._pools.values():
-            urgent = pool.queue.most_urgent()
+            first = pool.arrivals.first()  # the most urgent waiting, the oldest of its class priority
+            urgent, oldest = (NO_WAITER, math.inf) if first is None else first
             waiting = pool.queue.waiting
             demands.append(
                 Demand(
@@ -698,9 +699,10 @@ class Router:
                     pool.cluster_cap,
                     pool.in_flight,
                     waiting,
-                    NO_WAITER if urgent is None else urgent,
+                    urgent,
                     pool.set_grant,
                     _yielding_of(pool),
+                    oldest,
                 )
             )
             for endpoint in pool.endpoints:
@@ -710,9 +712,10 @@ class Router:
                         endpoint.max_concurrency,
                         endpoint.in_flight,
                         waiting,
-                        NO_WAITER if urgent is None else urgent,  # so idle replicas give back their blocks of it
+                        urgent,  # so idle replicas give back their blocks of it
                         _endpoint_grant(endpoint, pool),
                         _yielding_of(endpoint),
+                        oldest,
                     )
                 )
         budget = self._budget

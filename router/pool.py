@@ -35,7 +35,7 @@ import trio
 
 from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
-from .cluster import Yielding
+from .cluster import Arrivals, Yielding
 from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig
 from .errors import NoBackend
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
@@ -256,6 +256,8 @@ class Ticket:
     prompt_tokens: int
     max_tokens: int
     priority: int = 0  # the class's: a seat another replica's request waits for goes only to one as urgent
+    # When the request came (trio.current_time()): between equally urgent ones on two replicas, the older first.
+    arrived: float = -math.inf
 
 
 @dataclass(frozen=True)
@@ -380,7 +382,9 @@ class Pool:
         self.cap_moved = 0  # seats of endpoints moved in, less those moved out, since the last reload
         self.granted: int | None = None  # this replica's share of the cap ([cluster]); None: all of it
         self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
-        self._serving_up_to: int | None = None  # while a freed seat is offered: the least urgent priority that may take it
+        # While a freed seat is offered: the request elsewhere it may go to; only one here that comes first may take it.
+        self._serving_up_to: Yielding | None = None
+        self.arrivals = Arrivals()  # [cluster]: who waits here, first, to compare with the other replicas
         self._rng = rng or random.Random()
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
@@ -405,8 +409,9 @@ class Pool:
 
         ``yielding`` (the pool's cap) and ``endpoint.yielding`` (the endpoint's)
         say, as of the last sync, how urgent the most urgent such request is.
-        The seat goes at once to a request here as urgent or more; the
-        others here -- less urgent, or another pool's borrowing this one's
+        The seat goes at once to a request here that comes first (more
+        urgent, or as urgent and not younger, ``Yielding.before``); the
+        others here -- younger or less urgent, or another pool's borrowing this one's
         idle seats, which come after the pool's own requests wherever those
         wait -- get nothing: this replica's grant of each cap wanted
         elsewhere falls to the seats in use, and ``give_back`` syncs at once,
@@ -416,9 +421,9 @@ class Pool:
         ways = [way for way in (self.yielding, endpoint.yielding) if way is not None]
         if not ways:
             return
-        self._serving_up_to = min(way.priority for way in ways)
+        self._serving_up_to = min(ways, key=lambda way: (way.priority, way.since))
         try:
-            self.queue.dispatch()  # only the requests as urgent: ``_seat`` stops at the first less urgent one
+            self.queue.dispatch()  # only the requests that come first: ``_seat`` stops at the first that does not
         finally:
             self._serving_up_to = None
         if self.yielding is not None and self.granted is not None and self.in_flight < self.granted:
@@ -537,9 +542,9 @@ class Pool:
         """A seat on an endpoint of this pool with room (``_place``), within the pool's and the class's caps."""
         if self.in_flight >= self.max_concurrency:
             return None
-        if self._serving_up_to is not None and ticket.priority > self._serving_up_to:
-            # A freed seat a more urgent request waits for on another replica; the queue is in priority
-            # order, so everyone behind this ticket is less urgent too: none of them gets it.
+        if self._serving_up_to is not None and not self._serving_up_to.before(ticket.priority, ticket.arrived):
+            # A freed seat a request on another replica comes first for; the queue is in (priority, arrival)
+            # order, so everyone behind this ticket comes later too: none of them gets it.
             return None
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
@@ -605,8 +610,13 @@ class Pool:
                 retry_after=retry_after,
             )
         fraction = self.config.fail_fast_fraction
-        max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
-        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait)
+        now = trio.current_time()
+        max_wait = fraction * (deadline - now) if fraction > 0 else None
+        token = self.arrivals.add(priority, min(ticket.arrived, now) if math.isfinite(ticket.arrived) else now)
+        try:
+            return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait)
+        finally:
+            self.arrivals.discard(token)
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(

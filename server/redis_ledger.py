@@ -3,19 +3,22 @@
 Keys, under the namespace ``NS``:
 - ``NS:alive:REPLICA`` -- the replica's lease, set with a TTL at every sync;
 - ``NS:grant:RESOURCE`` -- a hash, replica -> seats of the resource's cap recorded as its own;
-- ``NS:want:RESOURCE`` -- a hash, replica -> the most urgent class priority waiting there;
+- ``NS:want:RESOURCE`` -- a hash, replica -> "PRIORITY SINCE": the most urgent class priority
+  waiting there, and when the oldest request of that priority came (wall-clock milliseconds);
 - ``NS:used:RESOURCE`` -- a hash, replica -> seats of the resource in use there (absent: none),
   so a replica can tell a cap that is full across replicas from one held as idle blocks.
 
 The script runs atomically in Redis, so grants are decided one replica at a
 time: a grant grows only by seats that no live replica holds (the grants of
 replicas whose lease has lapsed are dropped on the way); while another live
-replica has a more urgent request waiting, a grant keeps only the seats the
-replica may be using until it hears the answer (``keep``: its grant during
-the round trip, then at its next sync the seats in use), so seats that free
-up go to that request. Each answer also says, per resource, the most urgent
-priority waiting on the other replicas, so a seat freed between two syncs
-goes back too (``router.cluster.Yielding``). coredis (anyio, so it runs
+replica has a request waiting that comes first -- more urgent, or as
+urgent and older by more than the want's ``tolerance`` -- a grant keeps only
+the seats the replica may be using until it hears the answer (``keep``: its
+grant during the round trip, then at its next sync the seats in use) and
+does not grow, so seats that free up go to the first request. Each answer
+also says, per resource, the most urgent priority waiting on the other
+replicas and when the oldest of them came, so a seat freed between two
+syncs goes back too (``router.cluster.Yielding``). coredis (anyio, so it runs
 under Trio) speaks the protocol.
 """
 
@@ -42,10 +45,11 @@ local no_waiter = tonumber(ARGV[#ARGV])
 local out = {}
 local contended = 0  -- 1 when a request waits on another replica: everyone syncs sooner
 for i = 0, n - 1 do
-  local base = 5 + i * 6
+  local base = 5 + i * 8
   local name = ARGV[base]
   local cap, target, urgency = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local in_use, keep = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+  local since, tolerance = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
   local yielding = 0
   local grants_key, wants_key, used_key = prefix .. 'grant:' .. name, prefix .. 'want:' .. name, prefix .. 'used:' .. name
   local grants = redis.call('HGETALL', grants_key)
@@ -70,14 +74,20 @@ for i = 0, n - 1 do
     end
   end
   local wants = redis.call('HGETALL', wants_key)
-  local urgent = no_waiter  -- the most urgent priority waiting on another replica
+  local urgent, urgent_since = no_waiter, 0  -- the first request waiting on another replica: priority, arrival
   for j = 1, #wants, 2 do
     if wants[j] ~= me and is_alive(wants[j]) then
       contended = 1
-      urgent = math.min(urgent, tonumber(wants[j + 1]))
-      if tonumber(wants[j + 1]) < urgency then
-        -- a more urgent request waits elsewhere: this replica keeps only the seats it may be using
-        -- until it hears this answer (its next sync gives back those it does not use)
+      local priority, came = string.match(wants[j + 1], '^(%S+) (%S+)$')
+      if priority == nil then priority, came = wants[j + 1], 0 end
+      priority, came = tonumber(priority), tonumber(came)
+      if priority < urgent or (priority == urgent and came < urgent_since) then
+        urgent, urgent_since = priority, came
+      end
+      if priority < urgency or (priority == urgency and came + tolerance < since) then
+        -- a request that comes first (more urgent, or as urgent and older) waits elsewhere: this replica
+        -- keeps only the seats it may be using until it hears this answer (its next sync gives back those
+        -- it does not use), and takes none of the free ones
         target = math.min(target, math.max(keep, 0))
         yielding = 1
       end
@@ -86,7 +96,7 @@ for i = 0, n - 1 do
   local granted = math.max(0, math.min(target, cap - others))
   redis.call('HSET', grants_key, me, granted)
   if urgency < no_waiter then
-    redis.call('HSET', wants_key, me, urgency)
+    redis.call('HSET', wants_key, me, string.format('%d %.0f', urgency, since))
   else
     redis.call('HDEL', wants_key, me)
   end
@@ -99,6 +109,7 @@ for i = 0, n - 1 do
   out[#out + 1] = elsewhere
   out[#out + 1] = yielding
   out[#out + 1] = urgent
+  out[#out + 1] = urgent_since
 end
 out[#out + 1] = contended
 return out
@@ -121,15 +132,17 @@ class RedisLedger:
         args: list[str | int] = [self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants)]
         for want in wants:
             keep = want.in_use if want.keep is None else want.keep
-            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep]
+            since, tolerance = round(want.since * 1000), round(want.tolerance * 1000)  # milliseconds: integers in Lua
+            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep, since, tolerance]
         args.append(NO_WAITER)
         result = [int(value) for value in await self._script(keys=[], args=args)]
         return Synced(
-            grants=result[:-1:4],
+            grants=result[:-1:5],
             contended=bool(result[-1]),
-            elsewhere=result[1:-1:4],
-            yielding=[bool(y) for y in result[2:-1:4]],
-            urgent=result[3:-1:4],
+            elsewhere=result[1:-1:5],
+            yielding=[bool(y) for y in result[2:-1:5]],
+            urgent=result[3:-1:5],
+            urgent_since=[ms / 1000 for ms in result[4:-1:5]],
         )
 
     async def grants(self, resource: str) -> dict[str, int]:
@@ -140,7 +153,7 @@ class RedisLedger:
     async def wants(self, resource: str) -> dict[str, int]:
         """Every replica's most urgent class priority waiting for ``resource`` (absent: none waits there)."""
         raw = await self._client.hgetall(self._prefix + "want:" + resource)
-        return {str(k): int(v) for k, v in raw.items()}
+        return {str(k): int(str(v).split()[0]) for k, v in raw.items()}
 
     async def __aenter__(self) -> RedisLedger:
         await self._client.__aenter__()

@@ -555,3 +555,47 @@ async def test_a_seat_freed_on_a_replica_goes_at_once_to_its_own_waiter_as_urgen
         nursery.cancel_scope.cancel()
     assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2
     assert most["pool:interactive"] <= 2
+
+
+async def test_between_equally_urgent_waiters_on_two_replicas_the_older_gets_the_freed_seat(redis: RedisServer) -> None:
+    """Finding 8: a runs 2 long requests (engine cap 2); a short one waits on b, then a younger short one on a.
+
+    The seat a frees goes to b's older short request, not to a's own (first come, first served across
+    replicas); then a's. The router's records say who was admitted when; Redis's grant keys never add up past 2.
+    """
+    engines, transports = shared_engines()
+    a, b = cluster_routers(redis, "f8", shared_pool_config(2), ["a", "b"], transports, block=0)
+    endpoint = f"endpoint:{INTERACTIVE_URL}"
+    most: dict[str, int] = {}
+    async with RedisLedger(redis.url, "f8") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        for router in (a, b):
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+        nursery.start_soon(watch_ledger, ledger, {endpoint: 2, "pool:interactive": 2}, most)
+        requests = Requests(nursery)
+        with trio.fail_after(10):
+            for name in ("L1", "L2"):
+                requests.start(a, name, LONG)
+            await until(lambda: engines[INTERACTIVE_URL].statistics().running == 2)
+            requests.start(b, "Sb", SHORT)
+            await until(lambda: b.statistics().pool("interactive").queue.waiting == 1)
+            # Older by more than the tolerance (half the 0.05 s sync interval): on its own clock, not a sleep-and-hope.
+            older_by = requests.records["Sb"].arrival + 0.1
+            await until(lambda: trio.current_time() > older_by)
+            requests.start(a, "Sa", SHORT)
+            await until(lambda: a.statistics().pool("interactive").queue.waiting == 1)
+            await heard_of_a_waiter(a, ledger, "pool:interactive", "b")
+            await heard_of_a_waiter(b, ledger, "pool:interactive", "a")
+            requests.end("L1")
+            await trio.testing.wait_all_tasks_blocked()
+            assert not requests.admitted("Sa"), "a's own younger request took the seat"
+            await until(lambda: requests.admitted("Sa") or requests.admitted("Sb"))
+            assert requests.admitted("Sb") and not requests.admitted("Sa")
+            await until(lambda: requests.admitted("Sa"))  # b's short request ends; then a's gets a seat
+        records = requests.records
+        assert records["Sb"].admitted_at is not None and records["Sa"].admitted_at is not None
+        assert records["Sb"].admitted_at < records["Sa"].admitted_at
+        nursery.cancel_scope.cancel()
+    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2
+    assert most[endpoint] <= 2 and most["pool:interactive"] <= 2
