@@ -690,7 +690,7 @@ class Router:
         """Every capped resource as this replica sees it now: pools, endpoints, API keys."""
         demands: list[Demand] = []
         for pool in self._pools.values():
-            first = pool.arrivals.first()  # the most urgent waiting, the oldest of its class priority
+            first = pool.first_waiting()  # the most urgent waiting, the oldest of its class priority
             urgent, oldest = (NO_WAITER, math.inf) if first is None else first
             waiting = pool.queue.waiting
             demands.append(

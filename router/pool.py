@@ -35,7 +35,7 @@ import trio
 
 from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
-from .cluster import Arrivals, Yielding
+from .cluster import Yielding
 from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig
 from .errors import NoBackend
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
@@ -384,7 +384,6 @@ class Pool:
         self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
         # While a freed seat is offered: the request elsewhere it may go to; only one here that comes first may take it.
         self._serving_up_to: Yielding | None = None
-        self.arrivals = Arrivals()  # [cluster]: who waits here, first, to compare with the other replicas
         self._rng = rng or random.Random()
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
@@ -610,13 +609,20 @@ class Pool:
                 retry_after=retry_after,
             )
         fraction = self.config.fail_fast_fraction
-        now = trio.current_time()
-        max_wait = fraction * (deadline - now) if fraction > 0 else None
-        token = self.arrivals.add(priority, min(ticket.arrived, now) if math.isfinite(ticket.arrived) else now)
-        try:
-            return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait)
-        finally:
-            self.arrivals.discard(token)
+        max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
+        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait)
+
+    def first_waiting(self) -> tuple[int, float] | None:
+        """[cluster] (priority, arrival) of the request the next seat goes to, to compare with the other replicas.
+
+        Its arrival is when it came to the router (``Ticket.arrived``, before
+        any wait for its key's seat), else when it joined this queue.
+        """
+        first = self.queue.first()
+        if first is None:
+            return None
+        priority, since, ticket = first
+        return priority, min(ticket.arrived, since) if math.isfinite(ticket.arrived) else since
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(

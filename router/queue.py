@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import outcome
 import trio
@@ -159,6 +159,11 @@ class WaitQueue(Generic[T, K]):
     def most_urgent(self) -> int | None:
         """The lowest priority number parked now, or None when nobody waits."""
         return min(self._by_priority) if self._by_priority else None
+
+    def first(self) -> tuple[int, float, K] | None:
+        """The waiter the next free seat goes to, as (priority, when it parked, its ticket); None: nobody waits."""
+        waiter = _peek(self._best)
+        return None if waiter is None else (waiter.priority, waiter.since, cast(K, waiter.ticket))
 
     @property
     def max_waiting(self) -> int:
