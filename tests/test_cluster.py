@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import pytest
 import trio
@@ -483,31 +484,52 @@ LONG = 4000  # max_tokens of a long request: minutes on the engine, so it ends o
 SHORT = 16
 
 
-async def test_a_seat_freed_on_a_replica_goes_to_a_more_urgent_waiter_on_another_before_its_own_queue(redis: RedisServer) -> None:
-    """Finding 7: a runs and queues long requests, a short one waits on b; a's next freed seat is the short one's.
+@dataclasses.dataclass
+class TwoReplicas:
+    """Replicas a and b over one engine of cap 2 (block 0), its two seats taken by a's long L1 and L2."""
 
-    Engine cap 2, block 0. The router's own records say who was admitted when; Redis's grant keys never add up past 2.
-    """
+    engine: Engine
+    a: Router
+    b: Router
+    ledger: RedisLedger
+    requests: Requests
+    most: dict[str, int]  # the most seats Redis's grant keys ever added up to, per watched resource
+
+
+@contextlib.asynccontextmanager
+async def two_replicas_full_of_long(redis: RedisServer, namespace: str, watched: Sequence[str]) -> AsyncIterator[TwoReplicas]:
     engines, transports = shared_engines()
-    a, b = cluster_routers(redis, "f7", shared_pool_config(2), ["a", "b"], transports, block=0)
-    endpoint = f"endpoint:{INTERACTIVE_URL}"
+    a, b = cluster_routers(redis, namespace, shared_pool_config(2), ["a", "b"], transports, block=0)
     most: dict[str, int] = {}
-    async with RedisLedger(redis.url, "f7") as ledger, trio.open_nursery() as nursery:
+    async with RedisLedger(redis.url, namespace) as ledger, trio.open_nursery() as nursery:
         for engine in engines.values():
             await nursery.start(engine.run)
         for router in (a, b):
             await nursery.start(functools.partial(router.run, ledger=ledger))
-        nursery.start_soon(watch_ledger, ledger, {endpoint: 2, "pool:interactive": 2}, most)
+        nursery.start_soon(watch_ledger, ledger, dict.fromkeys(watched, 2), most)
         requests = Requests(nursery)
         with trio.fail_after(10):
             for name in ("L1", "L2"):
                 requests.start(a, name, LONG)
             await until(lambda: engines[INTERACTIVE_URL].statistics().running == 2)
+        yield TwoReplicas(engines[INTERACTIVE_URL], a, b, ledger, requests, most)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_seat_freed_on_a_replica_goes_to_a_more_urgent_waiter_on_another_before_its_own_queue(redis: RedisServer) -> None:
+    """Finding 7: a runs and queues long requests, a short one waits on b; a's next freed seat is the short one's.
+
+    Engine cap 2, block 0. The router's own records say who was admitted when; Redis's grant keys never add up past 2.
+    """
+    endpoint = f"endpoint:{INTERACTIVE_URL}"
+    async with two_replicas_full_of_long(redis, "f7", [endpoint, "pool:interactive"]) as two:
+        a, requests = two.a, two.requests
+        with trio.fail_after(10):
             for name in ("L3", "L4"):
                 requests.start(a, name, LONG)
             await until(lambda: a.statistics().pool("interactive").queue.waiting == 2)
-            requests.start(b, "S", SHORT)
-            await heard_of_a_waiter(a, ledger, "pool:interactive", "b")
+            requests.start(two.b, "S", SHORT)
+            await heard_of_a_waiter(a, two.ledger, "pool:interactive", "b")
             assert not requests.admitted("S")
             requests.end("L1")
             await trio.testing.wait_all_tasks_blocked()
@@ -522,39 +544,26 @@ async def test_a_seat_freed_on_a_replica_goes_to_a_more_urgent_waiter_on_another
         records = requests.records
         next_long = min(r.admitted_at for r in (records["L3"], records["L4"]) if r.admitted_at is not None)
         assert records["S"].admitted_at is not None and records["S"].admitted_at < next_long
-        nursery.cancel_scope.cancel()
-    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2
-    assert most[endpoint] <= 2 and most["pool:interactive"] <= 2
+    assert two.engine.statistics().max_running_seen == 2
+    assert two.most[endpoint] <= 2 and two.most["pool:interactive"] <= 2
 
 
 async def test_a_seat_freed_on_a_replica_goes_at_once_to_its_own_waiter_as_urgent_as_the_one_elsewhere(redis: RedisServer) -> None:
     """A short request waits on a and on b: the seat a frees is a's short request's, in the release itself, no sync."""
-    engines, transports = shared_engines()
-    a, b = cluster_routers(redis, "f7b", shared_pool_config(2), ["a", "b"], transports, block=0)
-    most: dict[str, int] = {}
-    async with RedisLedger(redis.url, "f7b") as ledger, trio.open_nursery() as nursery:
-        for engine in engines.values():
-            await nursery.start(engine.run)
-        for router in (a, b):
-            await nursery.start(functools.partial(router.run, ledger=ledger))
-        nursery.start_soon(watch_ledger, ledger, {"pool:interactive": 2}, most)
-        requests = Requests(nursery)
+    async with two_replicas_full_of_long(redis, "f7b", ["pool:interactive"]) as two:
+        a, requests = two.a, two.requests
         with trio.fail_after(10):
-            for name in ("L1", "L2"):
-                requests.start(a, name, LONG)
-            await until(lambda: engines[INTERACTIVE_URL].statistics().running == 2)
             requests.start(a, "L3", LONG)
             requests.start(a, "Sa", SHORT)
             await until(lambda: a.statistics().pool("interactive").queue.waiting == 2)
-            requests.start(b, "Sb", SHORT)
-            await heard_of_a_waiter(a, ledger, "pool:interactive", "b")
+            requests.start(two.b, "Sb", SHORT)
+            await heard_of_a_waiter(a, two.ledger, "pool:interactive", "b")
             requests.end("L1")
             await trio.testing.wait_all_tasks_blocked()
             assert requests.admitted("Sa") and not requests.admitted("Sb") and not requests.admitted("L3")
             assert a.statistics().pool("interactive").max_concurrency == 2  # nothing given back
-        nursery.cancel_scope.cancel()
-    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2
-    assert most["pool:interactive"] <= 2
+    assert two.engine.statistics().max_running_seen == 2
+    assert two.most["pool:interactive"] <= 2
 
 
 async def test_between_equally_urgent_waiters_on_two_replicas_the_older_gets_the_freed_seat(redis: RedisServer) -> None:
@@ -563,21 +572,10 @@ async def test_between_equally_urgent_waiters_on_two_replicas_the_older_gets_the
     The seat a frees goes to b's older short request, not to a's own (first come, first served across
     replicas); then a's. The router's records say who was admitted when; Redis's grant keys never add up past 2.
     """
-    engines, transports = shared_engines()
-    a, b = cluster_routers(redis, "f8", shared_pool_config(2), ["a", "b"], transports, block=0)
     endpoint = f"endpoint:{INTERACTIVE_URL}"
-    most: dict[str, int] = {}
-    async with RedisLedger(redis.url, "f8") as ledger, trio.open_nursery() as nursery:
-        for engine in engines.values():
-            await nursery.start(engine.run)
-        for router in (a, b):
-            await nursery.start(functools.partial(router.run, ledger=ledger))
-        nursery.start_soon(watch_ledger, ledger, {endpoint: 2, "pool:interactive": 2}, most)
-        requests = Requests(nursery)
+    async with two_replicas_full_of_long(redis, "f8", [endpoint, "pool:interactive"]) as two:
+        a, b, requests = two.a, two.b, two.requests
         with trio.fail_after(10):
-            for name in ("L1", "L2"):
-                requests.start(a, name, LONG)
-            await until(lambda: engines[INTERACTIVE_URL].statistics().running == 2)
             requests.start(b, "Sb", SHORT)
             await until(lambda: b.statistics().pool("interactive").queue.waiting == 1)
             # Older by more than the tolerance (half the 0.05 s sync interval): on its own clock, not a sleep-and-hope.
@@ -585,8 +583,8 @@ async def test_between_equally_urgent_waiters_on_two_replicas_the_older_gets_the
             await until(lambda: trio.current_time() > older_by)
             requests.start(a, "Sa", SHORT)
             await until(lambda: a.statistics().pool("interactive").queue.waiting == 1)
-            await heard_of_a_waiter(a, ledger, "pool:interactive", "b")
-            await heard_of_a_waiter(b, ledger, "pool:interactive", "a")
+            await heard_of_a_waiter(a, two.ledger, "pool:interactive", "b")
+            await heard_of_a_waiter(b, two.ledger, "pool:interactive", "a")
             requests.end("L1")
             await trio.testing.wait_all_tasks_blocked()
             assert not requests.admitted("Sa"), "a's own younger request took the seat"
@@ -596,6 +594,5 @@ async def test_between_equally_urgent_waiters_on_two_replicas_the_older_gets_the
         records = requests.records
         assert records["Sb"].admitted_at is not None and records["Sa"].admitted_at is not None
         assert records["Sb"].admitted_at < records["Sa"].admitted_at
-        nursery.cancel_scope.cancel()
-    assert engines[INTERACTIVE_URL].statistics().max_running_seen == 2
-    assert most[endpoint] <= 2 and most["pool:interactive"] <= 2
+    assert two.engine.statistics().max_running_seen == 2
+    assert two.most[endpoint] <= 2 and two.most["pool:interactive"] <= 2
