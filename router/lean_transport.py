@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import collections
 import re
+import socket
 import ssl
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import httptools
 import httpx
@@ -36,6 +38,76 @@ KEEPALIVE_EXPIRY = 5.0
 _UNSAFE = re.compile(rb"[\r\n\0]")
 
 
+class _Stream(Protocol):
+    """What a connection reads and writes: a plain socket's or TLS's."""
+
+    async def receive_some(self, max_bytes: int) -> bytes: ...
+
+    async def send_all(self, data: bytes) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _PlainStream:
+    """A connected TCP socket, read and written on Trio's readiness waits.
+
+    Why not ``trio.SocketStream``: a relayed stream gets one event per engine
+    step, so the socket is almost always empty when the next read starts. A
+    SocketStream read tries ``recv`` first and nearly always gets EAGAIN (a
+    system call and an exception for nothing) before it waits; its send yields
+    to the scheduler once more even when the bytes went at once. Here a read
+    that came back short waits for readiness first, and a send that completes
+    at once returns at once. Errors are Trio's, as a SocketStream raises them.
+    """
+
+    __slots__ = ("_sock", "_drained")
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._drained = True  # nothing can be waiting before the first request goes out
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        sock = self._sock
+        if self._drained:
+            await trio.lowlevel.wait_readable(sock)
+        else:  # the last read filled its buffer: more may be there, but let the others run first
+            await trio.lowlevel.checkpoint()
+        while True:
+            try:
+                data = sock.recv(max_bytes)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            except OSError as error:
+                raise trio.BrokenResourceError(f"the connection broke: {error}") from error
+            self._drained = len(data) < max_bytes
+            return data
+
+    async def send_all(self, data: bytes) -> None:
+        sock = self._sock
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as error:
+            raise trio.BrokenResourceError(f"the connection broke: {error}") from error
+        view = memoryview(data)[sent:]
+        while view:
+            await trio.lowlevel.wait_writable(sock)
+            try:
+                view = view[sock.send(view) :]
+            except BlockingIOError:
+                pass
+            except OSError as error:
+                raise trio.BrokenResourceError(f"the connection broke: {error}") from error
+
+    async def aclose(self) -> None:
+        trio.lowlevel.notify_closing(self._sock)  # a task waiting on it gets ClosedResourceError
+        self._sock.close()
+        await trio.lowlevel.checkpoint()
+
+
 class _Connection:
     """One connection: a Trio stream and llhttp's parser of the responses on it.
 
@@ -47,7 +119,7 @@ class _Connection:
         "stream", "_parser", "status", "reason", "headers", "head_bytes", "head_done", "keep_alive", "body", "done", "spoiled", "eof"
     )
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: _Stream) -> None:
         self.stream = stream
         self._parser = httptools.HttpResponseParser(self)
         self.spoiled = False  # bytes after a response, or a broken one: never reuse
@@ -181,11 +253,14 @@ class LeanTransport(httpx.AsyncBaseTransport):
     async def _connect(self) -> _Connection:
         try:
             with trio.fail_after(self._connect_timeout):
-                stream: trio.abc.Stream = await trio.open_tcp_stream(self._host, self._port)
+                opened = await trio.open_tcp_stream(self._host, self._port)
+                stream: _Stream
                 if self._tls is not None:
-                    tls = trio.SSLStream(stream, self._tls, server_hostname=self._host, https_compatible=True)
+                    tls = trio.SSLStream(opened, self._tls, server_hostname=self._host, https_compatible=True)
                     await tls.do_handshake()
                     stream = tls
+                else:  # the socket, without SocketStream (its options, TCP_NODELAY among them, stay set)
+                    stream = _PlainStream(socket.socket(fileno=opened.socket.detach()))
         except trio.TooSlowError:
             raise httpx.ConnectTimeout(f"no connection to {self._host}:{self._port} within {self._connect_timeout:g} s") from None
         except (OSError, trio.BrokenResourceError) as error:

@@ -351,10 +351,14 @@ class _Socket:
     it does not complete, closes the socket (``on_abort`` is told).
     """
 
-    __slots__ = ("_sock", "closed", "_write_timeout", "_on_abort")
+    __slots__ = ("_sock", "closed", "_write_timeout", "_on_abort", "_drained")
 
     def __init__(self, sock: socket.socket, write_timeout: float, on_abort: Callable[[], None]) -> None:
         sock.setblocking(False)
+        # After a read that came back short the socket is almost surely empty:
+        # the next read waits for readiness first instead of a recv that fails
+        # with EAGAIN (a system call and an exception each request).
+        self._drained = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
@@ -366,16 +370,22 @@ class _Socket:
 
     async def receive_some(self) -> bytes:
         """Bytes from the peer; ``b""`` when it closed or reset the connection."""
+        wait = self._drained
         while not self.closed:
-            try:
-                return self._sock.recv(_READ_SIZE)
-            except BlockingIOError:
+            if wait:
                 try:
                     await trio.lowlevel.wait_readable(self._sock)
                 except trio.ClosedResourceError:  # closed by another task of this connection
                     return b""
+            try:
+                data = self._sock.recv(_READ_SIZE)
+            except BlockingIOError:
+                wait = True
+                continue
             except OSError:
                 return b""
+            self._drained = len(data) < _READ_SIZE
+            return data
         return b""
 
     async def send_all(self, data: bytes) -> None:

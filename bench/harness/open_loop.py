@@ -88,7 +88,9 @@ class Sample:
 
     ``e2e`` is what the client saw (connect, if a new connection was needed,
     to the last byte); ``router_e2e`` is what tailguard's access log says of
-    the same request (from its ASGI call to its answer), when it was joined.
+    the same request (from its ASGI call to its answer), when it was joined,
+    and ``router_ttft`` its time to the backend's first token: what the client
+    saw beyond it was spent on the way in and out of the router.
     """
 
     kind: str
@@ -103,6 +105,7 @@ class Sample:
     ttft: float | None = None
     e2e: float | None = None
     router_e2e: float | None = None
+    router_ttft: float | None = None
     tokens: int = 0
     gaps: list[float] = field(default_factory=list)
 
@@ -113,7 +116,7 @@ _STATUS_OUTCOMES = {429: "429", 503: "503", 504: "timeout"}
 def write_samples(path: Path, samples: Sequence[Sample]) -> None:
     """Every request's fate as JSONL (real s), for looking into a run after the fact."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    keys = ("request_id", "kind", "at", "measured", "outcome", "status", "code", "ttft", "e2e", "router_e2e", "tokens")
+    keys = ("request_id", "kind", "at", "measured", "outcome", "status", "code", "ttft", "e2e", "router_e2e", "router_ttft", "tokens")
     path.write_text("".join(json.dumps({k: getattr(s, k) for k in keys}) + "\n" for s in samples))
 
 

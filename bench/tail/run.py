@@ -1064,12 +1064,17 @@ async def _watch_engines(watch: EngineWatch, origin: float, keep: bool) -> None:
 
 
 def _join_access_log(router: _Router, samples: Sequence[Sample]) -> float:
-    """Put the router's own end-to-end time (its access log) on each sample; the share of measured ones found."""
-    times = dict(router.log_rows(b'"tailguard.access"', lambda row: (str(row["request_id"]), float(row["e2e_ms"]) / 1000)))
+    """Put the router's own end-to-end time and TTFT (its access log) on each sample; the share of measured ones found."""
+    times = dict(router.log_rows(b'"tailguard.access"', lambda row: (str(row["request_id"]), (_seconds(row["e2e_ms"]), _seconds(row["ttft_ms"])))))
     measured = [s for s in samples if s.measured]
     for s in samples:
-        s.router_e2e = times.get(s.request_id)
+        s.router_e2e, s.router_ttft = times.get(s.request_id, (None, None))
     return sum(1 for s in measured if s.router_e2e is not None) / len(measured) if measured else math.nan
+
+
+def _seconds(ms: float | None) -> float | None:
+    """An access log's milliseconds (null when not measured) as seconds."""
+    return None if ms is None else float(ms) / 1000
 
 
 def _rss_summary(timeline: Sequence[Probe], options: Options) -> dict[str, float]:
