@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -161,5 +162,73 @@ async def test_a_malformed_response_is_a_protocol_error_and_a_header_that_splits
         with pytest.raises(httpx.LocalProtocolError):
             await transport.handle_async_request(request)
         assert transport.idle == 0
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def _serve(handle: Callable[[trio.SocketStream], Awaitable[None]], nursery: trio.Nursery) -> str:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+    return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+
+async def _read_request(stream: trio.SocketStream) -> bytes:
+    """One request with a content-length body, whole."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length")))
+    while len(body) < length:
+        body += await stream.receive_some(65536)
+    return body
+
+
+async def test_bodies_bigger_than_a_read_and_bodies_that_trickle_arrive_whole_both_ways() -> None:
+    big = bytes(range(256)) * 1200  # 300 KB: several full reads, and a send the socket cannot take at once
+    pieces = [b"data: %d\n\n" % i for i in range(6)]
+
+    async def handle(stream: trio.SocketStream) -> None:
+        body = await _read_request(stream)  # the big request body, sent whole
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await _read_request(stream)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in pieces:  # an engine's steps: each read finds one event, then waits for the next
+            await trio.sleep(0.01)
+            await stream.send_all(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await stream.send_all(b"0\r\n\r\n")
+
+    async with trio.open_nursery() as nursery:
+        url = await _serve(handle, nursery)
+        transport = LeanTransport(url, connect_timeout=2, max_idle=4)
+        with trio.fail_after(5):  # a request body sent in part would leave both sides waiting
+            response = await transport.handle_async_request(httpx.Request("POST", url + "/v1/completions", content=big))
+            assert b"".join([chunk async for chunk in response.aiter_raw()]) == big
+        await response.aclose()
+        response = await transport.handle_async_request(httpx.Request("POST", url + "/v1/completions", content=b"{}"))
+        chunks = [chunk async for chunk in response.aiter_raw()]
+        await response.aclose()
+        assert b"".join(chunks) == b"".join(pieces) and len(chunks) >= 2  # relayed as they came, not at the end
+        assert transport.opened == 1 and transport.idle == 1  # one connection served both
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_cancelled_while_it_waits_closes_its_connection() -> None:
+    saw_close = trio.Event()
+
+    async def never_answers(stream: trio.SocketStream) -> None:
+        await _read_request(stream)
+        if await stream.receive_some(65536) == b"":  # the client hung up: the engine would abort the generation
+            saw_close.set()
+
+    async with trio.open_nursery() as nursery:
+        url = await _serve(never_answers, nursery)
+        transport = LeanTransport(url, connect_timeout=2, max_idle=4)
+        with trio.move_on_after(0.2) as waited:
+            await post(transport, url)
+        assert waited.cancelled_caught
+        with trio.fail_after(2):
+            await saw_close.wait()
+        assert transport.idle == 0  # never kept for another request
         await transport.aclose()
         nursery.cancel_scope.cancel()
