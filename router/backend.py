@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,7 +31,7 @@ import httpx
 
 from .config_types import ServerConfig
 from .errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
-from .lean_transport import LeanTransport
+from .lean_transport import LeanTransport, ResponseBody
 
 ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make
@@ -71,7 +71,11 @@ class BackendResponse:
         # One pass over the body, shared by start, read and chunks; a body already
         # in memory (an in-process transport) can only be re-read decoded.
         raw = self._raw and not response.is_stream_consumed
-        self._iterator: AsyncGenerator[bytes, None] = response.aiter_raw() if raw else response.aiter_bytes()  # type: ignore[assignment]
+        self._iterator: AsyncGenerator[bytes, None]
+        if raw and isinstance(response.stream, ResponseBody):  # the lean transport's: read it without httpx's layer
+            self._iterator = response.stream.__aiter__()
+        else:
+            self._iterator = response.aiter_raw() if raw else response.aiter_bytes()  # type: ignore[assignment]
 
     async def start(self) -> None:
         """Wait for the first byte of the body (an empty body counts as its end).
@@ -97,8 +101,8 @@ class BackendResponse:
             self._body = await self._read_all()
         return self._body
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The SSE bytes as they arrive, the first (read by ``start``) included.
+    async def chunks(self, on_chunk: Callable[[bytes], None] = lambda chunk: None) -> AsyncIterator[bytes]:
+        """The SSE bytes as they arrive, the first (read by ``start``) included; ``on_chunk`` sees each first.
 
         Ends with BackendStreamError when the backend sent an error event (the
         bytes were relayed first), BadBackendReply when the stream ended
@@ -115,6 +119,7 @@ class BackendResponse:
         if first:
             error_event = _error_event(first)
             last = first
+            on_chunk(first)
             yield first
         with self._errors_mapped():
             async for chunk in self._iterator:
@@ -123,6 +128,7 @@ class BackendResponse:
                 ):
                     error_event = _error_event(last + chunk)
                 previous, last = last, chunk
+                on_chunk(chunk)
                 yield chunk
         if error_event is not None:
             raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")

@@ -80,18 +80,16 @@ class Completion:
             raise RuntimeError("Completion.payload before read()")
         return payload
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
         """The SSE bytes of a streaming response, relayed as they arrive.
 
         Every byte is yielded before the stream's verdict: it may then end
         with BackendStreamError (the backend's own error event was among the
         bytes), BadBackendReply (no ``[DONE]`` or finish reason) or
-        BackendUnavailable (the connection broke).
+        BackendUnavailable (the connection broke). The request's record sees
+        each chunk on the way (no generator of its own: one layer less a chunk).
         """
-        saw_chunk = self.record.saw_chunk
-        async for chunk in self.response.chunks():
-            saw_chunk(chunk)
-            yield chunk
+        return self.response.chunks(self.record.saw_chunk)
 
 
 @dataclass(frozen=True)

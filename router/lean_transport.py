@@ -22,7 +22,7 @@ import collections
 import re
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 import httptools
@@ -246,7 +246,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             connection.status,
             headers=connection.headers,
-            stream=_Body(self, connection),
+            stream=ResponseBody(self, connection),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
         )
 
@@ -303,14 +303,18 @@ class LeanTransport(httpx.AsyncBaseTransport):
             await connection.aclose()
 
 
-class _Body(httpx.AsyncByteStream):
-    """A response body read from its connection; closing it returns or closes the connection."""
+class ResponseBody(httpx.AsyncByteStream):
+    """A response body read from its connection; closing it returns or closes the connection.
+
+    The backend client iterates it directly rather than through httpx's
+    ``aiter_raw``: one layer of async generator less for every relayed chunk.
+    """
 
     def __init__(self, transport: LeanTransport, connection: _Connection) -> None:
         self._transport = transport
         self._connection: _Connection | None = connection
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         connection = self._connection
         if connection is None:
             return
