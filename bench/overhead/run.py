@@ -3,7 +3,7 @@
 Engines in the ``instant`` profile (no GPU time: every millisecond is HTTP,
 gRPC, JSON and scheduling); tailguard in front of them from a temporary
 config; the peer, vllm-router (Rust, from PyPI, ``--policy round_robin``),
-in front of the same engine; the engine called directly beside both. Four
+in front of the same engine; the engine called directly beside both. Five
 phases, side by side:
 
 1. Added latency, open loop: Poisson arrivals at fixed rates (default 100
@@ -18,8 +18,14 @@ phases, side by side:
 3. SSE relay: 64 and 256 concurrent streaming chats (max_tokens 128)
    directly, through vllm-router and through tailguard's HTTP API; events/s
    and router CPU per event, then a py-spy profile of tailguard's 256-stream
-   relay (unmeasured).
-4. tailguard beside vllm-router (ratios), and the issue's targets, reported
+   relay (unmeasured). The instant engine writes events as fast as they are
+   read, so several ride on one read and one send.
+4. SSE relay at engine pace: 64 streams from an engine in the ``latency``
+   profile, in real time (one event per stream per ~10 ms step, as vLLM
+   sends them), directly, through a vllm-router of its own and through
+   tailguard (the batch pool's engine); router CPU per event. Each event is
+   a read and a send of its own here: what relaying costs in production.
+5. tailguard beside vllm-router (ratios), and the issue's targets, reported
    (not tuned for).
 
 The peer serves no gRPC, so tailguard's gRPC rows are set beside its HTTP.
@@ -90,6 +96,13 @@ ROUTER_OF = {PEER: VLLM_ROUTER, HTTP: TAILGUARD, GRPC: TAILGUARD}  # the router 
 # The cheapest of the peer's policies, so its cost is a floor; its default,
 # cache_aware, also walks a prefix tree per request.
 PEER_POLICY = "round_robin"
+# The paced relay's engine: real time, a step per ~10 ms. The batch pool's
+# endpoint (the other phases send interactive requests only); the peer gets
+# a second process in front of it.
+PACED_PROFILE = "latency"
+PACED_PEER = "vllm-router, paced engine"  # the second peer's key in the pids and the cores
+PACED_ROUTER_OF = {PEER: PACED_PEER, HTTP: TAILGUARD}
+PACED_MAX_TOKENS = 256  # over the interactive class's 128: tailguard classes them batch, to the paced engine
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,7 @@ class Options:
     streams: Sequence[int]
     sse_warmup_s: float
     sse_seconds: float
+    paced_streams: int  # 0: no paced relay
     profile_s: float  # 0: no py-spy
     seed: int
     out_dir: Path
@@ -167,6 +181,7 @@ class Result:
     versus_peer: list[VersusPeer]
     saturation: list[RunResult]
     streams: list[StreamRun]
+    paced: list[StreamRun]  # the relay at engine pace ('tailguard_cpu_us_per_chunk': the path's router's)
     profiles: dict[str, ProfileSummary]
     targets: list[Target]
     machine_busy_cores: dict[str, float]  # saturation and SSE runs (warm-up included), keyed "PATH" / "PATH STREAMS"
@@ -178,34 +193,46 @@ class Result:
 
 async def measure(options: Options, aio: AsyncioThread) -> Result:
     """Start the simulator, tailguard and the peer, run every phase, tear it all down on every path."""
-    sim_port, batch_port, http_port, grpc_port, peer_port, peer_metrics_port = free_ports(6)
+    sim_port, paced_port, http_port, grpc_port, peer_port, peer_metrics_port, paced_peer_port, paced_metrics_port = free_ports(8)
     with tempfile.TemporaryDirectory(prefix="tailguard-overhead-") as tmp:
         config = Path(tmp) / "config.toml"
         pool = partial(PoolSpec, max_concurrency=POOL_CAP, max_queue=4 * POOL_CAP)
         config.write_text(
-            tailguard_config(http_port, grpc_port, pool("interactive", [(sim_port, POOL_CAP)]), pool("batch", [(batch_port, POOL_CAP)]))
+            tailguard_config(http_port, grpc_port, pool("interactive", [(sim_port, POOL_CAP)]), pool("batch", [(paced_port, POOL_CAP)]))
         )
-        logs = {name: Path(tmp) / f"{name}.log" for name in ("simulator", TAILGUARD, VLLM_ROUTER)}
-        with logs["simulator"].open("wb") as sim_out, logs[TAILGUARD].open("wb") as tg_out, logs[VLLM_ROUTER].open("wb") as peer_out:
+        logs = {name: Path(tmp) / f"{name}.log" for name in ("simulator", TAILGUARD, VLLM_ROUTER, PACED_PEER)}
+        with (
+            logs["simulator"].open("wb") as sim_out,
+            logs[TAILGUARD].open("wb") as tg_out,
+            logs[VLLM_ROUTER].open("wb") as peer_out,
+            logs[PACED_PEER].open("wb") as paced_peer_out,
+        ):
             try:
                 async with trio.open_nursery() as nursery:
-                    sim = await start_simulator(nursery, [(sim_port, "instant"), (batch_port, "instant")], log=sim_out)
+                    sim = await start_simulator(nursery, [(sim_port, "instant"), (paced_port, PACED_PROFILE)], log=sim_out)
                     await wait_ready(sim_port, sim, "the simulator")
-                    await wait_ready(batch_port, sim, "the simulator")
+                    await wait_ready(paced_port, sim, "the simulator")
                     tg = await start_tailguard(nursery, config, log=tg_out)
                     await wait_ready(http_port, tg, "tailguard")
                     routers = [(tg, "tailguard")]
                     pids = {"simulator": sim.pid, TAILGUARD: tg.pid}
                     ports = {DIRECT: sim_port, HTTP: http_port}
+                    paced_ports = {DIRECT: paced_port, HTTP: http_port}
                     if options.peer is not None:
                         command = peer_command(options.peer, peer_port, peer_metrics_port, sim_port)
                         peer = await start_process(nursery, command, peer_out)
                         await wait_ready(peer_port, peer, "vllm-router")
                         routers.append((peer, "vllm-router"))
                         pids[VLLM_ROUTER], ports[PEER] = peer.pid, peer_port
+                        if options.paced_streams:
+                            command = peer_command(options.peer, paced_peer_port, paced_metrics_port, paced_port)
+                            paced_peer = await start_process(nursery, command, paced_peer_out)
+                            await wait_ready(paced_peer_port, paced_peer, "vllm-router (paced engine)")
+                            routers.append((paced_peer, "vllm-router (paced engine)"))
+                            pids[PACED_PEER], paced_ports[PEER] = paced_peer.pid, paced_peer_port
                     client = await aio.run(partial(GrpcClient.open, f"{HOST}:{grpc_port}", 1))
                     try:
-                        result = await _phases(options, aio, client, ports, pids)
+                        result = await _phases(options, aio, client, ports, paced_ports, pids)
                     finally:
                         with trio.CancelScope(shield=True), trio.move_on_after(_CANCEL_GRACE_S):
                             await aio.run(client.close)
@@ -256,12 +283,15 @@ def peer_version(peer: Path | None) -> str | None:
     return f"vllm-router {version} ({peer}), --policy {PEER_POLICY}, its defaults otherwise"
 
 
-async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int]) -> Result:
+async def _phases(
+    options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], paced_ports: dict[str, int], pids: dict[str, int]
+) -> Result:
     open_runs = await open_loop_phase(options, aio, client, ports, pids)
     busy: dict[str, float] = {}
     saturation, profiles = await saturation_phase(options, aio, client, ports, pids, busy)
     streams, sse_profile = await sse_phase(options, ports, pids, busy)
     profiles.update(sse_profile)
+    paced = await paced_phase(options, paced_ports, pids, busy) if options.paced_streams else []
     added = _added(open_runs)
     return Result(
         code=code_version(),
@@ -281,9 +311,10 @@ async def _phases(options: Options, aio: AsyncioThread, client: GrpcClient, port
         parameters={k: (list(v) if isinstance(v, Sequence) else str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
         open_loop=open_runs,
         added=added,
-        versus_peer=_versus_peer(added, saturation, streams),
+        versus_peer=_versus_peer(added, saturation, streams, paced),
         saturation=saturation,
         streams=streams,
+        paced=paced,
         profiles=profiles,
         targets=_targets(added, saturation, streams),
         machine_busy_cores=busy,
@@ -298,8 +329,11 @@ def _sat_progress(r: RunResult) -> str:
     return f"  saturation {r.target:>14}: {r.req_per_s:,.0f} req/s, router {_router_cores(r.cores, r.target):.2f} cores, client {r.cores['client']:.2f}"
 
 
-def _sse_progress(s: StreamRun) -> str:
-    return f"  sse {s.target:>14} {s.streams} streams: {s.chunks_per_s:,.0f} events/s, router {_router_cores(s.cores, s.target):.2f} cores, {s.errors} errors"
+def _sse_progress(s: StreamRun, routers: dict[str, str] = ROUTER_OF) -> str:
+    return (
+        f"  sse {s.target:>14} {s.streams} streams: {s.chunks_per_s:,.0f} events/s, router {_router_cores(s.cores, s.target, routers):.2f} cores, "
+        f"{maybe(s.tailguard_cpu_us_per_chunk, '.1f')} µs an event, {s.errors} errors"
+    )
 
 
 async def open_loop_phase(options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int]) -> list[OpenRun]:
@@ -412,6 +446,28 @@ async def sse_phase(options: Options, ports: dict[str, int], pids: dict[str, int
     return runs, profiles
 
 
+async def paced_phase(options: Options, ports: dict[str, int], pids: dict[str, int], busy: dict[str, float]) -> list[StreamRun]:
+    """Streaming chats from the engine at real pace: directly, through its own vllm-router, through tailguard."""
+    payload = {
+        "messages": [{"role": "user", "content": MESSAGE}],
+        "max_tokens": PACED_MAX_TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    runs: list[StreamRun] = []
+    for path in _paths(ports, (DIRECT, PEER, HTTP)):
+        request = http_request(ports[path], CHAT_PATH, payload)
+        machine = MachineClock.read()
+        run = await sse_streams(
+            "direct" if path == DIRECT else path, ports[path], request, options.paced_streams, options.sse_warmup_s, options.sse_seconds,
+            pids, router=PACED_ROUTER_OF.get(path),
+        )
+        busy[f"{path} paced"] = MachineClock.read().cores_since(machine)
+        runs.append(replace(run, target=path))
+        print(_sse_progress(runs[-1], PACED_ROUTER_OF), file=sys.stderr, flush=True)
+    return runs
+
+
 def _paths(ports: dict[str, int], order: Sequence[str]) -> list[str]:
     """The paths of ``order`` this run has (the peer may be left out), in that order."""
     return [path for path in order if path in ports or path == GRPC]
@@ -476,7 +532,9 @@ def _targets(added: Sequence[Added], saturation: Sequence[RunResult], streams: S
 # -- reporting ---------------------------------------------------------------------------
 
 
-def _versus_peer(added: Sequence[Added], saturation: Sequence[RunResult], streams: Sequence[StreamRun]) -> list[VersusPeer]:
+def _versus_peer(
+    added: Sequence[Added], saturation: Sequence[RunResult], streams: Sequence[StreamRun], paced: Sequence[StreamRun]
+) -> list[VersusPeer]:
     """tailguard's HTTP and gRPC APIs beside vllm-router, measure by measure (empty without the peer)."""
     rows: list[VersusPeer] = []
 
@@ -500,6 +558,9 @@ def _versus_peer(added: Sequence[Added], saturation: Sequence[RunResult], stream
         row(f"SSE events/s, {count} streams", "higher", {p: s.chunks_per_s for p, s in at_count.items()})
         per_event = {p: s.tailguard_cpu_us_per_chunk for p, s in at_count.items() if s.tailguard_cpu_us_per_chunk is not None}
         row(f"router CPU µs/event, {count} streams", "lower", dict(per_event))
+    if paced:
+        per_event = {s.target: s.tailguard_cpu_us_per_chunk for s in paced if s.tailguard_cpu_us_per_chunk is not None}
+        row(f"router CPU µs/event at engine pace, {paced[0].streams} streams", "lower", dict(per_event))
     return rows
 
 
@@ -508,17 +569,13 @@ def _ratio(value: float | None, peer: float) -> float | None:
     return value / peer if value is not None and peer > 0 else None
 
 
-def _router(path: str) -> str | None:
-    return ROUTER_OF.get(path)
-
-
-def _cores(cores: dict[str, float], path: str) -> str:
+def _cores(cores: dict[str, float], path: str, routers: dict[str, str] = ROUTER_OF) -> str:
     """Simulator / the path's router / client cores (no router on the direct path)."""
-    return cores_cell(cores, _router(path))
+    return cores_cell(cores, routers.get(path))
 
 
-def _router_cores(cores: dict[str, float], path: str) -> float:
-    router = _router(path)
+def _router_cores(cores: dict[str, float], path: str, routers: dict[str, str] = ROUTER_OF) -> float:
+    router = routers.get(path)
     return cores[router] if router is not None else 0.0
 
 
@@ -569,6 +626,21 @@ def render(result: Result) -> str:
             f"| {s.target} | {s.streams} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {_cores(s.cores, s.target)} "
             f"| {maybe(result.machine_busy_cores.get(f'{s.target} {s.streams}'), '.2f')} | {maybe(s.tailguard_cpu_us_per_chunk, '.1f')} |"
         )
+    if result.paced:
+        lines += [
+            "",
+            f"## SSE relay at engine pace: the '{PACED_PROFILE}' engine in real time, {result.paced[0].streams} streams (max_tokens "
+            f"{PACED_MAX_TOKENS}: the batch class), a vllm-router of its own",
+            "",
+            "| path | window s | events/s | streams done | errors | cores: sim / router / client | machine busy cores | router CPU µs/event |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for s in result.paced:
+            lines.append(
+                f"| {s.target} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {_cores(s.cores, s.target, PACED_ROUTER_OF)} "
+                f"| {maybe(result.machine_busy_cores.get(f'{s.target} paced'), '.2f')} | {maybe(s.tailguard_cpu_us_per_chunk, '.1f')} |"
+            )
+        lines += ["", "The engine sets the pace, so events/s are the same on every path; what differs is what each event costs the router."]
     lines += ["", "## Targets (reported, not tuned for)", "", *targets_table(result.targets)]
     for name, p in result.profiles.items():
         others = ", ".join(f"{thread} {n}" for thread, n in p.other_thread_samples.items()) or "none"
@@ -634,6 +706,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--streams", type=comma_separated(int), default="64,256", help="comma-separated concurrent SSE streams (default %(default)s)")
     parser.add_argument("--sse-warmup", type=float, default=2.0, help="SSE load before each window (default %(default)s)")
     parser.add_argument("--sse-seconds", type=float, default=6.0, help="each SSE window (default %(default)s)")
+    parser.add_argument(
+        "--paced-streams", type=int, default=64, help="streams of the relay at engine pace (a latency engine in real time); 0 skips it (default %(default)s)"
+    )
     parser.add_argument("--profile-seconds", type=float, default=8.0, help="py-spy recording of the router; 0 skips it (default %(default)s)")
     add_seed_arg(parser, 1, "the Poisson arrivals")
     parser.add_argument("--peer", type=Path, default=None, help="the vllm-router executable (default: beside this Python, else on PATH)")
@@ -649,13 +724,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     streams: list[int] = args.streams
     if not rates or min(rates) <= 0 or not streams or min(streams) < 1:
         parser.error("--rates must be > 0 and --streams >= 1")
-    if min(args.seconds, args.sat_seconds, args.sse_seconds) <= 0 or min(args.warmup, args.sse_warmup, args.profile_seconds) < 0:
+    if min(args.seconds, args.sat_seconds, args.sse_seconds) <= 0 or min(args.warmup, args.sse_warmup, args.profile_seconds, args.paced_streams) < 0:
         parser.error("durations must be > 0 (warm-ups and --profile-seconds >= 0)")
     peer = None if args.no_peer else (args.peer or find_peer())
     if not args.no_peer and (peer is None or not peer.exists()):
         parser.error("vllm-router not found: pip install -e '.[bench]', pass --peer PATH, or --no-peer")
     options = Options(
-        rates, args.seconds, args.warmup, args.sat_seconds, streams, args.sse_warmup, args.sse_seconds, args.profile_seconds, args.seed, args.out, peer
+        rates, args.seconds, args.warmup, args.sat_seconds, streams, args.sse_warmup, args.sse_seconds, args.paced_streams, args.profile_seconds,
+        args.seed, args.out, peer,
     )
     raise_nofile(8192)  # children inherit it: 256 streams are 512 sockets in tailguard
     with AsyncioThread() as aio:
