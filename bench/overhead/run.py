@@ -538,17 +538,17 @@ def _versus_peer(
     """tailguard's HTTP and gRPC APIs beside vllm-router, measure by measure (empty without the peer)."""
     rows: list[VersusPeer] = []
 
-    def row(measure: str, better: str, values: dict[str, float | None]) -> None:
+    def row(measure: str, better: str, values: dict[str, float | None], floor: float = 0.0) -> None:
         peer = values.get(PEER)
         if peer is None:
             return
         http, grpc = values.get(HTTP), values.get(GRPC)
-        rows.append(VersusPeer(measure, better, peer, http, grpc, _ratio(http, peer), _ratio(grpc, peer)))
+        rows.append(VersusPeer(measure, better, peer, http, grpc, _ratio(http, peer, floor), _ratio(grpc, peer, floor)))
 
     for rate in sorted({a.rate for a in added}):
         at = {a.path: a for a in added if a.rate == rate}
-        row(f"added P50 ms at {rate:g} req/s", "lower", {p: a.added_p50_ms for p, a in at.items()})
-        row(f"added P99 ms at {rate:g} req/s", "lower", {p: a.added_p99_ms for p, a in at.items()})
+        row(f"added P50 ms at {rate:g} req/s", "lower", {p: a.added_p50_ms for p, a in at.items()}, _ADDED_MS_FLOOR)
+        row(f"added P99 ms at {rate:g} req/s", "lower", {p: a.added_p99_ms for p, a in at.items()}, _ADDED_MS_FLOOR)
     sat = {r.target: r for r in saturation}
     row(f"saturation req/s (concurrency {SATURATION_CONCURRENCY})", "higher", {p: r.req_per_s for p, r in sat.items()})
     cpu = {p: r.router_cpu_ms_per_request * 1000 for p, r in sat.items() if r.router_cpu_ms_per_request is not None}
@@ -564,9 +564,14 @@ def _versus_peer(
     return rows
 
 
-def _ratio(value: float | None, peer: float) -> float | None:
-    """tailguard / peer; None when either is missing or the peer's is not above 0 (no meaningful ratio)."""
-    return value / peer if value is not None and peer > 0 else None
+# An added latency below this is within the clock's noise: no ratio against it
+# (a peer that adds 0.002 ms would make any router look hundreds of times slower).
+_ADDED_MS_FLOOR = 0.05
+
+
+def _ratio(value: float | None, peer: float, floor: float = 0.0) -> float | None:
+    """tailguard / peer; None when either is missing or the peer's is not above ``floor`` (no meaningful ratio)."""
+    return value / peer if value is not None and peer > floor else None
 
 
 def _cores(cores: dict[str, float], path: str, routers: dict[str, str] = ROUTER_OF) -> str:
@@ -687,7 +692,7 @@ def _render_versus_peer(result: Result) -> list[str]:
     lines += [
         "",
         "Added latency is over the engine called directly at the same arrivals; a ratio is left out ('-') when the peer's value is not "
-        "above 0. The peer serves HTTP only: the gRPC column is tailguard's gRPC API beside the peer's HTTP.",
+        f"above {_ADDED_MS_FLOOR:g} ms. The peer serves HTTP only: the gRPC column is tailguard's gRPC API beside the peer's HTTP.",
         "",
     ]
     return lines
