@@ -473,8 +473,8 @@ def test_readme_performance_headline_is_what_the_linked_pages_say() -> None:
 def test_performance_pages_overhead_table_is_the_committed_run() -> None:
     """docs/performance.md's current table is bench/results/overhead/overhead.json, rounded."""
     run = json.loads((ROOT / "bench" / "results" / "overhead" / "overhead.json").read_text(encoding="utf-8"))
-    section = _section(DOCS / "performance.md", "## Where it stands (issue 11, commit 080d5e7)")
-    assert run["code"].startswith("080d5e7")
+    section = _section(DOCS / "performance.md", "## Where it stands (issue 11, commit b6b2e40)")
+    assert run["code"].startswith("b6b2e40")
     rows = {
         line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:5]]
         for line in section.splitlines()
@@ -495,4 +495,9 @@ def test_performance_pages_overhead_table_is_the_committed_run() -> None:
     assert rows["SSE relay, 256 streams"][:2] == [
         f"{peer['chunks_per_s']:,.0f} events/s ({peer['tailguard_cpu_us_per_chunk']:.1f} µs CPU each)",
         f"{ours['chunks_per_s']:,.0f} events/s ({ours['tailguard_cpu_us_per_chunk']:.1f} µs)",
+    ]
+    paced = {entry["target"]: entry for entry in run["paced"]}
+    assert rows["SSE relay at engine pace, 64 streams"][:2] == [
+        f"{paced['vllm-router HTTP']['tailguard_cpu_us_per_chunk']:.1f} µs CPU an event",
+        f"{paced['tailguard HTTP']['tailguard_cpu_us_per_chunk']:.1f} µs",
     ]
