@@ -60,14 +60,17 @@ class _PlainStream:
     at once returns at once. Errors are Trio's, as a SocketStream raises them.
     """
 
-    __slots__ = ("_sock", "_drained")
+    __slots__ = ("_sock", "_drained", "_closed")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self._sock = sock
         self._drained = True  # nothing can be waiting before the first request goes out
+        self._closed = False
 
     async def receive_some(self, max_bytes: int) -> bytes:
+        if self._closed:
+            raise trio.ClosedResourceError("the connection was closed")
         sock = self._sock
         if self._drained:
             await trio.lowlevel.wait_readable(sock)
@@ -85,6 +88,8 @@ class _PlainStream:
             return data
 
     async def send_all(self, data: bytes) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the connection was closed")
         sock = self._sock
         try:
             sent = sock.send(data)
@@ -103,8 +108,10 @@ class _PlainStream:
                 raise trio.BrokenResourceError(f"the connection broke: {error}") from error
 
     async def aclose(self) -> None:
-        trio.lowlevel.notify_closing(self._sock)  # a task waiting on it gets ClosedResourceError
-        self._sock.close()
+        if not self._closed:
+            self._closed = True
+            trio.lowlevel.notify_closing(self._sock)  # a task waiting on it gets ClosedResourceError
+            self._sock.close()
         await trio.lowlevel.checkpoint()
 
 
@@ -257,7 +264,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 stream: _Stream
                 if self._tls is not None:
                     tls = trio.SSLStream(opened, self._tls, server_hostname=self._host, https_compatible=True)
-                    await tls.do_handshake()
+                    try:
+                        await tls.do_handshake()
+                    except BaseException:  # refused, timed out or cancelled: the socket must not wait for the GC
+                        opened.socket.close()
+                        raise
                     stream = tls
                 else:  # the socket, without SocketStream (its options, TCP_NODELAY among them, stay set)
                     stream = _PlainStream(socket.socket(fileno=opened.socket.detach()))
@@ -325,11 +336,11 @@ class ResponseBody(httpx.AsyncByteStream):
                     connection.body.clear()
                     yield data
                 if connection.done:
-                    return
+                    break
                 if connection.eof:
                     if connection.close_delimited():
                         connection.done = True
-                        return
+                        break
                     raise httpx.RemoteProtocolError("the backend closed the connection mid-body")
                 await connection.receive()
         except httpx.RemoteProtocolError as error:
@@ -338,6 +349,9 @@ class ResponseBody(httpx.AsyncByteStream):
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             connection.spoiled = True
             raise httpx.ReadError(f"the backend broke the response body: {error}") from None
+        # The body is whole: the connection goes back to the pool now, not when
+        # the caller gets round to closing the response (after its own writes).
+        await self.aclose()
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None

@@ -357,8 +357,9 @@ class _Socket:
         sock.setblocking(False)
         # After a read that came back short the socket is almost surely empty:
         # the next read waits for readiness first instead of a recv that fails
-        # with EAGAIN (a system call and an exception each request).
-        self._drained = False
+        # with EAGAIN (a system call and an exception each request). A fresh
+        # connection counts as read: its first bytes may not be here yet.
+        self._drained = True
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
@@ -371,6 +372,8 @@ class _Socket:
     async def receive_some(self) -> bytes:
         """Bytes from the peer; ``b""`` when it closed or reset the connection."""
         wait = self._drained
+        if not wait:  # the last read filled its buffer (a big body): more may be there, but let the others run first
+            await trio.lowlevel.checkpoint()
         while not self.closed:
             if wait:
                 try:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import trio
 
+from tailguard.router.backend import BackendClient
 from tailguard.router.lean_transport import LeanTransport
 
 from .http_helpers import QUICK, engines_on_sockets
@@ -231,4 +232,66 @@ async def test_a_call_cancelled_while_it_waits_closes_its_connection() -> None:
             await saw_close.wait()
         assert transport.idle == 0  # never kept for another request
         await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def _sse_answer(events: int) -> bytes:
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * events)
+    last = b'data: {"choices":[{"delta":{},"finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+    return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n%s%x\r\n%s\r\n0\r\n\r\n" % (chunks, len(last), last)
+
+
+async def test_the_backend_client_gives_a_connection_back_when_its_body_ends_and_drops_one_it_abandons() -> None:
+    completion = b'{"choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]}'
+    answers = [
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(completion), completion),
+        _sse_answer(3),
+    ]
+    hung_up = trio.Event()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        for answer in answers:
+            await _read_request(stream)
+            await stream.send_all(answer)
+        await _read_request(stream)
+        await stream.send_all(_sse_answer(0)[: -len(b"0\r\n\r\n") - 60])  # a stream that stops halfway
+        if await stream.receive_some(65536) == b"":
+            hung_up.set()
+
+    async with trio.open_nursery() as nursery:
+        url = await _serve(handle, nursery)
+        transport = LeanTransport(url, connect_timeout=2, max_idle=4)
+        client = BackendClient(url, max_concurrency=4, connect_timeout=2, transport=transport)
+        with trio.fail_after(5):
+            response = await client.open("/v1/chat/completions", BODY, {}, stream=False)
+            assert await response.read() == completion
+            assert transport.idle == 1  # back in the pool before the caller closed the response
+            await response.aclose()
+            response = await client.open("/v1/chat/completions", {**BODY, "stream": True}, {}, stream=True)
+            await response.start()
+            relayed = b"".join([chunk async for chunk in response.chunks()])
+            assert relayed.count(b"data:") == 5 and transport.idle == 1
+            await response.aclose()
+            response = await client.open("/v1/chat/completions", {**BODY, "stream": True}, {}, stream=True)
+            await response.start()
+            await response.aclose()  # the caller left mid-stream: the connection cannot be trusted again
+            await hung_up.wait()
+        assert transport.idle == 0 and transport.opened == 1 and client.in_flight == 0
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_closed_connection_raises_trios_closed_error_not_a_value_error() -> None:
+    async def hold(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        url = await _serve(hold, nursery)
+        transport = LeanTransport(url, connect_timeout=2, max_idle=4)
+        connection = await transport._connect()
+        await connection.stream.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await connection.stream.receive_some(1024)
+        with pytest.raises(trio.ClosedResourceError):
+            await connection.stream.send_all(b"x")
         nursery.cancel_scope.cancel()
