@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import trio
 
 from .config_types import ServerConfig
 from .errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
@@ -101,8 +102,12 @@ class BackendResponse:
             self._body = await self._read_all()
         return self._body
 
-    async def chunks(self, on_chunk: Callable[[bytes], None] = lambda chunk: None) -> AsyncIterator[bytes]:
+    async def chunks(self, on_chunk: Callable[[bytes], None] = lambda chunk: None, interval: float = 0.0) -> AsyncIterator[bytes]:
         """The SSE bytes as they arrive, the first (read by ``start``) included; ``on_chunk`` sees each first.
+
+        With ``interval`` the stream is read at most once per that many
+        seconds: what arrived meanwhile is one chunk (the events of several
+        engine steps, one read and one send instead of one each).
 
         Ends with BackendStreamError when the backend sent an error event (the
         bytes were relayed first), BadBackendReply when the stream ended
@@ -130,11 +135,20 @@ class BackendResponse:
                 previous, last = last, chunk
                 on_chunk(chunk)
                 yield chunk
+                if interval:
+                    await self._pause(interval)
         if error_event is not None:
             raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")
         end = previous[-_END_WINDOW:] + last
         if not end.rstrip().endswith(b"data: [DONE]") and _FINISH_REASON.search(end) is None:
             raise BadBackendReply(f"the backend {self._url} ended its stream without [DONE] or a finish reason")
+
+    async def _pause(self, seconds: float) -> None:
+        stream = self._response.stream
+        if isinstance(stream, ResponseBody):
+            await stream.pause(seconds)
+        else:
+            await trio.sleep(seconds)
 
     async def aclose(self) -> None:
         if self._closed:

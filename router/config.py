@@ -62,6 +62,8 @@ _T = TypeVar("_T")
 _S = TypeVar("_S", bound=str)
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# A class's relay_interval above this would show as a stalled stream, not as tokens in bursts.
+_MAX_RELAY_INTERVAL = 1.0
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _OVER_CAP_MODES: tuple[OverCapMode, ...] = get_args(OverCapMode)
 _SIMULATE_PROFILES: tuple[SimulateProfile, ...] = get_args(SimulateProfile)
@@ -1044,6 +1046,9 @@ def _read_class(
             " the queue)",
         )
     priority = table.integer("priority")
+    relay_interval = table.number("relay_interval", 0.0, minimum=0.0, inclusive=True)
+    if table.ok("relay_interval") and relay_interval > _MAX_RELAY_INTERVAL:
+        table.problem("relay_interval", f"{relay_interval:g} s is over {_MAX_RELAY_INTERVAL:g} s: a stream would stall visibly")
     if not table.finish():
         return None
     return ClassConfig(
@@ -1053,6 +1058,7 @@ def _read_class(
         priority=priority,
         max_prompt_tokens=max_prompt,
         max_output_tokens=max_output,
+        relay_interval=relay_interval,
     )
 
 

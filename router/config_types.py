@@ -320,6 +320,12 @@ class ClassConfig:
     priority: int  # lower is served first when classes share a pool
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
+    # Streams of this class are read from the backend at most once per this
+    # many seconds (0: each event as it comes): the events of a step pile up
+    # and go on in one read and one send, for a class that does not watch
+    # tokens arrive (batch jobs), so the event loop stays free for the ones
+    # that do.
+    relay_interval: float = 0.0
 
 
 @dataclass(frozen=True)

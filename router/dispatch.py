@@ -57,6 +57,7 @@ class Completion:
     response: BackendResponse
     stream: bool
     record: RequestRecord
+    relay_interval: float = 0.0  # the class's: seconds between reads of the stream (0: as events come)
 
     async def read(self) -> bytes:
         """The whole body of a non-streaming response; ``payload`` is then its parsed form.
@@ -89,7 +90,7 @@ class Completion:
         BackendUnavailable (the connection broke). The request's record sees
         each chunk on the way (no generator of its own: one layer less a chunk).
         """
-        return self.response.chunks(self.record.saw_chunk)
+        return self.response.chunks(self.record.saw_chunk, self.relay_interval)
 
 
 @dataclass(frozen=True)
@@ -537,7 +538,7 @@ class Router:
                         queue_seconds=admitted - arrival,
                     )
                     try:
-                        yield Completion(routing, response, request.stream, record)
+                        yield Completion(routing, response, request.stream, record, klass.relay_interval)
                     except BackendError as error:  # the body broke or was not a completion
                         self._failed(serving, lease.endpoint, error)
                         raise

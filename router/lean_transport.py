@@ -60,19 +60,22 @@ class _PlainStream:
     at once returns at once. Errors are Trio's, as a SocketStream raises them.
     """
 
-    __slots__ = ("_sock", "_drained", "_closed")
+    __slots__ = ("_sock", "_drained", "_closed", "_expected")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self._sock = sock
         self._drained = True  # nothing can be waiting before the first request goes out
         self._closed = False
+        self._expected = False  # the caller paused on purpose: the next read tries the socket at once
 
     async def receive_some(self, max_bytes: int) -> bytes:
         if self._closed:
             raise trio.ClosedResourceError("the connection was closed")
         sock = self._sock
-        if self._drained:
+        if self._expected:  # the caller just slept: it yielded already, and bytes are most likely here
+            self._expected = False
+        elif self._drained:
             await trio.lowlevel.wait_readable(sock)
         else:  # the last read filled its buffer: more may be there, but let the others run first
             await trio.lowlevel.checkpoint()
@@ -86,6 +89,10 @@ class _PlainStream:
                 raise trio.BrokenResourceError(f"the connection broke: {error}") from error
             self._drained = len(data) < max_bytes
             return data
+
+    def expect(self) -> None:
+        """The next read tries the socket before it waits: the caller paused so that bytes would pile up."""
+        self._expected = True
 
     async def send_all(self, data: bytes) -> None:
         if self._closed:
@@ -352,6 +359,13 @@ class ResponseBody(httpx.AsyncByteStream):
         # The body is whole: the connection goes back to the pool now, not when
         # the caller gets round to closing the response (after its own writes).
         await self.aclose()
+
+    async def pause(self, seconds: float) -> None:
+        """Let the body pile up for ``seconds``; the next read then takes it at once (no wait for readiness)."""
+        await trio.sleep(seconds)
+        connection = self._connection
+        if connection is not None and isinstance(connection.stream, _PlainStream):
+            connection.stream.expect()
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None

@@ -166,6 +166,12 @@ def test_integers_are_accepted_for_seconds_and_become_floats() -> None:
     assert isinstance(config.timeouts.end_to_end_timeout, float)
 
 
+def test_a_class_relay_interval_is_read_and_defaults_to_each_event_as_it_comes() -> None:
+    config = parse_config(edit("priority = 1", "priority = 1\nrelay_interval = 0.05"))
+    assert config.class_named("batch").relay_interval == 0.05
+    assert config.class_named("interactive").relay_interval == 0.0
+
+
 def test_a_pool_may_have_no_endpoints() -> None:
     text = edit(
         'endpoints = [{ url = "http://127.0.0.1:8001", max_concurrency = 64 }]', "endpoints = []"
@@ -298,6 +304,8 @@ ONE_PROBLEM = [
     ("queue_timeout = 30.0", "queue_timeout = inf", "classes.batch.queue_timeout", "> 0"),
     ("queue_timeout = 30.0", "queue_timeout = 120", "classes.batch.queue_timeout", "end_to_end_timeout"),
     ("priority = 1", "priority = 1.5", "classes.batch.priority", "integer"),
+    ("priority = 1", "priority = 1\nrelay_interval = -0.1", "classes.batch.relay_interval", ">= 0"),
+    ("priority = 1", "priority = 1\nrelay_interval = 2", "classes.batch.relay_interval", "stall"),
     ("[timeouts]", "server = 3\n[timeouts]", "server", "must be a table, got 3"),
     ("priority = 1\n", "", "classes.batch.priority", "missing"),
     ("max_prompt_tokens = 500", "max_prompt_tokens = 0", "classes.interactive.max_prompt_tokens", ">= 1"),

@@ -6,7 +6,9 @@ import dataclasses
 import json
 import logging
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
+import h11
 import httpx
 import openai
 import pytest
@@ -279,3 +281,49 @@ async def test_a_response_head_goes_out_whole_even_when_its_request_is_cancelled
         await exchange._start(200, [])
     assert [m["type"] for m in sent] == ["http.response.start"] and exchange.started
     await router.aclose()
+
+
+async def _relayed_frames(port: int, max_tokens: int) -> tuple[int, bytes, float]:
+    """Stream a chat over a raw socket: (chunked frames tailguard sent, the body, seconds it took).
+
+    Each frame of the chunked body is one send of the router's: what it relayed in one go.
+    """
+    payload = {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "stream": True}
+    connection = h11.Connection(h11.CLIENT)
+    body = json.dumps(payload).encode()
+    headers = [("host", "127.0.0.1"), ("content-type", "application/json"), ("content-length", str(len(body)))]
+    start = trio.current_time()
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(connection.send(h11.Request(method="POST", target="/v1/chat/completions", headers=headers)) or b"")
+        await stream.send_all(connection.send(h11.Data(data=body)) or b"")
+        await stream.send_all(connection.send(h11.EndOfMessage()) or b"")
+        frames, received = 0, b""
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                connection.receive_data(await stream.receive_some(65536))
+            elif isinstance(event, h11.Response):
+                assert event.status_code == 200
+            elif isinstance(event, h11.Data):
+                frames += event.chunk_end
+                received += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return frames, received, trio.current_time() - start
+
+
+async def test_a_class_with_a_relay_interval_gets_its_stream_in_fewer_bigger_sends_and_loses_nothing() -> None:
+    interval = 0.05
+    async with engines_on_sockets([QUICK, QUICK]) as backends:
+        config = config_for(backends.urls)
+        classes = tuple(dataclasses.replace(c, relay_interval=interval) if c.name == "batch" else c for c in config.classes)
+        async with tailguard(dataclasses.replace(config, classes=classes)) as running:
+            with trio.fail_after(20):
+                frames, body, seconds = await _relayed_frames(urlsplit(running.http_url).port or 80, max_tokens=300)  # over 128: batch
+        events = [line for line in body.split(b"\n\n") if line.startswith(b"data: ")]
+        chunks = [json.loads(event[len(b"data: ") :]) for event in events[:-1]]
+        tokens = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+        assert events[-1] == b"data: [DONE]" and sum(1 for t in tokens if t) == 300  # every token, whole events
+        # One read of the engine per interval at most (the first event goes at once): the frames are bounded by the
+        # time the stream took, whatever the machine's speed; unpaced, it is one frame per event (300 and more).
+        assert frames <= seconds / interval + 3 < 300

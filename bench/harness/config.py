@@ -64,15 +64,21 @@ def server_table(http_port: int, grpc_port: int) -> list[str]:
     ]
 
 
-def classes_tables(pools: Mapping[str, str], queue_timeouts: Mapping[str, str]) -> list[str]:
+def classes_tables(
+    pools: Mapping[str, str], queue_timeouts: Mapping[str, str], relay_intervals: Mapping[str, float] | None = None
+) -> list[str]:
     """The shipped classes: interactive (<= 500 prompt / 128 output tokens, priority 0) and batch (the rest, priority 1).
 
     ``pools`` names each class's pool; ``queue_timeouts`` are written as given
-    (the callers' committed configs spell them differently: ``3.0``, ``1.5``).
+    (the callers' committed configs spell them differently: ``3.0``, ``1.5``);
+    a class in ``relay_intervals`` gets that ``relay_interval`` (seconds).
     """
     thresholds = {"interactive": ["max_prompt_tokens = 500", "max_output_tokens = 128"], "batch": []}
     lines: list[str] = []
     for priority, name in enumerate(("interactive", "batch")):
         lines += [f"[classes.{name}]", f'pool = "{pools[name]}"', *thresholds[name]]
-        lines += [f"queue_timeout = {queue_timeouts[name]}", f"priority = {priority}", ""]
+        lines += [f"queue_timeout = {queue_timeouts[name]}", f"priority = {priority}"]
+        if relay_intervals and name in relay_intervals:
+            lines.append(f"relay_interval = {relay_intervals[name]:g}")
+        lines.append("")
     return lines

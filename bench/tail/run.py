@@ -196,6 +196,7 @@ class Options:
     seats: int | None = None  # every engine's max_num_seqs (the simulator's override); None: the profiles'
     lend_rules: Sequence[LendRule] = (DEFAULT_LEND,)
     lend_back: bool = True  # the batch pool lends idle seats to interactive requests in the lend set-ups
+    batch_relay_interval: float = 0.0  # the batch class's relay_interval, GPU seconds (0: each event as it comes)
     rebalance: RebalanceSpec = RebalanceSpec()
     batch_seats: Sequence[int] = (16,)  # shared-limit: batch's class_max_concurrency per endpoint, one set-up each
     max_engines: int = 0  # run set-ups at once while their engines add up to at most this; 0: one at a time
@@ -426,7 +427,9 @@ def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: Len
     )
 
 
-def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: float, fail_fast_fraction: float | None = None) -> str:
+def router_config(
+    http_port: int, grpc_port: int, setup: Setup, time_scale: float, fail_fast_fraction: float | None = None, batch_relay_interval: float = 0.0
+) -> str:
     """A tailguard config for ``setup``: the shipped classes, timeouts scaled to GPU time.
 
     ``fail_fast_fraction`` is written into every pool when given (else the
@@ -448,7 +451,8 @@ def router_config(http_port: int, grpc_port: int, setup: Setup, time_scale: floa
             table = [line.replace(" }", ", movable = true }") if line.startswith("endpoints = ") else line for line in table]
         lines += table
     lines += setup.tables
-    lines += classes_tables(setup.class_pool, {name: f"{QUEUE_TIMEOUTS[name] * time_scale:g}" for name in ("interactive", "batch")})
+    relay = {"batch": batch_relay_interval * time_scale} if batch_relay_interval else None
+    lines += classes_tables(setup.class_pool, {name: f"{QUEUE_TIMEOUTS[name] * time_scale:g}" for name in ("interactive", "batch")}, relay)
     return "\n".join(lines)
 
 
@@ -901,7 +905,7 @@ async def _router(setup: Setup, options: Options, tmp: Path, load: float = math.
         return
     http_port, grpc_port = free_ports(2)
     config = tmp / f"{_slug(setup.name)}-{load:g}.toml"
-    config.write_text(router_config(http_port, grpc_port, setup, options.time_scale, options.fail_fast_fraction))
+    config.write_text(router_config(http_port, grpc_port, setup, options.time_scale, options.fail_fast_fraction, options.batch_relay_interval))
     log_path = tmp / f"tailguard-{_slug(setup.name)}-{load:g}.log"  # one each: set-ups may run at once
     with log_path.open("ab") as log:
         log_from = log.tell()
@@ -1639,6 +1643,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the interactive pool's lending rule, e.g. prompt=512,reserve=8,seats=32,output=512; repeatable: one lend set-up "
         f"each, lend-rebalance takes the first (default {DEFAULT_LEND.label()})")
     add("--no-lend-back", action="store_true", help="in the lend set-ups, the batch pool lends nothing to interactive requests")
+    add("--batch-relay-interval", type=float, default=0.0, metavar="S",
+        help="the batch class's relay_interval in GPU seconds: its streams are read at most once per S (default 0: as events come)")
     add("--hold", type=float, default=RebalanceSpec.hold, help="[rebalance] hold_time, GPU s (default %(default)s)")
     add("--cooldown", type=float, default=RebalanceSpec.cooldown, help="[rebalance] cooldown, GPU s (default %(default)s)")
     add("--threshold", type=float, default=RebalanceSpec.threshold, help="[rebalance] threshold (default %(default)s)")
@@ -1709,6 +1715,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         seats=args.seats,
         lend_rules=rules,
         lend_back=not args.no_lend_back,
+        batch_relay_interval=args.batch_relay_interval,
         rebalance=RebalanceSpec(hold=args.hold, threshold=args.threshold, cooldown=args.cooldown),
         batch_seats=batch_seats,
         max_engines=args.max_engines,
