@@ -1398,10 +1398,10 @@ def render_config(config: Config) -> str:
     for pool in config.pools:
         lines += _render_pool(pool)
     lines.append("classes (the first that admits a request wins)")
-    rows = [("name", "max_prompt_tokens", "max_output_tokens", "pool", "queue_timeout", "priority")]
+    rows = [("name", "max_prompt_tokens", "max_output_tokens", "pool", "queue_timeout", "priority", "relay_interval")]
     rows += [
         (klass.name, _threshold(klass.max_prompt_tokens), _threshold(klass.max_output_tokens),
-         klass.pool, _seconds(klass.queue_timeout), str(klass.priority))
+         klass.pool, _seconds(klass.queue_timeout), str(klass.priority), _seconds_or_off(klass.relay_interval))
         for klass in config.classes
     ]
     lines += _aligned(rows, indent="  ")
