@@ -7,7 +7,7 @@ auth is off and every caller is :data:`ANONYMOUS`.
 
 To get the digest of a key for config.toml::
 
-    python -m router.auth <key>       # or with no argument: read it from stdin,
+    python -m tailguard.router.auth <key>       # or with no argument: read it from stdin,
                                       # keeping it out of shell history and ps
 """
 
@@ -84,7 +84,7 @@ class Authenticator:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.auth [KEY]``: print the digest to paste as ``key_sha256``."""
+    """``python -m tailguard.router.auth [KEY]``: print the digest to paste as ``key_sha256``."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1 or any(arg in ("-h", "--help") for arg in args):
         print(__doc__.strip() if __doc__ else "", file=sys.stderr)
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         key = sys.stdin.readline()
     key = key.strip()  # as config does for key and key_env
     if not key:
-        print("router.auth: empty key", file=sys.stderr)
+        print("tailguard.router.auth: empty key", file=sys.stderr)
         return 2
     print(hash_key(key))
     return 0

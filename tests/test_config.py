@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -131,6 +132,14 @@ def test_shipped_config_documents_that_a_request_without_max_tokens_is_batch() -
     assert config.limits.default_max_tokens > interactive.max_output_tokens
     text = SHIPPED.read_text(encoding="utf-8")
     assert "WITHOUT max_tokens is classified as batch" in text
+
+
+def test_every_module_the_shipped_config_tells_to_run_is_installed() -> None:
+    """A ``python -m X`` in config.toml's comments names a module of the installed package (not a source folder)."""
+    modules = set(re.findall(r"python -m ([\w.]+)", SHIPPED.read_text(encoding="utf-8")))
+    assert modules
+    for module in modules:
+        assert module.startswith("tailguard.") and importlib.util.find_spec(module) is not None, module
 
 
 def test_shipped_config_comments_every_key() -> None:
