@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import grpc
@@ -255,3 +256,22 @@ def test_calls_over_the_cap_get_resource_exhausted_at_once_and_are_counted() -> 
                 assert service.record(f"hold-{index}").outcome == "cancelled"
             backend.mode = "ok"
             assert stub.Chat(chat(max_tokens=4), timeout=10).usage.completion_tokens == 4  # room again
+
+
+def test_a_paced_class_streams_every_token_over_grpc_as_one_message_each() -> None:
+    """relay_interval hands the gRPC side several events in one chunk: each still becomes its own message."""
+
+    def paced(urls: list[str]) -> Config:
+        made = config(urls)
+        classes = tuple(dataclasses.replace(c, relay_interval=0.05) if c.name == "batch" else c for c in made.classes)
+        return dataclasses.replace(made, classes=classes)
+
+    with grpc_service([SLOW, SLOW], paced) as service, grpc.insecure_channel(service.grpc_target) as channel:
+        stub = pb_grpc.CompletionsStub(channel)
+        reply = stub.Chat(chat(max_tokens=200, seed=7))
+        assert reply.routing.request_class == "batch"
+        chunks = list(stub.ChatStream(chat(max_tokens=200, seed=7)))
+        assert chunks[0].routing.request_class == "batch"
+        tokens = [c.content for c in chunks if c.content]
+        assert len(tokens) == 200 and "".join(tokens) == reply.content
+        assert chunks[-1].usage.completion_tokens == 200
