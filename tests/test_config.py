@@ -114,7 +114,7 @@ def test_shipped_config_parses_with_the_documented_values() -> None:
             max_prompt_tokens=500,
             max_output_tokens=128,
         ),
-        ClassConfig(name="batch", pool="batch", queue_timeout=30.0, priority=1),
+        ClassConfig(name="batch", pool="batch", queue_timeout=30.0, priority=1, relay_interval=0.05),
     )
 
 
