@@ -200,6 +200,7 @@ async def serve(
             access_log=access_log,
             tracing=tracing,
         )
+        await nursery.start(app.run)  # background work: cancelled once the servers below are done
         # The HTTP server returns once the shutdown trigger fired and its
         # in-flight requests finished (or its grace period passed); the rest
         # of the nursery is background work, cancelled after it.

@@ -3,8 +3,9 @@
 Translation only: read and cap the body, parse it into a RouterRequest,
 relay the backend's bytes, render errors. Everything else a completion goes
 through -- request id, key, deadline, telemetry finished exactly once --
-is its ``router.session``. A watcher task tells the session when the client
-disconnects, which cancels the request and closes the backend stream.
+is its ``router.session``. A watch (``server/caller_watch.py``) tells the
+session when the client disconnects, which cancels the request and closes
+the backend stream; ``run`` must be running beside the server for it.
 
 A stream that ends badly ends with a last ``data: {"error": ...}`` event --
 except after the backend's own error event, which the caller already has.
@@ -12,6 +13,7 @@ except after the backend's own error event, which the caller already has.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -30,6 +32,7 @@ from tailguard.router.telemetry import RepeatedIds, Telemetry
 if TYPE_CHECKING:  # imported only while [tracing] is on
     from tailguard.router.tracing import Tracing
 
+from .caller_watch import CallerWatch, Watch
 from .errors_map import HttpError, http_error, no_route, wrong_method
 from .logs import AccessLog
 from .metrics import CONTENT_TYPE, Metrics
@@ -96,6 +99,11 @@ class HttpApi:
             log_prompts=None if access_log is None else (lambda: access_log.log_prompts),
             tracing=tracing,
         )
+        self._callers = CallerWatch()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """What the app needs running while it serves: the watch on callers who leave. Until cancelled."""
+        await self._callers.run(task_status=task_status)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -177,21 +185,22 @@ class HttpApi:
     async def _completion(self, kind: RequestKind, path: str, headers: dict[str, str], receive: Receive, send: Send) -> None:
         session = self._sessions.start(headers.get("x-request-id"), carrier=headers, route=f"POST {path}")
         exchange = _Exchange(send, session)
-        async with trio.open_nursery() as nursery:
-            try:
-                async with session:
-                    caller = session.authenticate(headers.get("authorization"))
-                    body = await self._read_body(headers, receive)
-                    request = parse_completion_body(
-                        kind, body, request_id=session.request_id, forced_class=headers.get("x-tailguard-class"), caller=caller.name
-                    )
-                    nursery.start_soon(_watch_disconnect, receive, session, exchange)
-                    async with session.completion(request, caller) as completion:
-                        await exchange.relay(completion)
-            except TailguardError as error:  # recorded by the session; the caller still needs it
-                await exchange.fail(error)
-            finally:
-                nursery.cancel_scope.cancel()
+        watch: Watch | None = None
+        try:
+            async with session:
+                caller = session.authenticate(headers.get("authorization"))
+                body = await self._read_body(headers, receive)
+                request = parse_completion_body(
+                    kind, body, request_id=session.request_id, forced_class=headers.get("x-tailguard-class"), caller=caller.name
+                )
+                watch = self._callers.watch(functools.partial(_watch_disconnect, receive, session, exchange))
+                async with session.completion(request, caller) as completion:
+                    await exchange.relay(completion)
+        except TailguardError as error:  # recorded by the session; the caller still needs it
+            await exchange.fail(error)
+        finally:
+            if watch is not None:
+                await watch.stop()
 
     def _too_large(self) -> BodyTooLarge:
         return BodyTooLarge(f"the request body is over {self._max_body_bytes} bytes")

@@ -168,6 +168,7 @@ def front_ends(
             metrics = Metrics(router)
             telemetry = Telemetry([metrics.observe, _planted_failure])
             http = HttpApi(router, max_body_bytes=config.server.max_body_bytes, telemetry=telemetry, metrics=metrics)
+            await nursery.start(http.run)
             async with open_asyncio_host() as host, trio.open_nursery() as front:
                 binds = await front.start(
                     lambda task_status: serve_http(http, "127.0.0.1", 0, settings=HttpSettings(), shutdown_trigger=shutdown.wait, task_status=task_status)

@@ -219,6 +219,25 @@ async def test_client_disconnect_mid_stream_aborts_the_generation() -> None:
             assert engine.statistics().finished_total == 0
 
 
+async def test_a_caller_who_leaves_a_non_streaming_request_aborts_the_generation() -> None:
+    """No byte goes to the caller before the end, so only the watch on its socket can notice it left."""
+    async with engines_on_sockets([QUICK, QUICK]) as backends:
+        engine = backends.engines[1]  # 4,000 tokens is the batch class's
+        assert engine is not None
+        async with tailguard(config_for(backends.urls)) as running:
+            url = urlsplit(running.http_url)
+            body = json.dumps({"messages": MESSAGES, "max_tokens": 4000}).encode()
+            head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+            for _ in range(2):
+                stream = await trio.open_tcp_stream(url.hostname or "127.0.0.1", url.port or 80)
+                await stream.send_all(head.encode() + body)
+                await eventually(lambda: engine.statistics().running == 1)
+                await stream.aclose()
+                await eventually(lambda: not engine.statistics().running)
+            await eventually(lambda: running.router.statistics().in_flight == 0)
+            assert (engine.statistics().aborted_total, engine.statistics().finished_total) == (2, 0)
+
+
 async def test_a_bug_is_a_logged_500_in_openai_shape_counted_never_an_empty_499(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -91,6 +91,7 @@ async def traced_http(
         router = Router(two_pool_config(interactive_urls=[urls[0]], batch_urls=[urls[1]]))
         telemetry = Telemetry([records.append] if records is not None else [])
         app = HttpApi(router, max_body_bytes=1 << 20, telemetry=telemetry, tracing=lambda: tracing)
+        await nursery.start(app.run)
         binds = await nursery.start(
             lambda task_status: serve_http(app, "127.0.0.1", 0, settings=HttpSettings(), shutdown_trigger=shutdown.wait, task_status=task_status)
         )
