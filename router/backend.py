@@ -229,6 +229,7 @@ class BackendClient:
         # CA roots: ~1 MB and ~10 ms, paid again by every reload that resizes it).
         tls = httpx.create_ssl_context() if url.startswith("https:") else None
         self._transport = transport or LeanTransport(url, connect_timeout=connect_timeout, max_idle=max_concurrency, ssl_context=tls)
+        self._lean = self._transport if isinstance(self._transport, LeanTransport) else None  # requests as bytes, no httpx.Request
         # Read by httpx's own transports (a test's); the lean one times its connects itself.
         self._extensions = {"timeout": {"connect": connect_timeout, "pool": connect_timeout, "read": None, "write": None}}
 
@@ -241,20 +242,21 @@ class BackendClient:
         for any other status or a 2xx of the wrong content type. Error bodies
         are read up to ``ERROR_BODY_LIMIT`` bytes, no further.
         """
-        url = self._urls.get(path)
-        if url is None:  # parsed once per path: a few paths, every request
-            url = self._urls[path] = httpx.URL(self._base + path)
-        request = httpx.Request("POST", url, content=json.dumps(body).encode(), headers={**_HEADERS, **headers}, extensions=self._extensions)
+        content = json.dumps(body).encode()
         self.in_flight += 1
         try:
-            response = await self._transport.handle_async_request(request)
+            if self._lean is not None:
+                response = await self._lean.post(path, content, {**_HEADERS, **headers})
+            else:
+                request = self._request(path, content, headers)
+                response = await self._transport.handle_async_request(request)
+                response.request = request
         except httpx.TransportError as error:
             self.in_flight -= 1
             raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}", before_response=True) from None
         except BaseException:
             self.in_flight -= 1
             raise
-        response.request = request
         opened = BackendResponse(response, self, self.url, stream=stream, max_body_bytes=self.max_body_bytes)
         try:
             status = response.status_code
@@ -268,6 +270,13 @@ class BackendClient:
             await opened.aclose()
             raise
         return opened
+
+    def _request(self, path: str, content: bytes, headers: Mapping[str, str]) -> httpx.Request:
+        """The request as an httpx.Request, for a transport other than the lean one (a test's)."""
+        url = self._urls.get(path)
+        if url is None:  # parsed once per path: a few paths, every request
+            url = self._urls[path] = httpx.URL(self._base + path)
+        return httpx.Request("POST", url, content=content, headers={**_HEADERS, **headers}, extensions=self._extensions)
 
     async def expire_idle(self) -> None:
         """Close keep-alive connections idle too long (also when no request comes to do it)."""

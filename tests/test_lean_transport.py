@@ -295,3 +295,35 @@ async def test_a_closed_connection_raises_trios_closed_error_not_a_value_error()
         with pytest.raises(trio.ClosedResourceError):
             await connection.stream.send_all(b"x")
         nursery.cancel_scope.cancel()
+
+
+async def test_post_writes_the_bytes_an_httpx_request_would_and_refuses_a_header_that_splits_the_head() -> None:
+    heads: list[bytes] = []
+
+    async def handle(stream: trio.SocketStream) -> None:
+        for _ in range(2):
+            data = b""
+            while b"\r\n\r\n" not in data or not data.endswith(b"{}"):
+                data += await stream.receive_some(65536)
+            heads.append(data)
+            await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+
+    async with trio.open_nursery() as nursery:
+        url = await _serve(handle, nursery) + "/base/"  # an endpoint's URL may have a path, with or without its slash
+        transport = LeanTransport(url, connect_timeout=2, max_idle=4)
+        headers = {"content-type": "application/json", "x-request-id": "r-1"}
+        for send in (
+            lambda: transport.post("/v1/chat/completions", b"{}", headers),
+            lambda: transport.handle_async_request(httpx.Request("POST", url.rstrip("/") + "/v1/chat/completions", content=b"{}", headers=headers)),
+        ):
+            response = await send()
+            assert response.status_code == 200 and await response.aread() == b"{}"
+            await response.aclose()
+        assert heads[0].lower() == heads[1].lower() and heads[0].startswith(b"POST /base/v1/chat/completions HTTP/1.1\r\n")
+        assert transport.opened == 1
+        for bad in ({"x-request-id": "a\r\nx-evil: 1"}, {"x-request-id": "caf\u00e9"}):
+            with pytest.raises((httpx.LocalProtocolError, UnicodeEncodeError)):
+                await transport.post("/v1/completions", b"{}", bad)
+        assert len(heads) == 2  # nothing more was sent
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
