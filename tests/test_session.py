@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 
 import pytest
 import trio
@@ -145,6 +146,16 @@ async def test_request_ids_refused_recorded_and_repeats_counted(autojump_clock: 
         assert {(r.outcome, r.reason, r.status) for r in recorded.records} == {("rejected", "invalid_request", 400)}
         assert recorded.sessions.request_id("retry-1")[0] == "retry-1" and not repeats
         assert recorded.sessions.request_id("retry-1") == ("retry-1", None) and repeats == [1]
+
+
+async def test_fresh_request_ids_are_version_4_uuids_unique_within_and_across_processes(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(two_pool_config()) as fleet:
+        first, second = Recorded(fleet).sessions, Recorded(fleet).sessions  # as two worker processes would build theirs
+        ids = [first.request_id(None)[0] for _ in range(5000)] + [second.request_id(None)[0] for _ in range(5000)]
+    assert len(set(ids)) == len(ids)
+    for fresh in ids[:10] + ids[-10:]:
+        parsed = uuid.UUID(hex=fresh)
+        assert parsed.hex == fresh and parsed.version == 4 and parsed.variant == uuid.RFC_4122
 
 
 async def test_the_cap_on_open_sessions_refuses_at_once_with_a_hint(autojump_clock: trio.testing.MockClock) -> None:
