@@ -470,6 +470,47 @@ def test_readme_performance_headline_is_what_the_linked_pages_say() -> None:
     assert not missing, f"README's performance figures not in docs/performance.md or docs/results.md: {missing}"
 
 
+def test_performance_pages_slower_host_table_is_the_two_committed_runs() -> None:
+    """The slower host's before and after in docs/performance.md are bench/results/overhead/slow-host/, rounded."""
+    section = _section(DOCS / "performance.md", "## Where it stands (issue 11, commit b6b2e40)")
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:5]]
+        for line in section.splitlines()
+        if line.startswith("| slower host: ")
+    }
+    runs = [
+        json.loads((ROOT / "bench" / "results" / "overhead" / "slow-host" / f"overhead-{code}.json").read_text(encoding="utf-8"))
+        for code in ("f058a34", "78e5be4")
+    ]
+    assert [run["code"][:7] for run in runs] == ["f058a34", "78e5be4"]
+    saturation = [{entry["target"]: entry for entry in run["saturation"]} for run in runs]
+    streams = [{entry["target"]: entry for entry in run["streams"] if entry["streams"] == 256} for run in runs]
+    paced = [{entry["target"]: entry for entry in run["paced"]} for run in runs]
+    peer, ours = "vllm-router HTTP", "tailguard HTTP"
+
+    def ratio(mine: float, theirs: float) -> str:
+        return f"({mine / theirs:.2f}x)"
+
+    assert rows["slower host: saturation, concurrency 64"] == [
+        f"{saturation[0][peer]['req_per_s']:,.0f} / {saturation[1][peer]['req_per_s']:,.0f} req/s",
+        *(f"{s[ours]['req_per_s']:,.0f} req/s {ratio(s[ours]['req_per_s'], s[peer]['req_per_s'])}" for s in saturation),
+    ]
+    cpu = "router_cpu_ms_per_request"
+    assert rows["slower host: router CPU per request"] == [
+        f"{saturation[0][peer][cpu] * 1000:.0f} / {saturation[1][peer][cpu] * 1000:.0f} µs",
+        *(f"{s[ours][cpu] * 1000:.0f} µs {ratio(s[ours][cpu], s[peer][cpu])}" for s in saturation),
+    ]
+    assert rows["slower host: SSE relay, 256 streams"] == [
+        f"{streams[0][peer]['chunks_per_s']:,.0f} / {streams[1][peer]['chunks_per_s']:,.0f} events/s",
+        *(f"{s[ours]['chunks_per_s']:,.0f} events/s {ratio(s[ours]['chunks_per_s'], s[peer]['chunks_per_s'])}" for s in streams),
+    ]
+    event = "tailguard_cpu_us_per_chunk"
+    assert rows["slower host: CPU an SSE event at an engine's pace"] == [
+        f"{paced[0][peer][event]:.1f} / {paced[1][peer][event]:.1f} µs",
+        *(f"{p[ours][event]:.1f} µs {ratio(p[ours][event], p[peer][event])}" for p in paced),
+    ]
+
+
 def test_performance_pages_overhead_table_is_the_committed_run() -> None:
     """docs/performance.md's current table is bench/results/overhead/overhead.json, rounded."""
     run = json.loads((ROOT / "bench" / "results" / "overhead" / "overhead.json").read_text(encoding="utf-8"))
