@@ -247,7 +247,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
         The router's hot path: an httpx.Request (its Headers, URL and content
         handling) was ~5% of a short request's router CPU. The bytes are what
         httpx would send: the request line, Host, ``headers`` (ASCII, as httpx
-        requires; none may hold CR, LF or NUL), Content-Length, the body.
+        requires; none may hold CR, LF or NUL; never Host or Content-Length,
+        which are this method's), Content-Length, the body.
         """
         head = self._heads.get(path)
         if head is None:

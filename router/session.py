@@ -31,7 +31,7 @@ runs per relayed chunk.
 from __future__ import annotations
 
 import logging
-import random
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -111,10 +111,12 @@ class Sessions:
         self._request_id_field = request_id_field
         self._tracing = tracing
         self._open = 0
-        # Fresh ids are version-4 UUIDs from a generator seeded from the OS once:
-        # uuid.uuid4() asks the kernel for 16 bytes every request (a system call
-        # of the ~10 a short request costs). An id must be unique, not secret.
-        self._ids = random.Random()
+        # Fresh ids are version-4 UUIDs cut from the OS's random bytes, 4 KiB
+        # fetched at a time: uuid.uuid4() asks the kernel for 16 bytes every
+        # request (one system call of the ~10 a short request costs). Not a
+        # seeded generator: ids go to vLLM as its request ids, and a caller who
+        # could predict the next ones could make another caller's collide.
+        self._random = b""
 
     @property
     def open_count(self) -> int:
@@ -137,7 +139,10 @@ class Sessions:
         return supplied, None
 
     def _fresh_id(self) -> str:
-        return uuid.UUID(int=self._ids.getrandbits(128), version=4).hex
+        if not self._random:
+            self._random = os.urandom(4096)
+        fresh, self._random = self._random[:16], self._random[16:]
+        return uuid.UUID(bytes=fresh, version=4).hex
 
     def start(self, supplied_id: str | None = None, *, carrier: Mapping[str, str] | None = None, route: str = "") -> Session:
         """A session for one completion request; enter it with ``async with``.

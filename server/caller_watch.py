@@ -10,9 +10,9 @@ only once its request has run for ``grace`` seconds; one task here starts
 the watches that come due, and a request that ends first costs a dict
 insert and a delete.
 
-A caller who leaves is noticed within ``grace`` seconds of its request's
-start at the latest, and at once after that; a stream's next send notices
-it sooner.
+A caller who leaves is noticed ``grace`` seconds after its watch was asked
+for (once the request's body is read and parsed) at the latest, and at once
+after that; a stream's next send notices it sooner.
 """
 
 from __future__ import annotations

@@ -148,9 +148,9 @@ async def test_request_ids_refused_recorded_and_repeats_counted(autojump_clock: 
         assert recorded.sessions.request_id("retry-1") == ("retry-1", None) and repeats == [1]
 
 
-async def test_fresh_request_ids_are_version_4_uuids_unique_within_and_across_processes(autojump_clock: trio.testing.MockClock) -> None:
+async def test_fresh_request_ids_are_version_4_uuids_unique_within_and_between_sessions_objects(autojump_clock: trio.testing.MockClock) -> None:
     async with router_over_engines(two_pool_config()) as fleet:
-        first, second = Recorded(fleet).sessions, Recorded(fleet).sessions  # as two worker processes would build theirs
+        first, second = Recorded(fleet).sessions, Recorded(fleet).sessions  # as two front ends (or two workers) build theirs
         ids = [first.request_id(None)[0] for _ in range(5000)] + [second.request_id(None)[0] for _ in range(5000)]
     assert len(set(ids)) == len(ids)
     for fresh in ids[:10] + ids[-10:]:
