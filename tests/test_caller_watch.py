@@ -53,6 +53,29 @@ async def test_a_watch_starts_at_the_grace_and_stop_returns_once_it_ended(autoju
         nursery.cancel_scope.cancel()
 
 
+async def test_watches_stopped_before_they_are_due_are_passed_over_and_the_next_starts_on_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    started: list[float] = []
+
+    async def until_gone() -> None:
+        started.append(trio.current_time())
+        await trio.sleep_forever()
+
+    callers = CallerWatch(GRACE)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(callers.run)
+        for _ in range(1000):  # a burst that ends before the grace, then one that lasts
+            await callers.watch(until_gone).stop()
+        await trio.sleep(GRACE / 2)
+        begun = trio.current_time()
+        lasting = callers.watch(until_gone)
+        await trio.sleep(2 * GRACE)
+        assert started == [begun + GRACE] and callers.started == 1 and not callers.pending
+        await lasting.stop()
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_caller_who_left_is_told_at_the_grace_and_each_watch_once(autojump_clock: trio.testing.MockClock) -> None:
     told: list[tuple[int, float]] = []
 
