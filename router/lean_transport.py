@@ -22,7 +22,7 @@ import collections
 import re
 import socket
 import ssl
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Protocol
 
 import httptools
@@ -255,11 +255,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             url = httpx.URL(self._base + path)
             head = self._heads[path] = b"POST " + url.raw_path + b" HTTP/1.1\r\nHost: " + url.netloc + b"\r\n"
         parts = [head]
-        for name, value in headers.items():
-            raw_name, raw_value = name.encode("ascii"), value.encode("ascii")
-            if _UNSAFE.search(raw_name) or _UNSAFE.search(raw_value):
-                raise httpx.LocalProtocolError(f"a header with a control character: {raw_name!r}")
-            parts += (raw_name, b": ", raw_value, b"\r\n")
+        _add_headers(parts, [(name.encode("ascii"), value.encode("ascii")) for name, value in headers.items()])
         parts += (b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body)
         return await self._send(b"".join(parts))
 
@@ -408,11 +404,16 @@ def _encode(request: httpx.Request) -> bytes:
     head (CR, LF or NUL in it) is refused, never sent.
     """
     head = [request.method.encode(), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
-    for name, value in request.headers.raw:
-        if _UNSAFE.search(name) or _UNSAFE.search(value):
-            raise httpx.LocalProtocolError(f"a header with a control character: {name!r}")
-        head += (name, b": ", value, b"\r\n")
+    _add_headers(head, request.headers.raw)
     head.append(b"\r\n")
     if request.content:
         head.append(request.content)
     return b"".join(head)
+
+
+def _add_headers(parts: list[bytes], headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """Append ``name: value`` lines, refusing a header that could split the head (CR, LF or NUL in it)."""
+    for name, value in headers:
+        if _UNSAFE.search(name) or _UNSAFE.search(value):
+            raise httpx.LocalProtocolError(f"a header with a control character: {name!r}")
+        parts += (name, b": ", value, b"\r\n")
