@@ -5,7 +5,9 @@
   (no network, no cluster, no kustomize binary).
 - The ConfigMap's config.toml is a valid tailguard config whose listeners,
   endpoints and drain timeout match the Deployments and Services around it.
-- The vLLM Deployments run docs/deployment.md's ``vllm serve`` commands.
+- The vLLM Deployments run docs/deployment.md's ``vllm serve`` commands,
+  but serve the model under its real name (the ConfigMap's ``models``), not
+  the simulator's name the repository's config.toml uses.
 - The kubelet's atomic ConfigMap update (a symlink swap) is seen by
   tailguard's config file watcher, so a ConfigMap change reloads without a
   restart.
@@ -29,6 +31,7 @@ from tailguard.router.config_types import Config
 from tailguard.server.app import _HTTP_GRACE_SECONDS
 from tailguard.server.cli import build_parser
 from tailguard.server.reload import ConfigReloader
+from tailguard.sim.server import DEFAULT_MODEL
 from tests.test_docs import code_blocks, vllm_commands
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,6 +241,11 @@ def test_redis_never_evicts_a_lease() -> None:
 # -- vLLM: the documented commands, behind the config's endpoints -------------------------
 
 
+# Where a pod's command differs from deployment.md's: the listen address (127.0.0.1 in a pod is
+# unreachable from tailguard's pods) and the served name (the real model's, not the simulator's).
+POD_ONLY_FLAGS = ("--host", "--served-model-name")
+
+
 def test_vllm_deployments_run_the_documented_commands() -> None:
     documented = {int(flags["--port"]): flags for flags in vllm_commands()}
     deployments = vllm_deployments()
@@ -245,13 +253,23 @@ def test_vllm_deployments_run_the_documented_commands() -> None:
     for name, deployment in deployments.items():
         flags = vllm_flags(deployment)
         doc = documented[int(flags["--port"])]
-        # Identical but for the listen address: 127.0.0.1 in a pod is unreachable from tailguard's pods.
         assert doc["--host"] == "127.0.0.1" and flags["--host"] == "0.0.0.0", name
-        assert {k: v for k, v in flags.items() if k != "--host"} == {k: v for k, v in doc.items() if k != "--host"}, name
+        assert {k: v for k, v in flags.items() if k not in POD_ONLY_FLAGS} == {k: v for k, v in doc.items() if k not in POD_ONLY_FLAGS}, name
         assert container_port(deployment, "http") == int(flags["--port"])
         assert container(deployment)["resources"]["limits"]["nvidia.com/gpu"] == "1", name
         # One pod behind the endpoint's one cap; Recreate: no second GPU for a surge.
         assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate", name
+
+
+def test_the_example_serves_the_model_under_its_real_name(config: Config) -> None:
+    """A cluster's clients send the model's own name: every engine serves the model it loads
+    under that name, and every pool lists it, never the simulator's stand-in."""
+    for name, deployment in vllm_deployments().items():
+        flags = vllm_flags(deployment)
+        assert flags["--served-model-name"] == flags["model"] == "meta-llama/Llama-3.1-8B-Instruct", name
+    for pool in config.pools:
+        assert pool.models == ("meta-llama/Llama-3.1-8B-Instruct",), pool.name
+        assert DEFAULT_MODEL not in pool.models, pool.name
 
 
 def test_config_endpoints_are_the_engines_headless_services(config: Config) -> None:
