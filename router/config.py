@@ -64,6 +64,11 @@ _S = TypeVar("_S", bound=str)
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 # A class's relay_interval above this would show as a stalled stream, not as tokens in bursts.
 _MAX_RELAY_INTERVAL = 1.0
+# A pool's max_queue left out: this many waiting requests per seat. Deeper, and
+# a request near the back would mostly wait out its class's queue_timeout
+# (fail_fast_fraction refuses those sooner anyway); the shipped interactive
+# pool's 256 for 64 seats.
+_QUEUE_PER_SEAT = 4
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _OVER_CAP_MODES: tuple[OverCapMode, ...] = get_args(OverCapMode)
 _SIMULATE_PROFILES: tuple[SimulateProfile, ...] = get_args(SimulateProfile)
@@ -675,8 +680,8 @@ def _read_pool(
 ) -> PoolConfig | None:
     endpoints = _read_endpoints(table, used_urls)
     endpoints_dns = _read_endpoints_dns(table, used_names)
-    max_concurrency = table.integer("max_concurrency", minimum=1)
-    max_queue = table.integer("max_queue", minimum=0)
+    max_concurrency = _read_pool_cap(table, endpoints)
+    max_queue = table.integer("max_queue", _QUEUE_PER_SEAT * max_concurrency, minimum=0)
     max_model_len = table.optional_integer("max_model_len", minimum=1)  # None: asked of the endpoints
     models = _read_models(table)
     profile = table.choice("simulate_profile", _SIMULATE_PROFILES, PoolConfig.simulate_profile)
@@ -728,6 +733,26 @@ def _read_pool(
         endpoints_dns=endpoints_dns,
         max_model_len_configured=max_model_len is not None,
     )
+
+
+def _read_pool_cap(table: _Table, endpoints: Sequence[EndpointConfig]) -> int:
+    """``max_concurrency``; left out, the sum of the endpoints' caps, which is all the pool can run.
+
+    There is no such sum to default to with ``endpoints_dns`` (the number of
+    addresses changes) or with no endpoints: the key is then required.
+    """
+    written = table.optional_integer("max_concurrency", minimum=1)
+    if written is not None:
+        return written
+    if endpoints and not table.has("endpoints_dns") and table.ok("endpoints"):
+        return sum(endpoint.max_concurrency for endpoint in endpoints)
+    if not table.ok("endpoints", "endpoints_dns"):
+        table.invalidate("max_concurrency")  # its default depends on what was reported there
+    elif table.has("endpoints_dns"):
+        table.problem("max_concurrency", "missing: must be an integer >= 1 (with endpoints_dns there is no fixed sum of caps to default to)")
+    else:
+        table.problem("max_concurrency", "missing: must be an integer >= 1 (the pool has no endpoints whose caps it could add up)")
+    return 1
 
 
 def max_model_len_problem(max_model_len: int, input_cap: int) -> str | None:
@@ -1024,13 +1049,20 @@ def _read_classes(
                 "the last class must be a catch-all (no max_prompt_tokens, no max_output_tokens),"
                 " or a request over its thresholds would fit no class",
             )
-    classes = (_read_class(name, table, pool_names, end_to_end) for name, table in tables)
+    classes = (_read_class(name, table, pool_names, end_to_end, index) for index, (name, table) in enumerate(tables))
     return tuple(klass for klass in classes if klass is not None)
 
 
 def _read_class(
-    name: str, table: _Table, pool_names: Collection[str], end_to_end: float | None
+    name: str, table: _Table, pool_names: Collection[str], end_to_end: float | None, index: int
 ) -> ClassConfig | None:
+    """One class; ``priority`` left out is ``index``, its place in file order.
+
+    Classes match in file order, the narrowest first and the catch-all last,
+    so that order already ranks short requests ahead of long ones; a shared
+    default (0 for all) would make a queue that classes share first come,
+    first served, which is what tailguard is there to prevent.
+    """
     pool = table.string("pool")
     if table.ok("pool") and pool not in pool_names:
         defined = ", ".join(json.dumps(pool_name) for pool_name in pool_names) or "none"
@@ -1045,7 +1077,7 @@ def _read_class(
             " (the timeouts are layers: a request must have time left to run after it leaves"
             " the queue)",
         )
-    priority = table.integer("priority")
+    priority = table.integer("priority", index)
     relay_interval = table.number("relay_interval", 0.0, minimum=0.0, inclusive=True)
     if table.ok("relay_interval") and relay_interval > _MAX_RELAY_INTERVAL:
         table.problem("relay_interval", f"{relay_interval:g} s is over {_MAX_RELAY_INTERVAL:g} s: a stream would stall visibly")

@@ -262,8 +262,10 @@ class PoolConfig:
 
     name: str
     endpoints: tuple[EndpointConfig, ...]
-    max_concurrency: int  # across all endpoints of the pool
-    max_queue: int  # requests allowed to wait; one more -> 429
+    # across all endpoints of the pool; when the file leaves it out, the sum
+    # of its endpoints' caps (required with endpoints_dns or no endpoints)
+    max_concurrency: int
+    max_queue: int  # requests allowed to wait; one more -> 429. Left out: 4 x max_concurrency
     # prompt + max_tokens must fit; when the file leaves it out, the smallest
     # value the pool's endpoints report (router/model_len.py), 0 until asked
     max_model_len: int
@@ -317,7 +319,7 @@ class ClassConfig:
     name: str
     pool: str
     queue_timeout: float
-    priority: int  # lower is served first when classes share a pool
+    priority: int  # lower is served first when classes share a pool; left out: its place in file order
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
     # Streams of this class are read from the backend at most once per this

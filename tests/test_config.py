@@ -188,6 +188,70 @@ def test_a_pool_may_have_no_endpoints() -> None:
     assert parse_config(text).pool("interactive").endpoints == ()
 
 
+# Only the keys that have no default: one engine, one class.
+MINIMAL = """\
+[pools.llama]
+models = ["meta-llama/Llama-3.1-8B-Instruct"]
+endpoints = [{ url = "http://vllm-0:8000", max_concurrency = 256 }]
+
+[classes.all]
+pool = "llama"
+queue_timeout = 10
+"""
+
+
+def test_a_minimal_config_needs_only_models_endpoints_and_queue_timeout() -> None:
+    config = parse_config(MINIMAL)
+    (pool,) = config.pools
+    assert (pool.max_concurrency, pool.max_queue) == (256, 1024)
+    assert not pool.max_model_len_configured  # asked of the engine at start
+    assert config.class_named("all").priority == 0
+
+
+def test_a_pool_max_concurrency_left_out_is_its_endpoints_caps_sum() -> None:
+    config = parse_config(edit("max_concurrency = 256\n", ""))
+    assert config.pool("batch").max_concurrency == 128 + 128
+
+
+def test_a_pool_max_queue_left_out_is_four_waiting_per_seat() -> None:
+    config = parse_config(edit("max_queue = 256\n", ""))
+    assert config.pool("interactive").max_queue == 4 * 64
+    assert config.pool("batch").max_queue == 512  # written: kept
+    both_left_out = edit("max_queue = 512\n", "", edit("max_concurrency = 256\n", ""))
+    assert parse_config(both_left_out).pool("batch").max_queue == 4 * (128 + 128)
+
+
+@pytest.mark.parametrize(
+    ("pool", "fragment"),
+    [
+        (
+            '[pools.dns]\nmodels = ["m"]\n'
+            'endpoints_dns = [{ name = "vllm.default.svc.cluster.local", port = 8000, max_concurrency = 8 }]\n',
+            "endpoints_dns",
+        ),
+        ('[pools.dns]\nmodels = ["m"]\nendpoints = []\n', "no endpoints"),
+    ],
+)
+def test_a_pool_max_concurrency_is_required_when_its_endpoints_have_no_fixed_sum(pool: str, fragment: str) -> None:
+    (problem,) = problems_of(BASE + "\n" + pool)
+    assert problem.startswith("pools.dns.max_concurrency: missing: must be an integer >= 1") and fragment in problem
+
+
+def test_a_bad_endpoint_is_one_problem_not_also_a_missing_pool_cap() -> None:
+    text = edit("max_concurrency = 256\n", "", edit('"http://127.0.0.1:8003", max_concurrency = 128', '"http://127.0.0.1:8003", max_concurrency = 0'))
+    (problem,) = problems_of(text)
+    assert problem.startswith("pools.batch.endpoints[1].max_concurrency: ")
+
+
+def test_a_class_priority_left_out_is_its_place_in_file_order() -> None:
+    """Earlier classes (the narrower thresholds) are served first, as the shipped priorities say."""
+    text = edit("priority = 0\n", "", edit("priority = 1\n", ""))
+    text = '[classes.tiny]\npool = "interactive"\nmax_output_tokens = 16\nqueue_timeout = 1\n\n' + text
+    assert [(klass.name, klass.priority) for klass in parse_config(text).classes] == [("tiny", 0), ("interactive", 1), ("batch", 2)]
+    written = edit("queue_timeout = 30.0\n", "queue_timeout = 30.0\npriority = 7\n", text)
+    assert [klass.priority for klass in parse_config(written).classes] == [0, 1, 7]
+
+
 @pytest.mark.parametrize(
     ("written", "url"),
     [
@@ -257,7 +321,6 @@ ONE_PROBLEM = [
     ("max_queue = 256", 'max_queue = "256"', "pools.interactive.max_queue", 'got "256"'),
     ("max_queue = 256", "max_queue = true", "pools.interactive.max_queue", "got true"),
     ("max_queue = 256", "max_queue = 2.5", "pools.interactive.max_queue", "integer"),
-    ("max_queue = 256\n", "", "pools.interactive.max_queue", "missing"),
     ("max_concurrency = 256", "max_concurrency = 257", "pools.batch.max_concurrency", "256"),
     ("max_concurrency = 64\n", "max_concurrency = 65\n", "pools.interactive.max_concurrency", "64"),
     (
@@ -316,7 +379,6 @@ ONE_PROBLEM = [
     ("priority = 1", "priority = 1\nrelay_interval = -0.1", "classes.batch.relay_interval", ">= 0"),
     ("priority = 1", "priority = 1\nrelay_interval = 2", "classes.batch.relay_interval", "stall"),
     ("[timeouts]", "server = 3\n[timeouts]", "server", "must be a table, got 3"),
-    ("priority = 1\n", "", "classes.batch.priority", "missing"),
     ("max_prompt_tokens = 500", "max_prompt_tokens = 0", "classes.interactive.max_prompt_tokens", ">= 1"),
     ("max_output_tokens = 128", "max_output_tokens = -5", "classes.interactive.max_output_tokens", ">= 1"),
     ('pool = "batch"', 'pool = "batch"\nmax_output_tokens = 9999', "classes.batch", "catch-all"),
@@ -352,7 +414,7 @@ APPENDED = [
         'pools."gpu 7"',
         "[A-Za-z0-9_.-]+",
     ),
-    ("[pools.spare]\n", "pools.spare.max_concurrency", "missing"),
+    ("[pools.spare]\n", "pools.spare.endpoints", "missing"),
     (
         '[classes.late]\npool = "batch"\nmax_prompt_tokens = 10\nqueue_timeout = 1\npriority = 0\n',
         "classes.late",
@@ -519,11 +581,16 @@ def test_unknown_keys_are_rejected_by_dotted_name(old: str, new: str, key: str) 
 
 
 def test_a_misspelt_key_is_unknown_with_a_suggestion_and_the_real_one_missing() -> None:
-    problems = problems_of(edit("max_queue = 512", "max_queeu = 512"))
+    problems = problems_of(edit("queue_timeout = 30.0", "queue_timeuot = 30.0"))
     assert sorted(problems) == [
-        "pools.batch.max_queeu: unknown key (did you mean 'max_queue'?)",
-        "pools.batch.max_queue: missing: must be an integer >= 0",
+        "classes.batch.queue_timeout: missing: must be a number > 0",
+        "classes.batch.queue_timeuot: unknown key (did you mean 'queue_timeout'?)",
     ]
+
+
+def test_a_misspelt_optional_key_is_unknown_with_a_suggestion_and_no_default_hides_it() -> None:
+    (problem,) = problems_of(edit("max_queue = 512", "max_queeu = 512"))
+    assert problem == "pools.batch.max_queeu: unknown key (did you mean 'max_queue'?)"
 
 
 # --------------------------------------------------------------------------
