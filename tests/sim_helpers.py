@@ -14,10 +14,12 @@ MODEL = DEFAULT_MODEL
 
 
 @asynccontextmanager
-async def in_process_engine(params: EngineParams, **kwargs: object) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
-    """An engine behind an httpx client with no sockets (works under MockClock)."""
+async def in_process_engine(
+    params: EngineParams, *, api_key: str | None = None, retry_after: int = 1, **kwargs: object
+) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
+    """An engine behind an httpx client with no sockets (works under MockClock); ``kwargs`` go to the Engine."""
     engine = Engine(params, **kwargs)  # type: ignore[arg-type]
-    app = SimApp(engine, model=MODEL)
+    app = SimApp(engine, model=MODEL, api_key=api_key, retry_after=retry_after)
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
         async with httpx.AsyncClient(transport=SimTransport(app), base_url="http://sim") as client:

@@ -10,7 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.sim import PROFILES
+from tailguard.sim import PROFILES, EngineSpec, serve_engine
+from tailguard.sim.__main__ import build_parser
 
 from .http_helpers import engines_on_sockets
 from .sim_helpers import MODEL, in_process_engine
@@ -231,3 +232,107 @@ async def test_a_burst_of_hang_ups_leaves_the_server_serving() -> None:
                 assert engine.statistics().running == 0
                 after = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
                 assert after.status_code == 200
+
+
+# -- vLLM's --api-key -------------------------------------------------------
+
+
+async def test_an_api_key_guards_every_v1_path_and_nothing_else(autojump_clock: trio.testing.MockClock) -> None:
+    body = {"prompt": "hi", "max_tokens": 2}
+    async with in_process_engine(FAST, api_key="sk-sim") as (engine, client):
+        for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic sk-sim"}, {"authorization": "Bearer"}):
+                refused = await client.request(method, path, json=body, headers=headers)
+                assert refused.status_code == 401 and refused.content == b'{"error": "Unauthorized"}', (path, headers)
+        assert engine.statistics().prompt_tokens_total == 0  # refused before the engine saw anything
+        # The scheme is case-insensitive (vLLM lower-cases it); the key is not.
+        assert (await client.post("/v1/completions", json=body, headers={"authorization": "bearer sk-sim"})).status_code == 200
+        assert (await client.post("/v1/completions", json=body, headers={"authorization": "Bearer SK-SIM"})).status_code == 401
+        assert (await client.get("/v1/models", headers={"authorization": "Bearer sk-sim"})).status_code == 200
+        # Outside /v1 nothing is guarded: probes and scrapers need no key.
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
+        assert (await client.post("/tokenize", json={"prompt": "hi"})).status_code == 200
+    async with in_process_engine(FAST) as (_, client):  # no key: nothing is guarded
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+
+
+async def test_an_api_key_set_through_the_engine_spec_guards_the_socket() -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            spec = EngineSpec(port=0, params=FAST.replace(base_ms=1.0), api_key="sk-spec")
+            port = await nursery.start(serve_engine, spec)
+            base_url = f"http://127.0.0.1:{port}/v1"
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-spec", max_retries=0) as good:
+                reply = await good.completions.create(model=MODEL, prompt="Once", max_tokens=2)
+                assert reply.usage is not None and reply.usage.completion_tokens == 2
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-other", max_retries=0) as bad:
+                with pytest.raises(openai.AuthenticationError):
+                    await bad.completions.create(model=MODEL, prompt="Once", max_tokens=2)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as raw:
+                assert (await raw.get("/health")).status_code == 200
+            nursery.cancel_scope.cancel()
+
+
+# -- vLLM's --max-num-queued-reqs --------------------------------------------
+
+
+async def test_a_full_queue_is_a_503_with_retry_after_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    # vLLM counts requests in flight, waiting and running alike: one seat,
+    # a cap of 2, so the third request is refused while two are in.
+    params = FAST.replace(max_num_seqs=1, max_num_queued_reqs=2)
+    async with in_process_engine(params, retry_after=3) as (engine, client):
+
+        async def long() -> None:
+            assert (await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 200})).status_code == 200
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(long)
+            await trio.testing.wait_all_tasks_blocked()
+            assert (engine.statistics().running, engine.statistics().waiting) == (1, 1)
+            before = trio.current_time()
+            for path, body in (
+                ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": True}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}),
+            ):
+                refused = await client.post(path, json=body)
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "3"
+                assert refused.headers["content-type"] == "application/json"
+                error = refused.json()["error"]
+                assert error["type"] == "ServiceUnavailableError" and error["code"] == 503 and error["param"] is None
+                assert "max-num-queued-reqs is 2" in error["message"]
+            assert trio.current_time() == before  # answered at once, not after a wait
+            assert engine.statistics().prompt_tokens_total == 2 * 1  # the refused never entered the engine
+        # Both finished: the queue has room again.
+        assert (await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})).status_code == 200
+
+
+async def test_a_full_queue_answers_503_over_a_socket_through_the_spec() -> None:
+    params = FAST.replace(base_ms=1.0, max_num_seqs=1, max_num_queued_reqs=1)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_engine, EngineSpec(port=0, params=params, retry_after=2))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                body = {"prompt": "hi", "max_tokens": 100_000 // 40, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as first:
+                    assert first.status_code == 200
+                    async for _ in first.aiter_bytes():
+                        break  # the first is generating: it holds the only place
+                    refused = await client.post("/v1/completions", json={**body, "stream": False})
+                    assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
+                    assert refused.json()["error"]["code"] == 503
+            nursery.cancel_scope.cancel()
+
+
+def test_the_queue_cap_is_validated_and_reaches_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="max_num_queued_reqs"):
+        FAST.replace(max_num_queued_reqs=0)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    args = build_parser().parse_args(["--max-num-queued-reqs", "64", "--api-key", "k", "--retry-after", "5"])
+    assert (args.max_num_queued_reqs, args.api_key, args.retry_after) == (64, "k", 5)
+    plain = build_parser().parse_args([])
+    assert (plain.max_num_queued_reqs, plain.api_key, plain.retry_after) == (None, None, 1)
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")  # as vLLM reads it
+    assert build_parser().parse_args([]).api_key == "from-env"

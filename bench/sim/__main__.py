@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -37,8 +38,11 @@ _PARAM_HELP = {
     "eos_probability": "chance per token that a sequence stops early (seeded; 0 = always run to max_tokens)",
     "scheduling_policy": "vLLM --scheduling-policy: fcfs (vLLM's default), or priority: the queue by the request's "
     "priority field (lower first), the lowest priority preempted when the KV cache runs short",
+    "max_num_queued_reqs": "vLLM --max-num-queued-reqs: with this many requests in flight (waiting + running), "
+    "a new one is answered 503 with Retry-After at once (default: unbounded)",
 }
 _PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scheduling_policy": SCHEDULING_POLICIES}
+_PARAM_TYPES: dict[str, type] = {"max_num_queued_reqs": int}  # fields whose default (None) names no type
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,12 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also serve /_sim/faults/ENGINE_PORT here, for every engine (reaches a killed engine); 0 picks a port",
     )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY") or None,
+        help="vLLM --api-key: every /v1 path needs 'Authorization: Bearer KEY', else 401; /health, /metrics and "
+        "/tokenize stay open (default: $VLLM_API_KEY, as vLLM reads it; none when unset)",
+    )
+    parser.add_argument(
+        "--retry-after",
+        type=int,
+        default=1,
+        help="Retry-After seconds of the 503 a full queue (--max-num-queued-reqs) answers (default %(default)s)",
+    )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default %(default)s)")
     group = parser.add_argument_group("engine parameters (override the profile's value for every engine)")
     for field in dataclasses.fields(EngineParams):
         group.add_argument(
             "--" + field.name.replace("_", "-"),
-            type=type(field.default),
+            type=_PARAM_TYPES.get(field.name, type(field.default)),
             default=None,
             choices=_PARAM_CHOICES.get(field.name),
             help=_PARAM_HELP[field.name],
@@ -116,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for field in dataclasses.fields(EngineParams)
         if getattr(args, field.name) is not None
     }
+    if args.retry_after < 0:
+        parser.error(f"--retry-after must not be negative, got {args.retry_after}")
     try:
         pairs = parse_engines(args.engines) if args.engines else [(args.port, args.profile)]
         fault = Fault.parse(args.fault)
@@ -129,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=args.seed,
                 name=f"{profile}@{port}",
                 fault=fault,
+                api_key=args.api_key,
+                retry_after=args.retry_after,
             )
             for port, profile in pairs
         ]

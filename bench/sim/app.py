@@ -13,6 +13,7 @@ encoder on the per-token path.
 from __future__ import annotations
 
 import collections
+import hmac
 import itertools
 import json
 import logging
@@ -21,7 +22,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .engine import Engine, EngineRequestError, Sequence
+from .engine import Engine, EngineQueueFull, EngineRequestError, Sequence
 from .metrics import SimMetrics
 from .tokens import TOKEN_JSON, count_chat_tokens, count_text_tokens, detokenize
 
@@ -52,33 +53,42 @@ class BodyStream(Protocol):
     async def aclose(self) -> None: ...
 
 
-class ApiError(Exception):
-    """A request the API refuses; rendered in vLLM's error shape."""
+# The OpenAI "type" of an error by status, as vLLM's create_error_response
+# names them (vllm/entrypoints/utils.py); 503 is the simulator's name for the
+# queue-full refusal, whose type vLLM's source did not show us.
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    413: "RequestTooLarge",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+# vLLM's AuthenticationMiddleware answers a missing or wrong key with exactly this.
+UNAUTHORIZED_BODY = b'{"error": "Unauthorized"}'
 
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+
+class ApiError(Exception):
+    """A request the API refuses; rendered in vLLM's error shape (with any headers it needs)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        kind: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.kind = kind if kind is not None else _ERROR_TYPES.get(status, "BadRequestError")
+        self.headers = headers
 
     def body(self) -> bytes:
-        kind = {
-            400: "BadRequestError",
-            404: "NotFoundError",
-            405: "MethodNotAllowed",
-            413: "RequestTooLarge",
-            500: "InternalServerError",
-        }
-        return json.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": kind.get(self.status, "BadRequestError"),
-                    "param": self.param,
-                    "code": self.status,
-                }
-            }
-        ).encode()
+        return json.dumps({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}).encode()
 
 
 @dataclass
@@ -96,7 +106,7 @@ class SimResponse:
 
     @classmethod
     def error(cls, error: ApiError) -> SimResponse:
-        return cls(error.status, list(JSON_HEADERS), error.body())
+        return cls(error.status, [*JSON_HEADERS, *error.headers], error.body())
 
 
 @dataclass(frozen=True)
@@ -208,12 +218,34 @@ def _usage(sequence: Sequence) -> dict[str, int]:
 
 
 class SimApp:
-    """One engine's HTTP API: completions, models, health, tokenize, metrics."""
+    """One engine's HTTP API: completions, models, health, tokenize, metrics.
 
-    def __init__(self, engine: Engine, *, model: str, metrics: SimMetrics | None = None) -> None:
+    ``api_key`` is vLLM's ``--api-key``: every path under ``/v1`` then needs
+    ``Authorization: Bearer <key>`` (401 ``{"error": "Unauthorized"}``
+    otherwise), while ``/health``, ``/metrics`` and ``/tokenize`` stay open,
+    as vLLM's AuthenticationMiddleware leaves every path outside ``/v1``.
+    ``retry_after`` is the ``Retry-After`` (seconds) of the 503 that a full
+    queue (``EngineParams.max_num_queued_reqs``) answers.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model: str,
+        metrics: SimMetrics | None = None,
+        api_key: str | None = None,
+        retry_after: int = 1,
+    ) -> None:
+        if api_key == "":
+            raise ValueError("api_key must not be empty (None means no key)")
+        if retry_after < 0:
+            raise ValueError(f"retry_after must not be negative, got {retry_after}")
         self.engine = engine
         self.model = model
         self.metrics = metrics if metrics is not None else SimMetrics(engine, model)
+        self.api_key = api_key
+        self.retry_after = retry_after
         self._ids = itertools.count()
         self._created = int(time.time())
         # The W3C traceparent of the latest completion requests that sent one, as
@@ -222,6 +254,9 @@ class SimApp:
 
     async def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
         """Answer one request. Never raises for bad input: that is a 4xx response."""
+        if self.api_key is not None and path.startswith("/v1") and method != "OPTIONS":
+            if not _bearer_matches(headers.get("authorization"), self.api_key):
+                return SimResponse(401, list(JSON_HEADERS), UNAUTHORIZED_BODY)
         try:
             if path in ("/v1/chat/completions", "/v1/completions"):
                 _require(method, "POST")
@@ -260,6 +295,13 @@ class SimApp:
             )
         except EngineRequestError as error:
             raise ApiError(400, str(error)) from None
+        except EngineQueueFull as error:
+            raise ApiError(
+                503,
+                f"The engine's queue is full: {error.in_flight} requests are in flight and "
+                f"--max-num-queued-reqs is {error.limit}. Retry later or on another instance.",
+                headers=(("retry-after", str(self.retry_after)),),
+            ) from None
         echo = [("x-request-id", request_id)]
         if parsed.stream:
             stream = TokenStream(self.engine, sequence, chat=chat, model=self.model, include_usage=parsed.include_usage)
@@ -362,6 +404,16 @@ class SimApp:
             count, _ = _prompt_tokens(prompt)
         # Ids are positions, not a real vocabulary: only the count is meaningful.
         return {"count": count, "max_model_len": self.engine.params.max_model_len, "tokens": list(range(count))}
+
+
+def _bearer_matches(authorization: str | None, key: str) -> bool:
+    """vLLM's check: scheme ``Bearer`` (any case), then the rest of the header is the key, compared in constant time."""
+    if not authorization:
+        return False
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.encode("utf-8", "surrogateescape"), key.encode("utf-8", "surrogateescape"))
 
 
 def _require(method: str, expected: str) -> None:

@@ -56,6 +56,19 @@ class EngineRequestError(ValueError):
     """The request cannot run on this engine (vLLM answers these with 400)."""
 
 
+class EngineQueueFull(Exception):
+    """The engine holds ``max_num_queued_reqs`` requests already (vLLM answers 503 at once).
+
+    Not an ``EngineRequestError``: the request is fine, the engine is busy, and
+    another engine (or this one, later) would take it.
+    """
+
+    def __init__(self, in_flight: int, limit: int) -> None:
+        super().__init__(f"{in_flight} requests in flight, the limit is {limit}")
+        self.in_flight = in_flight
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class EngineStatistics:
     """A snapshot of the engine, in the terms vLLM's /metrics uses."""
@@ -231,8 +244,16 @@ class Engine:
         ``priority`` orders the queue under the priority policy and is ignored
         under fcfs, as vLLM V1 ignores it. Raises EngineRequestError when
         prompt plus max_tokens exceed ``max_model_len`` (vLLM's 400), or a
-        count is out of range.
+        count is out of range; EngineQueueFull when ``max_num_queued_reqs``
+        requests are in flight already (vLLM's 503).
         """
+        queue_cap = self.params.max_num_queued_reqs
+        in_flight = len(self._running) + self._waiting_count
+        # vLLM's admission check (AsyncLLM.add_request, --max-num-queued-reqs)
+        # counts requests in flight, waiting and running alike, and refuses
+        # before the request is validated further or queued.
+        if queue_cap is not None and in_flight >= queue_cap:
+            raise EngineQueueFull(in_flight, queue_cap)
         limit = self.params.max_model_len
         if prompt_tokens < 1:
             raise EngineRequestError("the prompt must contain at least one token")

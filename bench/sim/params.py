@@ -41,6 +41,9 @@ class EngineParams:
     prefill_tokens_per_ms: float = 25.0
     eos_probability: float = 0.0
     scheduling_policy: SchedulingPolicy = "fcfs"
+    # vLLM's --max-num-queued-reqs: requests in flight (waiting + running) past
+    # which a new one is refused at once with 503; None = unbounded, vLLM's default.
+    max_num_queued_reqs: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
@@ -57,6 +60,8 @@ class EngineParams:
             raise ValueError(
                 f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}"
             )
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
+            raise ValueError(f"max_num_queued_reqs must be at least 1 (or None), got {self.max_num_queued_reqs}")
         if self.kv_cache_tokens < self.max_model_len:
             raise ValueError("kv_cache_tokens must hold at least one max_model_len sequence")
 

@@ -28,6 +28,8 @@ class EngineSpec:
     seed: int = 0
     name: str = "engine"
     fault: Fault = Fault()  # the fault mode at start (none)
+    api_key: str | None = None  # vLLM's --api-key: /v1/* needs "Authorization: Bearer <key>"
+    retry_after: int = 1  # Retry-After (seconds) of the 503 a full queue answers
 
 
 def parse_engines(text: str) -> list[tuple[int, str]]:
@@ -57,7 +59,7 @@ async def serve_engine(
     when not given); ``/_sim/faults`` on the engine's port changes it too.
     """
     engine = Engine(spec.params, time_scale=spec.time_scale, seed=spec.seed, name=spec.name)
-    app = SimApp(engine, model=spec.model)
+    app = SimApp(engine, model=spec.model, api_key=spec.api_key, retry_after=spec.retry_after)
     if switch is None:
         switch = FaultSwitch(spec.fault, seed=spec.seed)
     handler = FaultInjector(app, switch).handle
