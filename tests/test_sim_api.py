@@ -336,3 +336,64 @@ def test_the_queue_cap_is_validated_and_reaches_the_cli(monkeypatch: pytest.Monk
     assert (plain.max_num_queued_reqs, plain.api_key, plain.retry_after) == (None, None, 1)
     monkeypatch.setenv("VLLM_API_KEY", "from-env")  # as vLLM reads it
     assert build_parser().parse_args([]).api_key == "from-env"
+
+
+# -- uvicorn's keep-alive timeout ---------------------------------------------
+
+GET_HEALTH = b"GET /health HTTP/1.1\r\nHost: sim\r\n\r\n"
+
+
+async def _read_response(stream: trio.SocketStream) -> bytes:
+    """One whole response (the simulator sends Content-Length), or what came before the server closed."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = await stream.receive_some(65536)
+        assert chunk, "closed mid-body"
+        body += chunk
+    return head
+
+
+async def test_an_idle_keep_alive_connection_is_closed_after_uvicorns_5_s(autojump_clock: trio.testing.MockClock) -> None:
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_engine, EngineSpec(port=0, params=FAST))  # the default timeout
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET_HEALTH)
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        await trio.sleep(4.9)  # reused before the timeout: served on the same connection
+        await stream.send_all(GET_HEALTH)
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        served = trio.current_time()
+        assert await stream.receive_some(65536) == b""  # then idle: the server closes it
+        assert trio.current_time() - served == pytest.approx(5.0)
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_keep_alive_timeout_is_configurable_and_waits_only_for_a_first_byte(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_engine, EngineSpec(port=0, params=FAST, keep_alive_timeout=1.0))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET_HEALTH)
+        await _read_response(stream)
+        await trio.sleep(0.5)
+        await stream.send_all(GET_HEALTH[:10])  # the next request has begun: no keep-alive timer now
+        await trio.sleep(3.0)
+        await stream.send_all(GET_HEALTH[10:])
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        served = trio.current_time()
+        assert await stream.receive_some(65536) == b""
+        assert trio.current_time() - served == pytest.approx(1.0)
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+    args = build_parser().parse_args(["--keep-alive-timeout", "2.5"])
+    assert args.keep_alive_timeout == 2.5 and build_parser().parse_args([]).keep_alive_timeout == 5.0
+

@@ -22,7 +22,7 @@ from functools import partial
 import trio
 
 from .faults import MODES, AdminApp, Fault, FaultSwitch
-from .http import serve
+from .http import KEEP_ALIVE_TIMEOUT, serve
 from .params import PROFILES, SCHEDULING_POLICIES, EngineParams
 from .server import DEFAULT_MODEL, EngineSpec, parse_engines, serve_engine
 
@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="Retry-After seconds of the 503 a full queue (--max-num-queued-reqs) answers (default %(default)s)",
     )
+    parser.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=KEEP_ALIVE_TIMEOUT,
+        help="close a keep-alive connection idle this many seconds between requests (uvicorn's timeout_keep_alive, "
+        "vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE; default %(default)s)",
+    )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default %(default)s)")
     group = parser.add_argument_group("engine parameters (override the profile's value for every engine)")
     for field in dataclasses.fields(EngineParams):
@@ -134,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.retry_after < 0:
         parser.error(f"--retry-after must not be negative, got {args.retry_after}")
+    if args.keep_alive_timeout < 0:
+        parser.error(f"--keep-alive-timeout must not be negative, got {args.keep_alive_timeout}")
     try:
         pairs = parse_engines(args.engines) if args.engines else [(args.port, args.profile)]
         fault = Fault.parse(args.fault)
@@ -149,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fault=fault,
                 api_key=args.api_key,
                 retry_after=args.retry_after,
+                keep_alive_timeout=args.keep_alive_timeout,
             )
             for port, profile in pairs
         ]

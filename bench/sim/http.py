@@ -11,6 +11,12 @@ While a response is being produced, a watcher reads the socket: end of file
 means the client went away, and the response's cancel scope is cancelled, so
 the engine aborts the sequence within a step (as vLLM does).
 
+Between requests a kept-alive connection waits ``keep_alive_timeout`` seconds
+(5 by default: uvicorn's ``timeout_keep_alive``, which vLLM sets from
+``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) for the next request's first byte, then the
+server closes it, as uvicorn does; a client that reuses a pooled connection
+just after that meets a closed socket.
+
 A handler (or a body stream) that raises ``DropConnection`` closes the socket
 at once, without a response or in the middle of one. A ``Gate`` (the fault
 switch) may close the listening socket and every connection, and open the
@@ -36,6 +42,7 @@ log = logging.getLogger("bench.sim.http")
 Handler = Callable[[str, str, Mapping[str, str], bytes], Awaitable[SimResponse]]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+KEEP_ALIVE_TIMEOUT = 5.0  # uvicorn's timeout_keep_alive default, vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE
 _READ_SIZE = 64 * 1024
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ECONNABORTED}
 
@@ -90,9 +97,10 @@ class _Socket:
 class _Connection:
     """One client connection: requests in sequence (keep-alive), one at a time."""
 
-    def __init__(self, sock: _Socket, handler: Handler) -> None:
+    def __init__(self, sock: _Socket, handler: Handler, keep_alive_timeout: float) -> None:
         self._sock = sock
         self._handler = handler
+        self._keep_alive_timeout = keep_alive_timeout
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
         self._client_gone = False
 
@@ -108,12 +116,28 @@ class _Connection:
                 if self._h11.their_state is not h11.DONE:
                     return  # the client sent a body we did not read to the end
                 self._h11.start_next_cycle()
+                if not await self._wait_for_next_request():
+                    return
         except* (trio.BrokenResourceError, h11.ProtocolError):
             pass  # the client went away or broke the protocol mid-response
         except* DropConnection:
             pass  # on purpose: the socket closes with no (or half a) response
         finally:
             self._sock.close()
+
+    async def _wait_for_next_request(self) -> bool:
+        """Wait (at most ``keep_alive_timeout``) for the next request's first bytes; False: idle too long, close.
+
+        As uvicorn's keep-alive timer, it runs only while no byte of the next
+        request is here; once one arrives the request is read without it.
+        """
+        buffered, closed = self._h11.trailing_data
+        if buffered or closed:
+            return True  # pipelined (kept by the disconnect watcher), or the peer already closed
+        with trio.move_on_after(self._keep_alive_timeout):
+            self._h11.receive_data(await self._sock.receive_some())
+            return True
+        return False
 
     async def _next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
         while True:
@@ -226,20 +250,24 @@ async def serve(
     port: int,
     *,
     gate: Gate | None = None,
+    keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``handler`` on host:port until cancelled; reports the bound port.
 
     With a ``gate``, the port is closed (and every connection dropped) while
-    ``gate.listening`` is false, and bound again when it turns true.
+    ``gate.listening`` is false, and bound again when it turns true. A
+    connection idle ``keep_alive_timeout`` seconds between requests is closed.
     """
+    if keep_alive_timeout < 0:
+        raise ValueError(f"keep_alive_timeout must not be negative, got {keep_alive_timeout}")
     listener = _listen(host, port)
     bound = listener.getsockname()[1]
     task_status.started(bound)
     while True:
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_accept, listener, handler, nursery)
+                nursery.start_soon(_accept, listener, handler, nursery, keep_alive_timeout)
                 if gate is not None:
                     nursery.start_soon(_close_when_shut, gate, nursery.cancel_scope)
         finally:
@@ -257,10 +285,10 @@ async def _close_when_shut(gate: Gate, scope: trio.CancelScope) -> None:
     scope.cancel()  # the accept loop and every connection: their sockets close
 
 
-async def _accept(listener: socket.socket, handler: Handler, nursery: trio.Nursery) -> None:
+async def _accept(listener: socket.socket, handler: Handler, nursery: trio.Nursery, keep_alive_timeout: float) -> None:
     async def on_connection(sock: socket.socket) -> None:
         try:
-            await _Connection(_Socket(sock), handler).serve()
+            await _Connection(_Socket(sock), handler, keep_alive_timeout).serve()
         except Exception:  # one broken connection must not stop the server
             log.exception("connection failed")
 

@@ -10,7 +10,7 @@ import trio
 from .app import SimApp
 from .engine import Engine
 from .faults import Fault, FaultInjector, FaultSwitch
-from .http import serve
+from .http import KEEP_ALIVE_TIMEOUT, serve
 from .params import PROFILES, EngineParams
 
 DEFAULT_MODEL = "sim-llama-3.1-8b"
@@ -30,6 +30,7 @@ class EngineSpec:
     fault: Fault = Fault()  # the fault mode at start (none)
     api_key: str | None = None  # vLLM's --api-key: /v1/* needs "Authorization: Bearer <key>"
     retry_after: int = 1  # Retry-After (seconds) of the 503 a full queue answers
+    keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT  # idle keep-alive connections close after this (uvicorn's 5 s)
 
 
 def parse_engines(text: str) -> list[tuple[int, str]]:
@@ -65,5 +66,5 @@ async def serve_engine(
     handler = FaultInjector(app, switch).handle
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
-        port = await nursery.start(partial(serve, handler, spec.host, spec.port, gate=switch))
+        port = await nursery.start(partial(serve, handler, spec.host, spec.port, gate=switch, keep_alive_timeout=spec.keep_alive_timeout))
         task_status.started(port)
