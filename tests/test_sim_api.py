@@ -397,3 +397,92 @@ async def test_the_keep_alive_timeout_is_configurable_and_waits_only_for_a_first
     args = build_parser().parse_args(["--keep-alive-timeout", "2.5"])
     assert args.keep_alive_timeout == 2.5 and build_parser().parse_args([]).keep_alive_timeout == 5.0
 
+
+# -- vLLM's 2026 wording ---------------------------------------------------------
+
+
+async def test_a_lone_surrogate_is_vllms_400_not_a_dropped_connection(autojump_clock: trio.testing.MockClock) -> None:
+    async with in_process_engine(FAST) as (engine, client):
+        for path, body in (
+            ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "ab\\ud866cd"}], "max_tokens": 4}'),
+            ("/v1/completions", b'{"prompt": "\\udfff", "max_tokens": 4, "stream": true}'),
+            ("/tokenize", b'{"prompt": "x\\udfff"}'),
+        ):
+            refused = await client.post(path, content=body)
+            assert refused.status_code == 400, path
+            error = refused.json()["error"]
+            assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] is None
+            assert "can't encode character '\\ud866'" in error["message"] or "'\\udfff'" in error["message"]
+            assert "surrogates not allowed" in error["message"]
+        assert engine.statistics().prompt_tokens_total == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "param", "message"),
+    [
+        (
+            {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
+            "Bad Request",
+            "stream_options",
+            "Value error, Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {"include_usage": True}},
+            "Bad Request",
+            "stream_options",
+            "Value error, Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+            "BadRequestError",
+            "max_tokens",
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+        ),
+        (  # text is tokenized only one token past the bound: "at least"
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4090},  # 8 prompt tokens
+            "BadRequestError",
+            "input_tokens",
+            "This model's maximum context length is 4096 tokens. However, you requested 4090 output tokens and your "
+            "prompt contains at least 7 input tokens, for a total of at least 4097 tokens. Please reduce the length "
+            "of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=7)",
+        ),
+        (  # token ids are counted exactly
+            {"prompt": list(range(100)), "max_tokens": 4000},
+            "BadRequestError",
+            "input_tokens",
+            "This model's maximum context length is 4096 tokens. However, you requested 4000 output tokens and your "
+            "prompt contains 100 input tokens, for a total of 4100 tokens. Please reduce the length of the input "
+            "prompt or the number of requested output tokens. (parameter=input_tokens, value=100)",
+        ),
+        (  # no max_tokens, and the prompt fills the context: nothing is left to generate
+            {"prompt": list(range(4096))},
+            "BadRequestError",
+            "max_tokens",
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+        ),
+        (
+            {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]},
+            "NotFoundError",
+            "model",
+            "The model `gpt-9` does not exist.",
+        ),
+    ],
+)
+async def test_errors_in_vllms_2026_words_name_their_param(
+    autojump_clock: trio.testing.MockClock, body: dict[str, object], kind: str, param: str, message: str
+) -> None:
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    async with in_process_engine(FAST) as (engine, client):
+        response = await client.post(path, json=body)
+        assert engine.statistics().prompt_tokens_total == 0
+    error = response.json()["error"]
+    assert (error["message"], error["type"], error["param"]) == (message, kind, param)
+    assert response.status_code == error["code"]
+
+
+async def test_empty_stream_options_without_stream_are_accepted(autojump_clock: trio.testing.MockClock) -> None:
+    # vLLM's validator tests the value's truth: {} and null pass, as there.
+    async with in_process_engine(FAST) as (_, client):
+        for options in ({}, None):
+            body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream_options": options}
+            assert (await client.post("/v1/chat/completions", json=body)).status_code == 200

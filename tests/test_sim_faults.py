@@ -229,18 +229,31 @@ async def test_redirect_is_a_302_with_location() -> None:
         assert reply.content == b""
 
 
-async def test_a_lone_surrogate_drops_the_connection_always() -> None:
-    async with faulty_engine() as f:
-        for path, body in (
-            ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "ab\\ud866cd"}], "max_tokens": 4}'),
-            ("/v1/completions", b'{"prompt": "\\udfff", "max_tokens": 4}'),
-        ):
+SURROGATE_BODIES = (
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "ab\\ud866cd"}], "max_tokens": 4}'),
+    ("/v1/completions", b'{"prompt": "\\udfff", "max_tokens": 4}'),
+)
+
+
+async def test_tokenizer_panic_drops_the_connection_on_a_lone_surrogate() -> None:
+    async with faulty_engine(Fault("tokenizer_panic")) as f:
+        for path, body in SURROGATE_BODIES:
             with pytest.raises(httpx.RemoteProtocolError):
                 await f.client.post(path, content=body, headers={"content-type": "application/json"})
-        # A valid pair of surrogates is one character, and fine; the engine serves on.
+        # Text the tokenizer takes (a valid surrogate pair is one character) is served; the engine serves on.
         paired = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 4}'
         assert (await f.client.post("/v1/chat/completions", content=paired)).status_code == 200
         assert f.engine.statistics().finished_total == 1
+        await set_fault(f, mode="tokenizer_panic", trigger="any")  # now every completion panics
+        with pytest.raises(httpx.RemoteProtocolError):
+            await f.client.post("/v1/chat/completions", content=paired)
+        assert (await f.client.get("/health")).status_code == 200  # only completions are tokenized
+        await set_fault(f, mode="none")  # healthy again: the same text is vLLM's 400, not a drop
+        for path, body in SURROGATE_BODIES:
+            assert (await f.client.post(path, content=body)).status_code == 400
+    with pytest.raises(FaultError, match="trigger"):
+        Fault.parse("tokenizer_panic:trigger=sometimes")
+    assert Fault.parse("tokenizer_panic").to_json() == {"mode": "tokenizer_panic", "trigger": "surrogate"}
 
 
 async def test_in_process_transport_maps_a_drop_to_httpx_errors() -> None:
@@ -256,8 +269,9 @@ async def test_in_process_transport_maps_a_drop_to_httpx_errors() -> None:
             with pytest.raises(httpx.RemoteProtocolError):
                 await client.get("/health")
         nursery.cancel_scope.cancel()
+    panicking = FaultInjector(SimApp(Engine(QUICK), model=MODEL), FaultSwitch(Fault("tokenizer_panic")))
     with pytest.raises(DropConnection):
-        await SimApp(Engine(QUICK), model=MODEL).handle("POST", "/v1/completions", {}, b'{"prompt": "\\ud866"}')
+        await panicking.handle("POST", "/v1/completions", {}, b'{"prompt": "\\ud866"}')
 
 
 def test_cli_starts_in_a_fault_mode_and_the_admin_port_revives() -> None:

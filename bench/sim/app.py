@@ -16,7 +16,6 @@ import collections
 import hmac
 import itertools
 import json
-import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -25,8 +24,6 @@ from typing import Any, Protocol
 from .engine import Engine, EngineQueueFull, EngineRequestError, Sequence
 from .metrics import SimMetrics
 from .tokens import TOKEN_JSON, count_chat_tokens, count_text_tokens, detokenize
-
-log = logging.getLogger("bench.sim.app")
 
 JSON_HEADERS: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
 SSE_HEADERS: tuple[tuple[str, str], ...] = (
@@ -39,8 +36,9 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # vLLM's bounds of ``priority``
 class DropConnection(Exception):
     """Close the connection without a response (or in the middle of one's body).
 
-    vLLM does this when its tokenizer fails on a request; the fault modes use
-    it to cut a body short. The in-process transport raises httpx's
+    A sick vLLM does this when its tokenizer panics on a request (the
+    ``tokenizer_panic`` fault mode); the fault modes also use it to cut a
+    body short. The in-process transport raises httpx's
     ``RemoteProtocolError`` instead, as httpx does over a socket.
     """
 
@@ -335,6 +333,9 @@ class SimApp:
         }
 
     def _parse(self, chat: bool, request: dict[str, Any]) -> _Parsed:
+        # vLLM validates the request's model (pydantic) before serving it.
+        if request.get("stream_options") and not request.get("stream"):
+            raise _validation_error("Stream options can only be defined when `stream=True`.", "stream_options")
         model = request.get("model", self.model)
         if model != self.model:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model")
@@ -343,15 +344,16 @@ class SimApp:
             _require_encodable(contents)
             prompt_tokens = count_chat_tokens(contents)
             prompt_key = "\x00".join(contents)
+            exact = False
         else:
             prompt = request.get("prompt")
             _require_encodable(prompt if isinstance(prompt, list) else [prompt])
             prompt_tokens, prompt_key = _prompt_tokens(prompt)
+            exact = not isinstance(prompt, str) and not (isinstance(prompt, list) and isinstance(prompt[0], str))
         max_tokens = _optional_int(request, "max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = _optional_int(request, "max_tokens")
-        if max_tokens is not None and max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+        _check_lengths(self.engine.params.max_model_len, prompt_tokens, max_tokens, exact=exact)
         n = _optional_int(request, "n")
         if n not in (None, 1):
             raise ApiError(400, "the simulator supports n=1 only", param="n")
@@ -406,6 +408,51 @@ class SimApp:
         return {"count": count, "max_model_len": self.engine.params.max_model_len, "tokens": list(range(count))}
 
 
+def _validation_error(message: str, param: str) -> ApiError:
+    """A check of vLLM's request model: its validation handler's 400, typed "Bad Request", naming ``param``.
+
+    vLLM raises these as ``VLLMValidationError`` inside a pydantic validator;
+    the client reads pydantic's "Value error, " prefix and the error's
+    "(parameter=...)" suffix. (vLLM also wraps the text in pydantic's
+    error list; the simulator sends the one error's text.)
+    """
+    return ApiError(400, f"Value error, {message} (parameter={param})", param=param, kind="Bad Request")
+
+
+def _check_lengths(limit: int, prompt_tokens: int, max_tokens: int | None, *, exact: bool) -> None:
+    """vLLM's renderer and sampling checks of prompt and ``max_tokens`` against ``max_model_len``, in its words.
+
+    The renderer refuses a prompt longer than the context leaves after the
+    requested output; it tokenizes text only up to one token past that
+    bound, so for text it can say only "at least" (token ids are counted
+    exactly). Then ``max_tokens`` (absent: what the context leaves) must be
+    at least 1. Messages as vLLM's ``renderers/params.py`` and
+    ``SamplingParams`` write them (2026), ``VLLMValidationError``'s
+    "(parameter=..., value=...)" suffix included.
+    """
+    requested = max_tokens or 0
+    if prompt_tokens + requested > limit:
+        if exact or requested >= limit:
+            counted, total, bound = prompt_tokens, prompt_tokens + requested, ""
+        else:
+            counted, total, bound = limit - requested + 1, limit + 1, "at least "
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested {requested} output "
+            f"tokens and your prompt contains {bound}{counted} input tokens, for a total of {bound}{total} tokens. "
+            f"Please reduce the length of the input prompt or the number of requested output tokens. "
+            f"(parameter=input_tokens, value={counted})",
+            param="input_tokens",
+        )
+    effective = max_tokens if max_tokens is not None else limit - prompt_tokens
+    if effective < 1:
+        raise ApiError(
+            400,
+            f"max_tokens must be at least 1, got {effective}. (parameter=max_tokens, value={effective})",
+            param="max_tokens",
+        )
+
+
 def _bearer_matches(authorization: str | None, key: str) -> bool:
     """vLLM's check: scheme ``Bearer`` (any case), then the rest of the header is the key, compared in constant time."""
     if not authorization:
@@ -455,19 +502,39 @@ def _message_contents(messages: object) -> list[str]:
 
 
 def _require_encodable(texts: list[Any]) -> None:
-    """Drop the connection on text UTF-8 cannot encode (a lone UTF-16 surrogate such as "\\ud866").
+    """Refuse text UTF-8 cannot encode (a lone UTF-16 surrogate such as "\\ud866") with vLLM's 400.
 
-    JSON allows such escapes and Python decodes them, but vLLM's tokenizer
-    fails on them and the client gets no response at all: the simulator
-    does the same, so a router in front meets it.
+    JSON allows such escapes and Python decodes them; vLLM's renderer fails
+    to encode the text for the tokenizer and its error handler turns that
+    ``UnicodeEncodeError`` (a ``ValueError``) into a 400 ``BadRequestError``
+    carrying the codec's message. A tokenizer that panics instead, closing
+    the connection without an answer, is the ``tokenizer_panic`` fault mode.
     """
     for text in texts:
         if isinstance(text, str) and not text.isascii():
             try:
                 text.encode("utf-8")
-            except UnicodeEncodeError:
-                log.info("dropping the connection: the prompt holds a lone surrogate")
-                raise DropConnection("the prompt holds a lone surrogate") from None
+            except UnicodeEncodeError as error:
+                raise ApiError(400, str(error)) from None
+
+
+def holds_lone_surrogate(value: object) -> bool:
+    """Whether any string in a decoded JSON value cannot be encoded as UTF-8 (iterative: nesting costs no stack)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _prompt_tokens(prompt: object) -> tuple[int, str]:

@@ -262,11 +262,11 @@ class Engine:
         if max_tokens < 1:
             raise EngineRequestError(f"max_tokens must be at least 1, got {max_tokens}")
         if prompt_tokens + max_tokens > limit:
-            raise EngineRequestError(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                f"messages, {max_tokens} in the completion). Please reduce the length "
-                "of the messages or completion."
+            raise EngineRequestError(  # vLLM's renderer's words (2026), for counted token ids
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{max_tokens} output tokens and your prompt contains {prompt_tokens} input tokens, "
+                f"for a total of {prompt_tokens + max_tokens} tokens. Please reduce the length of "
+                "the input prompt or the number of requested output tokens."
             )
         if min_tokens < 0 or min_tokens > max_tokens:
             raise EngineRequestError(f"min_tokens must be in [0, max_tokens], got {min_tokens}")

@@ -18,6 +18,11 @@ default, which changes nothing):
                 completion) of ``size`` bytes, written in 64 KiB pieces
 ``gzip_garbage`` 200 with ``content-encoding: gzip`` over bytes that are not gzip
 ``redirect``    302 with a ``Location`` header
+``tokenizer_panic`` the tokenizer panics: the connection closes with no answer,
+                for completions whose text holds a lone UTF-16 surrogate
+                (``trigger=surrogate``, the default: what vLLM builds whose
+                tokenizer crashes on them did) or for every completion
+                (``trigger=any``); a healthy engine answers such text 400
 ==============  ==============================================================
 
 Faults touch the completion routes (``/v1/chat/completions``,
@@ -42,13 +47,26 @@ from typing import Any
 
 import trio
 
-from .app import JSON_HEADERS, SSE_HEADERS, ApiError, BodyStream, DropConnection, SimApp, SimResponse
+from .app import JSON_HEADERS, SSE_HEADERS, ApiError, BodyStream, DropConnection, SimApp, SimResponse, holds_lone_surrogate
 
 log = logging.getLogger("bench.sim.faults")
 
 ADMIN_PATH = "/_sim/faults"
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-MODES = ("none", "kill", "hang", "half_dead", "error_rate", "garbage", "truncated", "huge", "gzip_garbage", "redirect")
+MODES = (
+    "none",
+    "kill",
+    "hang",
+    "half_dead",
+    "error_rate",
+    "garbage",
+    "truncated",
+    "huge",
+    "gzip_garbage",
+    "redirect",
+    "tokenizer_panic",
+)
+PANIC_TRIGGERS = ("surrogate", "any")
 _ALIASES = {"revive": "none"}
 # Which parameters each mode reads; any other parameter given with the mode is refused.
 _PARAMS: dict[str, tuple[str, ...]] = {
@@ -56,6 +74,7 @@ _PARAMS: dict[str, tuple[str, ...]] = {
     "truncated": ("events", "abrupt"),
     "huge": ("size", "status"),
     "redirect": ("location",),
+    "tokenizer_panic": ("trigger",),
 }
 _PIECE = 64 * 1024
 _FILLER = b"x" * _PIECE  # one buffer, written again and again: a huge body costs no memory
@@ -80,6 +99,7 @@ class Fault:
     size: int = 16 * 1024 * 1024  # huge: body bytes
     status: int = 500  # huge: 500 (an error body) or 200 (a completion)
     location: str = "/v1/moved"  # redirect: the Location header
+    trigger: str = "surrogate"  # tokenizer_panic: "surrogate" (text UTF-8 cannot encode) or "any" completion
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -92,6 +112,8 @@ class Fault:
             raise FaultError(f"size: must be >= 1, got {self.size}")
         if self.status not in (200, 500):
             raise FaultError(f"status: must be 200 or 500, got {self.status}")
+        if self.trigger not in PANIC_TRIGGERS:
+            raise FaultError(f"trigger: must be one of {', '.join(PANIC_TRIGGERS)}, got {self.trigger!r}")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Fault:
@@ -234,6 +256,11 @@ class FaultInjector:
             return SimResponse(302, [("location", fault.location)])
         if fault.mode == "huge":
             return _huge(fault, stream)
+        if fault.mode == "tokenizer_panic":
+            if fault.trigger == "any" or _text_holds_lone_surrogate(body):
+                log.info("tokenizer_panic: dropping the connection")
+                raise DropConnection("tokenizer_panic: the tokenizer crashed on the request")
+            return await self.app.handle(method, path, headers, body)
         assert fault.mode == "truncated"
         return _truncated(await self.app.handle(method, path, headers, body), fault)
 
@@ -245,6 +272,15 @@ def wants_stream(body: bytes) -> bool:
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return False
     return isinstance(request, dict) and request.get("stream") is True
+
+
+def _text_holds_lone_surrogate(body: bytes) -> bool:
+    """Whether a JSON body holds a string UTF-8 cannot encode; False for a body that is not JSON."""
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return holds_lone_surrogate(request)
 
 
 def _error_body(message: str, status: int = 500) -> bytes:
