@@ -1370,6 +1370,7 @@ def render_config(config: Config) -> str:
         ("keep_alive_timeout", _seconds(server.keep_alive_timeout)),
         ("write_timeout", _seconds(server.write_timeout)),
         ("max_connections", str(server.max_connections)),
+        ("workers", str(server.workers) if server.workers > 1 else "1 (one process, no supervisor)"),
     ])
     lines += _section("estimate", [
         ("chars_per_token", f"{estimate.chars_per_token:g}"),
@@ -1427,6 +1428,7 @@ def render_config(config: Config) -> str:
             ("timeout", _seconds(discovery.timeout)),
             ("nameserver", "the system's (/etc/resolv.conf)" if nameserver is None else _host_port(nameserver, discovery.nameserver_port)),
         ])
+    lines += _render_cluster(config.cluster)
     for pool in config.pools:
         lines += _render_pool(pool)
     lines.append("classes (the first that admits a request wins)")
@@ -1439,6 +1441,32 @@ def render_config(config: Config) -> str:
     lines += _aligned(rows, indent="  ")
     lines += ["", *_render_auth(config.auth)]
     return "\n".join(lines) + "\n"
+
+
+def _render_cluster(cluster: ClusterConfig | None) -> list[str]:
+    """``[cluster]``, or that there is none: whether caps are this process's alone is the first
+    thing an operator running replicas needs to know. A password in the URL is not shown."""
+    if cluster is None:
+        return _section("cluster", [("redis_url", "none (this process holds every cap alone; replicas would each hold them too)")])
+    return _section("cluster", [
+        ("redis_url", _without_password(cluster.redis_url)),
+        ("namespace", cluster.namespace),
+        ("replica_id", cluster.replica_id or "(the host name and the serving process's id)"),
+        ("lease_ttl", _seconds(cluster.lease_ttl)),
+        ("sync_interval", _seconds(cluster.sync_interval)),
+        ("static_share", f"{cluster.static_share:g} of each cap while Redis is away"),
+        ("block", f"{cluster.block} spare seats"),
+    ])
+
+
+def _without_password(url: str) -> str:
+    """``url`` with the password of its user part (``redis://:secret@host``) replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def _render_auth(auth: AuthConfig) -> list[str]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
+import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 import trio
@@ -13,8 +16,8 @@ import trio.testing
 
 from tailguard.router.auth import Caller
 from tailguard.router.cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, Want
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, ClusterConfig, Config, TimeoutsConfig
+from tailguard.router.config import ConfigError, parse_config, render_config
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, ClusterConfig, Config, ServerConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import CallerOverLimit
 from tailguard.router.telemetry import RequestRecord
@@ -252,6 +255,79 @@ async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degra
 def test_cluster_mistakes_are_named(section: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         parse_config(BASE + "\n" + section)
+
+
+# -- [cluster] and server.workers in the shipped config.toml and check-config ---------------
+
+SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
+_HEADER = re.compile(r"^(?:# )?\[([a-z_.]+)\]\s*$")
+_KEY = re.compile(r"^(?:# )?([a-z_]+) = (.*)$")
+
+
+def documented_keys(text: str, table: str) -> dict[str, tuple[str, str]]:
+    """{key: (value as written, the comment above it)} of ``[table]`` in the shipped file, its
+    keys set or commented out (``# key = value``); the table ends at the next header or rule."""
+    keys: dict[str, tuple[str, str]] = {}
+    inside, comment = False, []
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header or line.startswith("# ----"):
+            inside, comment = bool(header) and header[1] == table, []  # type: ignore[index]
+            continue
+        key = _KEY.match(line)
+        if inside and key:
+            keys[key[1]] = (key[2], " ".join(comment))
+            comment = []
+        elif inside and line.startswith("#"):
+            comment.append(line.lstrip("# "))
+        elif not line.strip():
+            comment = []
+    return keys
+
+
+def reader_keys(kind: type) -> set[str]:
+    """The keys a config table takes, from its dataclass: host and port come as one *_listen key,
+    and a field that is a table of its own (``[server.http_tls]``) is not a key of this one."""
+    keys = set()
+    for field in dataclasses.fields(kind):
+        if "Config" in str(field.type):
+            continue
+        keys.add(field.name.replace("_host", "_listen").replace("_port", "_listen"))
+    return keys
+
+
+@pytest.mark.parametrize(("table", "kind"), [("server", ServerConfig), ("cluster", ClusterConfig)])
+def test_the_shipped_config_documents_every_key_with_its_default(table: str, kind: type) -> None:
+    documented = documented_keys(SHIPPED.read_text(encoding="utf-8"), table)
+    assert set(documented) == reader_keys(kind), f"[{table}] in config.toml"
+    for key, (_, comment) in documented.items():
+        assert "Default" in comment or "Required" in comment, f"{table}.{key}: no default stated"
+
+
+def test_the_documented_cluster_and_workers_examples_parse_to_the_defaults() -> None:
+    """Uncommented, the shipped file's [cluster] and server.workers lines are what leaving them out
+    gives (but redis_url, which is required): the comments cannot drift from the reader."""
+    text = SHIPPED.read_text(encoding="utf-8")
+    (workers, _) = documented_keys(text, "server")["workers"]
+    cluster = documented_keys(text, "cluster")
+    assert "\n# workers = " in text and "\n# [cluster]\n" in text, "both stay commented out: the defaults"
+    example = "\n".join(f"{key} = {value}" for key, (value, _) in cluster.items())
+    config = parse_config(text.replace("\n# workers = ", "\nworkers = ") + "\n[cluster]\n" + example + "\n")
+    assert config.server.workers == int(workers) == ServerConfig().workers
+    assert config.cluster == ClusterConfig(redis_url=tomllib.loads(f"v = {cluster['redis_url'][0]}")["v"])
+    assert parse_config(text).cluster is None
+
+
+def test_check_config_shows_every_cluster_key_and_the_workers_but_no_password() -> None:
+    text = SHIPPED.read_text(encoding="utf-8")
+    alone = render_config(parse_config(text))
+    assert re.search(r"^  workers +1 ", alone, re.M) and re.search(r"^cluster\n  redis_url +none ", alone, re.M)
+    shared = render_config(parse_config(text + '\n[cluster]\nredis_url = "redis://tg:s3cret@redis:6379/0"\nblock = 3\n'))
+    section = shared[shared.index("\ncluster\n") :].split("\n\n")[0]
+    for key in reader_keys(ClusterConfig):
+        assert re.search(rf"^  {key} ", section, re.M), key
+    assert "redis://tg:***@redis:6379/0" in section and "s3cret" not in shared
+    assert re.search(r"^  block +3 ", section, re.M)
 
 
 def test_without_a_cluster_section_nothing_changes() -> None:
