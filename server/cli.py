@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -36,8 +37,17 @@ def _listen(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"{error}, got {text!r}") from None
 
 
+def _version() -> str:
+    """The installed distribution's version: the one a bug report needs, whatever the checkout says."""
+    try:
+        return importlib.metadata.version("tailguard")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailguard", description="A tail-latency router in front of vLLM.")
+    parser.add_argument("--version", action="version", version=f"tailguard {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="run the router")
     serve_cmd.add_argument("--config", type=Path, default=None, help=_CONFIG_HELP)
@@ -68,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = check.add_mutually_exclusive_group()
     where.add_argument("path", type=Path, nargs="?", default=None, help=_CONFIG_HELP)
     where.add_argument("--config", type=Path, default=None, help="the same, as serve takes it")
+    commands.add_parser("init", help="write a starting config.toml from what the engines serve (see: init --help)")
     commands.add_parser("advise", help="predict the best split of engines between pools from a trace or access log (see: advise --help)")
     return parser
 
@@ -123,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .advise import main as advise
 
         return advise(argv[1:])
+    if argv[:1] == ["init"]:
+        from .init_config import main as init
+
+        return init(argv[1:])
     args = build_parser().parse_args(argv)
     path: Path = args.config or getattr(args, "path", None) or _default_config()
     try:

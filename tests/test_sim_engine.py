@@ -233,3 +233,22 @@ async def test_requests_over_the_context_are_refused() -> None:
     assert engine.submit(3000, None).max_tokens == 1000
     with pytest.raises(ValueError, match="max_num_seqs"):
         EngineParams(max_num_seqs=0)
+
+
+def test_the_docs_state_vllms_defaults_and_the_profiles_as_the_code_does() -> None:
+    from pathlib import Path
+
+    from tailguard.sim import VLLM_SERVER_DEFAULTS
+
+    big = VLLM_SERVER_DEFAULTS[">= 70 GiB, not A100"]
+    small = VLLM_SERVER_DEFAULTS["smaller, or A100"]
+    assert (big.max_num_seqs, big.max_num_batched_tokens) == (1024, 8192)
+    assert (small.max_num_seqs, small.max_num_batched_tokens) == (256, 2048)
+    default = EngineParams()
+    assert (default.max_num_seqs, default.max_num_batched_tokens) == (small.max_num_seqs, small.max_num_batched_tokens)
+    text = (Path(__file__).resolve().parent.parent / "docs" / "simulator.md").read_text()
+    assert "1,024 / 8,192 on GPUs with >= 70 GiB that are not an A100" in text
+    assert "256 / 2,048 otherwise" in text
+    for name, params in PROFILES.items():
+        batched = "1M" if params.max_num_batched_tokens == 1 << 20 else str(params.max_num_batched_tokens)
+        assert f"| `{name}` | {params.max_num_seqs} | {batched} |" in text, name

@@ -19,7 +19,9 @@ from .faults import FaultError as FaultError
 from .faults import FaultInjector as FaultInjector
 from .faults import FaultSwitch as FaultSwitch
 from .params import PROFILES as PROFILES
+from .params import VLLM_SERVER_DEFAULTS as VLLM_SERVER_DEFAULTS
 from .params import EngineParams as EngineParams
+from .params import VllmDefaults as VllmDefaults
 from .server import DEFAULT_MODEL as DEFAULT_MODEL
 from .server import EngineSpec as EngineSpec
 from .server import serve_engine as serve_engine

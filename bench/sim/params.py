@@ -11,6 +11,15 @@ The figures are derived in docs/simulator.md ("Calibration"): decode steps
 of ~7.8 ms at batch 1 and ~29 ms at batch 256 with ~1k tokens of context per
 sequence, prefill at ~25k tokens/s, ~400k tokens of KV cache.
 
+vLLM's own defaults for the OpenAI server (``EngineArgs`` in
+vllm/engine/arg_utils.py, ``get_batch_defaults``) depend on the GPU:
+``max_num_seqs`` 1,024 and ``max_num_batched_tokens`` 8,192 on a GPU with at
+least 70 GiB that is not an A100 (H100, H200, MI300X), 256 and 2,048
+otherwise (v0.28 adds a tier of 16,384 batched tokens at 160 GiB and more,
+B200/B300). ``VLLM_SERVER_DEFAULTS`` holds the table. ``EngineParams``'
+defaults are the small-GPU pair although the cost model is an H100's, and
+every profile departs from the H100 pair on purpose (``PROFILES``).
+
 ``scheduling_policy`` is vLLM's ``--scheduling-policy``: "fcfs" (vLLM's
 default) or "priority", which orders the waiting queue by the request's
 ``priority`` field and preempts the lowest-priority running sequence when the
@@ -25,6 +34,21 @@ from typing import Literal, get_args
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 SCHEDULING_POLICIES: tuple[str, ...] = get_args(SchedulingPolicy)
+
+
+@dataclass(frozen=True)
+class VllmDefaults:
+    """The scheduler limits vLLM's OpenAI server picks when none are given."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+# get_batch_defaults, UsageContext.OPENAI_API_SERVER, by GPU.
+VLLM_SERVER_DEFAULTS: dict[str, VllmDefaults] = {
+    ">= 70 GiB, not A100": VllmDefaults(max_num_seqs=1024, max_num_batched_tokens=8192),
+    "smaller, or A100": VllmDefaults(max_num_seqs=256, max_num_batched_tokens=2048),
+}
 
 
 @dataclass(frozen=True)
@@ -81,10 +105,13 @@ class EngineParams:
 
 
 PROFILES: dict[str, EngineParams] = {
-    # Few seats and a small step budget: a long prompt can stall a step for at
-    # most 2048/25 = 82 ms, and a full batch of 64 decodes in ~13 ms a token.
+    # Few seats and a small step budget (vLLM's small-GPU budget, a sixteenth
+    # of the H100 default's seats): a long prompt can stall a step for at most
+    # 2048/25 = 82 ms, and a full batch of 64 decodes in ~13 ms a token.
     "latency": EngineParams(max_num_seqs=64, max_num_batched_tokens=2048),
-    # vLLM's H100 defaults: many seats, big prefill chunks, slower tokens.
+    # vLLM's H100 step budget (8,192 batched tokens) with a quarter of its
+    # 1,024 seats: 256 already costs ~29 ms a token at ~1k context each, and
+    # on an 8B model ~400k tokens of KV cache cannot hold 1,024 such sequences.
     "throughput": EngineParams(max_num_seqs=256, max_num_batched_tokens=8192),
     # No GPU cost at all: for measuring the router's own overhead.
     "instant": EngineParams(
