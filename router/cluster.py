@@ -210,6 +210,7 @@ class SharedBudget:
         self._recovered_at = -math.inf
         self.syncs = 0
         self.failures = 0
+        self._failures_before = 0  # failures before the current outage began
         self._wanted = trio.Event()
         self._contended = False
         self._short = False  # a request waits here for seats the last sync did not grant
@@ -286,12 +287,18 @@ class SharedBudget:
             self._failed(now, demands, f"no answer within {self.config.lease_ttl / 2:g} s")
             return
         self._contended = synced.contended
-        if self.mode != "ledger":
-            log.info("cluster: the shared ledger answers (replica %s); caps are shared again", self.replica)
-            if self.mode == "fallback":
-                self._recovered_at = now
-            self.mode = "ledger"
-            self._fallback_since = None
+        if self.mode == "starting":
+            log.info("cluster: the shared ledger answers (replica %s); caps are shared", self.replica)
+        elif self.mode == "fallback":
+            # The outage's second and last line (the first is in _failed): nothing is logged per failed sync.
+            away = now - self._fallback_since if self._fallback_since is not None else 0.0
+            log.info(
+                "cluster: the shared ledger is back after %.1f s away (%d syncs failed; replica %s); caps are shared again",
+                away, self.failures - self._failures_before, self.replica,
+            )
+            self._recovered_at = now
+        self.mode = "ledger"
+        self._fallback_since = None
         self.syncs += 1
         self.synced_from = now
         self._short = False
@@ -347,9 +354,14 @@ class SharedBudget:
         self._short = False
         self._yielding = set()
         if self.mode != "fallback":
-            log.warning("cluster: the shared ledger failed (%s); each cap falls back to this replica's static share", why)
+            # Once an outage: the syncs that fail after this one are counted, not logged.
+            log.warning(
+                "cluster: the shared ledger is away (%s; replica %s); each cap falls back to this replica's static share until it answers",
+                why, self.replica,
+            )
             self.mode = "fallback"
             self._fallback_since = now
+            self._failures_before = self.failures - 1
         settled = self._fallback_since is not None and now - self._fallback_since >= self._settle_after
         for demand in demands:
             static = self._static(demand.cap)

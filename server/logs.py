@@ -68,6 +68,8 @@ def configured_logging(level: str, log_format: Literal["json", "text"]) -> Itera
     root.handlers = [logging.handlers.QueueHandler(records)]
     root.setLevel(level.upper())
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
+    # A Redis connection that drops logs an INFO traceback there; tailguard.cluster says it once an outage.
+    logging.getLogger("coredis").setLevel(logging.WARNING)
     listener.start()
     try:
         yield

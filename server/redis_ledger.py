@@ -20,14 +20,25 @@ also says, per resource, the most urgent priority waiting on the other
 replicas and when the oldest of them came, so a seat freed between two
 syncs goes back too (``router.cluster.Yielding``). coredis (anyio, so it runs
 under Trio) speaks the protocol.
+
+A sync is tried once: the budget's next sync is the retry, and a failed one
+falls back to the static shares (``router.cluster.SharedBudget``, which logs
+the outage once when it begins and once when it ends). coredis's own retries
+would only spend the sync's half-lease deadline on a Redis that is away, and
+log a line for each attempt (three a sync, ~24 a second a replica). The
+script is run by its digest and loaded again when Redis answers that it has
+lost it (a restarted Redis), here, not by coredis's retrying ``Script``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import coredis
+from coredis.exceptions import NoScriptError
+from coredis.retry import NoRetryPolicy
 
 from tailguard.router.cluster import NO_WAITER, Synced, Want
 
@@ -124,9 +135,11 @@ class RedisLedger:
     """
 
     def __init__(self, url: str, namespace: str, *, timeout: float = 1.0) -> None:
-        self._client: Any = coredis.Redis.from_url(url, decode_responses=True, stream_timeout=timeout, connect_timeout=timeout)
+        self._client: Any = coredis.Redis.from_url(
+            url, decode_responses=True, stream_timeout=timeout, connect_timeout=timeout, retry_policy=NoRetryPolicy()
+        )
         self._prefix = namespace + ":"
-        self._script: Any = self._client.register_script(_SYNC)
+        self._sha = hashlib.sha1(_SYNC.encode()).hexdigest()
 
     async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
         args: list[str | int] = [self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants)]
@@ -135,7 +148,7 @@ class RedisLedger:
             since, tolerance = round(want.since * 1000), round(want.tolerance * 1000)  # milliseconds: integers in Lua
             args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep, since, tolerance]
         args.append(NO_WAITER)
-        result = [int(value) for value in await self._script(keys=[], args=args)]
+        result = [int(value) for value in await self._run_script(args)]
         return Synced(
             grants=result[:-1:5],
             contended=bool(result[-1]),
@@ -144,6 +157,14 @@ class RedisLedger:
             urgent=result[3:-1:5],
             urgent_since=[ms / 1000 for ms in result[4:-1:5]],
         )
+
+    async def _run_script(self, args: Sequence[str | int]) -> list[Any]:
+        """The sync script by its digest; loaded first where Redis does not have it (a new or restarted one)."""
+        try:
+            return list(await self._client.evalsha(self._sha, keys=[], args=args))
+        except NoScriptError:
+            await self._client.script_load(_SYNC)
+            return list(await self._client.evalsha(self._sha, keys=[], args=args))
 
     async def grants(self, resource: str) -> dict[str, int]:
         """Every replica's recorded grant of ``resource`` (tests and the benchmark check the ledger)."""

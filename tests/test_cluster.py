@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import re
 import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
+import coredis.exceptions
 import pytest
 import trio
 import trio.testing
@@ -21,6 +23,7 @@ from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig,
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import CallerOverLimit
 from tailguard.router.telemetry import RequestRecord
+from tailguard.server.logs import configured_logging
 from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
@@ -177,6 +180,58 @@ async def test_redis_down_falls_back_to_static_shares_and_recovers_without_doubl
         assert await b.need(8) == 5  # a holds 5: nothing is counted twice
         assert await a.need(2) == 2 and await b.need(8) == 8
         assert sum((await ledger.grants("pool:x")).values()) == CAP
+
+
+async def test_a_redis_outage_logs_one_line_when_it_begins_and_one_when_it_ends(
+    redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a line per failed sync, nor coredis's retries (three a sync): logged as ``serve`` logs."""
+    config = ClusterConfig(redis.url, replica_id="quiet", lease_ttl=0.4, sync_interval=0.02)
+    root = logging.getLogger()
+    with configured_logging("INFO", "text"):  # the levels a serving process has; its handler is replaced by caplog's
+        root.handlers = [caplog.handler]
+        async with RedisLedger(redis.url, "t-quiet", timeout=0.1) as ledger, trio.open_nursery() as nursery:
+            budget = SharedBudget(config, ledger, lambda: [Demand("pool:x", CAP, 1, 0, NO_WAITER, lambda seats: None)])
+            await nursery.start(budget.run)
+            assert budget.mode == "ledger"
+            caplog.clear()
+            redis.stop()
+            with trio.fail_after(20):
+                await until(lambda: budget.mode == "fallback")
+                failures = budget.failures
+                await until(lambda: budget.failures >= failures + 30)  # a while away: thirty failed syncs
+                redis.start()  # an empty Redis: the sync script is loaded again
+                await until(lambda: budget.mode == "ledger")
+                syncs = budget.syncs
+                await until(lambda: budget.syncs >= syncs + 10)
+            nursery.cancel_scope.cancel()
+    lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert len(lines) == 2, lines
+    (away, back) = lines
+    assert away[:2] == ("tailguard.cluster", "WARNING") and "is away" in away[2] and "quiet" in away[2]
+    assert back[:2] == ("tailguard.cluster", "INFO") and "is back after" in back[2]
+    assert re.search(r"\((3\d|[4-9]\d|\d{3,}) syncs failed", back[2]), back[2]
+
+
+async def test_a_sync_is_tried_once_the_next_sync_is_the_retry() -> None:
+    """coredis's own retries (two more a call) would spend the sync's half-lease deadline on a
+    Redis that is away, and log each attempt: a server that hangs up at once sees one connection."""
+    connections = 0
+
+    async def hang_up(stream: trio.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(functools.partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1"))
+        url = f"redis://127.0.0.1:{listener.socket.getsockname()[1]}/0"
+        async with RedisLedger(url, "t-once", timeout=0.5) as ledger:
+            with trio.fail_after(5), pytest.raises(coredis.exceptions.ConnectionError):
+                await ledger.sync("r", 1.0, [Want("pool:x", CAP, 1, NO_WAITER, 1)])
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert connections == 1
 
 
 async def test_two_routers_on_one_ledger_never_send_an_engine_more_than_its_cap(redis: RedisServer) -> None:

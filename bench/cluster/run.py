@@ -901,7 +901,7 @@ async def ledger_view(lab: Lab, namespace: str) -> AsyncIterator[LedgerView]:
 
 def _fallback_warnings(tmp: Path, names: Sequence[str]) -> dict[str, int]:
     """How often each replica logged its fallback (a WARNING; its return is logged at INFO, below the level the replicas run at)."""
-    return {name: (tmp / f"{name}.log").read_text(errors="replace").count("the shared ledger failed") for name in names if (tmp / f"{name}.log").exists()}
+    return {name: (tmp / f"{name}.log").read_text(errors="replace").count("the shared ledger is away") for name in names if (tmp / f"{name}.log").exists()}
 
 
 # -- checks and report ------------------------------------------------------------------------------
