@@ -53,8 +53,11 @@ from .config_types import (
     ServerConfig,
     SimulateProfile,
     TimeoutsConfig,
+    TlsConfig,
     TracingConfig,
 )
+from .tls import TlsFileError
+from .tls import checked as checked_tls
 
 __all__ = ["ConfigError", "limits_document", "load_config", "max_model_len_problem", "parse_config", "render_config"]
 
@@ -490,6 +493,10 @@ def _read_server(table: _Table) -> ServerConfig:
     write_timeout = table.number("write_timeout", default.write_timeout, minimum=0.0)
     max_connections = table.integer("max_connections", default.max_connections, minimum=1)
     workers = table.integer("workers", default.workers, minimum=1)
+    http_tls = _read_tls(table, "http_tls")
+    grpc_tls = _read_tls(table, "grpc_tls")
+    if http_tls is not None and http_server == "hypercorn":
+        table.problem("http_tls", 'TLS is served by tailguard\'s own HTTP server: needs server.http_server = "lean"')
     table.finish()
     return ServerConfig(
         http_host=http_host,
@@ -508,7 +515,32 @@ def _read_server(table: _Table) -> ServerConfig:
         write_timeout=write_timeout,
         max_connections=max_connections,
         workers=workers,
+        http_tls=http_tls,
+        grpc_tls=grpc_tls,
     )
+
+
+def _read_tls(server: _Table, name: str) -> TlsConfig | None:
+    """``[server.NAME]``: a listener's certificate, key and optional client CA, loaded now.
+
+    Absent: the listener is plain TCP. A file that cannot serve (missing, not
+    PEM, a key that is not the certificate's) is a problem under its own key.
+    """
+    present = server.has(name)
+    table = server.table(name)
+    if not present:
+        return None
+    cert_file = table.string("cert_file")
+    key_file = table.string("key_file")
+    client_ca_file = table.optional_string("client_ca_file")
+    table.finish()
+    if not (server.ok(name) and table.ok("cert_file", "key_file", "client_ca_file")):
+        return None
+    try:
+        return checked_tls(TlsConfig(cert_file, key_file, client_ca_file))
+    except TlsFileError as error:
+        table.problem(error.key, error.message)
+        return None
 
 
 def _listen(table: _Table, name: str, host: str, port: int) -> tuple[str, int]:
@@ -1371,6 +1403,7 @@ def render_config(config: Config) -> str:
         ("write_timeout", _seconds(server.write_timeout)),
         ("max_connections", str(server.max_connections)),
         ("workers", str(server.workers) if server.workers > 1 else "1 (one process, no supervisor)"),
+        *_render_tls(server.http_tls, server.grpc_tls),
     ])
     lines += _section("estimate", [
         ("chars_per_token", f"{estimate.chars_per_token:g}"),
@@ -1467,6 +1500,20 @@ def _without_password(url: str) -> str:
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
     return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def _render_tls(http_tls: TlsConfig | None, grpc_tls: TlsConfig | None) -> list[tuple[str, str]]:
+    """The listeners' TLS by their files' paths (never their contents); one row when both are off."""
+    if http_tls is None and grpc_tls is None:
+        return [("http_tls, grpc_tls", "off (plain TCP)")]
+
+    def shown(tls: TlsConfig | None) -> str:
+        if tls is None:
+            return "off (plain TCP)"
+        clients = "any client" if tls.client_ca_file is None else f"client certificates required, signed by {tls.client_ca_file}"
+        return f"cert {tls.cert_file}, key {tls.key_file}; {clients}"
+
+    return [("http_tls", shown(http_tls)), ("grpc_tls", shown(grpc_tls))]
 
 
 def _render_auth(auth: AuthConfig) -> list[str]:

@@ -21,6 +21,26 @@ HttpServerKind = Literal["lean", "hypercorn"]
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """One listener's TLS (``[server.http_tls]``, ``[server.grpc_tls]``): PEM files, read when loaded.
+
+    ``fingerprint`` is a hash of the three files' bytes as the config check
+    read them, so a rotated certificate makes a different config and a
+    reload applies it; never shown.
+    """
+
+    cert_file: str  # the certificate chain, leaf first
+    key_file: str  # its private key, unencrypted
+    client_ca_file: str | None = None  # set: a client must present a certificate this CA signed (mTLS)
+    fingerprint: str = field(default="", repr=False)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The files a reload watches for a change."""
+        return (self.cert_file, self.key_file) + (() if self.client_ca_file is None else (self.client_ca_file,))
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """Where the process listens and how it guards its front door."""
 
@@ -50,6 +70,10 @@ class ServerConfig:
     # more than 1 shares every cap through [cluster] (a local redis-server
     # is started when the file has no [cluster]). Needs a restart.
     workers: int = 1
+    # TLS on each listener, or None (plain TCP); each its own, as the callers of
+    # each differ (web apps over HTTP, internal services over gRPC, often mTLS).
+    http_tls: TlsConfig | None = None
+    grpc_tls: TlsConfig | None = None
 
 
 @dataclass(frozen=True)

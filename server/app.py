@@ -11,23 +11,26 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import hypercorn.config
 import hypercorn.trio
 import trio
 
-from tailguard.router.config_types import Config
+from tailguard.router.config import ConfigError
+from tailguard.router.config_types import Config, ServerConfig, TlsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.model_len import ModelLenError, ask_model_lens
 from tailguard.router.telemetry import RepeatedIds, Telemetry
+from tailguard.router.tls import TlsFileError, server_context
 
-from .grpc_api import Observers, serve_grpc
+from .grpc_api import GrpcTls, Observers, serve_grpc
 from .grpc_bridge import open_asyncio_host
 from .http_api import HttpApi
-from .http_server import HttpSettings
+from .http_server import HttpSettings, ServerTls
 from .http_server import serve as serve_http
 from .logs import AccessLog
 from .metrics import Metrics
@@ -38,6 +41,8 @@ from .trace_switch import TracingSwitch
 from .workers import WorkerRole
 
 log = logging.getLogger("tailguard")
+
+_T = TypeVar("_T")
 
 
 class StartupError(Exception):
@@ -71,6 +76,48 @@ class Running:
     metrics: Metrics
     drain: trio.Event
     grpc_port: int | None = None
+
+
+class ListenersTls:
+    """The listeners' TLS as running: built at start, rebuilt when a reload changes a file.
+
+    HTTP's context is swapped whole (on, off or new files; new connections
+    get it); gRPC's certificates through grpc's dynamic credentials, its
+    on/off fixed at start (``server.grpc_tls`` is restart-only).
+    """
+
+    def __init__(self, server: ServerConfig) -> None:
+        self._http_config = server.http_tls
+        self._grpc_config = server.grpc_tls
+        self.http = ServerTls(None if server.http_tls is None else _loaded("http_tls", server.http_tls, server_context))
+        self.grpc = None if server.grpc_tls is None else _loaded("grpc_tls", server.grpc_tls, GrpcTls)
+
+    def prepare(self, server: ServerConfig) -> Callable[[], None]:
+        """Read a reloaded config's files now (a :exc:`ConfigError` if one fails); returns the swap."""
+        http_config, grpc_config = server.http_tls, server.grpc_tls
+        swaps: list[Callable[[], None]] = []
+        if http_config != self._http_config:
+            context = None if http_config is None else _loaded("http_tls", http_config, server_context)
+            swaps.append(lambda: setattr(self.http, "context", context))
+        grpc = self.grpc
+        if grpc is not None and grpc_config is not None and grpc_config != self._grpc_config:
+            offered = _loaded("grpc_tls", grpc_config, GrpcTls.configuration)
+            swaps.append(lambda: grpc.offer(offered))
+
+        def swap() -> None:
+            for one in swaps:
+                one()
+            self._http_config, self._grpc_config = http_config, grpc_config
+
+        return swap
+
+
+def _loaded(name: str, tls: TlsConfig, load: Callable[[TlsConfig], _T]) -> _T:
+    """``load(tls)``; a file that fails is a :exc:`ConfigError` naming its dotted key."""
+    try:
+        return load(tls)
+    except TlsFileError as error:
+        raise ConfigError([f"server.{name}.{error.key}: {error.message}"], source="the TLS files") from None
 
 
 def _hypercorn_config(config: Config, port: int | None) -> hypercorn.config.Config:
@@ -124,6 +171,10 @@ async def serve(
         log.info("config loaded from %s (digest %s)", config_path.absolute(), config.digest)  # noqa: ASYNC240 - one getcwd at start
     for warning in config.warnings:
         log.warning("config: %s", warning)
+    try:  # the files were checked with the config; read them again for the servers
+        tls = ListenersTls(config.server)
+    except ConfigError as error:
+        raise StartupError("; ".join(error.problems)) from None
     # The ledger's connections (a task group of coredis's) open before the nursery and close after it.
     ledger_context: contextlib.AbstractAsyncContextManager[RedisLedger | None] = (
         RedisLedger(config.cluster.redis_url, config.cluster.namespace) if config.cluster is not None else contextlib.nullcontext()
@@ -167,6 +218,7 @@ async def serve(
             return found.config
 
         async def apply(new: Config) -> None:
+            swap_tls = tls.prepare(new.server)  # first: a TLS file that fails refuses the reload whole
             if fleet is not None:
                 await fleet.ensure(new)
             tracing.apply(new.tracing)
@@ -176,6 +228,7 @@ async def serve(
             logging.getLogger().setLevel(new.logging.level.upper())
             for warning in new.warnings:
                 log.warning("config: %s", warning)
+            swap_tls()
 
         on_main_thread = threading.current_thread() is threading.main_thread()
         reloader = (
@@ -212,7 +265,7 @@ async def serve(
                 port = config.server.http_port if http_port is None else http_port
                 binds = await _bound(
                     config.server.http_host, port, "server.http_listen",
-                    front.start(functools.partial(serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait)),
+                    front.start(functools.partial(serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls.http)),
                 )
                 if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
                     own = await _bound(
@@ -221,7 +274,7 @@ async def serve(
                             functools.partial(
                                 serve_http, app, config.server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
                                     config.server, grace_timeout=_HTTP_GRACE_SECONDS
-                                ), shutdown_trigger=shutdown.wait,
+                                ), shutdown_trigger=shutdown.wait, tls=tls.http,
                             )
                         ),
                     )
@@ -251,7 +304,7 @@ async def serve(
                 )
                 try:
                     bound_grpc = await front.start(
-                        functools.partial(serve_grpc, max_calls=config.server.grpc_max_calls, reuse_port=worker is not None),
+                        functools.partial(serve_grpc, max_calls=config.server.grpc_max_calls, reuse_port=worker is not None, tls=tls.grpc),
                         router,
                         asyncio_host,
                         listen,

@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -37,12 +38,13 @@ from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 
 from tailguard.router.auth import Caller
-from tailguard.router.config_types import Config, ServerConfig
+from tailguard.router.config_types import Config, ServerConfig, TlsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, TailguardError
 from tailguard.router.request import RequestKind, RouterRequest, Routing
 from tailguard.router.session import Session, Sessions, checked_header
 from tailguard.router.telemetry import RepeatedIds, Telemetry
+from tailguard.router.tls import read_pem
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
     from tailguard.router.tracing import Tracing
@@ -498,17 +500,63 @@ def enable_reflection(server: grpc.aio.Server, services: tuple[str, ...]) -> Non
     )
 
 
+class GrpcTls:
+    """The gRPC listener's certificate, key and client CA, replaceable while it serves.
+
+    grpc's dynamic credentials ask :meth:`_fetch` for a new configuration at
+    every handshake, from grpc's own threads: a reload's new files are
+    offered once (under a lock) and serve every connection after it;
+    connections already open keep theirs. Whether client certificates are
+    required is fixed when the port opens (``server.grpc_tls`` on or off,
+    with or without ``client_ca_file``, needs a restart).
+    """
+
+    def __init__(self, tls: TlsConfig) -> None:
+        self.require_client_auth = tls.client_ca_file is not None
+        self._initial = self.configuration(tls)
+        self._lock = threading.Lock()
+        self._offered: Any = None
+
+    @staticmethod
+    def configuration(tls: TlsConfig) -> Any:
+        """grpc's certificate configuration from the files as they are now (raises ``TlsFileError``)."""
+        pem = read_pem(tls)
+        return grpc.ssl_server_certificate_configuration([(pem.private_key, pem.cert_chain)], root_certificates=pem.client_ca)
+
+    def offer(self, configuration: Any) -> None:
+        """New connections get ``configuration`` (one from :meth:`configuration`)."""
+        with self._lock:
+            self._offered = configuration
+
+    def credentials(self) -> Any:
+        return grpc.dynamic_ssl_server_credentials(self._initial, self._fetch, require_client_authentication=self.require_client_auth)
+
+    def _fetch(self) -> Any:
+        """grpc's question at a handshake: a new configuration, or None to keep the one it has."""
+        with self._lock:
+            offered, self._offered = self._offered, None
+        return offered
+
+
 class GrpcServer:
     """The grpc.aio server with tailguard's service, health and reflection (asyncio side)."""
 
     def __init__(
-        self, router: Router, portal: TrioPortal, observers: Observers, *, max_calls: int = MAX_CONCURRENT_CALLS, reuse_port: bool = False
+        self,
+        router: Router,
+        portal: TrioPortal,
+        observers: Observers,
+        *,
+        max_calls: int = MAX_CONCURRENT_CALLS,
+        reuse_port: bool = False,
+        tls: GrpcTls | None = None,
     ) -> None:
         self._router = router
         self._portal = portal
         self._observers = observers
         self._max_calls = max_calls
         self._reuse_port = reuse_port
+        self._tls = tls
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
 
@@ -532,7 +580,7 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection(server, (SERVICE_NAME, HEALTH_SERVICE_NAME))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        bound: int = server.add_insecure_port(address)
+        bound: int = server.add_insecure_port(address) if self._tls is None else server.add_secure_port(address, self._tls.credentials())
         if not bound:
             raise OSError(f"gRPC could not listen on {address}")
         await server.start()
@@ -561,18 +609,21 @@ async def serve_grpc(
     *,
     max_calls: int = MAX_CONCURRENT_CALLS,
     reuse_port: bool = False,
+    tls: GrpcTls | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """From Trio: run the gRPC server until ``shutdown``; reports the bound port.
 
-    ``max_calls`` bounds the completion calls open at once (see the module's docstring).
+    ``max_calls`` bounds the completion calls open at once (see the module's
+    docstring); with ``tls`` the port speaks TLS only.
     """
     async with trio.open_nursery() as calls:
         grpc_server = GrpcServer(
-            router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()), max_calls=max_calls, reuse_port=reuse_port
+            router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()), max_calls=max_calls, reuse_port=reuse_port, tls=tls
         )
         port = await host.run(lambda: grpc_server.start(*listen))
-        log.info("gRPC listening on %s:%s", listen[0], port)
+        shown = "" if tls is None else " (TLS, client certificates required)" if tls.require_client_auth else " (TLS)"
+        log.info("gRPC listening on %s:%s%s", listen[0], port, shown)
         await calls.start(_push_health, router, host, grpc_server)
         task_status.started(port)
         await shutdown.wait()

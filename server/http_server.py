@@ -57,6 +57,7 @@ import errno
 import http
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -136,6 +137,19 @@ class ServerStatistics:
     draining: bool
 
 
+class ServerTls:
+    """The context a TLS listener hands each new connection; ``context`` is replaced on reload.
+
+    A connection keeps the context it was accepted with; None serves plain
+    TCP (the listener was started with TLS and a reload turned it off).
+    """
+
+    __slots__ = ("context",)
+
+    def __init__(self, context: ssl.SSLContext | None) -> None:
+        self.context = context
+
+
 def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
 
@@ -150,6 +164,8 @@ def _error_bytes(status: int, message: str, code: str | None) -> bytes:
 
 
 _TOO_MANY = _error_bytes(503, "too many open connections; retry shortly", "too_many_connections")
+_NOT_TLS = _error_bytes(400, "this port speaks TLS: use https://", "tls_required")
+_TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that opens a handshake
 
 
 # -- reading requests: llhttp's callbacks -----------------------------------------------
@@ -441,6 +457,121 @@ class _Socket:
             self._sock.close()
 
 
+class _TlsSocket:
+    """A TLS connection (``trio.SSLStream`` over the accepted socket) behind ``_Socket``'s interface.
+
+    Only TLS listeners pay for it; the plain path keeps its raw socket. As
+    there, reads return ``b""`` when the peer is gone, a write that cannot
+    complete within ``write_timeout`` closes the connection (``on_abort`` is
+    told), and ``close`` is synchronous: it closes the socket under the
+    stream, which wakes a task waiting on it.
+    """
+
+    __slots__ = ("_stream", "_raw", "closed", "_write_timeout", "_on_abort")
+
+    def __init__(self, stream: trio.SSLStream[trio.SocketStream], write_timeout: float, on_abort: Callable[[], None]) -> None:
+        self._stream = stream
+        self._raw = stream.transport_stream.socket
+        self._write_timeout = write_timeout
+        self._on_abort = on_abort
+        self.closed = False
+
+    async def receive_some(self) -> bytes:
+        """Bytes from the peer; ``b""`` when it closed, reset or broke the TLS stream."""
+        if self.closed:
+            return b""
+        try:
+            data = await self._stream.receive_some(_READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+        return data if isinstance(data, bytes) else bytes(data)
+
+    async def send_all(self, data: bytes) -> None:
+        """Write everything, or close the connection; never raises but Cancelled."""
+        if self.closed:
+            return
+        done = False
+        try:
+            with trio.move_on_after(self._write_timeout):
+                await self._stream.send_all(data)
+                done = True
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            if not done:
+                self.abort()
+
+    def shutdown_write(self) -> None:
+        """End of file for the peer (without TLS's close_notify: HTTP's framing says where answers end)."""
+        try:
+            self._raw.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def abort(self) -> None:
+        if not self.closed:
+            on_abort = self._on_abort
+            self.close()
+            on_abort()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._on_abort = _ignore
+            self._raw.close()  # Trio's socket: tells a task waiting on it first
+
+
+async def _tls_handshake(
+    sock: socket.socket, context: ssl.SSLContext, settings: HttpSettings, deadline: float
+) -> trio.SSLStream[trio.SocketStream] | None:
+    """TLS's handshake on an accepted socket, by ``deadline``; None, the socket closed, if it fails.
+
+    A client that speaks plain HTTP to the port gets a 400 saying so (its
+    first byte cannot open a TLS handshake); one that fails the handshake
+    (no certificate where one is required, an unknown CA, too slow) is
+    closed, logged, and never reaches the request path.
+    """
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+    stream = None
+    first = b""
+    try:
+        with trio.move_on_at(deadline):
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                first = sock.recv(1, socket.MSG_PEEK)
+            except OSError:
+                return None  # reset before a byte: nothing to say
+            if not first:
+                return None  # connected and left (a load balancer's TCP probe)
+            if first[0] != _TLS_HANDSHAKE:
+                await _close_with(_Socket(sock, settings.write_timeout, _ignore), _NOT_TLS)
+                return None
+            tls = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), context, server_side=True, https_compatible=True)
+            await tls.do_handshake()
+            stream = tls
+        if stream is None and first:
+            log.info("TLS handshake with %s: not done within server.header_timeout (%g s)", _peer(sock), settings.header_timeout)
+    except trio.BrokenResourceError as error:
+        cause = error.__cause__
+        log.info("TLS handshake with %s failed: %s", _peer(sock), getattr(cause, "reason", None) or cause or error)
+    finally:
+        if stream is None and sock.fileno() != -1:
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
+    return stream
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except (OSError, ValueError):
+        return "a client"
+    return f"{host}:{port}"
+
+
 # -- the server and its connections ----------------------------------------------------------
 
 
@@ -494,10 +625,11 @@ class _IdleTimers:
 class _Server:
     """Connections, their count, and the drain."""
 
-    def __init__(self, app: App, settings: HttpSettings, server_address: tuple[str, int]) -> None:
+    def __init__(self, app: App, settings: HttpSettings, server_address: tuple[str, int], tls: ServerTls | None = None) -> None:
         self.app = app
         self.settings = settings
         self.server_address = server_address
+        self.tls = tls
         self.connections = 0
         self.refused = 0
         self.draining = False
@@ -530,7 +662,14 @@ class _Server:
 
     async def _serve_connection(self, sock: socket.socket, peer: Any) -> None:
         try:
-            await _Connection(self, sock, peer).serve()
+            context = None if self.tls is None else self.tls.context
+            if context is None:
+                await _Connection(self, sock, peer).serve()
+            else:  # the header timeout runs from here: it covers the handshake and the first head
+                deadline = trio.current_time() + self.settings.header_timeout
+                stream = await _tls_handshake(sock, context, self.settings, deadline)
+                if stream is not None:
+                    await _Connection(self, sock, peer, stream, deadline).serve()
         except Exception:  # one broken connection must not stop the server
             log.exception("HTTP connection failed")
         finally:
@@ -564,12 +703,26 @@ def _refuse_at_once(sock: socket.socket) -> None:
 class _Connection:
     """One client connection: requests in sequence (keep-alive), one at a time."""
 
-    __slots__ = ("_server", "_settings", "_sock", "_client", "requests", "_exchange")
+    __slots__ = ("_server", "_settings", "_sock", "_client", "requests", "_exchange", "_scheme", "_first_deadline")
 
-    def __init__(self, server: _Server, sock: socket.socket, peer: Any) -> None:
+    def __init__(
+        self,
+        server: _Server,
+        sock: socket.socket,
+        peer: Any,
+        tls: trio.SSLStream[trio.SocketStream] | None = None,
+        first_deadline: float = 0.0,
+    ) -> None:
         self._server = server
         self._settings = server.settings
-        self._sock = _Socket(sock, server.settings.write_timeout, self._aborted)
+        self._sock: _Socket | _TlsSocket
+        if tls is None:
+            self._sock = _Socket(sock, server.settings.write_timeout, self._aborted)
+            self._scheme = "http"
+        else:
+            self._sock = _TlsSocket(tls, server.settings.write_timeout, self._aborted)
+            self._scheme = "https"
+        self._first_deadline = first_deadline  # TLS's: the first head's deadline, from before the handshake
         self._client = (peer[0], peer[1]) if isinstance(peer, tuple) and len(peer) >= 2 else None
         self.requests = _Requests(server.settings.max_header_bytes)
         self._exchange: _Exchange | None = None
@@ -618,7 +771,7 @@ class _Connection:
                 return None
             now = trio.current_time()
             if first:
-                head_deadline = now + settings.header_timeout
+                head_deadline = self._first_deadline or now + settings.header_timeout
                 timers = server.idle.fresh
                 server.idle.add(timers, self, head_deadline)
             else:
@@ -664,7 +817,7 @@ class _Connection:
             "asgi": _ASGI,
             "http_version": request.http_version,
             "method": _METHODS.get(method) or method.decode("ascii"),
-            "scheme": "http",
+            "scheme": self._scheme,
             "path": unquote(raw_path.decode("latin-1")),
             "raw_path": raw_path,
             "query_string": query,
@@ -675,7 +828,7 @@ class _Connection:
         }
 
 
-async def _linger(sock: _Socket) -> None:
+async def _linger(sock: _Socket | _TlsSocket) -> None:
     """Read (and drop) what the client still sends after our last answer, briefly.
 
     Closing with unread bytes in the socket makes the kernel send a reset,
@@ -691,7 +844,7 @@ async def _linger(sock: _Socket) -> None:
             received += len(data)
 
 
-async def _close_with(sock: _Socket, data: bytes) -> None:
+async def _close_with(sock: _Socket | _TlsSocket, data: bytes) -> None:
     await sock.send_all(data)
     await _linger(sock)
     sock.close()
@@ -706,7 +859,7 @@ class _Exchange:
         "_status", "_headers", "_head_sent", "_chunked", "_bodiless", "_close_after", "_length_left",
     )
 
-    def __init__(self, sock: _Socket, server: _Server, requests: _Requests, request: _Request) -> None:
+    def __init__(self, sock: _Socket | _TlsSocket, server: _Server, requests: _Requests, request: _Request) -> None:
         self._sock = sock
         self._server = server
         self._requests = requests
@@ -938,24 +1091,28 @@ async def serve(
     *,
     settings: HttpSettings,
     shutdown_trigger: Callable[[], Awaitable[object]],
+    tls: ServerTls | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on host:port until ``shutdown_trigger`` returns, then drain.
 
-    Reports the bound addresses (``["http://host:port"]``), as hypercorn's
-    ``serve`` does. On shutdown: stop accepting, close idle connections, give
-    requests in flight ``settings.grace_timeout`` s, then cancel them.
+    Reports the bound addresses (``["http://host:port"]``, ``https://`` with
+    ``tls``), as hypercorn's ``serve`` does. With ``tls`` each connection is
+    served over TLS with the context ``tls`` holds when it is accepted. On
+    shutdown: stop accepting, close idle connections, give requests in
+    flight ``settings.grace_timeout`` s, then cancel them.
     """
     listener = _listen(host, port, settings.backlog, reuse_port=settings.reuse_port)
     bound = listener.getsockname()
-    server = _Server(app, settings, (bound[0], bound[1]))
+    server = _Server(app, settings, (bound[0], bound[1]), tls)
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    scheme = "https" if tls is not None and tls.context is not None else "http"
     try:
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as acceptor:
                 acceptor.start_soon(server.accept, listener, connections)
                 acceptor.start_soon(server.idle.run)
-                task_status.started([f"http://{shown}:{bound[1]}"])
+                task_status.started([f"{scheme}://{shown}:{bound[1]}"])
                 await shutdown_trigger()
                 acceptor.cancel_scope.cancel()
             trio.lowlevel.notify_closing(listener)

@@ -2,10 +2,14 @@
 
 Most keys take effect at once. The ones in :data:`RESTART_ONLY` are read
 once, when the process starts (sockets, the HTTP server, worker processes,
-the shared ledger, the log format): a reload that changes one applies the
-rest, keeps the running value, and logs a warning naming each such key.
-README's "Configuration" section lists the same keys (tests/test_reload.py
-compares them).
+the shared ledger, the log format, whether the gRPC port speaks TLS): a
+reload that changes one applies the rest, keeps the running value, and logs
+a warning naming each such key. README's "Configuration" section lists the
+same keys (tests/test_reload.py compares them).
+
+The listeners' TLS files are watched beside the config file: a rotated
+certificate (cert-manager writing a Secret's files) reloads as an edit does,
+and new connections get it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ RESTART_ONLY: dict[str, Callable[[Config], object]] = {
     "server.keep_alive_timeout": lambda c: c.server.keep_alive_timeout,
     "server.write_timeout": lambda c: c.server.write_timeout,
     "server.max_connections": lambda c: c.server.max_connections,
+    # Whether the gRPC port speaks TLS, and asks for client certificates: fixed when
+    # it opens. Its files (and all of server.http_tls) reload.
+    "server.grpc_tls": lambda c: None if c.server.grpc_tls is None else c.server.grpc_tls.client_ca_file is not None,
     "logging.format": lambda c: c.logging.format,
     "cluster": lambda c: c.cluster,
 }
@@ -60,6 +67,9 @@ def without_restart_only(new: Config, running: Config) -> Config:
         new.server,
         **{name: getattr(running.server, name) for name in _RESTART_ONLY_SERVER_FIELDS},
     )
+    grpc_tls = RESTART_ONLY["server.grpc_tls"]
+    if grpc_tls(new) != grpc_tls(running):  # turned on or off: the running port's files stay too
+        server = dataclasses.replace(server, grpc_tls=running.server.grpc_tls)
     logging_config = dataclasses.replace(new.logging, format=running.logging.format)
     return dataclasses.replace(new, server=server, logging=logging_config, cluster=running.cluster)
 
@@ -169,7 +179,7 @@ class ConfigReloader:
         self._resolve = resolve
         self._on_result = on_result or (lambda ok: None)
         self._lock = trio.Lock()
-        self._mtime = _version(path)
+        self._mtime = self._versions()
         self._interval_changed = trio.Event()
         self.reloads_ok = 0
         self.reloads_failed = 0
@@ -189,7 +199,7 @@ class ConfigReloader:
         warning and keep their running values.
         """
         async with self._lock:
-            self._mtime = _version(self._path)
+            self._mtime = self._versions()
             try:
                 config = self._prepare(await trio.to_thread.run_sync(load_config, self._path))
             except ConfigError as error:
@@ -207,7 +217,11 @@ class ConfigReloader:
                     self._failed()
                     log.exception("config reload failed while asking the engines; keeping the running config")
                     return False
-            if config.digest == self._current.digest and _model_lens(config) == _model_lens(self._current):
+            if (
+                config.digest == self._current.digest
+                and _model_lens(config) == _model_lens(self._current)
+                and _tls(config) == _tls(self._current)
+            ):
                 log.info("config reload: %s is unchanged (digest %s); nothing changed", self._shown, config.digest)
                 return True
             pending = restart_needed(self._current, config)
@@ -215,12 +229,19 @@ class ConfigReloader:
             summary = summarize(self._current, config)
             try:
                 await self._apply(config)
+            except ConfigError as error:  # a TLS file that changed again since the check
+                self._failed()
+                log.error("config reload refused, keeping the running config: %s", error)
+                return False
             except Exception:
                 self._failed()
                 log.exception("config reload failed while applying %s; keeping the running config", self._shown)
                 return False
             interval_changed = config.server.reload_poll_interval != self._current.server.reload_poll_interval
+            watched = _tls_files(self._current) != _tls_files(config)
             self._current = config
+            if watched:  # other TLS files from now on: their versions as they are now
+                self._mtime = self._versions()
             self.reloads_ok += 1
             self._on_result(True)
             log.info("config reloaded from %s (digest %s): %s", self._shown, config.digest, summary)
@@ -262,8 +283,21 @@ class ConfigReloader:
                 await changed.wait()
             if changed.is_set():
                 continue  # a reload set a new interval: wait by it from now on
-            if _version(self._path) != self._mtime:
+            if self._versions() != self._mtime:
                 await self.reload()
+
+    def _versions(self) -> list[tuple[int, int, int] | None]:
+        """The config file's version, then each TLS file's the running config names."""
+        return [_version(self._path), *(_version(Path(name)) for name in _tls_files(self._current))]
+
+
+def _tls(config: Config) -> tuple[object, ...]:
+    """The listeners' TLS, fingerprints included: a rotated file is a change though the text is not."""
+    return (config.server.http_tls, config.server.grpc_tls)
+
+
+def _tls_files(config: Config) -> list[str]:
+    return [name for tls in (config.server.http_tls, config.server.grpc_tls) if tls is not None for name in tls.files]
 
 
 def _model_lens(config: Config) -> list[tuple[str, int]]:
