@@ -24,6 +24,11 @@ second, from the trace's start to the last one's end, also as a fraction of
 whose short E2E P99 is within 1.25x the ideal's and short TTFT P99 within
 2x; if none is, the candidate that misses those bounds by the least.
 
+An access log is replayed with a first line saying how much of it was used:
+lines read, used, and skipped for each reason (not JSON, not an access line,
+a rejected request, no size, an unparseable time, outside the window), so an
+operator can tell advice on their traffic from advice on a tenth of it.
+
 Everything is in GPU seconds (the trace's own). Simulated time costs
 nothing; a candidate costs ~0.1-0.2 ms of CPU a request.
 """
@@ -269,36 +274,107 @@ def _log_time(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 
 
-def arrivals_from_access_log(path: Path, short_class: str, seconds: float) -> list[Arrival]:
-    """tailguard's JSON access lines: each request's arrival (its line's time less its E2E) and shape.
+# Why an access log's line was not replayed, in the order the summary lists them.
+NOT_JSON = "not JSON"
+NOT_ACCESS = "not an access line"
+REJECTED = "an error outcome no split would serve (rejected: the caller's mistake)"
+NO_SIZE = "no prompt estimate or max_tokens (refused before they were read)"
+BAD_TIME = "an unparseable time (ts or e2e_ms)"
+OUTSIDE = "outside the window (--seconds after the first arrival)"
+OVER_MAX = f"past the replay's {MAX_ARRIVALS} requests"
+_WHY_ORDER = (NOT_JSON, NOT_ACCESS, REJECTED, NO_SIZE, BAD_TIME, OUTSIDE, OVER_MAX)
 
-    Lines that are not JSON access lines, or lack the estimated prompt or
-    max_tokens (refused before they were read), are skipped. A request is
-    short when its class was ``short_class``. Time starts at the first arrival.
+
+@dataclass(frozen=True)
+class LogUsage:
+    """How much of an access log was replayed, and why the rest was not: advice resting on a
+    tenth of the log, or on none of the short requests, must say so.
+
+    ``skipped`` is (why, lines, detail) for each reason that skipped any, in
+    ``_WHY_ORDER``; the detail of the error outcomes is their reasons and counts.
+    """
+
+    lines: int  # read (blank ones not counted)
+    used: int
+    skipped: tuple[tuple[str, int, str], ...]
+
+    def summary(self, source: str) -> str:
+        head = f"{source}: {self.lines} lines read, {self.used} used"
+        if not self.skipped:
+            return head + ", none skipped"
+        parts = [f"{n} {why}" + (f" [{detail}]" if detail else "") for why, n, detail in self.skipped]
+        return f"{head}; {sum(n for _, n, _ in self.skipped)} skipped: " + "; ".join(parts)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"lines": self.lines, "used": self.used, "skipped": [{"why": why, "lines": n, "detail": d} for why, n, d in self.skipped]}
+
+
+def read_access_log(path: Path, short_class: str, seconds: float) -> tuple[list[Arrival], LogUsage]:
+    """tailguard's JSON access lines: each request's arrival (its line's time less its E2E) and shape,
+    and what the log held besides.
+
+    Replayed: every access line with its size, whatever its outcome but
+    ``rejected`` (a request refused for being busy, slow or failed upstream is
+    demand a better split may serve; a malformed or unauthorized one is not).
+    A request is short when its class was ``short_class``. Time starts at the
+    first arrival; ``seconds`` of arrivals are kept, at most ``MAX_ARRIVALS``.
     """
     found: list[tuple[float, str, int, int]] = []
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for line in lines:
+    skipped: dict[str, int] = {}
+    reasons: dict[str, dict[str, int]] = {}
+    lines = 0
+
+    def skip(why: str, reason: object = None) -> None:
+        skipped[why] = skipped.get(why, 0) + 1
+        if reason is not None:
+            by = reasons.setdefault(why, {})
+            by[str(reason)] = by.get(str(reason), 0) + 1
+
+    with path.open(encoding="utf-8", errors="replace") as text:
+        for line in text:
+            if not line.strip():
+                continue
+            lines += 1
             try:
                 row = json.loads(line)
             except ValueError:
+                skip(NOT_JSON)
                 continue
-            if not isinstance(row, dict) or row.get("logger") != ACCESS_LOGGER:
+            if not isinstance(row, dict):
+                skip(NOT_JSON)
+                continue
+            if row.get("logger") != ACCESS_LOGGER:
+                skip(NOT_ACCESS)
+                continue
+            if row.get("outcome") == "rejected":
+                skip(REJECTED, row.get("reason") or "no reason")
                 continue
             prompt, max_tokens, stamp = row.get("prompt_tokens_est"), row.get("max_tokens"), row.get("ts")
-            if not (isinstance(prompt, int) and isinstance(max_tokens, int) and isinstance(stamp, str)) or prompt < 1 or max_tokens < 1:
+            if not (isinstance(prompt, int) and isinstance(max_tokens, int)) or prompt < 1 or max_tokens < 1:
+                skip(NO_SIZE, row.get("reason") or row.get("outcome") or None)
                 continue
             try:
+                if not isinstance(stamp, str):
+                    raise ValueError(stamp)
                 at = _log_time(stamp) - float(row.get("e2e_ms") or 0.0) / 1000
             except (ValueError, TypeError):
+                skip(BAD_TIME)
                 continue
             found.append((at, "short" if row.get("class") == short_class else "long", prompt, max_tokens))
     found.sort()
-    if not found:
-        return []
-    origin = found[0][0]
-    kept = [row for row in found if row[0] - origin < seconds][:MAX_ARRIVALS]
-    return [Arrival(i, at - origin, kind, True, prompt, out) for i, (at, kind, prompt, out) in enumerate(kept)]
+    origin = found[0][0] if found else 0.0
+    window = [row for row in found if row[0] - origin < seconds]
+    kept = window[:MAX_ARRIVALS]
+    skipped[OUTSIDE], skipped[OVER_MAX] = len(found) - len(window), len(window) - len(kept)
+    arrivals = [Arrival(i, at - origin, kind, True, prompt, out) for i, (at, kind, prompt, out) in enumerate(kept)]
+    details = {why: ", ".join(f"{reason} {n}" for reason, n in sorted(by.items(), key=lambda item: (-item[1], item[0]))) for why, by in reasons.items()}
+    usage = LogUsage(lines, len(kept), tuple((why, skipped[why], details.get(why, "")) for why in _WHY_ORDER if skipped.get(why)))
+    return arrivals, usage
+
+
+def arrivals_from_access_log(path: Path, short_class: str, seconds: float) -> list[Arrival]:
+    """``read_access_log``'s arrivals alone."""
+    return read_access_log(path, short_class, seconds)[0]
 
 
 def fit(arrivals: Sequence[Arrival], config: Config) -> tuple[list[Arrival], int]:
@@ -774,26 +850,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"tailguard: {path}: invalid config\n{error}", file=sys.stderr)
         return 2
+    usage: LogUsage | None = None
     try:
         fleet = fleet_from(config, args.engines)
         if args.trace is not None:
             arrivals, source = arrivals_from_trace(args.trace, args.seconds), str(args.trace)
         else:
-            arrivals, source = arrivals_from_access_log(args.access_log, fleet.short_class, args.seconds), str(args.access_log)
+            arrivals, usage = read_access_log(args.access_log, fleet.short_class, args.seconds)
+            source = str(args.access_log)
+            print(usage.summary(source), file=sys.stderr if len(arrivals) < 2 else sys.stdout)
         if len(arrivals) < 2:
             raise ValueError(f"{source}: fewer than two requests to replay")
         result = advise(fleet, arrivals, jobs=args.jobs, seconds=args.seconds, source=source)
     except (OSError, ValueError) as error:
         print(f"tailguard advise: {error}", file=sys.stderr)
         return 2
-    print(report(result), end="")
+    print(("\n" if usage is not None else "") + report(result), end="")
     if args.trace is not None:
         command = tail_command(result, result.recommended.candidate, args.trace, Path("samples"))
         note = command and f"Check it in real time (bench tail; then --compare-samples samples): `{command}`"
         print("\n" + (note or "bench tail has no set-up for this lending rule: check it by hand."))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(advice_json(result), indent=2) + "\n")
+        document = advice_json(result)
+        if usage is not None:
+            document["access_log"] = usage.as_json()
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
     if args.compare_samples is not None:
         try:
             check = compare(result, args.compare_candidate, args.compare_samples, args.time_scale)

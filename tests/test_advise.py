@@ -15,6 +15,12 @@ import pytest
 
 from tailguard.router.config import load_config
 from tailguard.server.advise import (
+    BAD_TIME,
+    NO_SIZE,
+    NOT_ACCESS,
+    NOT_JSON,
+    OUTSIDE,
+    REJECTED,
     SHIPPED_CONFIG,
     Advice,
     Fate,
@@ -23,6 +29,7 @@ from tailguard.server.advise import (
     arrivals_from_trace,
     compare,
     fleet_from,
+    read_access_log,
     snippet,
     stats_of,
     tail_command,
@@ -196,6 +203,53 @@ def test_access_log_lines_become_arrivals(tmp_path: Path) -> None:
     assert arrivals_from_access_log(log, "interactive", 1.0)[-1].at == 0.0  # --seconds bounds the replay
 
 
+def test_an_access_log_says_how_much_of_it_was_used_and_why_not_the_rest(tmp_path: Path) -> None:
+    """Every line read is used or skipped for a named reason; a rejected request (the caller's
+    mistake) is not replayed even when its size is known, a busy or failed one is (it is demand)."""
+
+    def line(ts: str, prompt: int | None, outcome: str = "ok", reason: str | None = None, **more: object) -> str:
+        fields = {"prompt_tokens_est": prompt, "max_tokens": 64, "class": "interactive", "e2e_ms": 100.0, "outcome": outcome, "reason": reason}
+        return json.dumps({"ts": ts, "level": "INFO", "logger": "tailguard.access", "msg": "-", **fields, **more})
+
+    log = tmp_path / "tailguard.log"
+    log.write_text(
+        "\n".join([
+            line("2025-01-01T00:00:01.000Z", 20),
+            line("2025-01-01T00:00:02.000Z", 30, "overloaded", "queue_full"),  # demand: replayed
+            line("2025-01-01T00:00:03.000Z", 40, "backend_error", "backend_timeout"),  # demand: replayed
+            line("2025-01-01T00:00:03.500Z", 50, "rejected", "model_not_found"),  # sized, but no split serves it
+            line("2025-01-01T00:00:04.000Z", None, "rejected", "unauthenticated"),
+            line("2025-01-01T00:00:04.100Z", None, "rejected", "unauthenticated"),
+            line("2025-01-01T00:00:04.200Z", None, "overloaded", "server_busy"),  # refused before its body was read
+            line("yesterday", 20),
+            line("2025-01-01T00:01:00.000Z", 20),  # 59 s after the first: outside a 30 s window
+            json.dumps({"ts": "2025-01-01T00:00:03.000Z", "level": "INFO", "logger": "tailguard.reload", "msg": "reloaded"}),
+            "Traceback (most recent call last):",
+            "",
+        ])
+        + "\n"
+    )
+    arrivals, usage = read_access_log(log, "interactive", 30.0)
+    assert [a.prompt_tokens for a in arrivals] == [20, 30, 40]
+    assert (usage.lines, usage.used) == (11, 3)
+    assert [(why, n, detail) for why, n, detail in usage.skipped] == [
+        (NOT_JSON, 1, ""),
+        (NOT_ACCESS, 1, ""),
+        (REJECTED, 3, "unauthenticated 2, model_not_found 1"),
+        (NO_SIZE, 1, "server_busy 1"),
+        (BAD_TIME, 1, ""),
+        (OUTSIDE, 1, ""),
+    ]
+    assert usage.used + sum(n for _, n, _ in usage.skipped) == usage.lines
+    summary = usage.summary("tailguard.log")
+    assert summary.startswith("tailguard.log: 11 lines read, 3 used; 8 skipped: 1 not JSON; 1 not an access line; 3 an error outcome")
+    assert "[unauthenticated 2, model_not_found 1]" in summary and "1 outside the window" in summary
+    assert json.loads(json.dumps(usage.as_json()))["skipped"][2] == {"why": REJECTED, "lines": 3, "detail": "unauthenticated 2, model_not_found 1"}
+    clean = tmp_path / "clean.log"
+    clean.write_text(line("2025-01-01T00:00:01.000Z", 20) + "\n")
+    assert read_access_log(clean, "interactive", 30.0)[1].summary("clean.log") == "clean.log: 1 lines read, 1 used, none skipped"
+
+
 def test_stats_count_failed_short_requests_as_slowest() -> None:
     fates = [Fate("short", 0.0, True, 0.01, 0.5)] * 98 + [Fate("short", 0.0, False, None, None)] * 2
     fates += [Fate("long", 1.0, True, 0.1, 9.0), Fate("long", 2.0, False, None, None)]
@@ -260,4 +314,5 @@ def test_cli_replays_an_access_log(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "239 requests over 3.0 s" in done.stdout and "Recommended: 1:3 static" in done.stdout
+    assert done.stdout.startswith(f"{log}: 239 lines read, 239 used, none skipped\n")  # how much of the log the advice rests on
     assert "[pools.batch]" in done.stdout
