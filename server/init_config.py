@@ -5,7 +5,9 @@ names and the context length, both in vLLM's ``GET /v1/models``. Asking for
 them (with the engines' ``--api-key`` when ``--api-key-env`` names it) spares
 a newcomer copying them by hand, and a typo in a model name that would 404
 every request. What vLLM does not report, its ``--max-num-seqs``, is written
-as vLLM's usual default with a comment saying to check it.
+as the lower of vLLM's defaults (256; 1,024 on GPUs of 70 GiB or more but an
+A100): a cap below the engine's only keeps more of the queue in tailguard,
+one above it lets requests queue unseen in vLLM.
 
 The file is one pool serving every engine and two classes sharing it (short
 requests first in its queue), every line commented. It is validated with
@@ -34,7 +36,8 @@ from tailguard.router.config_types import LimitsConfig
 
 __all__ = ["EngineReport", "InitError", "ask_engines", "main", "starting_config", "write_config"]
 
-# vLLM's --max-num-seqs when not given (most GPUs); the file says to check it.
+# vLLM's --max-num-seqs when not given, on GPUs under 70 GiB and A100s (1,024 on
+# larger ones: tailguard.sim.params.VLLM_SERVER_DEFAULTS); the file says to check it.
 DEFAULT_MAX_NUM_SEQS = 256
 _MODELS_BODY_LIMIT = 1024 * 1024  # a model list is a few hundred bytes; LoRA adapters add a few each
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -195,8 +198,9 @@ def _render(reports: Sequence[EngineReport], *, max_concurrency: int, api_key_en
         ]
     out += [
         "# Each engine and the requests it may run at once. Set max_concurrency to the",
-        f"# engine's vllm serve --max-num-seqs (vLLM does not report it; {DEFAULT_MAX_NUM_SEQS} is its",
-        "# default on most GPUs), so excess requests wait here, short ones first,",
+        "# engine's vllm serve --max-num-seqs, which vLLM does not report. Left to",
+        f"# vLLM, it is {DEFAULT_MAX_NUM_SEQS} on GPUs under 70 GiB and A100s, 1024 on H100s and H200s:",
+        "# raise it to yours. Then excess requests wait here, short ones first,",
         "# instead of in vLLM's first-come-first-served queue. The pool runs at most",
         "# their sum (max_concurrency) and lets 4 x that wait (max_queue): write",
         "# either key to change it.",
@@ -243,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--force", action="store_true", help="replace the output file if it exists")
     add("--api-key-env", default=None, metavar="NAME", help="the environment variable holding the engines' --api-key")
     add("--max-concurrency", type=int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
-        help="each engine's vllm serve --max-num-seqs (default: %(default)s, vLLM's usual default)")
+        help="each engine's vllm serve --max-num-seqs (default: %(default)s, vLLM's on GPUs under 70 GiB; 1024 on H100/H200)")
     add("--timeout", type=float, default=10.0, metavar="SECONDS", help="how long each engine has to answer (default: %(default)g)")
     return parser
 

@@ -453,6 +453,29 @@ def test_readme_first_screen_goes_from_clone_to_a_streamed_answer(shipped: Confi
     assert "data: [DONE]" in first_screen
 
 
+def test_readme_own_vllm_config_is_a_whole_config_that_loads() -> None:
+    """The "Your own vLLM" file is complete as shown: only keys without a default, and it loads."""
+    (block,) = code_blocks_in(_section(ROOT / "README.md", "## Your own vLLM"), "toml")
+    config = parse_config(block, source="README.md (Your own vLLM)")
+    (pool,) = config.pools
+    assert pool.models == ("meta-llama/Llama-3.1-8B-Instruct",) and [e.url for e in pool.endpoints] == ["http://vllm-0:8000"]
+    assert not pool.max_model_len_configured  # asked of vLLM, as the text says
+    assert [klass.priority for klass in config.classes] == [0, 1]
+    for key in ("max_queue", "max_model_len", "priority", "max_concurrency = ", "[server]", "[limits]"):
+        assert not re.search(rf"^{re.escape(key)}", block, flags=re.M), f"{key} has a default: the minimal file leaves it out"
+
+
+def test_readme_says_the_python_and_redis_the_tests_need() -> None:
+    set_up = _section(ROOT / "README.md", "## Set-up: two commands")
+    python = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    assert python.startswith(">=") and f"Python >= {python.removeprefix('>=')}" in set_up
+    assert "`redis-server` on `PATH`" in set_up and "`apt-get install redis-server`" in set_up
+
+
+def code_blocks_in(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{re.escape(language)}[ \t]*\n(.*?)^```[ \t]*$", text, flags=re.M | re.S)
+
+
 def _section(path: Path, title: str) -> str:
     text = path.read_text(encoding="utf-8")
     start = text.index(f"\n{title}\n")
