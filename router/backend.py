@@ -21,6 +21,7 @@ generation.
 from __future__ import annotations
 
 import json
+import math
 import re
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
@@ -30,8 +31,8 @@ from typing import Any
 import httpx
 import trio
 
-from .config_types import ServerConfig
-from .errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
+from .config_types import BackendAccess, ServerConfig, TimeoutsConfig
+from .errors import BackendAuthFailed, BackendBusy, BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 from .lean_transport import LeanTransport, ResponseBody
 
 ERROR_BODY_LIMIT = 64 * 1024
@@ -43,9 +44,28 @@ _ERROR_WINDOW = 16  # bytes of the chunk before that may hold the start of '"err
 _END_WINDOW = 256  # bytes of the chunk before the last that may hold the end event's start
 _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
 _ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*"error"\s*:.*)')
+_EVENT_END = re.compile(rb"\r?\n\r?\n")  # an SSE event ends with a blank line
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+_HOLD_LIMIT = 64 * 1024  # bytes of an unfinished event kept back at most (a backend that never ends one)
 # What the router asks of every backend: no compression (a relayed stream is
 # bytes as they come), its own content types.
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+# Statuses that mean the engine refused tailguard's own key (vLLM --api-key answers 401).
+_AUTH_STATUSES = (401, 403)
+_NO_ACCESS = BackendAccess()  # no key, the system's CA roots
+
+
+def tls_context(url: str, access: BackendAccess) -> ssl.SSLContext | None:
+    """The TLS context of an ``https://`` engine (its pool's ``tls_ca_file``, else the system's roots); None for http://.
+
+    A plain http:// endpoint needs none (building one loads the CA roots:
+    ~1 MB and ~10 ms, paid again by every reload that resizes it).
+    """
+    if not url.startswith("https:"):
+        return None
+    if access.tls_ca_file is not None:
+        return ssl.create_default_context(cafile=access.tls_ca_file)
+    return httpx.create_ssl_context()
 
 
 class BackendResponse:
@@ -102,12 +122,17 @@ class BackendResponse:
             self._body = await self._read_all()
         return self._body
 
-    async def chunks(self, on_chunk: Callable[[bytes], None] = lambda chunk: None, interval: float = 0.0) -> AsyncIterator[bytes]:
+    async def chunks(
+        self, on_chunk: Callable[[bytes], None] = lambda chunk: None, interval: float = 0.0, *, drop_usage: bool = False
+    ) -> AsyncIterator[bytes]:
         """The SSE bytes as they arrive, the first (read by ``start``) included; ``on_chunk`` sees each first.
 
         With ``interval`` the stream is read at most once per that many
         seconds: what arrived meanwhile is one chunk (the events of several
-        engine steps, one read and one send instead of one each).
+        engine steps, one read and one send instead of one each). With
+        ``drop_usage`` the usage event (``"choices": []``) is not yielded:
+        tailguard asked for it, the caller did not (``on_chunk`` still sees it).
+===
 
         Ends with BackendStreamError when the backend sent an error event (the
         bytes were relayed first), BadBackendReply when the stream ended
@@ -120,12 +145,16 @@ class BackendResponse:
         # event, over the chunk and the end of the one before it.
         error_event: bytes | None = None
         last = previous = b""
+        usage = UsageFilter() if drop_usage else None
         first, self._first = self._first, None
         if first:
             error_event = _error_event(first)
             last = first
             on_chunk(first)
-            yield first
+            if usage is not None:
+                first = usage.feed(first)
+            if first:
+                yield first
         with self._errors_mapped():
             async for chunk in self._iterator:
                 if error_event is None and (
@@ -134,9 +163,14 @@ class BackendResponse:
                     error_event = _error_event(last + chunk)
                 previous, last = last, chunk
                 on_chunk(chunk)
-                yield chunk
+                relayed = chunk if usage is None else usage.feed(chunk)
+                if relayed:
+                    yield relayed
                 if interval:
                     await self._pause(interval)
+        held = b"" if usage is None else usage.flush()
+        if held:
+            yield held
         if error_event is not None:
             raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")
         end = previous[-_END_WINDOW:] + last
@@ -218,6 +252,8 @@ class BackendClient:
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,
         max_body_bytes: int = ServerConfig.max_backend_body_bytes,
+        access: BackendAccess = _NO_ACCESS,
+        keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
     ) -> None:
         self.url = url
         self.leases = 0
@@ -225,10 +261,14 @@ class BackendClient:
         self.max_body_bytes = max_body_bytes
         self._base = url.rstrip("/")
         self._urls: dict[str, httpx.URL] = {}
-        # A plain http:// endpoint needs no TLS context (building one loads the
-        # CA roots: ~1 MB and ~10 ms, paid again by every reload that resizes it).
-        tls = httpx.create_ssl_context() if url.startswith("https:") else None
-        self._transport = transport or LeanTransport(url, connect_timeout=connect_timeout, max_idle=max_concurrency, ssl_context=tls)
+        self._headers = {**_HEADERS, **access.authorization}  # tailguard's own key, never a caller's
+        self._transport = transport or LeanTransport(
+            url,
+            connect_timeout=connect_timeout,
+            max_idle=max_concurrency,
+            ssl_context=tls_context(url, access),
+            keepalive_expiry=keep_alive_timeout,
+        )
         self._lean = self._transport if isinstance(self._transport, LeanTransport) else None  # requests as bytes, no httpx.Request
         # Read by httpx's own transports (a test's); the lean one times its connects itself.
         self._extensions = {"timeout": {"connect": connect_timeout, "pool": connect_timeout, "read": None, "write": None}}
@@ -246,7 +286,7 @@ class BackendClient:
         self.in_flight += 1
         try:
             if self._lean is not None:
-                response = await self._lean.post(path, content, {**_HEADERS, **headers})
+                response = await self._lean.post(path, content, {**self._headers, **headers})
             else:
                 request = self._request(path, content, headers)
                 response = await self._transport.handle_async_request(request)
@@ -276,7 +316,7 @@ class BackendClient:
         url = self._urls.get(path)
         if url is None:  # parsed once per path: a few paths, every request
             url = self._urls[path] = httpx.URL(self._base + path)
-        return httpx.Request("POST", url, content=content, headers={**_HEADERS, **headers}, extensions=self._extensions)
+        return httpx.Request("POST", url, content=content, headers={**self._headers, **headers}, extensions=self._extensions)
 
     async def expire_idle(self) -> None:
         """Close keep-alive connections idle too long (also when no request comes to do it)."""
@@ -300,35 +340,46 @@ class BackendProbe:
     closes it under a probe in flight.
     """
 
-    def __init__(self, url: str, *, connect_timeout: float, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+        access: BackendAccess = _NO_ACCESS,
+    ) -> None:
         self.url = url
         timeout = httpx.Timeout(None, connect=connect_timeout, pool=connect_timeout)
-        tls: ssl.SSLContext | bool = httpx.create_ssl_context() if url.startswith("https:") else False
+        tls: ssl.SSLContext | bool = tls_context(url, access) or False
+        # tailguard's key goes to /v1/* only: vLLM leaves /health and /metrics open.
+        self._v1_headers = {"accept-encoding": "identity", **access.authorization}
         self._probe = httpx.AsyncClient(
             base_url=url, limits=httpx.Limits(max_connections=2), timeout=timeout, transport=transport, verify=tls
         )
 
     async def health(self) -> bool:
         """Whether ``GET /health`` answers 200 (vLLM's readiness probe)."""
-        return await self._answers_200("GET", "/health")
+        return await self.status("GET", "/health") == 200
 
-    async def completes(self, model: str) -> bool:
-        """Whether a one-token completion answers 200: the probe that catches an
-        engine whose /health is fine but whose scheduler hangs."""
+    async def completes(self, model: str) -> int | None:
+        """The status a one-token completion answers (None: no answer): the probe that
+        catches an engine whose /health is fine but whose scheduler hangs, and
+        one that refuses tailguard's key (401)."""
         body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-        return await self._answers_200("POST", "/v1/completions", body)
+        return await self.status("POST", "/v1/completions", body)
 
-    async def _answers_200(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> bool:
-        """Whether the endpoint answers 200; its body is read only up to ``ERROR_BODY_LIMIT``
-        (a sick engine may answer with a huge one, on every probe)."""
+    async def status(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> int | None:
+        """The status the endpoint answers, or None when it does not; its body is read only
+        up to ``ERROR_BODY_LIMIT`` (a sick engine may answer with a huge one, on every probe)."""
         if self._probe.is_closed:  # a reload retired the endpoint under this probe
-            return False
+            return None
+        headers = self._v1_headers if path.startswith("/v1") else {"accept-encoding": "identity"}
         try:
-            async with self._probe.stream(method, path, json=body, headers={"accept-encoding": "identity"}) as response:
+            async with self._probe.stream(method, path, json=body, headers=headers) as response:
                 await _read_capped(response, ERROR_BODY_LIMIT)  # read to keep the connection, never more
-                return response.status_code == 200
+                return response.status_code
         except httpx.HTTPError:
-            return False
+            return None
 
     async def max_model_len(self) -> int:
         """The context length the engine serves: the smallest ``max_model_len`` in ``GET /v1/models``.
@@ -343,11 +394,13 @@ class BackendProbe:
         if self._probe.is_closed:
             raise ModelLenUnknown("its probe was closed (the endpoint left the config)")
         try:
-            async with self._probe.stream("GET", "/v1/models", headers={"accept-encoding": "identity"}) as response:
+            async with self._probe.stream("GET", "/v1/models", headers=self._v1_headers) as response:
                 body = await _read_capped(response, METRICS_BODY_LIMIT)
                 status = response.status_code
         except httpx.HTTPError as error:
             raise ModelLenUnknown(_describe(error)) from None
+        if status in _AUTH_STATUSES:
+            raise ModelLenUnknown(f"GET /v1/models answered {status}: the engine refused tailguard's key (the pool's api_key_env)")
         if status != 200:
             raise ModelLenUnknown(f"GET /v1/models answered {status}")
         if body is None:
@@ -388,6 +441,63 @@ class BackendProbe:
 
     async def aclose(self) -> None:
         await self._probe.aclose()
+
+
+class UsageFilter:
+    """Takes the usage event out of a relayed SSE stream, whatever the chunks' boundaries.
+
+    tailguard asks every stream for usage (``stream_options.include_usage``:
+    exact token counts even when vLLM merges tokens into one event); a
+    caller who did not ask must not get the extra ``"choices": []`` event
+    that brings, which some clients choke on. Chunks that end on an event's
+    end and hold no ``"usage"`` (nearly all) pass as they are; a chunk that
+    ends inside an event keeps that part back until the event's end comes
+    (a client can do nothing with half an event), at most ``_HOLD_LIMIT`` bytes.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of ``chunk`` (and of what was held) to relay now."""
+        if self._held:
+            chunk, self._held = self._held + chunk, b""
+        elif chunk.endswith(_EVENT_ENDS) and b'"usage"' not in chunk:
+            return chunk
+        ends = list(_EVENT_END.finditer(chunk))
+        cut = ends[-1].end() if ends else 0
+        if cut < len(chunk) and len(chunk) - cut <= _HOLD_LIMIT:
+            chunk, self._held = chunk[:cut], chunk[cut:]
+        if b'"usage"' not in chunk:
+            return chunk
+        kept: list[bytes] = []
+        start = 0
+        for end in _EVENT_END.finditer(chunk):
+            event = chunk[start : end.end()]
+            if b'"usage"' not in event or not _usage_only(event):
+                kept.append(event)
+            start = end.end()
+        kept.append(chunk[start:])
+        return b"".join(kept)
+
+    def flush(self) -> bytes:
+        """What is still held when the stream ends (an unfinished last event, relayed as it came)."""
+        held, self._held = self._held, b""
+        return held
+
+
+def _usage_only(event: bytes) -> bool:
+    """Whether an SSE event is the usage event: ``data: {..., "choices": [], "usage": {...}}``."""
+    data = event.strip()
+    if not data.startswith(b"data:"):
+        return False
+    try:
+        payload = json.loads(data[5:])
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(payload, dict) and payload.get("choices") == [] and isinstance(payload.get("usage"), dict)
 
 
 def _error_event(data: bytes) -> bytes | None:
@@ -439,11 +549,30 @@ async def _raise_for_status(response: httpx.Response, url: str) -> None:
     except (httpx.TransportError, httpx.DecodingError):
         pass
     message, error_type, code, param = _error_fields(raw, status)
+    if status in _AUTH_STATUSES:  # tailguard's own key, never the caller's: not theirs to fix
+        raise BackendAuthFailed(
+            f"the backend {url} refused tailguard's credentials ({status}: {message}); check the pool's api_key_env", status=status
+        )
     if 400 <= status < 500:
         raise BackendRejected(message, status=status, error_type=error_type, code=code, param=param)
+    if status == 503:  # vLLM's own queue is full: busy, not broken
+        hint = _retry_after(response.headers.get("retry-after"))
+        raise BackendBusy(f"the backend {url} is busy (503: {message})", retry_after=1.0 if hint is None else hint)
+
     if status >= 500:
         raise BackendUnavailable(f"the backend {url} failed with {status}: {message}")
     raise BadBackendReply(f"the backend {url} answered {status}, not a completion")
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header in delta-seconds form (an HTTP date, or nonsense: None)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 3600 and math.isfinite(seconds) else None
 
 
 def _error_fields(raw: bytes, status: int) -> tuple[str, str | None, str | None, str | None]:

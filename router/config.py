@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import ssl
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar, get_args
 from urllib.parse import urlsplit
@@ -29,6 +30,7 @@ from .auth import hash_key
 from .config_types import (
     ApiKeyConfig,
     AuthConfig,
+    BackendAccess,
     ClassConfig,
     ClusterConfig,
     Config,
@@ -153,7 +155,7 @@ def parse_config(
     input_cap = limits.input_cap_tokens if limits_table.ok("input_cap_tokens") else None
     end_to_end = timeouts.end_to_end_timeout if timeouts_table.ok("end_to_end_timeout") else None
     pool_tables = root.children("pools", noun="pool")
-    pools = _read_pools(pool_tables, input_cap)
+    pools = _read_pools(pool_tables, input_cap, environ)
     class_tables = root.children("classes", noun="class")
     classes = _read_classes(class_tables, [name for name, _ in pool_tables], end_to_end)
     _check_pool_references(pools, classes, dict(pool_tables))
@@ -180,7 +182,7 @@ def parse_config(
         timeouts=timeouts,
         pools=pools,
         classes=classes,
-        digest=_digest(text, auth),
+        digest=_digest(text, auth, pools),
         auth=auth,
         logging=logging_config,
         metrics=metrics,
@@ -192,18 +194,23 @@ def parse_config(
     )
 
 
-def _digest(text: str, auth: AuthConfig) -> str:
+def _digest(text: str, auth: AuthConfig, pools: Sequence[PoolConfig] = ()) -> str:
     """A short hash of the text and of the keys it resolved from outside itself.
 
     The keys go in as their digests, names and rights (never a key, and not the
     keys file's text), so rotating a key in the keys file or the environment
-    changes the digest and a reload applies it; with auth off this is the
+    changes the digest and a reload applies it; the backend keys
+    (``api_key_env``) likewise, as their digests. Without either this is the
     hash of the text alone.
     """
     digest = hashlib.sha256(text.encode("utf-8"))
     for key in auth.keys:
         classes = ",".join(sorted(key.may_force_classes))
         digest.update(f"\0{key.name}\0{key.sha256}\0{classes}\0{key.max_concurrency}".encode())
+    for pool in pools:
+        for access in {pool.access, *(e.access for e in pool.endpoints), *(s.access for s in pool.endpoints_dns)}:
+            if access.api_key is not None:
+                digest.update(f"\0{pool.name}\0{access.api_key_env}\0{hash_key(access.api_key)}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -613,6 +620,7 @@ def _read_timeouts(table: _Table) -> TimeoutsConfig:
         name: table.number(name, getattr(default, name), minimum=0.0)
         for name in (
             "connect_timeout",
+            "backend_keep_alive_timeout",
             "end_to_end_timeout",
             "health_check_interval",
             "health_check_timeout",
@@ -694,12 +702,12 @@ def _read_rebalance(table: _Table) -> RebalanceConfig:
 
 
 def _read_pools(
-    tables: Sequence[tuple[str, _Table]], input_cap: int | None
+    tables: Sequence[tuple[str, _Table]], input_cap: int | None, environ: Mapping[str, str]
 ) -> tuple[PoolConfig, ...]:
     """The pools that read cleanly; an endpoint URL may appear only once overall."""
     used_urls: dict[str, str] = {}
     used_names: dict[tuple[str, int, str], str] = {}
-    pools = (_read_pool(name, table, input_cap, used_urls, used_names) for name, table in tables)
+    pools = (_read_pool(name, table, input_cap, used_urls, used_names, environ) for name, table in tables)
     return tuple(pool for pool in pools if pool is not None)
 
 
@@ -709,9 +717,11 @@ def _read_pool(
     input_cap: int | None,
     used_urls: dict[str, str],
     used_names: dict[tuple[str, int, str], str],
+    environ: Mapping[str, str],
 ) -> PoolConfig | None:
-    endpoints = _read_endpoints(table, used_urls)
-    endpoints_dns = _read_endpoints_dns(table, used_names)
+    access = _read_access(table, BackendAccess(), environ, pool=True)
+    endpoints = _read_endpoints(table, used_urls, access, environ)
+    endpoints_dns = _read_endpoints_dns(table, used_names, access, environ)
     max_concurrency = _read_pool_cap(table, endpoints)
     max_queue = table.integer("max_queue", _QUEUE_PER_SEAT * max_concurrency, minimum=0)
     max_model_len = table.optional_integer("max_model_len", minimum=1)  # None: asked of the endpoints
@@ -764,6 +774,7 @@ def _read_pool(
         rebalance=rebalance,
         endpoints_dns=endpoints_dns,
         max_model_len_configured=max_model_len is not None,
+        access=access,
     )
 
 
@@ -797,7 +808,9 @@ def max_model_len_problem(max_model_len: int, input_cap: int) -> str | None:
     )
 
 
-def _read_endpoints_dns(pool: _Table, used_names: dict[tuple[str, int, str], str]) -> tuple[DnsEndpointsConfig, ...]:
+def _read_endpoints_dns(
+    pool: _Table, used_names: dict[tuple[str, int, str], str], access: BackendAccess, environ: Mapping[str, str]
+) -> tuple[DnsEndpointsConfig, ...]:
     """``endpoints_dns``: names whose addresses are endpoints (router/discovery.py); one pool per name and port."""
     expect = 'an array of { name = "svc.namespace.svc.cluster.local", port = N, max_concurrency = N }'
     sources: list[DnsEndpointsConfig] = []
@@ -812,7 +825,8 @@ def _read_endpoints_dns(pool: _Table, used_names: dict[tuple[str, int, str], str
             table.problem("port", f"must be at most 65535, got {port}")
         scheme = table.choice("scheme", _DNS_SCHEMES, DnsEndpointsConfig.scheme)
         max_concurrency = table.integer("max_concurrency", minimum=1)
-        source = DnsEndpointsConfig(name=name, port=port, max_concurrency=max_concurrency, scheme=scheme)
+        own = _read_access(table, access, environ)
+        source = DnsEndpointsConfig(name=name, port=port, max_concurrency=max_concurrency, scheme=scheme, access=own)
         if table.ok("name", "port", "scheme"):
             first = used_names.setdefault(source.key, table.key("name"))
             if first != table.key("name"):
@@ -983,8 +997,47 @@ def _read_outlier_detection(table: _Table) -> OutlierDetectionConfig:
     )
 
 
+def _read_access(table: _Table, inherited: BackendAccess, environ: Mapping[str, str], *, pool: bool = False) -> BackendAccess:
+    """``api_key_env`` (and, on a ``pool``, ``tls_ca_file``): tailguard's own credentials for the engines.
+
+    An endpoint entry's ``api_key_env`` overrides its pool's. The variable
+    is read now, so a missing secret refuses the file (check-config names
+    the variable) instead of failing every request with the engine's 401.
+    """
+    api_key_env, api_key = inherited.api_key_env, inherited.api_key
+    if table.has("api_key_env"):
+        name = table.string("api_key_env")
+        api_key_env, api_key = name, None
+        if table.ok("api_key_env"):
+            if not _ENV_NAME.fullmatch(name):
+                table.problem("api_key_env", f"must be the name of an environment variable ({_ENV_NAME.pattern}), got {json.dumps(name)}")
+            elif (value := environ.get(name)) is None:
+                table.problem(
+                    "api_key_env",
+                    f"environment variable {name} is not set (it holds the key tailguard sends to these engines,"
+                    " as vLLM's --api-key)",
+                )
+            else:
+                api_key = value.strip()  # a trailing newline in a secret store is a classic
+                if not api_key or not all("!" <= char <= "~" for char in api_key):
+                    table.problem(
+                        "api_key_env",
+                        f"environment variable {name} is empty or holds characters an Authorization header"
+                        " cannot carry (printable ASCII without spaces only)",
+                    )
+    tls_ca_file = inherited.tls_ca_file
+    if pool and table.has("tls_ca_file"):
+        tls_ca_file = table.string("tls_ca_file")
+        if table.ok("tls_ca_file"):
+            try:
+                ssl.create_default_context(cafile=tls_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                table.problem("tls_ca_file", f"cannot load {json.dumps(tls_ca_file)} as PEM certificates: {exc}")
+    return BackendAccess(api_key_env=api_key_env, api_key=api_key, tls_ca_file=tls_ca_file)
+
+
 def _read_endpoints(
-    pool: _Table, used_urls: dict[str, str]
+    pool: _Table, used_urls: dict[str, str], access: BackendAccess, environ: Mapping[str, str]
 ) -> tuple[EndpointConfig, ...]:
     """The pool's endpoints; an empty list is allowed (a pool being emptied for a move), none at all beside endpoints_dns."""
     expect = 'an array of { url = "http://host:port", max_concurrency = N }'
@@ -993,8 +1046,9 @@ def _read_endpoints(
         url = _read_url(table, used_urls)
         max_concurrency = table.integer("max_concurrency", minimum=1)
         movable = table.boolean("movable", EndpointConfig.movable)
+        own = _read_access(table, access, environ)
         if table.finish():
-            endpoints.append(EndpointConfig(url=url, max_concurrency=max_concurrency, movable=movable))
+            endpoints.append(EndpointConfig(url=url, max_concurrency=max_concurrency, movable=movable, access=own))
         else:
             pool.invalidate("endpoints")
     return tuple(endpoints)
@@ -1417,6 +1471,7 @@ def render_config(config: Config) -> str:
     ])
     lines += _section("timeouts", [
         ("connect_timeout", _seconds(timeouts.connect_timeout)),
+        ("backend_keep_alive_timeout", _seconds(timeouts.backend_keep_alive_timeout)),
         ("end_to_end_timeout", _seconds(timeouts.end_to_end_timeout)),
         ("health_check_interval", _seconds(timeouts.health_check_interval)),
         ("health_check_timeout", _seconds(timeouts.health_check_timeout)),
@@ -1535,11 +1590,15 @@ def _render_auth(auth: AuthConfig) -> list[str]:
 def _render_pool(pool: PoolConfig) -> list[str]:
     total = sum(endpoint.max_concurrency for endpoint in pool.endpoints)
     endpoints = _aligned(
-        [(point.url, f"max_concurrency {point.max_concurrency}" + (", movable" if point.movable else "")) for point in pool.endpoints],
+        [
+            (point.url, f"max_concurrency {point.max_concurrency}" + (", movable" if point.movable else "") + _own_key(point.access, pool))
+            for point in pool.endpoints
+        ],
         indent="",
     ) or ["(none: only those DNS names)" if pool.endpoints_dns else "(none: the pool has no GPUs now)"]
     dns = [
         f"{source.scheme}://{source.name}:{source.port} (each A/AAAA address), max_concurrency {source.max_concurrency} each"
+        + _own_key(source.access, pool)
         for source in pool.endpoints_dns
     ]
     notes = [f"endpoints' sum {total}"] if pool.endpoints or not dns else []
@@ -1554,6 +1613,8 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         ("fail_fast_fraction", _fail_fast(pool.fail_fast_fraction)),
         ("first_byte_timeout", _seconds(pool.first_byte_timeout)),
         ("health_check", pool.health_check),
+        ("api_key_env", _api_key(pool.access)),
+        *((("tls_ca_file", pool.access.tls_ca_file),) if pool.access.tls_ca_file else ()),
         ("outlier_detection", _outlier(pool.outlier_detection)),
         *((("lend", _lend(pool.lend)),) if pool.lend.to else ()),
         *((("class_max_concurrency", ", ".join(f"{n} {seats}" for n, seats in pool.class_max_concurrency)),) if pool.class_max_concurrency else ()),
@@ -1565,6 +1626,17 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         *(("", line) for line in dns[1:]),
     ]
     return _section(f"pool {pool.name}", pairs)
+
+
+def _api_key(access: BackendAccess) -> str:
+    if access.api_key_env is None:
+        return "none (no Authorization sent to the engines: they run without --api-key)"
+    return f"{access.api_key_env} (set; sent as Authorization: Bearer to /v1/*, value not shown)"
+
+
+def _own_key(access: BackendAccess, pool: PoolConfig) -> str:
+    """An entry's own api_key_env, when it overrides the pool's."""
+    return "" if access.api_key_env == pool.access.api_key_env else f", api_key_env {access.api_key_env}"
 
 
 def _max_model_len(pool: PoolConfig) -> str:

@@ -100,6 +100,10 @@ class TimeoutsConfig:
     """Deadlines and intervals, layered: queue deadline < end-to-end < front proxy."""
 
     connect_timeout: float = 2.0
+    # A kept-alive connection to an engine idle this long is closed, not
+    # reused: below the engine's own idle timeout (vLLM's uvicorn: 5 s), so a
+    # request is never written into a connection the engine is closing.
+    backend_keep_alive_timeout: float = 4.0
     end_to_end_timeout: float = 120.0
     health_check_interval: float = 2.0
     health_check_timeout: float = 1.0
@@ -193,12 +197,34 @@ class RebalanceConfig:
 
 
 @dataclass(frozen=True)
+class BackendAccess:
+    """How tailguard itself reaches an engine: its own API key and the CA it trusts.
+
+    vLLM started with ``--api-key`` guards every ``/v1/*`` route; the key
+    sent there is tailguard's, never a caller's (a caller's ``Authorization``
+    header stops at tailguard). ``api_key`` is the value of the environment
+    variable ``api_key_env``, read when the file is (re)loaded; it stays out
+    of ``repr`` so a logged config shows no credential.
+    """
+
+    api_key_env: str | None = None  # the variable's name (check-config shows it, never the value)
+    api_key: str | None = field(default=None, repr=False)
+    tls_ca_file: str | None = None  # a PEM bundle for https:// engines; None: the system's roots
+
+    @property
+    def authorization(self) -> dict[str, str]:
+        """The header tailguard's calls to ``/v1/*`` carry (none without a key)."""
+        return {} if self.api_key is None else {"authorization": f"Bearer {self.api_key}"}
+
+
+@dataclass(frozen=True)
 class EndpointConfig:
     """One inference server (one GPU or one vLLM instance)."""
 
     url: str  # base URL without /v1, e.g. http://127.0.0.1:8001
     max_concurrency: int
     movable: bool = False  # may move to another pool when demand says so ([rebalance])
+    access: BackendAccess = BackendAccess()  # the pool's, or this entry's own api_key_env
 
 
 DnsScheme = Literal["http", "https"]
@@ -216,6 +242,7 @@ class DnsEndpointsConfig:
     port: int
     max_concurrency: int  # each address's cap
     scheme: DnsScheme = "http"
+    access: BackendAccess = BackendAccess()  # the pool's, or this entry's own api_key_env
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -225,7 +252,7 @@ class DnsEndpointsConfig:
     def endpoint(self, address: str) -> EndpointConfig:
         """The endpoint of one resolved address (an IPv4 or IPv6 literal)."""
         host = f"[{address}]" if ":" in address else address
-        return EndpointConfig(url=f"{self.scheme}://{host}:{self.port}", max_concurrency=self.max_concurrency)
+        return EndpointConfig(url=f"{self.scheme}://{host}:{self.port}", max_concurrency=self.max_concurrency, access=self.access)
 
 
 @dataclass(frozen=True)
@@ -323,6 +350,9 @@ class PoolConfig:
     # endpoints (GET /v1/models) at start and on every reload; an endpoint
     # then serves the pool only once it has reported at least that much.
     max_model_len_configured: bool = True
+    # tailguard's own key for the pool's engines (api_key_env) and the CA of
+    # https:// ones; each endpoint entry carries its effective copy.
+    access: BackendAccess = BackendAccess()
 
     def class_limit(self, name: str) -> int | None:
         """The seats class ``name`` may hold in this pool at once, or None."""

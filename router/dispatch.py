@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import trio
@@ -31,7 +31,19 @@ from .classify import classify, forced
 from .cluster import NO_WAITER, ClusterStatus, Demand, LedgerStore, SharedBudget, Yielding
 from .config_types import Config, EndpointConfig, PoolConfig
 from .discovery import Discovery, Found
-from .errors import BackendError, BackendRejected, BackendTimeout, BackendUnavailable, CallerOverLimit, Draining, Forbidden, ModelNotFound
+from .errors import (
+    BackendAuthFailed,
+    BackendBusy,
+    BackendError,
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    CallerOverLimit,
+    Draining,
+    Forbidden,
+    ModelNotFound,
+)
+from .ids import IdSource
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
 from .model_len import context_fits
 from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics, Ticket
@@ -39,14 +51,23 @@ from .rebalance import Rebalancer
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
 
-if TYPE_CHECKING:  # imported only while [tracing] is on
-    from .tracing import RequestTrace
-
 log = logging.getLogger("tailguard.router")
 
 TransportFactory = Callable[[EndpointConfig], "httpx.AsyncBaseTransport | None"]
 
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+# Body fields a caller may send but the router decides (docs/request-path.md).
+# ``model``, ``messages``/``prompt``, ``max_tokens`` and ``stream`` are written
+# over; these are removed first: ``max_completion_tokens`` (its value became
+# ``max_tokens``), ``priority`` (the class's, on a ``vllm_priority`` pool),
+# and ``request_id`` (vLLM's own id for the request: one per attempt). A
+# stream's ``stream_options.include_usage`` is always true (the caller's
+# other options are kept; without ``stream`` they go as sent, for vLLM to
+# refuse as OpenAI does).
+ROUTER_OWNED = frozenset({"max_completion_tokens", "priority", "request_id"})
+
+
 
 
 @dataclass
@@ -58,6 +79,8 @@ class Completion:
     stream: bool
     record: RequestRecord
     relay_interval: float = 0.0  # the class's: seconds between reads of the stream (0: as events come)
+    # The usage event tailguard asked for on the caller's behalf (stream_options.include_usage) is not relayed.
+    drop_usage: bool = False
 
     async def read(self) -> bytes:
         """The whole body of a non-streaming response; ``payload`` is then its parsed form.
@@ -90,7 +113,7 @@ class Completion:
         BackendUnavailable (the connection broke). The request's record sees
         each chunk on the way (no generator of its own: one layer less a chunk).
         """
-        return self.response.chunks(self.record.saw_chunk, self.relay_interval)
+        return self.response.chunks(self.record.saw_chunk, self.relay_interval, drop_usage=self.drop_usage)
 
 
 @dataclass(frozen=True)
@@ -171,6 +194,8 @@ class Router:
         self._moving: dict[str, tuple[str, str]] = {}
         self._discovered: dict[str, tuple[Found, ...]] = {}  # per pool: its endpoints_dns addresses now
         self._model_lens: dict[str, int | None] = dict(model_lens or {})  # URL -> its last max_model_len report
+        self._upstream_ids = IdSource()  # the id each attempt goes to vLLM under (never the caller's)
+
         self.discovery = Discovery(self)
         self.config = config
         self.apply(config)
@@ -352,6 +377,7 @@ class Router:
             transport=self._transport_factory(endpoint_config),
             closer=self._close_later,
             max_body_bytes=config.server.max_backend_body_bytes,
+            keep_alive_timeout=config.timeouts.backend_keep_alive_timeout,
         )
         endpoint.max_model_len = self._model_lens.get(endpoint.url)
         return endpoint
@@ -407,6 +433,27 @@ class Router:
         async with trio.open_nursery() as nursery:
             for endpoint in list(self._endpoints.values()):
                 if endpoint.pool is not None and endpoint.healthy and not endpoint.fits_context:
+                    nursery.start_soon(ask, endpoint)
+
+    async def _check_keys(self, timeout: float) -> None:
+        """Ask every healthy endpoint whose key is unproven or refused whether a /v1 route takes it.
+
+        vLLM leaves ``/health`` open under ``--api-key``, so a passing health
+        check says nothing of the key; ``GET /v1/models`` does (cheap, and
+        asked once an endpoint, then only while it is refused). A pool whose
+        health check is a completion learns it from that probe instead.
+        """
+
+        async def ask(endpoint: Endpoint) -> None:
+            with trio.move_on_after(timeout):
+                self._note_credentials(endpoint, await endpoint.probe.status("GET", "/v1/models"))
+
+        async with trio.open_nursery() as nursery:
+            for endpoint in list(self._endpoints.values()):
+                pool = endpoint.pool
+                if pool is None or pool.config.health_check == "completion" or not endpoint.healthy:
+                    continue
+                if endpoint.auth_failure is not None or not endpoint.credentials_checked:
                     nursery.start_soon(ask, endpoint)
 
     def _close_later(self, client: Closable) -> None:
@@ -503,20 +550,24 @@ class Router:
                 trace.queued()
             try:
                 lease = await pool.admit(klass.priority, queue_deadline, ticket, retry_after=config.timeouts.retry_after)
-            finally:
-                record.left_queue_at = left_queue = trio.current_time()  # the access log's queue_ms, also for a queue_timeout
+            except BaseException:
+                # The access log's queue_ms of a refusal or a queue_timeout: never past the deadline it waited for.
+                record.left_queue_at = min(trio.current_time(), queue_deadline)
+                raise
+            # When the seat was granted, not when this task ran again: on a busy host the
+            # event loop's own delay is no wait for a seat (and no reason to move a GPU).
+            record.left_queue_at = admitted = lease.granted_at
             try:
-                admitted = left_queue
                 record.admitted_at = admitted
                 record.endpoint = lease.endpoint.url
                 serving = lease.pool  # a lender's, when the seat is borrowed
                 if serving is not pool:
                     record.lender = serving.name
-                body = self._backend_body(request, model, max_tokens)
+                body, drop_usage = self._backend_body(request, model, max_tokens)
                 if serving.config.vllm_priority:
                     body["priority"] = klass.priority
                 try:
-                    response = await self._start_call(serving, lease, request, body, trace)
+                    response = await self._start_call(serving, lease, request, body, record)
                 except trio.Cancelled:
                     # The router's own deadline passed with no answer begun (not the
                     # caller leaving, nor a caller's shorter gRPC deadline): the
@@ -538,7 +589,8 @@ class Router:
                         queue_seconds=admitted - arrival,
                     )
                     try:
-                        yield Completion(routing, response, request.stream, record, klass.relay_interval)
+                        yield Completion(routing, response, request.stream, record, klass.relay_interval, drop_usage)
+
                     except BackendError as error:  # the body broke or was not a completion
                         self._failed(serving, lease.endpoint, error)
                         raise
@@ -549,25 +601,36 @@ class Router:
             finally:
                 lease.release()
 
-    async def _start_call(
-        self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], trace: RequestTrace | None = None
-    ) -> BackendResponse:
-        """Send the request and wait for its first byte, trying once more elsewhere if that fails.
+    async def _start_call(self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], record: RequestRecord) -> BackendResponse:
+        """Send the request and wait for its first byte, trying elsewhere if that fails.
 
         A failure before any response came (refused, reset, no first byte in
         the pool's ``first_byte_timeout``) is retried once on another
         endpoint of the pool that has room; the seat moves with it, so the
         pool's cap holds. Nothing has reached the caller yet, so a retry is
-        invisible to it. An answered 5xx or a 4xx is never retried. With
-        ``trace``, each attempt has a span, named in the ``traceparent`` sent.
+        invisible to it. An engine that is busy (503: its own queue is full)
+        or refuses tailguard's key did no work and says nothing of its
+        siblings: the request goes on to each other endpoint with room, in
+        turn, within its deadline. Another answered 5xx or a 4xx is never
+        retried. Each attempt goes to vLLM under a fresh id (vLLM takes
+        ``X-Request-Id`` as its own request id, which two callers could
+        share); ``record.upstream_id`` keeps the last, and the caller's id goes
+        as ``x-tailguard-request-id``. With tracing, each
+        attempt has a span, named in the ``traceparent`` sent.
         """
-        headers = {"x-request-id": request.request_id}
         path = _PATHS[request.kind]
+        trace = record.trace
         # vLLM sends a non-streaming answer whole when generation ends: only the
         # end-to-end deadline can tell a long answer from a hung engine there.
         timeout = pool.config.first_byte_timeout if request.stream else math.inf
-        for attempt in (1, 2):
+        tried: list[Endpoint] = []
+        retried = False  # a failure of the engine itself is tried once more, no further
+        while True:
             endpoint = lease.endpoint
+            tried.append(endpoint)
+            record.upstream_id = self._upstream_ids.fresh()
+            # The caller's own id rides beside it, for whatever logs headers on the way (vLLM ignores it).
+            headers = {"x-request-id": record.upstream_id, "x-tailguard-request-id": request.request_id}
             if trace is not None:
                 headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
             try:
@@ -580,14 +643,71 @@ class Router:
             except BackendError as error:
                 if trace is not None:
                     trace.call_failed(error)
-                self._failed(pool, endpoint, error)
-                retry_to = pool.retry_endpoint(lease) if attempt == 1 and _retryable(error) else None
+                retry_to: Endpoint | None = None
+                if isinstance(error, BackendBusy):
+                    self._busy(endpoint, error)
+                    retry_to = pool.retry_endpoint(lease, tried)
+                elif isinstance(error, BackendAuthFailed):
+                    self._key_refused(endpoint, error.status)
+                    retry_to = pool.retry_endpoint(lease, tried)
+                else:
+                    self._failed(pool, endpoint, error)
+                    if _retryable(error) and not retried:
+                        retried = True
+                        retry_to = pool.retry_endpoint(lease, tried)
                 if retry_to is None:
                     raise
                 log.info("request %s: %s; trying again on %s", request.request_id, error.message, retry_to.url)
                 self._retries[pool.name] += 1
                 lease.move(retry_to)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _busy(self, endpoint: Endpoint, error: BackendBusy) -> None:
+        """The engine's own queue is full: fewer seats there for a moment; not a failure (outlier detection never hears of it).
+
+        When the moment ends nothing is released, so a timer offers the seats
+        to the waiters then: a Trio system task (a sleep, then a dispatch, that
+        cannot fail), since a busy answer comes on a request's path, which
+        has no nursery to leave a timer in.
+        """
+        spell_begins = endpoint.busy_until == -math.inf
+        endpoint.was_busy(error.retry_after)
+        if spell_begins:  # once per busy spell, not once per refused request
+            log.info(
+                "endpoint %s is busy (its own queue is full): at most %d requests there for %g s",
+                endpoint.url, endpoint.busy_cap, error.retry_after,
+            )
+            trio.lowlevel.spawn_system_task(self._busy_spell_ends, endpoint, name=f"busy spell of {endpoint.url}")
+
+    @staticmethod
+    async def _busy_spell_ends(endpoint: Endpoint) -> None:
+        # A deadline, not a condition to poll: a later busy answer may have moved it on.
+        while not endpoint.busy_spell_over(trio.current_time()):  # noqa: ASYNC110
+            await trio.sleep_until(endpoint.busy_until)
+        if endpoint.pool is not None:
+            endpoint.pool.queue.dispatch()
+
+    @staticmethod
+    def _key_refused(endpoint: Endpoint, status: int) -> None:
+        """The engine refuses tailguard's key: down until it accepts it (logged once, as ERROR: the operator must act)."""
+        variable = endpoint.access.api_key_env
+        reason = (
+            f"upstream_auth: the engine answered {status} to tailguard's key (the environment variable {variable})"
+            if variable is not None
+            else f"upstream_auth: the engine answered {status}: it wants an API key (set api_key_env on the pool)"
+        )
+        if endpoint.auth_failure is None:
+            log.error("endpoint %s takes no requests: %s", endpoint.url, reason)
+        endpoint.auth_failure = reason
+
+    def _note_credentials(self, endpoint: Endpoint, status: int | None) -> None:
+        """What a probe of a /v1 route says of tailguard's key (None: no answer, nothing learnt)."""
+        if status in (401, 403):
+            self._key_refused(endpoint, status)
+        elif status is not None:
+            endpoint.credentials_checked = True
+            if endpoint.auth_failure is not None:
+                endpoint.auth_failure = None
+                log.info("endpoint %s accepts tailguard's key again", endpoint.url)
 
     def _failed(self, pool: Pool, endpoint: Endpoint, error: BackendError) -> None:
         """Count a failed call for outlier detection; log an ejection."""
@@ -645,17 +765,36 @@ class Router:
                 self._idle.set()
 
     @staticmethod
-    def _backend_body(request: RouterRequest, model: str, max_tokens: int) -> dict[str, Any]:
-        body: dict[str, Any] = dict(request.params)
+    def _backend_body(request: RouterRequest, model: str, max_tokens: int) -> tuple[dict[str, Any], bool]:
+        """The body sent to vLLM, and whether the stream's usage event is tailguard's alone (not to relay).
+
+        The fields the router owns (``ROUTER_OWNED``) are its own whatever the
+        caller sent: ``priority`` is removed (``open`` sets it from the class
+        on a ``vllm_priority`` pool: a caller's own could jump vLLM's queue and
+        dodge preemption, and older vLLM answers 400 to any non-zero value),
+        ``request_id`` too (each attempt has its own id), and every stream asks
+        for usage, so token counts stay exact when vLLM merges several
+        tokens into one event.
+        """
+        body: dict[str, Any] = {name: value for name, value in request.params.items() if name not in ROUTER_OWNED}
         body["model"] = model
         if request.kind == "chat":
             body["messages"] = list(request.messages or ())
-            body.pop("max_completion_tokens", None)
         else:
             body["prompt"] = request.prompt
         body["max_tokens"] = max_tokens
         body["stream"] = request.stream
-        return body
+        drop_usage = False
+        if request.stream:
+            options = request.params.get("stream_options")
+            options = dict(options) if isinstance(options, Mapping) else {}
+            if options.get("include_usage") is not True:
+                drop_usage = True  # asked for tailguard's counts only
+                options.pop("continuous_usage_stats", None)  # without include_usage it meant nothing
+            options["include_usage"] = True
+            body["stream_options"] = options
+        return body, drop_usage
+
 
     # -- background work --------------------------------------------------
 
@@ -807,7 +946,9 @@ class Router:
             with trio.move_on_after(timeout):
                 try:
                     if pool is not None and completion:
-                        healthy = await endpoint.probe.completes(pool.config.models[0])
+                        status = await endpoint.probe.completes(pool.config.models[0])
+                        healthy = status == 200
+                        self._note_credentials(endpoint, status)
                     else:
                         healthy = await endpoint.probe.health()
                 except Exception:  # one broken probe must not stop the others
@@ -831,7 +972,10 @@ class Router:
         async with trio.open_nursery() as nursery:
             for endpoint in list(self._endpoints.values()):
                 nursery.start_soon(probe, endpoint)
-        await self._ask_unverified(timeout)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._ask_unverified, timeout)
+            nursery.start_soon(self._check_keys, timeout)
+
         for pool in self._pools.values():
             pool.queue.dispatch()
         for endpoint in list(self._endpoints.values()):
@@ -879,13 +1023,12 @@ class Router:
 
     def health(self) -> dict[str, Any]:
         """Ready only when every pool has a healthy endpoint; says which are not."""
-        pools = {
-            pool.name: {
-                "healthy": pool.healthy,
-                "endpoints": {e.url: _state(e) for e in pool.endpoints},
-            }
-            for pool in self._pools.values()
-        }
+        pools: dict[str, dict[str, Any]] = {}
+        for pool in self._pools.values():
+            pools[pool.name] = {"healthy": pool.healthy, "endpoints": {e.url: _state(e) for e in pool.endpoints}}
+            reasons = {e.url: e.auth_failure for e in pool.endpoints if e.auth_failure is not None}
+            if reasons:
+                pools[pool.name]["reasons"] = reasons  # why an endpoint is down, where the router knows better than "down"
         ready = not self._draining and all(p["healthy"] for p in pools.values())
         status = "ready" if ready else "unavailable"
         health: dict[str, Any] = {"status": status, "draining": self._draining, "pools": pools}
@@ -975,9 +1118,10 @@ def _retryable(error: BackendError) -> bool:
 
 
 def _state(endpoint: Endpoint) -> str:
-    """An endpoint's state for /health: up, down (health check), unverified (its context length) or ejected (outlier detection)."""
-    if not endpoint.healthy:
+    """An endpoint's state for /health: up, down (health check, or its key refused), unverified (its context length) or ejected (outlier detection)."""
+    if not endpoint.healthy or endpoint.auth_failure is not None:
         return "down"
+
     if not endpoint.fits_context:
         return "unverified"
     return "ejected" if endpoint.ejected else "up"

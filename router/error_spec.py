@@ -97,6 +97,9 @@ SPECS: tuple[ErrorSpec, ...] = (
     _row(errors.InternalError, "internal_error", "internal_error", 500, "internal_error", "internal_error", "INTERNAL"),
     _row(errors.BackendError, "backend_error", "backend_error", 502, _UPSTREAM, "upstream_error", "UNAVAILABLE", retryable=True),
     _row(errors.BackendRejected, "rejected", "backend_rejected", 400, _INVALID, None, "INVALID_ARGUMENT"),
+    # The operator's key, refused by every endpoint that could take the request: a retry
+    # meets the same key (or, once the health check has seen it, a pool with no endpoint).
+    _row(errors.BackendAuthFailed, "backend_error", "upstream_auth", 502, _UPSTREAM, "upstream_auth", "UNAVAILABLE"),
     _row(
         errors.BackendUnavailable, "backend_error", "backend_unavailable", 502, _UPSTREAM, "upstream_error", "UNAVAILABLE",
         retryable=True, retry_after=True,
@@ -105,6 +108,7 @@ SPECS: tuple[ErrorSpec, ...] = (
         errors.BackendTimeout, "backend_error", "backend_timeout", 504, _UPSTREAM, "backend_timeout", "UNAVAILABLE",
         retryable=True, retry_after=True,
     ),
+    _row(errors.BackendBusy, "overloaded", "backend_busy", 503, "overloaded", "backend_busy", "UNAVAILABLE", retryable=True, retry_after=True),
     _row(
         errors.BadBackendReply, "backend_error", "bad_backend_reply", 502, _UPSTREAM, "bad_backend_reply", "UNAVAILABLE",
         retryable=True, retry_after=True,

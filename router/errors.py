@@ -25,8 +25,12 @@ read it (``server/errors_map.py`` renders it on each wire).
     ├── InternalError                a bug inside the router (logged with its traceback)
     └── BackendError                 the inference server failed the request
         ├── BackendRejected          it answered 4xx: the caller's fault, passed through
+        ├── BackendAuthFailed        it answered 401/403 to tailguard's own key: the
+        │                            operator's configuration, never the caller's fault
         ├── BackendUnavailable       it answered 5xx or could not be reached
-        │   └── BackendTimeout       no first byte within the pool's first_byte_timeout
+        │   ├── BackendTimeout       no first byte within the pool's first_byte_timeout
+        │   └── BackendBusy          it answered 503 before any byte: its own queue is
+        │                            full (vLLM --max-num-queued-reqs); not a failure
         ├── BadBackendReply          it answered, but not a valid reply (3xx, not the
         │                            expected JSON/SSE, a stream cut before [DONE],
         │                            a body over its cap, a broken encoding)
@@ -161,6 +165,33 @@ class BackendUnavailable(BackendError):
 
 class BackendTimeout(BackendUnavailable):
     """The backend sent no first byte within the pool's ``first_byte_timeout``."""
+
+
+class BackendBusy(BackendUnavailable):
+    """The backend answered 503 before any byte: "busy", not "broken".
+
+    vLLM answers so when its own waiting queue is full (``--max-num-queued-reqs``,
+    ``--max-num-queued-tokens``). Nothing was generated, so another endpoint
+    with a free seat may take the request; it says nothing of the engine's
+    health, so outlier detection does not count it. ``retry_after`` is the
+    engine's own ``Retry-After`` when it sent one, passed on to the caller
+    when no sibling can take the request.
+    """
+
+
+class BackendAuthFailed(BackendError):
+    """The backend refused tailguard's own credentials (401 or 403).
+
+    A caller's key never reaches a backend (tailguard sends the pool's
+    ``api_key_env``), so this is the operator's misconfiguration: passing the
+    401 through would tell the caller to fix a key that is not theirs. The
+    endpoint is taken out until it accepts the key again.
+    """
+
+    def __init__(self, message: str, *, status: int = 401, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
 
 
 class BadBackendReply(BackendError):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -36,7 +36,7 @@ import trio
 from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
 from .cluster import Yielding
-from .config_types import EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig
+from .config_types import BackendAccess, EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig, TimeoutsConfig
 from .errors import NoBackend
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
 
@@ -77,10 +77,21 @@ class Endpoint:
         transport: httpx.AsyncBaseTransport | None,
         closer: Closer,
         max_body_bytes: int = ServerConfig.max_backend_body_bytes,
+        keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
     ) -> None:
         self.url = config.url
         self.max_concurrency = config.max_concurrency
         self.movable = config.movable
+        self.access = config.access  # tailguard's key and CA for this engine
+        # Set while the engine refuses that key (401/403): why, for /health. Cleared
+        # when it accepts the key again (the health check asks) or a reload changes it.
+        self.auth_failure: str | None = None
+        self.credentials_checked = False  # a /v1 route answered with tailguard's key (health checks ask until one does)
+        # vLLM's own queue was full (a 503 before any byte): until ``busy_until`` the
+        # endpoint takes at most ``busy_cap`` requests, what it held when it said so.
+        self.busy_until = -math.inf
+        self.busy_cap = 0
+        self.busy_answers = 0  # 503s before any byte, since the process started (for /metrics)
         self.granted: int | None = None  # its seats this replica may use ([cluster]); None: all
         self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
         self.in_flight = 0
@@ -102,23 +113,26 @@ class Endpoint:
         self._transport = transport
         self._closer = closer
         self._max_body_bytes = max_body_bytes
+        self._keep_alive_timeout = keep_alive_timeout
         self.retired = False  # left the config; kept only while seats still hold it
-        self.client = self._new_client(config.max_concurrency)
+        self.client = self._new_client(config.max_concurrency, config.access)
         self._client_closed = False
-        self.probe = self._new_probe()
+        self.probe = self._new_probe(config.access)
         self._replaced: set[BackendClient] = set()  # old clients that seats still hold
 
-    def _new_client(self, max_concurrency: int) -> BackendClient:
+    def _new_client(self, max_concurrency: int, access: BackendAccess) -> BackendClient:
         return BackendClient(
             self.url,
             max_concurrency=max_concurrency,
             connect_timeout=self._connect_timeout,
             transport=self._transport,
             max_body_bytes=self._max_body_bytes,
+            access=access,
+            keep_alive_timeout=self._keep_alive_timeout,
         )
 
-    def _new_probe(self) -> BackendProbe:
-        return BackendProbe(self.url, connect_timeout=self._connect_timeout, transport=self._transport)
+    def _new_probe(self, access: BackendAccess) -> BackendProbe:
+        return BackendProbe(self.url, connect_timeout=self._connect_timeout, transport=self._transport, access=access)
 
     def clients_for(self, config: EndpointConfig) -> Clients:
         """The clients this endpoint needs to take ``config``, built now; nothing changes yet.
@@ -128,8 +142,9 @@ class Endpoint:
         """
         reopen = self.retired and self._client_closed
         resize = config.max_concurrency != self.max_concurrency
-        client = self._new_client(config.max_concurrency) if reopen or resize else None
-        return Clients(client, self._new_probe() if reopen else None)
+        rekey = config.access != self.access  # a rotated key or a new CA: new connections carry it
+        client = self._new_client(config.max_concurrency, config.access) if reopen or resize or rekey else None
+        return Clients(client, self._new_probe(config.access) if reopen or rekey else None)
 
     def adopt(self, config: EndpointConfig, clients: Clients, *, max_body_bytes: int) -> None:
         """Take ``config`` with the clients ``clients_for`` built (nothing here raises).
@@ -139,8 +154,14 @@ class Endpoint:
         when its last seat is released.
         """
         self.retired = False
+        if config.access != self.access:
+            self.access = config.access
+            self.auth_failure = None  # a new key deserves a try; the next refusal says so again
+            self.credentials_checked = False
         if clients.probe is not None:
-            self.probe = clients.probe
+            old_probe, self.probe = self.probe, clients.probe
+            if not self._client_closed:
+                self._closer(old_probe)  # a closed endpoint's probe went to the closer with its client
         if clients.client is not None:
             old, self.client = self.client, clients.client
             if self._client_closed:
@@ -208,13 +229,30 @@ class Endpoint:
 
     @property
     def usable(self) -> bool:
-        """Healthy, long enough for its pool, not ejected: may take new requests when it has room."""
-        return self.healthy and self.fits_context and (self.ejected_until is None or not self.ejected)
+        """Healthy, long enough for its pool, accepting tailguard's key, not ejected: may take new requests when it has room."""
+        return self.healthy and self.fits_context and self.auth_failure is None and (self.ejected_until is None or not self.ejected)
 
     @property
     def seats(self) -> int:
-        """Its cap here: all of it, or this replica's grant of it in a cluster."""
-        return self.max_concurrency if self.granted is None else min(self.max_concurrency, self.granted)
+        """Its cap here: all of it, or this replica's grant of it in a cluster, lowered for a moment after a busy answer."""
+        seats = self.max_concurrency if self.granted is None else min(self.max_concurrency, self.granted)
+        # No clock read here (metrics read it from another thread): the spell's own timer ends it.
+        return seats if self.busy_until == -math.inf else min(seats, self.busy_cap)
+
+    def was_busy(self, retry_after: float) -> None:
+        """The engine answered 503 before any byte (its own queue is full): hold its cap at what
+        it runs now, less the refused request, for ``retry_after`` seconds (the engine's hint)."""
+        self.busy_answers += 1
+        self.busy_cap = max(0, self.in_flight - 1)
+        self.busy_until = max(self.busy_until, trio.current_time() + max(retry_after, 0.1))
+
+    def busy_spell_over(self, now: float) -> bool:
+        """End a busy spell whose time is up; True if one ended (its seats are back)."""
+        if self.busy_until == -math.inf or now < self.busy_until:
+            return False
+        self.busy_until = -math.inf
+        return True
+
 
     @property
     def has_room(self) -> bool:
@@ -478,9 +516,11 @@ class Pool:
             return None
         return endpoint.eject(outlier)
 
-    def retry_endpoint(self, lease: Lease) -> Endpoint | None:
-        """Another endpoint with room for a failed request's second try, or None."""
-        return self._place([e for e in self.endpoints if e is not lease.endpoint and e.has_room], lease.borrower is not None)
+    def retry_endpoint(self, lease: Lease, tried: Collection[Endpoint] = ()) -> Endpoint | None:
+        """Another endpoint with room for a failed request's next try, none it was tried on, or None."""
+        return self._place(
+            [e for e in self.endpoints if e is not lease.endpoint and e not in tried and e.has_room], lease.borrower is not None
+        )
 
     def _place(self, candidates: list[Endpoint], borrowed: bool) -> Endpoint | None:
         """Where a new seat goes among ``candidates`` (endpoints with room), or None.

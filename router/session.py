@@ -31,9 +31,7 @@ runs per relayed chunk.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -44,6 +42,7 @@ import trio
 from .auth import Caller
 from .dispatch import Completion, Router
 from .errors import DeadlineExceeded, InternalError, InvalidRequest, ServerBusy, TailguardError
+from .ids import IdSource
 from .request import RouterRequest, Routing
 from .telemetry import Api, RepeatedIds, RequestRecord, Telemetry, is_valid_request_id
 
@@ -111,12 +110,7 @@ class Sessions:
         self._request_id_field = request_id_field
         self._tracing = tracing
         self._open = 0
-        # Fresh ids are version-4 UUIDs cut from the OS's random bytes, 4 KiB
-        # fetched at a time: uuid.uuid4() asks the kernel for 16 bytes every
-        # request (one system call of the ~10 a short request costs). Not a
-        # seeded generator: ids go to vLLM as its request ids, and a caller who
-        # could predict the next ones could make another caller's collide.
-        self._random = b""
+        self._ids = IdSource()  # the ids of requests whose caller sent none (router/ids.py)
 
     @property
     def open_count(self) -> int:
@@ -130,19 +124,15 @@ class Sessions:
         so that nothing the caller sent reaches a header or a log line.
         """
         if not supplied:
-            return self._fresh_id(), None
+            return self._ids.fresh(), None
         if not is_valid_request_id(supplied):
             message = f"{self._request_id_field} must be 1 to 128 printable ASCII characters without spaces"
-            return self._fresh_id(), InvalidRequest(message, param=self._request_id_field)
+            return self._ids.fresh(), InvalidRequest(message, param=self._request_id_field)
         if self._repeated_ids is not None and self._repeated_ids.observe(supplied) and self._on_repeat is not None:
             self._on_repeat()
         return supplied, None
 
-    def _fresh_id(self) -> str:
-        if not self._random:
-            self._random = os.urandom(4096)
-        fresh, self._random = self._random[:16], self._random[16:]
-        return uuid.UUID(bytes=fresh, version=4).hex
+
 
     def start(self, supplied_id: str | None = None, *, carrier: Mapping[str, str] | None = None, route: str = "") -> Session:
         """A session for one completion request; enter it with ``async with``.

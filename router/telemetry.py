@@ -86,7 +86,9 @@ class RequestRecord:
     request_class: str = UNKNOWN
     pool: str = UNKNOWN
     endpoint: str | None = None
+    upstream_id: str | None = None  # the id the (last) attempt went to vLLM under: one per attempt, never the caller's
     lender: str | None = None  # the pool whose idle seat served it, when not its own
+
     prompt_tokens: int | None = None  # estimated
     requested_max_tokens: int | None = None
     max_tokens: int | None = None  # effective, as sent to the backend

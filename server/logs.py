@@ -106,7 +106,9 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "class": record.request_class,
         "pool": record.pool,
         "endpoint": record.endpoint,
+        "upstream_id": record.upstream_id,  # vLLM's request id (its logs, its metrics), one per attempt
         "lender": record.lender,
+
         "prompt_tokens_est": record.prompt_tokens,
         "max_tokens_requested": record.requested_max_tokens,
         "max_tokens": record.max_tokens,

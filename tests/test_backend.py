@@ -228,7 +228,7 @@ async def test_a_probe_reads_a_huge_answer_only_up_to_its_cap() -> None:
         return httpx.Response(500, headers={"content-type": "application/json"}, content=bodies[-1])
 
     probe = BackendProbe("http://gpu-0:8000", connect_timeout=1.0, transport=httpx.MockTransport(handler))
-    assert not await probe.completes("m") and not await probe.health()
+    assert await probe.completes("m") == 500 and not await probe.health()
     assert [b.sent for b in bodies] == [2, 2]  # 64 KiB each, then the response was closed
     await probe.aclose()
 

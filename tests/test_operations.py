@@ -51,7 +51,7 @@ class Recording:
 
     async def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
         if path.endswith("completions"):
-            self.request_ids.append(headers.get("x-request-id", ""))
+            self.request_ids.append(headers.get("x-tailguard-request-id", ""))  # the caller's (x-request-id is the router's own)
         return await self.app.handle(method, path, headers, body)
 
 

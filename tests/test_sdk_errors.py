@@ -60,6 +60,11 @@ class Backend(Faulty):
         if self.mode == "reject" and path.endswith("completions"):
             error = b'{"object": "error", "message": "temperature must be <= 2", "type": "BadRequestError", "param": null, "code": 400}'
             return SimResponse(400, list(JSON_HEADERS), error)
+        if self.mode == "unauthorized" and path.endswith("completions"):  # a key vLLM does not take (its model list stays open here)
+            return SimResponse(401, list(JSON_HEADERS), b'{"error": "Unauthorized"}')
+        if self.mode == "busy" and path.endswith("completions"):  # vLLM's own queue is full
+            error = b'{"error": {"message": "The server is busy", "type": "ServiceUnavailableError", "param": null, "code": 503}}'
+            return SimResponse(503, [*JSON_HEADERS, ("retry-after", "1")], error)
         return await super().handle(method, path, headers, body)
 
 
@@ -74,6 +79,8 @@ POOLS: dict[str, str | None] = {
     "hang": "hang",
     "error_event": "error_event",
     "reject": "reject",
+    "unauthorized": "unauthorized",
+    "busy": "busy",
 }
 
 
@@ -187,6 +194,8 @@ CASES: dict[str, tuple[str, Call]] = {
     "internal_error": ("internal_error", _chat(request_id="broken-sdk")),
     "vLLM's": ("backend_rejected", _chat("reject")),
     "upstream_error": ("backend_unavailable", _chat("5xx")),
+    "upstream_auth": ("upstream_auth", _chat("unauthorized")),
+    "backend_busy": ("backend_busy", _chat("busy")),
     "backend_timeout": ("backend_timeout", _chat("hang", stream=True)),
     "bad_backend_reply": ("bad_backend_reply", _chat("garbage")),
     "backend_stream_error": ("backend_stream_error", _chat("error_event", stream=True)),

@@ -284,7 +284,7 @@ class EngineClient:
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> EngineResponse:
         """Submit the body's prompt; raises BackendRejected (400) when the engine refuses it."""
         try:
-            request_id = headers["x-request-id"]
+            request_id = headers["x-tailguard-request-id"]  # the sweep's own id (x-request-id is the router's, per attempt)
             sequence = self._engine.submit(
                 self._prompts.count(body["messages"]), body["max_tokens"], request_id=request_id, rank=arrival_index(request_id)
             )
