@@ -183,13 +183,19 @@ def test_config_reads_each_listeners_tls_and_shows_only_paths(pki: Pki) -> None:
 
 
 def test_config_refuses_tls_files_that_cannot_serve_naming_the_key(pki: Pki, tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
     other = pki.ca.issue_cert("127.0.0.1")
     (tmp_path / "other.key").write_bytes(other.private_key_pem.bytes())
+    key = serialization.load_pem_private_key(pki.key_file.read_bytes(), password=None)
+    encrypted = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"secret"))
+    (tmp_path / "encrypted.key").write_bytes(encrypted)
     (tmp_path / "junk.pem").write_text("not a certificate\n")
     cases = {
         f'[server.http_tls]\ncert_file = "{tmp_path / "missing.pem"}"\nkey_file = "{pki.key_file}"\n': "server.http_tls.cert_file: cannot read",
         f'[server.grpc_tls]\ncert_file = "{pki.cert_file}"\nkey_file = "{tmp_path / "other.key"}"\n': "server.grpc_tls.key_file:",
         f'[server.grpc_tls]\ncert_file = "{tmp_path / "junk.pem"}"\nkey_file = "{pki.key_file}"\n': "server.grpc_tls.cert_file:",
+        f'[server.http_tls]\ncert_file = "{pki.cert_file}"\nkey_file = "{tmp_path / "encrypted.key"}"\n': "server.http_tls.key_file:",
         tls_table("http_tls", pki).replace(f'"{pki.key_file}"', f'"{pki.key_file}"\nclient_ca_file = "{tmp_path / "junk.pem"}"'): "server.http_tls.client_ca_file:",
         f'[server.http_tls]\ncert_file = "{pki.cert_file}"\n': "server.http_tls.key_file: missing",
         tls_table("http_tls", pki) + "certfile = 1\n": "server.http_tls.certfile: unknown key (did you mean 'cert_file'?)",
@@ -327,6 +333,9 @@ async def test_reload_turns_http_tls_off_live_and_keeps_grpc_tls_until_a_restart
         assert any("server.grpc_tls" in w and "restart" in w for w in warnings), warnings
         assert started.router.config.server.grpc_tls is not None  # as it runs
         assert await peer_organization(started.grpc_port, pki.client_context(), "h2") == "first"
+        path.write_text(config_text(backends.urls, tls))  # and on again, live
+        assert await started.reloader.reload()
+        assert await peer_organization(http_port(started), pki.client_context()) == "first"
 
 
 async def test_a_reload_whose_key_no_longer_matches_is_refused_and_the_old_certificate_serves(pki: Pki, tmp_path: Path) -> None:
@@ -335,3 +344,62 @@ async def test_a_reload_whose_key_no_longer_matches_is_refused_and_the_old_certi
         pki.key_file.write_bytes(pki.ca.issue_cert("127.0.0.1").private_key_pem.bytes())  # half a rotation
         assert not await started.reloader.reload()
         assert await peer_organization(http_port(started), pki.client_context()) == "first"
+
+
+# -- docs/deployment.md's TLS section -------------------------------------------------
+
+DEPLOYMENT = Path(__file__).resolve().parents[1] / "docs" / "deployment.md"
+SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```$", DEPLOYMENT.read_text(encoding="utf-8"), flags=re.M | re.S)
+
+
+def test_the_documented_tls_tables_are_what_tailguard_reads(pki: Pki) -> None:
+    """The deployment page's [server.*_tls] snippet, its paths pointed at real files, loads beside the shipped file."""
+    import tomllib
+
+    (snippet,) = [block for block in code_blocks("toml") if "[server.http_tls]" in block]
+    tables = tomllib.loads(snippet)["server"]
+    assert set(tables) == {"http_tls", "grpc_tls"}
+    files = {"cert_file": pki.cert_file, "key_file": pki.key_file, "client_ca_file": pki.ca_file}
+    text = SHIPPED.read_text(encoding="utf-8").replace("\n[estimate]\n", "\n" + "".join(
+        f"[server.{name}]\n" + "".join(f'{key} = "{files[key]}"\n' for key in table) for name, table in tables.items()
+    ) + "\n[estimate]\n", 1)
+    config = parse_config(text)
+    assert config.server.http_tls is not None and config.server.http_tls.client_ca_file is None
+    assert config.server.grpc_tls is not None and config.server.grpc_tls.client_ca_file == str(pki.ca_file)
+
+
+def test_the_documented_envoy_config_waits_longer_than_tailguard_and_idles_less() -> None:
+    import yaml
+
+    shipped = load_config(SHIPPED)
+    (block,) = code_blocks("yaml")
+    envoy = yaml.safe_load(block)["static_resources"]
+
+    def seconds(value: str) -> float:
+        assert value.endswith("s"), value
+        return float(value[:-1])
+
+    routes = [
+        route["route"]
+        for listener in envoy["listeners"]
+        for chain in listener["filter_chains"]
+        for network_filter in chain["filters"]
+        for host in network_filter["typed_config"]["route_config"]["virtual_hosts"]
+        for route in host["routes"]
+    ]
+    assert len(routes) == 2 and all(seconds(r["timeout"]) > shipped.timeouts.end_to_end_timeout for r in routes)
+    assert all("retry_policy" not in route for route in routes)
+    ports = {}
+    for cluster in envoy["clusters"]:
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        assert seconds(options["common_http_protocol_options"]["idle_timeout"]) < shipped.server.keep_alive_timeout
+        (endpoint,) = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        ports[cluster["name"]] = endpoint["endpoint"]["address"]["socket_address"]["port_value"]
+    assert ports == {"tailguard_http": shipped.server.http_port, "tailguard_grpc": shipped.server.grpc_port}
+    for listener in envoy["listeners"]:
+        for chain in listener["filter_chains"]:
+            assert chain["transport_socket"]["name"] == "envoy.transport_sockets.tls"
