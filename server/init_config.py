@@ -196,6 +196,12 @@ def _render(reports: Sequence[EngineReport], *, max_concurrency: int, api_key_en
             "# Leave it out to have tailguard ask them at every start and reload instead.",
             f"max_model_len = {max_model_len}",
         ]
+    if api_key_env is not None:
+        out += [
+            "# The environment variable holding the engines' key (vllm serve --api-key):",
+            "# tailguard sends it to them; callers' keys stop at tailguard.",
+            f"api_key_env = {json.dumps(api_key_env)}",
+        ]
     out += [
         "# Each engine and the requests it may run at once. Set max_concurrency to the",
         "# engine's vllm serve --max-num-seqs, which vLLM does not report. Left to",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -14,19 +14,19 @@ import trio
 from tailguard.router.config import load_config
 from tailguard.server.cli import main as cli_main
 from tailguard.server.init_config import EngineReport, InitError, starting_config
-from tailguard.sim import PROFILES, Engine, EngineSpec, SimApp, SimResponse, serve_engine
-from tailguard.sim.http import serve as serve_sim
+from tailguard.sim import PROFILES, EngineSpec, serve_engine
 
 MODEL = "acme/Llama-3.1-8B-Instruct"
 
 
 @asynccontextmanager
-async def engines(*specs: tuple[str, int]) -> AsyncIterator[list[str]]:
-    """Simulated engines serving (model, max_model_len) on free loopback ports; their base URLs."""
+async def engines(*specs: tuple[str, int], api_key: str | None = None) -> AsyncIterator[list[str]]:
+    """Simulated engines serving (model, max_model_len) on free loopback ports (with vLLM's --api-key); their base URLs."""
     async with trio.open_nursery() as nursery:
         urls = []
         for model, max_model_len in specs:
-            spec = EngineSpec(port=0, params=PROFILES["latency"].replace(max_model_len=max_model_len), model=model)
+            params = PROFILES["latency"].replace(max_model_len=max_model_len)
+            spec = EngineSpec(port=0, params=params, model=model, api_key=api_key)
             port = await nursery.start(partial(serve_engine, spec))
             urls.append(f"http://127.0.0.1:{port}")
         yield urls
@@ -104,36 +104,19 @@ async def test_engines_serving_different_models_are_refused(tmp_path: Path, caps
     assert "serve different models" in err and MODEL in err and "other-model" in err
 
 
-@asynccontextmanager
-async def keyed_engine(key: str) -> AsyncIterator[str]:
-    """An engine that answers /v1 only with ``Authorization: Bearer KEY``, as vllm serve --api-key does."""
-    engine = Engine(PROFILES["latency"])
-    app = SimApp(engine, model=MODEL)
-
-    async def guarded(method: str, path: str, headers: Mapping[str, str], body: bytes) -> SimResponse:
-        if path.startswith("/v1/") and headers.get("authorization") != f"Bearer {key}":
-            return SimResponse.json(401, {"error": "Unauthorized"})
-        return await app.handle(method, path, headers, body)
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(engine.run)
-        port = await nursery.start(serve_sim, guarded, "127.0.0.1", 0)
-        yield f"http://127.0.0.1:{port}"
-        nursery.cancel_scope.cancel()
-
-
 async def test_the_engines_key_is_sent_and_its_variable_named_in_the_pool(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "config.toml"
     monkeypatch.setenv("TG_TEST_VLLM_KEY", "s3cret")
-    async with keyed_engine("s3cret") as url:
+    async with engines((MODEL, 16384), api_key="s3cret") as (url,):
         assert await init("--endpoint", url, "--output", str(path)) == 2
         assert "401" in capsys.readouterr().err and not path.exists()
         assert await init("--endpoint", url, "--output", str(path), "--api-key-env", "TG_TEST_VLLM_KEY") == 0
-    assert "s3cret" not in path.read_text()
+    assert 'api_key_env = "TG_TEST_VLLM_KEY"' in path.read_text() and "s3cret" not in path.read_text()
     (pool,) = load_config(path).pools
-    assert pool.models == (MODEL,)
+    assert pool.models == (MODEL,) and pool.access.api_key_env == "TG_TEST_VLLM_KEY"
+    assert all(endpoint.access.authorization == {"authorization": "Bearer s3cret"} for endpoint in pool.endpoints)
 
 
 def test_an_unset_key_variable_is_refused_before_any_engine_is_asked(capsys: pytest.CaptureFixture[str]) -> None:
