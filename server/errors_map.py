@@ -4,8 +4,12 @@ HTTP bodies have OpenAI's shape, ``{"error": {"message", "type", "param",
 "code"}}``, so the official SDK raises the matching exception class and
 honours ``Retry-After``. gRPC gets the status the table names, with the same
 retry hint in trailing metadata (``retry-after`` seconds and gRPC's own
-``grpc-retry-pushback-ms``). This is the only module that maps the table's
-gRPC status names to ``grpc.StatusCode``.
+``grpc-retry-pushback-ms``), and the error's code as ``x-tailguard-error-code``
+(``error_code``: the word an HTTP caller reads in ``error.code``), because one
+gRPC status stands for several rows (RESOURCE_EXHAUSTED: queue_full,
+caller_concurrency_limit, server_busy, body_too_large) and a caller must not
+parse the English details to tell them apart. This is the only module that
+maps the table's gRPC status names to ``grpc.StatusCode``.
 """
 
 from __future__ import annotations
@@ -96,20 +100,30 @@ class GrpcError:
     trailing_metadata: tuple[tuple[str, str], ...]
 
 
+ERROR_CODE_KEY = "x-tailguard-error-code"
+
+
+def error_code(error: errors.TailguardError) -> str:
+    """The one word both wires give a caller to branch on: OpenAI's ``error.code``, or its
+    ``error.type`` where the table has no code (a malformed request: ``invalid_request_error``)."""
+    error_type, code = error_spec.openai_type_and_code(error)
+    return code or error_type
+
+
 def grpc_code(name: str) -> grpc.StatusCode:
     """The ``grpc.StatusCode`` the error table names."""
     return grpc.StatusCode[name]
 
 
 def grpc_error(error: errors.TailguardError) -> GrpcError:
-    """The gRPC rendering of a router error; retry hints go in trailing metadata."""
+    """The gRPC rendering of a router error; its code and retry hints go in trailing metadata."""
     code = grpc_code(error_spec.grpc_status(error))
+    metadata: tuple[tuple[str, str], ...] = ((ERROR_CODE_KEY, error_code(error)),)
     if isinstance(error, errors.BackendRejected):
-        return GrpcError(code, f"the backend refused the request ({error.status}): {error.message}", ())
+        return GrpcError(code, f"the backend refused the request ({error.status}): {error.message}", metadata)
     retry_after = error_spec.retry_after(error)
-    metadata: tuple[tuple[str, str], ...] = ()
     if retry_after is not None:
-        metadata = (
+        metadata += (
             ("retry-after", str(retry_after_seconds(retry_after))),
             ("grpc-retry-pushback-ms", str(max(0, int(retry_after * 1000)))),
         )

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Iterator
+from concurrent import futures
 
 import grpc
 import httpx
@@ -20,6 +21,7 @@ import pytest
 from tailguard.router import error_spec, errors
 from tailguard.router.config_types import Config, TimeoutsConfig
 from tailguard.router.telemetry import RequestRecord
+from tailguard.server.errors_map import ERROR_CODE_KEY, grpc_error, http_error
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
@@ -94,7 +96,8 @@ def over_http(service: FrontEnds, case: Case, request_id: str) -> tuple[int, byt
             return response.status_code, response.read()
 
 
-def over_grpc(service: FrontEnds, case: Case, request_id: str) -> tuple[grpc.StatusCode, str]:
+def over_grpc(service: FrontEnds, case: Case, request_id: str) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    """The call's status, details and trailing metadata."""
     request = pb.ChatRequest(messages=[pb.Message(**m) for m in MESSAGES], options=pb.Options(max_tokens=case.max_tokens))
     metadata = [("x-request-id", request_id)]
     with grpc.insecure_channel(service.grpc_target) as channel:
@@ -107,11 +110,11 @@ def over_grpc(service: FrontEnds, case: Case, request_id: str) -> tuple[grpc.Sta
                 if case.cancel:
                     next(call)
                     call.cancel()
-                    return grpc.StatusCode.CANCELLED, ""
+                    return grpc.StatusCode.CANCELLED, "", {}
                 list(call)
         except grpc.RpcError as error:
-            return error.code(), error.details() or ""
-    return grpc.StatusCode.OK, ""
+            return error.code(), error.details() or "", dict(error.trailing_metadata() or ())
+    return grpc.StatusCode.OK, "", {}
 
 
 def _events(body: bytes) -> list[str]:
@@ -136,7 +139,7 @@ def test_both_front_ends_end_a_fault_alike(
     http_id, grpc_id = f"{prefix}-http-{case.name}", f"{prefix}-grpc-{case.name}"
     with caplog.at_level(logging.INFO):
         status, body = over_http(service, case, http_id)
-        code, details = over_grpc(service, case, grpc_id)
+        code, details, trailing = over_grpc(service, case, grpc_id)
         http_record, grpc_record = service.record(http_id), service.record(grpc_id)
     backend.mode = "ok"
 
@@ -148,12 +151,14 @@ def test_both_front_ends_end_a_fault_alike(
     if case.cancel:
         assert (http_record.status, grpc_record.status) == (499, "CANCELLED")
     elif case.error is None:
-        assert (status, code) == (200, grpc.StatusCode.OK) and json.loads(body)["choices"]
+        assert (status, code) == (200, grpc.StatusCode.OK) and json.loads(body)["choices"] and ERROR_CODE_KEY not in trailing
         assert (http_record.status, grpc_record.status) == (200, "OK")
     else:
         spec = error_spec.SPECS[[s.error for s in error_spec.SPECS].index(case.error)]
         assert code.name == spec.grpc_status == grpc_record.status, details
         assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED)
+        # The code an HTTP caller reads in the body, in the trailers: no parsing of details.
+        assert trailing[ERROR_CODE_KEY] == (spec.code or spec.error_type), trailing
         events = _events(body)
         if status == 200:  # a stream that began: it carries exactly one error event
             assert case.stream and http_record.status == 200
@@ -176,6 +181,60 @@ def test_both_front_ends_end_a_fault_alike(
         assert not bug_lines
     if case.name == "exception_in_a_sink":
         assert sum("telemetry sink" in r.getMessage() for r in caplog.records) == 2
+
+
+def example_of(spec: error_spec.ErrorSpec) -> errors.TailguardError:
+    """An instance of the row's class as the router raises it (a retry hint where it carries one)."""
+    if issubclass(spec.error, errors.BackendRejected):
+        return spec.error("the engine said no", status=422, error_type="BadRequestError", code="bad_schema")
+    if issubclass(spec.error, errors.Overloaded):
+        return spec.error("example", retry_after=2.0)
+    return spec.error("example")
+
+
+@pytest.fixture(scope="module")
+def aborting_server() -> Iterator[str]:
+    """A gRPC server whose one method aborts as tailguard's front end does, with the error the
+    request names: every row of the table, on a real wire, without a fault to provoke each."""
+    by_name = {spec.error.__name__: example_of(spec) for spec in error_spec.SPECS}
+
+    def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
+        rendered = grpc_error(by_name[request.decode()])
+        context.set_trailing_metadata(rendered.trailing_metadata)
+        context.abort(rendered.code, rendered.details)
+        raise AssertionError("abort returned")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    method = grpc.unary_unary_rpc_method_handler(handler)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Errors", {"Raise": method}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None)
+
+
+@pytest.mark.parametrize("spec", error_spec.SPECS, ids=[s.error.__name__ for s in error_spec.SPECS])
+def test_every_error_rows_code_reaches_grpc_trailing_metadata(aborting_server: str, spec: error_spec.ErrorSpec) -> None:
+    """``x-tailguard-error-code`` carries what HTTP's body has in ``error.code`` (its type where the
+    row has none), for every row: a caller tells queue_full from caller_concurrency_limit (both
+    RESOURCE_EXHAUSTED) without reading the details."""
+    error = example_of(spec)
+    with grpc.insecure_channel(aborting_server) as channel:
+        call = channel.unary_unary("/t.Errors/Raise", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(spec.error.__name__.encode(), timeout=10)
+    trailing = dict(caught.value.trailing_metadata())
+    body = http_error(error).body["error"]
+    assert isinstance(body, dict)
+    assert trailing[ERROR_CODE_KEY] == (body["code"] or body["type"])
+    if issubclass(spec.error, errors.BackendRejected):
+        assert trailing[ERROR_CODE_KEY] == "bad_schema"  # the engine's own code, as HTTP relays it
+    else:
+        assert trailing[ERROR_CODE_KEY] == (spec.code or spec.error_type)
+        assert caught.value.code().name == spec.grpc_status
+    assert ("retry-after" in trailing) == (error_spec.retry_after(error) is not None)
 
 
 def test_every_ending_is_counted_in_metrics(service: FrontEnds) -> None:
