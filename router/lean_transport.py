@@ -237,6 +237,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._idle: collections.deque[tuple[_Connection, float]] = collections.deque()  # oldest first
         self._closed = False
         self.opened = 0  # connections opened in all (tests and metrics read it)
+        self.resent = 0  # requests sent again because a kept-alive connection was closed under them
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         return await self._send(_encode(request))
@@ -271,6 +272,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                 await connection.aclose()  # closed by the server while idle: one fresh try
                 connection = None
+                self.resent += 1
             except BaseException:
                 await connection.aclose()
                 raise
