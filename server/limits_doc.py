@@ -234,6 +234,16 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]
             retry,
         ),
         "BackendTimeout": ("the GPU server sent no first byte within its pool's time-to-first-byte limit", retry),
+        "BackendBusy": (
+            "the GPU server's own queue is full (vLLM's 503, --max-num-queued-reqs) on every endpoint with a free "
+            "seat; the retry hint is vLLM's own",
+            retry,
+        ),
+        "BackendAuthFailed": (
+            "the GPU server refused tailguard's own key (401/403: the pool's api_key_env is missing or wrong); "
+            "your key never reaches it",
+            "don't retry: tell the operator (the endpoint is down on `/health`, with the reason)",
+        ),
         "BadBackendReply": (
             "the GPU server answered something that is not a valid completion: a redirect, not the expected "
             "JSON or SSE, a stream cut before its end, a body over its cap, a broken encoding",
