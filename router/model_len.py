@@ -152,9 +152,10 @@ async def _ask_all(endpoints: Iterable[EndpointConfig], config: Config) -> dict[
     timeout = ask_timeout(config)
     answers: dict[str, int | str] = {}
 
-    async def ask(url: str) -> None:
+    async def ask(endpoint: EndpointConfig) -> None:
+        url = endpoint.url
         answers[url] = f"no answer in {timeout:g} s"
-        probe = BackendProbe(url, connect_timeout=config.timeouts.connect_timeout)
+        probe = BackendProbe(url, connect_timeout=config.timeouts.connect_timeout, access=endpoint.access)  # vLLM's --api-key guards /v1/models
         try:
             with trio.move_on_after(timeout):
                 try:
@@ -167,5 +168,5 @@ async def _ask_all(endpoints: Iterable[EndpointConfig], config: Config) -> dict[
 
     async with trio.open_nursery() as nursery:
         for endpoint in endpoints:
-            nursery.start_soon(ask, endpoint.url)
+            nursery.start_soon(ask, endpoint)
     return answers

@@ -644,8 +644,10 @@ class Pool:
         would come within ``fail_fast_fraction`` of the time left to it.
         """
         if not self.healthy:
+            # Where the router knows why (an engine refusing tailguard's key), the caller's message says so.
+            why = "; ".join(sorted({e.auth_failure for e in self.endpoints if e.auth_failure is not None}))
             raise NoBackend(
-                f"pool {self.name!r} has no healthy endpoint; retry after {retry_after:g} s",
+                f"pool {self.name!r} has no healthy endpoint{f' ({why})' if why else ''}; retry after {retry_after:g} s",
                 retry_after=retry_after,
             )
         fraction = self.config.fail_fast_fraction

@@ -24,7 +24,8 @@ from tailguard.router.backend import BackendClient, BackendProbe, UsageFilter
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import BackendAccess, Config, EndpointConfig
 from tailguard.router.dispatch import Router
-from tailguard.router.errors import BackendAuthFailed, BackendBusy
+from tailguard.router.errors import BackendAuthFailed, BackendBusy, NoBackend
+from tailguard.router.model_len import ModelLenError, ask_model_lens
 from tailguard.router.pool import Endpoint
 from tailguard.router.request import RouterRequest
 from tailguard.router.telemetry import RequestRecord
@@ -161,6 +162,8 @@ async def test_a_refused_key_is_502_upstream_auth_the_endpoint_down_with_its_rea
         assert "VLLM_KEY" in health["pools"]["main"]["reasons"][A]
         await router.check_health()  # /health is open under --api-key: the check asks a /v1 route too
         assert router.health()["pools"]["main"]["endpoints"][A] == "down"
+        with pytest.raises(NoBackend, match="upstream_auth: the engine answered 401"):  # the next caller is told why
+            await complete(router, chat(max_tokens=4))
         errors = [r for r in caplog.records if r.levelno == logging.ERROR and A in r.getMessage()]
         assert len(errors) == 1 and endpoint(router, A).failures_in_a_row == 0  # once, and no outlier count
 
@@ -423,3 +426,17 @@ async def test_queue_ms_is_the_wait_for_a_seat_not_the_loops_delay(autojump_cloc
             for event in lease_holders[1:]:
                 event.set()
     assert record.waited_seconds == pytest.approx(0.5, abs=0.05)
+
+
+async def test_a_pool_without_max_model_len_asks_an_engine_behind_its_api_key() -> None:
+    """Before the key, GET /v1/models got 401 and the pool refused to start."""
+    async with trio.open_nursery() as nursery:
+        engine = Engine(PROFILES["instant"].replace(max_model_len=16384))
+        await nursery.start(engine.run)
+        port = await nursery.start(serve_sim, SimApp(engine, model=MODEL, api_key="sk-engine").handle, "127.0.0.1", 0)
+        text = config_text_with("").replace("max_model_len = 32768\n", 'api_key_env = "VLLM_KEY"\n').replace(A, f"http://127.0.0.1:{port}")
+        asked = await ask_model_lens(parse_config(text, environ={"VLLM_KEY": "sk-engine"}))
+        assert asked.config.pools[0].max_model_len == 16384
+        with pytest.raises(ModelLenError, match="refused tailguard's key"):
+            await ask_model_lens(parse_config(text, environ={"VLLM_KEY": "sk-wrong"}))
+        nursery.cancel_scope.cancel()
