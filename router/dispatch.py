@@ -129,6 +129,8 @@ class EndpointStatistics:
     ejected: bool = False  # taken out by outlier detection for now
     ejections: int = 0  # times ejected since the process started
     failures_in_a_row: int = 0
+    busy_answers: int = 0  # 503s before any byte (the engine's own queue full), ever
+    key_refused: bool = False  # the engine refuses tailguard's key now (down until it takes it)
 
 
 @dataclass(frozen=True)
@@ -1002,6 +1004,8 @@ class Router:
                     ejected=e.ejected,
                     ejections=e.ejections,
                     failures_in_a_row=e.failures_in_a_row,
+                    busy_answers=e.busy_answers,
+                    key_refused=e.auth_failure is not None,
                 )
                 for pool in self._pools.values()
                 for e in pool.endpoints

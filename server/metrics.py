@@ -258,6 +258,10 @@ class _RouterCollector(Collector):
             "tailguard_endpoint_ejections", "Times outlier detection took the endpoint out.", labels=endpoint
         )
         failures = gauge("tailguard_endpoint_failures_in_a_row", "The endpoint's current run of failed requests.", endpoint)
+        busy = CounterMetricFamily(
+            "tailguard_endpoint_busy", "503s before any byte from the engine: its own queue full (--max-num-queued-reqs).", labels=endpoint
+        )
+        refused = gauge("tailguard_endpoint_key_refused", "1 while the engine refuses tailguard's key (api_key_env): down.", endpoint)
         for e in stats.endpoints:
             labels = (e.pool, e.url)
             in_flight.add_metric(labels, e.in_flight)
@@ -266,13 +270,15 @@ class _RouterCollector(Collector):
             ejected.add_metric(labels, int(e.ejected))
             ejections.add_metric(labels, e.ejections)
             failures.add_metric(labels, e.failures_in_a_row)
+            busy.add_metric(labels, e.busy_answers)
+            refused.add_metric(labels, int(e.key_refused))
             if e.load is None:
                 continue
             scrape_ok.add_metric(labels, int(e.load.ok))
             for family, value in ((running, e.load.running), (waiting, e.load.waiting), (kv, e.load.kv_cache_usage)):
                 if value is not None:
                     family.add_metric(labels, value)
-        yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, ejected, ejections, failures)
+        yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, ejected, ejections, failures, busy, refused)
         retries = CounterMetricFamily(
             "tailguard_backend_retries", "Calls that failed before any response and were tried again on another endpoint.", labels=pool
         )

@@ -30,6 +30,7 @@ from tailguard.router.pool import Endpoint
 from tailguard.router.request import RouterRequest
 from tailguard.router.telemetry import RequestRecord
 from tailguard.server.errors_map import http_error
+from tailguard.server.metrics import Metrics
 from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
 from tailguard.sim.http import serve as serve_sim
 
@@ -315,6 +316,10 @@ async def test_a_busy_engine_sends_its_requests_to_a_free_sibling_and_is_no_outl
             assert json.loads(await complete(router, chat(max_tokens=2, request_id=f"r{i}")))["choices"]
         full = endpoint(router, A)
         assert full.failures_in_a_row == 0 and not full.ejected and full.busy_answers >= 1
+        [stats] = [e for e in router.statistics().endpoints if e.url == A]
+        assert stats.busy_answers == full.busy_answers and not stats.key_refused
+        page = Metrics(router).render().decode()
+        assert f'tailguard_endpoint_busy_total{{endpoint="{A}",pool="main"}} {float(full.busy_answers)}' in page
         assert full.seats == 0  # held at what it ran (nothing else) until its Retry-After is over
         autojump_clock.jump(7.5)
         await trio.testing.wait_all_tasks_blocked()
