@@ -445,3 +445,17 @@ async def test_a_pool_without_max_model_len_asks_an_engine_behind_its_api_key() 
         with pytest.raises(ModelLenError, match="refused tailguard's key"):
             await ask_model_lens(parse_config(text, environ={"VLLM_KEY": "sk-wrong"}))
         nursery.cancel_scope.cancel()
+
+
+async def test_a_reload_with_the_rotated_key_brings_the_endpoint_back(autojump_clock: trio.testing.MockClock) -> None:
+    old = config(pool_extra='api_key_env = "VLLM_KEY"', environ={"VLLM_KEY": "sk-old"})
+    new = config(pool_extra='api_key_env = "VLLM_KEY"', environ={"VLLM_KEY": "sk-new"})
+    assert new.digest != old.digest  # the same text: a reload sees the rotation all the same
+    async with engines("sk-new") as [app], router_over({A: app}, old) as router:
+        await router.check_health()
+        assert router.health()["pools"]["main"]["endpoints"][A] == "down"
+        router.apply(new)
+        assert router.health()["pools"]["main"]["endpoints"][A] == "up"  # a new key deserves a try at once
+        assert json.loads(await complete(router, chat(max_tokens=2)))["choices"]
+        await router.check_health()
+        assert endpoint(router, A).credentials_checked
