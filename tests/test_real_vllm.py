@@ -41,10 +41,10 @@ A, B = "http://gpu-a:8000", "http://gpu-b:8000"
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
 
 
-def config(urls: tuple[str, ...] = (A,), *, pool_extra: str = "", endpoint_extra: str = "", environ: Mapping[str, str] | None = None) -> Config:
-    """One pool over ``urls`` (4 seats each), one class; ``pool_extra`` / ``endpoint_extra`` are more TOML keys."""
-    endpoints = ", ".join(f'{{ url = "{url}", max_concurrency = 4{endpoint_extra} }}' for url in urls)
-    text = f"""
+def config_text(urls: tuple[str, ...] = (A,), *, pool_extra: str = "", top: str = "") -> str:
+    """One pool over ``urls`` (4 seats each) and one class; ``pool_extra`` goes into the pool's table, ``top`` before it."""
+    endpoints = ", ".join(f'{{ url = "{url}", max_concurrency = 4 }}' for url in urls)
+    return f"""{top}
 [pools.main]
 max_concurrency = {4 * len(urls)}
 max_queue = 16
@@ -56,9 +56,11 @@ endpoints = [{endpoints}]
 [classes.all]
 pool = "main"
 queue_timeout = 2.0
-priority = 0
 """
-    return parse_config(text, environ=environ or {})
+
+
+def config(urls: tuple[str, ...] = (A,), *, pool_extra: str = "", environ: Mapping[str, str] | None = None) -> Config:
+    return parse_config(config_text(urls, pool_extra=pool_extra), environ=environ or {})
 
 
 @asynccontextmanager
@@ -383,21 +385,7 @@ def test_the_default_keep_alive_is_below_vllms() -> None:
     cfg = config()
     assert cfg.timeouts.backend_keep_alive_timeout == 4.0
     with pytest.raises(ConfigError, match="timeouts.backend_keep_alive_timeout"):
-        parse_config(config_text_with("[timeouts]\nbackend_keep_alive_timeout = -1\n"))
-
-
-def config_text_with(extra: str) -> str:
-    return f"""{extra}
-[pools.main]
-max_concurrency = 4
-max_queue = 0
-max_model_len = 32768
-models = ["{MODEL}"]
-endpoints = [{{ url = "{A}", max_concurrency = 4 }}]
-[classes.all]
-pool = "main"
-queue_timeout = 1.0
-"""
+        parse_config(config_text(top="[timeouts]\nbackend_keep_alive_timeout = -1\n"))
 
 
 # -- 9. queue_ms is the wait for a seat, not the event loop's delay ------------------
@@ -439,7 +427,7 @@ async def test_a_pool_without_max_model_len_asks_an_engine_behind_its_api_key() 
         engine = Engine(PROFILES["instant"].replace(max_model_len=16384))
         await nursery.start(engine.run)
         port = await nursery.start(serve_sim, SimApp(engine, model=MODEL, api_key="sk-engine").handle, "127.0.0.1", 0)
-        text = config_text_with("").replace("max_model_len = 32768\n", 'api_key_env = "VLLM_KEY"\n').replace(A, f"http://127.0.0.1:{port}")
+        text = config_text((f"http://127.0.0.1:{port}",), pool_extra='api_key_env = "VLLM_KEY"').replace("max_model_len = 32768\n", "")
         asked = await ask_model_lens(parse_config(text, environ={"VLLM_KEY": "sk-engine"}))
         assert asked.config.pools[0].max_model_len == 16384
         with pytest.raises(ModelLenError, match="refused tailguard's key"):
