@@ -69,7 +69,6 @@ ROUTER_OWNED = frozenset({"max_completion_tokens", "priority", "request_id"})
 
 
 
-
 @dataclass
 class Completion:
     """An admitted request with its backend response open."""

@@ -253,7 +253,6 @@ class Endpoint:
         self.busy_until = -math.inf
         return True
 
-
     @property
     def has_room(self) -> bool:
         return self.in_flight < self.seats and self.usable
