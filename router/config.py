@@ -983,6 +983,13 @@ def _read_outlier_detection(table: _Table) -> OutlierDetectionConfig:
     )
     if table.ok("max_ejection_percent") and percent > 100:
         table.problem("max_ejection_percent", f"must be at most 100, got {percent:g}")
+    ratio = table.number("failure_ratio", default.failure_ratio, minimum=0.0, inclusive=True)
+    if table.ok("failure_ratio") and ratio > 1:
+        table.problem("failure_ratio", f"must be at most 1 (a share of requests; 0 turns the rule off), got {ratio:g}")
+    window = table.integer("failure_window", default.failure_window, minimum=1)
+    least = table.integer("failure_min_requests", default.failure_min_requests, minimum=1)
+    if table.ok("failure_window", "failure_min_requests") and least > window:
+        table.problem("failure_min_requests", f"{least} must be <= {table.key('failure_window')} {window}")
     if table.ok("base_ejection_time", "max_ejection_time") and longest < base:
         table.problem(
             "max_ejection_time",
@@ -994,6 +1001,9 @@ def _read_outlier_detection(table: _Table) -> OutlierDetectionConfig:
         base_ejection_time=base,
         max_ejection_time=longest,
         max_ejection_percent=percent,
+        failure_ratio=ratio,
+        failure_window=window,
+        failure_min_requests=least,
     )
 
 
@@ -1661,6 +1671,12 @@ def _outlier(outlier: OutlierDetectionConfig) -> str:
         f" {_seconds(outlier.base_ejection_time)} x ejections (at most"
         f" {_seconds(outlier.max_ejection_time)}), at most {outlier.max_ejection_percent:g}%"
         " of endpoints"
+        + (
+            f"; or when {outlier.failure_ratio:g} of its last {outlier.failure_window} requests"
+            f" (at least {outlier.failure_min_requests}) failed and the others' did not"
+            if outlier.failure_ratio
+            else ""
+        )
     )
 
 

@@ -287,6 +287,13 @@ class OutlierDetectionConfig:
     base_ejection_time: float = 5.0
     max_ejection_time: float = 300.0
     max_ejection_percent: float = 50.0
+    # The failure-ratio rule, for an engine that fails often but never 5 in a
+    # row: ejected when at least ``failure_ratio`` of its last
+    # ``failure_window`` requests failed (once it has ``failure_min_requests``
+    # of them) while the rest of the pool failed at most half as often.
+    failure_ratio: float = 0.1
+    failure_window: int = 50
+    failure_min_requests: int = 20
 
 
 @dataclass(frozen=True)

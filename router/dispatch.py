@@ -605,15 +605,15 @@ class Router:
     async def _start_call(self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], record: RequestRecord) -> BackendResponse:
         """Send the request and wait for its first byte, trying elsewhere if that fails.
 
-        A failure before any response came (refused, reset, no first byte in
-        the pool's ``first_byte_timeout``) is retried once on another
+        A failure of the engine (refused, reset, no first byte in the pool's
+        ``first_byte_timeout``, an answered 5xx) is retried once on another
         endpoint of the pool that has room; the seat moves with it, so the
         pool's cap holds. Nothing has reached the caller yet, so a retry is
         invisible to it. An engine that is busy (503: its own queue is full)
         or refuses tailguard's key did no work and says nothing of its
         siblings: the request goes on to each other endpoint with room, in
-        turn, within its deadline. Another answered 5xx or a 4xx is never
-        retried. Each attempt goes to vLLM under a fresh id (vLLM takes
+        turn, within its deadline. A 4xx is never retried (the request's
+        fault). Each attempt goes to vLLM under a fresh id (vLLM takes
         ``X-Request-Id`` as its own request id, which two callers could
         share); ``record.upstream_id`` keeps the last, and the caller's id goes
         as ``x-tailguard-request-id``. With tracing, each
@@ -714,16 +714,17 @@ class Router:
         """Count a failed call for outlier detection; log an ejection."""
         if endpoint.pool is not pool:
             return  # moved or removed by a reload meanwhile: its new pool judges it
+        # Read before the verdict: an ejection starts the endpoint's record afresh.
+        in_a_row, failed, seen = endpoint.failures_in_a_row + 1, endpoint.recent_failures + 1, endpoint.outcomes + 1
         seconds = pool.record_failure(endpoint)
         if seconds is not None:
-            log.warning(
-                "endpoint %s ejected from pool %s for %g s after %d failures in a row (last: %s)",
-                endpoint.url,
-                pool.name,
-                seconds,
-                pool.config.outlier_detection.consecutive_failures,
-                error.message,
+            outlier = pool.config.outlier_detection
+            why = (
+                f"{in_a_row} failures in a row"
+                if in_a_row >= outlier.consecutive_failures
+                else f"{failed} of its last {min(seen, outlier.failure_window)} requests failed"
             )
+            log.warning("endpoint %s ejected from pool %s for %g s: %s (last: %s)", endpoint.url, pool.name, seconds, why, error.message)
 
     @asynccontextmanager
     async def _holding(self, caller: Caller, retry_after: float, priority: int, deadline: float) -> AsyncIterator[None]:
@@ -1116,8 +1117,9 @@ def _yielding_of(holder: Pool | Endpoint) -> Callable[[Yielding | None], None]:
 
 
 def _retryable(error: BackendError) -> bool:
-    """Failed before any response: a second endpoint may well succeed."""
-    return isinstance(error, BackendUnavailable) and error.before_response
+    """Failed before anything reached the caller (unreachable, reset, no first byte, an answered 5xx):
+    a second endpoint may well succeed, and the caller never knows."""
+    return isinstance(error, BackendUnavailable)
 
 
 def _state(endpoint: Endpoint) -> str:

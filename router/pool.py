@@ -24,6 +24,7 @@ at once. Hold times measured at light load are shorter than at full load
 
 from __future__ import annotations
 
+import collections
 import math
 import random
 from collections.abc import Callable, Collection
@@ -105,6 +106,11 @@ class Endpoint:
         self.pool: Pool | None = None
         self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
         self.failures_in_a_row = 0
+        # The last requests' verdicts (True: failed), at most the pool's failure_window: the
+        # failure-ratio rule reads them, and placement counts each failure as load.
+        self._outcomes: collections.deque[bool] = collections.deque()
+        self.recent_failures = 0
+        self.failure_load = 0  # what placement adds for them (0 until the window is big enough to judge)
         self.ejections = 0  # times ejected in all, for /metrics
         self._ejections_in_a_row = 0  # times ejected lately: the ejection time's multiplier
         self.ejected_until: float | None = None
@@ -271,7 +277,34 @@ class Endpoint:
         seconds = min(outlier.base_ejection_time * self._ejections_in_a_row, outlier.max_ejection_time)
         self.ejected_until = now + seconds
         self.failures_in_a_row = 0
+        self._outcomes.clear()  # back from the ejection with a clean record
+        self.recent_failures = self.failure_load = 0
         return seconds
+
+    def note_outcome(self, failed: bool, window: int, evidence: int) -> None:
+        """One request's verdict, into the window of the last ``window``; failures weigh on
+        placement once the window holds ``evidence`` verdicts (one failure proves nothing)."""
+        outcomes = self._outcomes
+        outcomes.append(failed)
+        self.recent_failures += failed
+        while len(outcomes) > window:
+            self.recent_failures -= outcomes.popleft()
+        self.failure_load = self.recent_failures if len(outcomes) >= evidence else 0
+
+    @property
+    def outcomes(self) -> int:
+        """Verdicts in the window now."""
+        return len(self._outcomes)
+
+    @property
+    def placement_load(self) -> int:
+        """What placement compares: requests in flight, and each recent failure as one more.
+
+        An engine that fails fast frees its seats fast, so by requests in
+        flight alone it would look the least loaded and draw ever more of the
+        traffic it fails. A healthy engine has no recent failures: nothing changes.
+        """
+        return self.in_flight + self.failure_load
 
     def end_ejection(self) -> None:
         """A completion health probe proved it works: back in at once."""
@@ -495,6 +528,9 @@ class Pool:
     def record_success(self, endpoint: Endpoint) -> None:
         """The endpoint answered properly (a 4xx included): its run of failures ends."""
         endpoint.failures_in_a_row = 0
+        outlier = self.config.outlier_detection
+        if outlier.failure_ratio:
+            endpoint.note_outcome(False, outlier.failure_window, outlier.failure_min_requests)
 
     def record_failure(self, endpoint: Endpoint) -> float | None:
         """Count a failed request; eject the endpoint after enough in a row.
@@ -508,12 +544,29 @@ class Pool:
         if endpoint.ejected:
             return None  # requests that were running when it was ejected say nothing new
         endpoint.failures_in_a_row += 1
-        if endpoint.failures_in_a_row < outlier.consecutive_failures:
+        if outlier.failure_ratio:
+            endpoint.note_outcome(True, outlier.failure_window, outlier.failure_min_requests)
+        if endpoint.failures_in_a_row < outlier.consecutive_failures and not self._fails_more_than_the_rest(endpoint):
             return None
         allowed = math.floor(len(self.endpoints) * outlier.max_ejection_percent / 100 + 1e-9)
         if sum(e.ejected for e in self.endpoints) + 1 > allowed:
             return None
         return endpoint.eject(outlier)
+
+    def _fails_more_than_the_rest(self, endpoint: Endpoint) -> bool:
+        """The failure-ratio rule: at least ``failure_ratio`` of its recent requests failed, and
+        more than twice the share of the pool's other endpoints (a fault of the traffic, or of
+        something all share, is not this engine's)."""
+        outlier = self.config.outlier_detection
+        if not outlier.failure_ratio or endpoint.outcomes < outlier.failure_min_requests:
+            return False
+        share = endpoint.recent_failures / endpoint.outcomes
+        if share < outlier.failure_ratio:
+            return False
+        others = [e for e in self.endpoints if e is not endpoint and not e.ejected]
+        seen = sum(e.outcomes for e in others)
+        rest = sum(e.recent_failures for e in others) / seen if seen else 0.0
+        return share > 2 * rest
 
     def retry_endpoint(self, lease: Lease, tried: Collection[Endpoint] = ()) -> Endpoint | None:
         """Another endpoint with room for a failed request's next try, none it was tried on, or None."""
@@ -537,11 +590,11 @@ class Pool:
         return self._least_loaded([e for e in candidates if not e.borrowed] or candidates)
 
     def _least_loaded(self, candidates: list[Endpoint]) -> Endpoint | None:
-        """The endpoint with the fewest requests in flight (ties at random), or None."""
+        """The endpoint with the fewest requests in flight, recent failures counted as such (ties at random), or None."""
         if not candidates:
             return None
-        least = min(e.in_flight for e in candidates)
-        return self._rng.choice([e for e in candidates if e.in_flight == least])
+        least = min(e.placement_load for e in candidates)
+        return self._rng.choice([e for e in candidates if e.placement_load == least])
 
     def _full_drain_rate(self) -> float | None:
         """Seats a second the pool frees when all are taken (Little's law), or None without an estimate.
@@ -612,17 +665,23 @@ class Pool:
             return None
         if self.in_flight + lend.reserve >= self.seats:
             return None
-        if (
-            ticket.model not in self.config.models
-            or (lend.max_prompt_tokens is not None and ticket.prompt_tokens > lend.max_prompt_tokens)
-            or (lend.max_output_tokens is not None and ticket.max_tokens > lend.max_output_tokens)
-            or ticket.prompt_tokens + ticket.max_tokens > self.config.max_model_len
-        ):
+        if not self.would_lend(ticket):
             return SKIP
         lease = self._seat(ticket, borrower)
         if isinstance(lease, Lease):
             self.lent += 1
         return lease
+
+    def would_lend(self, ticket: Ticket) -> bool:
+        """Whether ``config.lend``'s rules let this pool's seats serve ``ticket`` at all (room aside):
+        a model it serves, a prompt within the prefill bound, max_tokens within its bound, the engines' context."""
+        lend = self.config.lend
+        return not (
+            ticket.model not in self.config.models
+            or (lend.max_prompt_tokens is not None and ticket.prompt_tokens > lend.max_prompt_tokens)
+            or (lend.max_output_tokens is not None and ticket.max_tokens > lend.max_output_tokens)
+            or ticket.prompt_tokens + ticket.max_tokens > self.config.max_model_len
+        )
 
     def seat_ended(self, lease: Lease) -> None:
         """Book-keeping of a released seat: its class's count, and the lent count."""
@@ -637,12 +696,14 @@ class Pool:
     async def admit(self, priority: int, deadline: float, ticket: Ticket, *, retry_after: float) -> Lease:
         """A lease, waiting until ``deadline`` if need be.
 
-        Raises NoBackend at once when no endpoint is healthy (waiting would
-        only rot), QueueFull when the queue is at its bound, QueueTimeout at
-        the deadline -- or at once, when the pool's drain rate says no seat
+        Raises NoBackend at once when no endpoint is healthy and no lender
+        with a healthy one would take the request (waiting would only rot: a
+        dead pool borrows, under its lenders' rules, before it says so),
+        QueueFull when the queue is at its bound, QueueTimeout at the
+        deadline -- or at once, when the pool's drain rate says no seat
         would come within ``fail_fast_fraction`` of the time left to it.
         """
-        if not self.healthy:
+        if not self.healthy and not any(lender.healthy and lender.would_lend(ticket) for lender in self.lenders):
             # Where the router knows why (an engine refusing tailguard's key), the caller's message says so.
             why = "; ".join(sorted({e.auth_failure for e in self.endpoints if e.auth_failure is not None}))
             raise NoBackend(

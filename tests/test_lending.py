@@ -14,6 +14,7 @@ from tailguard.router.config_types import Config, LendConfig
 from tailguard.server.metrics import Metrics
 
 from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
+from .sim_helpers import MODEL
 from .test_config import BASE
 
 LONG_OUTPUT = 400  # over the interactive class's 128: a batch request
@@ -250,3 +251,46 @@ async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_c
             await trio.testing.wait_all_tasks_blocked()
             assert (first.in_flight, second.in_flight) == (1, 1)
         assert (first.borrowed, second.borrowed, first.in_flight, second.in_flight) == (0, 0, 0, 0)
+
+
+async def test_a_pool_with_no_usable_endpoint_borrows_before_it_answers_no_backend(autojump_clock: trio.testing.MockClock) -> None:
+    """Issue 20: with the interactive engine down, every chat request got 503 no_backend at once while
+    the batch pool's lend-back seats stayed idle."""
+    from tailguard.router.errors import NoBackend
+    from tailguard.router.telemetry import RequestRecord
+
+    from .test_real_vllm import complete, engines, router_over
+
+    down, up = "http://down-0:8000", "http://up-0:8000"
+
+    async def dead(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    text = f"""
+[pools.interactive]
+max_model_len = 32768
+models = ["{MODEL}"]
+endpoints = [{{ url = "{down}", max_concurrency = 4 }}]
+[pools.batch]
+max_model_len = 32768
+models = ["{MODEL}"]
+endpoints = [{{ url = "{up}", max_concurrency = 4 }}]
+[pools.batch.lend]
+to = ["interactive"]
+max_prompt_tokens = 100
+[classes.interactive]
+pool = "interactive"
+max_output_tokens = 128
+queue_timeout = 3.0
+[classes.batch]
+pool = "batch"
+queue_timeout = 30.0
+"""
+    async with engines(None) as [app], router_over({down: dead, up: app}, parse_config(text)) as router:
+        await router.check_health()
+        assert router.health()["pools"]["interactive"]["healthy"] is False
+        record = RequestRecord("chat", "http", trio.current_time())
+        assert json.loads(await complete(router, chat("hi", max_tokens=8, request_id="chat"), record))["choices"]
+        assert (record.pool, record.lender, record.endpoint) == ("interactive", "batch", up)
+        with pytest.raises(NoBackend):  # one the lender's rules refuse (a prompt over its 100 tokens) is told at once
+            await complete(router, chat("word " * 400, max_tokens=8, request_id="long"))

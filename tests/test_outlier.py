@@ -191,13 +191,16 @@ async def test_a_refused_connection_is_retried_once_on_another_endpoint(autojump
         assert stats.in_flight == 0 and all(e.in_flight == 0 for e in stats.endpoints)
 
 
-async def test_an_answered_500_is_never_retried(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_answered_500_that_sent_nothing_is_retried_once_elsewhere(autojump_clock: trio.testing.MockClock) -> None:
+    """Issue 20: a 500 before any byte reached the caller is tried once more on another endpoint (was: the caller's 502)."""
     sick, alive = GPUS[:2]
     async with router_over({sick: fail, alive: ok}, config_for([sick, alive], consecutive=50)) as (router, calls):
         outcomes = [await settle(router, f"r{i}") for i in range(20)]
-        assert outcomes.count(errors.BackendUnavailable) == calls[sick] > 0
-        assert calls[alive] == outcomes.count(None)
-        assert router.statistics().retries == {"interactive": 0, "batch": 0}
+        assert outcomes == [None] * 20 and calls[alive] == 20
+        assert router.statistics().retries == {"interactive": calls[sick], "batch": 0} and calls[sick] > 0
+    async with router_over({sick: fail, alive: fail}, config_for([sick, alive], consecutive=50)) as (router, calls):
+        assert await settle(router, "both") is errors.BackendUnavailable  # tried once more, no further
+        assert calls[sick] + calls[alive] == 2
 
 
 async def test_without_another_free_endpoint_the_refusal_is_the_answer(autojump_clock: trio.testing.MockClock) -> None:
@@ -358,3 +361,38 @@ async def test_a_non_streaming_call_that_outlives_the_deadline_counts_against_it
         with trio.move_on_after(1):
             await run_to_end(router, chat(request_id="impatient"))
         assert calls[stuck] == 1 and endpoint(router, stuck).failures_in_a_row == 0
+
+
+async def test_an_engine_failing_one_request_in_ten_is_ejected_by_its_ratio_and_costs_callers_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 20: never 5 failures in a row, so the consecutive rule never fired, and failing fast made it
+    look the least loaded: 10.2% of requests got 502 beside a healthy engine."""
+    sick, alive = GPUS[:2]
+    answered = 0
+
+    async def slow_ok(request: httpx.Request) -> httpx.Response:
+        await trio.sleep(0.05)
+        return await ok(request)
+
+    async def one_in_ten(request: httpx.Request) -> httpx.Response:
+        nonlocal answered
+        answered += 1
+        return await (fail(request) if answered % 10 == 0 else slow_ok(request))
+
+    errors_seen: list[type[Exception]] = []
+
+    async def caller(router: Router, worker: int) -> None:
+        for i in range(40):
+            error = await settle(router, f"w{worker}-{i}")
+            if error is not None:
+                errors_seen.append(error)
+
+    config = config_for([sick, alive], consecutive=5)
+    async with router_over({sick: one_in_ten, alive: slow_ok}, config) as (router, calls):
+        async with trio.open_nursery() as nursery:
+            for worker in range(3):  # the healthy engine (4 seats) always has one free for a retry
+                nursery.start_soon(caller, router, worker)
+        assert errors_seen == []  # each failure was tried once more on the healthy engine
+        assert endpoint(router, sick).ejections >= 1  # by the ratio rule: it never failed 5 in a row
+        assert calls[sick] < calls[alive]  # and failing fast did not draw the traffic to it
