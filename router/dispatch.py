@@ -716,14 +716,16 @@ class Router:
             return  # moved or removed by a reload meanwhile: its new pool judges it
         # Read before the verdict: an ejection starts the endpoint's record afresh.
         in_a_row, failed, seen = endpoint.failures_in_a_row + 1, endpoint.recent_failures + 1, endpoint.outcomes + 1
+        on_trial = endpoint.half_open
         seconds = pool.record_failure(endpoint)
         if seconds is not None:
             outlier = pool.config.outlier_detection
-            why = (
-                f"{in_a_row} failures in a row"
-                if in_a_row >= outlier.consecutive_failures
-                else f"{failed} of its last {min(seen, outlier.failure_window)} requests failed"
-            )
+            if on_trial:
+                why = "its first request back from an ejection failed"
+            elif in_a_row >= outlier.consecutive_failures:
+                why = f"{in_a_row} failures in a row"
+            else:
+                why = f"{failed} of its last {min(seen, outlier.failure_window)} requests failed"
             log.warning("endpoint %s ejected from pool %s for %g s: %s (last: %s)", endpoint.url, pool.name, seconds, why, error.message)
 
     @asynccontextmanager

@@ -111,6 +111,10 @@ class Endpoint:
         self._outcomes: collections.deque[bool] = collections.deque()
         self.recent_failures = 0
         self.failure_load = 0  # what placement adds for them (0 until the window is big enough to judge)
+        # Half-open, as a circuit breaker: an ejection that ran out lets one request in at a
+        # time until one succeeds; a failure then ejects again at once. A half-dead engine
+        # costs one request per readmission, not a run of them.
+        self.half_open = False
         self.ejections = 0  # times ejected in all, for /metrics
         self._ejections_in_a_row = 0  # times ejected lately: the ejection time's multiplier
         self.ejected_until: float | None = None
@@ -231,6 +235,7 @@ class Endpoint:
             return True
         self.ejected_until = None
         self._ejection_ended_at = until
+        self.half_open = True  # back on trial: one request at a time until one succeeds
         return False
 
     @property
@@ -242,6 +247,8 @@ class Endpoint:
     def seats(self) -> int:
         """Its cap here: all of it, or this replica's grant of it in a cluster, lowered for a moment after a busy answer."""
         seats = self.max_concurrency if self.granted is None else min(self.max_concurrency, self.granted)
+        if self.half_open:
+            seats = min(seats, 1)
         # No clock read here (metrics read it from another thread): the spell's own timer ends it.
         return seats if self.busy_until == -math.inf else min(seats, self.busy_cap)
 
@@ -307,7 +314,8 @@ class Endpoint:
         return self.in_flight + self.failure_load
 
     def end_ejection(self) -> None:
-        """A completion health probe proved it works: back in at once."""
+        """A completion health probe proved it works: back in at once, no trial needed (the probe was one)."""
+        self.half_open = False
         if self.ejected_until is not None:
             self.ejected_until = None
             self._ejection_ended_at = trio.current_time()
@@ -526,8 +534,11 @@ class Pool:
     # -- outlier detection ----------------------------------------------------
 
     def record_success(self, endpoint: Endpoint) -> None:
-        """The endpoint answered properly (a 4xx included): its run of failures ends."""
+        """The endpoint answered properly (a 4xx included): its run of failures ends, and a trial passes."""
         endpoint.failures_in_a_row = 0
+        if endpoint.half_open:
+            endpoint.half_open = False
+            self.queue.dispatch()  # its full cap is back
         outlier = self.config.outlier_detection
         if outlier.failure_ratio:
             endpoint.note_outcome(False, outlier.failure_window, outlier.failure_min_requests)
@@ -546,7 +557,8 @@ class Pool:
         endpoint.failures_in_a_row += 1
         if outlier.failure_ratio:
             endpoint.note_outcome(True, outlier.failure_window, outlier.failure_min_requests)
-        if endpoint.failures_in_a_row < outlier.consecutive_failures and not self._fails_more_than_the_rest(endpoint):
+        on_trial, endpoint.half_open = endpoint.half_open, False
+        if not on_trial and endpoint.failures_in_a_row < outlier.consecutive_failures and not self._fails_more_than_the_rest(endpoint):
             return None
         allowed = math.floor(len(self.endpoints) * outlier.max_ejection_percent / 100 + 1e-9)
         if sum(e.ejected for e in self.endpoints) + 1 > allowed:

@@ -396,3 +396,40 @@ async def test_an_engine_failing_one_request_in_ten_is_ejected_by_its_ratio_and_
         assert errors_seen == []  # each failure was tried once more on the healthy engine
         assert endpoint(router, sick).ejections >= 1  # by the ratio rule: it never failed 5 in a row
         assert calls[sick] < calls[alive]  # and failing fast did not draw the traffic to it
+
+
+async def test_an_ejection_that_runs_out_lets_one_trial_request_in_and_a_failed_trial_ejects_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 20: readmitted at full traffic, a half-dead engine lost a whole run of requests each time."""
+    sick, alive = GPUS[:2]
+    healed = False
+
+    async def slow_ok(request: httpx.Request) -> httpx.Response:
+        await trio.sleep(0.5)
+        return await ok(request)
+
+    async def sick_until_healed(request: httpx.Request) -> httpx.Response:
+        return await (slow_ok(request) if healed else fail(request))
+
+    async def burst(router: Router, tag: str) -> None:
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(settle, router, f"{tag}{i}")
+            await trio.testing.wait_all_tasks_blocked()
+            assert endpoint(router, sick).in_flight <= 1  # on trial: one request at a time
+
+    async with router_over({sick: sick_until_healed, alive: slow_ok}, config_for([sick, alive], consecutive=3)) as (router, calls):
+        for i in range(20):
+            await settle(router, f"a{i}")
+            if endpoint(router, sick).ejected:
+                break
+        assert endpoint(router, sick).ejections == 1
+        autojump_clock.jump(5.0)  # the ejection runs out
+        before = calls[sick]
+        await burst(router, "b")
+        assert calls[sick] == before + 1 and endpoint(router, sick).ejections == 2  # one trial, failed: out again at once
+        autojump_clock.jump(10.0)
+        healed = True
+        await burst(router, "c")
+        assert not endpoint(router, sick).half_open and endpoint(router, sick).seats == 4  # a passed trial: the full cap back
