@@ -18,6 +18,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "overhead": ("bench.overhead.run", "what the router adds per request and per relayed event, beside vllm-router"),
     "router-overhead": ("bench.overhead.closed_loop", "closed-loop HTTP latency and CPU per request, direct vs through tailguard"),
     "grpc-overhead": ("bench.overhead.grpc_streams", "the gRPC front end: unary calls, streams, 10,000 open streams"),
+    "sse-check": ("bench.overhead.sse_check", "in process: what the HTTP relay's check of every SSE event costs per event"),
     "hold": ("bench.overhead.hold", "RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold"),
     "sweep": ("bench.sweep.run", "the policy in virtual time: loads x set-ups x splits"),
     "chaos": ("bench.chaos.run", "killed, hung and broken engines, hostile clients, reloads: what must hold"),

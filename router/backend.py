@@ -8,9 +8,9 @@ exceptions are mapped here, at the boundary, into the router's error tree.
 
 A reply is trusted only as far as it is checked: a status that is neither
 2xx, 4xx nor 5xx, a 2xx that is not the JSON or SSE asked for, a body over
-its cap, a stream that ends without ``[DONE]`` or a finish reason -- each is
-an error here, never a 200 with an empty body further up. Bodies are read
-only up to their caps.
+its cap, a stream event that is not JSON, a stream that ends without
+``[DONE]`` or a finish reason -- each is an error here, never a 200 with an
+empty body further up. Bodies are read only up to their caps.
 
 Read timeouts are deliberately absent: the request's end-to-end cancel scope
 bounds every call (and the caller's first-byte scope its start), and
@@ -40,13 +40,15 @@ ERROR_BODY_LIMIT = 64 * 1024
 # the router buffer an arbitrary download every scrape.
 METRICS_BODY_LIMIT = 4 * 1024 * 1024
 
-_ERROR_WINDOW = 16  # bytes of the chunk before that may hold the start of '"error"'
-_END_WINDOW = 256  # bytes of the chunk before the last that may hold the end event's start
+_END_WINDOW = 256  # bytes of the relayed chunk before the last that may hold the end event's start
 _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
 _ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*"error"\s*:.*)')
 _EVENT_END = re.compile(rb"\r?\n\r?\n")  # an SSE event ends with a blank line
-_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
-_HOLD_LIMIT = 64 * 1024  # bytes of an unfinished event kept back at most (a backend that never ends one)
+_DONE = b"[DONE]"
+_JSON = json.JSONDecoder()  # stateless; its raw_decode parses an event where it lies in a chunk
+# An unfinished event kept back at most (a backend that never ends one is refused
+# past it); the gRPC front end's SSE decoder refuses an event over the same size.
+MAX_EVENT_BYTES = 4 * 1024 * 1024
 # What the router asks of every backend: no compression (a relayed stream is
 # bytes as they come), its own content types.
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
@@ -125,54 +127,60 @@ class BackendResponse:
     async def chunks(
         self, on_chunk: Callable[[bytes], None] = lambda chunk: None, interval: float = 0.0, *, drop_usage: bool = False
     ) -> AsyncIterator[bytes]:
-        """The SSE bytes as they arrive, the first (read by ``start``) included; ``on_chunk`` sees each first.
+        """The SSE bytes as they arrive, in whole events, the first (read by ``start``) included; ``on_chunk`` sees each read first.
 
         With ``interval`` the stream is read at most once per that many
         seconds: what arrived meanwhile is one chunk (the events of several
         engine steps, one read and one send instead of one each). With
         ``drop_usage`` the usage event (``"choices": []``) is not yielded:
         tailguard asked for it, the caller did not (``on_chunk`` still sees it).
-===
+        An event is relayed once its end has come (:class:`EventFilter`), so a
+        caller never holds half of one when the stream ends in an error event.
 
         Ends with BackendStreamError when the backend sent an error event (the
-        bytes were relayed first), BadBackendReply when the stream ended
-        without ``[DONE]`` or a finish reason, BackendUnavailable when the
-        connection broke.
+        bytes were relayed first), BadBackendReply when an event's data is not
+        a JSON object (nor ``[DONE]``; the events before it relayed) or the
+        stream ended without ``[DONE]`` or a finish reason, BackendUnavailable
+        when the connection broke.
         """
-        # The verdict comes from the stream's end, whatever its chunks' sizes:
-        # it must end with the [DONE] event (or, for a backend that sends none,
-        # with a finish reason). Per chunk: one substring search for an error
-        # event, over the chunk and the end of the one before it.
+        # The verdict comes from the stream's end, whatever its reads' sizes: the
+        # last relayed chunk holds the last whole event, which must be [DONE] (or,
+        # for a backend that sends none, the end must hold a finish reason). Per
+        # relayed chunk of whole events: each event checked, and one substring
+        # search for an error event.
         error_event: bytes | None = None
         last = previous = b""
-        usage = UsageFilter() if drop_usage else None
+        events = EventFilter(drop_usage=drop_usage)
         first, self._first = self._first, None
         if first:
-            error_event = _error_event(first)
-            last = first
             on_chunk(first)
-            if usage is not None:
-                first = usage.feed(first)
-            if first:
-                yield first
-        with self._errors_mapped():
-            async for chunk in self._iterator:
-                if error_event is None and (
-                    b'"error"' in chunk or b'"error"' in last[-_ERROR_WINDOW:] + chunk[:_ERROR_WINDOW]
-                ):
-                    error_event = _error_event(last + chunk)
-                previous, last = last, chunk
-                on_chunk(chunk)
-                relayed = chunk if usage is None else usage.feed(chunk)
-                if relayed:
-                    yield relayed
-                if interval:
-                    await self._pause(interval)
-        held = b"" if usage is None else usage.flush()
-        if held:
-            yield held
-        if error_event is not None:
+            relayed = events.feed(first)
+            if relayed:
+                last = relayed
+                error_event = _error_event(relayed)
+                yield relayed
+        if events.refused is None:
+            with self._errors_mapped():
+                async for chunk in self._iterator:
+                    on_chunk(chunk)
+                    relayed = events.feed(chunk)
+                    if relayed:
+                        previous, last = last, relayed
+                        if error_event is None and b'"error"' in relayed:
+                            error_event = _error_event(relayed)
+                        yield relayed
+                    if events.refused is not None:
+                        break
+                    if interval:
+                        await self._pause(interval)
+        if error_event is not None:  # the caller has the backend's own word (gRPC stops at it too)
             raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")
+        if events.refused is not None:
+            raise BadBackendReply(f"the backend {self._url} sent a stream event that {events.refused}")
+        held = events.flush()
+        if held:
+            previous, last = last, held
+            yield held
         end = previous[-_END_WINDOW:] + last
         if not end.rstrip().endswith(b"data: [DONE]") and _FINISH_REASON.search(end) is None:
             raise BadBackendReply(f"the backend {self._url} ended its stream without [DONE] or a finish reason")
@@ -443,49 +451,160 @@ class BackendProbe:
         await self._probe.aclose()
 
 
-class UsageFilter:
-    """Takes the usage event out of a relayed SSE stream, whatever the chunks' boundaries.
+class EventFilter:
+    """Lets a relayed SSE stream through in whole events, each checked; optionally without the usage event.
 
-    tailguard asks every stream for usage (``stream_options.include_usage``:
-    exact token counts even when vLLM merges tokens into one event); a
-    caller who did not ask must not get the extra ``"choices": []`` event
-    that brings, which some clients choke on. Chunks that end on an event's
-    end and hold no ``"usage"`` (nearly all) pass as they are; a chunk that
-    ends inside an event keeps that part back until the event's end comes
-    (a client can do nothing with half an event), at most ``_HOLD_LIMIT`` bytes.
+    Whole, whatever the reads' boundaries: a chunk that ends inside an event
+    keeps that part back until the event's end comes (a client can do
+    nothing with half an event, and one that got half of it before
+    tailguard's own last error event would read the two as one broken
+    event); past ``MAX_EVENT_BYTES`` without an end the stream is refused.
+
+    Checked, because the gRPC front end must parse every event and refuses
+    one that is not JSON: the HTTP relay reaches the same verdict for the
+    same stream (BadBackendReply), never a 200 logged ``ok``. An event's data
+    is what that front end's decoder (``server/sse.py``) takes from it, its
+    ``data:`` lines joined by newlines, and must be ``[DONE]`` or a JSON
+    object; events without data (comments, ``event:``) pass. At the first
+    one refused, the events before it pass and ``refused`` says why; nothing
+    passes after it. The usual chunk (whole single-line events in UTF-8,
+    LF line ends) is decoded once and each event parsed where it lies
+    (``raw_decode`` at its offset, no copy); anything else, or anything that
+    fails there, takes the exact path (:func:`_event_problem`), which alone
+    decides a refusal. ``python -m bench sse-check`` measures the cost per event.
+
+    Without the usage event (``drop_usage``): tailguard asks every stream for
+    usage (``stream_options.include_usage``: exact token counts even when
+    vLLM merges tokens into one event); a caller who did not ask must not
+    get the extra ``"choices": []`` event that brings, which some clients
+    choke on.
     """
 
-    __slots__ = ("_held",)
+    __slots__ = ("_held", "_held_size", "_tail", "_drop_usage", "refused")
 
-    def __init__(self) -> None:
-        self._held = b""
+    def __init__(self, *, drop_usage: bool = False) -> None:
+        self._held: list[bytes] = []  # the reads of an unfinished event, joined once its end comes
+        self._held_size = 0
+        self._tail = b""  # the last bytes held: an event's end may straddle two reads
+        self._drop_usage = drop_usage
+        self.refused: str | None = None  # why an event was refused ("is not JSON ..."); then nothing passes
 
     def feed(self, chunk: bytes) -> bytes:
-        """What of ``chunk`` (and of what was held) to relay now."""
+        """The whole events of ``chunk`` (and of what was held) to relay now."""
+        if self.refused is not None:
+            return b""
         if self._held:
-            chunk, self._held = self._held + chunk, b""
-        elif chunk.endswith(_EVENT_ENDS) and b'"usage"' not in chunk:
-            return chunk
-        ends = list(_EVENT_END.finditer(chunk))
-        cut = ends[-1].end() if ends else 0
-        if cut < len(chunk) and len(chunk) - cut <= _HOLD_LIMIT:
-            chunk, self._held = chunk[:cut], chunk[cut:]
-        if b'"usage"' not in chunk:
-            return chunk
-        kept: list[bytes] = []
-        start = 0
-        for end in _EVENT_END.finditer(chunk):
-            event = chunk[start : end.end()]
-            if b'"usage"' not in event or not _usage_only(event):
-                kept.append(event)
-            start = end.end()
-        kept.append(chunk[start:])
-        return b"".join(kept)
+            if _EVENT_END.search(self._tail + chunk) is None:  # only the new bytes are searched
+                self._hold(chunk)
+                return b""
+            chunk = b"".join([*self._held, chunk])
+            self._held, self._held_size, self._tail = [], 0, b""
+        lf_only = b"\r" not in chunk
+        if not (lf_only and chunk.endswith(b"\n\n")):  # the usual read ends on an event's end
+            cut = _last_event_end(chunk)
+            if cut < len(chunk):
+                self._hold(chunk[cut:])
+                chunk = chunk[:cut]
+            if not chunk:
+                return chunk
+        if not (lf_only and _all_json_text(chunk)):
+            bad = _first_bad_event(chunk)
+            if bad is not None:
+                at, self.refused = bad
+                chunk = chunk[:at]
+        if self._drop_usage and b'"usage"' in chunk:
+            chunk = _without_usage(chunk)
+        return chunk
+
+    def _hold(self, part: bytes) -> None:
+        self._held.append(part)
+        self._held_size += len(part)
+        self._tail = (self._tail + part)[-3:]
+        if self._held_size > MAX_EVENT_BYTES:
+            self.refused = f"runs over {MAX_EVENT_BYTES} bytes without its end"
+            self._held, self._held_size = [], 0
 
     def flush(self) -> bytes:
         """What is still held when the stream ends (an unfinished last event, relayed as it came)."""
-        held, self._held = self._held, b""
+        held = b"".join(self._held)
+        self._held, self._held_size, self._tail = [], 0, b""
         return held
+
+
+def _last_event_end(chunk: bytes) -> int:
+    """Where the last whole event of ``chunk`` ends (0: none does)."""
+    if b"\r" not in chunk:
+        at = chunk.rfind(b"\n\n")
+        return 0 if at < 0 else at + 2
+    ends = list(_EVENT_END.finditer(chunk))
+    return ends[-1].end() if ends else 0
+
+
+def _all_json_text(chunk: bytes) -> bool:
+    """Whether every event of ``chunk`` (whole events, LF line ends) is one ``data: `` line of ``[DONE]``
+    or a JSON object in UTF-8. False proves nothing: the exact path looks again."""
+    try:
+        text = chunk.decode()
+    except UnicodeDecodeError:
+        return False
+    decode = _JSON.raw_decode
+    position, size = 0, len(text)
+    while position < size:  # every turn moves past one event
+        end = text.find("\n\n", position)
+        if end < 0 or not text.startswith("data: ", position) or text.find("\n", position, end) >= 0:
+            return False
+        start = position + 6
+        if end - start != 6 or not text.startswith("[DONE]", start):
+            try:
+                value, stop = decode(text, start)
+            except (ValueError, RecursionError):
+                return False
+            if stop != end or type(value) is not dict:
+                return False
+        position = end + 2
+    return True
+
+
+def _first_bad_event(chunk: bytes) -> tuple[int, str] | None:
+    """Where the first refused event of ``chunk`` (whole events) starts, and why; None when none is."""
+    start = 0
+    for end in _EVENT_END.finditer(chunk):
+        problem = _event_problem(chunk[start : end.start()])
+        if problem is not None:
+            return start, problem
+        start = end.end()
+    return None
+
+
+def _event_problem(event: bytes) -> str | None:
+    """Why one event's data is refused, read as ``server/sse.py`` reads it; None when it passes."""
+    lines = (line[:-1] if line.endswith(b"\r") else line for line in event.split(b"\n"))
+    data = [line[6:] if line.startswith(b"data: ") else line[5:] for line in lines if line.startswith(b"data:")]
+    if not data:
+        return None
+    value = data[0] if len(data) == 1 else b"\n".join(data)
+    if value == _DONE:
+        return None
+    try:
+        payload = json.loads(value)
+    except UnicodeDecodeError:
+        return f"is not UTF-8 ({value[:40]!r})"
+    except (ValueError, RecursionError):
+        return f"is not JSON ({value[:40]!r})"
+    return None if isinstance(payload, dict) else f"is not a JSON object ({value[:40]!r})"
+
+
+def _without_usage(chunk: bytes) -> bytes:
+    """``chunk`` (whole events) without its usage event."""
+    kept: list[bytes] = []
+    start = 0
+    for end in _EVENT_END.finditer(chunk):
+        event = chunk[start : end.end()]
+        if b'"usage"' not in event or not _usage_only(event):
+            kept.append(event)
+        start = end.end()
+    kept.append(chunk[start:])
+    return b"".join(kept)
 
 
 def _usage_only(event: bytes) -> bool:

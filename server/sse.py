@@ -1,7 +1,9 @@
 """Server-sent events: split a relayed byte stream back into ``data:`` payloads.
 
-The HTTP front end relays a backend's SSE bytes untouched; the gRPC front end
-needs the events themselves to turn them into protobuf chunks.
+The HTTP front end relays a backend's SSE bytes untouched (checked event by
+event in ``router/backend.py``'s ``EventFilter``, which reads an event's data
+as this decoder does); the gRPC front end needs the events themselves to turn
+them into protobuf chunks.
 
 Decoding is linear in the stream's size: each byte is searched for a line end
 once, however the stream is cut into chunks (a partial line is kept, never
@@ -12,11 +14,10 @@ Lines end with LF or CRLF, as vLLM and every OpenAI-compatible server send.
 
 from __future__ import annotations
 
+from tailguard.router.backend import MAX_EVENT_BYTES as MAX_EVENT_BYTES  # the HTTP relay's cap too: one verdict
 from tailguard.router.errors import BadBackendReply
 
 DONE = b"[DONE]"
-# Far above any real event (one step's tokens, with logprobs), far below harm.
-MAX_EVENT_BYTES = 4 * 1024 * 1024
 
 
 class SseDecoder:

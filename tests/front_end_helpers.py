@@ -52,8 +52,10 @@ class Faulty:
 
     Modes: ``ok``, ``5xx``, ``garbage`` (200 that is neither JSON nor SSE),
     ``cut`` (a stream that ends cleanly without [DONE]), ``error_event`` (a
-    stream with vLLM's in-stream error, then [DONE]), ``hang`` (no byte ever),
-    ``slow`` (a stream of an event every 20 ms for 10 s).
+    stream with vLLM's in-stream error, then [DONE]), ``not_json``,
+    ``binary`` and ``bad_utf8`` (a stream whose second framed event is not
+    JSON, then [DONE]), ``hang`` (no byte ever), ``slow`` (a stream of an
+    event every 20 ms for 10 s).
     """
 
     def __init__(self, mode: str = "ok") -> None:
@@ -75,6 +77,9 @@ class Faulty:
         events = {
             "cut": [_delta("Hello"), _delta(" there")],
             "error_event": [_delta("Hello"), _event({"error": {"message": "EngineCore died", "type": "InternalServerError", "code": 500}}), b"data: [DONE]\n\n"],
+            "not_json": [_delta("Hello"), b"data: {not json\n\n", _delta(" there", "stop"), b"data: [DONE]\n\n"],
+            "binary": [_delta("Hello"), b"data: \x00\x9c\xff\x01\x89PNG\r\n\n", _delta(" there", "stop"), b"data: [DONE]\n\n"],
+            "bad_utf8": [_delta("Hello"), _delta("caf\xe9").replace(b"caf\\u00e9", b"caf\xe9"), _delta(" there", "stop"), b"data: [DONE]\n\n"],
         }.get(mode)
         if events is not None:
             return SimResponse(200, list(SSE_HEADERS), stream=_Events(events))

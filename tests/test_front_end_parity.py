@@ -77,6 +77,10 @@ CASES = [
     Case("garbage_stream", "garbage", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
     Case("stream_cut_before_done", "cut", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
     Case("in_stream_error_event", "error_event", True, ("backend_error", "backend_stream_error"), error=errors.BackendStreamError),
+    # A framed event that is not JSON: HTTP relayed these as a 200 logged ok (issue 20, defect 5).
+    Case("stream_event_not_json", "not_json", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
+    Case("stream_event_binary", "binary", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
+    Case("stream_event_bad_utf8", "bad_utf8", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
     Case("hung_answer", "hang", False, ("timeout", "e2e_timeout"), error=errors.DeadlineExceeded),
     Case("first_byte_timeout_stream", "hang", True, ("backend_error", "backend_timeout"), error=errors.BackendTimeout),
     Case("exception_in_a_sink", "ok", False, ("ok", None)),

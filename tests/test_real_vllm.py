@@ -20,7 +20,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailguard.router.backend import BackendClient, BackendProbe, UsageFilter
+from tailguard.router.backend import BackendClient, BackendProbe, EventFilter
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import BackendAccess, Config, EndpointConfig
 from tailguard.router.dispatch import Router
@@ -295,7 +295,7 @@ async def test_token_counts_stay_exact_when_vllm_merges_tokens_into_one_event(au
 def test_the_usage_event_is_dropped_wherever_the_reads_split_the_stream(cuts: list[int]) -> None:
     stream = merged_stream(5, 2)
     pieces = [stream[a:b] for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(stream)])]
-    usage = UsageFilter()
+    usage = EventFilter(drop_usage=True)
     relayed = b"".join(usage.feed(piece) for piece in pieces) + usage.flush()
     usage_event = stream[stream.index(b'data: {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage"') :]
     assert relayed == stream.replace(usage_event[: usage_event.index(b"\n\n") + 2], b"")
