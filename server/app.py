@@ -229,6 +229,8 @@ async def serve(
             for warning in new.warnings:
                 log.warning("config: %s", warning)
             swap_tls()
+            if fleet is not None:  # last: the engines of endpoints the applied config dropped
+                await fleet.retire(new)
 
         on_main_thread = threading.current_thread() is threading.main_thread()
         reloader = (

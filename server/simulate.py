@@ -2,7 +2,9 @@
 
 Each endpoint's engine takes its pool's ``simulate_profile`` (latency for the
 interactive pool, throughput for the batch pool). Only loopback endpoints can
-be simulated; endpoints added by a reload get an engine too.
+be simulated; endpoints added by a reload get an engine too, and an endpoint
+a reload removes has its engine stopped (its port closed), so reload cycles
+leave no listener behind.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class SimulatedFleet:
     def __init__(self, nursery: trio.Nursery, *, time_scale: float = 1.0) -> None:
         self._nursery = nursery
         self._time_scale = time_scale
-        self._running: set[str] = set()
+        self._running: dict[str, _Running] = {}
 
     async def ensure(self, config: Config) -> None:
         """Start an engine for every endpoint that has none yet: all of them, or none.
@@ -65,7 +67,7 @@ class SimulatedFleet:
                     name=f"{pool.simulate_profile}@{parts.port}",
                 )
                 specs.append((endpoint.url, spec))
-        started: list[trio.CancelScope] = []
+        started: list[_Running] = []
         try:
             for url, spec in specs:
                 try:
@@ -80,12 +82,27 @@ class SimulatedFleet:
                         f"--simulate could not start an engine for {url} on {address}: {reason}", url, address=address, reason=reason
                     ) from failed
         except BaseException:
-            for scope in started:
-                scope.cancel()
+            for engine in started:
+                engine.scope.cancel()
             raise
-        for url, spec in specs:
-            self._running.add(url)
+        for (url, spec), engine in zip(specs, started):
+            self._running[url] = engine
             log.info("simulated %s engine serving %s at %s", spec.name.split("@")[0], spec.model, url)
+
+    async def retire(self, config: Config) -> None:
+        """Stop the engines of endpoints ``config`` no longer has, and wait until their ports are closed.
+
+        Called once a reload applied ``config`` (not before: a reload refused
+        later keeps the running config, and its engines). Requests still in
+        flight on a removed endpoint end as a backend error.
+        """
+        kept = {endpoint.url for pool in config.pools for endpoint in pool.endpoints}
+        gone = [url for url in self._running if url not in kept]
+        for url in gone:
+            self._running[url].scope.cancel()
+        for url in gone:
+            await self._running.pop(url).stopped.wait()
+            log.info("simulated engine at %s stopped: its endpoint left the config", url)
 
 
 def lone_os_error(error: BaseException) -> OSError | None:
@@ -99,9 +116,23 @@ def lone_os_error(error: BaseException) -> OSError | None:
     return error if isinstance(error, OSError) else None
 
 
-async def _engine_in_scope(spec: EngineSpec, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
-    """One engine, stoppable through the cancel scope it reports once it listens."""
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(serve_engine, spec)
-            task_status.started(scope)
+class _Running:
+    """One engine's cancel scope, and an event set once it has stopped (its socket closed)."""
+
+    __slots__ = ("scope", "stopped")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+
+
+async def _engine_in_scope(spec: EngineSpec, *, task_status: trio.TaskStatus[_Running] = trio.TASK_STATUS_IGNORED) -> None:
+    """One engine, stoppable through the handle it reports once it listens."""
+    engine = _Running()
+    try:
+        with engine.scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_engine, spec)
+                task_status.started(engine)
+    finally:
+        engine.stopped.set()

@@ -206,3 +206,44 @@ async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monke
         assert {url: e.client for url, e in router._endpoints.items()} == before
     finally:
         await router.aclose()
+
+
+async def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError:
+        return False
+    await stream.aclose()
+    return True
+
+
+async def test_a_simulated_engine_stops_when_a_reload_removes_its_endpoint(tmp_path: Path) -> None:
+    """Before: an engine started for an endpoint kept listening after a reload removed it
+    (6 stray listeners after 6 add/remove cycles; issue 20, defect 6)."""
+    ports = []
+    for _ in range(3):  # free ports for the simulated engines (bound by the fleet, not here)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    a, b, c = (f"http://127.0.0.1:{p}" for p in ports)
+    path = tmp_path / "config.toml"
+    path.write_text(toml([a], [b]))
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(
+            lambda task_status: serve(load_config(path), path, simulate=True, http_port=0, shutdown=shutdown, task_status=task_status)
+        )
+        assert running.reloader is not None
+        for cycle in range(6):
+            path.write_text(toml([a], [b, c], cap=4 + cycle % 2))
+            assert await running.reloader.reload()
+            assert await listening(ports[2]), cycle
+            path.write_text(toml([a], [b]))
+            assert await running.reloader.reload()
+            assert not await listening(ports[2]), cycle  # the removed endpoint's engine is gone
+            assert await listening(ports[0]) and await listening(ports[1])
+        async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
+            response = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
+            assert response.status_code == 200
+        shutdown.set()
