@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .config_types import AuthConfig
 from .errors import Unauthenticated
 
-__all__ = ["ANONYMOUS", "Authenticator", "Caller", "hash_key"]
+__all__ = ["ANONYMOUS", "Authenticator", "Caller", "hash_key", "one_authorization"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,23 @@ ANONYMOUS = Caller("anonymous", frozenset(), None)
 def hash_key(key: str) -> str:
     """The lower-case SHA-256 hex digest of ``key`` (UTF-8), as config.toml holds it."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class _Ambiguous(str):
+    """What a request that sent more than one ``Authorization`` value carries instead of one."""
+
+
+def one_authorization(values: Sequence[str]) -> str | None:
+    """The request's one ``Authorization`` value (None: it sent none).
+
+    Two or more are ambiguous: which one names the caller depends on which a
+    proxy or a server keeps (the first, the last, both joined), so the router
+    picks none, and :meth:`Authenticator.authenticate` refuses the request
+    while keys are configured. The value returned then holds no key.
+    """
+    if len(values) <= 1:
+        return values[0] if values else None
+    return _Ambiguous(f"{len(values)} values")
 
 
 class Authenticator:
@@ -65,11 +82,14 @@ class Authenticator:
         """The caller whose key ``Authorization: Bearer <key>`` carries.
 
         Returns :data:`ANONYMOUS` when auth is off, whatever the header says.
-        Raises :exc:`Unauthenticated` when the header is missing, is not
-        ``Bearer <key>`` (scheme in any case), or carries an unknown key.
+        Raises :exc:`Unauthenticated` when the header is missing, sent more
+        than once (:func:`one_authorization`), is not ``Bearer <key>`` (scheme
+        in any case), or carries an unknown key.
         """
         if not self._callers:
             return ANONYMOUS
+        if isinstance(authorization, _Ambiguous):
+            raise Unauthenticated(f"ambiguous credentials: the request sent {authorization} of Authorization; send exactly one")
         if authorization is None or not authorization.strip():
             raise Unauthenticated("missing API key: send Authorization: Bearer <key>")
         parts = authorization.split()

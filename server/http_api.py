@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from tailguard.router.auth import one_authorization
 from tailguard.router.config import limits_document
 from tailguard.router.dispatch import Completion, Router
 from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, ModelNotFound, TailguardError
@@ -114,6 +115,10 @@ class HttpApi:
         path: str = scope["path"]
         method: str = scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if "authorization" in headers:  # a repeated one would name the last as the caller
+            headers["authorization"] = one_authorization(
+                [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"]
+            ) or ""
         kind = _COMPLETION_PATHS.get(path)
         if kind is not None and method == "POST":
             await self._completion(kind, path, headers, receive, send)

@@ -119,3 +119,20 @@ def test_an_unknown_model_is_404_model_not_found(client: httpx.Client, sdk: open
     with pytest.raises(openai.NotFoundError) as raised:
         sdk.models.retrieve(model)
     assert isinstance(raised.value.body, dict) and raised.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/chat/completions"), ("GET", "/v1/models")])
+@pytest.mark.parametrize("second", [f"Bearer {KEY}", "Bearer sk-someone-else"], ids=["same_key", "another_key"])
+def test_two_authorization_headers_are_refused_as_ambiguous(service: FrontEnds, method: str, path: str, second: str) -> None:
+    """Before: the last of two Authorization headers named the caller (issue 20, defect 6)."""
+    headers = [("authorization", "Bearer sk-someone-else"), ("authorization", second), ("x-request-id", f"two-keys-{path}-{second[-4:]}")]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with httpx.Client(base_url=service.http_url, timeout=10) as http:
+        response = http.request(method, path, headers=headers, json=body if method == "POST" else None)
+    assert response.status_code == 401, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
+    assert "ambiguous" in error["message"] and KEY not in error["message"]
+    if method == "POST":
+        record = service.record(f"two-keys-{path}-{second[-4:]}")
+        assert (record.outcome, record.reason, record.status) == ("rejected", "unauthenticated", 401)
