@@ -8,6 +8,7 @@ backend that streams without end, to a client that never reads.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import socket
 from collections.abc import AsyncIterator, Mapping
@@ -492,3 +493,15 @@ async def test_hypercorn_is_still_there_behind_the_key() -> None:
                 await sock.send(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
                 status, headers, _ = await read_response(sock)
                 assert status == 200 and "hypercorn" in headers.get("server", "")
+
+
+def test_the_shipped_config_names_the_parser_the_lean_server_uses() -> None:
+    """Before: config.toml said the lean server was "h11 on Trio"; it is llhttp via httptools (issue 20, defect 6)."""
+    import tailguard.server.http_server as lean
+
+    lines = (Path(__file__).resolve().parent.parent / "config.toml").read_text().splitlines()
+    at = lines.index('http_server = "lean"')
+    above = list(itertools.takewhile(lambda line: line.startswith("#"), reversed(lines[:at])))
+    comment = " ".join(line.lstrip("# ") for line in reversed(above))
+    assert "import httptools" in Path(lean.__file__).read_text()
+    assert "llhttp" in comment and "httptools" in comment and "h11 on Trio" not in comment, comment
