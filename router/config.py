@@ -737,6 +737,8 @@ def _read_pool(
         )
     first_byte = table.number("first_byte_timeout", PoolConfig.first_byte_timeout, minimum=0.0)
     health_check = table.choice("health_check", _HEALTH_CHECKS, PoolConfig.health_check)
+    unhealthy_threshold = table.integer("unhealthy_threshold", PoolConfig.unhealthy_threshold, minimum=1)
+    healthy_threshold = table.integer("healthy_threshold", PoolConfig.healthy_threshold, minimum=1)
     outlier = _read_outlier_detection(table.table("outlier_detection"))
     lend = _read_lend(table.table("lend"), name, max_concurrency if table.ok("max_concurrency") else None)
     class_limits = _read_class_limits(table)
@@ -767,6 +769,8 @@ def _read_pool(
         fail_fast_fraction=fail_fast,
         first_byte_timeout=first_byte,
         health_check=health_check,
+        unhealthy_threshold=unhealthy_threshold,
+        healthy_threshold=healthy_threshold,
         outlier_detection=outlier,
         lend=lend,
         class_max_concurrency=class_limits,
@@ -1622,7 +1626,11 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         ("simulate_profile", pool.simulate_profile),
         ("fail_fast_fraction", _fail_fast(pool.fail_fast_fraction)),
         ("first_byte_timeout", _seconds(pool.first_byte_timeout)),
-        ("health_check", pool.health_check),
+        (
+            "health_check",
+            f"{pool.health_check}; down after unhealthy_threshold {pool.unhealthy_threshold} failed in a row,"
+            f" up after healthy_threshold {pool.healthy_threshold} passed",
+        ),
         ("api_key_env", _api_key(pool.access)),
         *((("tls_ca_file", pool.access.tls_ca_file),) if pool.access.tls_ca_file else ()),
         ("outlier_detection", _outlier(pool.outlier_detection)),

@@ -340,6 +340,10 @@ class PoolConfig:
     # "http": GET /health; "completion": a one-token completion, which also
     # catches an engine that answers /health but hangs on work.
     health_check: HealthCheckKind = "http"
+    # Probes in a row that must fail before an endpoint is marked down, and
+    # pass before it is up again (Envoy's unhealthy_threshold / healthy_threshold).
+    unhealthy_threshold: int = 3
+    healthy_threshold: int = 1
     outlier_detection: OutlierDetectionConfig = OutlierDetectionConfig()
     lend: LendConfig = LendConfig()
     # Seats of this pool one class may hold at once (a shared engine keeps

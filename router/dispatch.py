@@ -43,8 +43,10 @@ from .errors import (
     Forbidden,
     ModelNotFound,
 )
+from .health_thresholds import HealthStreaks
 from .ids import IdSource
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
+from .loop_lag import LoopLag
 from .model_len import context_fits
 from .pool import Clients, Closable, Endpoint, Lease, Pool, PoolStatistics, Ticket
 from .rebalance import Rebalancer
@@ -196,6 +198,8 @@ class Router:
         self._discovered: dict[str, tuple[Found, ...]] = {}  # per pool: its endpoints_dns addresses now
         self._model_lens: dict[str, int | None] = dict(model_lens or {})  # URL -> its last max_model_len report
         self._upstream_ids = IdSource()  # the id each attempt goes to vLLM under (never the caller's)
+        self.loop_lag = LoopLag()  # how late this loop runs: verdicts about engines discount its stalls (read-only outside)
+        self._health_streaks = HealthStreaks()  # probe results in a row, against each pool's thresholds
 
         self.discovery = Discovery(self)
         self.config = config
@@ -819,6 +823,7 @@ class Router:
                     cluster, ledger, self._cluster_demands, settle_after=self.config.timeouts.end_to_end_timeout
                 )
                 await nursery.start(self._budget.run)
+            await nursery.start(self.loop_lag.run)  # measuring before the first probe, which asks it
             await nursery.start(self.discovery.run)  # pools' DNS names: the first answers come before started
             nursery.start_soon(
                 _forever, "health check", self.check_health, lambda: self.config.timeouts.health_check_interval
@@ -938,15 +943,32 @@ class Router:
 
         A pool's ``health_check`` picks the probe: ``GET /health``, or a
         one-token completion, which also proves the engine can work (and so
-        ends an ejection at once). Every turn also re-offers each pool's
+        ends an ejection at once). An endpoint goes down after the pool's
+        ``unhealthy_threshold`` failed probes in a row and up after
+        ``healthy_threshold`` passed ones; a probe that timed out while this
+        loop stalled (``LoopLag.excuses``) is no verdict. Every turn also re-offers each pool's
         seats to its waiters, since ejections run out by themselves, and
         closes keep-alive connections that have been idle too long.
         """
         timeout = self.config.timeouts.health_check_timeout
 
+        def judge(endpoint: Endpoint, passed: bool | None) -> None:
+            config = endpoint.pool.config if endpoint.pool is not None else None  # None: a reload took it out meanwhile
+            down_at = PoolConfig.unhealthy_threshold if config is None else config.unhealthy_threshold
+            up_at = PoolConfig.healthy_threshold if config is None else config.healthy_threshold
+            was = endpoint.healthy
+            endpoint.healthy = healthy = self._health_streaks.judge(endpoint, was, passed, unhealthy_threshold=down_at, healthy_threshold=up_at)
+            if healthy and not was:
+                log.info("endpoint %s is healthy again", endpoint.url)
+            elif was and not healthy:
+                log.warning("endpoint %s failed its health check %d times in a row: down", endpoint.url, down_at)
+            elif passed is False and was:
+                log.info("endpoint %s failed its health check (%d in a row; down at %d)", endpoint.url, self._health_streaks.streak(endpoint), down_at)
+
         async def probe(endpoint: Endpoint) -> None:
             pool = endpoint.pool
             completion = pool is not None and pool.config.health_check == "completion"
+            started = trio.current_time()
             with trio.move_on_after(timeout):
                 try:
                     if pool is not None and completion:
@@ -960,18 +982,19 @@ class Router:
                         return  # a reload took it out (and closed its probe) meanwhile
                     log.exception("endpoint %s: its health probe failed", endpoint.url)
                     healthy = False
-                was = endpoint.healthy
-                endpoint.healthy = healthy
                 if healthy and completion:
                     endpoint.end_ejection()
-                if healthy and not was:
-                    log.info("endpoint %s is healthy again", endpoint.url)
-                elif was and not healthy:
-                    log.warning("endpoint %s failed its health check", endpoint.url)
+                judge(endpoint, healthy)
+                return
+            if self.loop_lag.excuses(started, timeout):
+                log.warning(
+                    "endpoint %s did not answer its health check in %.1f s, but tailguard's own loop stalled for %.2f s of it: not counted",
+                    endpoint.url, timeout, self.loop_lag.stalled_since(started),
+                )  # fmt: skip
                 return
             if endpoint.healthy:
                 log.warning("endpoint %s did not answer its health check in %.1f s", endpoint.url, timeout)
-            endpoint.healthy = False
+            judge(endpoint, False)
 
         async with trio.open_nursery() as nursery:
             for endpoint in list(self._endpoints.values()):

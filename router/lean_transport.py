@@ -19,6 +19,7 @@ httpcore does; nothing else is retried here.
 from __future__ import annotations
 
 import collections
+import logging
 import re
 import socket
 import ssl
@@ -28,6 +29,10 @@ from typing import Protocol
 import httptools
 import httpx
 import trio
+
+from .loop_lag import noticed_late
+
+log = logging.getLogger("tailguard.transport")
 
 _READ_SIZE = 64 * 1024
 _MAX_HEAD_BYTES = 64 * 1024
@@ -291,8 +296,25 @@ class LeanTransport(httpx.AsyncBaseTransport):
         )
 
     async def _connect(self) -> _Connection:
+        """A new connection; a connect timeout noticed in a stall of this loop is tried once more.
+
+        The stall may have hidden the engine's answer: the timeout would be
+        tailguard's, and outlier detection would count it against the engine.
+        """
+        for attempt in range(2):
+            deadline = trio.current_time() + self._connect_timeout
+            try:
+                return await self._connect_once(deadline)
+            except trio.TooSlowError:
+                if attempt == 0 and noticed_late(deadline):
+                    log.info("connecting to %s:%s timed out in a stall of tailguard's loop: trying once more", self._host, self._port)
+                    continue
+                raise httpx.ConnectTimeout(f"no connection to {self._host}:{self._port} within {self._connect_timeout:g} s") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _connect_once(self, deadline: float) -> _Connection:
         try:
-            with trio.fail_after(self._connect_timeout):
+            with trio.fail_at(deadline):
                 opened = await trio.open_tcp_stream(self._host, self._port)
                 stream: _Stream
                 if self._tls is not None:
@@ -305,8 +327,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     stream = tls
                 else:  # the socket, without SocketStream (its options, TCP_NODELAY among them, stay set)
                     stream = _PlainStream(socket.socket(fileno=opened.socket.detach()))
-        except trio.TooSlowError:
-            raise httpx.ConnectTimeout(f"no connection to {self._host}:{self._port} within {self._connect_timeout:g} s") from None
         except (OSError, trio.BrokenResourceError) as error:
             raise httpx.ConnectError(f"{self._host}:{self._port}: {error}") from None
         self.opened += 1

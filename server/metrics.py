@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from tailguard.router.dispatch import Router, RouterStatistics
+from tailguard.router.loop_lag import LoopLag
 from tailguard.router.telemetry import RequestRecord
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -97,6 +98,7 @@ class Metrics:
             self.reloads.labels(result)
         self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         r.register(_RouterCollector(router))
+        r.register(_LoopLagCollector(router.loop_lag))
         self.gc_pauses = GcPauses()
         r.register(self.gc_pauses)
         gc.callbacks.append(self.gc_pauses.on_gc)
@@ -199,6 +201,37 @@ class GcPauses(Collector):
             cumulative = itertools.accumulate(list(counts))  # a copy: a collection may count meanwhile
             family.add_metric((str(generation),), list(zip(bounds, cumulative, strict=True)), total)
         yield family
+
+
+class _LoopLagCollector(Collector):
+    """``tailguard_event_loop_lag_seconds``: how late the Trio loop's monitor woke, each tick (router/loop_lag.py).
+
+    A histogram of every wake-up since start (its P99 under load says how
+    long the loop stalls), and a gauge of the latest and the worst.
+    """
+
+    def __init__(self, lag: LoopLag) -> None:
+        self._lag = lag
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._lag.statistics()
+        family = HistogramMetricFamily(
+            "tailguard_event_loop_lag_seconds",
+            f"How late the event loop woke a task sleeping {stats.tick:g} s, once a tick: its stalls (the router's "
+            "verdicts about engines discount them).",
+            labels=(),
+        )
+        family.add_metric((), [(str(float(bound)) if bound != float("inf") else "+Inf", count) for bound, count in stats.buckets], stats.total)
+        yield family
+        latest = GaugeMetricFamily("tailguard_event_loop_lag_last_seconds", "The event loop monitor's latest lag.", labels=())
+        latest.add_metric((), stats.last)
+        yield latest
+        worst = GaugeMetricFamily("tailguard_event_loop_lag_max_seconds", "The event loop monitor's worst lag since start.", labels=())
+        worst.add_metric((), stats.worst)
+        yield worst
 
 
 class _RouterCollector(Collector):

@@ -225,7 +225,8 @@ async def test_unreachable_endpoint_fails_fast_and_only_its_health_check_takes_i
             await run_to_end(fleet.router, chat())
         # One failed request is no verdict: the endpoint stays in until its health check fails.
         assert endpoint.healthy and endpoint.failures_in_a_row == 1
-        await fleet.router.check_health()
+        for _ in range(3):  # the pool's unhealthy_threshold (default 3): three failed probes in a row
+            await fleet.router.check_health()
         assert not endpoint.healthy
         with pytest.raises(errors.NoBackend):
             await run_to_end(fleet.router, chat())

@@ -253,8 +253,9 @@ def outcomes() -> Iterator[dict[str, Outcome]]:
             original(record, completion_tokens)
 
         patch.setattr(RequestRecord, "saw_answer", broken)
-        # The "down" pool's endpoint refuses connections: one round of health checks marks it.
-        trio.from_thread.run(service.router.check_health, trio_token=service.token)
+        # The "down" pool's endpoint refuses connections: its pool's unhealthy_threshold (3) rounds of health checks mark it.
+        for _ in range(3):
+            trio.from_thread.run(service.router.check_health, trio_token=service.token)
         client = openai.OpenAI(base_url=service.http_url + "/v1", api_key=KEYS["admin"], max_retries=1, timeout=10)
         results: dict[str, Outcome] = {}
         with ThreadPoolExecutor(len(CASES)) as pool:
