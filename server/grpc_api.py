@@ -10,13 +10,30 @@ into protobuf; a reply that is not a valid completion is BadBackendReply,
 never OK with empty content. A caller's deadline or cancellation cancels the
 Trio scope, which aborts the backend generation and releases the seat.
 
-grpc core holds calls the process has not yet picked up, and cancels them
-silently after ``grpc.server_max_unrequested_time_in_server`` (30 s). So the
-server keeps below the load at which it stops picking calls up promptly: at
-most ``max_calls`` calls open (beyond it, RESOURCE_EXHAUSTED with a retry
-hint, at once, logged and counted like any request), and at most
-``_pending_bound(max_calls)`` calls waiting in grpc core (beyond it core
-refuses at once rather than after 30 s).
+A flood must not starve the process. grpc core holds the calls the process
+has not yet picked up, and cancels them (CANCELLED, no details) past
+``grpc.server.max_pending_requests`` or after
+``grpc.server_max_unrequested_time_in_server`` (30 s): the only answer it has
+for calls it may not hand over is the silent one. grpc.aio's
+``maximum_concurrent_rpcs`` does not help: it *blocks* the loop that picks
+calls up (an asyncio.Condition) until one ends, so the excess waits in core
+for exactly that cancel. So the defences are, in order:
+
+- HTTP/2 itself: at most ``_streams_bound(max_calls)`` streams on one
+  connection (``grpc.max_concurrent_streams``: the calls served and as many
+  being refused); a client's further calls wait in the client, where they
+  cost this process nothing;
+- every call core has is picked up promptly, and one over the cap is refused
+  on the asyncio side at once, before it costs the router anything: no Trio
+  hop, no session, no parse (``CompletionsService``'s gate: RESOURCE_EXHAUSTED
+  ``server_busy`` with its retry hint); its access-log line and metrics are
+  posted to Trio after the answer, batched;
+- core's pending bound is far above what the loop picks up in a second, so
+  core never cancels a call the process would have answered;
+- what the asyncio side hands Trio is run in bounded slices
+  (``grpc_bridge``), so a burst of calls cannot stall the Trio loop, whose
+  lateness the router measures (``router.loop_lag``) and never blames on the
+  engines.
 """
 
 from __future__ import annotations
@@ -40,10 +57,11 @@ from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 from tailguard.router.auth import Caller
 from tailguard.router.config_types import Config, ServerConfig, TlsConfig
 from tailguard.router.dispatch import Router
-from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, TailguardError
+from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, ServerBusy, TailguardError
+from tailguard.router.ids import IdSource
 from tailguard.router.request import RequestKind, RouterRequest, Routing
 from tailguard.router.session import Session, Sessions, checked_header
-from tailguard.router.telemetry import RepeatedIds, Telemetry
+from tailguard.router.telemetry import RepeatedIds, Telemetry, is_valid_request_id
 from tailguard.router.tls import read_pem
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
@@ -71,9 +89,19 @@ _SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance
 _INT32_MAX = 2**31 - 1
 
 
+def _streams_bound(max_calls: int) -> int:
+    """Streams one HTTP/2 connection may hold open: ``max_calls`` served, as many again answered RESOURCE_EXHAUSTED."""
+    return max_calls + max(max_calls, 100)
+
+
 def _pending_bound(max_calls: int) -> int:
-    """Calls grpc core may hold before the process picks them up (a burst of arrivals)."""
-    return max(2 * max_calls, 128)
+    """Calls grpc core may hold before the process picks them up: any burst it can pick up and refuse in time.
+
+    Beyond it core cancels calls silently, so it is generous: picking a call
+    up and refusing it costs the asyncio side ~0.1-0.3 ms, so even 10 x
+    ``max_calls`` arriving at once is picked up well inside grpc's 30 s.
+    """
+    return max(10 * max_calls, 10_000)
 
 
 # -- the Trio side: the session, and OpenAI JSON -> protobuf ---------------------------
@@ -115,6 +143,11 @@ class _TrioSide:
 
     def __init__(self, sessions: Sessions) -> None:
         self._sessions = sessions
+
+    def refused(self, request_id: str, error: ServerBusy) -> None:
+        """Record a call the asyncio side refused over the cap (already answered): its access-log line and metrics."""
+        telemetry = self._sessions.telemetry
+        telemetry.finish(telemetry.start(request_id, "grpc"), error)
 
     async def unary(self, call: _Call) -> tuple[pb.CompletionResponse, tuple[tuple[str, str], ...], str]:
         session = self._sessions.start(call.supplied_id, carrier=call.trace_context, route=call.route)
@@ -295,11 +328,20 @@ def _chunk(kind: RequestKind, payload: Any) -> pb.CompletionChunk:
 
 
 class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # generated, untyped
-    """``tailguard.v1.Completions``: translation only; the work runs in Trio."""
+    """``tailguard.v1.Completions``: translation only; the work runs in Trio.
+
+    The gate on open calls is kept here, on the asyncio side: a call over
+    ``max_calls`` is refused before anything else is done for it (see the
+    module's docstring), so a flood is refused at the rate the asyncio loop
+    picks calls up, whatever the Trio side is doing.
+    """
 
     def __init__(self, router: Router, portal: TrioPortal, observers: Observers, *, max_calls: int = MAX_CONCURRENT_CALLS) -> None:
         self._router = router
         self._portal = portal
+        self._max_calls = max_calls
+        self._open = 0  # completion calls open (asyncio side only)
+        self._ids = IdSource()  # refused calls' ids (asyncio side only; the Trio side has its own)
         sessions = Sessions(
             router,
             observers.telemetry,
@@ -314,21 +356,49 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         self._trio = _TrioSide(sessions)
 
     async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
-        return await self._unary(_call("chat", request, context, stream=False), context)
+        await self._admit(request, context)
+        try:
+            return await self._unary(_call("chat", request, context, stream=False), context)
+        finally:
+            self._open -= 1
 
     async def Complete(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
-        return await self._unary(_call("completion", request, context, stream=False), context)
+        await self._admit(request, context)
+        try:
+            return await self._unary(_call("completion", request, context, stream=False), context)
+        finally:
+            self._open -= 1
 
     # grpc.aio recognises streaming handlers by being async generator functions.
     async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:
-        async for chunk in self._stream(_call("chat", request, context, stream=True), context):
-            yield chunk
+        await self._admit(request, context)
+        try:
+            async for chunk in self._stream(_call("chat", request, context, stream=True), context):
+                yield chunk
+        finally:
+            self._open -= 1
 
     async def CompleteStream(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        async for chunk in self._stream(_call("completion", request, context, stream=True), context):
-            yield chunk
+        await self._admit(request, context)
+        try:
+            async for chunk in self._stream(_call("completion", request, context, stream=True), context):
+                yield chunk
+        finally:
+            self._open -= 1
+
+    async def _admit(self, message: Any, context: grpc.aio.ServicerContext) -> None:
+        """Count the call as open, or refuse it at once (RESOURCE_EXHAUSTED server_busy) when ``max_calls`` are."""
+        if self._open < self._max_calls:
+            self._open += 1
+            return
+        retry_after = self._router.config.timeouts.retry_after  # a frozen config, swapped whole: safe to read here
+        busy = ServerBusy(f"tailguard has {self._max_calls} grpc calls open, its cap; retry after {retry_after:g} s", retry_after=retry_after)
+        supplied = message.options.request_id or _metadata(context).get("x-request-id") or ""
+        request_id = supplied if is_valid_request_id(supplied) else self._ids.fresh()
+        self._portal.post(self._trio.refused, request_id, busy)  # recorded in Trio, batched
+        await _abort(context, busy, request_id)
 
     async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:
         """The limits in force; with API keys configured it needs one, as HTTP's /v1/limits does."""
@@ -564,14 +634,14 @@ class GrpcServer:
         pending = _pending_bound(self._max_calls)
         server = grpc.aio.server(
             options=[
-                # Calls core holds that the process has not picked up yet. Beyond
-                # the bound core refuses a call at once (CANCELLED); unbounded, it
-                # would cancel it silently after 30 s of waiting.
+                # Calls core holds that the process has not picked up yet: beyond
+                # the bound core cancels them (CANCELLED, silently), so it is far
+                # above what the asyncio side picks up and refuses in time.
                 ("grpc.server.max_pending_requests", pending),
                 ("grpc.server.max_pending_requests_hard_limit", pending),
-                # Streams on one connection: room for every call served and every
-                # call refused with RESOURCE_EXHAUSTED; a client queues the rest.
-                ("grpc.max_concurrent_streams", self._max_calls + pending),
+                # Streams on one connection: the cap, and as many again refused at
+                # once; a client queues the rest itself, where they cost nothing here.
+                ("grpc.max_concurrent_streams", _streams_bound(self._max_calls)),
                 ("grpc.so_reuseport", int(self._reuse_port)),  # on only for --workers
             ]
         )

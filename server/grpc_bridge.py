@@ -19,6 +19,10 @@ Rules this module keeps so nobody else has to:
   asyncio consumer is behind (back-pressure, no unbounded memory), and the
   consumer takes everything buffered per wake-up, so a busy stream costs
   one cross-thread wake-up per batch, not per item.
+- Neither side can starve the other's loop: a wake-up runs at most
+  ``_SLICE`` posted calls, and the rest go on in the next turn of that loop,
+  after whatever else is ready there (a flood of gRPC calls arriving at once
+  is thousands of posts; run in one go they stalled the Trio loop).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ Emit = Callable[[T], Awaitable[None]]
 
 # How long closing the host waits for the loop's thread once its tasks are done.
 _JOIN_SECONDS = 5.0
+# Posted calls one wake-up runs before the loop's other work gets a turn.
+_SLICE = 64
 
 
 @asynccontextmanager
@@ -182,15 +188,24 @@ class _Mailbox:
         return True
 
     def _drain(self) -> None:  # on the other side
+        """Run up to ``_SLICE`` posted calls; if more wait, come back after the loop's other ready work."""
         with self._lock:
-            calls = list(self._calls)
-            self._calls.clear()
-            self._scheduled = False
+            calls = [self._calls.popleft() for _ in range(min(_SLICE, len(self._calls)))]
+            more = bool(self._calls)
+            if not more:
+                self._scheduled = False
         for fn, args in calls:
             try:
                 fn(*args)
             except Exception:  # one failing call must not lose the rest of the batch
                 log.exception("a call across the gRPC bridge failed")
+        if more:
+            try:
+                self._wake(self._drain)  # queued behind what is ready now: the loop turns before the next slice
+            except self._gone:
+                with self._lock:
+                    self._calls.clear()
+                    self._scheduled = False
 
 
 class _Call:
@@ -221,6 +236,10 @@ class TrioPortal:
         token = trio.lowlevel.current_trio_token()
         self._to_trio = _Mailbox(token.run_sync_soon, trio.RunFinishedError)
         self._to_asyncio = _Mailbox(loop.call_soon_threadsafe, RuntimeError)  # RuntimeError: the loop is closed
+
+    def post(self, fn: Callable[..., object], *args: Any) -> bool:
+        """From asyncio: run ``fn(*args)`` (synchronous, quick) in Trio soon, without waiting; False if Trio has finished."""
+        return self._to_trio.post(fn, *args)
 
     def _submit(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """From asyncio: start ``fn(*args)`` in the portal's nursery."""

@@ -258,6 +258,32 @@ def test_calls_over_the_cap_get_resource_exhausted_at_once_and_are_counted() -> 
             assert stub.Chat(chat(max_tokens=4), timeout=10).usage.completion_tokens == 4  # room again
 
 
+def test_calls_over_the_cap_are_refused_while_the_trio_loop_is_stalled() -> None:
+    """Issue 20, defect 1: a refusal over the cap costs the router nothing -- it comes with the Trio loop blocked."""
+    backend = Faulty("slow")
+    with front_ends([backend, Faulty()], lambda urls: config(urls), max_grpc_calls=2) as service:
+        with grpc.insecure_channel(service.grpc_target) as channel:
+            stub = pb_grpc.CompletionsStub(channel)
+            holders = [stub.ChatStream(chat(max_tokens=8), timeout=30) for _ in range(2)]
+            for holder in holders:
+                next(holder)
+            service.token.run_sync_soon(time.sleep, 3.0)  # the Trio thread stops for 3 s
+            time.sleep(0.2)  # it has
+            started = time.monotonic()
+            over = [stub.Chat.future(chat(max_tokens=8), metadata=[("x-request-id", f"over-{i}")], timeout=30) for i in range(4)]
+            for future in over:
+                with pytest.raises(grpc.RpcError) as refused:
+                    future.result()
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
+                assert dict(refused.value.trailing_metadata())["x-tailguard-error-code"] == "server_busy"
+            assert time.monotonic() - started < 1.5  # the Trio side still has 2.6 s of its stall to go
+            for index in range(4):  # recorded (access log, metrics) once the loop runs again
+                record = service.record(f"over-{index}")
+                assert (record.outcome, record.reason, record.status) == ("overloaded", "server_busy", "RESOURCE_EXHAUSTED")
+            for holder in holders:
+                holder.cancel()
+
+
 def test_a_paced_class_streams_every_token_over_grpc_as_one_message_each() -> None:
     """relay_interval hands the gRPC side several events in one chunk: each still becomes its own message."""
 

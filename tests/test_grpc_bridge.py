@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -170,3 +171,38 @@ async def test_the_host_thread_ends_with_the_block() -> None:
         assert await host.run(lambda: asyncio.sleep(0, result="ran")) == "ran"
     assert not any(t.name == "bridge-test" for t in threading.enumerate())
     assert host.loop.is_closed()
+
+
+async def test_a_burst_posted_from_asyncio_runs_in_slices_between_which_trio_runs() -> None:
+    """Issue 20, defect 1: thousands of posts at once (a gRPC flood) must not hold the Trio loop for one long turn."""
+    async with open_asyncio_host() as host, trio.open_nursery() as nursery:
+        portal = TrioPortal(nursery, host.loop)
+        turns = [0]  # Trio scheduling batches seen by a task that checkpoints in a loop
+        seen: list[int] = []
+
+        async def count_turns() -> None:
+            while True:
+                turns[0] += 1
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(count_turns)
+        done = trio.Event()
+        total = 1000
+
+        def one() -> None:
+            seen.append(turns[0])
+            if len(seen) == total:
+                done.set()
+
+        def burst() -> None:  # on the asyncio thread, while the Trio thread sleeps: all posted before any runs
+            for _ in range(total):
+                portal.post(one)
+
+        await trio.lowlevel.checkpoint()
+        host.loop.call_soon_threadsafe(burst)
+        time.sleep(0.5)  # blocks the Trio thread, as a busy turn would
+        with trio.fail_after(10):
+            await done.wait()
+        nursery.cancel_scope.cancel()
+    # At most one slice of 64 before and one after each turn of the other task (batch order varies).
+    assert max(seen.count(turn) for turn in set(seen)) <= 2 * 64

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import trio
 
-from bench.chaos.client import Answer, RequestSpec, judge, probe_bytes, send
+from bench.chaos.client import Answer, HttpPool, RequestSpec, judge, probe_bytes, send
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from tailguard.sim.faults import wants_stream
@@ -310,23 +310,119 @@ async def reload_storm(lab: Lab, phase: Phase) -> None:
 
 
 async def grpc_flood(lab: Lab, phase: Phase) -> None:
-    """Many gRPC calls at once (streams and unary), each with a deadline; every one must end with a status."""
+    """Rounds of many gRPC calls at once (one round per size in ``grpc_calls``), each with a deadline.
+
+    Every call must end OK or be refused at once (RESOURCE_EXHAUSTED), none
+    CANCELLED or left to its deadline; beside the flood, normal HTTP traffic
+    must never hear no_backend and tailguard's /health (polled) must never
+    call an endpoint down: the engines stay healthy, only tailguard is busy.
+    Each round reports tailguard's event-loop lag (its
+    ``tailguard_event_loop_lag_seconds`` histogram over the round).
+    """
     deadline = lab.client_timeout
+    rounds: dict[str, Any] = {}
+    failures: list[str] = []
     phase.fault_on()
-    results = await lab.aio.run(partial(_grpc_calls, f"127.0.0.1:{lab.grpc_port}", lab.options.grpc_calls, deadline))
+    for count in lab.options.grpc_calls:
+        lag_before = await lab.loop_lag_buckets()
+        downs: set[str] = set()
+        started = time.perf_counter()
+        async with trio.open_nursery() as watch:
+            watch.start_soon(_watch_health, lab, downs)
+            details: dict[str, str] = {}
+            results = await lab.aio.run(partial(_grpc_calls, f"127.0.0.1:{lab.grpc_port}", count, deadline, details))
+            watch.cancel_scope.cancel()
+        ended = time.perf_counter()
+        lag_after = await lab.loop_lag_buckets()
+        origin_shift = time.perf_counter() - time.monotonic()  # asyncio's clock -> perf_counter
+        codes: dict[str, int] = {}
+        refused_ms: list[float] = []
+        by_reason: dict[str, list[float]] = {}
+        for kind, labelled, sent, elapsed, finished in results:
+            code, _, word = labelled.partition(" ")  # "RESOURCE_EXHAUSTED server_busy": the status, the table's code
+            client_deadline = code == "DEADLINE_EXCEEDED" and elapsed >= deadline - 0.5
+            outcome = labelled if code != "OK" or finished else "OK without finish_reason"
+            if client_deadline:
+                outcome = "no answer (client deadline)"
+            terminal = code != "CANCELLED" and not client_deadline and (code != "OK" or finished)
+            phase.answers.append(Answer("attack", sent + origin_shift, elapsed, f"gRPC {kind} {outcome}", terminal, code == "OK" and finished))
+            codes[outcome] = codes.get(outcome, 0) + 1
+            if code == "RESOURCE_EXHAUSTED":
+                refused_ms.append(elapsed * 1000)
+                by_reason.setdefault(word or "?", []).append(elapsed * 1000)
+        no_backend = sum(1 for a in phase.answers if a.group == "normal" and "no_backend" in a.outcome and started <= a.sent_at <= ended)
+        lag_p99 = _bucket_quantile(lag_before, lag_after, 0.99)
+        summary: dict[str, Any] = {
+            "outcomes": dict(sorted(codes.items(), key=lambda kv: -kv[1])),
+            "wall_s": round(ended - started, 1),
+            "http_no_backend": no_backend,
+            "endpoints_down": sorted(downs),
+            "loop_lag_p99_s": lag_p99,
+            "loop_lag_max_s": lag_after[2] if lag_after else None,
+            "details": details,
+        }
+        if refused_ms:
+            refused_ms.sort()
+            summary["refused_ms_p50_p99_max"] = [round(percentile(refused_ms, 50), 1), round(percentile(refused_ms, 99), 1), round(refused_ms[-1], 1)]
+        summary["refused_by_reason_n_p99_ms"] = {k: [len(v), round(percentile(sorted(v), 99), 1)] for k, v in by_reason.items()}
+        rounds[str(count)] = summary
+        wrong = {k: v for k, v in codes.items() if not k.startswith(("OK", "RESOURCE_EXHAUSTED"))}
+        if wrong:
+            failures.append(f"{count} calls: {wrong} (each must be OK or RESOURCE_EXHAUSTED)")
+        if refused_ms and refused_ms[-1] > REFUSED_AT_ONCE_MS:
+            failures.append(f"{count} calls: a refusal took {refused_ms[-1]:.0f} ms (at once is under {REFUSED_AT_ONCE_MS} ms)")
+        if no_backend:
+            failures.append(f"{count} calls: {no_backend} HTTP requests beside the flood got no_backend")
+        if downs:
+            failures.append(f"{count} calls: tailguard called healthy endpoints down: {', '.join(sorted(downs))}")
     phase.fault_off()
-    origin_shift = time.perf_counter() - time.monotonic()  # asyncio's clock -> perf_counter
-    for kind, code, started, elapsed, finished in results:
-        client_deadline = code == "DEADLINE_EXCEEDED" and elapsed >= deadline - 0.5
-        outcome = code if code != "OK" or finished else "OK without finish_reason"
-        if client_deadline:
-            outcome = "no answer (client deadline)"
-        terminal = code != "CANCELLED" and not client_deadline and (code != "OK" or finished)
-        phase.answers.append(Answer("attack", started + origin_shift, elapsed, f"gRPC {kind} {outcome}", terminal, code == "OK" and finished))
+    phase.extra["grpc_rounds"] = rounds
+    if failures:
+        phase.extra["check_failures"] = failures
 
 
-async def _grpc_calls(address: str, count: int, deadline: float) -> list[tuple[str, str, float, float, bool]]:
-    """On the asyncio thread: ``count`` calls at once, 3 streams to 1 unary; (kind, code, start, elapsed, finished)."""
+REFUSED_AT_ONCE_MS = 2000  # a refusal slower than this was queued somewhere, not refused
+
+
+async def _watch_health(lab: Lab, downs: set[str]) -> None:
+    """Poll tailguard's /health (4 a second) and note every endpoint it calls down or ejected."""
+    pool = HttpPool(lab.tg_port)
+    try:
+        while True:
+            reply = await pool.request(RequestSpec("/health", b"", method="GET", headers=()), 5.0, keep=True)
+            if reply.status in (200, 503):
+                try:
+                    pools = json.loads(reply.body)["pools"]
+                except (ValueError, KeyError, TypeError):
+                    pools = {}
+                for state in pools.values():
+                    downs.update(f"{url} {s}" for url, s in state.get("endpoints", {}).items() if s in ("down", "ejected"))
+            await trio.sleep(0.25)
+    finally:
+        with trio.CancelScope(shield=True):
+            await pool.aclose()
+
+
+def _bucket_quantile(before: tuple[dict[float, float], float, float] | None, after: tuple[dict[float, float], float, float] | None, q: float) -> float | None:
+    """The ``q`` quantile (a bucket's upper bound) of the histogram's observations between two scrapes."""
+    if before is None or after is None:
+        return None
+    bounds = sorted(after[0])
+    deltas = [after[0][b] - before[0].get(b, 0.0) for b in bounds]
+    total = deltas[-1] if deltas else 0.0
+    if total <= 0:
+        return None
+    for bound, cumulative in zip(bounds, deltas, strict=True):
+        if cumulative >= q * total:
+            return bound
+    return bounds[-1]
+
+
+async def _grpc_calls(address: str, count: int, deadline: float, details: dict[str, str]) -> list[tuple[str, str, float, float, bool]]:
+    """On the asyncio thread: ``count`` calls at once, 3 streams to 1 unary; (kind, code, start, elapsed, finished).
+
+    ``details`` gets the first status details seen for each code other than OK.
+    """
     channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(8)]
     stubs = [pb_grpc.CompletionsStub(channel) for channel in channels]
     request = pb.ChatRequest(
@@ -348,6 +444,10 @@ async def _grpc_calls(address: str, count: int, deadline: float) -> list[tuple[s
             code = "OK"
         except grpc.aio.AioRpcError as error:
             code = error.code().name
+            details.setdefault(code, str(error.details())[:200])
+            word = dict(error.trailing_metadata() or ()).get("x-tailguard-error-code")
+            if code == "RESOURCE_EXHAUSTED" and isinstance(word, str):
+                code = f"{code} {word}"
         return kind, code, start, time.monotonic() - start, finished
 
     try:

@@ -79,7 +79,7 @@ class Options:
     cancel_rate: float
     reloads: int
     reload_interval: float
-    grpc_calls: int
+    grpc_calls: tuple[int, ...]  # the gRPC flood's rounds: concurrent calls in each
     huge_mib: int
     overload_s: float
     overload_pool: str = "batch"
@@ -93,11 +93,11 @@ class Options:
 
 DEFAULT = Options(
     quick=False, window=4.0, pre=1.0, post=4.0, surrogate_s=10, fuzz=400, fuzz_rate=80.0, probe_rounds=5,
-    cancels=300, cancel_rate=100.0, reloads=250, reload_interval=0.02, grpc_calls=1000, huge_mib=32, overload_s=10.0,
+    cancels=300, cancel_rate=100.0, reloads=250, reload_interval=0.02, grpc_calls=(2000, 5000), huge_mib=32, overload_s=10.0,
 )  # fmt: skip
 QUICK = replace(
     DEFAULT, quick=True, window=2.0, pre=0.5, post=2.5, surrogate_s=5, fuzz=150, probe_rounds=2, cancels=120,
-    reloads=100, grpc_calls=300, huge_mib=8, overload_s=5.0, name="chaos-quick",
+    reloads=100, grpc_calls=(5000,), huge_mib=8, overload_s=5.0, name="chaos-quick",
 )  # fmt: skip
 
 
@@ -185,6 +185,17 @@ class Lab:
     async def tailguard_sum(self, name: str) -> float | None:
         samples = await self.scrape(self.tg_port)
         return None if samples is None else sum(v for (n, _), v in samples.items() if n == name)
+
+    async def loop_lag_buckets(self) -> tuple[dict[float, float], float, float] | None:
+        """tailguard's event-loop lag histogram now: ({upper bound: cumulative count}, sum, worst); None if it does not answer."""
+        samples = await self.scrape(self.tg_port)
+        if samples is None:
+            return None
+        buckets = {
+            float(labels.removeprefix("le=")): value for (name, labels), value in samples.items() if name == "tailguard_event_loop_lag_seconds_bucket"
+        }
+        total = samples.get(("tailguard_event_loop_lag_seconds_sum", ""), 0.0)
+        return buckets, total, samples.get(("tailguard_event_loop_lag_max_seconds", ""), 0.0)
 
     async def reload_counts(self) -> dict[str, float]:
         samples = await self.scrape(self.tg_port) or {}
@@ -540,6 +551,7 @@ def checks(result: Result, fd_slack: int = FD_SLACK, rss_slack_mib: float = 30.0
             failures.append(f"{p.attack}: normal requests still failing {result.options['post']} s after the fault's end")
         if p.tailguard_exit is not None or "tailguard_exited_before_phase" in p.extra:
             failures.append(f"{p.attack}: tailguard exited")
+        failures += [f"{p.attack}: {line}" for line in p.extra.get("check_failures", ())]
     return failures
 
 
@@ -568,6 +580,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the pool the 10x overload aims at; the interactive pool's 10x (~600 req/s) saturates a 2-core machine's "
         "CPU, client included (default %(default)s)",
     )
+    parser.add_argument(
+        "--grpc-calls",
+        default=None,
+        help="the gRPC flood's rounds, comma-separated concurrent calls (default 2000,5000; --quick 5000, the size that reproduced issue 20 here)",
+    )
     add_seed_arg(parser, 0, "the fuzz, the cancel storm and the engines")
     add_out_arg(parser, RESULTS, "directory for JSON and markdown")
     parser.add_argument("--name", default=None, help="base name of the outputs (default chaos, or chaos-quick)")
@@ -581,6 +598,14 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
     if unknown:
         parser.error(f"unknown attack(s) {', '.join(unknown)}; choose from {', '.join(a.name for a in ATTACKS)}")
     base = QUICK if args.quick else DEFAULT
+    if args.grpc_calls:
+        try:
+            floods = tuple(int(n) for n in args.grpc_calls.split(",") if n.strip())
+        except ValueError:
+            parser.error(f"--grpc-calls: comma-separated integers, got {args.grpc_calls!r}")
+        if not floods or min(floods) < 1:
+            parser.error(f"--grpc-calls: at least one round of at least 1 call, got {args.grpc_calls!r}")
+        base = replace(base, grpc_calls=floods)
     return replace(base, seed=args.seed, attacks=names, overload_pool=args.overload_pool, serve_args=tuple(args.serve_arg), out=args.out, name=args.name or base.name)
 
 
