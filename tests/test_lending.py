@@ -287,7 +287,8 @@ pool = "batch"
 queue_timeout = 30.0
 """
     async with engines(None) as [app], router_over({down: dead, up: app}, parse_config(text)) as router:
-        await router.check_health()
+        for _ in range(3):  # the pool's unhealthy_threshold (default 3): three failed probes in a row
+            await router.check_health()
         assert router.health()["pools"]["interactive"]["healthy"] is False
         record = RequestRecord("chat", "http", trio.current_time())
         assert json.loads(await complete(router, chat("hi", max_tokens=8, request_id="chat"), record))["choices"]
