@@ -125,7 +125,12 @@ class BackendResponse:
         return self._body
 
     async def chunks(
-        self, on_chunk: Callable[[bytes], None] = lambda chunk: None, interval: float = 0.0, *, drop_usage: bool = False
+        self,
+        on_chunk: Callable[[bytes], None] = lambda chunk: None,
+        interval: float = 0.0,
+        *,
+        drop_usage: bool = False,
+        check: bool = True,
     ) -> AsyncIterator[bytes]:
         """The SSE bytes as they arrive, in whole events, the first (read by ``start``) included; ``on_chunk`` sees each read first.
 
@@ -150,7 +155,7 @@ class BackendResponse:
         # search for an error event.
         error_event: bytes | None = None
         last = previous = b""
-        events = EventFilter(drop_usage=drop_usage)
+        events = EventFilter(drop_usage=drop_usage, check=check)
         first, self._first = self._first, None
         if first:
             on_chunk(first)
@@ -480,9 +485,10 @@ class EventFilter:
     choke on.
     """
 
-    __slots__ = ("_held", "_held_size", "_tail", "_drop_usage", "refused")
+    __slots__ = ("_held", "_held_size", "_tail", "_drop_usage", "_check", "refused")
 
-    def __init__(self, *, drop_usage: bool = False) -> None:
+    def __init__(self, *, drop_usage: bool = False, check: bool = True) -> None:
+        self._check = check  # False: the reader parses every event itself (gRPC), once is enough
         self._held: list[bytes] = []  # the reads of an unfinished event, joined once its end comes
         self._held_size = 0
         self._tail = b""  # the last bytes held: an event's end may straddle two reads
@@ -507,7 +513,7 @@ class EventFilter:
                 chunk = chunk[:cut]
             if not chunk:
                 return chunk
-        if not (lf_only and _all_json_text(chunk)):
+        if self._check and not (lf_only and _all_json_text(chunk)):
             bad = _first_bad_event(chunk)
             if bad is not None:
                 at, self.refused = bad

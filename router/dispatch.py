@@ -105,16 +105,18 @@ class Completion:
             raise RuntimeError("Completion.payload before read()")
         return payload
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        """The SSE bytes of a streaming response, relayed as they arrive.
+    def chunks(self, *, check: bool = True) -> AsyncIterator[bytes]:
+        """The SSE bytes of a streaming response, relayed as they arrive, in whole events.
 
         Every byte is yielded before the stream's verdict: it may then end
         with BackendStreamError (the backend's own error event was among the
-        bytes), BadBackendReply (no ``[DONE]`` or finish reason) or
-        BackendUnavailable (the connection broke). The request's record sees
-        each chunk on the way (no generator of its own: one layer less a chunk).
+        bytes), BadBackendReply (an event that is not JSON, no ``[DONE]`` or
+        finish reason) or BackendUnavailable (the connection broke). A reader
+        that parses every event itself (gRPC's) passes ``check=False``: each
+        event is then parsed once, there. The request's record sees each
+        chunk on the way (no generator of its own: one layer less a chunk).
         """
-        return self.response.chunks(self.record.saw_chunk, self.relay_interval, drop_usage=self.drop_usage)
+        return self.response.chunks(self.record.saw_chunk, self.relay_interval, drop_usage=self.drop_usage, check=check)
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ class _TrioSide:
                 await emit(_Head(_routing(completion.routing), session.routing_facts(completion.routing)))
                 decoder = SseDecoder()
                 ended = False  # [DONE] or a finish reason seen: the answer is complete
-                async for raw in completion.chunks():
+                async for raw in completion.chunks(check=False):  # the decoder below parses every event: once is enough
                     chunks = []
                     for data in decoder.feed(raw):
                         if data == DONE:
