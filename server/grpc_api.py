@@ -57,7 +57,7 @@ from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 from tailguard.router.auth import Caller
 from tailguard.router.config_types import Config, ServerConfig, TlsConfig
 from tailguard.router.dispatch import Router
-from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, ServerBusy, TailguardError
+from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, InvalidRequest, ServerBusy, TailguardError
 from tailguard.router.ids import IdSource
 from tailguard.router.request import RequestKind, RouterRequest, Routing
 from tailguard.router.session import Session, Sessions, checked_header
@@ -389,7 +389,13 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             self._open -= 1
 
     async def _admit(self, message: Any, context: grpc.aio.ServicerContext) -> None:
-        """Count the call as open, or refuse it at once (RESOURCE_EXHAUSTED server_busy) when ``max_calls`` are."""
+        """Count the call as open, or refuse it at once (RESOURCE_EXHAUSTED server_busy) when ``max_calls`` are.
+
+        A request that did not decode is INVALID_ARGUMENT here (grpc's own answer
+        would be UNKNOWN, with Python's exception text).
+        """
+        if isinstance(message, _Malformed):
+            await _abort(context, InvalidRequest(f"the request is not a valid {message.type_name} message", param="request"))
         if self._open < self._max_calls:
             self._open += 1
             return
@@ -402,6 +408,8 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
 
     async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:
         """The limits in force; with API keys configured it needs one, as HTTP's /v1/limits does."""
+        if isinstance(request, _Malformed):
+            await _abort(context, InvalidRequest(f"the request is not a valid {request.type_name} message", param="request"))
         try:
             self._router.authenticate(_metadata(context).get("authorization"))
         except TailguardError as error:
@@ -497,6 +505,40 @@ def _common(options: pb.Options, request_id: str) -> dict[str, Any]:
         "params": _params(options),
         "forced_class": options.request_class or None,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Malformed:
+    """A request body that is not the message its method takes (what the lenient deserializer gives instead of raising)."""
+
+    type_name: str
+
+
+def _lenient(message_type: Any) -> Callable[[bytes], Any]:
+    """A deserializer that never raises: grpc.aio answers a raising one with UNKNOWN and the exception's text."""
+    name = message_type.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception:  # protobuf's DecodeError and kin: the caller's bytes, not a bug here
+            return _Malformed(name)
+
+    return parse
+
+
+def _add_completions(service: CompletionsService, server: grpc.aio.Server) -> None:
+    """The generated registration, but with deserializers that never raise (``_lenient``): bad bytes are INVALID_ARGUMENT."""
+    unary, streaming = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+    methods = {
+        "Chat": unary(service.Chat, _lenient(pb.ChatRequest), pb.CompletionResponse.SerializeToString),
+        "ChatStream": streaming(service.ChatStream, _lenient(pb.ChatRequest), pb.CompletionChunk.SerializeToString),
+        "Complete": unary(service.Complete, _lenient(pb.CompletionRequest), pb.CompletionResponse.SerializeToString),
+        "CompleteStream": streaming(service.CompleteStream, _lenient(pb.CompletionRequest), pb.CompletionChunk.SerializeToString),
+        "GetLimits": unary(service.GetLimits, _lenient(pb.GetLimitsRequest), pb.Limits.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
+    server.add_registered_method_handlers(SERVICE_NAME, methods)
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: TailguardError, request_id: str | None = None) -> NoReturn:
@@ -646,7 +688,7 @@ class GrpcServer:
             ]
         )
         service = CompletionsService(self._router, self._portal, self._observers, max_calls=self._max_calls)
-        pb_grpc.add_CompletionsServicer_to_server(service, server)
+        _add_completions(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection(server, (SERVICE_NAME, HEALTH_SERVICE_NAME))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -301,3 +301,19 @@ def test_a_paced_class_streams_every_token_over_grpc_as_one_message_each() -> No
         tokens = [c.content for c in chunks if c.content]
         assert len(tokens) == 200 and "".join(tokens) == reply.content
         assert chunks[-1].usage.completion_tokens == 200
+
+
+def test_bytes_that_are_no_request_message_are_invalid_argument_without_internals() -> None:
+    """Issue 20: malformed input was UNKNOWN with Python's exception text ("Unexpected <class '...DecodeError'>")."""
+    with grpc_service([QUICK, QUICK], config) as service, grpc.insecure_channel(service.grpc_target) as channel:
+        for method in ("Chat", "ChatStream", "Complete", "GetLimits"):
+            call = channel.unary_unary(f"/tailguard.v1.Completions/{method}")  # raw bytes both ways
+            with pytest.raises(grpc.RpcError) as refused:
+                call(b"\x0a\xff\xff\xff\xff\x0f", timeout=10)  # a length that runs past the end
+            error = refused.value
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, error.code(), error.details())
+            assert "DecodeError" not in error.details() and "class" not in error.details()
+            assert ("x-tailguard-error-code", "invalid_request_error") in error.trailing_metadata()
+        # a well-formed call still works on the same channel
+        reply = pb_grpc.CompletionsStub(channel).Chat(pb.ChatRequest(messages=[pb.Message(role="user", content="hi")], options=pb.Options(max_tokens=4)), timeout=10)
+        assert reply.content
