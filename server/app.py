@@ -267,7 +267,10 @@ async def serve(
                 port = config.server.http_port if http_port is None else http_port
                 binds = await _bound(
                     config.server.http_host, port, "server.http_listen",
-                    front.start(functools.partial(serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls.http)),
+                    front.start(functools.partial(
+                        serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls.http,
+                        on_refusal=app.refused,
+                    )),
                 )
                 if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
                     own = await _bound(
@@ -276,7 +279,7 @@ async def serve(
                             functools.partial(
                                 serve_http, app, config.server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
                                     config.server, grace_timeout=_HTTP_GRACE_SECONDS
-                                ), shutdown_trigger=shutdown.wait, tls=tls.http,
+                                ), shutdown_trigger=shutdown.wait, tls=tls.http, on_refusal=app.refused,
                             )
                         ),
                     )

@@ -25,7 +25,7 @@ import trio
 from tailguard.router.auth import one_authorization
 from tailguard.router.config import limits_document
 from tailguard.router.dispatch import Completion, Router
-from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, ModelNotFound, TailguardError
+from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, InvalidRequest, ModelNotFound, TailguardError
 from tailguard.router.request import RequestKind
 from tailguard.router.session import ClientLeft, Session, Sessions, checked_header
 from tailguard.router.telemetry import RepeatedIds, Telemetry
@@ -101,6 +101,13 @@ class HttpApi:
             tracing=tracing,
         )
         self._callers = CallerWatch()
+
+    def refused(self, status: int, message: str) -> None:
+        """A request the HTTP server answered itself (malformed, a head too large or too slow):
+        its access-log line and count, as every request the app answers has."""
+        request_id, _ = self._sessions.request_id(None)
+        record = self._sessions.telemetry.start(request_id, "http")
+        self._sessions.telemetry.finish(record, InvalidRequest(message), status=status)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """What the app needs running while it serves: the watch on callers who leave. Until cancelled."""

@@ -625,8 +625,16 @@ class _IdleTimers:
 class _Server:
     """Connections, their count, and the drain."""
 
-    def __init__(self, app: App, settings: HttpSettings, server_address: tuple[str, int], tls: ServerTls | None = None) -> None:
+    def __init__(
+        self,
+        app: App,
+        settings: HttpSettings,
+        server_address: tuple[str, int],
+        tls: ServerTls | None = None,
+        on_refusal: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.app = app
+        self.on_refusal = on_refusal
         self.settings = settings
         self.server_address = server_address
         self.tls = tls
@@ -808,6 +816,12 @@ class _Connection:
     async def _refuse(self, refusal: _Refusal) -> None:
         """Answer an error of the server's own and close (the rest of the stream cannot be trusted)."""
         await _close_with(self._sock, _error_bytes(refusal.status, refusal.message, refusal.code))
+        hook = self._server.on_refusal
+        if hook is not None:
+            try:
+                hook(refusal.status, refusal.message)
+            except Exception:  # the log's trouble must not become the connection's
+                log.exception("recording a refused request failed")
 
     def _scope(self, request: _Request) -> Scope:
         raw_path, _, query = request.target.partition(b"?")
@@ -1092,9 +1106,14 @@ async def serve(
     settings: HttpSettings,
     shutdown_trigger: Callable[[], Awaitable[object]],
     tls: ServerTls | None = None,
+    on_refusal: Callable[[int, str], None] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on host:port until ``shutdown_trigger`` returns, then drain.
+
+    ``on_refusal(status, message)`` hears of each request the server answers
+    itself, before the app (malformed, a head too large or too slow), so the
+    app's access log has a line for it too.
 
     Reports the bound addresses (``["http://host:port"]``, ``https://`` with
     ``tls``), as hypercorn's ``serve`` does. With ``tls`` each connection is
@@ -1104,7 +1123,7 @@ async def serve(
     """
     listener = _listen(host, port, settings.backlog, reuse_port=settings.reuse_port)
     bound = listener.getsockname()
-    server = _Server(app, settings, (bound[0], bound[1]), tls)
+    server = _Server(app, settings, (bound[0], bound[1]), tls, on_refusal)
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     scheme = "https" if tls is not None and tls.context is not None else "http"
     try:

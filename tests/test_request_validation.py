@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import h11
 import httpx
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -303,3 +305,17 @@ async def test_http_header_tricks_inject_nothing_towards_the_backend() -> None:
             assert status == 400, value  # the parser refuses the line itself
             assert "x-request-id" not in headers and json.loads(content)["error"]["param"] is None
         assert len(recorder.received) == 1  # only the clean request reached the backend
+
+
+async def test_a_request_the_http_parser_refuses_has_its_access_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 20: requests refused by the HTTP server itself (400 before the app) left no trace in the access log."""
+    start = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nbad header without a colon\r\n"
+    async with router_with_recorder() as (url, recorder):
+        with caplog.at_level(logging.INFO, logger="tailguard.access"):
+            status, _, content = await raw_request(url, start, b"{}")
+            assert status == 400 and b"malformed HTTP request" in content
+            await trio.testing.wait_all_tasks_blocked()
+    [line] = [r for r in caplog.records if r.name == "tailguard.access"]
+    fields = line.fields  # type: ignore[attr-defined]
+    assert (fields["status"], fields["outcome"], fields["reason"]) == (400, "rejected", "invalid_request")
+    assert "malformed HTTP request" in fields["error"] and not recorder.received
