@@ -13,7 +13,8 @@ its HTTP status, type and code are the backend's, and its gRPC status follows
 the HTTP status (:data:`GRPC_FOR_BACKEND_STATUS`).
 
 Not an error but an ending all the same: a caller that went away is
-:data:`CLIENT_CANCELLED` (HTTP 499, as nginx logs it; gRPC CANCELLED).
+:data:`CLIENT_CANCELLED` (HTTP 499, as nginx logs it; gRPC CANCELLED); one
+that stopped reading until tailguard cut it is :data:`CALLER_STALLED`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class Ending:
 
 
 CLIENT_CANCELLED = Ending("cancelled", "client_cancelled", 499, "CANCELLED")
+# The caller stopped reading and tailguard cut it: a write to it could not complete
+# within server.write_timeout. Not a caller who left (499 is nginx's word for that);
+# nothing more can reach it, so it is logged, and counted, as the router's own timeout.
+CALLER_STALLED = Ending("timeout", "caller_stalled", 408, "DEADLINE_EXCEEDED")
 
 
 def _row(

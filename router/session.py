@@ -41,6 +41,7 @@ import trio
 
 from .auth import Caller
 from .dispatch import Completion, Router
+from .error_spec import CALLER_STALLED, CLIENT_CANCELLED
 from .errors import DeadlineExceeded, InternalError, InvalidRequest, ServerBusy, TailguardError
 from .ids import IdSource
 from .request import RouterRequest, Routing
@@ -192,7 +193,8 @@ class Sessions:
         # A front end that sent a response head set the status the caller saw;
         # otherwise the error table says what it is (or will be) answered with.
         status = None if client_gone else record.status
-        self.telemetry.finish(record, error, status=status, client_gone=client_gone)
+        ending = CALLER_STALLED if session.stalled else CLIENT_CANCELLED
+        self.telemetry.finish(record, error, status=status, client_gone=client_gone, ending=ending)
 
 
 def _leaves(exc: BaseException) -> Iterable[BaseException]:
@@ -210,12 +212,13 @@ class Session:
     the record (see the module's docstring).
     """
 
-    __slots__ = ("_owner", "record", "client_gone", "_scope", "_refused")
+    __slots__ = ("_owner", "record", "client_gone", "stalled", "_scope", "_refused")
 
     def __init__(self, owner: Sessions, record: RequestRecord, refused: TailguardError | None = None) -> None:
         self._owner = owner
         self.record = record
         self.client_gone = False
+        self.stalled = False  # gone because it stopped reading and a write to it timed out (tailguard cut it)
         self._scope: trio.CancelScope | None = None
         self._refused = refused
 
@@ -251,8 +254,14 @@ class Session:
         self.record.caller = caller.name
         return caller
 
-    def left(self) -> None:
-        """The front end saw the caller go away: stop the request (the backend's generation with it)."""
+    def left(self, *, stalled: bool = False) -> None:
+        """The front end saw the caller go away: stop the request (the backend's generation with it).
+
+        ``stalled``: it did not leave, it stopped reading, and the front end cut
+        it when a write could not complete (logged as the router's timeout, not a 499).
+        """
+        if not self.client_gone:
+            self.stalled = stalled
         self.client_gone = True
         if self._scope is not None:
             self._scope.cancel()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import trio
 
 from . import errors
-from .error_spec import CLIENT_CANCELLED, Outcome, grpc_status, http_status, outcome_and_reason
+from .error_spec import CLIENT_CANCELLED, Ending, Outcome, grpc_status, http_status, outcome_and_reason
 
 if TYPE_CHECKING:  # imported only while [tracing] is on (router/tracing.py loads the SDK)
     from .tracing import RequestTrace
@@ -52,23 +52,30 @@ def is_valid_request_id(request_id: str) -> bool:
     return _REQUEST_ID.fullmatch(request_id) is not None
 
 
-def outcome_of(error: errors.TailguardError | None, *, client_gone: bool = False) -> tuple[Outcome, str | None]:
-    """The outcome label and, for anything but success, the reason it failed (``router/error_spec.py``)."""
+def outcome_of(
+    error: errors.TailguardError | None, *, client_gone: bool = False, ending: Ending = CLIENT_CANCELLED
+) -> tuple[Outcome, str | None]:
+    """The outcome label and, for anything but success, the reason it failed (``router/error_spec.py``).
+
+    ``ending`` is how a request whose caller is gone ended: it left, or it stalled and was cut.
+    """
     if client_gone:
-        return CLIENT_CANCELLED.outcome, CLIENT_CANCELLED.reason
+        return ending.outcome, ending.reason
     if error is None:
         return "ok", None
     return outcome_and_reason(error)
 
 
-def status_of(api: Api, error: errors.TailguardError | None, *, client_gone: bool = False) -> int | str:
+def status_of(
+    api: Api, error: errors.TailguardError | None, *, client_gone: bool = False, ending: Ending = CLIENT_CANCELLED
+) -> int | str:
     """The HTTP status or gRPC status name that ending is answered with."""
     if api == "http":
         if client_gone:
-            return CLIENT_CANCELLED.http_status
+            return ending.http_status
         return 200 if error is None else http_status(error)
     if client_gone:
-        return CLIENT_CANCELLED.grpc_status
+        return ending.grpc_status
     return "OK" if error is None else grpc_status(error)
 
 
@@ -205,6 +212,7 @@ class Telemetry:
         *,
         status: int | str | None = None,
         client_gone: bool = False,
+        ending: Ending = CLIENT_CANCELLED,
     ) -> None:
         """Settle the outcome and report the record; a second call is ignored.
 
@@ -215,8 +223,8 @@ class Telemetry:
             return
         if record.finished_at is None:  # a front end may have stamped its last byte already
             record.finished_at = trio.current_time()
-        record.outcome, record.reason = outcome_of(error, client_gone=client_gone)
-        record.status = status_of(record.api, error, client_gone=client_gone) if status is None else status
+        record.outcome, record.reason = outcome_of(error, client_gone=client_gone, ending=ending)
+        record.status = status_of(record.api, error, client_gone=client_gone, ending=ending) if status is None else status
         record.error = None if error is None else error.message
         record.finish_tokens()
         for sink in self._sinks:

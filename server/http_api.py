@@ -319,7 +319,7 @@ async def _watch_disconnect(receive: Receive, session: Session, exchange: _Excha
         message = await receive()
         if message["type"] == "http.disconnect":
             if not exchange.finished:  # a server may also say so once a response is complete
-                session.left()
+                session.left(stalled=bool(message.get("tailguard.stalled")))
             return
 
 

@@ -352,7 +352,7 @@ def _parser_refusal(error: httptools.HttpParserError) -> _Refusal:
     return _Refusal(400, f"malformed HTTP request: {reason}")
 
 
-def _ignore() -> None:
+def _ignore(stalled: bool = False) -> None:
     pass
 
 
@@ -369,7 +369,7 @@ class _Socket:
 
     __slots__ = ("_sock", "closed", "_write_timeout", "_on_abort", "_drained")
 
-    def __init__(self, sock: socket.socket, write_timeout: float, on_abort: Callable[[], None]) -> None:
+    def __init__(self, sock: socket.socket, write_timeout: float, on_abort: Callable[[bool], None]) -> None:
         sock.setblocking(False)
         # After a read that came back short the socket is almost surely empty:
         # the next read waits for readiness first instead of a recv that fails
@@ -421,9 +421,9 @@ class _Socket:
         if sent == len(data):
             return
         view = memoryview(data)[sent:]
-        done = False
+        done = stalled = False
         try:
-            with trio.move_on_after(self._write_timeout):
+            with trio.move_on_after(self._write_timeout) as waited:
                 while view:
                     await trio.lowlevel.wait_writable(self._sock)
                     try:
@@ -431,11 +431,12 @@ class _Socket:
                     except BlockingIOError:
                         pass
                 done = True
+            stalled = waited.cancelled_caught  # the peer stopped reading: tailguard cuts it
         except (OSError, trio.ClosedResourceError):
             pass
         finally:
             if not done:  # timed out, cancelled, or the peer is gone: the stream is cut
-                self.abort()
+                self.abort(stalled=stalled)
 
     def shutdown_write(self) -> None:
         try:
@@ -443,11 +444,11 @@ class _Socket:
         except OSError:
             pass
 
-    def abort(self) -> None:
+    def abort(self, *, stalled: bool = False) -> None:
         if not self.closed:
             on_abort = self._on_abort
             self.close()
-            on_abort()
+            on_abort(stalled)
 
     def close(self) -> None:
         if not self.closed:
@@ -469,7 +470,7 @@ class _TlsSocket:
 
     __slots__ = ("_stream", "_raw", "closed", "_write_timeout", "_on_abort")
 
-    def __init__(self, stream: trio.SSLStream[trio.SocketStream], write_timeout: float, on_abort: Callable[[], None]) -> None:
+    def __init__(self, stream: trio.SSLStream[trio.SocketStream], write_timeout: float, on_abort: Callable[[bool], None]) -> None:
         self._stream = stream
         self._raw = stream.transport_stream.socket
         self._write_timeout = write_timeout
@@ -490,16 +491,17 @@ class _TlsSocket:
         """Write everything, or close the connection; never raises but Cancelled."""
         if self.closed:
             return
-        done = False
+        done = stalled = False
         try:
-            with trio.move_on_after(self._write_timeout):
+            with trio.move_on_after(self._write_timeout) as waited:
                 await self._stream.send_all(data)
                 done = True
+            stalled = waited.cancelled_caught  # the peer stopped reading: tailguard cuts it
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             if not done:
-                self.abort()
+                self.abort(stalled=stalled)
 
     def shutdown_write(self) -> None:
         """End of file for the peer (without TLS's close_notify: HTTP's framing says where answers end)."""
@@ -508,11 +510,11 @@ class _TlsSocket:
         except OSError:
             pass
 
-    def abort(self) -> None:
+    def abort(self, *, stalled: bool = False) -> None:
         if not self.closed:
             on_abort = self._on_abort
             self.close()
-            on_abort()
+            on_abort(stalled)
 
     def close(self) -> None:
         if not self.closed:
@@ -735,9 +737,9 @@ class _Connection:
         self.requests = _Requests(server.settings.max_header_bytes)
         self._exchange: _Exchange | None = None
 
-    def _aborted(self) -> None:
+    def _aborted(self, stalled: bool) -> None:
         if self._exchange is not None:
-            self._exchange.set_gone()
+            self._exchange.set_gone(stalled=stalled)
 
     def close(self) -> None:
         """Idle past the deadline, or a drain: the wait for the next request ends at once."""
@@ -869,7 +871,7 @@ class _Exchange:
 
     __slots__ = (
         "_sock", "_server", "_requests", "_request", "_body_deadline", "_delivered", "_continue_due", "_pipelined",
-        "started", "complete", "gone", "_gone_event", "_body_timed_out", "_bad_body",
+        "started", "complete", "gone", "stalled", "_gone_event", "_body_timed_out", "_bad_body",
         "_status", "_headers", "_head_sent", "_chunked", "_bodiless", "_close_after", "_length_left",
     )
 
@@ -885,6 +887,7 @@ class _Exchange:
         self.started = False
         self.complete = False
         self.gone = False  # the client left, or the connection was cut
+        self.stalled = False  # cut because a write to it could not complete (it stopped reading)
         self._gone_event: trio.Event | None = None
         self._body_timed_out = False
         self._bad_body: _Refusal | None = None
@@ -896,7 +899,9 @@ class _Exchange:
         self._close_after = False
         self._length_left = -1  # a length the app declared, not yet sent; -1: none
 
-    def set_gone(self) -> None:
+    def set_gone(self, *, stalled: bool = False) -> None:
+        if not self.gone:
+            self.stalled = stalled
         self.gone = True
         if self._gone_event is not None:
             self._gone_event.set()
@@ -939,7 +944,8 @@ class _Exchange:
         request = self._request
         if self._delivered or self.gone:
             await self._watch()
-            return {"type": "http.disconnect"}
+            # tailguard's own key beside ASGI's: its app logs a caller cut for not reading apart from one who left
+            return {"type": "http.disconnect", "tailguard.stalled": True} if self.stalled else {"type": "http.disconnect"}
         body = request.body
         while True:
             if body or request.complete:

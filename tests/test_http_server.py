@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -443,6 +444,24 @@ async def test_a_caller_that_never_reads_loses_its_seat_at_the_deadline() -> Non
             await eventually(lambda: running.router.statistics().open_requests == 0, timeout=3.0)
             assert trio.current_time() - start < 2.0
             assert await closed_by_server(sock)
+
+
+async def test_a_caller_cut_for_not_reading_is_logged_as_stalled_not_as_one_who_left(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 20: a caller tailguard cut (a write that could not complete in server.write_timeout) was logged 499 client_cancelled."""
+    async with engines_on_sockets([_endless_backend, _endless_backend]) as backends:
+        config = _config(backends.urls, deadline=30.0)
+        config = dataclasses.replace(config, server=dataclasses.replace(config.server, write_timeout=0.5))
+        async with tailguard(config) as running:
+            port = int(running.http_url.rsplit(":", 1)[1])
+            with caplog.at_level(logging.INFO, logger="tailguard.access"), await connect(port, receive_buffer=SMALL_BUFFER) as sock:
+                await sock.send(post("/v1/chat/completions", STREAM, b"content-type: application/json\r\n"))
+                await eventually(lambda: running.router.statistics().open_requests == 1)
+                start = trio.current_time()
+                await eventually(lambda: running.router.statistics().open_requests == 0, timeout=10.0)
+                assert trio.current_time() - start < 8.0  # cut long before its 30 s deadline
+    [line] = [r for r in caplog.records if r.name == "tailguard.access"]
+    fields = line.fields  # type: ignore[attr-defined]
+    assert (fields["outcome"], fields["reason"], fields["status"]) == ("timeout", "caller_stalled", 408), fields
 
 
 async def test_a_drain_ends_on_time_with_a_caller_that_never_reads() -> None:
