@@ -83,7 +83,7 @@ class BackendResponse:
         self._response = response
         self._client = client
         self._url = url
-        self._max_body_bytes = max_body_bytes
+        self._max_body_bytes = self.max_body_bytes = max_body_bytes
         self.payload: dict[str, Any] | None = None  # the parsed body, once ``read``
         self._body: bytes | None = None
         self._first: bytes | None = None

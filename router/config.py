@@ -743,6 +743,7 @@ def _read_pool(
     lend = _read_lend(table.table("lend"), name, max_concurrency if table.ok("max_concurrency") else None)
     class_limits = _read_class_limits(table)
     vllm_priority = table.boolean("vllm_priority", PoolConfig.vllm_priority)
+    stream_upstream = table.boolean("stream_upstream", PoolConfig.stream_upstream)
     rebalance = table.choice("rebalance", _REBALANCE_MODES, PoolConfig.rebalance)
     if endpoints and not endpoints_dns and table.ok("endpoints", "endpoints_dns", "max_concurrency"):
         total = sum(endpoint.max_concurrency for endpoint in endpoints)
@@ -775,6 +776,7 @@ def _read_pool(
         lend=lend,
         class_max_concurrency=class_limits,
         vllm_priority=vllm_priority,
+        stream_upstream=stream_upstream,
         rebalance=rebalance,
         endpoints_dns=endpoints_dns,
         max_model_len_configured=max_model_len is not None,
@@ -1637,6 +1639,7 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         *((("lend", _lend(pool.lend)),) if pool.lend.to else ()),
         *((("class_max_concurrency", ", ".join(f"{n} {seats}" for n, seats in pool.class_max_concurrency)),) if pool.class_max_concurrency else ()),
         *((("vllm_priority", "on (class priority sent as vLLM's priority)"),) if pool.vllm_priority else ()),
+        *((("stream_upstream", "on (whole answers asked of vLLM as streams, put together here)"),) if pool.stream_upstream else ()),
         *((("rebalance", "off (no endpoint moves in or out)"),) if pool.rebalance == "off" else ()),
         ("endpoints", endpoints[0]),
         *(("", line) for line in endpoints[1:]),

@@ -352,6 +352,10 @@ class PoolConfig:
     # Send each request's class priority as vLLM's ``priority`` field (the
     # pool's engines run ``--scheduling-policy priority``; lower runs first).
     vllm_priority: bool = False
+    # Ask vLLM for a stream even when the caller wants a whole answer, and put
+    # the answer together here: non-streaming requests then have a first byte
+    # (first_byte_timeout bounds a hung engine, the access log a real TTFT).
+    stream_upstream: bool = False
     # "off": its movable endpoints stay, and none moves in.
     rebalance: RebalanceMode = "auto"
     # Endpoints from DNS, beside ``endpoints``; ``max_concurrency`` stays the

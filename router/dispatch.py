@@ -12,6 +12,7 @@ everything here unwinds through ``async with`` blocks.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import trio
 
+from .assemble import assemblable, assemble, events
 from .auth import ANONYMOUS, Authenticator, Caller
 from .backend import BackendClient, BackendResponse, ModelLenUnknown
 from .backend_load import BackendLoad, scrape
@@ -38,6 +40,7 @@ from .errors import (
     BackendRejected,
     BackendTimeout,
     BackendUnavailable,
+    BadBackendReply,
     CallerOverLimit,
     Draining,
     Forbidden,
@@ -82,6 +85,9 @@ class Completion:
     relay_interval: float = 0.0  # the class's: seconds between reads of the stream (0: as events come)
     # The usage event tailguard asked for on the caller's behalf (stream_options.include_usage) is not relayed.
     drop_usage: bool = False
+    # "chat" / "completion": a whole answer asked of vLLM as a stream, put together by ``read``.
+    assemble_as: str | None = None
+    _assembled: dict[str, Any] | None = None
 
     async def read(self) -> bytes:
         """The whole body of a non-streaming response; ``payload`` is then its parsed form.
@@ -89,7 +95,10 @@ class Completion:
         Raises BadBackendReply (not a completion, or over
         ``server.max_backend_body_bytes``) or BackendUnavailable (broken).
         """
-        body = await self.response.read()
+        if self.assemble_as is None:
+            body = await self.response.read()
+        else:
+            body = await self._assemble(self.assemble_as)
         usage = self.payload.get("usage")
         if not isinstance(usage, dict):
             usage = {}
@@ -97,10 +106,26 @@ class Completion:
         self.record.saw_answer(_count(usage.get("completion_tokens")))
         return body
 
+    async def _assemble(self, kind: str) -> bytes:
+        """The stream read to its end and folded into the whole answer (router/assemble.py), within the body cap."""
+        limit = self.response.max_body_bytes
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in self.response.chunks(self.record.saw_chunk):
+            size += len(chunk)
+            if size > limit:
+                raise BadBackendReply(f"the backend's answer is over {limit} bytes (server.max_backend_body_bytes)")
+            chunks.append(chunk)
+        payload = assemble(kind, events(chunks))
+        if not payload["choices"] or not all(choice.get("finish_reason") for choice in payload["choices"]):
+            raise BadBackendReply("the backend's stream did not add up to a completion (no choice with a finish reason)")
+        self._assembled = payload
+        return json.dumps(payload).encode()
+
     @property
     def payload(self) -> dict[str, Any]:
         """The parsed body (after ``read``): the front ends need not parse it again."""
-        payload = self.response.payload
+        payload = self.response.payload if self._assembled is None else self._assembled
         if payload is None:
             raise RuntimeError("Completion.payload before read()")
         return payload
@@ -570,11 +595,13 @@ class Router:
                 serving = lease.pool  # a lender's, when the seat is borrowed
                 if serving is not pool:
                     record.lender = serving.name
-                body, drop_usage = self._backend_body(request, model, max_tokens)
+                # A whole answer asked of vLLM as a stream has a first byte (router/assemble.py).
+                assembled = not request.stream and serving.config.stream_upstream and assemblable(request.params)
+                body, drop_usage = self._backend_body(request, model, max_tokens, stream=request.stream or assembled)
                 if serving.config.vllm_priority:
                     body["priority"] = klass.priority
                 try:
-                    response = await self._start_call(serving, lease, request, body, record)
+                    response = await self._start_call(serving, lease, request, body, record, stream=request.stream or assembled)
                 except trio.Cancelled:
                     # The router's own deadline passed with no answer begun (not the
                     # caller leaving, nor a caller's shorter gRPC deadline): the
@@ -596,7 +623,10 @@ class Router:
                         queue_seconds=admitted - arrival,
                     )
                     try:
-                        yield Completion(routing, response, request.stream, record, klass.relay_interval, drop_usage)
+                        yield Completion(
+                            routing, response, request.stream, record, klass.relay_interval, drop_usage,
+                            assemble_as=request.kind if assembled else None,
+                        )
 
                     except BackendError as error:  # the body broke or was not a completion
                         self._failed(serving, lease.endpoint, error)
@@ -608,7 +638,9 @@ class Router:
             finally:
                 lease.release()
 
-    async def _start_call(self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], record: RequestRecord) -> BackendResponse:
+    async def _start_call(
+        self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], record: RequestRecord, *, stream: bool
+    ) -> BackendResponse:
         """Send the request and wait for its first byte, trying elsewhere if that fails.
 
         A failure of the engine (refused, reset, no first byte in the pool's
@@ -629,7 +661,7 @@ class Router:
         trace = record.trace
         # vLLM sends a non-streaming answer whole when generation ends: only the
         # end-to-end deadline can tell a long answer from a hung engine there.
-        timeout = pool.config.first_byte_timeout if request.stream else math.inf
+        timeout = pool.config.first_byte_timeout if stream else math.inf
         tried: list[Endpoint] = []
         retried = False  # a failure of the engine itself is tried once more, no further
         while True:
@@ -641,7 +673,7 @@ class Router:
             if trace is not None:
                 headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
             try:
-                return await _first_byte(lease.client, path, body, headers, stream=request.stream, timeout=timeout)
+                return await _first_byte(lease.client, path, body, headers, stream=stream, timeout=timeout)
             except BackendRejected as error:
                 if trace is not None:
                     trace.call_failed(error)
@@ -775,7 +807,7 @@ class Router:
                 self._idle.set()
 
     @staticmethod
-    def _backend_body(request: RouterRequest, model: str, max_tokens: int) -> tuple[dict[str, Any], bool]:
+    def _backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream: bool) -> tuple[dict[str, Any], bool]:
         """The body sent to vLLM, and whether the stream's usage event is tailguard's alone (not to relay).
 
         The fields the router owns (``ROUTER_OWNED``) are its own whatever the
@@ -793,9 +825,9 @@ class Router:
         else:
             body["prompt"] = request.prompt
         body["max_tokens"] = max_tokens
-        body["stream"] = request.stream
+        body["stream"] = stream
         drop_usage = False
-        if request.stream:
+        if stream:
             options = request.params.get("stream_options")
             options = dict(options) if isinstance(options, Mapping) else {}
             if options.get("include_usage") is not True:
