@@ -1,0 +1,95 @@
+"""``python -m bench.sweep.trace``: a real trace replayed in virtual time, tailguard beside round robin and a hand split.
+
+The trace is ``../shared/traces/mooncake_conversation_trace.jsonl`` (Kimi's
+production chat service, released with the Mooncake paper, FAST '25,
+kvcache-ai/Mooncake, Apache-2.0): each request's arrival, prompt and output
+lengths. Requests are classed as the shipped config classes them (short:
+prompt <= 500 and max_tokens <= 128), and every set-up gets the same
+arrivals. The simulated engines keep no prefix cache (issue 22), so no
+prompt is ever reused: each request's prefill is paid in full everywhere.
+
+Set-ups, on the same engines: round robin over throughput engines (no
+router); the hand split (each class straight to its own engines); tailguard
+with that split (its shipped lending: batch lends back to interactive),
+with the input cap raised to the engines' context so that it refuses what
+the engines would, no more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from tailguard.router.config_types import LendConfig, LimitsConfig
+from tailguard.sim.virtual.fleet import Arrival, Point, Setup, disaggregated, run_point, shared, split_direct
+
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+CONTEXT = 32768  # the simulated engines' max_model_len
+
+
+def arrivals(path: Path, count: int, speed: float) -> tuple[Arrival, ...]:
+    """The first ``count`` requests, time compressed by ``speed``, classed as the shipped config would."""
+    rows = []
+    with path.open() as lines:
+        for line in lines:
+            rows.append(json.loads(line))
+            if len(rows) == count:
+                break
+    origin = rows[0]["timestamp"]
+    out: list[Arrival] = []
+    for row in rows:
+        prompt, tokens = int(row["input_length"]), max(1, int(row["output_length"]))
+        if prompt + tokens > CONTEXT:  # no set-up's engines could serve it: left out of every one
+            continue
+        kind = "short" if prompt <= 500 and tokens <= 128 else "long"
+        out.append(Arrival(len(out), (row["timestamp"] - origin) / 1000 / speed, kind, True, prompt, tokens))
+    return tuple(out)
+
+
+def tailguard_split(interactive: int, batch: int) -> Setup:
+    setup = disaggregated(interactive, batch, name=f"tailguard {interactive}:{batch}")
+    assert setup.config is not None
+    config = setup.config
+    pools = tuple(
+        dataclasses.replace(pool, lend=LendConfig(to=("interactive",))) if pool.name == "batch" else pool for pool in config.pools
+    )
+    limits = LimitsConfig(input_cap_tokens=CONTEXT - 1, output_cap_tokens=CONTEXT - 1)
+    return dataclasses.replace(setup, config=dataclasses.replace(config, pools=pools, limits=limits))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sweep.trace", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--requests", type=int, default=1200, help="the trace's first N requests (default %(default)s)")
+    parser.add_argument("--speed", type=float, default=2.0, help="time compression (default %(default)s)")
+    parser.add_argument("--engines", default="1:3", help="interactive:batch engines of the split (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "sweep" / "trace.json")
+    args = parser.parse_args(argv)
+    fast, slow = (int(n) for n in args.engines.split(":"))
+    schedule = arrivals(args.trace, args.requests, args.speed)
+    window = schedule[-1].at + 1
+    setups = [shared(fast + slow, name="round robin"), split_direct(fast, slow), tailguard_split(fast, slow)]
+    results = [run_point(Point(setup, 1.0, len(schedule) / window, 0.0, window, 0, schedule)) for setup in setups]
+    rows = []
+    for result in results:
+        for stats in result.classes:
+            if stats.n:
+                rows.append({"setup": result.setup, **dataclasses.asdict(stats), "wall_s": round(result.wall_s, 1)})
+    print(f"{args.trace.name}: first {args.requests} requests, {len(schedule)} within the {CONTEXT}-token context, {args.speed:g}x, {sum(a.kind == 'short' for a in schedule)} short")
+    print("| set-up | class | n | ok | outcomes | TTFT P50 / P99 ms | E2E P50 / P99 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['setup']} | {row['kind']} | {row['n']} | {row['ok']} | {row['outcomes']} |"
+            f" {row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f} | {row['e2e_p50_ms']:.0f} / {row['e2e_p99_ms']:.0f} |"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
