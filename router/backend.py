@@ -83,7 +83,7 @@ class BackendResponse:
         self._response = response
         self._client = client
         self._url = url
-        self._max_body_bytes = self.max_body_bytes = max_body_bytes
+        self.max_body_bytes = max_body_bytes  # the read cap (an assembled answer has it too)
         self.payload: dict[str, Any] | None = None  # the parsed body, once ``read``
         self._body: bytes | None = None
         self._first: bytes | None = None
@@ -226,9 +226,9 @@ class BackendResponse:
         with self._errors_mapped():
             async for chunk in self._iterator:
                 size += len(chunk)
-                if size > self._max_body_bytes:
+                if size > self.max_body_bytes:
                     raise BadBackendReply(
-                        f"the backend {self._url} sent a body over {self._max_body_bytes} bytes (server.max_backend_body_bytes)"
+                        f"the backend {self._url} sent a body over {self.max_body_bytes} bytes (server.max_backend_body_bytes)"
                     )
                 chunks.append(chunk)
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -291,8 +291,8 @@ class BackendClient:
 
         Raises BackendRejected for 4xx (the caller's fault, passed through),
         BackendUnavailable for 5xx and for refused or broken connections
-        (``before_response`` when no response head came), and BadBackendReply
-        for any other status or a 2xx of the wrong content type. Error bodies
+        (BackendBusy for a 503, BackendAuthFailed for 401/403), and
+        BadBackendReply for any other status or a 2xx of the wrong content type. Error bodies
         are read up to ``ERROR_BODY_LIMIT`` bytes, no further.
         """
         content = json.dumps(body).encode()
@@ -306,7 +306,7 @@ class BackendClient:
                 response.request = request
         except httpx.TransportError as error:
             self.in_flight -= 1
-            raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}", before_response=True) from None
+            raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}") from None
         except BaseException:
             self.in_flight -= 1
             raise

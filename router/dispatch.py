@@ -87,7 +87,7 @@ class Completion:
     drop_usage: bool = False
     # "chat" / "completion": a whole answer asked of vLLM as a stream, put together by ``read``.
     assemble_as: str | None = None
-    _assembled: dict[str, Any] | None = None
+    _assembled: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     async def read(self) -> bytes:
         """The whole body of a non-streaming response; ``payload`` is then its parsed form.
@@ -1136,7 +1136,7 @@ async def _first_byte(
         return await _open_started(client, path, body, headers, stream=stream)
     with trio.move_on_after(timeout):
         return await _open_started(client, path, body, headers, stream=stream)
-    raise BackendTimeout(f"the backend {client.url} sent no first byte within {timeout:g} s", before_response=True)
+    raise BackendTimeout(f"the backend {client.url} sent no first byte within {timeout:g} s")
 
 
 async def _open_started(

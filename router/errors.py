@@ -152,15 +152,14 @@ class BackendRejected(BackendError):
 class BackendUnavailable(BackendError):
     """The backend answered 5xx, broke the connection, or could not be reached.
 
-    ``before_response`` is True when the failure came before the backend sent
-    a response head (connection refused, reset, timed out): nothing of the
-    request can have been answered, so it may be retried on another endpoint.
+    Raised before the caller got anything (the router's ``_start_call``), it
+    is tried once more on another endpoint; raised from a body already being
+    relayed, it ends the answer.
     """
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, before_response: bool = False) -> None:
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-        self.before_response = before_response
 
 
 class BackendTimeout(BackendUnavailable):
