@@ -1084,6 +1084,10 @@ class Router:
             + len(self._to_close),
         )
 
+    def room(self) -> int:
+        """Requests all pools could hold at once, seated or waiting (``Pool.room``): beyond it a newcomer is refused, or displaces a less urgent waiter."""
+        return sum(pool.room for pool in self._pools.values())
+
     def health(self) -> dict[str, Any]:
         """Ready only when every pool has a healthy endpoint; says which are not."""
         pools: dict[str, dict[str, Any]] = {}

@@ -526,6 +526,15 @@ class Pool:
         return any(endpoint.usable for endpoint in self.endpoints)
 
     @property
+    def room(self) -> int:
+        """Requests the pool could ever hold at once, seated or waiting: its cap (or its endpoints' caps, if fewer) and its queue.
+
+        Health aside: an upper bound on what it can take, for front ends
+        that refuse the excess before it costs anything (the gRPC gate).
+        """
+        return min(self.cluster_cap, sum(e.max_concurrency for e in self.endpoints)) + self.queue.max_waiting
+
+    @property
     def seats(self) -> int:
         """Requests the pool may run at once now: its cap, or its usable endpoints' caps if fewer."""
         usable = sum(e.seats for e in self.endpoints if e.usable)

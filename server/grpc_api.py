@@ -19,15 +19,24 @@ for calls it may not hand over is the silent one. grpc.aio's
 calls up (an asyncio.Condition) until one ends, so the excess waits in core
 for exactly that cancel. So the defences are, in order:
 
-- HTTP/2 itself: at most ``_streams_bound(max_calls)`` streams on one
+- HTTP/2 itself: at most ``streams_bound(max_calls)`` streams on one
   connection (``grpc.max_concurrent_streams``: the calls served and as many
   being refused); a client's further calls wait in the client, where they
   cost this process nothing;
-- every call core has is picked up promptly, and one over the cap is refused
+- every call core has is picked up promptly, and one over the gate is refused
   on the asyncio side at once, before it costs the router anything: no Trio
   hop, no session, no parse (``CompletionsService``'s gate: RESOURCE_EXHAUSTED
   ``server_busy`` with its retry hint); its access-log line and metrics are
-  posted to Trio after the answer, batched;
+  posted to Trio after the answer, batched. The gate is ``max_calls``, or
+  less where the pools are small: twice what they can seat and queue, plus
+  ``_ROOM_SLACK`` (``_gate``): the Trio side would refuse those calls anyway,
+  at twice the cost;
+- a caller (connection and credentials) most of whose calls in the last
+  second were refused for overload is shed there too, by the SRE book's
+  adaptive throttling (``router.shed``): about twice its accepted rate still
+  reaches the router. A flood's refusals then cost what grpc itself costs:
+  without it each went through the Trio side, at ~2.5x the CPU of a server
+  that refuses everything (``bench chaos``, the gRPC flood, and its floor);
 - core's pending bound is far above what the loop picks up in a second, so
   core never cancels a call the process would have answered;
 - what the asyncio side hands Trio is run in bounded slices
@@ -43,6 +52,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -57,10 +67,20 @@ from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 from tailguard.router.auth import Caller
 from tailguard.router.config_types import Config, ServerConfig, TlsConfig
 from tailguard.router.dispatch import Router
-from tailguard.router.errors import BackendStreamError, BadBackendReply, Draining, InternalError, InvalidRequest, ServerBusy, TailguardError
+from tailguard.router.errors import (
+    BackendStreamError,
+    BadBackendReply,
+    Draining,
+    InternalError,
+    InvalidRequest,
+    Overloaded,
+    ServerBusy,
+    TailguardError,
+)
 from tailguard.router.ids import IdSource
 from tailguard.router.request import RequestKind, RouterRequest, Routing
 from tailguard.router.session import Session, Sessions, checked_header
+from tailguard.router.shed import WINDOW_SECONDS, AdaptiveShed
 from tailguard.router.telemetry import RepeatedIds, Telemetry, is_valid_request_id
 from tailguard.router.tls import read_pem
 
@@ -89,12 +109,27 @@ _SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance
 _INT32_MAX = 2**31 - 1
 
 
-def _streams_bound(max_calls: int) -> int:
+def streams_bound(max_calls: int) -> int:
     """Streams one HTTP/2 connection may hold open: ``max_calls`` served, as many again answered RESOURCE_EXHAUSTED."""
     return max_calls + max(max_calls, 100)
 
 
-def _pending_bound(max_calls: int) -> int:
+# Calls let past the gate beyond twice the pools' room: so pools with no room yet (no endpoints) still get the router's verdict.
+_ROOM_SLACK = 64
+
+
+def _gate(max_calls: int, room: int | None) -> int:
+    """Completion calls open at once, beyond which a call is refused on the asyncio side.
+
+    ``room`` is what the pools can seat and queue (``Router.room``). Past it a
+    call can only be refused or displace a less urgent waiter: twice that
+    leaves room for the displacing ones and for calls that have let go of
+    their seats and are still sending their last bytes.
+    """
+    return max_calls if room is None else min(max_calls, 2 * room + _ROOM_SLACK)
+
+
+def pending_bound(max_calls: int) -> int:
     """Calls grpc core may hold before the process picks them up: any burst it can pick up and refuse in time.
 
     Beyond it core cancels calls silently, so it is generous: picking a call
@@ -119,6 +154,7 @@ class _Call:
     stream: bool
     request_id: str | None = None  # set by the Trio side: the id the call goes by
     trace_context: dict[str, str] | None = None  # the caller's traceparent and tracestate, if it sent them
+    caller: tuple[str, str | None] = ("", None)  # its connection and credentials: whose calls the shed counts it among
 
     @property
     def route(self) -> str:
@@ -341,6 +377,9 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         self._portal = portal
         self._max_calls = max_calls
         self._open = 0  # completion calls open (asyncio side only)
+        self._room: int | None = None  # what the pools can seat and queue (Router.room), as the Trio side last said
+        self._gate = max_calls
+        self._shed = AdaptiveShed()  # asyncio side only
         self._ids = IdSource()  # refused calls' ids (asyncio side only; the Trio side has its own)
         sessions = Sessions(
             router,
@@ -356,24 +395,24 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         self._trio = _TrioSide(sessions)
 
     async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
-        await self._admit(request, context)
+        call = await self._admit("chat", request, context, stream=False)
         try:
-            return await self._unary(_call("chat", request, context, stream=False), context)
+            return await self._unary(call, context)
         finally:
             self._open -= 1
 
     async def Complete(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
-        await self._admit(request, context)
+        call = await self._admit("completion", request, context, stream=False)
         try:
-            return await self._unary(_call("completion", request, context, stream=False), context)
+            return await self._unary(call, context)
         finally:
             self._open -= 1
 
     # grpc.aio recognises streaming handlers by being async generator functions.
     async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:
-        await self._admit(request, context)
+        call = await self._admit("chat", request, context, stream=True)
         try:
-            async for chunk in self._stream(_call("chat", request, context, stream=True), context):
+            async for chunk in self._stream(call, context):
                 yield chunk
         finally:
             self._open -= 1
@@ -381,30 +420,49 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
     async def CompleteStream(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        await self._admit(request, context)
+        call = await self._admit("completion", request, context, stream=True)
         try:
-            async for chunk in self._stream(_call("completion", request, context, stream=True), context):
+            async for chunk in self._stream(call, context):
                 yield chunk
         finally:
             self._open -= 1
 
-    async def _admit(self, message: Any, context: grpc.aio.ServicerContext) -> None:
-        """Count the call as open, or refuse it at once (RESOURCE_EXHAUSTED server_busy) when ``max_calls`` are.
+    async def _admit(self, kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool) -> _Call:
+        """The call, counted as open; or refused at once (RESOURCE_EXHAUSTED server_busy) over the gate or by the shed.
 
         A request that did not decode is INVALID_ARGUMENT here (grpc's own answer
         would be UNKNOWN, with Python's exception text).
         """
         if isinstance(message, _Malformed):
             await _abort(context, InvalidRequest(f"the request is not a valid {message.type_name} message", param="request"))
-        if self._open < self._max_calls:
-            self._open += 1
-            return
+        call = _call(kind, message, context, stream=stream)
+        call.caller = (context.peer(), call.authorization)
         retry_after = self._router.config.timeouts.retry_after  # a frozen config, swapped whole: safe to read here
-        busy = ServerBusy(f"tailguard has {self._max_calls} grpc calls open, its cap; retry after {retry_after:g} s", retry_after=retry_after)
-        supplied = message.options.request_id or _metadata(context).get("x-request-id") or ""
-        request_id = supplied if is_valid_request_id(supplied) else self._ids.fresh()
+        if self._open >= self._gate:
+            why = "its cap" if self._gate == self._max_calls else f"more than its pools can seat and queue ({self._room})"
+            busy = ServerBusy(f"tailguard has {self._open} grpc calls open, {why}; retry after {retry_after:g} s", retry_after=retry_after)
+        elif not self._shed.admit(call.caller, time.monotonic()):
+            busy = ServerBusy(
+                f"tailguard sheds {self._shed.chance(call.caller, time.monotonic()):.0%} of this caller's calls now: most of its calls "
+                f"in the last {WINDOW_SECONDS:g} s were refused for overload; retry after {retry_after:g} s",
+                retry_after=retry_after,
+            )
+        else:
+            self._open += 1
+            return call
+        request_id = call.supplied_id if is_valid_request_id(call.supplied_id) else self._ids.fresh()
         self._portal.post(self._trio.refused, request_id, busy)  # recorded in Trio, batched
         await _abort(context, busy, request_id)
+
+    def _refused_inside(self, call: _Call, error: TailguardError) -> None:
+        """The shed hears of the call's refusal for overload (queue full, a cap, no room): its caller's next calls may be shed."""
+        if isinstance(error, Overloaded):
+            self._shed.refused(call.caller, time.monotonic())
+
+    def set_room(self, room: int) -> None:
+        """On the asyncio side: the pools' room changed (a reload, discovery, rebalancing); the gate follows."""
+        self._room = room
+        self._gate = _gate(self._max_calls, room)
 
     async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:
         """The limits in force; with API keys configured it needs one, as HTTP's /v1/limits does."""
@@ -420,6 +478,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         try:
             response, metadata, timing = await self._portal.call(self._trio.unary, call)
         except TailguardError as error:
+            self._refused_inside(call, error)
             await _abort(context, error, call.request_id)
         except ConnectionAbortedError:
             await _abort(context, _SHUTTING_DOWN, call.request_id)
@@ -446,6 +505,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
                         routing = None
                     yield chunk
         except TailguardError as error:
+            self._refused_inside(call, error)
             await _abort(context, error, call.request_id)
         except ConnectionAbortedError:
             await _abort(context, _SHUTTING_DOWN, call.request_id)
@@ -670,10 +730,11 @@ class GrpcServer:
         self._reuse_port = reuse_port
         self._tls = tls
         self._server: grpc.aio.Server | None = None
+        self._service: CompletionsService | None = None
         self._health = HealthServicer()
 
     async def start(self, host: str, port: int) -> int:
-        pending = _pending_bound(self._max_calls)
+        pending = pending_bound(self._max_calls)
         server = grpc.aio.server(
             options=[
                 # Calls core holds that the process has not picked up yet: beyond
@@ -683,11 +744,11 @@ class GrpcServer:
                 ("grpc.server.max_pending_requests_hard_limit", pending),
                 # Streams on one connection: the cap, and as many again refused at
                 # once; a client queues the rest itself, where they cost nothing here.
-                ("grpc.max_concurrent_streams", _streams_bound(self._max_calls)),
+                ("grpc.max_concurrent_streams", streams_bound(self._max_calls)),
                 ("grpc.so_reuseport", int(self._reuse_port)),  # on only for --workers
             ]
         )
-        service = CompletionsService(self._router, self._portal, self._observers, max_calls=self._max_calls)
+        service = self._service = CompletionsService(self._router, self._portal, self._observers, max_calls=self._max_calls)
         _add_completions(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection(server, (SERVICE_NAME, HEALTH_SERVICE_NAME))
@@ -704,6 +765,11 @@ class GrpcServer:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         await self._health.set("", status)
         await self._health.set(SERVICE_NAME, status)
+
+    async def set_room(self, room: int) -> None:
+        """What the pools can seat and queue now, for the completions service's gate."""
+        if self._service is not None:
+            self._service.set_room(room)
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let in-flight ones finish up to ``grace`` s, then cancel them."""
@@ -736,7 +802,7 @@ async def serve_grpc(
         port = await host.run(lambda: grpc_server.start(*listen))
         shown = "" if tls is None else " (TLS, client certificates required)" if tls.require_client_auth else " (TLS)"
         log.info("gRPC listening on %s:%s%s", listen[0], port, shown)
-        await calls.start(_push_health, router, host, grpc_server)
+        await calls.start(_push_state, router, host, grpc_server)
         task_status.started(port)
         await shutdown.wait()
         with trio.CancelScope(shield=True):
@@ -744,17 +810,19 @@ async def serve_grpc(
         calls.cancel_scope.cancel()
 
 
-async def _push_health(
+async def _push_state(
     router: Router, host: AsyncioHost, grpc_server: GrpcServer, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """Tell the health service when readiness changes (and only then).
+    """Tell the asyncio side when readiness or the pools' room changes (and only then).
 
-    Readiness is read on the Trio side, where the router lives, every
+    Both are read on the Trio side, where the router lives, every
     ``HEALTH_CHECK_SECONDS``; the asyncio side hears of a change, not of
     every check.
     """
     serving = router.health()["status"] != "unavailable"
     await host.run(lambda: grpc_server.set_serving(serving))
+    room = router.room()
+    await host.run(lambda: grpc_server.set_room(room))
     task_status.started()
     while True:
         await trio.sleep(HEALTH_CHECK_SECONDS)
@@ -762,3 +830,7 @@ async def _push_health(
         if now_serving != serving:
             serving = now_serving
             await host.run(lambda: grpc_server.set_serving(now_serving))
+        now_room = router.room()
+        if now_room != room:
+            room = now_room
+            await host.run(lambda: grpc_server.set_room(now_room))

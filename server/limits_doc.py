@@ -223,7 +223,7 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]
             "(gRPC: a message over grpc's own limit)",
             "send less",
         ),
-        "ServerBusy": ("this instance has its maximum of calls open (gRPC)", retry),
+        "ServerBusy": ("this instance has its maximum of calls open, or sheds a caller whose calls are mostly refused (gRPC)", retry),
         "InternalError": (
             "a bug inside tailguard; it is logged with its traceback under the request id",
             "report it with the `x-request-id`; retrying the same request will likely fail the same way",

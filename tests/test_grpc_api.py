@@ -284,6 +284,68 @@ def test_calls_over_the_cap_are_refused_while_the_trio_loop_is_stalled() -> None
                 holder.cancel()
 
 
+def test_calls_beyond_what_small_pools_can_hold_are_refused_on_the_asyncio_side() -> None:
+    """Issue 20, defect 1: with pools of 1 seat and no queue, the gate is twice their room (2) plus 64, not the 1,000 cap.
+
+    The Trio loop is stalled while the calls arrive, so every call answered
+    before the stall ends was refused by the gate, never by the router.
+    """
+    with front_ends([Faulty(), Faulty()], lambda urls: config(urls, interactive_cap=1, batch_cap=1, max_queue=0), max_grpc_calls=1000) as service:
+        with grpc.insecure_channel(service.grpc_target) as channel:
+            stub = pb_grpc.CompletionsStub(channel)
+            stub.Chat(chat(max_tokens=2), timeout=10)  # connected, and the gate has heard of the pools' room
+            service.token.run_sync_soon(time.sleep, 2.0)  # the Trio thread stops for 2 s
+            time.sleep(0.2)  # it has
+            stall_ends = time.monotonic() + 1.8
+            answered: dict[int, float] = {}
+            calls = [stub.Chat.future(chat(max_tokens=2), metadata=[("x-request-id", f"call-{i}")], timeout=30) for i in range(100)]
+            for index, call in enumerate(calls):
+                call.add_done_callback(lambda _, index=index: answered.setdefault(index, time.monotonic()))
+            outcomes: list[str] = []
+            for call in calls:
+                try:
+                    call.result()
+                    outcomes.append("OK")
+                except grpc.RpcError as refused:
+                    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.details()
+                    outcomes.append(dict(refused.trailing_metadata())["x-tailguard-error-code"])
+                    if outcomes[-1] == "server_busy":
+                        assert refused.details().startswith("tailguard has 68 grpc calls open, more than its pools can seat and queue (2)")
+            busy = [i for i, outcome in enumerate(outcomes) if outcome == "server_busy"]
+            assert len(busy) == 100 - (2 * 2 + 64), outcomes
+            assert all(answered[i] < stall_ends for i in busy)  # at once, with the router's loop stopped
+            assert outcomes.count("queue_full") + outcomes.count("OK") == 68 and "OK" in outcomes, outcomes
+            wait_for(lambda: service.router.statistics().in_flight == 0)
+
+
+def test_a_caller_whose_calls_are_mostly_refused_is_shed_and_another_caller_is_not() -> None:
+    """Issue 20, defect 1: a flood the router refuses anyway is refused on the asyncio side (router/shed.py), per connection."""
+    backend = Faulty("slow")
+    with front_ends([backend, Faulty()], lambda urls: config(urls, interactive_cap=1, max_queue=0), max_grpc_calls=1000) as service:
+        own = [("grpc.use_local_subchannel_pool", 1)]  # a connection each (grpc shares one between channels by default)
+        with grpc.insecure_channel(service.grpc_target, own) as flood, grpc.insecure_channel(service.grpc_target, own) as other:
+            holder = pb_grpc.CompletionsStub(other).ChatStream(chat(max_tokens=8), timeout=30)
+            next(holder)  # the one interactive seat is taken, and nothing may wait
+            stub = pb_grpc.CompletionsStub(flood)
+            details: list[str] = []
+            for wave in range(8):  # 8 waves of 40 calls, each answered before the next: never over the gate
+                futures = [stub.Chat.future(chat(max_tokens=2), metadata=[("x-request-id", f"flood-{wave}-{i}")], timeout=30) for i in range(40)]
+                for future in futures:
+                    with pytest.raises(grpc.RpcError) as refused:
+                        future.result()
+                    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    details.append(refused.value.details())
+            shed = [i for i, d in enumerate(details) if d.startswith("tailguard sheds")]
+            assert len(shed) > 100 and min(shed) >= 100, (len(shed), details[:2])  # only once 100 calls have shown a flood
+            assert all(d.startswith("queue full") for i, d in enumerate(details) if i not in shed)
+            record = service.record(f"flood-{shed[-1] // 40}-{shed[-1] % 40}")
+            assert (record.outcome, record.reason, record.status) == ("overloaded", "server_busy", "RESOURCE_EXHAUSTED")
+            with pytest.raises(grpc.RpcError) as other_refused:  # another connection: its own tally, not shed
+                pb_grpc.CompletionsStub(other).Chat(chat(max_tokens=2), timeout=30)
+            assert other_refused.value.details().startswith("queue full")
+            holder.cancel()
+
+
 def test_a_paced_class_streams_every_token_over_grpc_as_one_message_each() -> None:
     """relay_interval hands the gRPC side several events in one chunk: each still becomes its own message."""
 

@@ -115,6 +115,21 @@ async def wait_ready(port: int, process: trio.Process, name: str) -> None:
         await client.aclose()
 
 
+async def wait_listening(port: int, process: trio.Process, name: str, timeout: float = _READY_TIMEOUT_S) -> None:
+    """Until something accepts on 127.0.0.1:``port``: a child that speaks no HTTP (bounded by ``timeout``)."""
+    with trio.fail_after(timeout):
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode} before it listened")
+            try:
+                stream = await trio.open_tcp_stream(HOST, port)
+            except OSError:
+                await trio.sleep(0.05)
+                continue
+            await stream.aclose()
+            return
+
+
 def log_tail(path: Path) -> str:
     """The end of a child's log, to show when it failed."""
     try:
