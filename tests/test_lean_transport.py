@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -327,3 +328,48 @@ async def test_post_writes_the_bytes_an_httpx_request_would_and_refuses_a_header
         assert len(heads) == 2  # nothing more was sent
         await transport.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_connect_timeout_noticed_in_a_stall_of_the_loop_is_tried_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20, defect 1: a connect that 'timed out' while tailguard's own loop was stalled is not the engine's fault.
+
+    The first attempt's deadline passes while the loop is blocked (a stall
+    of 0.5 s past it); the transport tries once more, and the engine,
+    healthy all along, answers.
+    """
+    async with engines_on_sockets([QUICK]) as backends:
+        url = backends.urls[0]
+        transport = LeanTransport(url, connect_timeout=0.2, max_idle=8)
+        real = LeanTransport._connect_once
+        attempts: list[str] = []
+
+        async def stalled_first(self: LeanTransport, deadline: float) -> object:
+            if not attempts:
+                attempts.append("stalled")
+                time.sleep(deadline - trio.current_time() + 0.5)  # the whole loop stops, past the deadline
+                raise trio.TooSlowError
+            attempts.append("connected")
+            return await real(self, deadline)
+
+        monkeypatch.setattr(LeanTransport, "_connect_once", stalled_first)
+        status, _ = await post(transport, url)
+        assert status == 200 and attempts == ["stalled", "connected"]
+        await transport.aclose()
+
+
+async def test_a_connect_timeout_in_a_loop_on_time_is_the_engines_and_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with engines_on_sockets([QUICK]) as backends:
+        url = backends.urls[0]
+        transport = LeanTransport(url, connect_timeout=0.2, max_idle=8)
+        attempts: list[float] = []
+
+        async def never_connects(self: LeanTransport, deadline: float) -> object:
+            attempts.append(deadline)
+            await trio.sleep_until(deadline)  # the loop runs on time: the engine did not answer
+            raise trio.TooSlowError
+
+        monkeypatch.setattr(LeanTransport, "_connect_once", never_connects)
+        with pytest.raises(httpx.ConnectTimeout):
+            await post(transport, url)
+        assert len(attempts) == 1
+        await transport.aclose()
