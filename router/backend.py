@@ -468,7 +468,7 @@ class EventFilter:
     Checked, because the gRPC front end must parse every event and refuses
     one that is not JSON: the HTTP relay reaches the same verdict for the
     same stream (BadBackendReply), never a 200 logged ``ok``. An event's data
-    is what that front end's decoder (``server/sse.py``) takes from it, its
+    is what that front end's decoder (``server/grpc/sse.py``) takes from it, its
     ``data:`` lines joined by newlines, and must be ``[DONE]`` or a JSON
     object; events without data (comments, ``event:``) pass. At the first
     one refused, the events before it pass and ``refused`` says why; nothing
@@ -583,7 +583,7 @@ def _first_bad_event(chunk: bytes) -> tuple[int, str] | None:
 
 
 def _event_problem(event: bytes) -> str | None:
-    """Why one event's data is refused, read as ``server/sse.py`` reads it; None when it passes."""
+    """Why one event's data is refused, read as ``server/grpc/sse.py`` reads it; None when it passes."""
     lines = (line[:-1] if line.endswith(b"\r") else line for line in event.split(b"\n"))
     data = [line[6:] if line.startswith(b"data: ") else line[5:] for line in lines if line.startswith(b"data:")]
     if not data:

@@ -27,11 +27,11 @@ from tailguard.router.model_len import ModelLenError, ask_model_lens
 from tailguard.router.telemetry import RepeatedIds, Telemetry
 from tailguard.router.tls import TlsFileError, server_context
 
-from .grpc_api import GrpcTls, Observers, serve_grpc
-from .grpc_bridge import open_asyncio_host
-from .http_api import HttpApi
-from .http_server import HttpSettings, ServerTls
-from .http_server import serve as serve_http
+from .grpc.api import GrpcTls, Observers, serve_grpc
+from .grpc.bridge import open_asyncio_host
+from .http.api import HttpApi
+from .http.server import HttpSettings, ServerTls
+from .http.server import serve as serve_http
 from .logs import AccessLog
 from .metrics import Metrics
 from .redis_ledger import RedisLedger
@@ -154,7 +154,7 @@ async def serve(
     """Run tailguard until ``shutdown`` is set, or a drain (SIGTERM, SIGINT) ends.
 
     With ``grpc`` the gRPC front end runs too (grpc.aio, on an asyncio loop
-    of its own thread: ``server/grpc_bridge.py``). As one of several
+    of its own thread: ``server/grpc/bridge.py``). As one of several
     ``worker`` processes (``server/workers.py``) it shares the ports with the
     others and also serves on a port of its own. ``http_port``/``grpc_port`` override the configured ports (0
     picks a free one). Signals are handled only on the main thread.

@@ -22,19 +22,18 @@ import trio
 from tailguard.router.config_types import Config
 from tailguard.router.dispatch import Router
 from tailguard.router.telemetry import RequestRecord, Telemetry
-from tailguard.server.grpc_api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
-from tailguard.server.grpc_bridge import open_asyncio_host
-from tailguard.server.http_api import HttpApi
-from tailguard.server.http_server import HttpSettings
-from tailguard.server.http_server import serve as serve_http
+from tailguard.server.grpc.api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
+from tailguard.server.grpc.bridge import open_asyncio_host
+from tailguard.server.http.api import HttpApi
+from tailguard.server.http.server import HttpSettings
+from tailguard.server.http.server import serve as serve_http
 from tailguard.server.metrics import Metrics
 from tailguard.sim import Engine, SimApp, SimResponse
 from tailguard.sim.app import JSON_HEADERS, SSE_HEADERS
 from tailguard.sim.http import serve as serve_sim
-
-from .grpc_helpers import service_thread
-from .http_helpers import QUICK
-from .sim_helpers import MODEL
+from tests.grpc_helpers import service_thread
+from tests.http_helpers import QUICK
+from tests.sim_helpers import MODEL
 
 SINK_FAILS = "sink-fails"  # a request id starting so makes the planted sink raise
 

@@ -19,8 +19,7 @@ from tailguard.router.config_types import Config
 from tailguard.server.app import Running, serve
 from tailguard.sim import Engine, EngineParams, SimApp, SimResponse
 from tailguard.sim.http import serve as serve_sim
-
-from .sim_helpers import MODEL
+from tests.sim_helpers import MODEL
 
 
 class Switchable:

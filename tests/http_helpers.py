@@ -13,8 +13,7 @@ from tailguard.server.app import Running, serve
 from tailguard.sim import PROFILES, Engine, EngineParams, SimApp
 from tailguard.sim.http import Handler
 from tailguard.sim.http import serve as serve_sim
-
-from .sim_helpers import MODEL
+from tests.sim_helpers import MODEL
 
 # Fast enough for real-time tests: ~1 ms a token.
 QUICK = PROFILES["latency"].replace(base_ms=1.0, per_seq_ms=0.01, max_model_len=32768)

@@ -23,8 +23,7 @@ from tailguard.router.config_types import (
 from tailguard.router.dispatch import Router
 from tailguard.router.request import RouterRequest
 from tailguard.sim import PROFILES, Engine, EngineParams, SimApp, SimTransport
-
-from .sim_helpers import MODEL
+from tests.sim_helpers import MODEL
 
 INTERACTIVE_URL = "http://interactive-0:8000"
 BATCH_URL = "http://batch-0:8000"

@@ -12,8 +12,7 @@ from tailguard.router import errors
 from tailguard.router.request import RouterRequest
 from tailguard.router.telemetry import Telemetry
 from tailguard.server.logs import AccessLog
-
-from .router_helpers import chat, router_over_engines, two_pool_config
+from tests.router_helpers import chat, router_over_engines, two_pool_config
 
 
 async def test_a_queue_timeout_logs_the_time_it_waited(autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.router.config import load_config
-from tailguard.server.advise import (
+from tailguard.advise.planner import (
     BAD_TIME,
     NO_SIZE,
     NOT_ACCESS,
@@ -34,6 +33,7 @@ from tailguard.server.advise import (
     stats_of,
     tail_command,
 )
+from tailguard.router.config import load_config
 from tailguard.sim.virtual.fleet import Arrival
 
 ROOT = Path(__file__).resolve().parent.parent

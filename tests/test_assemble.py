@@ -12,10 +12,9 @@ import trio.testing
 from tailguard.router.assemble import assemblable, assemble, events
 from tailguard.router.errors import BadBackendReply
 from tailguard.router.telemetry import RequestRecord
-
-from .router_helpers import chat
-from .sim_helpers import MODEL
-from .test_real_vllm import A, B, complete, config, engines, router_over
+from tests.router_helpers import chat
+from tests.sim_helpers import MODEL
+from tests.test_real_vllm import A, B, complete, config, engines, router_over
 
 
 def sse(*payloads: object) -> bytes:

@@ -15,9 +15,8 @@ from tailguard.router.backend_load import BackendLoad, parse_vllm_metrics, scrap
 from tailguard.router.config_types import EndpointConfig
 from tailguard.router.pool import Endpoint
 from tailguard.sim import PROFILES, SimApp, SimTransport
-
-from .http_helpers import QUICK, engines_on_sockets
-from .sim_helpers import MODEL, in_process_engine
+from tests.http_helpers import QUICK, engines_on_sockets
+from tests.sim_helpers import MODEL, in_process_engine
 
 # What vLLM V1 (0.10) serves with data parallelism 2: two engines, one
 # model, and the bulk of the text is histograms, counters and process stats.

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.server.caller_watch import CallerWatch
+from tailguard.server.http.caller_watch import CallerWatch
 
 GRACE = 0.05
 

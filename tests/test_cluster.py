@@ -27,11 +27,10 @@ from tailguard.server.logs import configured_logging
 from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
-
-from .redis_helpers import RedisServer, redis_server
-from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
-from .sim_helpers import MODEL
-from .test_config import BASE
+from tests.redis_helpers import RedisServer, redis_server
+from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
+from tests.sim_helpers import MODEL
+from tests.test_config import BASE
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock

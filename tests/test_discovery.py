@@ -32,9 +32,8 @@ from tailguard.router.pool import Ticket
 from tailguard.server.app import Running
 from tailguard.sim import Engine, SimApp
 from tailguard.sim.http import serve as serve_sim
-
-from .http_helpers import QUICK, eventually, tailguard
-from .sim_helpers import MODEL
+from tests.http_helpers import QUICK, eventually, tailguard
+from tests.sim_helpers import MODEL
 
 NAME = "vllm-latency.default.svc.cluster.local"
 MESSAGES = [{"role": "user", "content": "Hello there."}]

@@ -1,6 +1,6 @@
 """The documentation under docs/ is checked against the code and the shipped config.
 
-- docs/limits.md is generated (server/limits_doc.py) and must equal the
+- docs/limits.md is generated (bench/tools/limits_doc.py) and must equal the
   rendering of the shipped config.toml.
 - docs/deployment.md's vLLM commands, nginx config, tailguard snippets and
   client examples must agree with config.toml and with each other.
@@ -26,10 +26,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from bench.tools import limits_doc
 from tailguard.router import error_spec, errors
 from tailguard.router.config import load_config, parse_config
 from tailguard.router.config_types import Config, EndpointConfig, PoolConfig, TimeoutsConfig
-from tailguard.server import grpc_api, limits_doc
+from tailguard.server.grpc import api as grpc_api
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

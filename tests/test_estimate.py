@@ -25,9 +25,8 @@ from tailguard.router.errors import PromptTooLong
 from tailguard.router.limits import check_prompt, estimate_prompt_tokens, estimate_text_tokens
 from tailguard.router.request import RouterRequest
 from tailguard.sim.tokens import count_chat_tokens, count_text_tokens
-
-from .http_helpers import QUICK, engines_on_sockets, tailguard
-from .router_helpers import two_pool_config
+from tests.http_helpers import QUICK, engines_on_sockets, tailguard
+from tests.router_helpers import two_pool_config
 
 DEFAULT = EstimateConfig()
 CLASSES = two_pool_config().classes

@@ -2,7 +2,7 @@
 
 A stream event whose data is not a JSON object (nor ``[DONE]``) ends the
 relay with BadBackendReply, the events before it relayed whole; the verdict
-is the one ``server/sse.py`` plus ``json.loads`` (the gRPC path) reach, for
+is the one ``server/grpc/sse.py`` plus ``json.loads`` (the gRPC path) reach, for
 any stream, wherever the backend's reads cut it.
 """
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tailguard.router.backend import MAX_EVENT_BYTES, BackendClient, EventFilter
 from tailguard.router.errors import BadBackendReply
-from tailguard.server.sse import SseDecoder
+from tailguard.server.grpc.sse import SseDecoder
 
 GOOD = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
 DONE = b"data: [DONE]\n\n"

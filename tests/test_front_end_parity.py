@@ -22,12 +22,11 @@ from tailguard.router import error_spec, errors
 from tailguard.router.config_types import Config, TimeoutsConfig
 from tailguard.router.telemetry import RequestRecord
 from tailguard.server.errors_map import ERROR_CODE_KEY, grpc_error, http_error
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
-
-from .front_end_helpers import SINK_FAILS, Faulty, FrontEnds, front_ends
-from .router_helpers import two_pool_config
-from .sim_helpers import MODEL
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tests.front_end_helpers import SINK_FAILS, Faulty, FrontEnds, front_ends
+from tests.router_helpers import two_pool_config
+from tests.sim_helpers import MODEL
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 BATCH_TOKENS = 500  # over the interactive class's 128: the batch pool, whose endpoint refuses connections

@@ -17,9 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tailguard.router.config_types import ServerConfig
 from tailguard.router.dispatch import Router
 from tailguard.server.metrics import GC_PAUSE_BUCKETS, GcPauses, Metrics
-
-from .http_helpers import QUICK, engines_on_sockets, tailguard
-from .router_helpers import two_pool_config
+from tests.http_helpers import QUICK, engines_on_sockets, tailguard
+from tests.router_helpers import two_pool_config
 
 NAME = "tailguard_gc_pause_seconds"
 

@@ -13,13 +13,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tailguard.router.config_types import Config, TimeoutsConfig
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
-
-from .front_end_helpers import Faulty, front_ends
-from .grpc_helpers import Service, grpc_service, wait_for
-from .http_helpers import QUICK
-from .router_helpers import two_pool_config
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tests.front_end_helpers import Faulty, front_ends
+from tests.grpc_helpers import Service, grpc_service, wait_for
+from tests.http_helpers import QUICK
+from tests.router_helpers import two_pool_config
 
 SLOW = QUICK.replace(base_ms=10.0)  # ~10 ms a token
 

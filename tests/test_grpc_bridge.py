@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from tailguard.server.grpc_bridge import TrioPortal, open_asyncio_host
+from tailguard.server.grpc.bridge import TrioPortal, open_asyncio_host
 
 
 async def test_a_call_returns_its_result_and_raises_its_error_on_the_asyncio_side() -> None:

@@ -27,12 +27,11 @@ from grpc_reflection.v1alpha import reflection_pb2 as v1alpha_pb2
 from grpc_reflection.v1alpha import reflection_pb2_grpc as v1alpha_pb2_grpc
 
 from tailguard.router.config_types import Config
-from tailguard.server.grpc_gen.grpc.reflection.v1 import reflection_pb2 as v1_pb2
-from tailguard.server.grpc_gen.grpc.reflection.v1 import reflection_pb2_grpc as v1_pb2_grpc
-
-from .grpc_helpers import Service, grpc_service
-from .http_helpers import QUICK
-from .router_helpers import two_pool_config
+from tailguard.server.grpc.gen.grpc.reflection.v1 import reflection_pb2 as v1_pb2
+from tailguard.server.grpc.gen.grpc.reflection.v1 import reflection_pb2_grpc as v1_pb2_grpc
+from tests.grpc_helpers import Service, grpc_service
+from tests.http_helpers import QUICK
+from tests.router_helpers import two_pool_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = {"tailguard.v1.Completions", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}

@@ -11,12 +11,11 @@ import pytest
 
 from tailguard.router.auth import hash_key
 from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
-
-from .grpc_helpers import grpc_service, wait_for
-from .http_helpers import QUICK
-from .test_grpc_api import chat, config
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tests.grpc_helpers import grpc_service, wait_for
+from tests.http_helpers import QUICK
+from tests.test_grpc_api import chat, config
 
 WEB_KEY, ETL_KEY = "sk-web-grpc-0123", "sk-etl-grpc-4567"
 

@@ -12,8 +12,7 @@ import trio.testing
 from tailguard.router.config_types import Config, EndpointConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.loop_lag import LoopLag
-
-from .router_helpers import INTERACTIVE_URL, two_pool_config
+from tests.router_helpers import INTERACTIVE_URL, two_pool_config
 
 
 class Engine:

@@ -17,12 +17,11 @@ import trio.lowlevel
 
 from tailguard.router.config_types import Config, LimitsConfig, ServerConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
-from tailguard.server import http_api
+from tailguard.server.http import api as http_api
 from tailguard.sim import SimResponse
-
-from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
-from .router_helpers import two_pool_config
-from .sim_helpers import MODEL
+from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
+from tests.router_helpers import two_pool_config
+from tests.sim_helpers import MODEL
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 

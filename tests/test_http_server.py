@@ -27,13 +27,12 @@ from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.config_types import Config, ServerConfig, TimeoutsConfig
 from tailguard.server.app import Running
 from tailguard.server.app import serve as serve_tailguard
-from tailguard.server.http_server import HttpSettings, Message, Receive, Scope, Send, serve
+from tailguard.server.http.server import HttpSettings, Message, Receive, Scope, Send, serve
 from tailguard.sim import SimResponse
 from tailguard.sim.app import SSE_HEADERS
-
-from .http_helpers import engines_on_sockets, eventually, tailguard
-from .router_helpers import two_pool_config
-from .sim_helpers import MODEL
+from tests.http_helpers import engines_on_sockets, eventually, tailguard
+from tests.router_helpers import two_pool_config
+from tests.sim_helpers import MODEL
 
 SMALL_BUFFER = 4096
 SHIPPED = Path(__file__).resolve().parent.parent / "config.toml"
@@ -516,7 +515,7 @@ async def test_hypercorn_is_still_there_behind_the_key() -> None:
 
 def test_the_shipped_config_names_the_parser_the_lean_server_uses() -> None:
     """Before: config.toml said the lean server was "h11 on Trio"; it is llhttp via httptools (issue 20, defect 6)."""
-    import tailguard.server.http_server as lean
+    import tailguard.server.http.server as lean
 
     lines = (Path(__file__).resolve().parent.parent / "config.toml").read_text().splitlines()
     at = lines.index('http_server = "lean"')

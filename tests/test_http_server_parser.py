@@ -15,9 +15,8 @@ import h11
 import pytest
 import trio
 
-from tailguard.server.http_server import Receive, Scope, Send
-
-from .test_http_server import Recorder, closed_by_server, connect, post, read_response, server
+from tailguard.server.http.server import Receive, Scope, Send
+from tests.test_http_server import Recorder, closed_by_server, connect, post, read_response, server
 
 SMUGGLED = b"GET /second HTTP/1.1\r\nhost: x\r\n\r\n"
 

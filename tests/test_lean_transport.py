@@ -12,9 +12,8 @@ import trio
 
 from tailguard.router.backend import BackendClient
 from tailguard.router.lean_transport import LeanTransport
-
-from .http_helpers import QUICK, engines_on_sockets
-from .sim_helpers import MODEL
+from tests.http_helpers import QUICK, engines_on_sockets
+from tests.sim_helpers import MODEL
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

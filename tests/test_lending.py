@@ -12,10 +12,9 @@ import trio
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import Config, LendConfig
 from tailguard.server.metrics import Metrics
-
-from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
-from .sim_helpers import MODEL
-from .test_config import BASE
+from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
+from tests.sim_helpers import MODEL
+from tests.test_config import BASE
 
 LONG_OUTPUT = 400  # over the interactive class's 128: a batch request
 
@@ -258,8 +257,7 @@ async def test_a_pool_with_no_usable_endpoint_borrows_before_it_answers_no_backe
     the batch pool's lend-back seats stayed idle."""
     from tailguard.router.errors import NoBackend
     from tailguard.router.telemetry import RequestRecord
-
-    from .test_real_vllm import complete, engines, router_over
+    from tests.test_real_vllm import complete, engines, router_over
 
     down, up = "http://down-0:8000", "http://up-0:8000"
 

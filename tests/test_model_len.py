@@ -24,14 +24,13 @@ from tailguard.server.cli import main
 from tailguard.sim import Engine, SimApp
 from tailguard.sim.app import SimResponse
 from tailguard.sim.http import Handler
-
-from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
-from .router_helpers import INTERACTIVE_URL, router_over_engines
-from .sim_helpers import MODEL
-from .test_discovery import HOSTS, NAME, dns_server, pods, urls
-from .test_discovery import toml as dns_toml
-from .test_rebalance import CAP, SPARE_URL, interactive_load, movable_config
-from .test_reload import toml as reload_toml
+from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
+from tests.router_helpers import INTERACTIVE_URL, router_over_engines
+from tests.sim_helpers import MODEL
+from tests.test_discovery import HOSTS, NAME, dns_server, pods, urls
+from tests.test_discovery import toml as dns_toml
+from tests.test_rebalance import CAP, SPARE_URL, interactive_load, movable_config
+from tests.test_reload import toml as reload_toml
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

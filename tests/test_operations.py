@@ -16,11 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tailguard.router.auth import hash_key
 from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config, MetricsConfig, ServerConfig
 from tailguard.sim import Engine, SimApp, SimResponse
-
-from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
-from .router_helpers import two_pool_config
-from .sim_helpers import MODEL
-from .test_docs import DASHBOARD_METRICS
+from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
+from tests.router_helpers import two_pool_config
+from tests.sim_helpers import MODEL
+from tests.test_docs import DASHBOARD_METRICS
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 WEB_KEY, ETL_KEY = "sk-web-0123456789", "sk-etl-9876543210"

@@ -23,9 +23,8 @@ from tailguard.router import errors
 from tailguard.router.config_types import Config, EndpointConfig, OutlierDetectionConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.server.metrics import Metrics
-
-from .http_helpers import QUICK, engines_on_sockets
-from .router_helpers import chat, run_to_end, two_pool_config
+from tests.http_helpers import QUICK, engines_on_sockets
+from tests.router_helpers import chat, run_to_end, two_pool_config
 
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
 GPUS = [f"http://gpu-{i}:8000" for i in range(4)]

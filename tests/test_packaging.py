@@ -35,11 +35,16 @@ import httpx
 import pytest
 from docker.utils.build import PatternMatcher
 
-from .test_cli import config_on_free_ports, exited, free_port, until_healthy
+from tests.test_cli import config_on_free_ports, exited, free_port, until_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each installed package's source lives in the repository.
-SOURCES = {"tailguard.router": ROOT / "router", "tailguard.server": ROOT / "server", "tailguard.sim": ROOT / "bench" / "sim"}
+SOURCES = {
+    "tailguard.router": ROOT / "router",
+    "tailguard.server": ROOT / "server",
+    "tailguard.sim": ROOT / "bench" / "sim",
+    "tailguard.advise": ROOT / "bench" / "advise",
+}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +93,8 @@ def test_the_wheel_installs_one_tailguard_namespace_and_no_benchmark_driver(whee
     assert {top for top in tops if not top.endswith(".dist-info")} == {"tailguard"}
     assert "tailguard/server/config.toml" in names and "tailguard/server/py.typed" in names
     assert not [name for name in names if name.startswith("tailguard/bench")]
-    # Every module of the three source folders is in the wheel, under its installed name.
+    assert not [name for name in names if name.endswith(("limits_doc.py", "protogen.py"))]  # generators stay in the checkout
+    # Every module of the source folders is in the wheel, under its installed name.
     for package, folder in SOURCES.items():
         for path in folder.rglob("*.py"):
             if "__pycache__" not in path.parts:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tailguard.server.protogen import COMMITTED, PACKAGE_PREFIX, generate
+from bench.tools.protogen import COMMITTED, PACKAGE_PREFIX, generate
 
 # Lines that only stamp the generator's version: a newer grpcio-tools may
 # change them without the contract changing.
@@ -23,9 +23,9 @@ def test_generated_code_is_not_stale(tmp_path: Path) -> None:
     for path in fresh:
         relative = path.relative_to(package)
         committed = COMMITTED / relative
-        assert committed.exists(), f"{relative} is not committed; run: python -m tailguard.server.protogen"
+        assert committed.exists(), f"{relative} is not committed; run: python -m bench.tools.protogen"
         assert _normalised(committed.read_bytes()) == _normalised(path.read_bytes()), (
-            f"{relative} is stale; run: python -m tailguard.server.protogen"
+            f"{relative} is stale; run: python -m bench.tools.protogen"
         )
     committed_files = {p.relative_to(COMMITTED) for p in COMMITTED.rglob("*_pb2*.py*")}
     assert committed_files == {p.relative_to(package) for p in fresh}

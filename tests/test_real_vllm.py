@@ -33,9 +33,8 @@ from tailguard.server.errors_map import http_error
 from tailguard.server.metrics import Metrics
 from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
 from tailguard.sim.http import serve as serve_sim
-
-from .router_helpers import chat
-from .sim_helpers import MODEL
+from tests.router_helpers import chat
+from tests.sim_helpers import MODEL
 
 A, B = "http://gpu-a:8000", "http://gpu-b:8000"
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]

@@ -10,9 +10,8 @@ import trio
 from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.config_types import Config, EndpointConfig, RebalanceConfig
 from tailguard.server.metrics import Metrics
-
-from .router_helpers import INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
-from .test_config import BASE
+from tests.router_helpers import INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
+from tests.test_config import BASE
 
 SPARE_URL = "http://batch-1:8000"  # the batch pool's second, movable endpoint
 CAP = 4

@@ -12,9 +12,8 @@ import pytest
 import trio
 
 from tailguard.router.config_types import Config
-
-from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
-from .sim_helpers import MODEL
+from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
+from tests.sim_helpers import MODEL
 
 MESSAGES = [{"role": "user", "content": "Summarise the meeting notes."}]
 

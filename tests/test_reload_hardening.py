@@ -21,9 +21,8 @@ import trio.lowlevel
 from tailguard.router.backend import BackendClient
 from tailguard.router.config import load_config
 from tailguard.server.app import serve
-
-from .http_helpers import QUICK, engines_on_sockets, eventually, tailguard
-from .test_reload import toml
+from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
+from tests.test_reload import toml
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -151,8 +150,7 @@ async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_conf
 
 async def test_applying_a_config_is_all_or_nothing() -> None:
     from tailguard.router.dispatch import Router
-
-    from .router_helpers import BATCH_URL, INTERACTIVE_URL, two_pool_config, with_digest
+    from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, two_pool_config, with_digest
 
     broken = "http://gpu-9:8000"
 
@@ -181,8 +179,7 @@ async def test_applying_a_config_is_all_or_nothing() -> None:
 async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from tailguard.router import pool
     from tailguard.router.dispatch import Router
-
-    from .router_helpers import two_pool_config, with_digest
+    from tests.router_helpers import two_pool_config, with_digest
 
     router = Router(two_pool_config(interactive_cap=4, batch_cap=4), transport_factory=lambda _: httpx.MockTransport(lambda r: httpx.Response(200)))
     built = 0

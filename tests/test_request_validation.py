@@ -29,12 +29,11 @@ from hypothesis import strategies as st
 from tailguard.router.config_types import Config, ServerConfig
 from tailguard.router.errors import InvalidRequest
 from tailguard.router.request import MAX_JSON_DEPTH, RouterRequest
-from tailguard.server.openai_wire import parse_completion_body
+from tailguard.server.http.openai_wire import parse_completion_body
 from tailguard.sim import Engine, SimApp, SimResponse
-
-from .http_helpers import QUICK, engines_on_sockets, tailguard
-from .router_helpers import two_pool_config
-from .sim_helpers import MODEL
+from tests.http_helpers import QUICK, engines_on_sockets, tailguard
+from tests.router_helpers import two_pool_config
+from tests.sim_helpers import MODEL
 
 USER = {"role": "user", "content": "hello"}
 LONE = "\\ud866"  # as it appears in a JSON body: an escape, not a character

@@ -18,8 +18,7 @@ from tailguard.router.config_types import Config, LimitsConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.request import RouterRequest
 from tailguard.sim import PROFILES
-
-from .router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
+from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 
 LONG_TEXT = "The quarterly report covers revenue, costs and outlook in detail. " * 200  # ~3,300 tokens
 

@@ -19,10 +19,9 @@ import openai
 import pytest
 
 from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config
-
-from .front_end_helpers import Faulty, FrontEnds, front_ends
-from .router_helpers import two_pool_config
-from .sim_helpers import MODEL
+from tests.front_end_helpers import Faulty, FrontEnds, front_ends
+from tests.router_helpers import two_pool_config
+from tests.sim_helpers import MODEL
 
 KEY = "sk-routes"
 

@@ -40,9 +40,8 @@ from tailguard.router.config_types import (
 from tailguard.router.telemetry import RequestRecord
 from tailguard.sim import SimResponse
 from tailguard.sim.app import JSON_HEADERS
-
-from .front_end_helpers import Faulty, FrontEnds, front_ends
-from .sim_helpers import MODEL
+from tests.front_end_helpers import Faulty, FrontEnds, front_ends
+from tests.sim_helpers import MODEL
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]

@@ -14,8 +14,7 @@ from tailguard.router import errors
 from tailguard.router.request import Routing
 from tailguard.router.session import ClientLeft, Sessions, checked_header
 from tailguard.router.telemetry import RepeatedIds, RequestRecord, Telemetry
-
-from .router_helpers import Fleet, chat, router_over_engines, two_pool_config
+from tests.router_helpers import Fleet, chat, router_over_engines, two_pool_config
 
 
 class Recorded:

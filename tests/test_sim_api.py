@@ -12,9 +12,8 @@ import trio.testing
 
 from tailguard.sim import PROFILES, EngineSpec, serve_engine
 from tailguard.sim.__main__ import build_parser
-
-from .http_helpers import engines_on_sockets
-from .sim_helpers import MODEL, in_process_engine
+from tests.http_helpers import engines_on_sockets
+from tests.sim_helpers import MODEL, in_process_engine
 
 FAST = PROFILES["latency"].replace(max_model_len=4096, kv_cache_tokens=100_000)
 

@@ -22,8 +22,7 @@ import trio
 from tailguard.sim import PROFILES, AdminApp, DropConnection, Engine, Fault, FaultError, FaultInjector, FaultSwitch, SimApp, SimTransport
 from tailguard.sim.__main__ import build_parser
 from tailguard.sim.http import serve
-
-from .sim_helpers import MODEL
+from tests.sim_helpers import MODEL
 
 QUICK = PROFILES["latency"].replace(base_ms=1.0, per_seq_ms=0.01, max_model_len=4096, kv_cache_tokens=100_000)
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}

@@ -1,4 +1,4 @@
-"""server/sse.py: events however the stream is cut, in time linear in its size, within a cap."""
+"""server/grpc/sse.py: events however the stream is cut, in time linear in its size, within a cap."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tailguard.router.errors import BadBackendReply
-from tailguard.server.sse import DONE, MAX_EVENT_BYTES, SseDecoder
+from tailguard.server.grpc.sse import DONE, MAX_EVENT_BYTES, SseDecoder
 
 STREAM = (
     b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\n'

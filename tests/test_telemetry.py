@@ -18,8 +18,7 @@ from tailguard.router.telemetry import RepeatedIds, RequestRecord, Telemetry, is
 from tailguard.server.app import drain_router
 from tailguard.server.logs import AccessLog, access_fields
 from tailguard.server.metrics import Metrics
-
-from .router_helpers import INTERACTIVE_URL, chat, router_over_engines, two_pool_config
+from tests.router_helpers import INTERACTIVE_URL, chat, router_over_engines, two_pool_config
 
 LONG_TEXT = "The quarterly report covers revenue, costs and outlook in detail. " * 200
 

@@ -28,20 +28,19 @@ from tailguard.router.config_types import Config, TracingConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.telemetry import Telemetry
 from tailguard.router.tracing import Tracing
-from tailguard.server.http_api import HttpApi
-from tailguard.server.http_server import HttpSettings
-from tailguard.server.http_server import serve as serve_http
+from tailguard.server.http.api import HttpApi
+from tailguard.server.http.server import HttpSettings
+from tailguard.server.http.server import serve as serve_http
 from tailguard.server.reload import summarize
 from tailguard.server.trace_switch import TracingSwitch
 from tailguard.sim.app import SimApp
 from tailguard.sim.engine import Engine
 from tailguard.sim.http import serve as serve_sim
-
-from .grpc_helpers import grpc_service
-from .http_helpers import QUICK, tailguard
-from .otlp_receiver import ReceivedSpan, otlp_receiver
-from .router_helpers import two_pool_config
-from .sim_helpers import MODEL
+from tests.grpc_helpers import grpc_service
+from tests.http_helpers import QUICK, tailguard
+from tests.otlp_receiver import ReceivedSpan, otlp_receiver
+from tests.router_helpers import two_pool_config
+from tests.sim_helpers import MODEL
 
 SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
 # A caller's own trace: the router's root span must become its child.
@@ -296,8 +295,8 @@ async def test_spans_reach_a_real_otlp_receiver_and_the_exit_flushes_them() -> N
 def test_a_grpc_callers_traceparent_metadata_is_the_parent() -> None:
     import grpc
 
-    from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-    from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+    from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
+    from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
     with otlp_receiver() as receiver:
         with grpc_service([QUICK, QUICK], lambda urls: tracing_config(urls, receiver.url)) as service:
@@ -322,7 +321,7 @@ def test_with_tracing_off_the_sdk_is_never_imported() -> None:
     """The server's modules, a switch built from the shipped (off) [tracing]: no OpenTelemetry loaded."""
     program = (
         "import sys\n"
-        "import tailguard.server.app, tailguard.server.cli, tailguard.server.http_api, tailguard.server.grpc_api\n"
+        "import tailguard.server.app, tailguard.server.cli, tailguard.server.http.api, tailguard.server.grpc.api\n"
         "from tailguard.router.config import load_config\n"
         "from tailguard.server.trace_switch import TracingSwitch\n"
         f"config = load_config({str(SHIPPED)!r})\n"

@@ -14,8 +14,8 @@ import httpx
 import pytest
 import trio
 
-from .redis_helpers import REDIS
-from .test_cli import ROOT, exited, free_port
+from tests.redis_helpers import REDIS
+from tests.test_cli import ROOT, exited, free_port
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (.ci/run installs it)")
 

@@ -27,8 +27,8 @@ import trio
 
 from bench.chaos.client import Answer, HttpPool, RequestSpec, judge, probe_bytes, send
 from bench.harness.procs import free_ports, process_cpu_seconds, start_process, stop, wait_listening
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from tailguard.sim.faults import wants_stream
 from tailguard.sim.virtual.mix import percentile
 

@@ -18,9 +18,9 @@ from typing import NoReturn
 
 import grpc
 
-from tailguard.server.grpc_api import MAX_CONCURRENT_CALLS, pending_bound, streams_bound
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.api import MAX_CONCURRENT_CALLS, pending_bound, streams_bound
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
 FLOOR_CODE = "floor"  # its refusals' x-tailguard-error-code, so a table tells them from tailguard's
 _REFUSAL = (("x-tailguard-error-code", FLOOR_CODE), ("retry-after", "1"))

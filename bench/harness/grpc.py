@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tailguard.server.grpc_bridge import AsyncioHost
+from tailguard.server.grpc.bridge import AsyncioHost
 
 _CANCEL_GRACE_S = 30.0  # what the thread's loop gets to finish cancelled calls
 

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tailguard.advise.planner import Candidate, Fleet, candidate_setup, fleet_from, shared_setup
 from tailguard.router.config import load_config
 from tailguard.router.config_types import LendConfig
 from tailguard.server import SHIPPED_CONFIG
-from tailguard.server.advise import Candidate, Fleet, candidate_setup, fleet_from, shared_setup
 from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.fleet import Arrival, Point, Setup, run_point
 from tailguard.sim.virtual.mix import MIXES, pooled_capacity

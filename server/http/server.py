@@ -69,7 +69,7 @@ import trio
 
 from tailguard.router.config_types import ServerConfig
 
-from .errors_map import HttpError
+from ..errors_map import HttpError
 
 log = logging.getLogger("tailguard.http_server")
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from tailguard.server.grpc_gen.tailguard.v1 import tailguard_pb2 as tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in tailguard/server/grpc_gen/tailguard/v1/tailguard_pb2_grpc.py depends on'
+        + ' but the generated code in tailguard/server/grpc/gen/tailguard/v1/tailguard_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,28 +37,28 @@ class CompletionsStub:
         """
         self.Chat = channel.unary_unary(
                 '/tailguard.v1.Completions/Chat',
-                request_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.SerializeToString,
-                response_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.FromString,
+                request_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.SerializeToString,
+                response_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.FromString,
                 _registered_method=True)
         self.ChatStream = channel.unary_stream(
                 '/tailguard.v1.Completions/ChatStream',
-                request_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.SerializeToString,
-                response_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.FromString,
+                request_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.SerializeToString,
+                response_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.FromString,
                 _registered_method=True)
         self.Complete = channel.unary_unary(
                 '/tailguard.v1.Completions/Complete',
-                request_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.SerializeToString,
-                response_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.FromString,
+                request_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.SerializeToString,
+                response_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.FromString,
                 _registered_method=True)
         self.CompleteStream = channel.unary_stream(
                 '/tailguard.v1.Completions/CompleteStream',
-                request_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.SerializeToString,
-                response_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.FromString,
+                request_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.SerializeToString,
+                response_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.FromString,
                 _registered_method=True)
         self.GetLimits = channel.unary_unary(
                 '/tailguard.v1.Completions/GetLimits',
-                request_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.SerializeToString,
-                response_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.FromString,
+                request_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.SerializeToString,
+                response_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.FromString,
                 _registered_method=True)
 
 
@@ -106,28 +106,28 @@ def add_CompletionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Chat': grpc.unary_unary_rpc_method_handler(
                     servicer.Chat,
-                    request_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.FromString,
-                    response_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.SerializeToString,
+                    request_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.FromString,
+                    response_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.SerializeToString,
             ),
             'ChatStream': grpc.unary_stream_rpc_method_handler(
                     servicer.ChatStream,
-                    request_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.FromString,
-                    response_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.SerializeToString,
+                    request_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.FromString,
+                    response_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.SerializeToString,
             ),
             'Complete': grpc.unary_unary_rpc_method_handler(
                     servicer.Complete,
-                    request_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.FromString,
-                    response_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.SerializeToString,
+                    request_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.FromString,
+                    response_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.SerializeToString,
             ),
             'CompleteStream': grpc.unary_stream_rpc_method_handler(
                     servicer.CompleteStream,
-                    request_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.FromString,
-                    response_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.SerializeToString,
+                    request_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.FromString,
+                    response_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.SerializeToString,
             ),
             'GetLimits': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLimits,
-                    request_deserializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.FromString,
-                    response_serializer=tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.SerializeToString,
+                    request_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.FromString,
+                    response_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -156,8 +156,8 @@ class Completions:
             request,
             target,
             '/tailguard.v1.Completions/Chat',
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.SerializeToString,
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.FromString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.SerializeToString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -183,8 +183,8 @@ class Completions:
             request,
             target,
             '/tailguard.v1.Completions/ChatStream',
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.SerializeToString,
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.FromString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.ChatRequest.SerializeToString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -210,8 +210,8 @@ class Completions:
             request,
             target,
             '/tailguard.v1.Completions/Complete',
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.SerializeToString,
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.FromString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.SerializeToString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -237,8 +237,8 @@ class Completions:
             request,
             target,
             '/tailguard.v1.Completions/CompleteStream',
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.SerializeToString,
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.FromString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionRequest.SerializeToString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.CompletionChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -264,8 +264,8 @@ class Completions:
             request,
             target,
             '/tailguard.v1.Completions/GetLimits',
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.SerializeToString,
-            tailguard_dot_server_dot_grpc__gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.FromString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.SerializeToString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.FromString,
             options,
             channel_credentials,
             insecure,

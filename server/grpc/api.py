@@ -87,13 +87,13 @@ from tailguard.router.tls import read_pem
 if TYPE_CHECKING:  # imported only while [tracing] is on
     from tailguard.router.tracing import Tracing
 
-from .errors_map import grpc_error
-from .grpc_bridge import AsyncioHost, TrioPortal
-from .grpc_gen.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
-from .grpc_gen.tailguard.v1 import tailguard_pb2 as pb
-from .grpc_gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from ..errors_map import grpc_error
+from ..timing import server_timing
+from .bridge import AsyncioHost, TrioPortal
+from .gen.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
+from .gen.tailguard.v1 import tailguard_pb2 as pb
+from .gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from .sse import DONE, SseDecoder
-from .timing import server_timing
 
 log = logging.getLogger("tailguard.grpc")
 

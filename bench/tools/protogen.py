@@ -1,10 +1,10 @@
 """Regenerate the gRPC Python code from ``proto/`` with grpcio-tools.
 
-    python -m tailguard.server.protogen            # rewrites server/grpc_gen/
+    python -m bench.tools.protogen            # rewrites server/grpc/gen/
 
-The generated modules live next to their one user (``server/grpc_api.py``)
-under ``server/grpc_gen/``; the proto path is mapped so that their imports
-read ``tailguard.server.grpc_gen.tailguard.v1``. A test regenerates into a temporary
+The generated modules live next to their one user (``server/grpc/api.py``)
+under ``server/grpc/gen/``; the proto path is mapped so that their imports
+read ``tailguard.server.grpc.gen.tailguard.v1``. A test regenerates into a temporary
 folder and fails if the committed code is stale.
 """
 
@@ -18,16 +18,16 @@ from pathlib import Path
 
 from grpc_tools import protoc
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 PROTO_ROOT = ROOT / "proto"
-# tailguard's contract, and the v1 reflection service grpcio-reflection lacks (server/grpc_api.py).
+# tailguard's contract, and the v1 reflection service grpcio-reflection lacks (server/grpc/api.py).
 PROTO_FILES = ("tailguard/v1/tailguard.proto", "grpc/reflection/v1/reflection.proto")
-PACKAGE_PREFIX = "tailguard/server/grpc_gen"  # the installed name: what the modules import
-COMMITTED = ROOT / "server" / "grpc_gen"  # where that package's source lives in the repository
+PACKAGE_PREFIX = "tailguard/server/grpc/gen"  # the installed name: what the modules import
+COMMITTED = ROOT / "server" / "grpc" / "gen"  # where that package's source lives in the repository
 
 
 def generate(out_dir: Path) -> list[Path]:
-    """Write the generated modules under ``out_dir/tailguard/server/grpc_gen``; returns them."""
+    """Write the generated modules under ``out_dir/tailguard/server/grpc/gen``; returns them."""
     include = resources.files("grpc_tools") / "_proto"
     args = [
         "grpc_tools.protoc",

@@ -2,7 +2,7 @@
 
 Regenerate it with::
 
-    python -m tailguard.server.limits_doc [config.toml] > docs/limits.md
+    python -m bench.tools.limits_doc [config.toml] > docs/limits.md
 
 ``tests/test_docs.py`` fails when the committed file differs from the
 rendering of the shipped ``config.toml``. The facts come from
@@ -23,11 +23,10 @@ from pathlib import Path
 from tailguard.router import error_spec, errors
 from tailguard.router.config import ConfigError, limits_document, load_config
 from tailguard.router.config_types import Config
+from tailguard.server import SHIPPED_CONFIG
+from tailguard.server.errors_map import HttpError, http_error
 
-from . import SHIPPED_CONFIG
-from .errors_map import HttpError, http_error
-
-REGENERATE = "python -m tailguard.server.limits_doc config.toml > docs/limits.md"
+REGENERATE = "python -m bench.tools.limits_doc config.toml > docs/limits.md"
 
 # Error classes a caller never sees under their own status: a backend's 4xx is
 # passed through as it came (documented as its own row).
@@ -60,7 +59,7 @@ def http_status_shown(cls: type[errors.TailguardError]) -> str | None:
 
 def _get(doc: Mapping[str, object], key: str) -> object:
     if key not in doc:
-        raise KeyError(f"limits_document() has no {key!r}; update server/limits_doc.py")
+        raise KeyError(f"limits_document() has no {key!r}; update bench/tools/limits_doc.py")
     return doc[key]
 
 
@@ -302,7 +301,7 @@ def render_limits_markdown(config: Config) -> str:
     overload_hint = next((_retry_after(r.error) for r in rows if r.error.status == 429), "—")
 
     out = [
-        "<!-- Generated from config.toml by server/limits_doc.py; do not edit by hand.",
+        "<!-- Generated from config.toml by bench/tools/limits_doc.py; do not edit by hand.",
         f"     Regenerate: {REGENERATE}",
         "     tests/test_docs.py fails when this file is stale. -->",
         "",
@@ -450,7 +449,7 @@ def _default_max_tokens_note(classes: Sequence[Mapping[str, object]], default_ma
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tailguard.server.limits_doc [config.toml]``: print the page to stdout."""
+    """``python -m bench.tools.limits_doc [config.toml]``: print the page to stdout."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1 or any(arg.startswith("-") for arg in args):
         print(f"usage: {REGENERATE}", file=sys.stderr)

@@ -54,14 +54,13 @@ import trio.testing
 
 from tailguard.router.config import ConfigError, load_config
 from tailguard.router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
+from tailguard.server import SHIPPED_CONFIG
+from tailguard.server.logs import ACCESS_LOGGER
 from tailguard.sim import PROFILES
 from tailguard.sim.params import EngineParams
 from tailguard.sim.virtual.fleet import GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
 from tailguard.sim.virtual.mix import CLASSES, percentile
 from tailguard.sim.virtual.trace import MAX_ARRIVALS, read_trace
-
-from . import SHIPPED_CONFIG
-from .logs import ACCESS_LOGGER
 
 DEFAULT_SECONDS = 120.0  # of arrivals replayed, by default
 MAX_SECONDS = 3600.0

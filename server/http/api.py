@@ -1,9 +1,9 @@
-"""The OpenAI-compatible HTTP front end, as an ASGI app (served by ``server/http_server.py``).
+"""The OpenAI-compatible HTTP front end, as an ASGI app (served by ``server/http/server.py``).
 
 Translation only: read and cap the body, parse it into a RouterRequest,
 relay the backend's bytes, render errors. Everything else a completion goes
 through -- request id, key, deadline, telemetry finished exactly once --
-is its ``router.session``. A watch (``server/caller_watch.py``) tells the
+is its ``router.session``. A watch (``server/http/caller_watch.py``) tells the
 session when the client disconnects, which cancels the request and closes
 the backend stream; ``run`` must be running beside the server for it.
 
@@ -33,12 +33,12 @@ from tailguard.router.telemetry import RepeatedIds, Telemetry
 if TYPE_CHECKING:  # imported only while [tracing] is on
     from tailguard.router.tracing import Tracing
 
+from ..errors_map import HttpError, http_error, no_route, wrong_method
+from ..logs import AccessLog
+from ..metrics import CONTENT_TYPE, Metrics
+from ..timing import server_timing
 from .caller_watch import CallerWatch, Watch
-from .errors_map import HttpError, http_error, no_route, wrong_method
-from .logs import AccessLog
-from .metrics import CONTENT_TYPE, Metrics
 from .openai_wire import parse_completion_body
-from .timing import server_timing
 
 log = logging.getLogger("tailguard.http")
 

@@ -1,0 +1,1 @@
+"""``tailguard advise``: the capacity planner (installed as ``tailguard.advise``; it runs the simulator, never serves)."""

@@ -1,0 +1,1 @@
+"""Generators run from a checkout, never installed: docs/limits.md from config.toml, the gRPC code from proto/."""
