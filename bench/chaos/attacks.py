@@ -20,20 +20,18 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import trio
 
 from bench.chaos.client import Answer, HttpPool, RequestSpec, judge, probe_bytes, send
+from bench.chaos.lab import Lab
 from bench.harness.procs import free_ports, process_cpu_seconds, start_process, stop, wait_listening
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from tailguard.sim.faults import wants_stream
 from tailguard.sim.virtual.mix import percentile
-
-if TYPE_CHECKING:
-    from bench.chaos.run import Lab
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -57,7 +55,7 @@ class Phase:
         self.fault_end = time.perf_counter()
 
 
-Run = Callable[["Lab", Phase], Awaitable[None]]
+Run = Callable[[Lab, Phase], Awaitable[None]]
 
 
 @dataclass(frozen=True)

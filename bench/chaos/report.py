@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench.chaos.run import PhaseResult, Result
+from bench.chaos.lab import PhaseResult, Result
 
 _MAX_LABELS = 6  # outcome labels shown in a cell; the JSON has them all
 
