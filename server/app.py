@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import hypercorn.config
-import hypercorn.trio
 import trio
 
 from tailguard.router.config import ConfigError
@@ -118,19 +116,6 @@ def _loaded(name: str, tls: TlsConfig, load: Callable[[TlsConfig], _T]) -> _T:
         return load(tls)
     except TlsFileError as error:
         raise ConfigError([f"server.{name}.{error.key}: {error.message}"], source="the TLS files") from None
-
-
-def _hypercorn_config(config: Config, port: int | None) -> hypercorn.config.Config:
-    hc = hypercorn.config.Config()
-    host = config.server.http_host
-    bind_port = config.server.http_port if port is None else port
-    hc.bind = [f"[{host}]:{bind_port}" if ":" in host else f"{host}:{bind_port}"]
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("hypercorn.error")
-    hc.graceful_timeout = _HTTP_GRACE_SECONDS
-    hc.keep_alive_timeout = config.server.keep_alive_timeout
-    hc.backlog = 1024
-    return hc
 
 
 # Requests still in flight when the router's drain is over get this long to
@@ -260,43 +245,29 @@ async def serve(
         # in-flight requests finished (or its grace period passed); the rest
         # of the nursery is background work, cancelled after it.
         async with contextlib.AsyncExitStack() as front_stack, trio.open_nursery() as front:
-            if config.server.http_server == "lean" or worker is not None:
-                settings = HttpSettings.from_config(config.server, grace_timeout=_HTTP_GRACE_SECONDS)
-                if worker is not None:
-                    settings = dataclasses.replace(settings, reuse_port=True)
-                port = config.server.http_port if http_port is None else http_port
-                binds = await _bound(
-                    config.server.http_host, port, "server.http_listen",
-                    front.start(functools.partial(
-                        serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls.http,
-                        on_refusal=app.refused,
-                    )),
-                )
-                if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
-                    own = await _bound(
-                        config.server.http_host, worker.own_port(port), f"worker {worker.index}'s own port: server.http_listen's + {1 + worker.index}",
-                        front.start(
-                            functools.partial(
-                                serve_http, app, config.server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
-                                    config.server, grace_timeout=_HTTP_GRACE_SECONDS
-                                ), shutdown_trigger=shutdown.wait, tls=tls.http, on_refusal=app.refused,
-                            )
-                        ),
-                    )
-                    log.info("worker %d of %d: its own metrics and API on %s", worker.index, worker.count, own[0])
-            else:
-                hypercorn_config = _hypercorn_config(config, http_port)
-                binds = await _bound(
-                    config.server.http_host, config.server.http_port if http_port is None else http_port, "server.http_listen",
+            settings = HttpSettings.from_config(config.server, grace_timeout=_HTTP_GRACE_SECONDS)
+            if worker is not None:
+                settings = dataclasses.replace(settings, reuse_port=True)
+            port = config.server.http_port if http_port is None else http_port
+            binds = await _bound(
+                config.server.http_host, port, "server.http_listen",
+                front.start(functools.partial(
+                    serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls.http,
+                    on_refusal=app.refused,
+                )),
+            )
+            if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
+                own = await _bound(
+                    config.server.http_host, worker.own_port(port), f"worker {worker.index}'s own port: server.http_listen's + {1 + worker.index}",
                     front.start(
-                        lambda task_status: hypercorn.trio.serve(
-                            app,  # type: ignore[arg-type]  # hypercorn's ASGI types are stricter than ASGI's dicts
-                            hypercorn_config,
-                            shutdown_trigger=shutdown.wait,
-                            task_status=task_status,
+                        functools.partial(
+                            serve_http, app, config.server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
+                                config.server, grace_timeout=_HTTP_GRACE_SECONDS
+                            ), shutdown_trigger=shutdown.wait, tls=tls.http, on_refusal=app.refused,
                         )
                     ),
                 )
+                log.info("worker %d of %d: its own metrics and API on %s", worker.index, worker.count, own[0])
             log.info("tailguard listening on %s", binds[0])
             bound_grpc: int | None = None
             if grpc:
@@ -332,7 +303,7 @@ async def _bound(host: str, port: int, key: str, starting: Awaitable[list[str]])
     """A server's bound URLs once it listens; a bind that fails is a :exc:`ListenError` naming ``key``."""
     try:
         return await starting
-    except (OSError, BaseExceptionGroup) as error:  # hypercorn binds inside nurseries of its own
+    except (OSError, BaseExceptionGroup) as error:  # a bind inside a nursery arrives in a group
         failed = lone_os_error(error)
         if failed is None:
             raise

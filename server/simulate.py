@@ -108,8 +108,8 @@ class SimulatedFleet:
 def lone_os_error(error: BaseException) -> OSError | None:
     """The OSError that ``error`` is, or that a (nested) exception group holds alone, else None.
 
-    A server that fails to bind inside its own nursery (the engine here,
-    hypercorn in ``app.py``) raises its OSError wrapped in groups.
+    A server that fails to bind inside its own nursery (the engine here)
+    raises its OSError wrapped in groups.
     """
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]

@@ -194,7 +194,7 @@ def test_a_port_in_use_is_one_line_naming_the_key_and_exit_2(tmp_path: Path) -> 
     assert done.stderr == f"tailguard: cannot listen on 127.0.0.1:{port} (server.http_listen): Address already in use\n"
 
 
-@pytest.mark.parametrize("which", ["grpc", "simulated engine", "hypercorn", "--http-listen", "--grpc-listen"])
+@pytest.mark.parametrize("which", ["grpc", "simulated engine", "http", "--http-listen", "--grpc-listen"])
 def test_every_address_in_use_names_where_it_comes_from(which: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with held_port() as held:
         ports = [free_port() for _ in range(4)]  # chosen while held is bound: none of them can be it
@@ -205,15 +205,13 @@ def test_every_address_in_use_names_where_it_comes_from(which: str, tmp_path: Pa
         elif which == "simulated engine":
             ports[2] = held
             named = f"--simulate endpoint http://127.0.0.1:{held}"
-        elif which == "hypercorn":  # the fallback HTTP server binds inside nurseries of its own
+        elif which == "http":
             ports[0] = held
             named = "server.http_listen"
         else:
             flags = [which, f"127.0.0.1:{held}"]
             named = which
         path = config_on_free_ports(tmp_path, ports)
-        if which == "hypercorn":
-            path.write_text(path.read_text().replace('http_server = "lean"', 'http_server = "hypercorn"'))
         status = main(["serve", "--simulate", "--config", str(path), "--log-level", "WARNING", *flags])
     assert status == 2
     assert capsys.readouterr().err == f"tailguard: cannot listen on 127.0.0.1:{held} ({named}): Address already in use\n"

@@ -273,9 +273,9 @@ def test_nginx_points_at_tailguards_listeners(shipped: Config) -> None:
 
 
 def test_nginx_drops_idle_connections_before_tailguard_does(shipped: Config) -> None:
-    from tailguard.server.app import _hypercorn_config
+    from tailguard.server.http.server import HttpSettings
 
-    tailguard_idle = _hypercorn_config(shipped, None).keep_alive_timeout
+    tailguard_idle = HttpSettings.from_config(shipped.server, grace_timeout=5.0).keep_alive_timeout
     for value in directive(nginx_config(), "keepalive_timeout"):
         assert nginx_seconds(value) < tailguard_idle
 

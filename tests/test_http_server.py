@@ -491,26 +491,14 @@ async def test_a_drain_ends_on_time_with_a_caller_that_never_reads() -> None:
 
 def test_the_server_keys_are_read_checked_and_shown() -> None:
     text = SHIPPED.read_text(encoding="utf-8")
-    config = parse_config(text.replace("write_timeout = 30.0", "write_timeout = 7.5").replace('http_server = "lean"', 'http_server = "hypercorn"'))
-    assert (config.server.write_timeout, config.server.http_server) == (7.5, "hypercorn")
+    config = parse_config(text.replace("write_timeout = 30.0", "write_timeout = 7.5"))
+    assert config.server.write_timeout == 7.5
     settings = HttpSettings.from_config(config.server, grace_timeout=1.0)
     assert (settings.write_timeout, settings.max_connections, settings.grace_timeout) == (7.5, 10_000, 1.0)
-    assert "write_timeout" in render_config(config) and "hypercorn" in render_config(config)
+    assert "write_timeout" in render_config(config)
     with pytest.raises(ConfigError) as refused:
         parse_config(text.replace('http_server = "lean"', 'http_server = "nginx"').replace("max_connections = 10000", "max_connections = 0"))
     assert "server.http_server" in str(refused.value) and "server.max_connections" in str(refused.value)
-
-
-async def test_hypercorn_is_still_there_behind_the_key() -> None:
-    async with engines_on_sockets([_endless_backend, _endless_backend]) as backends:
-        config = _config(backends.urls, deadline=5.0)
-        config = dataclasses.replace(config, server=ServerConfig(http_server="hypercorn"))
-        async with tailguard(config) as running:
-            port = int(running.http_url.rsplit(":", 1)[1])
-            with await connect(port) as sock:
-                await sock.send(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
-                status, headers, _ = await read_response(sock)
-                assert status == 200 and "hypercorn" in headers.get("server", "")
 
 
 def test_the_shipped_config_names_the_parser_the_lean_server_uses() -> None:

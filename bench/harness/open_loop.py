@@ -253,7 +253,7 @@ class RejectionStats:
     Real milliseconds, because a rejection is the router's own work (the
     GPU's time scale does not apply to it): ``client_ms`` as the load
     generator saw it, ``router_ms`` as tailguard's access log timed it (the
-    difference is the socket, hypercorn's parsing, and the client's own
+    difference is the socket, the HTTP parsing, and the client's own
     lag). ``gpu_ms`` is ``client_ms`` divided by the time scale, comparable
     to the class's deadline in GPU time.
     """

@@ -1,6 +1,6 @@
 """A lean HTTP/1.1 server on Trio for the simulator (h11 parses, we write).
 
-Why not hypercorn: a relayed SSE event costs ~100 µs of CPU through an ASGI
+Why not an ASGI server: a relayed SSE event costs ~100 µs of CPU through an ASGI
 stack, and the simulator must stream thousands of events a second beside the
 router on two cores. Here one engine step costs one ``send`` per connection,
 whatever the number of tokens in it, and a send that fits in the socket

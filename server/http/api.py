@@ -64,7 +64,7 @@ _NO_BUFFERING = (b"x-accel-buffering", b"no")  # nginx: relay each event as it c
 
 
 class HttpApi:
-    """ASGI application, served by ``server.http_server.serve`` (or hypercorn, by config).
+    """ASGI application, served by tailguard's own HTTP server (``server/http/server.py``).
 
     A path no route serves is a 404 in OpenAI's shape, whatever the method
     (so the openai SDK raises ``NotFoundError``, as it would against OpenAI);
@@ -290,13 +290,7 @@ class _Exchange:
         record = self._session.record
         if record.outcome is None:  # the status the caller sees, unless the record is already finished
             record.status = status
-        # Shielded for hypercorn (server.http_server = "hypercorn"): it hands the
-        # head to h11 before it waits for its send lock; a cancellation there
-        # left h11 with a response its stream did not know of, and its clean-up
-        # (a 500 on top) raised out of its connection task and ended the server.
-        # The lean server writes nothing on response.start, so this costs nothing.
-        with trio.CancelScope(shield=True):
-            await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def _body(self, data: bytes, *, more: bool) -> None:
         if not more:

@@ -1,7 +1,7 @@
 """tailguard's own HTTP/1.1 server on Trio: llhttp parses, an ASGI app answers.
 
-Why not hypercorn: its per-request cost was a quarter of the router's CPU,
-and its Trio writes are shielded from cancellation, so a client that never
+Why a server of its own: the ASGI server used before cost a quarter of the
+router's CPU a request, and its Trio writes were shielded from cancellation, so a client that never
 reads its stream held its request (and pool seat) past every deadline and
 every drain (issue 11). Why llhttp (httptools) and not h11: h11 is pure
 Python, and was most of this server's own CPU in a profile at saturation
@@ -1122,7 +1122,7 @@ async def serve(
     app's access log has a line for it too.
 
     Reports the bound addresses (``["http://host:port"]``, ``https://`` with
-    ``tls``), as hypercorn's ``serve`` does. With ``tls`` each connection is
+    ``tls``), so tests can start it on port 0. With ``tls`` each connection is
     served over TLS with the context ``tls`` holds when it is accepted. On
     shutdown: stop accepting, close idle connections, give requests in
     flight ``settings.grace_timeout`` s, then cancel them.
