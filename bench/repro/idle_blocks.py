@@ -1,12 +1,13 @@
-"""Repro: idle replicas keep their `block` of a key's cap (and of an endpoint's) for ever; a replica with
-demand gets nothing however often it syncs, though no request of the key runs anywhere."""
-from __future__ import annotations
+"""Repro of finding 3 (with key_burst): idle replicas keep their ``block`` of a key's cap (and of an endpoint's) for ever.
 
-import sys
+A replica with demand gets nothing however often it syncs, though no request
+of the key runs anywhere.
+"""
+
+from __future__ import annotations
 
 import trio
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
 from tailguard.router.cluster import Demand, SharedBudget
 from tailguard.router.config_types import ClusterConfig
 from tailguard.server.redis_ledger import RedisLedger
@@ -14,10 +15,12 @@ from tests.redis_helpers import redis_server
 
 CAP = 4  # key:trial max_concurrency
 
+
 def replica(name: str, ledger: RedisLedger, state: dict[str, int]) -> SharedBudget:
     config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=2.0, static_share=0.25, block=2)
     # as Router._cluster_demands builds a key's demand: seats held, no waiting count, no priority
     return SharedBudget(config, ledger, lambda: [Demand("key:trial", CAP, state["held"], apply=lambda s: state.__setitem__("grant", s))])
+
 
 async def main() -> None:
     with redis_server() as redis:
@@ -30,4 +33,6 @@ async def main() -> None:
             print({n: s["grant"] for n, s in states.items()}, "ledger:", await ledger.grants("key:trial"))
             print("in flight of key:trial anywhere: 0; c and d answer every request of the key with 429")
 
-trio.run(main)
+
+if __name__ == "__main__":
+    trio.run(main)

@@ -1,11 +1,10 @@
-"""A replica's side of SharedBudget for one endpoint's cap, without a router: the seats it runs and
-wants are set by hand, what the ledger grants it lands in ``granted``. Shared by the repro scripts."""
+"""A replica's side of SharedBudget for one endpoint's cap, without a router; shared by the repro scripts.
+
+The seats it runs and wants are set by hand; what the ledger grants it lands in ``granted``.
+"""
+
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from tailguard.router.cluster import Demand, SharedBudget
 from tailguard.router.config_types import ClusterConfig
 from tailguard.server.redis_ledger import RedisLedger
@@ -16,5 +15,6 @@ class Replica:
         self.in_use = self.waiting = self.granted = 0
         config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=lease_ttl, static_share=static_share, block=0)
         self.budget = SharedBudget(config, ledger, lambda: [Demand("endpoint:e", cap, self.in_use, self.waiting, apply=self._apply)])
+
     def _apply(self, seats: int) -> None:
         self.granted = seats

@@ -1,4 +1,8 @@
-"""Repro: one replica alone on the ledger, key cap 16, 5 concurrent requests -> some 429."""
+"""Repro of finding 3: one replica alone on the ledger, key cap 16, 5 concurrent requests -> some 429.
+
+``--no-cluster``: the same without [cluster], for comparison.
+"""
+
 from __future__ import annotations
 
 import sys
@@ -7,7 +11,6 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
 from bench.cluster.run import KEYS, RedisProcess
 from bench.harness.client import CHAT_PATH, KeepAliveClient, http_request
 from bench.harness.config import PoolSpec, tailguard_config
@@ -19,25 +22,31 @@ async def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     async with trio.open_nursery() as n:
         e1, e2, rp, hp, gp = free_ports(5)
-        redis = RedisProcess(n, rp, open(tmp / "r.log", "ab")); await redis.start()
+        redis = RedisProcess(n, rp, open(tmp / "r.log", "ab"))
+        await redis.start()
         sim = await start_process(n, [sys.executable, "-m", "tailguard.sim", "--engines", f"{e1}:instant,{e2}:instant"], None)
         await wait_ready(e1, sim, "sim")
         key = KEYS[0]
-        sections = ["[cluster]", f'redis_url = "{redis.url}"', 'namespace = "repro"', 'replica_id = "only"', "block = 2", "",
-                    "[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"', f"max_concurrency = {key.max_concurrency}", ""]
+        sections = [
+            "[cluster]", f'redis_url = "{redis.url}"', 'namespace = "repro"', 'replica_id = "only"', "block = 2", "",
+            "[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"', f"max_concurrency = {key.max_concurrency}", "",
+        ]  # fmt: skip
         if "--no-cluster" in sys.argv:
             sections = sections[6:]
-        (tmp / "c.toml").write_text(tailguard_config(hp, gp, PoolSpec("interactive", [(e1, 64)], 64, 64), PoolSpec("batch", [(e2, 64)], 64, 64), sections=sections))
+        pools = PoolSpec("interactive", [(e1, 64)], 64, 64), PoolSpec("batch", [(e2, 64)], 64, 64)
+        (tmp / "c.toml").write_text(tailguard_config(hp, gp, *pools, sections=sections))
         tg = await start_tailguard(n, tmp / "c.toml", extra_args=["--no-grpc"])
         await wait_ready(hp, tg, "tg")
         await trio.sleep(1)
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": False}
         req = http_request(hp, CHAT_PATH, body).replace(b"\r\n", f"\r\nAuthorization: Bearer {key.secret}\r\n".encode(), 1)
         statuses: list[int] = []
+
         async def one() -> None:
             c = KeepAliveClient(hp)
             statuses.append((await c.exchange(req)).status)
             await c.aclose()
+
         for attempt in range(3):
             statuses.clear()
             async with trio.open_nursery() as m:
@@ -47,4 +56,6 @@ async def main() -> None:
             await trio.sleep(0.5)
         n.cancel_scope.cancel()
 
-trio.run(main)
+
+if __name__ == "__main__":
+    trio.run(main)
