@@ -6,7 +6,7 @@ Regenerate it with::
 
 ``tests/test_docs.py`` fails when the committed file differs from the
 rendering of the shipped ``config.toml``. The facts come from
-``router.config.limits_document`` (what ``GET /v1/limits`` serves); every
+``router.config_limits.limits_of`` (what ``GET /v1/limits`` serves); every
 status, error code, gRPC status and ``Retry-After`` value comes from the
 error table (``router/error_spec.py``, rendered by ``server.errors_map``)
 applied to the router's own error classes, so a change to the config, to the
@@ -16,12 +16,13 @@ limits document or to the error table shows up here.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tailguard.router import error_spec, errors
-from tailguard.router.config import ConfigError, limits_document, load_config
+from tailguard.router.config import ConfigError, load_config
+from tailguard.router.config_limits import ClassLimits, Limits, limits_of
 from tailguard.router.config_types import Config
 from tailguard.server import SHIPPED_CONFIG
 from tailguard.server.errors_map import HttpError, http_error
@@ -49,64 +50,6 @@ def http_status_shown(cls: type[errors.TailguardError]) -> str | None:
     if issubclass(cls, errors.BackendStreamError):
         return "in stream"  # the backend's own error event, already relayed, ends the stream
     return None
-
-
-# -- reading the limits document -------------------------------------------
-#
-# ``limits_document`` returns plain JSON-shaped data; these accessors give it
-# types back and fail loudly if its shape ever changes under this renderer.
-
-
-def _get(doc: Mapping[str, object], key: str) -> object:
-    if key not in doc:
-        raise KeyError(f"limits_document() has no {key!r}; update bench/tools/limits_doc.py")
-    return doc[key]
-
-
-def _int(doc: Mapping[str, object], key: str) -> int:
-    value = _get(doc, key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"limits_document()[{key!r}] is {value!r}, not an integer")
-    return value
-
-
-def _opt_int(doc: Mapping[str, object], key: str) -> int | None:
-    return None if _get(doc, key) is None else _int(doc, key)
-
-
-def _float(doc: Mapping[str, object], key: str) -> float:
-    value = _get(doc, key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"limits_document()[{key!r}] is {value!r}, not a number")
-    return float(value)
-
-
-def _str(doc: Mapping[str, object], key: str) -> str:
-    value = _get(doc, key)
-    if not isinstance(value, str):
-        raise TypeError(f"limits_document()[{key!r}] is {value!r}, not a string")
-    return value
-
-
-def _table(doc: Mapping[str, object], key: str) -> Mapping[str, object]:
-    value = _get(doc, key)
-    if not isinstance(value, Mapping):
-        raise TypeError(f"limits_document()[{key!r}] is not a table")
-    return value
-
-
-def _tables(doc: Mapping[str, object], key: str) -> list[Mapping[str, object]]:
-    value = _get(doc, key)
-    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
-        raise TypeError(f"limits_document()[{key!r}] is not a list of tables")
-    return list(value)
-
-
-def _strs(doc: Mapping[str, object], key: str) -> list[str]:
-    value = _get(doc, key)
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise TypeError(f"limits_document()[{key!r}] is not a list of strings")
-    return list(value)
 
 
 # -- formatting ---------------------------------------------------------------
@@ -170,12 +113,12 @@ def _instance(cls: type[errors.TailguardError], config: Config) -> errors.Tailgu
     return cls("example")
 
 
-def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]) -> tuple[str, str]:
+def _when_and_advice(cls: type[errors.TailguardError], doc: Limits) -> tuple[str, str]:
     """Caller-facing words for an error class; unknown classes fall back to their docstring."""
-    input_cap = _n(_int(doc, "input_cap_tokens"))
-    output_cap = _n(_int(doc, "output_cap_tokens"))
-    classes = _tables(doc, "classes")
-    deadlines = ", ".join(f"{_str(k, 'name')} {_s(_float(k, 'queue_timeout'))}" for k in classes)
+    input_cap = _n(doc.input_cap_tokens)
+    output_cap = _n(doc.output_cap_tokens)
+    classes = doc.classes
+    deadlines = ", ".join(f"{k.name} {_s(k.queue_timeout)}" for k in classes)
     retry = "retry after `Retry-After` seconds, with backoff and jitter, at most twice"
     known: dict[str, tuple[str, str]] = {
         "InvalidRequest": (
@@ -188,7 +131,7 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]
         ),
         "MaxTokensTooLarge": (
             f"max_tokens above {output_cap}, when over-cap requests are rejected"
-            + (" (this deployment clamps instead: never sent)" if _str(doc, "over_cap") == "clamp" else ""),
+            + (" (this deployment clamps instead: never sent)" if doc.over_cap == "clamp" else ""),
             f"ask for at most {output_cap} tokens",
         ),
         "ModelNotFound": ("`model` names no model a pool serves", "use a model from `GET /v1/models`"),
@@ -213,12 +156,12 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]
         "CallerOverLimit": ("your API key already has its maximum number of requests in flight", retry),
         "Draining": ("this tailguard instance is shutting down", retry + " (the retry reaches another instance)"),
         "DeadlineExceeded": (
-            f"the request ran past the {_s(_float(doc, 'end_to_end_timeout'))} end-to-end deadline; "
+            f"the request ran past the {_s(doc.end_to_end_timeout)} end-to-end deadline; "
             "the generation was aborted",
             "don't retry as is: ask for fewer tokens or split the work",
         ),
         "BodyTooLarge": (
-            f"the HTTP request body is over {_bytes(_int(doc, 'max_body_bytes'))}; refused before it is read "
+            f"the HTTP request body is over {_bytes(doc.max_body_bytes)}; refused before it is read "
             "(gRPC: a message over grpc's own limit)",
             "send less",
         ),
@@ -260,7 +203,7 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Mapping[str, object]
     return summary, retry if issubclass(cls, errors.Overloaded) else "see the error message"
 
 
-def _error_rows(config: Config, doc: Mapping[str, object]) -> list[_Row]:
+def _error_rows(config: Config, doc: Limits) -> list[_Row]:
     rows = []
     for cls in documented_error_classes():
         error = _instance(cls, config)
@@ -288,15 +231,15 @@ def _type_code(error: HttpError) -> str:
 
 def render_limits_markdown(config: Config) -> str:
     """The limits of ``config`` as a caller-facing Markdown page (``docs/limits.md``)."""
-    doc = limits_document(config)
-    estimate = _table(doc, "estimate")
-    classes = _tables(doc, "classes")
-    pools = _tables(doc, "pools")
-    input_cap = _int(doc, "input_cap_tokens")
-    default_max = _int(doc, "default_max_tokens")
-    output_cap = _int(doc, "output_cap_tokens")
-    over_cap = _str(doc, "over_cap")
-    e2e = _float(doc, "end_to_end_timeout")
+    doc = limits_of(config)
+    estimate = doc.estimate
+    classes = doc.classes
+    pools = doc.pools
+    input_cap = doc.input_cap_tokens
+    default_max = doc.default_max_tokens
+    output_cap = doc.output_cap_tokens
+    over_cap = doc.over_cap
+    e2e = doc.end_to_end_timeout
     rows = _error_rows(config, doc)
     overload_hint = next((_retry_after(r.error) for r in rows if r.error.status == 429), "—")
 
@@ -318,11 +261,11 @@ def render_limits_markdown(config: Config) -> str:
         "  time is spent; the same request will fail again, so shorten the prompt or",
         "  split the document.",
         "- The estimate needs no tokenizer and errs on the large side: one token per",
-        f"  {_float(estimate, 'chars_per_token'):g} UTF-8 bytes of non-CJK text "
-        f"({_float(estimate, 'chars_per_token'):g} ASCII characters, one emoji), one per "
-        f"{_float(estimate, 'cjk_chars_per_token'):g} CJK character (Chinese,",
-        f"  Japanese, Korean), plus {_int(estimate, 'per_message_tokens')} tokens per chat message and "
-        f"{_int(estimate, 'per_message_tokens')} for the reply's turn. Tools,",
+        f"  {estimate.chars_per_token:g} UTF-8 bytes of non-CJK text "
+        f"({estimate.chars_per_token:g} ASCII characters, one emoji), one per "
+        f"{estimate.cjk_chars_per_token:g} CJK character (Chinese,",
+        f"  Japanese, Korean), plus {estimate.per_message_tokens} tokens per chat message and "
+        f"{estimate.per_message_tokens} for the reply's turn. Tools,",
         "  tool calls and `response_format` schemas count by their JSON text.",
         "- The prompt plus the effective `max_tokens` must also fit the model's context",
         "  (below); otherwise the answer is the same 400.",
@@ -333,7 +276,7 @@ def render_limits_markdown(config: Config) -> str:
     out += _markdown_table(
         ["pool", "models", "context (prompt + max_tokens)"],
         [
-            (f"`{_str(p, 'name')}`", ", ".join(f"`{m}`" for m in _strs(p, "models")), f"{_n(_int(p, 'max_model_len'))} tokens")
+            (f"`{p.name}`", ", ".join(f"`{m}`" for m in p.models), f"{_n(p.max_model_len)} tokens")
             for p in pools
         ],
     )
@@ -370,12 +313,12 @@ def render_limits_markdown(config: Config) -> str:
         ["class", "prompt (estimated tokens)", "max_tokens", "pool", "queue deadline", "priority"],
         [
             (
-                f"`{_str(k, 'name')}`",
-                _threshold(_opt_int(k, "max_prompt_tokens")),
-                _threshold(_opt_int(k, "max_output_tokens")),
-                f"`{_str(k, 'pool')}`",
-                _s(_float(k, "queue_timeout")),
-                str(_int(k, "priority")),
+                f"`{k.name}`",
+                _threshold(k.max_prompt_tokens),
+                _threshold(k.max_output_tokens),
+                f"`{k.pool}`",
+                _s(k.queue_timeout),
+                str(k.priority),
             )
             for k in classes
         ],
@@ -428,22 +371,22 @@ def render_limits_markdown(config: Config) -> str:
     return "\n".join(out)
 
 
-def _default_max_tokens_note(classes: Sequence[Mapping[str, object]], default_max: int, output_cap: int) -> list[str]:
+def _default_max_tokens_note(classes: Sequence[ClassLimits], default_max: int, output_cap: int) -> list[str]:
     """Say which classes a request without max_tokens can never reach, and how to reach them."""
     effective = min(default_max, output_cap)
-    unreachable = [k for k in classes if (limit := _opt_int(k, "max_output_tokens")) is not None and effective > limit]
+    unreachable = [k for k in classes if (limit := k.max_output_tokens) is not None and effective > limit]
     if not unreachable:
         return []
     lines = [
         f"**A request without `max_tokens` gets {_n(default_max)}, so it can never be in "
-        f"{_names([_str(k, 'name') for k in unreachable])}.**",
+        f"{_names([k.name for k in unreachable])}.**",
     ]
     for klass in unreachable:
-        prompt_limit = _opt_int(klass, "max_prompt_tokens")
-        condition = f"set `max_tokens` ≤ {_n(_int(klass, 'max_output_tokens'))}"
+        prompt_limit, output_limit = klass.max_prompt_tokens, klass.max_output_tokens or 0
+        condition = f"set `max_tokens` ≤ {_n(output_limit)}"
         if prompt_limit is not None:
             condition += f" and keep the prompt ≤ {_n(prompt_limit)} estimated tokens"
-        lines.append(f"To be served as `{_str(klass, 'name')}`, {condition}.")
+        lines.append(f"To be served as `{klass.name}`, {condition}.")
     lines.append("An unbounded answer is not an interactive request.")
     return [" ".join(lines), ""]
 

@@ -65,6 +65,7 @@ from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
 
 from tailguard.router.auth import Caller
+from tailguard.router.config_limits import limits_of
 from tailguard.router.config_types import Config, ServerConfig, TlsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import (
@@ -620,19 +621,20 @@ async def _abort_bug(context: grpc.aio.ServicerContext, error: Exception, reques
 
 
 def limits_message(config: Config) -> pb.Limits:
-    """The limits in force, as protobuf (HTTP's /v1/limits, same facts)."""
-    limits = config.limits
+    """The limits in force, as protobuf: the record HTTP's /v1/limits serves as JSON."""
+    limits = limits_of(config)
+    estimate = limits.estimate
     return pb.Limits(
         input_cap_tokens=limits.input_cap_tokens,
         default_max_tokens=limits.default_max_tokens,
         output_cap_tokens=limits.output_cap_tokens,
         over_cap=limits.over_cap,
         estimate=pb.EstimateRule(
-            chars_per_token=config.estimate.chars_per_token,
-            cjk_chars_per_token=config.estimate.cjk_chars_per_token,
-            per_message_tokens=config.estimate.per_message_tokens,
+            chars_per_token=estimate.chars_per_token,
+            cjk_chars_per_token=estimate.cjk_chars_per_token,
+            per_message_tokens=estimate.per_message_tokens,
         ),
-        end_to_end_timeout_s=config.timeouts.end_to_end_timeout,
+        end_to_end_timeout_s=limits.end_to_end_timeout,
         classes=[
             pb.ClassLimits(
                 name=c.name,
@@ -642,9 +644,9 @@ def limits_message(config: Config) -> pb.Limits:
                 priority=c.priority,
                 pool=c.pool,
             )
-            for c in config.classes
+            for c in limits.classes
         ],
-        pools=[pb.PoolLimits(name=p.name, max_model_len=p.max_model_len, models=list(p.models)) for p in config.pools],
+        pools=[pb.PoolLimits(name=p.name, max_model_len=p.max_model_len, models=list(p.models)) for p in limits.pools],
     )
 
 

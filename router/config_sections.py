@@ -1,0 +1,328 @@
+"""Read the process-wide sections: server, estimate, limits, timeouts, logging, metrics, cluster, rebalance, discovery, tracing."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from typing import get_args
+from urllib.parse import urlsplit
+
+from .config_table import Table, join_key, kind
+from .config_types import (
+    ClusterConfig,
+    DiscoveryConfig,
+    EstimateConfig,
+    HttpServerKind,
+    LimitsConfig,
+    LogFormat,
+    LoggingConfig,
+    LogLevel,
+    MetricsConfig,
+    OverCapMode,
+    RebalanceConfig,
+    ServerConfig,
+    TimeoutsConfig,
+    TlsConfig,
+    TracingConfig,
+)
+from .tls import TlsFileError
+from .tls import checked as checked_tls
+
+_OVER_CAP_MODES: tuple[OverCapMode, ...] = get_args(OverCapMode)
+_LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
+_LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
+_HTTP_SERVERS: tuple[HttpServerKind, ...] = get_args(HttpServerKind)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def read_server(table: Table) -> ServerConfig:
+    default = ServerConfig()
+    http_host, http_port = _listen(table, "http_listen", default.http_host, default.http_port)
+    grpc_host, grpc_port = _listen(table, "grpc_listen", default.grpc_host, default.grpc_port)
+    max_body_bytes = table.integer("max_body_bytes", default.max_body_bytes, minimum=1)
+    grpc_max_calls = table.integer("grpc_max_calls", default.grpc_max_calls, minimum=1)
+    max_backend_body_bytes = table.integer(
+        "max_backend_body_bytes", default.max_backend_body_bytes, minimum=1024
+    )
+    reload_poll_interval = table.number(
+        "reload_poll_interval", default.reload_poll_interval, minimum=0.0, inclusive=True
+    )
+    http_server = table.choice("http_server", _HTTP_SERVERS, default.http_server)
+    max_header_bytes = table.integer("max_header_bytes", default.max_header_bytes, minimum=1024)
+    header_timeout = table.number("header_timeout", default.header_timeout, minimum=0.0)
+    body_timeout = table.number("body_timeout", default.body_timeout, minimum=0.0)
+    keep_alive_timeout = table.number("keep_alive_timeout", default.keep_alive_timeout, minimum=0.0)
+    write_timeout = table.number("write_timeout", default.write_timeout, minimum=0.0)
+    max_connections = table.integer("max_connections", default.max_connections, minimum=1)
+    workers = table.integer("workers", default.workers, minimum=1)
+    http_tls = _read_tls(table, "http_tls")
+    grpc_tls = _read_tls(table, "grpc_tls")
+    if http_tls is not None and http_server == "hypercorn":
+        table.problem("http_tls", 'TLS is served by tailguard\'s own HTTP server: needs server.http_server = "lean"')
+    table.finish()
+    return ServerConfig(
+        http_host=http_host,
+        http_port=http_port,
+        grpc_host=grpc_host,
+        grpc_port=grpc_port,
+        max_body_bytes=max_body_bytes,
+        grpc_max_calls=grpc_max_calls,
+        max_backend_body_bytes=max_backend_body_bytes,
+        reload_poll_interval=reload_poll_interval,
+        http_server=http_server,
+        max_header_bytes=max_header_bytes,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        keep_alive_timeout=keep_alive_timeout,
+        write_timeout=write_timeout,
+        max_connections=max_connections,
+        workers=workers,
+        http_tls=http_tls,
+        grpc_tls=grpc_tls,
+    )
+
+
+def _read_tls(server: Table, name: str) -> TlsConfig | None:
+    """``[server.NAME]``: a listener's certificate, key and optional client CA, loaded now.
+
+    Absent: the listener is plain TCP. A file that cannot serve (missing, not
+    PEM, a key that is not the certificate's) is a problem under its own key.
+    """
+    present = server.has(name)
+    table = server.table(name)
+    if not present:
+        return None
+    cert_file = table.string("cert_file")
+    key_file = table.string("key_file")
+    client_ca_file = table.optional_string("client_ca_file")
+    table.finish()
+    if not (server.ok(name) and table.ok("cert_file", "key_file", "client_ca_file")):
+        return None
+    try:
+        return checked_tls(TlsConfig(cert_file, key_file, client_ca_file))
+    except TlsFileError as error:
+        table.problem(error.key, error.message)
+        return None
+
+
+def _listen(table: Table, name: str, host: str, port: int) -> tuple[str, int]:
+    text = table.string(name, host_port(host, port))
+    if not table.ok(name):
+        return host, port
+    try:
+        return parse_listen(text)
+    except ValueError as exc:
+        table.problem(name, f"{exc}, got {json.dumps(text)}")
+        return host, port
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); port 0 means any free port."""
+    shape = 'must be "host:port" (IPv6 as "[::1]:8080")'
+    host, colon, port_text = text.rpartition(":")
+    if not colon or not host:
+        raise ValueError(shape)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if ":" not in host:
+            raise ValueError(f"{shape}; brackets are only for IPv6 addresses")
+    elif ":" in host:
+        raise ValueError(f'{shape}; put an IPv6 address in brackets')
+    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
+        raise ValueError(f"{shape} with a port from 0 to 65535")
+    return host, int(port_text)
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def read_estimate(table: Table) -> EstimateConfig:
+    default = EstimateConfig()
+    chars = table.number("chars_per_token", default.chars_per_token, minimum=0.0)
+    cjk = table.number("cjk_chars_per_token", default.cjk_chars_per_token, minimum=0.0)
+    per_message = table.integer("per_message_tokens", default.per_message_tokens, minimum=0)
+    table.finish()
+    return EstimateConfig(
+        chars_per_token=chars, cjk_chars_per_token=cjk, per_message_tokens=per_message
+    )
+
+
+def read_limits(table: Table) -> LimitsConfig:
+    default = LimitsConfig()
+    input_cap = table.integer("input_cap_tokens", default.input_cap_tokens, minimum=1)
+    default_max = table.integer("default_max_tokens", default.default_max_tokens, minimum=1)
+    output_cap = table.integer("output_cap_tokens", default.output_cap_tokens, minimum=1)
+    over_cap = table.choice("over_cap", _OVER_CAP_MODES, default.over_cap)
+    if table.ok("default_max_tokens", "output_cap_tokens") and default_max > output_cap:
+        table.problem(
+            "default_max_tokens",
+            f"{default_max} must be <= {table.key('output_cap_tokens')} {output_cap}"
+            " (the default would be over the cap)",
+        )
+    table.finish()
+    return LimitsConfig(
+        input_cap_tokens=input_cap,
+        default_max_tokens=default_max,
+        output_cap_tokens=output_cap,
+        over_cap=over_cap,
+    )
+
+
+def read_timeouts(table: Table) -> TimeoutsConfig:
+    default = TimeoutsConfig()
+    values = {
+        name: table.number(name, getattr(default, name), minimum=0.0)
+        for name in (
+            "connect_timeout",
+            "backend_keep_alive_timeout",
+            "end_to_end_timeout",
+            "health_check_interval",
+            "health_check_timeout",
+            "retry_after",
+        )
+    }
+    front_proxy = table.optional_number("front_proxy_timeout", minimum=0.0)
+    drain = table.number("drain_timeout", default.drain_timeout, minimum=0.0, inclusive=True)
+    table.finish()
+    return TimeoutsConfig(**values, front_proxy_timeout=front_proxy, drain_timeout=drain)
+
+
+def read_logging(table: Table) -> LoggingConfig:
+    default = LoggingConfig()
+    written = table.string("level", default.level)
+    level = next((name for name in _LOG_LEVELS if name == written.upper()), default.level)
+    if table.ok("level") and written.upper() not in _LOG_LEVELS:
+        names = ", ".join(json.dumps(name) for name in _LOG_LEVELS)
+        table.problem("level", f"must be one of {names} (any case), got {json.dumps(written)}")
+    log_format = table.choice("format", _LOG_FORMATS, default.format)
+    access_log = table.boolean("access_log", default.access_log)
+    log_prompts = table.boolean("log_prompts", default.log_prompts)
+    table.finish()
+    return LoggingConfig(
+        level=level, format=log_format, access_log=access_log, log_prompts=log_prompts
+    )
+
+
+def read_metrics(table: Table) -> MetricsConfig:
+    default = MetricsConfig()
+    scrape = table.number(
+        "backend_scrape_interval", default.backend_scrape_interval, minimum=0.0, inclusive=True
+    )
+    window = table.number(
+        "duplicate_request_id_window",
+        default.duplicate_request_id_window,
+        minimum=0.0,
+        inclusive=True,
+    )
+    table.finish()
+    return MetricsConfig(backend_scrape_interval=scrape, duplicate_request_id_window=window)
+
+
+def read_cluster(table: Table, present: bool) -> ClusterConfig | None:
+    """``[cluster]``: absent, this process holds every cap alone (no Redis needed)."""
+    if not present:
+        table.finish()
+        return None
+    default = ClusterConfig(redis_url="")
+    url = table.string("redis_url")
+    if table.ok("redis_url") and not (url.startswith(("redis://", "rediss://", "unix://"))):
+        table.problem("redis_url", f"must be a redis:// (or rediss://, unix://) URL, got {json.dumps(url)}")
+    namespace = table.string("namespace", default.namespace)
+    replica_id = table.string("replica_id", default.replica_id)
+    ttl = table.number("lease_ttl", default.lease_ttl, minimum=0.0)
+    interval = table.number("sync_interval", default.sync_interval, minimum=0.0)
+    if table.ok("lease_ttl", "sync_interval") and interval * 3 > ttl:
+        table.problem("sync_interval", f"{interval:g} s must be at most a third of {table.key('lease_ttl')} {ttl:g} s (a lease is renewed at every sync)")
+    share = table.number("static_share", default.static_share, minimum=0.0, inclusive=True)
+    if table.ok("static_share") and share > 1:
+        table.problem("static_share", f"must be at most 1 (a share of each cap; the replicas' shares must add up to at most 1), got {share:g}")
+    block = table.integer("block", default.block, minimum=0)
+    table.finish()
+    return ClusterConfig(
+        redis_url=url, namespace=namespace, replica_id=replica_id, lease_ttl=ttl, sync_interval=interval, static_share=share, block=block
+    )
+
+
+def read_rebalance(table: Table) -> RebalanceConfig:
+    default = RebalanceConfig()
+    interval = table.number("interval", default.interval, minimum=0.0)
+    hold = table.number("hold_time", default.hold_time, minimum=0.0, inclusive=True)
+    threshold = table.number("threshold", default.threshold, minimum=0.0)
+    cooldown = table.number("cooldown", default.cooldown, minimum=0.0, inclusive=True)
+    if table.ok("interval", "hold_time") and hold < interval:
+        table.problem("hold_time", f"{hold:g} s must be at least {table.key('interval')} {interval:g} s")
+    table.finish()
+    return RebalanceConfig(interval=interval, hold_time=hold, threshold=threshold, cooldown=cooldown)
+
+
+
+
+def read_discovery(table: Table) -> DiscoveryConfig:
+    """``[discovery]``: how often and through which server ``endpoints_dns`` are resolved."""
+    default = DiscoveryConfig()
+    interval = table.number("interval", default.interval, minimum=0.0)
+    timeout = table.number("timeout", default.timeout, minimum=0.0)
+    text = table.optional_string("nameserver")
+    host, port = None, default.nameserver_port
+    if text is not None and table.ok("nameserver"):
+        try:
+            host, port = _nameserver(text)
+        except ValueError:
+            table.problem("nameserver", f'must be an IP address with an optional port ("10.96.0.10", "127.0.0.1:5353", "[::1]:53"), got {json.dumps(text)}')
+    table.finish()
+    return DiscoveryConfig(interval=interval, timeout=timeout, nameserver=host, nameserver_port=port)
+
+
+def read_tracing(table: Table) -> TracingConfig:
+    """``[tracing]``: where spans go and how many traces are kept (router/tracing.py makes them)."""
+    default = TracingConfig()
+    enabled = table.boolean("enabled", default.enabled)
+    endpoint = table.string("endpoint", default.endpoint)
+    if table.ok("endpoint"):
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            table.problem("endpoint", f'must be an http:// or https:// URL (OTLP/HTTP, e.g. "http://127.0.0.1:4318/v1/traces"), got {json.dumps(endpoint)}')
+    ratio = table.number("sample_ratio", default.sample_ratio, minimum=0.0, inclusive=True)
+    if table.ok("sample_ratio") and ratio > 1:
+        table.problem("sample_ratio", f"must be at most 1 (the share of traces kept), got {ratio:g}")
+    service_name = table.string("service_name", default.service_name)
+    if table.ok("service_name") and not service_name.strip():
+        table.problem("service_name", "must not be empty")
+    headers: list[tuple[str, str]] = []
+    written: Mapping[str, object] = table.mapping("headers", "a table of header names to strings")
+    for name, value in written.items():
+        key = join_key(table.key("headers"), name)
+        if not _HEADER_NAME.fullmatch(name):
+            table.report(key, "must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)")
+            table.invalidate("headers")
+        elif not isinstance(value, str):  # the value may be a credential: never quoted
+            table.report(key, f"must be a string, got {kind(value)} (its value is not shown)")
+            table.invalidate("headers")
+        elif _HEADER_VALUE.fullmatch(value) is None:
+            table.report(key, "must be printable ASCII: it holds another character (its value is not shown)")
+            table.invalidate("headers")
+        else:
+            headers.append((name.lower(), value))
+    table.finish()
+    return TracingConfig(enabled=enabled, endpoint=endpoint, sample_ratio=ratio, service_name=service_name, headers=tuple(headers))
+
+
+def _nameserver(text: str) -> tuple[str, int]:
+    """(address, port) of ``ADDRESS``, ``ADDRESS:PORT`` or ``[IPV6]:PORT``; raises ValueError."""
+    try:
+        return ipaddress.ip_address(text).compressed, 53  # a bare address, IPv6 included
+    except ValueError:
+        pass
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(text)  # IPv6 with a port needs brackets
+    return ipaddress.ip_address(host).compressed, int(port)
+
