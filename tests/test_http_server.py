@@ -503,7 +503,7 @@ def test_the_server_keys_are_read_checked_and_shown() -> None:
 
 def test_the_shipped_config_names_the_parser_the_lean_server_uses() -> None:
     """Before: config.toml said the lean server was "h11 on Trio"; it is llhttp via httptools (issue 20, defect 6)."""
-    import tailguard.server.http.server as lean
+    import tailguard.server.http.reader as lean
 
     lines = (Path(__file__).resolve().parent.parent / "config.toml").read_text().splitlines()
     at = lines.index('http_server = "lean"')
