@@ -1,0 +1,395 @@
+"""The ``tailguard.v1.Completions`` handlers: the gate on open calls on the asyncio side, sessions on the Trio side.
+
+See :mod:`server.grpc.api` for why calls are refused where they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+
+from tailguard.router.auth import Caller
+from tailguard.router.config_types import ServerConfig
+from tailguard.router.dispatch import Router
+from tailguard.router.errors import BadBackendReply, Draining, InternalError, InvalidRequest, Overloaded, ServerBusy, TailguardError
+from tailguard.router.ids import IdSource
+from tailguard.router.request import RequestKind, RouterRequest
+from tailguard.router.session import Session, Sessions, checked_header
+from tailguard.router.shed import WINDOW_SECONDS, AdaptiveShed
+from tailguard.router.telemetry import RepeatedIds, Telemetry, is_valid_request_id
+
+if TYPE_CHECKING:  # imported only while [tracing] is on
+    from tailguard.router.tracing import Tracing
+
+from ..errors_map import grpc_error
+from ..timing import server_timing
+from .bridge import TrioPortal
+from .gen.tailguard.v1 import tailguard_pb2 as pb
+from .gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from .sse import DONE, SseDecoder
+from .translate import chunk_message, limits_message, parse_json, request_fields, response_message, routing_message
+
+log = logging.getLogger("tailguard.grpc")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Completions"].full_name
+# Completion calls open at once by default; beyond it RESOURCE_EXHAUSTED (config: server.grpc_max_calls).
+MAX_CONCURRENT_CALLS = ServerConfig.grpc_max_calls
+_SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance", retry_after=1.0)
+
+
+# Calls let past the gate beyond twice the pools' room: so pools with no room yet (no endpoints) still get the router's verdict.
+_ROOM_SLACK = 64
+
+
+def _gate(max_calls: int, room: int | None) -> int:
+    """Completion calls open at once, beyond which a call is refused on the asyncio side.
+
+    ``room`` is what the pools can seat and queue (``Router.room``). Past it a
+    call can only be refused or displace a less urgent waiter: twice that
+    leaves room for the displacing ones and for calls that have let go of
+    their seats and are still sending their last bytes.
+    """
+    return max_calls if room is None else min(max_calls, 2 * room + _ROOM_SLACK)
+
+
+
+# -- the Trio side: the session, and OpenAI JSON -> protobuf ---------------------------
+
+
+@dataclasses.dataclass
+class _Call:
+    """What the asyncio side hands the Trio side for one call (and reads back)."""
+
+    kind: RequestKind
+    message: Any  # pb.ChatRequest or pb.CompletionRequest
+    supplied_id: str  # the caller's request id, or ""
+    authorization: str | None
+    remaining: float | None  # the caller's deadline, in seconds from now
+    stream: bool
+    request_id: str | None = None  # set by the Trio side: the id the call goes by
+    trace_context: dict[str, str] | None = None  # the caller's traceparent and tracestate, if it sent them
+    caller: tuple[str, str | None] = ("", None)  # its connection and credentials: whose calls the shed counts it among
+
+    @property
+    def route(self) -> str:
+        """The call's full method name, as its span is named."""
+        return f"tailguard.v1.Completions/{'Chat' if self.kind == 'chat' else 'Complete'}{'Stream' if self.stream else ''}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Head:
+    """A stream's first item: the routing facts, as protobuf and as initial metadata."""
+
+    routing: pb.Routing
+    metadata: tuple[tuple[str, str], ...]
+
+
+class _Timing(str):
+    """The stream's last item: its ``server-timing`` value for the trailing metadata."""
+
+
+class _TrioSide:
+    """Runs calls in sessions on the router; everything here executes in Trio."""
+
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
+
+    def refused(self, request_id: str, error: ServerBusy) -> None:
+        """Record a call the asyncio side refused over the cap (already answered): its access-log line and metrics."""
+        telemetry = self._sessions.telemetry
+        telemetry.finish(telemetry.start(request_id, "grpc"), error)
+
+    async def unary(self, call: _Call) -> tuple[pb.CompletionResponse, tuple[tuple[str, str], ...], str]:
+        session = self._sessions.start(call.supplied_id, carrier=call.trace_context, route=call.route)
+        call.request_id = session.request_id
+        async with session:
+            request, caller = self._admit(call, session)
+            async with session.completion(request, caller) as completion:
+                await completion.read()  # checked and parsed once, by the core
+                response = response_message(request.kind, completion.payload, completion.routing)
+                metadata = session.routing_facts(completion.routing)
+            return response, metadata, checked_header("server-timing", server_timing(session.record, total=True))
+        raise AssertionError("the session ended without an answer")  # pragma: no cover
+
+    async def stream(self, emit: Callable[[Any], Awaitable[None]], call: _Call) -> None:
+        """Emit a _Head, then a list of chunks per backend read (one hand-off each), then the _Timing."""
+        session = self._sessions.start(call.supplied_id, carrier=call.trace_context, route=call.route)
+        call.request_id = session.request_id
+        async with session:
+            request, caller = self._admit(call, session)
+            kind = request.kind
+            async with session.completion(request, caller) as completion:
+                await emit(_Head(routing_message(completion.routing), session.routing_facts(completion.routing)))
+                decoder = SseDecoder()
+                ended = False  # [DONE] or a finish reason seen: the answer is complete
+                async for raw in completion.chunks(check=False):  # the decoder below parses every event: once is enough
+                    chunks = []
+                    for data in decoder.feed(raw):
+                        if data == DONE:
+                            ended = True
+                            continue
+                        chunk = chunk_message(kind, parse_json(data))
+                        if chunk.finish_reason:
+                            ended = True
+                        chunks.append(chunk)
+                    if chunks:
+                        await emit(chunks)
+                if not ended:
+                    raise BadBackendReply("the backend's stream ended without [DONE] or a finish reason")
+            await emit(_Timing(checked_header("server-timing", server_timing(session.record, total=True))))
+
+    @staticmethod
+    def _admit(call: _Call, session: Session) -> tuple[RouterRequest, Caller]:
+        """The caller and the translated request with its deadline, or the error that stops them."""
+        caller = session.authenticate(call.authorization)
+        # Built once, complete: a RouterRequest checks itself on every construction.
+        common = request_fields(call.message.options, session.request_id)
+        if call.stream:
+            common["params"]["stream_options"] = {"include_usage": True}
+        common["stream"] = call.stream
+        common["deadline"] = None if call.remaining is None else session.record.arrival + call.remaining
+        message = call.message
+        if call.kind == "chat":
+            messages = [{"role": m.role, "content": m.content} for m in message.messages]
+            return RouterRequest(kind="chat", model=message.model or None, messages=messages, **common), caller
+        return RouterRequest(kind="completion", model=message.model or None, prompt=message.prompt, **common), caller
+
+
+
+# -- the asyncio side: grpc.aio handlers ------------------------------------------
+
+
+class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # generated, untyped
+    """``tailguard.v1.Completions``: translation only; the work runs in Trio.
+
+    The gate on open calls is kept here, on the asyncio side: a call over
+    ``max_calls`` is refused before anything else is done for it (see the
+    module's docstring), so a flood is refused at the rate the asyncio loop
+    picks calls up, whatever the Trio side is doing.
+    """
+
+    def __init__(self, router: Router, portal: TrioPortal, observers: Observers, *, max_calls: int = MAX_CONCURRENT_CALLS) -> None:
+        self._router = router
+        self._portal = portal
+        self._max_calls = max_calls
+        self._open = 0  # completion calls open (asyncio side only)
+        self._room: int | None = None  # what the pools can seat and queue (Router.room), as the Trio side last said
+        self._gate = max_calls
+        self._shed = AdaptiveShed()  # asyncio side only
+        self._ids = IdSource()  # refused calls' ids (asyncio side only; the Trio side has its own)
+        sessions = Sessions(
+            router,
+            observers.telemetry,
+            "grpc",
+            repeated_ids=observers.repeated_ids,
+            on_repeat=observers.on_repeat,
+            max_open=max_calls,
+            log_prompts=observers.log_prompts,
+            request_id_field="request_id",
+            tracing=observers.tracing,
+        )
+        self._trio = _TrioSide(sessions)
+
+    async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
+        call = await self._admit("chat", request, context, stream=False)
+        try:
+            return await self._unary(call, context)
+        finally:
+            self._open -= 1
+
+    async def Complete(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
+        call = await self._admit("completion", request, context, stream=False)
+        try:
+            return await self._unary(call, context)
+        finally:
+            self._open -= 1
+
+    # grpc.aio recognises streaming handlers by being async generator functions.
+    async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:
+        call = await self._admit("chat", request, context, stream=True)
+        try:
+            async for chunk in self._stream(call, context):
+                yield chunk
+        finally:
+            self._open -= 1
+
+    async def CompleteStream(
+        self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CompletionChunk]:
+        call = await self._admit("completion", request, context, stream=True)
+        try:
+            async for chunk in self._stream(call, context):
+                yield chunk
+        finally:
+            self._open -= 1
+
+    async def _admit(self, kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool) -> _Call:
+        """The call, counted as open; or refused at once (RESOURCE_EXHAUSTED server_busy) over the gate or by the shed.
+
+        A request that did not decode is INVALID_ARGUMENT here (grpc's own answer
+        would be UNKNOWN, with Python's exception text).
+        """
+        if isinstance(message, _Malformed):
+            await _abort(context, InvalidRequest(f"the request is not a valid {message.type_name} message", param="request"))
+        call = _call(kind, message, context, stream=stream)
+        call.caller = (context.peer(), call.authorization)
+        retry_after = self._router.config.timeouts.retry_after  # a frozen config, swapped whole: safe to read here
+        if self._open >= self._gate:
+            why = "its cap" if self._gate == self._max_calls else f"more than its pools can seat and queue ({self._room})"
+            busy = ServerBusy(f"tailguard has {self._open} grpc calls open, {why}; retry after {retry_after:g} s", retry_after=retry_after)
+        elif not self._shed.admit(call.caller, time.monotonic()):
+            busy = ServerBusy(
+                f"tailguard sheds {self._shed.chance(call.caller, time.monotonic()):.0%} of this caller's calls now: most of its calls "
+                f"in the last {WINDOW_SECONDS:g} s were refused for overload; retry after {retry_after:g} s",
+                retry_after=retry_after,
+            )
+        else:
+            self._open += 1
+            return call
+        request_id = call.supplied_id if is_valid_request_id(call.supplied_id) else self._ids.fresh()
+        self._portal.post(self._trio.refused, request_id, busy)  # recorded in Trio, batched
+        await _abort(context, busy, request_id)
+
+    def _refused_inside(self, call: _Call, error: TailguardError) -> None:
+        """The shed hears of the call's refusal for overload (queue full, a cap, no room): its caller's next calls may be shed."""
+        if isinstance(error, Overloaded):
+            self._shed.refused(call.caller, time.monotonic())
+
+    def set_room(self, room: int) -> None:
+        """On the asyncio side: the pools' room changed (a reload, discovery, rebalancing); the gate follows."""
+        self._room = room
+        self._gate = _gate(self._max_calls, room)
+
+    async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:
+        """The limits in force; with API keys configured it needs one, as HTTP's /v1/limits does."""
+        if isinstance(request, _Malformed):
+            await _abort(context, InvalidRequest(f"the request is not a valid {request.type_name} message", param="request"))
+        try:
+            self._router.authenticate(_metadata(context).get("authorization"))
+        except TailguardError as error:
+            await _abort(context, error)
+        return limits_message(self._router.config)
+
+    async def _unary(self, call: _Call, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
+        try:
+            response, metadata, timing = await self._portal.call(self._trio.unary, call)
+        except TailguardError as error:
+            self._refused_inside(call, error)
+            await _abort(context, error, call.request_id)
+        except ConnectionAbortedError:
+            await _abort(context, _SHUTTING_DOWN, call.request_id)
+        except Exception as error:  # a bug outside the session (it logs and counts the ones inside)
+            await _abort_bug(context, error, call.request_id)
+        await context.send_initial_metadata(metadata)
+        context.set_trailing_metadata((("server-timing", timing),))
+        return response
+
+    async def _stream(self, call: _Call, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:
+        routing: pb.Routing | None = None
+        try:
+            async for item in self._portal.stream(self._trio.stream, call):
+                if isinstance(item, _Head):
+                    routing = item.routing
+                    await context.send_initial_metadata(item.metadata)
+                    continue
+                if isinstance(item, _Timing):
+                    context.set_trailing_metadata((("server-timing", str(item)),))
+                    continue
+                for chunk in item:
+                    if routing is not None:
+                        chunk.routing.CopyFrom(routing)
+                        routing = None
+                    yield chunk
+        except TailguardError as error:
+            self._refused_inside(call, error)
+            await _abort(context, error, call.request_id)
+        except ConnectionAbortedError:
+            await _abort(context, _SHUTTING_DOWN, call.request_id)
+        except Exception as error:  # a bug outside the session
+            await _abort_bug(context, error, call.request_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Observers:
+    """Where the gRPC front end reports finished calls and repeated request ids."""
+
+    telemetry: Telemetry
+    repeated_ids: RepeatedIds | None = None
+    on_repeat: Callable[[], None] = lambda: None
+    log_prompts: Callable[[], bool] = lambda: False
+    tracing: Callable[[], Tracing | None] | None = None  # the tracer of each call, if any
+
+
+_TRACE_CONTEXT = ("traceparent", "tracestate")  # W3C trace context, as gRPC metadata carries it
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+
+
+def _call(kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool) -> _Call:
+    """What the Trio side needs of one call (asyncio side: metadata and deadline are read here)."""
+    metadata = _metadata(context)
+    supplied = message.options.request_id or metadata.get("x-request-id") or ""
+    trace_context = {key: metadata[key] for key in _TRACE_CONTEXT if key in metadata} or None
+    return _Call(kind, message, supplied, metadata.get("authorization"), context.time_remaining(), stream, trace_context=trace_context)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class _Malformed:
+    """A request body that is not the message its method takes (what the lenient deserializer gives instead of raising)."""
+
+    type_name: str
+
+
+def _lenient(message_type: Any) -> Callable[[bytes], Any]:
+    """A deserializer that never raises: grpc.aio answers a raising one with UNKNOWN and the exception's text."""
+    name = message_type.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception:  # protobuf's DecodeError and kin: the caller's bytes, not a bug here
+            return _Malformed(name)
+
+    return parse
+
+
+def add_completions(service: CompletionsService, server: grpc.aio.Server) -> None:
+    """The generated registration, but with deserializers that never raise (``_lenient``): bad bytes are INVALID_ARGUMENT."""
+    unary, streaming = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+    methods = {
+        "Chat": unary(service.Chat, _lenient(pb.ChatRequest), pb.CompletionResponse.SerializeToString),
+        "ChatStream": streaming(service.ChatStream, _lenient(pb.ChatRequest), pb.CompletionChunk.SerializeToString),
+        "Complete": unary(service.Complete, _lenient(pb.CompletionRequest), pb.CompletionResponse.SerializeToString),
+        "CompleteStream": streaming(service.CompleteStream, _lenient(pb.CompletionRequest), pb.CompletionChunk.SerializeToString),
+        "GetLimits": unary(service.GetLimits, _lenient(pb.GetLimitsRequest), pb.Limits.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
+    server.add_registered_method_handlers(SERVICE_NAME, methods)
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: TailguardError, request_id: str | None = None) -> NoReturn:
+    if context.done():
+        # The caller's own deadline passed or it cancelled: grpc has already
+        # answered it; nothing more can be sent.
+        raise asyncio.CancelledError()
+    rendered = grpc_error(error)
+    metadata = rendered.trailing_metadata
+    if request_id:
+        metadata = (*metadata, ("x-request-id", request_id))
+    await context.abort(rendered.code, rendered.details, metadata)
+    raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+async def _abort_bug(context: grpc.aio.ServicerContext, error: Exception, request_id: str | None) -> NoReturn:
+    log.error("gRPC call %s failed unexpectedly: %s", request_id, type(error).__name__, exc_info=error)
+    await _abort(context, InternalError(f"tailguard failed unexpectedly ({type(error).__name__})"), request_id)
+
