@@ -31,10 +31,10 @@ import httpx
 import trio
 
 from .loop_lag import noticed_late
+from .sockets import READ_SIZE, ReadinessStream
 
 log = logging.getLogger("tailguard.transport")
 
-_READ_SIZE = 64 * 1024
 _MAX_HEAD_BYTES = 64 * 1024
 # A connection idle this long is closed rather than reused (httpx's default):
 # the pool shrinks back after a burst, and a server's own idle timeout
@@ -53,81 +53,7 @@ class _Stream(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _PlainStream:
-    """A connected TCP socket, read and written on Trio's readiness waits.
-
-    Why not ``trio.SocketStream``: a relayed stream gets one event per engine
-    step, so the socket is almost always empty when the next read starts. A
-    SocketStream read tries ``recv`` first and nearly always gets EAGAIN (a
-    system call and an exception for nothing) before it waits; its send yields
-    to the scheduler once more even when the bytes went at once. Here a read
-    that came back short waits for readiness first, and a send that completes
-    at once returns at once. Errors are Trio's, as a SocketStream raises them.
-    """
-
-    __slots__ = ("_sock", "_drained", "_closed", "_expected")
-
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        self._sock = sock
-        self._drained = True  # nothing can be waiting before the first request goes out
-        self._closed = False
-        self._expected = False  # the caller paused on purpose: the next read tries the socket at once
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        if self._closed:
-            raise trio.ClosedResourceError("the connection was closed")
-        sock = self._sock
-        if self._expected:  # the caller just slept: it yielded already, and bytes are most likely here
-            self._expected = False
-        elif self._drained:
-            await trio.lowlevel.wait_readable(sock)
-        else:  # the last read filled its buffer: more may be there, but let the others run first
-            await trio.lowlevel.checkpoint()
-        while True:
-            try:
-                data = sock.recv(max_bytes)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
-            except OSError as error:
-                raise trio.BrokenResourceError(f"the connection broke: {error}") from error
-            self._drained = len(data) < max_bytes
-            return data
-
-    def expect(self) -> None:
-        """The next read tries the socket before it waits: the caller paused so that bytes would pile up."""
-        self._expected = True
-
-    async def send_all(self, data: bytes) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError("the connection was closed")
-        sock = self._sock
-        try:
-            sent = sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError as error:
-            raise trio.BrokenResourceError(f"the connection broke: {error}") from error
-        view = memoryview(data)[sent:]
-        while view:
-            await trio.lowlevel.wait_writable(sock)
-            try:
-                view = view[sock.send(view) :]
-            except BlockingIOError:
-                pass
-            except OSError as error:
-                raise trio.BrokenResourceError(f"the connection broke: {error}") from error
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            trio.lowlevel.notify_closing(self._sock)  # a task waiting on it gets ClosedResourceError
-            self._sock.close()
-        await trio.lowlevel.checkpoint()
-
-
-class _Connection:
+class _BackendConnection:
     """One connection: a Trio stream and llhttp's parser of the responses on it.
 
     llhttp calls the ``on_*`` methods from ``feed_data``; they only record
@@ -183,7 +109,7 @@ class _Connection:
 
     async def receive(self) -> None:
         """Read what the server sent and parse it; EOF sets ``eof``."""
-        data = await self.stream.receive_some(_READ_SIZE)
+        data = await self.stream.receive_some(READ_SIZE)
         if not data:
             self.eof = True
             return
@@ -239,7 +165,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._connect_timeout = connect_timeout
         self._max_idle = max_idle
         self._keepalive_expiry = keepalive_expiry
-        self._idle: collections.deque[tuple[_Connection, float]] = collections.deque()  # oldest first
+        self._idle: collections.deque[tuple[_BackendConnection, float]] = collections.deque()  # oldest first
         self._closed = False
         self.opened = 0  # connections opened in all (tests and metrics read it)
         self.resent = 0  # requests sent again because a kept-alive connection was closed under them
@@ -295,7 +221,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
         )
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> _BackendConnection:
         """A new connection; a connect timeout noticed in a stall of this loop is tried once more.
 
         The stall may have hidden the engine's answer: the timeout would be
@@ -312,7 +238,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 raise httpx.ConnectTimeout(f"no connection to {self._host}:{self._port} within {self._connect_timeout:g} s") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _connect_once(self, deadline: float) -> _Connection:
+    async def _connect_once(self, deadline: float) -> _BackendConnection:
         try:
             with trio.fail_at(deadline):
                 opened = await trio.open_tcp_stream(self._host, self._port)
@@ -326,13 +252,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
                         raise
                     stream = tls
                 else:  # the socket, without SocketStream (its options, TCP_NODELAY among them, stay set)
-                    stream = _PlainStream(socket.socket(fileno=opened.socket.detach()))
+                    stream = ReadinessStream(socket.socket(fileno=opened.socket.detach()))
         except (OSError, trio.BrokenResourceError) as error:
             raise httpx.ConnectError(f"{self._host}:{self._port}: {error}") from None
         self.opened += 1
-        return _Connection(stream)
+        return _BackendConnection(stream)
 
-    async def _exchange(self, connection: _Connection, data: bytes) -> None:
+    async def _exchange(self, connection: _BackendConnection, data: bytes) -> None:
         """Send the whole request in one write; read up to the response head."""
         try:
             await connection.stream.send_all(data)
@@ -342,7 +268,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         except httpx.RemoteProtocolError as error:
             raise httpx.RemoteProtocolError(f"{self._host}:{self._port}: {error}") from None
 
-    def release(self, connection: _Connection) -> bool:
+    def release(self, connection: _BackendConnection) -> bool:
         """Keep a connection whose exchange ended cleanly; False if it must be closed."""
         if self._closed or len(self._idle) >= self._max_idle or not connection.reusable():
             return False
@@ -374,9 +300,9 @@ class ResponseBody(httpx.AsyncByteStream):
     ``aiter_raw``: one layer of async generator less for every relayed chunk.
     """
 
-    def __init__(self, transport: LeanTransport, connection: _Connection) -> None:
+    def __init__(self, transport: LeanTransport, connection: _BackendConnection) -> None:
         self._transport = transport
-        self._connection: _Connection | None = connection
+        self._connection: _BackendConnection | None = connection
 
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         connection = self._connection
@@ -410,7 +336,7 @@ class ResponseBody(httpx.AsyncByteStream):
         """Let the body pile up for ``seconds``; the next read then takes it at once (no wait for readiness)."""
         await trio.sleep(seconds)
         connection = self._connection
-        if connection is not None and isinstance(connection.stream, _PlainStream):
+        if connection is not None and isinstance(connection.stream, ReadinessStream):
             connection.stream.expect()
 
     async def aclose(self) -> None:

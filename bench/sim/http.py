@@ -4,7 +4,8 @@ Why not an ASGI server: a relayed SSE event costs ~100 µs of CPU through an ASG
 stack, and the simulator must stream thousands of events a second beside the
 router on two cores. Here one engine step costs one ``send`` per connection,
 whatever the number of tokens in it, and a send that fits in the socket
-buffer costs no trip through Trio's scheduler (``_Socket.send_all``); a
+buffer costs no trip through Trio's scheduler (``ReadinessStream.send_all``,
+``router/sockets.py``); a
 profile showed those trips were a third of the simulator's CPU.
 
 While a response is being produced, a watcher reads the socket: end of file
@@ -25,7 +26,6 @@ same port again later: a killed and revived engine.
 
 from __future__ import annotations
 
-import errno
 import http
 import logging
 import socket
@@ -35,6 +35,8 @@ from typing import Protocol
 import h11
 import trio
 
+from tailguard.router.sockets import ReadinessStream, accept_forever, listen
+
 from .app import ApiError, DropConnection, SimResponse
 
 log = logging.getLogger("bench.sim.http")
@@ -43,8 +45,7 @@ Handler = Callable[[str, str, Mapping[str, str], bytes], Awaitable[SimResponse]]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 KEEP_ALIVE_TIMEOUT = 5.0  # uvicorn's timeout_keep_alive default, vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE
-_READ_SIZE = 64 * 1024
-_ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ECONNABORTED}
+_BACKLOG = 4096
 
 
 class Gate(Protocol):
@@ -56,48 +57,10 @@ class Gate(Protocol):
     async def wait_changed(self) -> None: ...
 
 
-class _Socket:
-    """A non-blocking socket driven by Trio's readiness waits.
-
-    Unlike ``trio.SocketStream`` it does not checkpoint when a send completes
-    at once: the streaming loop already parks once per engine step.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
-
-    async def receive_some(self) -> bytes:
-        """Bytes from the peer; ``b""`` when it closed or reset the connection."""
-        while True:
-            try:
-                return self._sock.recv(_READ_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(self._sock)
-            except OSError:
-                return b""
-
-    async def send_all(self, data: bytes) -> None:
-        """Write everything; raises BrokenResourceError when the peer is gone."""
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self._sock.send(view) :]
-            except BlockingIOError:
-                await trio.lowlevel.wait_writable(self._sock)
-            except OSError as error:
-                raise trio.BrokenResourceError(str(error)) from error
-
-    def close(self) -> None:
-        trio.lowlevel.notify_closing(self._sock)
-        self._sock.close()
-
-
-class _Connection:
+class _EngineConnection:
     """One client connection: requests in sequence (keep-alive), one at a time."""
 
-    def __init__(self, sock: _Socket, handler: Handler, keep_alive_timeout: float) -> None:
+    def __init__(self, sock: ReadinessStream, handler: Handler, keep_alive_timeout: float) -> None:
         self._sock = sock
         self._handler = handler
         self._keep_alive_timeout = keep_alive_timeout
@@ -135,7 +98,7 @@ class _Connection:
         if buffered or closed:
             return True  # pipelined (kept by the disconnect watcher), or the peer already closed
         with trio.move_on_after(self._keep_alive_timeout):
-            self._h11.receive_data(await self._sock.receive_some())
+            self._h11.receive_data(await self._sock.receive_or_eof())
             return True
         return False
 
@@ -144,7 +107,7 @@ class _Connection:
             event = self._h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            self._h11.receive_data(await self._sock.receive_some())
+            self._h11.receive_data(await self._sock.receive_or_eof())
 
     async def _next_request(self) -> tuple[str, str, dict[str, str], bytes] | None:
         try:
@@ -192,7 +155,7 @@ class _Connection:
 
     async def _watch_for_disconnect(self, scope: trio.CancelScope) -> None:
         """Cancel the response when the client closes its end of the socket."""
-        data = await self._sock.receive_some()
+        data = await self._sock.receive_or_eof()
         if not data:
             self._client_gone = True
             scope.cancel()
@@ -230,20 +193,6 @@ def _reason(status: int) -> bytes:
         return b""
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(4096)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 async def serve(
     handler: Handler,
     host: str,
@@ -261,7 +210,7 @@ async def serve(
     """
     if keep_alive_timeout < 0:
         raise ValueError(f"keep_alive_timeout must not be negative, got {keep_alive_timeout}")
-    listener = _listen(host, port)
+    listener = listen(host, port, _BACKLOG)
     bound = listener.getsockname()[1]
     task_status.started(bound)
     while True:
@@ -276,7 +225,7 @@ async def serve(
         assert gate is not None  # only a gate ends the accept loop without an error
         while not gate.listening:
             await gate.wait_changed()
-        listener = _listen(host, bound)
+        listener = listen(host, bound, _BACKLOG)
 
 
 async def _close_when_shut(gate: Gate, scope: trio.CancelScope) -> None:
@@ -288,21 +237,8 @@ async def _close_when_shut(gate: Gate, scope: trio.CancelScope) -> None:
 async def _accept(listener: socket.socket, handler: Handler, nursery: trio.Nursery, keep_alive_timeout: float) -> None:
     async def on_connection(sock: socket.socket) -> None:
         try:
-            await _Connection(_Socket(sock), handler, keep_alive_timeout).serve()
+            await _EngineConnection(ReadinessStream(sock), handler, keep_alive_timeout).serve()
         except Exception:  # one broken connection must not stop the server
             log.exception("connection failed")
 
-    while True:
-        try:
-            sock, _ = listener.accept()
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(listener)
-            continue
-        except OSError as error:
-            if error.errno not in _ACCEPT_RETRY_ERRNOS:
-                raise
-            log.warning("accept failed (%s); retrying", error)
-            await trio.sleep(0.01)
-            continue
-        nursery.start_soon(on_connection, sock)
-        await trio.lowlevel.checkpoint()
+    await accept_forever(listener, lambda sock, _: nursery.start_soon(on_connection, sock), log)

@@ -33,20 +33,44 @@ def _ignore(stalled: bool = False) -> None:
     pass
 
 
-class ClientSocket:
+class _CutOnce:
+    """What both client streams share: the connection is cut once, and told once (``on_abort``)."""
+
+    __slots__ = ("closed", "_write_timeout", "_on_abort")
+
+    def __init__(self, write_timeout: float, on_abort: Callable[[bool], None]) -> None:
+        self._write_timeout = write_timeout
+        self._on_abort = on_abort
+        self.closed = False
+
+    def abort(self, *, stalled: bool = False) -> None:
+        if not self.closed:
+            on_abort = self._on_abort
+            self.close()
+            on_abort(stalled)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._on_abort = _ignore  # it refers back to the connection: no cycle left for the GC
+            self._close_now()
+
+    def _close_now(self) -> None:
+        raise NotImplementedError
+
+
+class ClientSocket(_CutOnce):
     """A plain client connection: reads and writes that complete at once do not checkpoint.
 
     A send that must wait is bounded by ``write_timeout`` and, when it does
     not complete, closes the socket (``on_abort`` is told).
     """
 
-    __slots__ = ("_stream", "closed", "_write_timeout", "_on_abort")
+    __slots__ = ("_stream",)
 
     def __init__(self, sock: socket.socket, write_timeout: float, on_abort: Callable[[bool], None]) -> None:
+        super().__init__(write_timeout, on_abort)
         self._stream = ReadinessStream(sock)
-        self._write_timeout = write_timeout
-        self._on_abort = on_abort
-        self.closed = False
 
     async def receive_some(self) -> bytes:
         """Bytes from the peer; ``b""`` when it closed or reset the connection."""
@@ -82,20 +106,11 @@ class ClientSocket:
     def shutdown_write(self) -> None:
         self._stream.shutdown_write()
 
-    def abort(self, *, stalled: bool = False) -> None:
-        if not self.closed:
-            on_abort = self._on_abort
-            self.close()
-            on_abort(stalled)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._on_abort = _ignore  # it refers back to the connection: no cycle left for the GC
-            self._stream.close()
+    def _close_now(self) -> None:
+        self._stream.close()
 
 
-class TlsClientSocket:
+class TlsClientSocket(_CutOnce):
     """A TLS connection (``trio.SSLStream`` over the accepted socket) behind ``ClientSocket``'s interface.
 
     Only TLS listeners pay for it; the plain path keeps its raw socket. As
@@ -105,14 +120,12 @@ class TlsClientSocket:
     stream, which wakes a task waiting on it.
     """
 
-    __slots__ = ("_stream", "_raw", "closed", "_write_timeout", "_on_abort")
+    __slots__ = ("_stream", "_raw")
 
     def __init__(self, stream: trio.SSLStream[trio.SocketStream], write_timeout: float, on_abort: Callable[[bool], None]) -> None:
+        super().__init__(write_timeout, on_abort)
         self._stream = stream
         self._raw = stream.transport_stream.socket
-        self._write_timeout = write_timeout
-        self._on_abort = on_abort
-        self.closed = False
 
     async def receive_some(self) -> bytes:
         """Bytes from the peer; ``b""`` when it closed, reset or broke the TLS stream."""
@@ -147,17 +160,8 @@ class TlsClientSocket:
         except OSError:
             pass
 
-    def abort(self, *, stalled: bool = False) -> None:
-        if not self.closed:
-            on_abort = self._on_abort
-            self.close()
-            on_abort(stalled)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._on_abort = _ignore
-            self._raw.close()  # Trio's socket: tells a task waiting on it first
+    def _close_now(self) -> None:
+        self._raw.close()  # Trio's socket: tells a task waiting on it first
 
 
 async def tls_handshake(
