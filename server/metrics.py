@@ -245,93 +245,100 @@ class _RouterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._router.statistics()
-
-        def gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=labels)
-
-        info = gauge("tailguard_config_info", "The loaded config's digest (value 1).", ("digest",))
+        info = _gauge("tailguard_config_info", "The loaded config's digest (value 1).", ("digest",))
         info.add_metric((stats.config_digest,), 1)
         yield info
-        draining = gauge("tailguard_draining", "1 while shutting down: new requests get 503.", ())
+        draining = _gauge("tailguard_draining", "1 while shutting down: new requests get 503.", ())
         draining.add_metric((), int(stats.draining))
         yield draining
-
-        pool = ("pool",)
-        pool_gauges = {
-            "in_flight": gauge("tailguard_pool_in_flight", "Requests holding a seat in the pool.", pool),
-            "max_concurrency": gauge("tailguard_pool_max_concurrency", "The pool's concurrency cap.", pool),
-            "queue_length": gauge("tailguard_pool_queue_length", "Requests waiting for a seat.", pool),
-            "max_queue": gauge("tailguard_pool_max_queue", "The pool's queue bound; beyond it, 429.", pool),
-            "healthy_endpoints": gauge(
-                "tailguard_pool_healthy_endpoints", "Endpoints that may take requests (healthy and not ejected).", pool
-            ),
-        }
-        for p in stats.pools:
-            values = {
-                "in_flight": p.in_flight,
-                "max_concurrency": p.max_concurrency,
-                "queue_length": p.queue.waiting,
-                "max_queue": p.queue.max_waiting,
-                "healthy_endpoints": p.healthy_endpoints,
-            }
-            for key, family in pool_gauges.items():
-                family.add_metric((p.name,), values[key])
-        yield from pool_gauges.values()
-
-        endpoint = ("pool", "endpoint")
-        in_flight = gauge("tailguard_endpoint_in_flight", "Requests tailguard has running on the endpoint.", endpoint)
-        cap = gauge("tailguard_endpoint_max_concurrency", "The endpoint's concurrency cap.", endpoint)
-        healthy = gauge("tailguard_endpoint_healthy", "1 when the endpoint passes its health check.", endpoint)
-        running = gauge("tailguard_backend_requests_running", "The engine's own running count (vllm:num_requests_running).", endpoint)
-        waiting = gauge("tailguard_backend_requests_waiting", "The engine's own queue (vllm:num_requests_waiting).", endpoint)
-        kv = gauge("tailguard_backend_kv_cache_usage_ratio", "The engine's KV-cache usage, 0 to 1.", endpoint)
-        scrape_ok = gauge("tailguard_backend_scrape_ok", "1 when the last scrape of the engine's /metrics worked.", endpoint)
-        ejected = gauge("tailguard_endpoint_ejected", "1 while outlier detection has the endpoint out.", endpoint)
-        ejections = CounterMetricFamily(
-            "tailguard_endpoint_ejections", "Times outlier detection took the endpoint out.", labels=endpoint
-        )
-        failures = gauge("tailguard_endpoint_failures_in_a_row", "The endpoint's current run of failed requests.", endpoint)
-        busy = CounterMetricFamily(
-            "tailguard_endpoint_busy", "503s before any byte from the engine: its own queue full (--max-num-queued-reqs).", labels=endpoint
-        )
-        refused = gauge("tailguard_endpoint_key_refused", "1 while the engine refuses tailguard's key (api_key_env): down.", endpoint)
-        for e in stats.endpoints:
-            labels = (e.pool, e.url)
-            in_flight.add_metric(labels, e.in_flight)
-            cap.add_metric(labels, e.max_concurrency)
-            healthy.add_metric(labels, int(e.healthy))
-            ejected.add_metric(labels, int(e.ejected))
-            ejections.add_metric(labels, e.ejections)
-            failures.add_metric(labels, e.failures_in_a_row)
-            busy.add_metric(labels, e.busy_answers)
-            refused.add_metric(labels, int(e.key_refused))
-            if e.load is None:
-                continue
-            scrape_ok.add_metric(labels, int(e.load.ok))
-            for family, value in ((running, e.load.running), (waiting, e.load.waiting), (kv, e.load.kv_cache_usage)):
-                if value is not None:
-                    family.add_metric(labels, value)
-        yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, ejected, ejections, failures, busy, refused)
+        yield from _pools(stats)
+        yield from _endpoints(stats)
         retries = CounterMetricFamily(
-            "tailguard_backend_retries", "Calls that failed before any response and were tried again on another endpoint.", labels=pool
+            "tailguard_backend_retries", "Calls that failed before any response and were tried again on another endpoint.", labels=("pool",)
         )
         for name, count in (stats.retries or {}).items():
             retries.add_metric((name,), count)
         yield retries
-        yield from _sharing(stats, gauge)
-        clients = gauge("tailguard_backend_clients", "Open HTTP clients to backends (retired ones still closing included).", ())
+        yield from _sharing(stats)
+        clients = _gauge("tailguard_backend_clients", "Open HTTP clients to backends (retired ones still closing included).", ())
         clients.add_metric((), stats.backend_clients)
         yield clients
-
-        callers = gauge("tailguard_caller_in_flight", "Requests in flight (queued or running) per API key name.", ("caller",))
+        callers = _gauge("tailguard_caller_in_flight", "Requests in flight (queued or running) per API key name.", ("caller",))
         for name, count in stats.caller_in_flight.items():
             callers.add_metric((name,), count)
         yield callers
 
 
-def _sharing(stats: RouterStatistics, gauge: Callable[[str, str, tuple[str, ...]], GaugeMetricFamily]) -> Iterator[Metric]:
+def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _pools(stats: RouterStatistics) -> Iterator[Metric]:
+    """Each pool's seats, queue and healthy endpoints."""
+    pool = ("pool",)
+    pool_gauges = {
+        "in_flight": _gauge("tailguard_pool_in_flight", "Requests holding a seat in the pool.", pool),
+        "max_concurrency": _gauge("tailguard_pool_max_concurrency", "The pool's concurrency cap.", pool),
+        "queue_length": _gauge("tailguard_pool_queue_length", "Requests waiting for a seat.", pool),
+        "max_queue": _gauge("tailguard_pool_max_queue", "The pool's queue bound; beyond it, 429.", pool),
+        "healthy_endpoints": _gauge(
+            "tailguard_pool_healthy_endpoints", "Endpoints that may take requests (healthy and not ejected).", pool
+        ),
+    }
+    for p in stats.pools:
+        values = {
+            "in_flight": p.in_flight,
+            "max_concurrency": p.max_concurrency,
+            "queue_length": p.queue.waiting,
+            "max_queue": p.queue.max_waiting,
+            "healthy_endpoints": p.healthy_endpoints,
+        }
+        for key, family in pool_gauges.items():
+            family.add_metric((p.name,), values[key])
+    yield from pool_gauges.values()
+
+
+def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
+    """Each endpoint's seats and health as tailguard sees them, and its engine's own load as scraped."""
+    endpoint = ("pool", "endpoint")
+    in_flight = _gauge("tailguard_endpoint_in_flight", "Requests tailguard has running on the endpoint.", endpoint)
+    cap = _gauge("tailguard_endpoint_max_concurrency", "The endpoint's concurrency cap.", endpoint)
+    healthy = _gauge("tailguard_endpoint_healthy", "1 when the endpoint passes its health check.", endpoint)
+    running = _gauge("tailguard_backend_requests_running", "The engine's own running count (vllm:num_requests_running).", endpoint)
+    waiting = _gauge("tailguard_backend_requests_waiting", "The engine's own queue (vllm:num_requests_waiting).", endpoint)
+    kv = _gauge("tailguard_backend_kv_cache_usage_ratio", "The engine's KV-cache usage, 0 to 1.", endpoint)
+    scrape_ok = _gauge("tailguard_backend_scrape_ok", "1 when the last scrape of the engine's /metrics worked.", endpoint)
+    ejected = _gauge("tailguard_endpoint_ejected", "1 while outlier detection has the endpoint out.", endpoint)
+    ejections = CounterMetricFamily(
+        "tailguard_endpoint_ejections", "Times outlier detection took the endpoint out.", labels=endpoint
+    )
+    failures = _gauge("tailguard_endpoint_failures_in_a_row", "The endpoint's current run of failed requests.", endpoint)
+    busy = CounterMetricFamily(
+        "tailguard_endpoint_busy", "503s before any byte from the engine: its own queue full (--max-num-queued-reqs).", labels=endpoint
+    )
+    refused = _gauge("tailguard_endpoint_key_refused", "1 while the engine refuses tailguard's key (api_key_env): down.", endpoint)
+    for e in stats.endpoints:
+        labels = (e.pool, e.url)
+        in_flight.add_metric(labels, e.in_flight)
+        cap.add_metric(labels, e.max_concurrency)
+        healthy.add_metric(labels, int(e.healthy))
+        ejected.add_metric(labels, int(e.ejected))
+        ejections.add_metric(labels, e.ejections)
+        failures.add_metric(labels, e.failures_in_a_row)
+        busy.add_metric(labels, e.busy_answers)
+        refused.add_metric(labels, int(e.key_refused))
+        if e.load is None:
+            continue
+        scrape_ok.add_metric(labels, int(e.load.ok))
+        for family, value in ((running, e.load.running), (waiting, e.load.waiting), (kv, e.load.kv_cache_usage)):
+            if value is not None:
+                family.add_metric(labels, value)
+    yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, ejected, ejections, failures, busy, refused)
+
+
+def _sharing(stats: RouterStatistics) -> Iterator[Metric]:
     """Lending and rebalancing: seats lent now, borrowing and moves so far, the assignment."""
-    lent = gauge("tailguard_pool_lent_seats", "Seats of the pool serving other pools' requests now (lending).", ("pool",))
+    lent = _gauge("tailguard_pool_lent_seats", "Seats of the pool serving other pools' requests now (lending).", ("pool",))
     for name, seats in (stats.lent or {}).items():
         lent.add_metric((name,), seats)
     yield lent
@@ -347,20 +354,20 @@ def _sharing(stats: RouterStatistics, gauge: Callable[[str, str, tuple[str, ...]
     for (source, target), count in stats.moves.items():
         moves.add_metric((source, target), count)
     yield moves
-    assigned = gauge("tailguard_endpoint_assignment", "1 for the pool each endpoint serves now (rebalancing moves it).", ("pool", "endpoint"))
+    assigned = _gauge("tailguard_endpoint_assignment", "1 for the pool each endpoint serves now (rebalancing moves it).", ("pool", "endpoint"))
     for e in stats.endpoints:
         assigned.add_metric((e.pool, e.url), 1)
     yield assigned
     if stats.cluster is not None:
-        mode = gauge("tailguard_cluster_mode", "1 for the shared ledger's mode now: ledger, fallback (static shares) or starting.", ("mode",))
+        mode = _gauge("tailguard_cluster_mode", "1 for the shared ledger's mode now: ledger, fallback (static shares) or starting.", ("mode",))
         for name in ("ledger", "fallback", "starting"):
             mode.add_metric((name,), int(stats.cluster.mode == name))
         yield mode
-        grants = gauge("tailguard_cluster_grant_seats", "Seats of each cluster-wide cap this replica may use now.", ("resource",))
+        grants = _gauge("tailguard_cluster_grant_seats", "Seats of each cluster-wide cap this replica may use now.", ("resource",))
         for resource, seats in stats.cluster.grants.items():
             grants.add_metric((resource,), seats)
         yield grants
-    moving = gauge(
+    moving = _gauge(
         "tailguard_endpoint_moving", "1 while an endpoint finishes its old pool's requests before joining another.", ("endpoint", "from", "to")
     )
     for url, (source, target) in stats.moving.items():
