@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from bench.cluster.run import KEYS, RedisProcess
+from bench.cluster.lab import KEYS, RedisProcess
 from bench.harness.client import CHAT_PATH, KeepAliveClient, http_request
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import free_ports, start_process, start_tailguard, wait_ready

@@ -1,0 +1,233 @@
+"""What the cluster benchmark's modules share: its constants, options and keys, and the lab of processes it runs."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import trio
+
+from bench.harness.client import HOST
+from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.procs import RESULTS_ROOT, free_ports, start_process, start_tailguard, stop, wait_ready
+from tailguard.router.auth import hash_key
+
+RESULTS = RESULTS_ROOT / "cluster"
+
+
+PHASES = ("cost", "load", "kill", "outage", "skew")
+
+
+OUTAGES = ("outage_stop", "outage_pause", "outage_skew")
+
+
+NAMESPACE = "bench-cluster"
+
+
+BATCH_QUEUE_TIMEOUT = 10.0  # real s (interactive: tailguard_config's 3 s)
+
+
+MAX_QUEUE = 64
+
+
+ANSWERED = ("ok", "429", "503", "timeout")  # one complete answer each (a 504 is "timeout")
+
+
+PHASE_DRAIN = BATCH_QUEUE_TIMEOUT + 15.0  # kill and outage runs: every request ends (a long one runs ~9 s at time scale 2)
+
+
+LEDGER_POLL_S = 0.02
+
+
+HEALTH_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One ``[[auth.keys]]`` entry and its share of the arrivals."""
+
+    name: str
+    share: float
+    max_concurrency: int
+
+    @property
+    def secret(self) -> str:
+        return f"tg-bench-{self.name}-0123456789"  # a benchmark's own made-up key
+
+
+KEYS = (KeySpec("web", 0.5, 16), KeySpec("jobs", 0.3, 8), KeySpec("trial", 0.2, 4))
+
+
+@dataclass(frozen=True)
+class Options:
+    time_scale: float
+    seats: int
+    replicas: int
+    loads: tuple[float, ...]
+    traffics: tuple[str, ...]
+    burst_period: float
+    warmup: float
+    window: float
+    drain: float
+    lease_ttl: float
+    sync_interval: float
+    block: int
+    outage: float
+    pause: float
+    overhead_rate: float
+    overhead_seconds: float
+    overhead_rounds: int
+    sample_interval: float
+    seed: int
+    out: Path
+    phases: tuple[str, ...] = PHASES
+    key_caps: bool = True  # the keys' max_concurrency in every config (--no-key-caps: none, for experiments)
+
+
+# -- processes -------------------------------------------------------------------------
+
+
+class RedisProcess:
+    """redis-server on one port, without persistence: killed and started again, or paused, by the benchmark."""
+
+    def __init__(self, nursery: trio.Nursery, port: int, log: IO[bytes]) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.exe, self.nursery, self.port, self.log = exe, nursery, port, log
+        self.process: trio.Process | None = None
+        self.paused = False
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    async def start(self) -> None:
+        command = [self.exe, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no"]
+        self.process = await start_process(self.nursery, command, self.log)
+        with trio.fail_after(10):
+            while True:
+                try:
+                    stream = await trio.open_tcp_stream(HOST, self.port)
+                except OSError:
+                    await trio.sleep(0.02)
+                    continue
+                await stream.aclose()
+                return
+
+    async def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        await self.process.wait()
+        self.process = None
+
+    def pause(self, paused: bool) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+        self.paused = paused
+
+
+@dataclass
+class Replica:
+    name: str
+    port: int
+    process: trio.Process
+    log: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+
+@dataclass
+class Engine:
+    role: str  # interactive | batch-1 | batch-2
+    port: int
+    cap: int
+
+    @property
+    def resource(self) -> str:
+        return f"endpoint:http://{HOST}:{self.port}"
+
+
+@dataclass
+class Lab:
+    """Everything the phases share: the options, the processes, the ports."""
+
+    options: Options
+    tmp: Path
+    nursery: trio.Nursery
+    redis: RedisProcess
+    engines: list[Engine]  # the capped ones
+    instant: tuple[int, int]  # interactive, batch instant engines
+    logs: list[IO[bytes]] = field(default_factory=list)
+
+    def pools(self, instant: bool = False) -> tuple[PoolSpec, PoolSpec]:
+        if instant:
+            return (PoolSpec("interactive", [(self.instant[0], 256)], 256, MAX_QUEUE), PoolSpec("batch", [(self.instant[1], 256)], 256, MAX_QUEUE))
+        by_role = {e.role: e for e in self.engines}
+        inter = by_role["interactive"]
+        batch = [by_role["batch-1"], by_role["batch-2"]]
+        return (
+            PoolSpec("interactive", [(inter.port, inter.cap)], inter.cap, MAX_QUEUE),
+            PoolSpec("batch", [(e.port, e.cap) for e in batch], sum(e.cap for e in batch), MAX_QUEUE),
+        )
+
+    def caps(self) -> dict[str, int]:
+        """Every cluster-wide cap the ledger holds: pools, endpoints, keys."""
+        inter, batch = self.pools()
+        caps = {"pool:interactive": inter.max_concurrency, "pool:batch": batch.max_concurrency}
+        caps |= {e.resource: e.cap for e in self.engines}
+        return caps | {f"key:{k.name}": k.max_concurrency for k in KEYS}
+
+    async def replica(
+        self, name: str, namespace: str | None, static_share: float = 1.0, instant: bool = False, block: int | None = None, key_caps: bool = True
+    ) -> Replica:
+        """A tailguard process (HTTP only), with ``[cluster]`` in ``namespace`` unless None; ``wait_ready`` before use."""
+        http_port, grpc_port = free_ports(2)
+        sections: list[str] = []
+        if namespace is not None:
+            o = self.options
+            sections += [
+                "[cluster]",
+                f'redis_url = "{self.redis.url}"',
+                f'namespace = "{namespace}"',
+                f'replica_id = "{name}"',
+                f"lease_ttl = {o.lease_ttl:g}",
+                f"sync_interval = {o.sync_interval:g}",
+                f"static_share = {static_share:g}",
+                f"block = {o.block if block is None else block}",
+                "",
+            ]
+        for key in KEYS:
+            sections += ["[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"']
+            sections += [f"max_concurrency = {key.max_concurrency}", ""] if key_caps and self.options.key_caps else [""]
+        text = tailguard_config(http_port, grpc_port, *self.pools(instant), batch_queue_timeout=BATCH_QUEUE_TIMEOUT, sections=sections)
+        config = self.tmp / f"{name}.toml"
+        config.write_text(text)
+        log_path = self.tmp / f"{name}.log"
+        log = log_path.open("ab")
+        self.logs.append(log)
+        process = await start_tailguard(self.nursery, config, log=log, extra_args=["--no-grpc"])
+        return Replica(name, http_port, process, log_path)
+
+    async def group(
+        self, names: Sequence[str], namespace: str | None, static_share: float = 1.0, instant: bool = False, block: int | None = None,
+        key_caps: bool = True,
+    ) -> list[Replica]:
+        """Several replicas started at once; returns when every one answers /health 200."""
+        replicas = [await self.replica(name, namespace, static_share, instant, block, key_caps) for name in names]
+        async with trio.open_nursery() as ready:
+            for r in replicas:
+                ready.start_soon(wait_ready, r.port, r.process, r.name)
+        return replicas
+
+
+async def stop_all(replicas: Sequence[Replica]) -> None:
+    async with trio.open_nursery() as nursery:
+        for r in replicas:
+            nursery.start_soon(stop, r.process)
