@@ -8,6 +8,18 @@ from bench.cluster.lab import OUTAGES
 
 
 def render(result: dict[str, Any], command: str) -> str:
+    """The whole result as markdown: the parameters, the checks, a section for each phase that ran, the notes."""
+    lines = _head(result, command) + _cost(result.get("ledger_cost")) + _load(result)
+    lines += _kill(result.get("kill"), result["options"])
+    for name in OUTAGES:
+        out = result.get(name)
+        if out:
+            lines += _outage(out)
+    return "\n".join(lines + _notes(result))
+
+
+def _head(result: dict[str, Any], command: str) -> list[str]:
+    """The run's parameters and the checks' table."""
     o = result["options"]
     lines = [
         "# python -m bench cluster",
@@ -31,86 +43,107 @@ def render(result: dict[str, Any], command: str) -> str:
         *(f"| {c['check']} | {c['verdict']} | {c['detail']} |" for c in result["checks"]),
         "",
     ]
-    cost = result.get("ledger_cost")
-    if cost:
-        lines += [
-            "## What the ledger adds per request",
-            "",
-            f"Open loop, Poisson {cost['rate']:g} req/s, short non-streaming chat (16 tokens) on an instant engine, "
-            f"{cost['rounds']} alternating rounds of {cost['seconds_per_round']:g} s each.",
-            "",
-            "| tailguard | n | errors | p50 ms | p90 ms | p99 ms | CPU µs/request |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for name in ("plain", "ledger"):
-            c = cost[name]
-            lines.append(f"| {name} | {c['n']} | {c['errors']} | {c['p50_ms']:.3f} | {c['p90_ms']:.3f} | {c['p99_ms']:.3f} | {c['cpu_us_per_request']:.0f} |")
-        added = cost["added_ms"]
-        lines += ["", f"Added by the ledger: p50 {added['p50']:+.3f} ms, p90 {added['p90']:+.3f} ms, p99 {added['p99']:+.3f} ms.", ""]
-    if result.get("load"):
-        lines += [
-            "## Load",
-            "",
-            "| set-up | traffic | load | req/s | short ok / n | short 429 / 503 | short E2E p50 / p99 ms | long ok / n | long E2E p50 ms | "
-            "engines max in engine / cap | keys most streaming at once / cap | 429 per key | machine cores | load avg |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in result["load"]:
-            s, lg = r["short"], r["long"]
-            engines = " ".join(f"{w['max_in_engine']}/{w['cap']}" for w in r["engines"].values())
-            keys = " ".join(f"{v['max_streaming']}/{v['cap'] if o.get('key_caps', True) else '-'}" for v in r["keys"].values())
-            rejected = " ".join(f"{k}:{v['outcomes'].get('429', 0)}" for k, v in r["keys"].items())
-            lines.append(
-                f"| {r['setup']} | {r['traffic']} | {r['load']:g} | {r['rate_per_s']:.1f} | {s['outcomes'].get('ok', 0)}/{s['n']} | "
-                f"{s['outcomes'].get('429', 0)} / {s['outcomes'].get('503', 0)} | {s['e2e_ms']['p50']:.0f} / {s['e2e_ms']['p99']:.0f} | "
-                f"{lg['outcomes'].get('ok', 0)}/{lg['n']} | {lg['e2e_ms']['p50']:.0f} | {engines} | {keys} | {rejected} | {r['machine_cores']:.2f} | {r['load_average'][0]:g} |"
-            )
-        lines += ["", "Engines: interactive, batch-1, batch-2. Keys: " + ", ".join(k["name"] for k in result["keys"]) + ".", ""]
-    kill = result.get("kill")
-    if kill:
-        lines += [
-            "## kill -9 one replica",
-            "",
-            f"{kill['victim']} killed {kill['kill_at_s']:g} s into a Poisson run at load {o['loads'][0]:g} ({kill['arrivals']} arrivals), "
-            "then dropped from the client's round robin.",
-            "",
-            f"- its grants at the kill: {kill.get('victim_grants_at_kill')}",
-            f"- its lease gone from Redis {kill['lease_gone_after_s']} s after the kill; its grants gone from every hash {kill['grants_gone_after_s']} s after",
-            f"- ledger afterwards: {kill.get('grants_after')}",
-            f"- survivors' requests: {kill['survivor_outcomes']} (unanswered {kill['survivor_unanswered']}); the victim's: {kill['victim_outcomes']}",
-            f"- survivors' short E2E p50 / p99: {kill['survivor_short']['e2e_ms']['p50']:.0f} / {kill['survivor_short']['e2e_ms']['p99']:.0f} ms",
-            "- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in kill["engines"].items()),
-            "",
-        ]
-    for name in OUTAGES:
-        out = result.get(name)
-        if not out:
-            continue
-        what = "killed (SIGKILL), started again empty on the same port" if out["mode"] == "stop" else "paused (SIGSTOP), then resumed (SIGCONT)"
-        lines += [
-            f"## Redis {out['mode']}: {out['hold_s']:g} s" + (", a replica holding most seats (block 0)" if out["skew"] else ""),
-            "",
-            f"Poisson at load {out['load']:g}, {out['arrivals']} arrivals, replicas {', '.join(out['replicas'])}; redis-server {what}: "
-            f"down at {out['redis_down_at_s']} s, back at {out['redis_back_at_s']} s."
-            + (f" {out['victim']} killed (SIGKILL) at {out.get('victim_killed_at_s')} s." if out["victim"] else "")
-            + (f" Replicas with block 0 and keys without max_concurrency, in a namespace of their own; until Redis went, the client "
-               f"sent every request to {out['replicas'][0]} (a balancer out of step), round robin from then on." if out["skew"] else ""),
-            "",
-            f"- each replica's requests on each capped engine when Redis went (its tailguard_endpoint_in_flight): {out.get('held_at_outage')}",
-            f"- outcomes: {out['outcomes']}; unanswered on survivors {out['unanswered_on_survivors']}",
-            f"- ok answers to requests sent during the outage (from 1 s after it began), per replica: {out['ok_during_outage']}",
-            f"- every replica in fallback within {out['fallback_within_s']} s; on the ledger again within {out['ledger_again_within_s']} s of Redis's return",
-            f"- grants each replica used 1 s before Redis came back (its /metrics): {out['grants_in_fallback']}",
-            "- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in out["engines"].items()),
-            "- keys, most streaming at once / cap: " + ", ".join(f"{k} {v['max_streaming']}/{v['cap']}" for k, v in out["keys"].items()),
-            f"- ledger reads during the run: {out['ledger_reads']}; largest sum of grants per resource: {out['ledger_max_sum']}",
-            f"- ledger afterwards (idle): {out['grants_after']}",
-            f"- dead replicas' keys left: {out['dead_in_ledger'] or 'none'}; tailguard_pool_in_flight afterwards: {out['in_flight_after']}",
-            "- /health per replica (time s, status, cluster mode): "
-            + "; ".join(f"{n}: " + ", ".join(f"{t:g} {st} {m}" for t, st, m in trail) for n, trail in out["health"].items()),
-            "",
-        ]
-    lines += [
+    return lines
+
+
+def _cost(cost: dict[str, Any] | None) -> list[str]:
+    """Phase 1: what the ledger adds per request; nothing when it did not run."""
+    if not cost:
+        return []
+    lines = [
+        "## What the ledger adds per request",
+        "",
+        f"Open loop, Poisson {cost['rate']:g} req/s, short non-streaming chat (16 tokens) on an instant engine, "
+        f"{cost['rounds']} alternating rounds of {cost['seconds_per_round']:g} s each.",
+        "",
+        "| tailguard | n | errors | p50 ms | p90 ms | p99 ms | CPU µs/request |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in ("plain", "ledger"):
+        c = cost[name]
+        lines.append(f"| {name} | {c['n']} | {c['errors']} | {c['p50_ms']:.3f} | {c['p90_ms']:.3f} | {c['p99_ms']:.3f} | {c['cpu_us_per_request']:.0f} |")
+    added = cost["added_ms"]
+    lines += ["", f"Added by the ledger: p50 {added['p50']:+.3f} ms, p90 {added['p90']:+.3f} ms, p99 {added['p99']:+.3f} ms.", ""]
+    return lines
+
+
+def _load(result: dict[str, Any]) -> list[str]:
+    """Phase 2: one row per load run; nothing when it did not run."""
+    if not result.get("load"):
+        return []
+    o = result["options"]
+    lines = [
+        "## Load",
+        "",
+        "| set-up | traffic | load | req/s | short ok / n | short 429 / 503 | short E2E p50 / p99 ms | long ok / n | long E2E p50 ms | "
+        "engines max in engine / cap | keys most streaming at once / cap | 429 per key | machine cores | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["load"]:
+        s, lg = r["short"], r["long"]
+        engines = " ".join(f"{w['max_in_engine']}/{w['cap']}" for w in r["engines"].values())
+        keys = " ".join(f"{v['max_streaming']}/{v['cap'] if o.get('key_caps', True) else '-'}" for v in r["keys"].values())
+        rejected = " ".join(f"{k}:{v['outcomes'].get('429', 0)}" for k, v in r["keys"].items())
+        lines.append(
+            f"| {r['setup']} | {r['traffic']} | {r['load']:g} | {r['rate_per_s']:.1f} | {s['outcomes'].get('ok', 0)}/{s['n']} | "
+            f"{s['outcomes'].get('429', 0)} / {s['outcomes'].get('503', 0)} | {s['e2e_ms']['p50']:.0f} / {s['e2e_ms']['p99']:.0f} | "
+            f"{lg['outcomes'].get('ok', 0)}/{lg['n']} | {lg['e2e_ms']['p50']:.0f} | {engines} | {keys} | {rejected} | {r['machine_cores']:.2f} | {r['load_average'][0]:g} |"
+        )
+    lines += ["", "Engines: interactive, batch-1, batch-2. Keys: " + ", ".join(k["name"] for k in result["keys"]) + ".", ""]
+    return lines
+
+
+def _kill(kill: dict[str, Any] | None, o: dict[str, Any]) -> list[str]:
+    """Phase 3: kill -9 one replica; nothing when it did not run."""
+    if not kill:
+        return []
+    return [
+        "## kill -9 one replica",
+        "",
+        f"{kill['victim']} killed {kill['kill_at_s']:g} s into a Poisson run at load {o['loads'][0]:g} ({kill['arrivals']} arrivals), "
+        "then dropped from the client's round robin.",
+        "",
+        f"- its grants at the kill: {kill.get('victim_grants_at_kill')}",
+        f"- its lease gone from Redis {kill['lease_gone_after_s']} s after the kill; its grants gone from every hash {kill['grants_gone_after_s']} s after",
+        f"- ledger afterwards: {kill.get('grants_after')}",
+        f"- survivors' requests: {kill['survivor_outcomes']} (unanswered {kill['survivor_unanswered']}); the victim's: {kill['victim_outcomes']}",
+        f"- survivors' short E2E p50 / p99: {kill['survivor_short']['e2e_ms']['p50']:.0f} / {kill['survivor_short']['e2e_ms']['p99']:.0f} ms",
+        "- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in kill["engines"].items()),
+        "",
+    ]
+
+
+def _outage(out: dict[str, Any]) -> list[str]:
+    """Phase 4 or 5: one Redis outage."""
+    what = "killed (SIGKILL), started again empty on the same port" if out["mode"] == "stop" else "paused (SIGSTOP), then resumed (SIGCONT)"
+    return [
+        f"## Redis {out['mode']}: {out['hold_s']:g} s" + (", a replica holding most seats (block 0)" if out["skew"] else ""),
+        "",
+        f"Poisson at load {out['load']:g}, {out['arrivals']} arrivals, replicas {', '.join(out['replicas'])}; redis-server {what}: "
+        f"down at {out['redis_down_at_s']} s, back at {out['redis_back_at_s']} s."
+        + (f" {out['victim']} killed (SIGKILL) at {out.get('victim_killed_at_s')} s." if out["victim"] else "")
+        + (f" Replicas with block 0 and keys without max_concurrency, in a namespace of their own; until Redis went, the client "
+           f"sent every request to {out['replicas'][0]} (a balancer out of step), round robin from then on." if out["skew"] else ""),
+        "",
+        f"- each replica's requests on each capped engine when Redis went (its tailguard_endpoint_in_flight): {out.get('held_at_outage')}",
+        f"- outcomes: {out['outcomes']}; unanswered on survivors {out['unanswered_on_survivors']}",
+        f"- ok answers to requests sent during the outage (from 1 s after it began), per replica: {out['ok_during_outage']}",
+        f"- every replica in fallback within {out['fallback_within_s']} s; on the ledger again within {out['ledger_again_within_s']} s of Redis's return",
+        f"- grants each replica used 1 s before Redis came back (its /metrics): {out['grants_in_fallback']}",
+        "- engines, max in engine / cap: " + ", ".join(f"{role} {w['max_in_engine']}/{w['cap']}" for role, w in out["engines"].items()),
+        "- keys, most streaming at once / cap: " + ", ".join(f"{k} {v['max_streaming']}/{v['cap']}" for k, v in out["keys"].items()),
+        f"- ledger reads during the run: {out['ledger_reads']}; largest sum of grants per resource: {out['ledger_max_sum']}",
+        f"- ledger afterwards (idle): {out['grants_after']}",
+        f"- dead replicas' keys left: {out['dead_in_ledger'] or 'none'}; tailguard_pool_in_flight afterwards: {out['in_flight_after']}",
+        "- /health per replica (time s, status, cluster mode): "
+        + "; ".join(f"{n}: " + ", ".join(f"{t:g} {st} {m}" for t, st, m in trail) for n, trail in out["health"].items()),
+        "",
+    ]
+
+
+def _notes(result: dict[str, Any]) -> list[str]:
+    """What the checks cannot see, said once per report."""
+    return [
         "## Notes",
         "",
         f"- Fallback warnings each replica logged (one per outage expected): {result.get('fallback_warnings')}",
@@ -122,4 +155,3 @@ def render(result: dict[str, Any], command: str) -> str:
         "`max_sent_to_end` in the JSON (send to last byte) is an upper bound.",
         "",
     ]
-    return "\n".join(lines)
