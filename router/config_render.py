@@ -57,7 +57,6 @@ def _render_server(server: ServerConfig) -> list[str]:
          f"{server.max_backend_body_bytes} ({server.max_backend_body_bytes / 2**20:g} MiB)"),
         ("reload_poll_interval",
          _seconds(server.reload_poll_interval) if server.reload_poll_interval else "off"),
-        ("http_server", server.http_server),
         ("max_header_bytes", str(server.max_header_bytes)),
         ("header_timeout", _seconds(server.header_timeout)),
         ("body_timeout", _seconds(server.body_timeout)),

@@ -14,7 +14,6 @@ from .config_types import (
     ClusterConfig,
     DiscoveryConfig,
     EstimateConfig,
-    HttpServerKind,
     LimitsConfig,
     LogFormat,
     LoggingConfig,
@@ -33,7 +32,6 @@ from .tls import checked as checked_tls
 _OVER_CAP_MODES: tuple[OverCapMode, ...] = get_args(OverCapMode)
 _LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 _LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
-_HTTP_SERVERS: tuple[HttpServerKind, ...] = get_args(HttpServerKind)
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
 
@@ -50,7 +48,7 @@ def read_server(table: Table) -> ServerConfig:
     reload_poll_interval = table.number(
         "reload_poll_interval", default.reload_poll_interval, minimum=0.0, inclusive=True
     )
-    http_server = table.choice("http_server", _HTTP_SERVERS, default.http_server)
+    _read_http_server(table)
     max_header_bytes = table.integer("max_header_bytes", default.max_header_bytes, minimum=1024)
     header_timeout = table.number("header_timeout", default.header_timeout, minimum=0.0)
     body_timeout = table.number("body_timeout", default.body_timeout, minimum=0.0)
@@ -60,8 +58,6 @@ def read_server(table: Table) -> ServerConfig:
     workers = table.integer("workers", default.workers, minimum=1)
     http_tls = _read_tls(table, "http_tls")
     grpc_tls = _read_tls(table, "grpc_tls")
-    if http_tls is not None and http_server == "hypercorn":
-        table.problem("http_tls", 'TLS is served by tailguard\'s own HTTP server: needs server.http_server = "lean"')
     table.finish()
     return ServerConfig(
         http_host=http_host,
@@ -72,7 +68,6 @@ def read_server(table: Table) -> ServerConfig:
         grpc_max_calls=grpc_max_calls,
         max_backend_body_bytes=max_backend_body_bytes,
         reload_poll_interval=reload_poll_interval,
-        http_server=http_server,
         max_header_bytes=max_header_bytes,
         header_timeout=header_timeout,
         body_timeout=body_timeout,
@@ -83,6 +78,22 @@ def read_server(table: Table) -> ServerConfig:
         http_tls=http_tls,
         grpc_tls=grpc_tls,
     )
+
+
+def _read_http_server(table: Table) -> None:
+    """``http_server``, a key of files from before tailguard served HTTP only itself.
+
+    ``"lean"`` (tailguard's own server) is what runs anyway: accepted, no
+    effect. Hypercorn is gone, and a file asking for it is refused rather than
+    served by something it did not ask for.
+    """
+    written = table.string("http_server", "lean")
+    if not table.ok("http_server") or written == "lean":
+        return
+    if written == "hypercorn":
+        table.problem("http_server", "hypercorn is no longer supported; tailguard serves HTTP itself: remove server.http_server")
+    else:
+        table.problem("http_server", f'must be "lean" or left out (tailguard serves HTTP itself), got {json.dumps(written)}')
 
 
 def _read_tls(server: Table, name: str) -> TlsConfig | None:

@@ -41,7 +41,6 @@ RESTART_ONLY: dict[str, Callable[[Config], object]] = {
     "server.workers": lambda c: c.server.workers,
     "server.grpc_max_calls": lambda c: c.server.grpc_max_calls,
     "server.max_body_bytes": lambda c: c.server.max_body_bytes,
-    "server.http_server": lambda c: c.server.http_server,
     "server.max_header_bytes": lambda c: c.server.max_header_bytes,
     "server.header_timeout": lambda c: c.server.header_timeout,
     "server.body_timeout": lambda c: c.server.body_timeout,
@@ -76,7 +75,7 @@ def without_restart_only(new: Config, running: Config) -> Config:
 
 _RESTART_ONLY_SERVER_FIELDS = (
     "http_host", "http_port", "grpc_host", "grpc_port", "workers", "grpc_max_calls", "max_body_bytes",
-    "http_server", "max_header_bytes", "header_timeout", "body_timeout", "keep_alive_timeout",
+    "max_header_bytes", "header_timeout", "body_timeout", "keep_alive_timeout",
     "write_timeout", "max_connections",
 )
 

@@ -1024,3 +1024,16 @@ def test_hardening_keys_have_defaults_and_are_checked() -> None:
     assert f"pools.{name}.outlier_detection.consecutive_failures: must be an integer >= 2, got 1" in problems
     assert f"pools.{name}.outlier_detection.max_ejection_percent: must be at most 100, got 120" in problems
     assert f'pools.{name}.health_check: must be one of "http", "completion", got "tcp"' in problems
+
+
+def test_http_server_lean_is_accepted_with_no_effect_and_hypercorn_is_refused_by_name() -> None:
+    """The key of files from when hypercorn was a choice: "lean" still loads, the same config as without it."""
+    lean = parse_config('[server]\nhttp_server = "lean"\n' + BASE)
+    assert lean.server == parse_config(BASE).server
+    assert "http_server" not in render_config(lean)
+    assert problems_of('[server]\nhttp_server = "hypercorn"\n' + BASE) == (
+        "server.http_server: hypercorn is no longer supported; tailguard serves HTTP itself: remove server.http_server",
+    )
+    assert problems_of('[server]\nhttp_server = "nginx"\n' + BASE) == (
+        'server.http_server: must be "lean" or left out (tailguard serves HTTP itself), got "nginx"',
+    )

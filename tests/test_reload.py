@@ -189,14 +189,14 @@ async def test_a_reload_names_each_key_that_needs_a_restart_and_applies_the_rest
             started = running.router.config.server
             changed = toml([a], [b], cap=6).replace(
                 'http_listen = "127.0.0.1:0"',
-                'http_listen = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:50999"\nworkers = 2\nhttp_server = "hypercorn"\nkeep_alive_timeout = 5.0',
+                'http_listen = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:50999"\nworkers = 2\nkeep_alive_timeout = 5.0',
             )
             path.write_text(changed + '\n[cluster]\nredis_url = "redis://127.0.0.1:1/0"\n')
             with caplog.at_level(logging.INFO, logger="tailguard.reload"):
                 assert await running.reloader.reload()
             [warning] = reload_lines(caplog, "WARNING")
             named = warning.removeprefix("config reload: ").split(" changed in ")[0]
-            assert named == "server.grpc_listen, server.workers, server.http_server, server.keep_alive_timeout, cluster", warning
+            assert named == "server.grpc_listen, server.workers, server.keep_alive_timeout, cluster", warning
             assert "only after a restart" in warning
             assert running.router.config.server == started and running.router.config.cluster is None  # still as started
             assert running.router.statistics().pool("interactive").max_concurrency == 6  # the rest applied
