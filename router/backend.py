@@ -26,14 +26,14 @@ import re
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import httpx
-import trio
 
 from .config_types import BackendAccess, ServerConfig, TimeoutsConfig
 from .errors import BackendAuthFailed, BackendBusy, BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
-from .lean_transport import LeanTransport, ResponseBody
+from .httpx_transport import BackendBody, BackendTransport, HttpxTransport
+from .lean_transport import LeanTransport
 
 ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make
@@ -92,13 +92,12 @@ class BackendResponse:
         # Bytes are relayed raw unless the backend compressed them anyway.
         self._raw = encoding in ("", "identity")
         # One pass over the body, shared by start, read and chunks; a body already
-        # in memory (an in-process transport) can only be re-read decoded.
+        # in memory (an in-process transport) can only be re-read decoded. Raw
+        # bytes are read from the transport's body itself: one layer of async
+        # generator less than httpx's ``aiter_raw`` for every relayed chunk.
+        self._body_stream = body_stream = cast(BackendBody, response.stream)
         raw = self._raw and not response.is_stream_consumed
-        self._iterator: AsyncGenerator[bytes, None]
-        if raw and isinstance(response.stream, ResponseBody):  # the lean transport's: read it without httpx's layer
-            self._iterator = response.stream.__aiter__()
-        else:
-            self._iterator = response.aiter_raw() if raw else response.aiter_bytes()  # type: ignore[assignment]
+        self._iterator: AsyncGenerator[bytes, None] = body_stream.__aiter__() if raw else response.aiter_bytes()  # type: ignore[assignment]
 
     async def start(self) -> None:
         """Wait for the first byte of the body (an empty body counts as its end).
@@ -177,7 +176,7 @@ class BackendResponse:
                     if events.refused is not None:
                         break
                     if interval:
-                        await self._pause(interval)
+                        await self._body_stream.pause(interval)
         if error_event is not None:  # the caller has the backend's own word (gRPC stops at it too)
             raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")
         if events.refused is not None:
@@ -189,13 +188,6 @@ class BackendResponse:
         end = previous[-_END_WINDOW:] + last
         if not end.rstrip().endswith(b"data: [DONE]") and _FINISH_REASON.search(end) is None:
             raise BadBackendReply(f"the backend {self._url} ended its stream without [DONE] or a finish reason")
-
-    async def _pause(self, seconds: float) -> None:
-        stream = self._response.stream
-        if isinstance(stream, ResponseBody):
-            await stream.pause(seconds)
-        else:
-            await trio.sleep(seconds)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -247,12 +239,13 @@ class BackendResponse:
 class BackendClient:
     """POSTs completion requests to one endpoint and opens their responses.
 
-    Requests go straight to an httpx transport -- by default a
-    :class:`~router.lean_transport.LeanTransport`, whose keep-alive pool costs
-    O(1) a request however many connections are open; tests pass their own
-    (``httpx.MockTransport``, the simulator's in-process transport). httpx's
-    client layer (redirects, auth, cookies, hooks) has no work to do for a
-    router and is skipped. ``leases`` counts the seats that hold this client;
+    Requests go through one ``post`` (``router/httpx_transport.py``) -- by
+    default a :class:`~router.lean_transport.LeanTransport`'s, whose keep-alive
+    pool costs O(1) a request however many connections are open; tests and
+    benchmarks pass an httpx ``transport`` (``httpx.MockTransport``, the
+    simulator's in-process transport), or a ``backend_transport`` of their
+    own. httpx's client layer (redirects, auth, cookies, hooks) has no work to
+    do for a router and is skipped. ``leases`` counts the seats that hold this client;
     a client replaced by a reload is closed once it drops to zero (see
     ``router.pool.Endpoint``).
     """
@@ -267,24 +260,31 @@ class BackendClient:
         max_body_bytes: int = ServerConfig.max_backend_body_bytes,
         access: BackendAccess = _NO_ACCESS,
         keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
+        backend_transport: BackendTransport | None = None,
     ) -> None:
         self.url = url
         self.leases = 0
         self.in_flight = 0
         self.max_body_bytes = max_body_bytes
-        self._base = url.rstrip("/")
-        self._urls: dict[str, httpx.URL] = {}
         self._headers = {**_HEADERS, **access.authorization}  # tailguard's own key, never a caller's
-        self._transport = transport or LeanTransport(
-            url,
-            connect_timeout=connect_timeout,
-            max_idle=max_concurrency,
-            ssl_context=tls_context(url, access),
-            keepalive_expiry=keep_alive_timeout,
-        )
-        self._lean = self._transport if isinstance(self._transport, LeanTransport) else None  # requests as bytes, no httpx.Request
-        # Read by httpx's own transports (a test's); the lean one times its connects itself.
-        self._extensions = {"timeout": {"connect": connect_timeout, "pool": connect_timeout, "read": None, "write": None}}
+        self._transport: BackendTransport
+        if backend_transport is not None:
+            self._transport = backend_transport
+        elif transport is not None:
+            self._transport = HttpxTransport(transport, url, connect_timeout=connect_timeout)
+        else:
+            self._transport = LeanTransport(
+                url,
+                connect_timeout=connect_timeout,
+                max_idle=max_concurrency,
+                ssl_context=tls_context(url, access),
+                keepalive_expiry=keep_alive_timeout,
+            )
+
+    @property
+    def transport(self) -> BackendTransport:
+        """What this client posts through (tests read its counters)."""
+        return self._transport
 
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> BackendResponse:
         """Send the request and return its open 2xx response; the caller must ``aclose`` it.
@@ -298,12 +298,7 @@ class BackendClient:
         content = json.dumps(body).encode()
         self.in_flight += 1
         try:
-            if self._lean is not None:
-                response = await self._lean.post(path, content, {**self._headers, **headers})
-            else:
-                request = self._request(path, content, headers)
-                response = await self._transport.handle_async_request(request)
-                response.request = request
+            response = await self._transport.post(path, content, {**self._headers, **headers})
         except httpx.TransportError as error:
             self.in_flight -= 1
             raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}") from None
@@ -324,17 +319,9 @@ class BackendClient:
             raise
         return opened
 
-    def _request(self, path: str, content: bytes, headers: Mapping[str, str]) -> httpx.Request:
-        """The request as an httpx.Request, for a transport other than the lean one (a test's)."""
-        url = self._urls.get(path)
-        if url is None:  # parsed once per path: a few paths, every request
-            url = self._urls[path] = httpx.URL(self._base + path)
-        return httpx.Request("POST", url, content=content, headers={**self._headers, **headers}, extensions=self._extensions)
-
     async def expire_idle(self) -> None:
         """Close keep-alive connections idle too long (also when no request comes to do it)."""
-        if isinstance(self._transport, LeanTransport):
-            await self._transport.expire()
+        await self._transport.expire()
 
     async def aclose(self) -> None:
         await self._transport.aclose()

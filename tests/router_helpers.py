@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -79,13 +79,22 @@ class Fleet:
 
 @asynccontextmanager
 async def router_over_engines(
-    config: Config, params: dict[str, EngineParams] | None = None, extra_urls: Iterable[str] = ()
+    config: Config,
+    params: dict[str, EngineParams] | None = None,
+    extra_urls: Iterable[str] = (),
+    wrap: Callable[[str, httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None,
 ) -> AsyncIterator[Fleet]:
-    """A Router whose endpoints are in-process engines (latency profile unless given)."""
+    """A Router whose endpoints are in-process engines (latency profile unless given).
+
+    ``wrap(url, transport)`` puts a test's transport in front of an engine's
+    (to see or refuse its calls): the router's transport seam, not a swap.
+    """
     params = params or {}
     urls = {e.url for p in config.pools for e in p.endpoints} | set(extra_urls)
     engines = {url: Engine(params.get(url, PROFILES["latency"]), name=url) for url in sorted(urls)}
-    transports = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    transports: dict[str, httpx.AsyncBaseTransport] = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    if wrap is not None:
+        transports = {url: wrap(url, transport) for url, transport in transports.items()}
 
     def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
         return transports[endpoint.url]

@@ -261,7 +261,7 @@ async def test_the_backend_client_gives_a_connection_back_when_its_body_ends_and
     async with trio.open_nursery() as nursery:
         url = await _serve(handle, nursery)
         transport = LeanTransport(url, connect_timeout=2, max_idle=4)
-        client = BackendClient(url, max_concurrency=4, connect_timeout=2, transport=transport)
+        client = BackendClient(url, max_concurrency=4, connect_timeout=2, backend_transport=transport)
         with trio.fail_after(5):
             response = await client.open("/v1/chat/completions", BODY, {}, stream=False)
             assert await response.read() == completion

@@ -136,17 +136,19 @@ async def test_vllm_priority_is_sent_only_where_the_pool_asks_for_it(autojump_cl
     base = two_pool_config()
     interactive, batch = base.pools
     config = with_digest(base, "priority", pools=(interactive, dataclasses.replace(batch, vllm_priority=True)))
-    async with router_over_engines(config) as fleet:
-        sent: dict[str, object] = {}
-        for url in (INTERACTIVE_URL, BATCH_URL):
-            client = fleet.router._endpoints[url].client
-            inner = client._transport  # wrap its transport to see the bodies
+    sent: dict[str, object] = {}
 
-            async def record(request: httpx.Request, inner: httpx.AsyncBaseTransport = inner, url: str = url) -> httpx.Response:
+    def recording(url: str, inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+        """Each endpoint's completion calls, their bodies seen on the way."""
+
+        async def record(request: httpx.Request) -> httpx.Response:
+            if request.method == "POST" and url in (INTERACTIVE_URL, BATCH_URL):
                 sent[url] = json.loads(request.content).get("priority", "absent")
-                return await inner.handle_async_request(request)
+            return await inner.handle_async_request(request)
 
-            client._transport = httpx.MockTransport(record)
+        return httpx.MockTransport(record)
+
+    async with router_over_engines(config, wrap=recording) as fleet:
         await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id="i"))
         await run_to_end(fleet.router, chat("long job", max_tokens=LONG_OUTPUT, request_id="b"))
         assert sent == {INTERACTIVE_URL: "absent", BATCH_URL: 1}  # the batch class's priority
@@ -225,25 +227,28 @@ async def test_the_lenders_own_requests_avoid_borrowed_seats_while_another_endpo
 
 
 async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_clock: trio.testing.MockClock) -> None:
-    async with router_over_engines(lend_back_config()) as fleet:
-        refused: list[str] = []
-        for url in BATCH_URLS:  # the first call to a batch endpoint is refused before any response: retried elsewhere
-            client = fleet.router._endpoints[url].client
-            inner = client._transport  # wrap its transport to refuse one call
+    refused: list[str] = []
 
-            async def refuse_once(request: httpx.Request, inner: httpx.AsyncBaseTransport = inner, url: str = url) -> httpx.Response:
-                if not refused:
-                    refused.append(url)
-                    raise httpx.ConnectError("connection refused", request=request)
-                return await inner.handle_async_request(request)
+    def refusing_once(url: str, inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+        """The first completion call to a batch endpoint is refused before any response: retried elsewhere."""
+        if url not in BATCH_URLS:
+            return inner
 
-            client._transport = httpx.MockTransport(refuse_once)
+        async def refuse_once(request: httpx.Request) -> httpx.Response:
+            if request.method == "POST" and not refused:
+                refused.append(url)
+                raise httpx.ConnectError("connection refused", request=request)
+            return await inner.handle_async_request(request)
+
+        return httpx.MockTransport(refuse_once)
+
+    async with router_over_engines(lend_back_config(), wrap=refusing_once) as fleet:
         async with trio.open_nursery() as nursery:
             for i in range(2):  # interactive's own seat, then one borrowed, refused on its first endpoint
                 nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=64, request_id=f"i{i}"))
                 await trio.testing.wait_all_tasks_blocked()
             assert len(refused) == 1
-            first, second = (fleet.router._endpoints[url] for url in sorted(BATCH_URLS, key=lambda u: u != refused[0]))
+            first, second = (fleet.router.endpoint(url) for url in sorted(BATCH_URLS, key=lambda u: u != refused[0]))
             assert (first.borrowed, first.in_flight, second.borrowed, second.in_flight) == (0, 0, 1, 1)
             # the pool's own request now avoids the endpoint the borrowed seat moved to
             nursery.start_soon(run_to_end, fleet.router, chat("job", max_tokens=LONG_OUTPUT, request_id="b"))

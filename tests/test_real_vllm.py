@@ -374,7 +374,7 @@ async def test_no_request_is_written_into_a_connection_uvicorn_is_closing(spacin
             assert json.loads(await response.read())["choices"]
             await response.aclose()
             await trio.sleep(spacing)
-        transport = client._transport
+        transport = client.transport
         assert transport.opened == 4 and transport.resent == 0  # type: ignore[attr-defined]
         await client.aclose()
         nursery.cancel_scope.cancel()

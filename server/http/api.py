@@ -196,7 +196,7 @@ class HttpApi:
 
     async def _completion(self, kind: RequestKind, path: str, headers: dict[str, str], receive: Receive, send: Send) -> None:
         session = self._sessions.start(headers.get("x-request-id"), carrier=headers, route=f"POST {path}")
-        exchange = _Exchange(send, session)
+        exchange = _ApiExchange(send, session)
         watch: Watch | None = None
         try:
             async with session:
@@ -237,7 +237,7 @@ class HttpApi:
                 return b"".join(chunks)
 
 
-class _Exchange:
+class _ApiExchange:
     """One response in progress: whether its head went out, and whether it is complete."""
 
     __slots__ = ("_send", "_session", "started", "finished")
@@ -307,7 +307,7 @@ def _timing(session: Session, *, total: bool) -> tuple[bytes, bytes]:
     return b"server-timing", checked_header("server-timing", server_timing(session.record, total=total)).encode()
 
 
-async def _watch_disconnect(receive: Receive, session: Session, exchange: _Exchange) -> None:
+async def _watch_disconnect(receive: Receive, session: Session, exchange: _ApiExchange) -> None:
     """Tell the session when the client goes away."""
     while True:
         message = await receive()
