@@ -1,0 +1,191 @@
+"""What a backend streams, checked on the way: SSE events relayed whole, each one JSON or ``[DONE]``, the usage and error events found."""
+
+from __future__ import annotations
+
+import json
+import re
+
+_ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*"error"\s*:.*)')
+_EVENT_END = re.compile(rb"\r?\n\r?\n")  # an SSE event ends with a blank line
+_DONE = b"[DONE]"
+_JSON = json.JSONDecoder()  # stateless; its raw_decode parses an event where it lies in a chunk
+# An unfinished event kept back at most (a backend that never ends one is refused
+# past it); the gRPC front end's SSE decoder refuses an event over the same size.
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+
+class EventFilter:
+    """Lets a relayed SSE stream through in whole events, each checked; optionally without the usage event.
+
+    Whole, whatever the reads' boundaries: a chunk that ends inside an event
+    keeps that part back until the event's end comes (a client can do
+    nothing with half an event, and one that got half of it before
+    tailguard's own last error event would read the two as one broken
+    event); past ``MAX_EVENT_BYTES`` without an end the stream is refused.
+
+    Checked, because the gRPC front end must parse every event and refuses
+    one that is not JSON: the HTTP relay reaches the same verdict for the
+    same stream (BadBackendReply), never a 200 logged ``ok``. An event's data
+    is what that front end's decoder (``server/grpc/sse.py``) takes from it, its
+    ``data:`` lines joined by newlines, and must be ``[DONE]`` or a JSON
+    object; events without data (comments, ``event:``) pass. At the first
+    one refused, the events before it pass and ``refused`` says why; nothing
+    passes after it. The usual chunk (whole single-line events in UTF-8,
+    LF line ends) is decoded once and each event parsed where it lies
+    (``raw_decode`` at its offset, no copy); anything else, or anything that
+    fails there, takes the exact path (:func:`_event_problem`), which alone
+    decides a refusal. ``python -m bench sse-check`` measures the cost per event.
+
+    Without the usage event (``drop_usage``): tailguard asks every stream for
+    usage (``stream_options.include_usage``: exact token counts even when
+    vLLM merges tokens into one event); a caller who did not ask must not
+    get the extra ``"choices": []`` event that brings, which some clients
+    choke on.
+    """
+
+    __slots__ = ("_held", "_held_size", "_tail", "_drop_usage", "_check", "refused")
+
+    def __init__(self, *, drop_usage: bool = False, check: bool = True) -> None:
+        self._check = check  # False: the reader parses every event itself (gRPC), once is enough
+        self._held: list[bytes] = []  # the reads of an unfinished event, joined once its end comes
+        self._held_size = 0
+        self._tail = b""  # the last bytes held: an event's end may straddle two reads
+        self._drop_usage = drop_usage
+        self.refused: str | None = None  # why an event was refused ("is not JSON ..."); then nothing passes
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole events of ``chunk`` (and of what was held) to relay now."""
+        if self.refused is not None:
+            return b""
+        if self._held:
+            if _EVENT_END.search(self._tail + chunk) is None:  # only the new bytes are searched
+                self._hold(chunk)
+                return b""
+            chunk = b"".join([*self._held, chunk])
+            self._held, self._held_size, self._tail = [], 0, b""
+        lf_only = b"\r" not in chunk
+        if not (lf_only and chunk.endswith(b"\n\n")):  # the usual read ends on an event's end
+            cut = _last_event_end(chunk)
+            if cut < len(chunk):
+                self._hold(chunk[cut:])
+                chunk = chunk[:cut]
+            if not chunk:
+                return chunk
+        if self._check and not (lf_only and _all_json_text(chunk)):
+            bad = _first_bad_event(chunk)
+            if bad is not None:
+                at, self.refused = bad
+                chunk = chunk[:at]
+        if self._drop_usage and b'"usage"' in chunk:
+            chunk = _without_usage(chunk)
+        return chunk
+
+    def _hold(self, part: bytes) -> None:
+        self._held.append(part)
+        self._held_size += len(part)
+        self._tail = (self._tail + part)[-3:]
+        if self._held_size > MAX_EVENT_BYTES:
+            self.refused = f"runs over {MAX_EVENT_BYTES} bytes without its end"
+            self._held, self._held_size = [], 0
+
+    def flush(self) -> bytes:
+        """What is still held when the stream ends (an unfinished last event, relayed as it came)."""
+        held = b"".join(self._held)
+        self._held, self._held_size, self._tail = [], 0, b""
+        return held
+
+
+def _last_event_end(chunk: bytes) -> int:
+    """Where the last whole event of ``chunk`` ends (0: none does)."""
+    if b"\r" not in chunk:
+        at = chunk.rfind(b"\n\n")
+        return 0 if at < 0 else at + 2
+    ends = list(_EVENT_END.finditer(chunk))
+    return ends[-1].end() if ends else 0
+
+
+def _all_json_text(chunk: bytes) -> bool:
+    """Whether every event of ``chunk`` (whole events, LF line ends) is one ``data: `` line of ``[DONE]``
+    or a JSON object in UTF-8. False proves nothing: the exact path looks again."""
+    try:
+        text = chunk.decode()
+    except UnicodeDecodeError:
+        return False
+    decode = _JSON.raw_decode
+    position, size = 0, len(text)
+    while position < size:  # every turn moves past one event
+        end = text.find("\n\n", position)
+        if end < 0 or not text.startswith("data: ", position) or text.find("\n", position, end) >= 0:
+            return False
+        start = position + 6
+        if end - start != 6 or not text.startswith("[DONE]", start):
+            try:
+                value, stop = decode(text, start)
+            except (ValueError, RecursionError):
+                return False
+            if stop != end or type(value) is not dict:
+                return False
+        position = end + 2
+    return True
+
+
+def _first_bad_event(chunk: bytes) -> tuple[int, str] | None:
+    """Where the first refused event of ``chunk`` (whole events) starts, and why; None when none is."""
+    start = 0
+    for end in _EVENT_END.finditer(chunk):
+        problem = _event_problem(chunk[start : end.start()])
+        if problem is not None:
+            return start, problem
+        start = end.end()
+    return None
+
+
+def _event_problem(event: bytes) -> str | None:
+    """Why one event's data is refused, read as ``server/grpc/sse.py`` reads it; None when it passes."""
+    lines = (line[:-1] if line.endswith(b"\r") else line for line in event.split(b"\n"))
+    data = [line[6:] if line.startswith(b"data: ") else line[5:] for line in lines if line.startswith(b"data:")]
+    if not data:
+        return None
+    value = data[0] if len(data) == 1 else b"\n".join(data)
+    if value == _DONE:
+        return None
+    try:
+        payload = json.loads(value)
+    except UnicodeDecodeError:
+        return f"is not UTF-8 ({value[:40]!r})"
+    except (ValueError, RecursionError):
+        return f"is not JSON ({value[:40]!r})"
+    return None if isinstance(payload, dict) else f"is not a JSON object ({value[:40]!r})"
+
+
+def _without_usage(chunk: bytes) -> bytes:
+    """``chunk`` (whole events) without its usage event."""
+    kept: list[bytes] = []
+    start = 0
+    for end in _EVENT_END.finditer(chunk):
+        event = chunk[start : end.end()]
+        if b'"usage"' not in event or not _usage_only(event):
+            kept.append(event)
+        start = end.end()
+    kept.append(chunk[start:])
+    return b"".join(kept)
+
+
+def _usage_only(event: bytes) -> bool:
+    """Whether an SSE event is the usage event: ``data: {..., "choices": [], "usage": {...}}``."""
+    data = event.strip()
+    if not data.startswith(b"data:"):
+        return False
+    try:
+        payload = json.loads(data[5:])
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(payload, dict) and payload.get("choices") == [] and isinstance(payload.get("usage"), dict)
+
+
+def first_error_event(data: bytes) -> bytes | None:
+    """The first ``data: {"error": ...}`` line in ``data``, if it has one."""
+    if b'"error"' not in data:
+        return None
+    match = _ERROR_EVENT.search(data)
+    return None if match is None else match.group(1)
