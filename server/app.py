@@ -26,7 +26,7 @@ from tailguard.router.telemetry import RepeatedIds, Telemetry
 from tailguard.router.tls import TlsFileError, server_context
 
 from .grpc.api import GrpcTls, Observers, serve_grpc
-from .grpc.bridge import open_asyncio_host
+from .grpc.bridge import AsyncioHost, open_asyncio_host
 from .http.api import HttpApi
 from .http.server import HttpSettings, ServerTls
 from .http.server import serve as serve_http
@@ -152,151 +152,232 @@ async def serve(
     """
     shutdown = trio.Event() if shutdown is None else shutdown
     drain = trio.Event()
-    if config_path is not None:
-        log.info("config loaded from %s (digest %s)", config_path.absolute(), config.digest)  # noqa: ASYNC240 - one getcwd at start
-    for warning in config.warnings:
-        log.warning("config: %s", warning)
-    try:  # the files were checked with the config; read them again for the servers
-        tls = ListenersTls(config.server)
-    except ConfigError as error:
-        raise StartupError("; ".join(error.problems)) from None
+    tls = _starting(config, config_path)
     # The ledger's connections (a task group of coredis's) open before the nursery and close after it.
     ledger_context: contextlib.AbstractAsyncContextManager[RedisLedger | None] = (
         RedisLedger(config.cluster.redis_url, config.cluster.namespace) if config.cluster is not None else contextlib.nullcontext()
     )
     async with ledger_context as ledger, trio.open_nursery() as nursery:
-        fleet = SimulatedFleet(nursery) if simulate else None
-        if fleet is not None:
-            try:
-                await fleet.ensure(config)
-            except SimulateError as error:
-                if error.address is None:
-                    raise StartupError(str(error)) from None
-                raise ListenError(error.address, f"--simulate endpoint {error.url}", error.reason) from None
-        try:  # pools without max_model_len ask their engines (at once, bounded)
-            asked = await ask_model_lens(config)
-        except ModelLenError as error:
-            raise StartupError(str(error)) from None
-        config = asked.config
-        router = Router(config, model_lens=asked.reported)
-        await router.check_health()
-        if config.cluster is not None:
-            # One admission budget with the other replicas: the ledger lives as long as the process.
-            await nursery.start(functools.partial(router.run, ledger=ledger))
-            log.info("cluster: replica %s shares its caps through %s", config.cluster.replica(), _redacted(config.cluster.redis_url))
-        else:
-            await nursery.start(router.run)  # endpoints from DNS are resolved before serving
-        metrics = Metrics(router)
-        access_log = AccessLog(log_prompts=config.logging.log_prompts, enabled=config.logging.access_log)
-        telemetry = Telemetry([metrics.observe, access_log])
-        repeated_ids = RepeatedIds(config.metrics.duplicate_request_id_window)
-        # [tracing]: off, the OpenTelemetry SDK is not even imported; a reload switches it live.
-        tracing = TracingSwitch(config.tracing, grace=lambda: router.config.timeouts.end_to_end_timeout)
-        await nursery.start(tracing.run)
-
-        async def resolve(new: Config) -> Config:
-            """A reloaded file's pools without max_model_len ask their engines (simulated ones started first)."""
-            if fleet is not None:
-                await fleet.ensure(new)
-            found = await ask_model_lens(new)
-            router.note_model_lens(found.reported)
-            return found.config
-
-        async def apply(new: Config) -> None:
-            swap_tls = tls.prepare(new.server)  # first: a TLS file that fails refuses the reload whole
-            if fleet is not None:
-                await fleet.ensure(new)
-            tracing.apply(new.tracing)
-            router.apply(new)
-            access_log.enabled, access_log.log_prompts = new.logging.access_log, new.logging.log_prompts
-            repeated_ids.window = new.metrics.duplicate_request_id_window
-            logging.getLogger().setLevel(new.logging.level.upper())
-            for warning in new.warnings:
-                log.warning("config: %s", warning)
-            swap_tls()
-            if fleet is not None:  # last: the engines of endpoints the applied config dropped
-                await fleet.retire(new)
-
-        on_main_thread = threading.current_thread() is threading.main_thread()
-        reloader = (
-            ConfigReloader(config_path, config, apply, on_result=metrics.reloaded, prepare=prepare, resolve=resolve)
-            if config_path is not None
-            else None
-        )
-        if reloader is not None:
-            if on_main_thread:
-                await nursery.start(reloader.watch_signals)
-            nursery.start_soon(reloader.watch_file)  # polls every reload_poll_interval s, as the running config says
-        if on_main_thread:
-            nursery.start_soon(_drain_on_signals, drain, shutdown)
-        nursery.start_soon(_drain_then_stop, router, drain, shutdown)
-
+        fleet = await _start_fleet(nursery, config) if simulate else None
+        router, config = await _start_router(nursery, config, ledger)
+        services = await _start_services(nursery, router, config, fleet, tls)
+        reloader = await _start_reloads(nursery, services, config, config_path, prepare, drain, shutdown)
         app = HttpApi(
             router,
             max_body_bytes=config.server.max_body_bytes,
-            telemetry=telemetry,
-            metrics=metrics,
-            repeated_ids=repeated_ids,
-            access_log=access_log,
-            tracing=tracing,
+            telemetry=services.telemetry,
+            metrics=services.metrics,
+            repeated_ids=services.repeated_ids,
+            access_log=services.access_log,
+            tracing=services.tracing,
         )
         await nursery.start(app.run)  # background work: cancelled once the servers below are done
         # The HTTP server returns once the shutdown trigger fired and its
         # in-flight requests finished (or its grace period passed); the rest
         # of the nursery is background work, cancelled after it.
         async with contextlib.AsyncExitStack() as front_stack, trio.open_nursery() as front:
-            settings = HttpSettings.from_config(config.server, grace_timeout=_HTTP_GRACE_SECONDS)
-            if worker is not None:
-                settings = dataclasses.replace(settings, reuse_port=True)
-            port = config.server.http_port if http_port is None else http_port
-            binds = await _bound(
-                config.server.http_host, port, "server.http_listen",
-                front.start(functools.partial(
-                    serve_http, app, config.server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls.http,
-                    on_refusal=app.refused,
-                )),
-            )
-            if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
-                own = await _bound(
-                    config.server.http_host, worker.own_port(port), f"worker {worker.index}'s own port: server.http_listen's + {1 + worker.index}",
-                    front.start(
-                        functools.partial(
-                            serve_http, app, config.server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
-                                config.server, grace_timeout=_HTTP_GRACE_SECONDS
-                            ), shutdown_trigger=shutdown.wait, tls=tls.http, on_refusal=app.refused,
-                        )
-                    ),
-                )
-                log.info("worker %d of %d: its own metrics and API on %s", worker.index, worker.count, own[0])
-            log.info("tailguard listening on %s", binds[0])
+            address = await _serve_http_ports(front, app, config.server, tls, http_port, worker, shutdown)
             bound_grpc: int | None = None
             if grpc:
                 asyncio_host = await front_stack.enter_async_context(open_asyncio_host())
                 listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
-                # grpc says only "Failed to bind" (and logs to stderr): try the address first, and say why.
-                _check_bindable(*listen, "server.grpc_listen", reuse_port=worker is not None)
-                observers = Observers(
-                    telemetry, repeated_ids, metrics.repeated_request_id, log_prompts=lambda: access_log.log_prompts, tracing=tracing
-                )
-                try:
-                    bound_grpc = await front.start(
-                        functools.partial(serve_grpc, max_calls=config.server.grpc_max_calls, reuse_port=worker is not None, tls=tls.grpc),
-                        router,
-                        asyncio_host,
-                        listen,
-                        shutdown,
-                        observers,
-                    )
-                except RuntimeError as error:  # grpc's bind failure; anything else is a bug and stays as it is
-                    if "bind" not in str(error):
-                        raise
-                    raise ListenError(_host_port(*listen), "server.grpc_listen", str(error)) from None
+                bound_grpc = await _serve_grpc_port(front, asyncio_host, listen, services, config.server, tls, worker, shutdown)
             _tune_gc()
             _return_big_buffers()
-            task_status.started(Running(router, binds[0], reloader, metrics, drain, bound_grpc))
+            task_status.started(Running(router, address, reloader, services.metrics, drain, bound_grpc))
         nursery.cancel_scope.cancel()
     await router.aclose()
-    metrics.close()
+    services.metrics.close()
+
+
+def _starting(config: Config, config_path: Path | None) -> ListenersTls:
+    """Log what was loaded and its warnings; the listeners' TLS, read again for the servers."""
+    if config_path is not None:
+        log.info("config loaded from %s (digest %s)", config_path.absolute(), config.digest)
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
+    try:  # the files were checked with the config; read them again for the servers
+        return ListenersTls(config.server)
+    except ConfigError as error:
+        raise StartupError("; ".join(error.problems)) from None
+
+
+async def _start_fleet(nursery: trio.Nursery, config: Config) -> SimulatedFleet:
+    """``--simulate``: the engines of ``config``'s endpoints, serving before the router asks them anything."""
+    fleet = SimulatedFleet(nursery)
+    try:
+        await fleet.ensure(config)
+    except SimulateError as error:
+        if error.address is None:
+            raise StartupError(str(error)) from None
+        raise ListenError(error.address, f"--simulate endpoint {error.url}", error.reason) from None
+    return fleet
+
+
+async def _start_router(nursery: trio.Nursery, config: Config, ledger: RedisLedger | None) -> tuple[Router, Config]:
+    """The router, its endpoints checked and its upkeep running; and the config with the engines' context lengths."""
+    try:  # pools without max_model_len ask their engines (at once, bounded)
+        asked = await ask_model_lens(config)
+    except ModelLenError as error:
+        raise StartupError(str(error)) from None
+    config = asked.config
+    router = Router(config, model_lens=asked.reported)
+    await router.check_health()
+    if config.cluster is not None:
+        # One admission budget with the other replicas: the ledger lives as long as the process.
+        await nursery.start(functools.partial(router.run, ledger=ledger))
+        log.info("cluster: replica %s shares its caps through %s", config.cluster.replica(), _redacted(config.cluster.redis_url))
+    else:
+        await nursery.start(router.run)  # endpoints from DNS are resolved before serving
+    return router, config
+
+
+@dataclass
+class _Services:
+    """What runs around the router: built at start, and what a reload applies a new config to."""
+
+    router: Router
+    fleet: SimulatedFleet | None
+    tls: ListenersTls
+    metrics: Metrics
+    access_log: AccessLog
+    telemetry: Telemetry
+    repeated_ids: RepeatedIds
+    tracing: TracingSwitch
+
+    async def resolve(self, new: Config) -> Config:
+        """A reloaded file's pools without max_model_len ask their engines (simulated ones started first)."""
+        if self.fleet is not None:
+            await self.fleet.ensure(new)
+        found = await ask_model_lens(new)
+        self.router.note_model_lens(found.reported)
+        return found.config
+
+    async def apply(self, new: Config) -> None:
+        swap_tls = self.tls.prepare(new.server)  # first: a TLS file that fails refuses the reload whole
+        if self.fleet is not None:
+            await self.fleet.ensure(new)
+        self.tracing.apply(new.tracing)
+        self.router.apply(new)
+        self.access_log.enabled, self.access_log.log_prompts = new.logging.access_log, new.logging.log_prompts
+        self.repeated_ids.window = new.metrics.duplicate_request_id_window
+        logging.getLogger().setLevel(new.logging.level.upper())
+        for warning in new.warnings:
+            log.warning("config: %s", warning)
+        swap_tls()
+        if self.fleet is not None:  # last: the engines of endpoints the applied config dropped
+            await self.fleet.retire(new)
+
+
+async def _start_services(
+    nursery: trio.Nursery, router: Router, config: Config, fleet: SimulatedFleet | None, tls: ListenersTls
+) -> _Services:
+    """Metrics, the access log, repeated-id detection and tracing, for both front ends."""
+    metrics = Metrics(router)
+    access_log = AccessLog(log_prompts=config.logging.log_prompts, enabled=config.logging.access_log)
+    telemetry = Telemetry([metrics.observe, access_log])
+    repeated_ids = RepeatedIds(config.metrics.duplicate_request_id_window)
+    # [tracing]: off, the OpenTelemetry SDK is not even imported; a reload switches it live.
+    tracing = TracingSwitch(config.tracing, grace=lambda: router.config.timeouts.end_to_end_timeout)
+    await nursery.start(tracing.run)
+    return _Services(router, fleet, tls, metrics, access_log, telemetry, repeated_ids, tracing)
+
+
+async def _start_reloads(
+    nursery: trio.Nursery,
+    services: _Services,
+    config: Config,
+    config_path: Path | None,
+    prepare: Prepare | None,
+    drain: trio.Event,
+    shutdown: trio.Event,
+) -> ConfigReloader | None:
+    """Reloads on SIGHUP and on a change of the file, and the drain on SIGTERM/SIGINT (signals on the main thread only)."""
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    reloader = (
+        ConfigReloader(config_path, config, services.apply, on_result=services.metrics.reloaded, prepare=prepare, resolve=services.resolve)
+        if config_path is not None
+        else None
+    )
+    if reloader is not None:
+        if on_main_thread:
+            await nursery.start(reloader.watch_signals)
+        nursery.start_soon(reloader.watch_file)  # polls every reload_poll_interval s, as the running config says
+    if on_main_thread:
+        nursery.start_soon(_drain_on_signals, drain, shutdown)
+    nursery.start_soon(_drain_then_stop, services.router, drain, shutdown)
+    return reloader
+
+
+async def _serve_http_ports(
+    front: trio.Nursery,
+    app: HttpApi,
+    server: ServerConfig,
+    tls: ListenersTls,
+    http_port: int | None,
+    worker: WorkerRole | None,
+    shutdown: trio.Event,
+) -> str:
+    """The HTTP port (shared with the other workers, if any) and a worker's own; returns the shared one's URL."""
+    settings = HttpSettings.from_config(server, grace_timeout=_HTTP_GRACE_SECONDS)
+    if worker is not None:
+        settings = dataclasses.replace(settings, reuse_port=True)
+    port = server.http_port if http_port is None else http_port
+    binds = await _bound(
+        server.http_host, port, "server.http_listen",
+        front.start(functools.partial(
+            serve_http, app, server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls.http,
+            on_refusal=app.refused,
+        )),
+    )
+    if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
+        own = await _bound(
+            server.http_host, worker.own_port(port), f"worker {worker.index}'s own port: server.http_listen's + {1 + worker.index}",
+            front.start(
+                functools.partial(
+                    serve_http, app, server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
+                        server, grace_timeout=_HTTP_GRACE_SECONDS
+                    ), shutdown_trigger=shutdown.wait, tls=tls.http, on_refusal=app.refused,
+                )
+            ),
+        )
+        log.info("worker %d of %d: its own metrics and API on %s", worker.index, worker.count, own[0])
+    log.info("tailguard listening on %s", binds[0])
+    return binds[0]
+
+
+async def _serve_grpc_port(
+    front: trio.Nursery,
+    asyncio_host: AsyncioHost,
+    listen: tuple[str, int],
+    services: _Services,
+    server: ServerConfig,
+    tls: ListenersTls,
+    worker: WorkerRole | None,
+    shutdown: trio.Event,
+) -> int:
+    """The gRPC port on ``asyncio_host``; returns the port bound."""
+    # grpc says only "Failed to bind" (and logs to stderr): try the address first, and say why.
+    _check_bindable(*listen, "server.grpc_listen", reuse_port=worker is not None)
+    access_log = services.access_log
+    observers = Observers(
+        services.telemetry, services.repeated_ids, services.metrics.repeated_request_id,
+        log_prompts=lambda: access_log.log_prompts, tracing=services.tracing,
+    )
+    try:
+        bound: int = await front.start(
+            functools.partial(serve_grpc, max_calls=server.grpc_max_calls, reuse_port=worker is not None, tls=tls.grpc),
+            services.router,
+            asyncio_host,
+            listen,
+            shutdown,
+            observers,
+        )
+    except RuntimeError as error:  # grpc's bind failure; anything else is a bug and stays as it is
+        if "bind" not in str(error):
+            raise
+        raise ListenError(_host_port(*listen), "server.grpc_listen", str(error)) from None
+    return bound
 
 
 async def _bound(host: str, port: int, key: str, starting: Awaitable[list[str]]) -> list[str]:
