@@ -191,7 +191,7 @@ async def test_pods_added_and_removed_under_traffic_drop_no_request_and_exceed_n
                             clients.start_soon(client)
                         # A pod goes, another comes, while the first still runs requests.
                         await eventually(lambda: fleet.engines[first].statistics().running == 2)
-                        leaving = running.router._endpoints[f"http://{first}:{fleet.port}"]
+                        leaving = running.router.endpoint(f"http://{first}:{fleet.port}")
                         zone.set(NAME, [second, third])
                         await eventually(lambda: pool_urls(running) == urls(fleet.port, second, third))
                         gone = fleet.engines[first].statistics()
@@ -276,11 +276,11 @@ async def test_an_address_back_before_its_requests_end_keeps_their_seats(autojum
     config = parse_config(toml(5353, 8000, cap=2, pool_cap=3))
     source = config.pool("latency").endpoints_dns[0]
     router = Router(config)
-    pool = router._pools["latency"]
+    pool = router.pool("latency")
     router.replace_discovered("latency", [(source, "127.0.0.2"), (source, "127.0.0.3")])
     ticket = Ticket("chat", MODEL, 10, 10)
     leases = [await pool.admit(0, trio.current_time() + 1, ticket, retry_after=1) for _ in range(3)]
-    endpoint = router._endpoints["http://127.0.0.2:8000"]
+    endpoint = router.endpoint("http://127.0.0.2:8000")
     running_there = endpoint.in_flight
     assert running_there >= 1
     router.replace_discovered("latency", [(source, "127.0.0.3")])  # the pod goes, its requests run on
@@ -289,7 +289,7 @@ async def test_an_address_back_before_its_requests_end_keeps_their_seats(autojum
     with pytest.raises(QueueTimeout):  # the pool's cap counts them: no seat for a fourth
         await pool.admit(0, trio.current_time() + 1, ticket, retry_after=1)
     router.replace_discovered("latency", [(source, "127.0.0.3"), (source, "127.0.0.2")])  # and is back
-    assert router._endpoints["http://127.0.0.2:8000"] is endpoint  # the same count: its cap holds
+    assert router.endpoint("http://127.0.0.2:8000") is endpoint  # the same count: its cap holds
     assert endpoint.in_flight == running_there and not endpoint.retired
     for lease in leases:
         lease.release()

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailguard.router.classify import classify
+from tailguard.router.admission import classify
 from tailguard.router.config_types import Config, EstimateConfig, LimitsConfig, ServerConfig
 from tailguard.router.errors import PromptTooLong
 from tailguard.router.limits import check_prompt, estimate_prompt_tokens, estimate_text_tokens

@@ -191,7 +191,7 @@ def lend_back_config() -> Config:
 
 async def test_borrowed_seats_pack_onto_one_endpoint(autojump_clock: trio.testing.MockClock) -> None:
     async with router_over_engines(lend_back_config()) as fleet:
-        endpoints = [fleet.router._endpoints[url] for url in BATCH_URLS]
+        endpoints = [fleet.router.endpoint(url) for url in BATCH_URLS]
         async with trio.open_nursery() as nursery:
             for i in range(4):  # the first takes interactive's one seat, the other three borrow batch seats
                 nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=64, request_id=f"i{i}"))
@@ -206,7 +206,7 @@ async def test_the_lenders_own_requests_avoid_borrowed_seats_while_another_endpo
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with router_over_engines(lend_back_config()) as fleet:
-        by_url = {url: fleet.router._endpoints[url] for url in BATCH_URLS}
+        by_url = {url: fleet.router.endpoint(url) for url in BATCH_URLS}
         async with trio.open_nursery() as nursery:
             for i in range(2):  # interactive's own seat, then one borrowed on a batch endpoint
                 nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=128, request_id=f"i{i}"))
@@ -223,7 +223,7 @@ async def test_the_lenders_own_requests_avoid_borrowed_seats_while_another_endpo
             assert (lent.in_flight, lent.borrowed, clear.in_flight, clear.borrowed) == (2, 1, 4, 0)
             assert fleet.router.statistics().pool("batch").queue.waiting == 0
         assert [e.borrowed for e in by_url.values()] == [0, 0]
-        assert fleet.router._pools["batch"].lent == 0
+        assert fleet.router.pool("batch").lent == 0
 
 
 async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_clock: trio.testing.MockClock) -> None:

@@ -83,7 +83,7 @@ async def test_metrics_page_has_every_dashboard_name_and_counts_outcomes() -> No
                 too_long = await client.post("/v1/completions", json={"prompt": "word " * 9_000, "max_tokens": 8})
                 assert too_long.status_code == 400
                 # Wait for a backend scrape, then read the page.
-                await eventually(lambda: all(e.load is not None for e in running.router._endpoints.values()))
+                await eventually(lambda: all(e.load is not None for e in running.router.endpoints))
                 page_text = (await client.get("/metrics")).text
         nursery.cancel_scope.cancel()
     page = samples(page_text)
@@ -204,7 +204,7 @@ async def test_a_backend_without_metrics_breaks_nothing() -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
         async with engines_on_sockets([no_metrics, QUICK]) as backends, tailguard(config_for(backends.urls)) as running:
-            await eventually(lambda: all(e.load is not None for e in running.router._endpoints.values()))
+            await eventually(lambda: all(e.load is not None for e in running.router.endpoints))
             async with httpx.AsyncClient(base_url=running.http_url) as client:
                 assert (await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})).status_code == 200
                 page = samples((await client.get("/metrics")).text)

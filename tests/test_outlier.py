@@ -100,7 +100,7 @@ async def router_over(handlers: dict[str, Handler], config: Config) -> AsyncIter
 
 
 def endpoint(router: Router, url: str):  # type: ignore[no-untyped-def]
-    return next(e for e in router._pools["interactive"].endpoints if e.url == url)
+    return next(e for e in router.pool("interactive").endpoints if e.url == url)
 
 
 async def settle(router: Router, request_id: str, *, stream: bool = False) -> type[Exception] | None:
@@ -154,7 +154,7 @@ async def test_a_success_ends_the_run_of_failures(autojump_clock: trio.testing.M
     url = GPUS[0]
     async with router_over({url: flaky}, config_for([url, GPUS[1]], consecutive=3)) as (router, _):
         target = endpoint(router, url)
-        router._pools["interactive"].endpoints.remove(endpoint(router, GPUS[1]))  # all traffic to the flaky one
+        router.pool("interactive").endpoints.remove(endpoint(router, GPUS[1]))  # all traffic to the flaky one
         for i in range(18):
             await settle(router, f"r{i}")
         assert target.ejections == 0 and target.failures_in_a_row == 0
@@ -174,7 +174,7 @@ async def test_at_most_the_configured_share_is_ejected(autojump_clock: trio.test
     async with router_over(dict.fromkeys(urls, fail), config_for(urls, consecutive=2, percent=50)) as (router, _):
         for i in range(60):
             await settle(router, f"r{i}")
-        ejected = [e.url for e in router._pools["interactive"].endpoints if e.ejected]
+        ejected = [e.url for e in router.pool("interactive").endpoints if e.ejected]
         assert len(ejected) == 2  # 50% of 4, however many keep failing
         assert router.statistics().pool("interactive").healthy_endpoints == 2
 

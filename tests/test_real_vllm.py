@@ -99,7 +99,7 @@ async def complete(router: Router, request: RouterRequest, record: RequestRecord
 
 
 def endpoint(router: Router, url: str) -> Endpoint:
-    [found] = [e for e in router._endpoints.values() if e.url == url]
+    [found] = [e for e in router.endpoints if e.url == url]
     return found
 
 
@@ -392,7 +392,7 @@ def test_the_default_keep_alive_is_below_vllms() -> None:
 
 async def test_queue_ms_is_the_wait_for_a_seat_not_the_loops_delay(autojump_clock: trio.testing.MockClock) -> None:
     async with engines(None) as [app], router_over({A: app}, config()) as router:
-        pool = router._pools["main"]
+        pool = router.pool("main")
         lease_holders: list[trio.Event] = []
 
         async def hold(i: int, done: trio.Event) -> None:

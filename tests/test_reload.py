@@ -97,7 +97,7 @@ async def test_sighup_moves_an_endpoint_under_traffic_and_refuses_a_broken_file(
             async def observe() -> None:
                 while True:
                     for pool in running.router.statistics().pools:
-                        if any(e.url == c and e.in_flight for e in running.router._pools[pool.name].endpoints):
+                        if any(e.url == c and e.in_flight for e in running.router.pool(pool.name).endpoints):
                             pools_of_c.add(pool.name)
                     await trio.sleep(0.005)
 

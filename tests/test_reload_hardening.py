@@ -193,14 +193,14 @@ async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monke
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(pool, "BackendClient", fails_second)
-    before = {url: e.client for url, e in router._endpoints.items()}
+    before = {e.url: e.client for e in router.endpoints}
     try:
         with pytest.raises(OSError):
             router.apply(with_digest(two_pool_config(interactive_cap=8, batch_cap=8), "bigger"))
         stats = router.statistics()
         # Both endpoints keep their cap and the client they had; nothing half-applied.
         assert [e.max_concurrency for e in stats.endpoints] == [4, 4] and stats.pool("interactive").max_concurrency == 4
-        assert {url: e.client for url, e in router._endpoints.items()} == before
+        assert {e.url: e.client for e in router.endpoints} == before
     finally:
         await router.aclose()
 

@@ -206,7 +206,7 @@ async def test_backend_4xx_passes_through(autojump_clock: trio.testing.MockClock
 
 async def test_unreachable_endpoint_fails_fast_and_only_its_health_check_takes_it_down(autojump_clock: trio.testing.MockClock) -> None:
     async with router_over_engines(two_pool_config()) as fleet:
-        endpoint = fleet.router._pools["interactive"].endpoints[0]
+        endpoint = fleet.router.pool("interactive").endpoints[0]
         real = endpoint.client
         up = False
 
@@ -304,7 +304,7 @@ async def test_an_endpoint_removed_and_restored_keeps_its_in_flight_count(autoju
             with pytest.raises(errors.NoBackend):
                 await run_to_end(fleet.router, chat("while empty"))
             fleet.router.apply(with_digest(config, "restored"))
-            endpoint = fleet.router._pools["interactive"].endpoints[0]
+            endpoint = fleet.router.pool("interactive").endpoints[0]
             assert endpoint.in_flight == 2  # the same object: its running requests still count
             nursery.start_soon(run_to_end, fleet.router, chat("third", max_tokens=8))
             await trio.testing.wait_all_tasks_blocked()
@@ -421,7 +421,7 @@ async def test_the_drain_rate_follows_a_reloaded_cap(autojump_clock: trio.testin
         before = fleet.router.statistics().pool("interactive")
         assert before.drain_rate is not None and before.seat_seconds is not None
         # Seats are free now: the queue gets no estimate, so nobody could be refused.
-        assert fleet.router._pools["interactive"].queue.expected_wait(0) is None
+        assert fleet.router.pool("interactive").queue.expected_wait(0) is None
         halved = two_pool_config(interactive_cap=4, max_queue=200, interactive_timeout=3.0)
         fleet.router.apply(fail_fast(halved, 1.0))
         after = fleet.router.statistics().pool("interactive")

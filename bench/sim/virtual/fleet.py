@@ -307,10 +307,10 @@ async def plug_engines(router: Router, engines: Mapping[str, SweepEngine]) -> No
 
     The router keeps everything it decides (limits, classes, pools, caps,
     queue); only the I/O layer under it, ``Endpoint.client``, is replaced.
-    Reaches into ``Router._endpoints``: the sweep's one use of a private name.
+    Reads ``Router.endpoints`` (the endpoints now) and swaps each one's client.
     """
     prompts = PromptTokens()
-    for endpoint in router._endpoints.values():
+    for endpoint in list(router.endpoints):
         http_client = endpoint.client
         endpoint.client = EngineClient(engines[endpoint.url], prompts)  # type: ignore[assignment]
         await http_client.aclose()

@@ -1,0 +1,407 @@
+"""The request's path through the core: admit -> seat -> call -> relay.
+
+:meth:`RequestPath.open` is what ``Router.open`` (the one entry point both
+front ends use) runs. It yields a :class:`Completion` whose body the front
+end relays; leaving the ``async with`` block -- normally, by error, by
+cancellation -- closes the backend stream (vLLM aborts the generation) and
+releases the seat, always.
+
+The front end owns the request's end-to-end cancel scope (its deadline comes
+from :meth:`RequestPath.deadline_for`) and cancels it when the caller goes
+away; everything here unwinds through ``async with`` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from .admission import decide
+from .assemble import assemblable, assemble, events
+from .auth import Caller
+from .backend import BackendClient, BackendResponse
+from .config_types import ClassConfig
+from .credentials import key_refused
+from .errors import (
+    BackendAuthFailed,
+    BackendBusy,
+    BackendError,
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    BadBackendReply,
+    Draining,
+)
+from .fleet import Fleet
+from .ids import IdSource
+from .pool import Endpoint, Lease, Pool, Ticket
+from .request import RouterRequest, Routing
+from .telemetry import RequestRecord
+from .traffic import Traffic
+
+log = logging.getLogger("tailguard.router")
+
+_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+# Body fields a caller may send but the router decides (docs/request-path.md).
+# ``model``, ``messages``/``prompt``, ``max_tokens`` and ``stream`` are written
+# over; these are removed first: ``max_completion_tokens`` (its value became
+# ``max_tokens``), ``priority`` (the class's, on a ``vllm_priority`` pool),
+# and ``request_id`` (vLLM's own id for the request: one per attempt). A
+# stream's ``stream_options.include_usage`` is always true (the caller's
+# other options are kept; without ``stream`` they go as sent, for vLLM to
+# refuse as OpenAI does).
+ROUTER_OWNED = frozenset({"max_completion_tokens", "priority", "request_id"})
+
+
+@dataclass
+class Completion:
+    """An admitted request with its backend response open."""
+
+    routing: Routing
+    response: BackendResponse
+    stream: bool
+    record: RequestRecord
+    relay_interval: float = 0.0  # the class's: seconds between reads of the stream (0: as events come)
+    # The usage event tailguard asked for on the caller's behalf (stream_options.include_usage) is not relayed.
+    drop_usage: bool = False
+    # "chat" / "completion": a whole answer asked of vLLM as a stream, put together by ``read``.
+    assemble_as: str | None = None
+    _assembled: dict[str, Any] | None = field(default=None, init=False, repr=False)
+
+    async def read(self) -> bytes:
+        """The whole body of a non-streaming response; ``payload`` is then its parsed form.
+
+        Raises BadBackendReply (not a completion, or over
+        ``server.max_backend_body_bytes``) or BackendUnavailable (broken).
+        """
+        if self.assemble_as is None:
+            body = await self.response.read()
+        else:
+            body = await self._assemble(self.assemble_as)
+        usage = self.payload.get("usage")
+        if not isinstance(usage, dict):
+            usage = {}
+        self.record.input_tokens = _count(usage.get("prompt_tokens"))
+        self.record.saw_answer(_count(usage.get("completion_tokens")))
+        return body
+
+    async def _assemble(self, kind: str) -> bytes:
+        """The stream read to its end and folded into the whole answer (router/assemble.py), within the body cap."""
+        limit = self.response.max_body_bytes
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in self.response.chunks(self.record.saw_chunk):
+            size += len(chunk)
+            if size > limit:
+                raise BadBackendReply(f"the backend's answer is over {limit} bytes (server.max_backend_body_bytes)")
+            chunks.append(chunk)
+        payload = assemble(kind, events(chunks))
+        if not payload["choices"] or not all(choice.get("finish_reason") for choice in payload["choices"]):
+            raise BadBackendReply("the backend's stream did not add up to a completion (no choice with a finish reason)")
+        self._assembled = payload
+        return json.dumps(payload).encode()
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The parsed body (after ``read``): the front ends need not parse it again."""
+        payload = self.response.payload if self._assembled is None else self._assembled
+        if payload is None:
+            raise RuntimeError("Completion.payload before read()")
+        return payload
+
+    def chunks(self, *, check: bool = True) -> AsyncIterator[bytes]:
+        """The SSE bytes of a streaming response, relayed as they arrive, in whole events.
+
+        Every byte is yielded before the stream's verdict: it may then end
+        with BackendStreamError (the backend's own error event was among the
+        bytes), BadBackendReply (an event that is not JSON, no ``[DONE]`` or
+        finish reason) or BackendUnavailable (the connection broke). A reader
+        that parses every event itself (gRPC's) passes ``check=False``: each
+        event is then parsed once, there. The request's record sees each
+        chunk on the way (no generator of its own: one layer less a chunk).
+        """
+        return self.response.chunks(self.record.saw_chunk, self.relay_interval, drop_usage=self.drop_usage, check=check)
+
+
+class RequestPath:
+    """Admits requests over ``fleet``'s pools and opens their backend calls, counting them in ``traffic``."""
+
+    def __init__(self, fleet: Fleet, traffic: Traffic) -> None:
+        self._fleet = fleet
+        self._traffic = traffic
+        self._upstream_ids = IdSource()  # the id each attempt goes to vLLM under (never the caller's)
+
+    def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
+        """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
+        arrival = trio.current_time() if arrival is None else arrival
+        deadline = arrival + self._fleet.config.timeouts.end_to_end_timeout
+        return deadline if request.deadline is None else min(deadline, request.deadline)
+
+    @asynccontextmanager
+    async def open(self, request: RouterRequest, arrival: float | None, caller: Caller, record: RequestRecord | None) -> AsyncIterator[Completion]:
+        """Admit the request and open its backend response (``Router.open`` says what it raises)."""
+        arrival = trio.current_time() if arrival is None else arrival
+        record = RequestRecord(request.request_id, "http", arrival) if record is None else record
+        record.kind = request.kind
+        record.stream = request.stream
+        record.caller = caller.name
+        record.requested_max_tokens = request.max_tokens
+        fleet, traffic = self._fleet, self._traffic
+        config = fleet.config
+        traffic.requests_total += 1
+        if traffic.draining:
+            raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
+        klass, pool, ticket = decide(request, caller, config, fleet.pools, record, arrival)
+        trace = record.trace
+
+        queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
+        async with traffic.holding(caller, fleet.budget, config.timeouts.retry_after, klass.priority, queue_deadline):
+            if fleet.budget is not None and pool.in_flight >= pool.max_concurrency:
+                fleet.budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
+            if trace is not None:
+                trace.queued()
+            try:
+                lease = await pool.admit(klass.priority, queue_deadline, ticket, retry_after=config.timeouts.retry_after)
+            except BaseException:
+                # The access log's queue_ms of a refusal or a queue_timeout: never past the deadline it waited for.
+                record.left_queue_at = min(trio.current_time(), queue_deadline)
+                raise
+            # When the seat was granted, not when this task ran again: on a busy host the
+            # event loop's own delay is no wait for a seat (and no reason to move a GPU).
+            record.left_queue_at = record.admitted_at = lease.granted_at
+            try:
+                record.endpoint = lease.endpoint.url
+                serving = lease.pool  # a lender's, when the seat is borrowed
+                if serving is not pool:
+                    record.lender = serving.name
+                # A whole answer asked of vLLM as a stream has a first byte (router/assemble.py).
+                assembled = not request.stream and serving.config.stream_upstream and assemblable(request.params)
+                body, drop_usage = backend_body(request, ticket.model, ticket.max_tokens, stream=request.stream or assembled)
+                if serving.config.vllm_priority:
+                    body["priority"] = klass.priority
+                hung_at = arrival + config.timeouts.end_to_end_timeout
+                response = await self._start_call(serving, lease, request, body, record, hung_at, stream=request.stream or assembled)
+                try:
+                    record.endpoint = lease.endpoint.url  # a retry may have moved it
+                    routing = _routing(request, klass, pool, lease, ticket, record.clamped)
+                    try:
+                        yield Completion(
+                            routing, response, request.stream, record, klass.relay_interval, drop_usage,
+                            assemble_as=request.kind if assembled else None,
+                        )
+                    except BackendError as error:  # the body broke or was not a completion
+                        self._failed(serving, lease.endpoint, error)
+                        raise
+                    serving.record_success(lease.endpoint)
+                finally:
+                    with trio.CancelScope(shield=True):  # hanging up must happen, and is quick
+                        await response.aclose()
+            finally:
+                lease.release()
+
+    async def _start_call(
+        self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], record: RequestRecord, hung_at: float, *, stream: bool
+    ) -> BackendResponse:
+        """Send the request and wait for its first byte, trying elsewhere if that fails.
+
+        A failure of the engine (refused, reset, no first byte in the pool's
+        ``first_byte_timeout``, an answered 5xx) is retried once on another
+        endpoint of the pool that has room; the seat moves with it, so the
+        pool's cap holds. Nothing has reached the caller yet, so a retry is
+        invisible to it. An engine that is busy (503: its own queue is full)
+        or refuses tailguard's key did no work and says nothing of its
+        siblings: the request goes on to each other endpoint with room, in
+        turn, within its deadline. A 4xx is never retried (the request's
+        fault). Each attempt goes to vLLM under a fresh id (vLLM takes
+        ``X-Request-Id`` as its own request id, which two callers could
+        share); ``record.upstream_id`` keeps the last, and the caller's id goes
+        as ``x-tailguard-request-id``. With tracing, each
+        attempt has a span, named in the ``traceparent`` sent. Cancelled at the
+        router's own deadline (``hung_at``) with no answer begun, the endpoint failed (as a
+        hung one does).
+        """
+        path = _PATHS[request.kind]
+        trace = record.trace
+        # vLLM sends a non-streaming answer whole when generation ends: only the
+        # end-to-end deadline can tell a long answer from a hung engine there.
+        timeout = pool.config.first_byte_timeout if stream else math.inf
+        try:
+            tried: list[Endpoint] = []
+            retried = False  # a failure of the engine itself is tried once more, no further
+            while True:
+                endpoint = lease.endpoint
+                tried.append(endpoint)
+                record.upstream_id = self._upstream_ids.fresh()
+                # The caller's own id rides beside it, for whatever logs headers on the way (vLLM ignores it).
+                headers = {"x-request-id": record.upstream_id, "x-tailguard-request-id": request.request_id}
+                if trace is not None:
+                    headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
+                try:
+                    return await _first_byte(lease.client, path, body, headers, stream=stream, timeout=timeout)
+                except BackendRejected as error:
+                    if trace is not None:
+                        trace.call_failed(error)
+                    pool.record_success(endpoint)  # it answered: the request was at fault
+                    raise
+                except BackendError as error:
+                    if trace is not None:
+                        trace.call_failed(error)
+                    retry_to: Endpoint | None = None
+                    if isinstance(error, BackendBusy):
+                        self._busy(endpoint, error)
+                        retry_to = pool.retry_endpoint(lease, tried)
+                    elif isinstance(error, BackendAuthFailed):
+                        key_refused(endpoint, error.status)
+                        retry_to = pool.retry_endpoint(lease, tried)
+                    else:
+                        self._failed(pool, endpoint, error)
+                        if _retryable(error) and not retried:
+                            retried = True
+                            retry_to = pool.retry_endpoint(lease, tried)
+                    if retry_to is None:
+                        raise
+                    log.info("request %s: %s; trying again on %s", request.request_id, error.message, retry_to.url)
+                    self._traffic.retries[pool.name] += 1
+                    lease.move(retry_to)
+        except trio.Cancelled:
+            # The router's own deadline passed with no answer begun (not the
+            # caller leaving, nor a caller's shorter gRPC deadline): the
+            # endpoint failed this request, as a hung one does.
+            if trio.current_time() >= hung_at:
+                self._failed(pool, lease.endpoint, BackendTimeout(f"the backend {lease.endpoint.url} did not answer in time"))
+            raise
+
+    def _busy(self, endpoint: Endpoint, error: BackendBusy) -> None:
+        """The engine's own queue is full: fewer seats there for a moment; not a failure (outlier detection never hears of it).
+
+        When the moment ends nothing is released, so a timer offers the seats
+        to the waiters then: a Trio system task (a sleep, then a dispatch, that
+        cannot fail), since a busy answer comes on a request's path, which
+        has no nursery to leave a timer in.
+        """
+        spell_begins = endpoint.busy_until == -math.inf
+        endpoint.was_busy(error.retry_after)
+        if spell_begins:  # once per busy spell, not once per refused request
+            log.info(
+                "endpoint %s is busy (its own queue is full): at most %d requests there for %g s",
+                endpoint.url, endpoint.busy_cap, error.retry_after,
+            )
+            trio.lowlevel.spawn_system_task(self._busy_spell_ends, endpoint, name=f"busy spell of {endpoint.url}")
+
+    @staticmethod
+    async def _busy_spell_ends(endpoint: Endpoint) -> None:
+        # A deadline, not a condition to poll: a later busy answer may have moved it on.
+        while not endpoint.busy_spell_over(trio.current_time()):  # noqa: ASYNC110
+            await trio.sleep_until(endpoint.busy_until)
+        if endpoint.pool is not None:
+            endpoint.pool.queue.dispatch()
+
+    def _failed(self, pool: Pool, endpoint: Endpoint, error: BackendError) -> None:
+        """Count a failed call for outlier detection; log an ejection."""
+        if endpoint.pool is not pool:
+            return  # moved or removed by a reload meanwhile: its new pool judges it
+        # Read before the verdict: an ejection starts the endpoint's record afresh.
+        in_a_row, failed, seen = endpoint.failures_in_a_row + 1, endpoint.recent_failures + 1, endpoint.outcomes + 1
+        on_trial = endpoint.half_open
+        seconds = pool.record_failure(endpoint)
+        if seconds is not None:
+            outlier = pool.config.outlier_detection
+            if on_trial:
+                why = "its first request back from an ejection failed"
+            elif in_a_row >= outlier.consecutive_failures:
+                why = f"{in_a_row} failures in a row"
+            else:
+                why = f"{failed} of its last {min(seen, outlier.failure_window)} requests failed"
+            log.warning("endpoint %s ejected from pool %s for %g s: %s (last: %s)", endpoint.url, pool.name, seconds, why, error.message)
+
+
+def _routing(request: RouterRequest, klass: ClassConfig, pool: Pool, lease: Lease, ticket: Ticket, clamped: bool) -> Routing:
+    """What the front ends tell the caller of the decisions made for the request."""
+    return Routing(
+        request_id=request.request_id,
+        request_class=klass.name,
+        pool=pool.name,
+        endpoint=lease.endpoint.url,
+        prompt_tokens=ticket.prompt_tokens,
+        requested_max_tokens=request.max_tokens,
+        max_tokens=ticket.max_tokens,
+        clamped=clamped,
+        queue_seconds=lease.granted_at - ticket.arrived,
+    )
+
+
+def backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream: bool) -> tuple[dict[str, Any], bool]:
+    """The body sent to vLLM, and whether the stream's usage event is tailguard's alone (not to relay).
+
+    The fields the router owns (``ROUTER_OWNED``) are its own whatever the
+    caller sent: ``priority`` is removed (``RequestPath.open`` sets it from the class
+    on a ``vllm_priority`` pool: a caller's own could jump vLLM's queue and
+    dodge preemption, and older vLLM answers 400 to any non-zero value),
+    ``request_id`` too (each attempt has its own id), and every stream asks
+    for usage, so token counts stay exact when vLLM merges several
+    tokens into one event.
+    """
+    body: dict[str, Any] = {name: value for name, value in request.params.items() if name not in ROUTER_OWNED}
+    body["model"] = model
+    if request.kind == "chat":
+        body["messages"] = list(request.messages or ())
+    else:
+        body["prompt"] = request.prompt
+    body["max_tokens"] = max_tokens
+    body["stream"] = stream
+    drop_usage = False
+    if stream:
+        options = request.params.get("stream_options")
+        options = dict(options) if isinstance(options, Mapping) else {}
+        if options.get("include_usage") is not True:
+            drop_usage = True  # asked for tailguard's counts only
+            options.pop("continuous_usage_stats", None)  # without include_usage it meant nothing
+        options["include_usage"] = True
+        body["stream_options"] = options
+    return body, drop_usage
+
+
+
+
+async def _first_byte(
+    client: BackendClient, path: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool, timeout: float
+) -> BackendResponse:
+    """Open the call and wait for the first byte of its body, at most ``timeout`` s."""
+    if timeout == math.inf:  # no scope of its own: the request's deadline bounds it
+        return await _open_started(client, path, body, headers, stream=stream)
+    with trio.move_on_after(timeout):
+        return await _open_started(client, path, body, headers, stream=stream)
+    raise BackendTimeout(f"the backend {client.url} sent no first byte within {timeout:g} s")
+
+
+async def _open_started(
+    client: BackendClient, path: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool
+) -> BackendResponse:
+    """Open the call and wait for its first byte; a failure or cancellation hangs it up."""
+    response = await client.open(path, body, headers, stream=stream)
+    try:
+        await response.start()
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await response.aclose()
+        raise
+    return response
+
+
+def _count(value: object) -> int | None:
+    """A token count from a usage object, if it is one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _retryable(error: BackendError) -> bool:
+    """Failed before anything reached the caller (unreachable, reset, no first byte, an answered 5xx):
+    a second endpoint may well succeed, and the caller never knows."""
+    return isinstance(error, BackendUnavailable)

@@ -1,0 +1,284 @@
+"""The router's background loops: health checks, load scrapes, rebalancing, the shared budget, closing retired clients.
+
+Each loop reads the config anew every turn (a reload changes intervals and
+thresholds at once), and a turn that fails is logged, never fatal: a broken
+probe must not stop health checking for the life of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from .backend import ModelLenUnknown
+from .backend_load import scrape
+from .cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Yielding
+from .config_types import PoolConfig
+from .credentials import note_credentials
+from .discovery import Discovery
+from .fleet import Fleet
+from .health_thresholds import HealthStreaks
+from .loop_lag import LoopLag
+from .pool import Endpoint, Pool
+
+log = logging.getLogger("tailguard.router")
+
+
+class Upkeep:
+    """Runs the loops over ``fleet``, under the file in force at each turn (``fleet.config``)."""
+
+    def __init__(self, fleet: Fleet, loop_lag: LoopLag, discovery: Discovery) -> None:
+        self._fleet = fleet
+        self._loop_lag = loop_lag
+        self._discovery = discovery
+        self._health_streaks = HealthStreaks()  # probe results in a row, against each pool's thresholds
+
+    async def run(self, ledger: LedgerStore | None, task_status: trio.TaskStatus[None]) -> None:
+        """Every loop, forever (``Router.run`` says which); started once the first of each is done."""
+        async with trio.open_nursery() as nursery:
+            config = self._fleet.config
+            cluster = config.cluster
+            if cluster is not None and ledger is not None:
+                self._fleet.budget = SharedBudget(
+                    cluster, ledger, self._cluster_demands, settle_after=config.timeouts.end_to_end_timeout
+                )
+                await nursery.start(self._fleet.budget.run)
+            await nursery.start(self._loop_lag.run)  # measuring before the first probe, which asks it
+            await nursery.start(self._discovery.run)  # pools' DNS names: the first answers come before started
+            nursery.start_soon(
+                _forever, "health check", self.check_health, lambda: self._fleet.config.timeouts.health_check_interval
+            )
+            nursery.start_soon(_forever, "backend load scrape", self._scrape_loads, self._scrape_interval)
+            nursery.start_soon(self._close_retired_forever)
+            nursery.start_soon(self._rebalance_forever, nursery)
+            task_status.started()
+
+    # -- the shared budget ([cluster]) -----------------------------------------
+
+    def _cluster_demands(self) -> list[Demand]:
+        """Every capped resource as this replica sees it now: pools, endpoints, API keys."""
+        demands: list[Demand] = []
+        for pool in self._fleet.pools.values():
+            first = pool.first_waiting()  # the most urgent waiting, the oldest of its class priority
+            urgent, oldest = (NO_WAITER, math.inf) if first is None else first
+            waiting = pool.queue.waiting
+            demands.append(
+                Demand(
+                    f"pool:{pool.name}",
+                    pool.cluster_cap,
+                    pool.in_flight,
+                    waiting,
+                    urgent,
+                    pool.set_grant,
+                    _yielding_of(pool),
+                    oldest,
+                )
+            )
+            for endpoint in pool.endpoints:
+                demands.append(
+                    Demand(
+                        f"endpoint:{endpoint.url}",
+                        endpoint.max_concurrency,
+                        endpoint.in_flight,
+                        waiting,
+                        urgent,  # so idle replicas give back their blocks of it
+                        _endpoint_grant(endpoint, pool),
+                        _yielding_of(endpoint),
+                        oldest,
+                    )
+                )
+        budget = self._fleet.budget
+        for key in self._fleet.config.auth.keys:
+            if key.max_concurrency is not None and budget is not None:
+                demands.append(budget.key_seats(key.name, key.max_concurrency).demand())
+        return demands
+
+    # -- rebalancing ------------------------------------------------------------
+
+    async def _rebalance_forever(self, nursery: trio.Nursery) -> None:
+        """Look at the pools' demand every ``rebalance.interval`` s; start the moves it calls for."""
+        while True:
+            await trio.sleep(self._fleet.config.rebalance.interval)
+            try:
+                self.rebalance_turn(nursery)
+            except Exception:  # a bad turn must not end rebalancing, nor the process
+                log.exception("a rebalancing turn failed")
+
+    def rebalance_turn(self, nursery: trio.Nursery) -> None:
+        """One look; a move that is due starts now and finishes in ``nursery``."""
+        fleet = self._fleet
+        now = trio.current_time()
+        choice = fleet.rebalancer.look(now, fleet.pools, self._fleet.config)
+        if choice is None:
+            return
+        fleet.rebalancer.moved(now)
+        epoch = fleet.start_move(choice)
+        nursery.start_soon(fleet.finish_move, choice.endpoint, choice.source.name, choice.target, epoch)
+
+    # -- load scrapes and retired clients --------------------------------------
+
+    def _scrape_interval(self) -> float:
+        config = self._fleet.config
+        interval = config.metrics.backend_scrape_interval
+        return interval if interval > 0 else config.timeouts.health_check_interval
+
+    async def _scrape_loads(self) -> None:
+        """Each endpoint's own /metrics (running, waiting, KV cache), for the dashboards.
+
+        Read on every turn, so a reload can switch scraping on or off.
+        """
+        config = self._fleet.config
+        if config.metrics.backend_scrape_interval > 0:
+            await scrape(list(self._fleet.endpoints.values()), timeout=config.timeouts.health_check_timeout)
+
+    async def _close_retired_forever(self) -> None:
+        fleet = self._fleet
+        while True:
+            await fleet.close_wanted.wait()
+            fleet.close_wanted = trio.Event()
+            await self.close_retired()
+
+    async def close_retired(self) -> None:
+        """Close every client handed to the closer so far (shielded: closing must finish)."""
+        to_close = self._fleet.to_close
+        while to_close:
+            client = to_close.pop()
+            with trio.CancelScope(shield=True):
+                try:
+                    await client.aclose()
+                except Exception:  # a client that fails to close must not stop the closer
+                    log.exception("closing a retired backend client failed")
+
+    # -- health checks ----------------------------------------------------------
+
+    async def check_health(self) -> None:
+        """Probe every endpoint once, concurrently; wake waiters on recovery (``Router.check_health`` says how)."""
+        fleet = self._fleet
+        timeout = self._fleet.config.timeouts.health_check_timeout
+        async with trio.open_nursery() as nursery:
+            for endpoint in list(fleet.endpoints.values()):
+                nursery.start_soon(self._probe, endpoint, timeout)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._ask_unverified, timeout)
+            nursery.start_soon(self._check_keys, timeout)
+
+        for pool in fleet.pools.values():
+            pool.queue.dispatch()
+        for endpoint in list(fleet.endpoints.values()):
+            await endpoint.client.expire_idle()  # a pool that went quiet keeps no idle connections
+
+    async def _probe(self, endpoint: Endpoint, timeout: float) -> None:
+        """One probe of ``endpoint``, judged against its pool's thresholds; a stall of this loop is no verdict."""
+        pool = endpoint.pool
+        completion = pool is not None and pool.config.health_check == "completion"
+        started = trio.current_time()
+        with trio.move_on_after(timeout):
+            try:
+                if pool is not None and completion:
+                    status = await endpoint.probe.completes(pool.config.models[0])
+                    healthy = status == 200
+                    note_credentials(endpoint, status)
+                else:
+                    healthy = await endpoint.probe.health()
+            except Exception:  # one broken probe must not stop the others
+                if endpoint.retired:
+                    return  # a reload took it out (and closed its probe) meanwhile
+                log.exception("endpoint %s: its health probe failed", endpoint.url)
+                healthy = False
+            if healthy and completion:
+                endpoint.end_ejection()
+            self._judge(endpoint, healthy)
+            return
+        loop_lag = self._loop_lag
+        if loop_lag.excuses(started, timeout):
+            log.warning(
+                "endpoint %s did not answer its health check in %.1f s, but tailguard's own loop stalled for %.2f s of it: not counted",
+                endpoint.url, timeout, loop_lag.stalled_since(started),
+            )  # fmt: skip
+            return
+        if endpoint.healthy:
+            log.warning("endpoint %s did not answer its health check in %.1f s", endpoint.url, timeout)
+        self._judge(endpoint, False)
+
+    def _judge(self, endpoint: Endpoint, passed: bool | None) -> None:
+        config = endpoint.pool.config if endpoint.pool is not None else None  # None: a reload took it out meanwhile
+        down_at = PoolConfig.unhealthy_threshold if config is None else config.unhealthy_threshold
+        up_at = PoolConfig.healthy_threshold if config is None else config.healthy_threshold
+        was = endpoint.healthy
+        streaks = self._health_streaks
+        endpoint.healthy = healthy = streaks.judge(endpoint, was, passed, unhealthy_threshold=down_at, healthy_threshold=up_at)
+        if healthy and not was:
+            log.info("endpoint %s is healthy again", endpoint.url)
+        elif was and not healthy:
+            log.warning("endpoint %s failed its health check %d times in a row: down", endpoint.url, down_at)
+        elif passed is False and was:
+            log.info("endpoint %s failed its health check (%d in a row; down at %d)", endpoint.url, streaks.streak(endpoint), down_at)
+
+    async def _ask_unverified(self, timeout: float) -> None:
+        """Ask every healthy endpoint kept out for its context length again (one health check turn)."""
+        fleet = self._fleet
+
+        async def ask(endpoint: Endpoint) -> None:
+            with trio.move_on_after(timeout):
+                try:
+                    value = await endpoint.probe.max_model_len()
+                except ModelLenUnknown as error:
+                    log.debug("endpoint %s: no max_model_len yet: %s", endpoint.url, error)
+                    return
+                fleet.note_model_lens({endpoint.url: value})
+
+        async with trio.open_nursery() as nursery:
+            for endpoint in list(fleet.endpoints.values()):
+                if endpoint.pool is not None and endpoint.healthy and not endpoint.fits_context:
+                    nursery.start_soon(ask, endpoint)
+
+    async def _check_keys(self, timeout: float) -> None:
+        """Ask every healthy endpoint whose key is unproven or refused whether a /v1 route takes it.
+
+        vLLM leaves ``/health`` open under ``--api-key``, so a passing health
+        check says nothing of the key; ``GET /v1/models`` does (cheap, and
+        asked once an endpoint, then only while it is refused). A pool whose
+        health check is a completion learns it from that probe instead.
+        """
+
+        async def ask(endpoint: Endpoint) -> None:
+            with trio.move_on_after(timeout):
+                note_credentials(endpoint, await endpoint.probe.status("GET", "/v1/models"))
+
+        async with trio.open_nursery() as nursery:
+            for endpoint in list(self._fleet.endpoints.values()):
+                pool = endpoint.pool
+                if pool is None or pool.config.health_check == "completion" or not endpoint.healthy:
+                    continue
+                if endpoint.auth_failure is not None or not endpoint.credentials_checked:
+                    nursery.start_soon(ask, endpoint)
+
+
+def _endpoint_grant(endpoint: Endpoint, pool: Pool) -> Callable[[int], None]:
+    def apply(seats: int) -> None:
+        endpoint.granted = seats
+        pool.queue.dispatch()
+
+    return apply
+
+
+def _yielding_of(holder: Pool | Endpoint) -> Callable[[Yielding | None], None]:
+    """Who waits for ``holder``'s seats on other replicas, as each sync finds it (``Pool.yield_freed_seat`` reads it)."""
+
+    def apply(way: Yielding | None) -> None:
+        holder.yielding = way
+
+    return apply
+
+
+async def _forever(what: str, turn: Callable[[], Awaitable[None]], interval: Callable[[], float]) -> None:
+    """Run ``turn`` every ``interval()`` seconds; a failing turn is logged, never fatal."""
+    while True:
+        try:
+            await turn()
+        except Exception:
+            log.exception("%s failed; trying again in %g s", what, interval())
+        await trio.sleep(interval())
