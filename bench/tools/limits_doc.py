@@ -113,14 +113,25 @@ def _instance(cls: type[errors.TailguardError], config: Config) -> errors.Tailgu
     return cls("example")
 
 
+_RETRY = "retry after `Retry-After` seconds, with backoff and jitter, at most twice"
+
+
 def _when_and_advice(cls: type[errors.TailguardError], doc: Limits) -> tuple[str, str]:
     """Caller-facing words for an error class; unknown classes fall back to their docstring."""
+    known = _known_errors(doc)
+    if cls.__name__ in known:
+        return known[cls.__name__]
+    summary = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
+    return summary, _RETRY if issubclass(cls, errors.Overloaded) else "see the error message"
+
+
+def _known_errors(doc: Limits) -> dict[str, tuple[str, str]]:
+    """(when, what to do) by error class name, in this config's numbers."""
     input_cap = _n(doc.input_cap_tokens)
     output_cap = _n(doc.output_cap_tokens)
-    classes = doc.classes
-    deadlines = ", ".join(f"{k.name} {_s(k.queue_timeout)}" for k in classes)
-    retry = "retry after `Retry-After` seconds, with backoff and jitter, at most twice"
-    known: dict[str, tuple[str, str]] = {
+    deadlines = ", ".join(f"{k.name} {_s(k.queue_timeout)}" for k in doc.classes)
+    retry = _RETRY
+    return {
         "InvalidRequest": (
             "malformed JSON, a field of the wrong type, no messages, max_tokens < 1, an unknown class",
             "fix the request; the same request fails again",
@@ -170,6 +181,13 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Limits) -> tuple[str
             "a bug inside tailguard; it is logged with its traceback under the request id",
             "report it with the `x-request-id`; retrying the same request will likely fail the same way",
         ),
+    } | _backend_errors()
+
+
+def _backend_errors() -> dict[str, tuple[str, str]]:
+    """(when, what to do) for the failures of the GPU servers behind tailguard."""
+    retry = _RETRY
+    return {
         "BackendUnavailable": (
             "the GPU server answered 5xx, broke the connection or could not be reached (after one retry on "
             "another endpoint when the failure came before any answer)",
@@ -197,10 +215,6 @@ def _when_and_advice(cls: type[errors.TailguardError], doc: Limits) -> tuple[str
             "retry if the partial answer is of no use",
         ),
     }
-    if cls.__name__ in known:
-        return known[cls.__name__]
-    summary = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
-    return summary, retry if issubclass(cls, errors.Overloaded) else "see the error message"
 
 
 def _error_rows(config: Config, doc: Limits) -> list[_Row]:
@@ -232,17 +246,18 @@ def _type_code(error: HttpError) -> str:
 def render_limits_markdown(config: Config) -> str:
     """The limits of ``config`` as a caller-facing Markdown page (``docs/limits.md``)."""
     doc = limits_of(config)
-    estimate = doc.estimate
-    classes = doc.classes
-    pools = doc.pools
-    input_cap = doc.input_cap_tokens
-    default_max = doc.default_max_tokens
-    output_cap = doc.output_cap_tokens
-    over_cap = doc.over_cap
-    e2e = doc.end_to_end_timeout
     rows = _error_rows(config, doc)
-    overload_hint = next((_retry_after(r.error) for r in rows if r.error.status == 429), "—")
+    out = _prompt_size(config, doc)
+    out += _answer_length(doc)
+    out += _classes(doc)
+    out += _deadlines_and_errors(doc, rows)
+    out += _retrying(rows)
+    return "\n".join(out)
 
+
+def _prompt_size(config: Config, doc: Limits) -> list[str]:
+    """The page's head and its first section: the input cap, the estimate, the pools' contexts."""
+    estimate, pools, input_cap = doc.estimate, doc.pools, doc.input_cap_tokens
     out = [
         "<!-- Generated from config.toml by bench/tools/limits_doc.py; do not edit by hand.",
         f"     Regenerate: {REGENERATE}",
@@ -280,7 +295,13 @@ def render_limits_markdown(config: Config) -> str:
             for p in pools
         ],
     )
-    out += [
+    return out
+
+
+def _answer_length(doc: Limits) -> list[str]:
+    """``max_tokens``: the default, the cap and what happens above it."""
+    default_max, output_cap, over_cap = doc.default_max_tokens, doc.output_cap_tokens, doc.over_cap
+    out = [
         "",
         "## Answer length: max_tokens",
         "",
@@ -309,7 +330,13 @@ def render_limits_markdown(config: Config) -> str:
         "served first where classes share a pool.",
         "",
     ]
-    out += _markdown_table(
+    return out
+
+
+def _classes(doc: Limits) -> list[str]:
+    """The class table, and which classes a request without ``max_tokens`` never reaches."""
+    classes = doc.classes
+    out = _markdown_table(
         ["class", "prompt (estimated tokens)", "max_tokens", "pool", "queue deadline", "priority"],
         [
             (
@@ -324,8 +351,14 @@ def render_limits_markdown(config: Config) -> str:
         ],
     )
     out.append("")
-    out += _default_max_tokens_note(classes, default_max, output_cap)
-    out += [
+    out += _default_max_tokens_note(classes, doc.default_max_tokens, doc.output_cap_tokens)
+    return out
+
+
+def _deadlines_and_errors(doc: Limits, rows: Sequence[_Row]) -> list[str]:
+    """The end-to-end and queue deadlines, then the error table."""
+    e2e = doc.end_to_end_timeout
+    out = [
         "## Deadlines",
         "",
         f"- **End to end: {_s(e2e)}** from arrival to the last token, queueing included.",
@@ -355,7 +388,13 @@ def render_limits_markdown(config: Config) -> str:
         ]
         + [("4xx", "vLLM's own", "INVALID_ARGUMENT etc.", "—", "vLLM refused the request; passed through as it came", "fix the request")],
     )
-    out += [
+    return out
+
+
+def _retrying(rows: Sequence[_Row]) -> list[str]:
+    """When and how to retry, with this config's overload hint."""
+    overload_hint = next((_retry_after(r.error) for r in rows if r.error.status == 429), "—")
+    out = [
         "",
         "## Retrying",
         "",
@@ -368,7 +407,7 @@ def render_limits_markdown(config: Config) -> str:
         "- Reuse one HTTP client (its connection pool) for all requests.",
         "",
     ]
-    return "\n".join(out)
+    return out
 
 
 def _default_max_tokens_note(classes: Sequence[ClassLimits], default_max: int, output_cap: int) -> list[str]:
