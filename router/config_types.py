@@ -56,8 +56,10 @@ class ServerConfig:
     # answers are read to 64 KiB, no further.)
     max_backend_body_bytes: int = 16 * 1024 * 1024
     reload_poll_interval: float = 1.0  # seconds between config file mtime checks; 0 = off
-    # The HTTP/1.1 server under the OpenAI API is tailguard's own (llhttp on Trio);
-    # the guards below bound it. (``http_server`` in a file: see config_sections.)
+    # The HTTP/1.1 server under the OpenAI API is tailguard's own (llhttp on Trio),
+    # the only one: a file may still say so ("lean"); hypercorn is refused
+    # (config_sections). The guards below bound it.
+    http_server: Literal["lean"] = "lean"
     max_header_bytes: int = 64 * 1024  # request line + headers; more -> 431 and close
     header_timeout: float = 10.0  # a request's head must arrive within this -> else 408 and close
     body_timeout: float = 30.0  # its body within this after the head -> else 408 and close
