@@ -43,16 +43,20 @@ class _PausableBody(httpx.AsyncByteStream):
 
     def __init__(self, inner: httpx.AsyncByteStream) -> None:
         self._inner = inner
+        self._closed = False
 
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         async for chunk in self._inner:
             yield chunk
+        await self.aclose()  # whole: closed at once, as httpx's ``aiter_raw`` closes a response it read to the end
 
     async def pause(self, seconds: float) -> None:
         await trio.sleep(seconds)
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
+        if not self._closed:
+            self._closed = True
+            await self._inner.aclose()
 
 
 class HttpxTransport:
