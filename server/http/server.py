@@ -1,9 +1,9 @@
 """tailguard's own HTTP/1.1 server on Trio: llhttp parses, an ASGI app answers.
 
 Why a server of its own: the ASGI server used before cost a quarter of the
-router's CPU a request, and its Trio writes were shielded from cancellation, so a client that never
-reads its stream held its request (and pool seat) past every deadline and
-every drain (issue 11). Why llhttp (httptools) and not h11: h11 is pure
+router's CPU a request, and its Trio writes were shielded from
+cancellation, so a client that never reads its stream held its request (and
+pool seat) past every deadline and every drain (issue 11). Why llhttp (httptools) and not h11: h11 is pure
 Python, and was most of this server's own CPU in a profile at saturation
 (``python -m bench router-overhead`` under py-spy). Here:
 
