@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
 
 from bench.cluster.lab import ANSWERED, HEALTH_POLL_S, LEDGER_POLL_S, PHASE_DRAIN, Engine, Lab, Replica
 from bench.cluster.ledger import LedgerView
-from bench.cluster.load import capacity, class_summary, key_of_each, key_results, play_against
+from bench.cluster.load import Played, capacity, class_summary, key_of_each, key_results, play_against
 from bench.cluster.watch import CapWatch, health_of, scrape, watch_engine, watch_summary
 from bench.harness.client import HOST, ProtocolError
 from bench.harness.open_loop import Sample, TokenClient, TokenPool
-from tailguard.sim.virtual.trace import generated
+from tailguard.sim.virtual.trace import Arrival, generated
 
 # -- phase 2: load ---------------------------------------------------------------------------
 
@@ -147,65 +149,14 @@ async def outage_run(
     def now() -> float:
         return time.perf_counter() - origin
 
-    async def watch_health(replica: Replica) -> None:
-        client = TokenClient(replica.port)
-        try:
-            while replica.alive:
-                status, cluster_mode = await health_of(client, replica.port)
-                trail = health[replica.name]
-                if not trail or trail[-1][1:] != (status, cluster_mode):
-                    trail.append((round(now(), 2), status, cluster_mode))
-                await trio.sleep(HEALTH_POLL_S)
-        finally:
-            await client.aclose()
-
-    async def watch_ledger() -> None:
-        while True:
-            if not lab.redis.paused and lab.redis.process is not None:
-                try:
-                    with trio.fail_after(1.0):
-                        grants = await view.grants()
-                except Exception:  # Redis down or restarting: counted, not fatal
-                    ledger_reads["failed"] += 1
-                else:
-                    ledger_reads["ok"] += 1
-                    for resource, held in grants.items():
-                        ledger_max[resource] = max(ledger_max.get(resource, 0), sum(held.values()))
-            await trio.sleep(0.1)
-
-    async def outage(targets: list[TokenPool]) -> None:
-        everyone = list(targets)
-        if skew:
-            targets[:] = [t for t in targets if t.port == replicas[0].port]
-        await trio.sleep_until(trio.current_time() + pre - now())
-        found["held_at_outage"] = {r.name: await _in_flight_by_endpoint(r, lab.engines) for r in replicas}
-        targets[:] = everyone
-        found["redis_down_at_s"] = round(now(), 2)
-        if mode == "stop":
-            await lab.redis.kill()
-        else:
-            lab.redis.pause(True)
-        await trio.sleep_until(trio.current_time() + pre + hold / 2 - now())
-        if victim is not None:
-            victim.process.kill()
-            targets[:] = [t for t in targets if t.port != victim.port]
-            found["victim_killed_at_s"] = round(now(), 2)
-        await trio.sleep_until(trio.current_time() + pre + hold - 1.0 - now())
-        found["grants_in_fallback"] = {r.name: await _cluster_grants(r) for r in replicas if r.alive}
-        await trio.sleep_until(trio.current_time() + pre + hold - now())
-        if mode == "stop":
-            await lab.redis.start()
-        else:
-            lab.redis.pause(False)
-        found["redis_back_at_s"] = round(now(), 2)
-
+    outage = partial(_outage, lab, replicas, _Outage(mode, pre, hold, victim, skew), found, now)
     try:
         async with trio.open_nursery() as nursery:
             for w in watches:
                 nursery.start_soon(watch_engine, w, o.sample_interval, origin)
             for r in replicas:
-                nursery.start_soon(watch_health, r)
-            nursery.start_soon(watch_ledger)
+                nursery.start_soon(_watch_health, r, health[r.name], now)
+            nursery.start_soon(_watch_ledger, lab, view, ledger_max, ledger_reads)
             played = await play_against([r.port for r in replicas], arrivals, keys, max(o.drain, PHASE_DRAIN), f"redis {mode} {hold:g} s", outage)
             await trio.sleep(2 * o.lease_ttl + 1.0)  # idle: every replica back on the ledger, past the recovery window
             nursery.cancel_scope.cancel()
@@ -216,10 +167,7 @@ async def outage_run(
             await lab.redis.start()
     down, back = found["redis_down_at_s"], found["redis_back_at_s"]
     live = [r for r in replicas if r.alive]
-    served = {r.name: 0 for r in replicas}
-    for s, port, a in zip(played.samples, played.sent_to, arrivals):
-        if s.outcome == "ok" and down + 1.0 <= a.at < back:
-            served[next(r.name for r in replicas if r.port == port)] += 1
+    served = _ok_during(replicas, played, arrivals, down + 1.0, back)
     grants = await view.grants()
     in_flight = {r.name: sum((await scrape(r.port)).get("tailguard_pool_in_flight", {}).values()) for r in live}
     everyone = {r.name for r in live}
@@ -241,9 +189,7 @@ async def outage_run(
         "grant_sum_after": {r: sum(g.values()) for r, g in grants.items()},
         "strangers_after": sorted({name for g in grants.values() for name in g} - everyone),
         "idle_grant_above_block": {r: {n: s for n, s in g.items() if s > o.block} for r, g in grants.items() if any(s > o.block for s in g.values())},
-        "dead_in_ledger": [k for k in await view.keys() if any(k.endswith(f":alive:{d}") for d in dead)]
-        + [f"{r}:{d}" for r, g in grants.items() for d in dead if d in g]
-        + [f"{k}:{d}" for k, w in (await view.wants()).items() for d in dead if d in w],
+        "dead_in_ledger": await _dead_in_ledger(view, grants, dead),
         "in_flight_after": in_flight,
         "engines": watch_summary(watches),
         "keys": {} if skew else key_results(played),  # skewed: the keys have no max_concurrency
@@ -251,6 +197,93 @@ async def outage_run(
         "machine_cores": round(played.cores, 2),
     }
     return found
+
+
+@dataclass(frozen=True)
+class _Outage:
+    """What one outage does to Redis and when: ``pre`` s of load first, then ``hold`` s without the ledger."""
+
+    mode: str  # "stop" or "pause"
+    pre: float
+    hold: float
+    victim: Replica | None  # killed halfway through
+    skew: bool  # everything to the first replica until Redis goes
+
+
+async def _outage(lab: Lab, replicas: list[Replica], plan: _Outage, found: dict[str, Any], now: Callable[[], float], targets: list[TokenPool]) -> None:
+    """The outage itself, beside the load: Redis down, the victim killed, Redis back; when each happened lands in ``found``."""
+    mode, pre, hold, victim = plan.mode, plan.pre, plan.hold, plan.victim
+    everyone = list(targets)
+    if plan.skew:
+        targets[:] = [t for t in targets if t.port == replicas[0].port]
+    await trio.sleep_until(trio.current_time() + pre - now())
+    found["held_at_outage"] = {r.name: await _in_flight_by_endpoint(r, lab.engines) for r in replicas}
+    targets[:] = everyone
+    found["redis_down_at_s"] = round(now(), 2)
+    if mode == "stop":
+        await lab.redis.kill()
+    else:
+        lab.redis.pause(True)
+    await trio.sleep_until(trio.current_time() + pre + hold / 2 - now())
+    if victim is not None:
+        victim.process.kill()
+        targets[:] = [t for t in targets if t.port != victim.port]
+        found["victim_killed_at_s"] = round(now(), 2)
+    await trio.sleep_until(trio.current_time() + pre + hold - 1.0 - now())
+    found["grants_in_fallback"] = {r.name: await _cluster_grants(r) for r in replicas if r.alive}
+    await trio.sleep_until(trio.current_time() + pre + hold - now())
+    if mode == "stop":
+        await lab.redis.start()
+    else:
+        lab.redis.pause(False)
+    found["redis_back_at_s"] = round(now(), 2)
+
+
+async def _watch_health(replica: Replica, trail: list[tuple[float, str, str]], now: Callable[[], float]) -> None:
+    """The replica's /health while it lives: each change of (status, cluster mode) appended to ``trail``."""
+    client = TokenClient(replica.port)
+    try:
+        while replica.alive:
+            status, cluster_mode = await health_of(client, replica.port)
+            if not trail or trail[-1][1:] != (status, cluster_mode):
+                trail.append((round(now(), 2), status, cluster_mode))
+            await trio.sleep(HEALTH_POLL_S)
+    finally:
+        await client.aclose()
+
+
+async def _watch_ledger(lab: Lab, view: LedgerView, ledger_max: dict[str, int], ledger_reads: dict[str, int]) -> None:
+    """The ledger read every 0.1 s while Redis runs: the largest sum of grants per resource, reads that worked and failed."""
+    while True:
+        if not lab.redis.paused and lab.redis.process is not None:
+            try:
+                with trio.fail_after(1.0):
+                    grants = await view.grants()
+            except Exception:  # Redis down or restarting: counted, not fatal
+                ledger_reads["failed"] += 1
+            else:
+                ledger_reads["ok"] += 1
+                for resource, held in grants.items():
+                    ledger_max[resource] = max(ledger_max.get(resource, 0), sum(held.values()))
+        await trio.sleep(0.1)
+
+
+def _ok_during(replicas: list[Replica], played: Played, arrivals: Sequence[Arrival], start: float, end: float) -> dict[str, int]:
+    """ok answers per replica to the requests sent from ``start`` until ``end``."""
+    served = {r.name: 0 for r in replicas}
+    for s, port, a in zip(played.samples, played.sent_to, arrivals):
+        if s.outcome == "ok" and start <= a.at < end:
+            served[next(r.name for r in replicas if r.port == port)] += 1
+    return served
+
+
+async def _dead_in_ledger(view: LedgerView, grants: dict[str, dict[str, int]], dead: Sequence[str]) -> list[str]:
+    """What the ledger still holds of the ``dead`` replicas: their leases, grants and wants."""
+    return (
+        [k for k in await view.keys() if any(k.endswith(f":alive:{d}") for d in dead)]
+        + [f"{r}:{d}" for r, g in grants.items() for d in dead if d in g]
+        + [f"{k}:{d}" for k, w in (await view.wants()).items() for d in dead if d in w]
+    )
 
 
 async def _in_flight_by_endpoint(replica: Replica, engines: Sequence[Engine]) -> dict[str, float]:

@@ -47,34 +47,7 @@ async def measure(options: Options, command: list[str]) -> Result:
     """Start the simulators, then play every load against every set-up (several at once under --max-engines)."""
     interactive, batch = options.split
     schedules, mix, caps = _schedules(options)
-    result = Result(
-        command=command,
-        engines=options.engines,
-        split=", ".join(f"{i}:{b}" for i, b in (options.splits or [options.split])),
-        time_scale=options.time_scale,
-        times_are="GPU time: real divided by time_scale",
-        traffic=str(options.trace) if options.trace else options.traffic,
-        shared_capacity_req_s=caps["shared"],
-        split_capacity_vs_shared={
-            f"{i}:{options.engines - i}": split_capacity((i, options.engines - i), mix, options) / caps["shared"]
-            for i in range(1, options.engines)
-        },
-        mix=mix,
-        warmup_s=options.warmup,
-        window_s=options.seconds,
-        drain_s=options.drain,
-        seed=options.seed,
-        short_deadline_s=SHORT_DEADLINE_S,
-        cpu_count=len(os.sched_getaffinity(0)),
-        fail_fast_fraction=options.fail_fast_fraction,
-        load_average={"start": [round(x, 2) for x in os.getloadavg()]},
-        mix_name="trace" if options.trace else options.mix,
-        seats=options.seats,
-        lend_rules=[rule.label() for rule in options.lend_rules],
-        rebalance=asdict(options.rebalance),
-        max_engines=options.max_engines,
-        phase_s=options.phase_seconds,
-    )
+    result = _new_result(options, command, mix, caps)
     _announce(result, caps, schedules)
     setups = build_setups(options, _baseline_copies(options))
     if any(s.scheduling == "priority" for s in setups) and not _sim_knows_priority():
@@ -128,6 +101,38 @@ async def measure(options: Options, command: list[str]) -> Result:
     result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     result.checks = checks(result) + checks12(result, options)
     return result
+
+
+def _new_result(options: Options, command: list[str], mix: dict[str, list[tuple[float, int, int]]], caps: dict[str, float]) -> Result:
+    """The run's result before any set-up ran: its parameters, the mix and the capacities."""
+    return Result(
+        command=command,
+        engines=options.engines,
+        split=", ".join(f"{i}:{b}" for i, b in (options.splits or [options.split])),
+        time_scale=options.time_scale,
+        times_are="GPU time: real divided by time_scale",
+        traffic=str(options.trace) if options.trace else options.traffic,
+        shared_capacity_req_s=caps["shared"],
+        split_capacity_vs_shared={
+            f"{i}:{options.engines - i}": split_capacity((i, options.engines - i), mix, options) / caps["shared"]
+            for i in range(1, options.engines)
+        },
+        mix=mix,
+        warmup_s=options.warmup,
+        window_s=options.seconds,
+        drain_s=options.drain,
+        seed=options.seed,
+        short_deadline_s=SHORT_DEADLINE_S,
+        cpu_count=len(os.sched_getaffinity(0)),
+        fail_fast_fraction=options.fail_fast_fraction,
+        load_average={"start": [round(x, 2) for x in os.getloadavg()]},
+        mix_name="trace" if options.trace else options.mix,
+        seats=options.seats,
+        lend_rules=[rule.label() for rule in options.lend_rules],
+        rebalance=asdict(options.rebalance),
+        max_engines=options.max_engines,
+        phase_s=options.phase_seconds,
+    )
 
 
 def _baseline_copies(options: Options) -> int:
@@ -307,15 +312,7 @@ async def _run_setup(
     classes = [
         class_stats(k, samples, options.time_scale, window, deadline.get(k), QUEUE_TIMEOUTS[CLASS_OF[k]], served) for k in CLASSES
     ]
-    outcomes_all: dict[str, dict[str, int]] = {}
-    failures: dict[str, int] = {}
-    for s in samples:
-        outcomes_all.setdefault(s.kind, {})
-        outcomes_all[s.kind][s.outcome] = outcomes_all[s.kind].get(s.outcome, 0) + 1
-        if s.outcome not in ("ok", "cut"):
-            what = f"{s.kind} {s.outcome}: " + ("no reply" if s.status is None else f"{s.status} {s.code or ''}".strip())
-            what += f", {s.tokens} tokens" if s.status == 200 else ""
-            failures[what] = failures.get(what, 0) + 1
+    outcomes_all, failures = _outcomes(samples)
     bins = options.bin_seconds or (2.0 if options.mix == "shift" else 0.0)
     return SetupResult(
         setup=setup.name,
@@ -343,6 +340,20 @@ async def _run_setup(
         failures=failures,
         series=_series(samples, bins, options.time_scale) if bins else [],
     )
+
+
+def _outcomes(samples: Sequence[Sample]) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Outcomes by class, and each kind of failure (class, outcome, status, code) with its count."""
+    outcomes_all: dict[str, dict[str, int]] = {}
+    failures: dict[str, int] = {}
+    for s in samples:
+        outcomes_all.setdefault(s.kind, {})
+        outcomes_all[s.kind][s.outcome] = outcomes_all[s.kind].get(s.outcome, 0) + 1
+        if s.outcome not in ("ok", "cut"):
+            what = f"{s.kind} {s.outcome}: " + ("no reply" if s.status is None else f"{s.status} {s.code or ''}".strip())
+            what += f", {s.tokens} tokens" if s.status == 200 else ""
+            failures[what] = failures.get(what, 0) + 1
+    return outcomes_all, failures
 
 
 def _engine_cap(setup: Setup, port: int, options: Options) -> int:
