@@ -1,10 +1,11 @@
-"""GPU pools: endpoints, strict concurrency caps, health, and the choice of endpoint.
+"""GPU pools: strict concurrency caps over their endpoints, leases, lending and the wait queue.
 
 A :class:`Pool` hands out :class:`Lease` objects, each one seat on one
 endpoint. A lease is granted only while the pool is under its cap and some
 healthy endpoint is under its own cap; the least-loaded such endpoint wins
 (ties broken at random), except that seats lent to another pool's requests
-are packed together and kept apart from the pool's own (``Pool._place``).
+are packed together and kept apart from the pool's own (router/policies.py's
+``LeastLoaded``, the pool's default ``policy``).
 Requests that cannot get a lease at once wait in the pool's
 :class:`~router.queue.WaitQueue`, ordered by (class priority, arrival).
 
@@ -24,305 +25,22 @@ at once. Hold times measured at light load are shorter than at full load
 
 from __future__ import annotations
 
-import collections
 import math
 import random
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
 
-import httpx
 import trio
 
-from .backend import BackendClient, BackendProbe
-from .backend_load import BackendLoad
 from .cluster import Yielding
-from .config_types import BackendAccess, EndpointConfig, OutlierDetectionConfig, PoolConfig, ServerConfig, TimeoutsConfig
+from .config_types import PoolConfig
+from .endpoint import Clients as Clients
+from .endpoint import Closable as Closable
+from .endpoint import Closer as Closer
+from .endpoint import Endpoint as Endpoint
 from .errors import NoBackend
+from .policies import EndpointPolicy, LeastLoaded
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
-
-
-class Closable(Protocol):
-    async def aclose(self) -> None: ...
-
-
-Closer = Callable[[Closable], None]
-
-
-class Clients(NamedTuple):
-    """What an endpoint needs built to take a new config: None where it keeps its own."""
-
-    client: BackendClient | None
-    probe: BackendProbe | None
-
-
-class Endpoint:
-    """One inference server: its cap, its load, its health, its HTTP client.
-
-    Two verdicts decide whether it gets new requests. ``healthy`` is the
-    active health check's (only it sets it). ``ejected_until`` is outlier
-    detection's, from live traffic: ``consecutive_failures`` failed requests
-    in a row take it out for a while (see :meth:`Pool.record_failure`); the
-    time out ends by itself.
-
-    A client replaced by a reload (a new cap means a new connection pool) is
-    handed to ``closer`` as soon as the last seat that holds it is released,
-    so a reload never leaves connections behind.
-    """
-
-    def __init__(
-        self,
-        config: EndpointConfig,
-        *,
-        connect_timeout: float,
-        transport: httpx.AsyncBaseTransport | None,
-        closer: Closer,
-        max_body_bytes: int = ServerConfig.max_backend_body_bytes,
-        keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
-    ) -> None:
-        self.url = config.url
-        self.max_concurrency = config.max_concurrency
-        self.movable = config.movable
-        self.access = config.access  # tailguard's key and CA for this engine
-        # Set while the engine refuses that key (401/403): why, for /health. Cleared
-        # when it accepts the key again (the health check asks) or a reload changes it.
-        self.auth_failure: str | None = None
-        self.credentials_checked = False  # a /v1 route answered with tailguard's key (health checks ask until one does)
-        # vLLM's own queue was full (a 503 before any byte): until ``busy_until`` the
-        # endpoint takes at most ``busy_cap`` requests, what it held when it said so.
-        self.busy_until = -math.inf
-        self.busy_cap = 0
-        self.busy_answers = 0  # 503s before any byte, since the process started (for /metrics)
-        self.granted: int | None = None  # its seats this replica may use ([cluster]); None: all
-        self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
-        self.in_flight = 0
-        self.borrowed = 0  # of those, seats serving another pool's request (a lease with a borrower)
-        self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
-        self.healthy = True
-        # Context length: what GET /v1/models said last (None: not asked, or no
-        # answer), and whether that is enough for its pool (router/model_len.py).
-        self.max_model_len: int | None = None
-        self.fits_context = True
-        self.pool: Pool | None = None
-        self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
-        self.failures_in_a_row = 0
-        # The last requests' verdicts (True: failed), at most the pool's failure_window: the
-        # failure-ratio rule reads them, and placement counts each failure as load.
-        self._outcomes: collections.deque[bool] = collections.deque()
-        self.recent_failures = 0
-        self.failure_load = 0  # what placement adds for them (0 until the window is big enough to judge)
-        # Half-open, as a circuit breaker: an ejection that ran out lets one request in at a
-        # time until one succeeds; a failure then ejects again at once. A half-dead engine
-        # costs one request per readmission, not a run of them.
-        self.half_open = False
-        self.ejections = 0  # times ejected in all, for /metrics
-        self._ejections_in_a_row = 0  # times ejected lately: the ejection time's multiplier
-        self.ejected_until: float | None = None
-        self._ejection_ended_at = -math.inf
-        self._connect_timeout = connect_timeout
-        self._transport = transport
-        self._closer = closer
-        self._max_body_bytes = max_body_bytes
-        self._keep_alive_timeout = keep_alive_timeout
-        self.retired = False  # left the config; kept only while seats still hold it
-        self.client = self._new_client(config.max_concurrency, config.access)
-        self._client_closed = False
-        self.probe = self._new_probe(config.access)
-        self._replaced: set[BackendClient] = set()  # old clients that seats still hold
-
-    def _new_client(self, max_concurrency: int, access: BackendAccess) -> BackendClient:
-        return BackendClient(
-            self.url,
-            max_concurrency=max_concurrency,
-            connect_timeout=self._connect_timeout,
-            transport=self._transport,
-            max_body_bytes=self._max_body_bytes,
-            access=access,
-            keep_alive_timeout=self._keep_alive_timeout,
-        )
-
-    def _new_probe(self, access: BackendAccess) -> BackendProbe:
-        return BackendProbe(self.url, connect_timeout=self._connect_timeout, transport=self._transport, access=access)
-
-    def clients_for(self, config: EndpointConfig) -> Clients:
-        """The clients this endpoint needs to take ``config``, built now; nothing changes yet.
-
-        Building may fail (a TLS context, a transport): a reload builds every
-        endpoint's before it changes any, so a failure leaves all as they were.
-        """
-        reopen = self.retired and self._client_closed
-        resize = config.max_concurrency != self.max_concurrency
-        rekey = config.access != self.access  # a rotated key or a new CA: new connections carry it
-        client = self._new_client(config.max_concurrency, config.access) if reopen or resize or rekey else None
-        return Clients(client, self._new_probe(config.access) if reopen or rekey else None)
-
-    def adopt(self, config: EndpointConfig, clients: Clients, *, max_body_bytes: int) -> None:
-        """Take ``config`` with the clients ``clients_for`` built (nothing here raises).
-
-        A retired endpoint comes back (its running requests still count). A
-        client replaced for a new cap is closed now if no seat holds it, else
-        when its last seat is released.
-        """
-        self.retired = False
-        if config.access != self.access:
-            self.access = config.access
-            self.auth_failure = None  # a new key deserves a try; the next refusal says so again
-            self.credentials_checked = False
-        if clients.probe is not None:
-            old_probe, self.probe = self.probe, clients.probe
-            if not self._client_closed:
-                self._closer(old_probe)  # a closed endpoint's probe went to the closer with its client
-        if clients.client is not None:
-            old, self.client = self.client, clients.client
-            if self._client_closed:
-                self._client_closed = False  # ``old`` went to the closer when the endpoint retired
-            elif old.leases:
-                self._replaced.add(old)
-            else:
-                self._closer(old)
-        self.max_concurrency = config.max_concurrency
-        self.movable = config.movable
-        self._max_body_bytes = self.client.max_body_bytes = max_body_bytes
-
-    async def wait_idle(self) -> None:
-        """Return once no request runs here (at once if none does)."""
-        while self.in_flight:
-            if self._idle is None:
-                self._idle = trio.Event()
-            await self._idle.wait()
-
-    def seat_freed(self) -> None:
-        """One of its requests ended (``in_flight`` already lowered)."""
-        if not self.in_flight and self._idle is not None:
-            self._idle.set()
-            self._idle = None
-
-    def lease_ended(self, client: BackendClient) -> None:
-        """A seat holding ``client`` was released: close the client if it was replaced and is idle."""
-        client.leases -= 1
-        if client.leases:
-            return
-        if client is not self.client:
-            self._replaced.discard(client)
-            self._closer(client)
-        elif self.retired and not self._client_closed:
-            self._close_clients()
-
-    def retire(self) -> None:
-        """The endpoint left the config: nobody new; its clients close once no seat holds it."""
-        self.pool = None
-        self.retired = True
-        if self.client.leases == 0 and not self._client_closed:
-            self._close_clients()
-
-    def _close_clients(self) -> None:
-        self._client_closed = True
-        self._closer(self.client)
-        self._closer(self.probe)
-
-    @property
-    def open_clients(self) -> int:
-        """HTTP clients of this endpoint not yet handed to the closer."""
-        return (0 if self._client_closed else 1) + len(self._replaced)
-
-    @property
-    def ejected(self) -> bool:
-        """Whether outlier detection has it out now (an ejection that has run out ends here)."""
-        until = self.ejected_until
-        if until is None:
-            return False
-        if trio.current_time() < until:
-            return True
-        self.ejected_until = None
-        self._ejection_ended_at = until
-        self.half_open = True  # back on trial: one request at a time until one succeeds
-        return False
-
-    @property
-    def usable(self) -> bool:
-        """Healthy, long enough for its pool, accepting tailguard's key, not ejected: may take new requests when it has room."""
-        return self.healthy and self.fits_context and self.auth_failure is None and (self.ejected_until is None or not self.ejected)
-
-    @property
-    def seats(self) -> int:
-        """Its cap here: all of it, or this replica's grant of it in a cluster, lowered for a moment after a busy answer."""
-        seats = self.max_concurrency if self.granted is None else min(self.max_concurrency, self.granted)
-        if self.half_open:
-            seats = min(seats, 1)
-        # No clock read here (metrics read it from another thread): the spell's own timer ends it.
-        return seats if self.busy_until == -math.inf else min(seats, self.busy_cap)
-
-    def was_busy(self, retry_after: float) -> None:
-        """The engine answered 503 before any byte (its own queue is full): hold its cap at what
-        it runs now, less the refused request, for ``retry_after`` seconds (the engine's hint)."""
-        self.busy_answers += 1
-        self.busy_cap = max(0, self.in_flight - 1)
-        self.busy_until = max(self.busy_until, trio.current_time() + max(retry_after, 0.1))
-
-    def busy_spell_over(self, now: float) -> bool:
-        """End a busy spell whose time is up; True if one ended (its seats are back)."""
-        if self.busy_until == -math.inf or now < self.busy_until:
-            return False
-        self.busy_until = -math.inf
-        return True
-
-    @property
-    def has_room(self) -> bool:
-        return self.in_flight < self.seats and self.usable
-
-    def eject(self, outlier: OutlierDetectionConfig) -> float:
-        """Take it out for base x (times ejected), at most the maximum; returns the seconds.
-
-        The multiplier forgets an endpoint's past once it has gone a whole
-        ``max_ejection_time`` without an ejection.
-        """
-        now = trio.current_time()
-        if now - self._ejection_ended_at > outlier.max_ejection_time:
-            self._ejections_in_a_row = 0
-        self._ejections_in_a_row += 1
-        self.ejections += 1
-        seconds = min(outlier.base_ejection_time * self._ejections_in_a_row, outlier.max_ejection_time)
-        self.ejected_until = now + seconds
-        self.failures_in_a_row = 0
-        self._outcomes.clear()  # back from the ejection with a clean record
-        self.recent_failures = self.failure_load = 0
-        return seconds
-
-    def note_outcome(self, failed: bool, window: int, evidence: int) -> None:
-        """One request's verdict, into the window of the last ``window``; failures weigh on
-        placement once the window holds ``evidence`` verdicts (one failure proves nothing)."""
-        outcomes = self._outcomes
-        outcomes.append(failed)
-        self.recent_failures += failed
-        while len(outcomes) > window:
-            self.recent_failures -= outcomes.popleft()
-        self.failure_load = self.recent_failures if len(outcomes) >= evidence else 0
-
-    @property
-    def outcomes(self) -> int:
-        """Verdicts in the window now."""
-        return len(self._outcomes)
-
-    @property
-    def placement_load(self) -> int:
-        """What placement compares: requests in flight, and each recent failure as one more.
-
-        An engine that fails fast frees its seats fast, so by requests in
-        flight alone it would look the least loaded and draw ever more of the
-        traffic it fails. A healthy engine has no recent failures: nothing changes.
-        """
-        return self.in_flight + self.failure_load
-
-    def end_ejection(self) -> None:
-        """A completion health probe proved it works: back in at once, no trial needed (the probe was one)."""
-        self.half_open = False
-        if self.ejected_until is not None:
-            self.ejected_until = None
-            self._ejection_ended_at = trio.current_time()
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-        await self.probe.aclose()
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,7 +164,7 @@ class Lease:
 class Pool:
     """A set of endpoints with a strict concurrency cap and a priority wait queue."""
 
-    def __init__(self, config: PoolConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(self, config: PoolConfig, *, rng: random.Random | None = None, policy: EndpointPolicy | None = None) -> None:
         self.name = config.name
         self.config = config
         self.endpoints: list[Endpoint] = []
@@ -462,7 +180,7 @@ class Pool:
         self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
         # While a freed seat is offered: the request elsewhere it may go to; only one here that comes first may take it.
         self._serving_up_to: Yielding | None = None
-        self._rng = rng or random.Random()
+        self.policy: EndpointPolicy = policy or LeastLoaded(rng or random.Random())  # which endpoint a seat goes to
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
     @property
@@ -540,82 +258,10 @@ class Pool:
         usable = sum(e.seats for e in self.endpoints if e.usable)
         return min(self.max_concurrency, usable)
 
-    # -- outlier detection ----------------------------------------------------
-
-    def record_success(self, endpoint: Endpoint) -> None:
-        """The endpoint answered properly (a 4xx included): its run of failures ends, and a trial passes."""
-        endpoint.failures_in_a_row = 0
-        if endpoint.half_open:
-            endpoint.half_open = False
-            self.queue.dispatch()  # its full cap is back
-        outlier = self.config.outlier_detection
-        if outlier.failure_ratio:
-            endpoint.note_outcome(False, outlier.failure_window, outlier.failure_min_requests)
-
-    def record_failure(self, endpoint: Endpoint) -> float | None:
-        """Count a failed request; eject the endpoint after enough in a row.
-
-        Returns the ejection's length in seconds, or None when the endpoint
-        stays in: not enough failures yet, or the pool already has its
-        ``max_ejection_percent`` of endpoints ejected (rounded down, so the
-        only endpoint of a pool is never ejected by live traffic alone).
-        """
-        outlier = self.config.outlier_detection
-        if endpoint.ejected:
-            return None  # requests that were running when it was ejected say nothing new
-        endpoint.failures_in_a_row += 1
-        if outlier.failure_ratio:
-            endpoint.note_outcome(True, outlier.failure_window, outlier.failure_min_requests)
-        on_trial, endpoint.half_open = endpoint.half_open, False
-        if not on_trial and endpoint.failures_in_a_row < outlier.consecutive_failures and not self._fails_more_than_the_rest(endpoint):
-            return None
-        allowed = math.floor(len(self.endpoints) * outlier.max_ejection_percent / 100 + 1e-9)
-        if sum(e.ejected for e in self.endpoints) + 1 > allowed:
-            return None
-        return endpoint.eject(outlier)
-
-    def _fails_more_than_the_rest(self, endpoint: Endpoint) -> bool:
-        """The failure-ratio rule: at least ``failure_ratio`` of its recent requests failed, and
-        more than twice the share of the pool's other endpoints (a fault of the traffic, or of
-        something all share, is not this engine's)."""
-        outlier = self.config.outlier_detection
-        if not outlier.failure_ratio or endpoint.outcomes < outlier.failure_min_requests:
-            return False
-        share = endpoint.recent_failures / endpoint.outcomes
-        if share < outlier.failure_ratio:
-            return False
-        others = [e for e in self.endpoints if e is not endpoint and not e.ejected]
-        seen = sum(e.outcomes for e in others)
-        rest = sum(e.recent_failures for e in others) / seen if seen else 0.0
-        return share > 2 * rest
-
     def retry_endpoint(self, lease: Lease, tried: Collection[Endpoint] = ()) -> Endpoint | None:
         """Another endpoint with room for a failed request's next try, none it was tried on, or None."""
-        return self._place(
-            [e for e in self.endpoints if e is not lease.endpoint and e not in tried and e.has_room], lease.borrower is not None
-        )
-
-    def _place(self, candidates: list[Endpoint], borrowed: bool) -> Endpoint | None:
-        """Where a new seat goes among ``candidates`` (endpoints with room), or None.
-
-        A borrowed seat's request runs beside its lender's own: a short
-        request lent a batch seat shares every step with that engine's long
-        prefills. So borrowed seats are packed onto the endpoint that already
-        holds the most of them, and the pool's own requests go to an endpoint
-        holding none when one has room; ties to the least loaded. Any
-        endpoint with room beats none (work-conserving).
-        """
-        if borrowed:
-            most = max((e.borrowed for e in candidates), default=0)
-            return self._least_loaded([e for e in candidates if e.borrowed == most])
-        return self._least_loaded([e for e in candidates if not e.borrowed] or candidates)
-
-    def _least_loaded(self, candidates: list[Endpoint]) -> Endpoint | None:
-        """The endpoint with the fewest requests in flight, recent failures counted as such (ties at random), or None."""
-        if not candidates:
-            return None
-        least = min(e.placement_load for e in candidates)
-        return self._rng.choice([e for e in candidates if e.placement_load == least])
+        candidates = [e for e in self.endpoints if e is not lease.endpoint and e not in tried and e.has_room]
+        return self.policy.choose(candidates, None, borrowed=lease.borrower is not None)
 
     def _full_drain_rate(self) -> float | None:
         """Seats a second the pool frees when all are taken (Little's law), or None without an estimate.
@@ -651,7 +297,7 @@ class Pool:
         return answer
 
     def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
-        """A seat on an endpoint of this pool with room (``_place``), within the pool's and the class's caps."""
+        """A seat on an endpoint of this pool with room (its ``policy`` picks which), within the pool's and the class's caps."""
         if self.in_flight >= self.max_concurrency:
             return None
         if self._serving_up_to is not None and not self._serving_up_to.before(ticket.priority, ticket.arrived):
@@ -661,7 +307,7 @@ class Pool:
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
             return SKIP
-        endpoint = self._place([e for e in self.endpoints if e.has_room], borrower is not None)
+        endpoint = self.policy.choose([e for e in self.endpoints if e.has_room], ticket, borrowed=borrower is not None)
         if endpoint is None:
             return None
         self.in_flight += 1

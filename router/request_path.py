@@ -41,6 +41,7 @@ from .errors import (
 )
 from .fleet import Fleet
 from .ids import IdSource
+from .outlier import record_success, report_failure
 from .pool import Endpoint, Lease, Pool, Ticket
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
@@ -198,9 +199,9 @@ class RequestPath:
                             assemble_as=request.kind if assembled else None,
                         )
                     except BackendError as error:  # the body broke or was not a completion
-                        self._failed(serving, lease.endpoint, error)
+                        report_failure(serving, lease.endpoint, error)
                         raise
-                    serving.record_success(lease.endpoint)
+                    record_success(serving, lease.endpoint)
                 finally:
                     with trio.CancelScope(shield=True):  # hanging up must happen, and is quick
                         await response.aclose()
@@ -249,7 +250,7 @@ class RequestPath:
                 except BackendRejected as error:
                     if trace is not None:
                         trace.call_failed(error)
-                    pool.record_success(endpoint)  # it answered: the request was at fault
+                    record_success(pool, endpoint)  # it answered: the request was at fault
                     raise
                 except BackendError as error:
                     if trace is not None:
@@ -262,7 +263,7 @@ class RequestPath:
                         key_refused(endpoint, error.status)
                         retry_to = pool.retry_endpoint(lease, tried)
                     else:
-                        self._failed(pool, endpoint, error)
+                        report_failure(pool, endpoint, error)
                         if _retryable(error) and not retried:
                             retried = True
                             retry_to = pool.retry_endpoint(lease, tried)
@@ -276,7 +277,7 @@ class RequestPath:
             # caller leaving, nor a caller's shorter gRPC deadline): the
             # endpoint failed this request, as a hung one does.
             if trio.current_time() >= hung_at:
-                self._failed(pool, lease.endpoint, BackendTimeout(f"the backend {lease.endpoint.url} did not answer in time"))
+                report_failure(pool, lease.endpoint, BackendTimeout(f"the backend {lease.endpoint.url} did not answer in time"))
             raise
 
     def _busy(self, endpoint: Endpoint, error: BackendBusy) -> None:
@@ -303,24 +304,6 @@ class RequestPath:
             await trio.sleep_until(endpoint.busy_until)
         if endpoint.pool is not None:
             endpoint.pool.queue.dispatch()
-
-    def _failed(self, pool: Pool, endpoint: Endpoint, error: BackendError) -> None:
-        """Count a failed call for outlier detection; log an ejection."""
-        if endpoint.pool is not pool:
-            return  # moved or removed by a reload meanwhile: its new pool judges it
-        # Read before the verdict: an ejection starts the endpoint's record afresh.
-        in_a_row, failed, seen = endpoint.failures_in_a_row + 1, endpoint.recent_failures + 1, endpoint.outcomes + 1
-        on_trial = endpoint.half_open
-        seconds = pool.record_failure(endpoint)
-        if seconds is not None:
-            outlier = pool.config.outlier_detection
-            if on_trial:
-                why = "its first request back from an ejection failed"
-            elif in_a_row >= outlier.consecutive_failures:
-                why = f"{in_a_row} failures in a row"
-            else:
-                why = f"{failed} of its last {min(seen, outlier.failure_window)} requests failed"
-            log.warning("endpoint %s ejected from pool %s for %g s: %s (last: %s)", endpoint.url, pool.name, seconds, why, error.message)
 
 
 def _routing(request: RouterRequest, klass: ClassConfig, pool: Pool, lease: Lease, ticket: Ticket, clamped: bool) -> Routing:

@@ -177,13 +177,13 @@ async def test_applying_a_config_is_all_or_nothing() -> None:
 
 
 async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tailguard.router import pool
+    from tailguard.router import endpoint
     from tailguard.router.dispatch import Router
     from tests.router_helpers import two_pool_config, with_digest
 
     router = Router(two_pool_config(interactive_cap=4, batch_cap=4), transport_factory=lambda _: httpx.MockTransport(lambda r: httpx.Response(200)))
     built = 0
-    real = pool.BackendClient
+    real = endpoint.BackendClient
 
     def fails_second(*args: object, **kwargs: object) -> BackendClient:
         nonlocal built
@@ -192,7 +192,7 @@ async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monke
             raise OSError("no TLS context today")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(pool, "BackendClient", fails_second)
+    monkeypatch.setattr(endpoint, "BackendClient", fails_second)
     before = {e.url: e.client for e in router.endpoints}
     try:
         with pytest.raises(OSError):

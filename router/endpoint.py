@@ -1,0 +1,280 @@
+"""One inference server as the router sees it: its cap, load, health, ejection state and HTTP clients.
+
+An endpoint outlives pools across config reloads (``pool`` changes, its
+in-flight count stays), and outlives the config that named it while seats
+still hold it (``retired``). Outlier detection's rules live in
+router/outlier.py; this is the state they read and write.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import httpx
+import trio
+
+from .backend import BackendClient, BackendProbe
+from .backend_load import BackendLoad
+from .cluster import Yielding
+from .config_types import BackendAccess, EndpointConfig, ServerConfig, TimeoutsConfig
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+Closer = Callable[[Closable], None]
+
+
+class Clients(NamedTuple):
+    """What an endpoint needs built to take a new config: None where it keeps its own."""
+
+    client: BackendClient | None
+    probe: BackendProbe | None
+
+
+class Endpoint:
+    """One inference server: its cap, its load, its health, its HTTP client.
+
+    Two verdicts decide whether it gets new requests. ``healthy`` is the
+    active health check's (only it sets it). ``ejected_until`` is outlier
+    detection's, from live traffic: ``consecutive_failures`` failed requests
+    in a row take it out for a while (router/outlier.py); the
+    time out ends by itself.
+
+    A client replaced by a reload (a new cap means a new connection pool) is
+    handed to ``closer`` as soon as the last seat that holds it is released,
+    so a reload never leaves connections behind.
+    """
+
+    def __init__(
+        self,
+        config: EndpointConfig,
+        *,
+        connect_timeout: float,
+        transport: httpx.AsyncBaseTransport | None,
+        closer: Closer,
+        max_body_bytes: int = ServerConfig.max_backend_body_bytes,
+        keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
+    ) -> None:
+        self.url = config.url
+        self.max_concurrency = config.max_concurrency
+        self.movable = config.movable
+        self.access = config.access  # tailguard's key and CA for this engine
+        # Set while the engine refuses that key (401/403): why, for /health. Cleared
+        # when it accepts the key again (the health check asks) or a reload changes it.
+        self.auth_failure: str | None = None
+        self.credentials_checked = False  # a /v1 route answered with tailguard's key (health checks ask until one does)
+        # vLLM's own queue was full (a 503 before any byte): until ``busy_until`` the
+        # endpoint takes at most ``busy_cap`` requests, what it held when it said so.
+        self.busy_until = -math.inf
+        self.busy_cap = 0
+        self.busy_answers = 0  # 503s before any byte, since the process started (for /metrics)
+        self.granted: int | None = None  # its seats this replica may use ([cluster]); None: all
+        self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
+        self.in_flight = 0
+        self.borrowed = 0  # of those, seats serving another pool's request (a lease with a borrower)
+        self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
+        self.healthy = True
+        # Context length: what GET /v1/models said last (None: not asked, or no
+        # answer), and whether that is enough for its pool (router/model_len.py).
+        self.max_model_len: int | None = None
+        self.fits_context = True
+        self.pool: Pool | None = None
+        self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
+        self.failures_in_a_row = 0
+        # The last requests' verdicts (True: failed), at most the pool's failure_window: the
+        # failure-ratio rule reads them, and placement counts each failure as load.
+        self.outcome_window: collections.deque[bool] = collections.deque()
+        self.recent_failures = 0
+        self.failure_load = 0  # what placement adds for them (0 until the window is big enough to judge)
+        # Half-open, as a circuit breaker: an ejection that ran out lets one request in at a
+        # time until one succeeds; a failure then ejects again at once. A half-dead engine
+        # costs one request per readmission, not a run of them.
+        self.half_open = False
+        self.ejections = 0  # times ejected in all, for /metrics
+        self.ejections_in_a_row = 0  # times ejected lately: the ejection time's multiplier
+        self.ejected_until: float | None = None
+        self.ejection_ended_at = -math.inf
+        self._connect_timeout = connect_timeout
+        self._transport = transport
+        self._closer = closer
+        self._max_body_bytes = max_body_bytes
+        self._keep_alive_timeout = keep_alive_timeout
+        self.retired = False  # left the config; kept only while seats still hold it
+        self.client = self._new_client(config.max_concurrency, config.access)
+        self._client_closed = False
+        self.probe = self._new_probe(config.access)
+        self._replaced: set[BackendClient] = set()  # old clients that seats still hold
+
+    def _new_client(self, max_concurrency: int, access: BackendAccess) -> BackendClient:
+        return BackendClient(
+            self.url,
+            max_concurrency=max_concurrency,
+            connect_timeout=self._connect_timeout,
+            transport=self._transport,
+            max_body_bytes=self._max_body_bytes,
+            access=access,
+            keep_alive_timeout=self._keep_alive_timeout,
+        )
+
+    def _new_probe(self, access: BackendAccess) -> BackendProbe:
+        return BackendProbe(self.url, connect_timeout=self._connect_timeout, transport=self._transport, access=access)
+
+    def clients_for(self, config: EndpointConfig) -> Clients:
+        """The clients this endpoint needs to take ``config``, built now; nothing changes yet.
+
+        Building may fail (a TLS context, a transport): a reload builds every
+        endpoint's before it changes any, so a failure leaves all as they were.
+        """
+        reopen = self.retired and self._client_closed
+        resize = config.max_concurrency != self.max_concurrency
+        rekey = config.access != self.access  # a rotated key or a new CA: new connections carry it
+        client = self._new_client(config.max_concurrency, config.access) if reopen or resize or rekey else None
+        return Clients(client, self._new_probe(config.access) if reopen or rekey else None)
+
+    def adopt(self, config: EndpointConfig, clients: Clients, *, max_body_bytes: int) -> None:
+        """Take ``config`` with the clients ``clients_for`` built (nothing here raises).
+
+        A retired endpoint comes back (its running requests still count). A
+        client replaced for a new cap is closed now if no seat holds it, else
+        when its last seat is released.
+        """
+        self.retired = False
+        if config.access != self.access:
+            self.access = config.access
+            self.auth_failure = None  # a new key deserves a try; the next refusal says so again
+            self.credentials_checked = False
+        if clients.probe is not None:
+            old_probe, self.probe = self.probe, clients.probe
+            if not self._client_closed:
+                self._closer(old_probe)  # a closed endpoint's probe went to the closer with its client
+        if clients.client is not None:
+            old, self.client = self.client, clients.client
+            if self._client_closed:
+                self._client_closed = False  # ``old`` went to the closer when the endpoint retired
+            elif old.leases:
+                self._replaced.add(old)
+            else:
+                self._closer(old)
+        self.max_concurrency = config.max_concurrency
+        self.movable = config.movable
+        self._max_body_bytes = self.client.max_body_bytes = max_body_bytes
+
+    async def wait_idle(self) -> None:
+        """Return once no request runs here (at once if none does)."""
+        while self.in_flight:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
+
+    def seat_freed(self) -> None:
+        """One of its requests ended (``in_flight`` already lowered)."""
+        if not self.in_flight and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    def lease_ended(self, client: BackendClient) -> None:
+        """A seat holding ``client`` was released: close the client if it was replaced and is idle."""
+        client.leases -= 1
+        if client.leases:
+            return
+        if client is not self.client:
+            self._replaced.discard(client)
+            self._closer(client)
+        elif self.retired and not self._client_closed:
+            self._close_clients()
+
+    def retire(self) -> None:
+        """The endpoint left the config: nobody new; its clients close once no seat holds it."""
+        self.pool = None
+        self.retired = True
+        if self.client.leases == 0 and not self._client_closed:
+            self._close_clients()
+
+    def _close_clients(self) -> None:
+        self._client_closed = True
+        self._closer(self.client)
+        self._closer(self.probe)
+
+    @property
+    def open_clients(self) -> int:
+        """HTTP clients of this endpoint not yet handed to the closer."""
+        return (0 if self._client_closed else 1) + len(self._replaced)
+
+    @property
+    def ejected(self) -> bool:
+        """Whether outlier detection has it out now (an ejection that has run out ends here)."""
+        until = self.ejected_until
+        if until is None:
+            return False
+        if trio.current_time() < until:
+            return True
+        self.ejected_until = None
+        self.ejection_ended_at = until
+        self.half_open = True  # back on trial: one request at a time until one succeeds
+        return False
+
+    @property
+    def usable(self) -> bool:
+        """Healthy, long enough for its pool, accepting tailguard's key, not ejected: may take new requests when it has room."""
+        return self.healthy and self.fits_context and self.auth_failure is None and (self.ejected_until is None or not self.ejected)
+
+    @property
+    def seats(self) -> int:
+        """Its cap here: all of it, or this replica's grant of it in a cluster, lowered for a moment after a busy answer."""
+        seats = self.max_concurrency if self.granted is None else min(self.max_concurrency, self.granted)
+        if self.half_open:
+            seats = min(seats, 1)
+        # No clock read here (metrics read it from another thread): the spell's own timer ends it.
+        return seats if self.busy_until == -math.inf else min(seats, self.busy_cap)
+
+    def was_busy(self, retry_after: float) -> None:
+        """The engine answered 503 before any byte (its own queue is full): hold its cap at what
+        it runs now, less the refused request, for ``retry_after`` seconds (the engine's hint)."""
+        self.busy_answers += 1
+        self.busy_cap = max(0, self.in_flight - 1)
+        self.busy_until = max(self.busy_until, trio.current_time() + max(retry_after, 0.1))
+
+    def busy_spell_over(self, now: float) -> bool:
+        """End a busy spell whose time is up; True if one ended (its seats are back)."""
+        if self.busy_until == -math.inf or now < self.busy_until:
+            return False
+        self.busy_until = -math.inf
+        return True
+
+    @property
+    def has_room(self) -> bool:
+        return self.in_flight < self.seats and self.usable
+
+    @property
+    def outcomes(self) -> int:
+        """Verdicts in the window now."""
+        return len(self.outcome_window)
+
+    @property
+    def placement_load(self) -> int:
+        """What placement compares: requests in flight, and each recent failure as one more.
+
+        An engine that fails fast frees its seats fast, so by requests in
+        flight alone it would look the least loaded and draw ever more of the
+        traffic it fails. A healthy engine has no recent failures: nothing changes.
+        """
+        return self.in_flight + self.failure_load
+
+    def end_ejection(self) -> None:
+        """A completion health probe proved it works: back in at once, no trial needed (the probe was one)."""
+        self.half_open = False
+        if self.ejected_until is not None:
+            self.ejected_until = None
+            self.ejection_ended_at = trio.current_time()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        await self.probe.aclose()
