@@ -18,7 +18,7 @@ CAP = 4  # key:trial max_concurrency
 
 def replica(name: str, ledger: RedisLedger, state: dict[str, int]) -> SharedBudget:
     config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=2.0, static_share=0.25, block=2)
-    # as Router._cluster_demands builds a key's demand: seats held, no waiting count, no priority
+    # as Upkeep._cluster_demands (router/upkeep.py) builds a key's demand: seats held, no waiting count, no priority
     return SharedBudget(config, ledger, lambda: [Demand("key:trial", CAP, state["held"], apply=lambda s: state.__setitem__("grant", s))])
 
 

@@ -413,7 +413,7 @@ def _series(samples: Sequence[Sample], bin_gpu_s: float, scale: float) -> list[d
 
 
 def forwarded_body(prompt: int, max_tokens: int) -> dict[str, object]:
-    """The body tailguard sends an engine for this request (``Router._backend_body``), so ``split-direct`` sends the same.
+    """The body tailguard sends an engine for this request (``router.request_path.backend_body``), so ``split-direct`` sends the same.
 
     The client's body plus the pool's model, with max_tokens after the output
     cap of the limits every generated config leaves at their defaults.
