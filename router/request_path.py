@@ -150,10 +150,11 @@ class RequestPath:
     async def open(self, request: RouterRequest, arrival: float | None, caller: Caller, record: RequestRecord | None) -> AsyncIterator[Completion]:
         """Admit the request and open its backend response (``Router.open`` says what it raises)."""
         arrival = trio.current_time() if arrival is None else arrival
-        record = RequestRecord(request.request_id, "http", arrival) if record is None else record
+        if record is None:  # no session around this call: the record is the path's, the caller's name too
+            record = RequestRecord(request.request_id, "http", arrival)
+            record.caller = caller.name
         record.kind = request.kind
         record.stream = request.stream
-        record.caller = caller.name
         record.requested_max_tokens = request.max_tokens
         fleet, traffic = self._fleet, self._traffic
         config = fleet.config

@@ -275,7 +275,6 @@ class Session:
         """
         record = self.record
         router = self._owner.router
-        record.stream = request.stream
         if self._owner._log_prompts is not None and self._owner._log_prompts():
             record.prompt_text = "\n".join(request.texts())
         done = False
