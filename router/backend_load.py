@@ -20,13 +20,10 @@ import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 from prometheus_client.parser import text_string_to_metric_families
-
-if TYPE_CHECKING:
-    from .pool import Endpoint
 
 log = logging.getLogger("tailguard.backend_load")
 
@@ -93,7 +90,21 @@ def parse_vllm_metrics(text: str, *, scraped_at: float) -> BackendLoad:
     )
 
 
-async def scrape(endpoints: Iterable[Endpoint], *, timeout: float) -> None:
+class MetricsSource(Protocol):
+    """What a scrape needs of an endpoint (router/endpoint.py's ``Endpoint`` is one): its URL, its /metrics, where the load goes."""
+
+    url: str
+    load: BackendLoad | None
+
+    @property
+    def probe(self) -> _MetricsProbe: ...
+
+
+class _MetricsProbe(Protocol):
+    async def metrics_text(self) -> str | None: ...
+
+
+async def scrape(endpoints: Iterable[MetricsSource], *, timeout: float) -> None:
     """Scrape every endpoint's /metrics concurrently; set each ``endpoint.load``.
 
     Each scrape gets ``timeout`` seconds and the call returns when all have
@@ -108,7 +119,7 @@ async def scrape(endpoints: Iterable[Endpoint], *, timeout: float) -> None:
             nursery.start_soon(_scrape_one, endpoint, timeout)
 
 
-async def _scrape_one(endpoint: Endpoint, timeout: float) -> None:
+async def _scrape_one(endpoint: MetricsSource, timeout: float) -> None:
     text: str | None = None
     with trio.move_on_after(timeout) as scope:
         text = await endpoint.probe.metrics_text()
