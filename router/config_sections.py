@@ -84,16 +84,13 @@ def _read_http_server(table: Table) -> None:
     """``http_server``, a key of files from before tailguard served HTTP only itself.
 
     ``"lean"`` (tailguard's own server) is what runs anyway: accepted, no
-    effect. Hypercorn is gone, and a file asking for it is refused rather than
-    served by something it did not ask for.
+    effect. Any other server is gone, and a file asking for one is refused
+    rather than served by something it did not ask for.
     """
     written = table.string("http_server", "lean")
     if not table.ok("http_server") or written == "lean":
         return
-    if written == "hypercorn":
-        table.problem("http_server", "hypercorn is no longer supported; tailguard serves HTTP itself: remove server.http_server")
-    else:
-        table.problem("http_server", f'must be "lean" or left out (tailguard serves HTTP itself), got {json.dumps(written)}')
+    table.problem("http_server", f'must be "lean" or left out (tailguard serves HTTP itself, no other server), got {json.dumps(written)}')
 
 
 def _read_tls(server: Table, name: str) -> TlsConfig | None:

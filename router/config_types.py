@@ -57,7 +57,7 @@ class ServerConfig:
     max_backend_body_bytes: int = 16 * 1024 * 1024
     reload_poll_interval: float = 1.0  # seconds between config file mtime checks; 0 = off
     # The HTTP/1.1 server under the OpenAI API is tailguard's own (llhttp on Trio),
-    # the only one: a file may still say so ("lean"); hypercorn is refused
+    # the only one: a file may still say so ("lean"); any other value is refused
     # (config_sections). The guards below bound it.
     http_server: Literal["lean"] = "lean"
     max_header_bytes: int = 64 * 1024  # request line + headers; more -> 431 and close

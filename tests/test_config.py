@@ -1026,14 +1026,12 @@ def test_hardening_keys_have_defaults_and_are_checked() -> None:
     assert f'pools.{name}.health_check: must be one of "http", "completion", got "tcp"' in problems
 
 
-def test_http_server_lean_is_accepted_with_no_effect_and_hypercorn_is_refused_by_name() -> None:
-    """The key of files from when hypercorn was a choice: "lean" still loads, the same config as without it."""
+def test_http_server_lean_is_accepted_with_no_effect_and_any_other_server_is_refused() -> None:
+    """The key of files from when there was a choice: "lean" still loads, the same config as without it."""
     lean = parse_config('[server]\nhttp_server = "lean"\n' + BASE)
     assert lean.server == parse_config(BASE).server
     assert "http_server" not in render_config(lean)
-    assert problems_of('[server]\nhttp_server = "hypercorn"\n' + BASE) == (
-        "server.http_server: hypercorn is no longer supported; tailguard serves HTTP itself: remove server.http_server",
-    )
-    assert problems_of('[server]\nhttp_server = "nginx"\n' + BASE) == (
-        'server.http_server: must be "lean" or left out (tailguard serves HTTP itself), got "nginx"',
-    )
+    for old in ("hypercorn", "nginx"):  # the one that was a choice, and one that never was
+        assert problems_of(f'[server]\nhttp_server = "{old}"\n' + BASE) == (
+            f'server.http_server: must be "lean" or left out (tailguard serves HTTP itself, no other server), got "{old}"',
+        )

@@ -198,7 +198,7 @@ def test_config_refuses_tls_files_that_cannot_serve_naming_the_key(pki: Pki, tmp
         tls_table("http_tls", pki).replace(f'"{pki.key_file}"', f'"{pki.key_file}"\nclient_ca_file = "{tmp_path / "junk.pem"}"'): "server.http_tls.client_ca_file:",
         f'[server.http_tls]\ncert_file = "{pki.cert_file}"\n': "server.http_tls.key_file: missing",
         tls_table("http_tls", pki) + "certfile = 1\n": "server.http_tls.certfile: unknown key (did you mean 'cert_file'?)",
-        'http_server = "hypercorn"\n' + tls_table("http_tls", pki): "server.http_server: hypercorn is no longer supported",
+        'http_server = "other"\n' + tls_table("http_tls", pki): 'server.http_server: must be "lean" or left out',
     }
     for tls, expected in cases.items():
         with pytest.raises(ConfigError) as refused:
