@@ -36,7 +36,7 @@ from .backend_events import first_error_event
 from .config_types import BackendAccess, ServerConfig, TimeoutsConfig
 from .errors import BackendAuthFailed, BackendBusy, BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 from .httpx_transport import BackendBody, BackendTransport, HttpxTransport
-from .lean_transport import LeanTransport
+from .lean_transport import ConnectorTransport, LeanTransport
 
 ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make
@@ -237,10 +237,11 @@ class BackendClient:
 
     Requests go through one ``post`` (``router/httpx_transport.py``) -- by
     default a :class:`~router.lean_transport.LeanTransport`'s, whose keep-alive
-    pool costs O(1) a request however many connections are open; tests and
-    benchmarks pass an httpx ``transport`` (``httpx.MockTransport``, the
-    simulator's in-process transport), or a ``backend_transport`` of their
-    own. httpx's client layer (redirects, auth, cookies, hooks) has no work to
+    pool costs O(1) a request however many connections are open (over TCP,
+    or a ``ConnectorTransport``'s streams: an in-process engine); tests and
+    benchmarks pass another httpx ``transport`` (``httpx.MockTransport``, the
+    simulator's ``SimTransport``), or a ``backend_transport`` of their own.
+    httpx's client layer (redirects, auth, cookies, hooks) has no work to
     do for a router and is skipped. ``leases`` counts the seats that hold this client;
     a client replaced by a reload is closed once it drops to zero (see
     ``router.pool.Endpoint``).
@@ -266,15 +267,16 @@ class BackendClient:
         self._transport: BackendTransport
         if backend_transport is not None:
             self._transport = backend_transport
-        elif transport is not None:
+        elif transport is not None and not isinstance(transport, ConnectorTransport):
             self._transport = HttpxTransport(transport, url, connect_timeout=connect_timeout)
-        else:
+        else:  # production's, over TCP or a test's connector
             self._transport = LeanTransport(
                 url,
                 connect_timeout=connect_timeout,
                 max_idle=max_concurrency,
                 ssl_context=tls_context(url, access),
                 keepalive_expiry=keep_alive_timeout,
+                connect=None if transport is None else transport.connect,
             )
 
     @property

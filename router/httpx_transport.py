@@ -4,9 +4,10 @@
 :class:`BackendTransport`'s ``post`` and reads every response body as a
 :class:`BackendBody`. In production that is
 :class:`~router.lean_transport.LeanTransport` (bytes on a kept-alive
-connection, no ``httpx.Request``); a test's ``httpx.MockTransport`` or the
-simulator's in-process ``SimTransport`` comes in through
-:class:`HttpxTransport`, so the client runs one path whatever is underneath.
+connection, no ``httpx.Request``), also for an in-process engine (a
+``ConnectorTransport``: the same bytes over memory streams). A test's canned
+answers (``httpx.MockTransport``) or the simulator's ``SimTransport`` come in
+through :class:`HttpxTransport`, so the client runs one path whatever is underneath.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ raised as httpx's exceptions, which ``router.backend`` maps at its boundary.
 A request on a kept-alive connection that the server has meanwhile closed
 (no byte of the response read) is sent once more on a new connection, as
 httpcore does; nothing else is retried here.
+
+Connections are opened over TCP (and TLS) unless a ``connect`` is given: a
+:data:`Connector` returns any connected :class:`BackendStream`, so tests and
+the in-process simulator (``bench/sim/memory.py``) run these same bytes and
+this same parsing with no socket.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import logging
 import re
 import socket
 import ssl
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import Protocol
 
 import httptools
@@ -40,17 +45,42 @@ _MAX_HEAD_BYTES = 64 * 1024
 # the pool shrinks back after a burst, and a server's own idle timeout
 # (uvicorn's is 5 s) rarely beats us to it.
 KEEPALIVE_EXPIRY = 5.0
+_CONNECT_TIMEOUT = 5.0  # httpx's, for a request that names none
 _UNSAFE = re.compile(rb"[\r\n\0]")
 
 
-class _Stream(Protocol):
-    """What a connection reads and writes: a plain socket's or TLS's."""
+class BackendStream(Protocol):
+    """What a connection reads and writes: a plain socket's, TLS's, or a test's in memory.
+
+    ``pause`` waits while the body piles up: a socket is told that its next
+    read will find bytes (``ReadinessStream.pause``), any other stream just sleeps.
+    """
 
     async def receive_some(self, max_bytes: int) -> bytes | bytearray: ...
 
     async def send_all(self, data: bytes) -> None: ...
 
+    async def pause(self, seconds: float) -> None: ...
+
     async def aclose(self) -> None: ...
+
+
+Connector = Callable[[], Awaitable[BackendStream]]
+
+
+class SleepingStream:
+    """A Trio stream with the pause of one that has nothing to be told, a sleep: TLS's (which cannot be subclassed), a memory stream."""
+
+    __slots__ = ("receive_some", "send_all", "aclose")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        # Bound once: a read costs what it costs on the stream itself.
+        self.receive_some = stream.receive_some
+        self.send_all = stream.send_all
+        self.aclose = stream.aclose
+
+    async def pause(self, seconds: float) -> None:
+        await trio.sleep(seconds)
 
 
 class _BackendConnection:
@@ -64,7 +94,7 @@ class _BackendConnection:
         "stream", "_parser", "status", "reason", "headers", "head_bytes", "head_done", "keep_alive", "body", "done", "spoiled", "eof"
     )
 
-    def __init__(self, stream: _Stream) -> None:
+    def __init__(self, stream: BackendStream) -> None:
         self.stream = stream
         self._parser = httptools.HttpResponseParser(self)
         self.spoiled = False  # bytes after a response, or a broken one: never reuse
@@ -155,6 +185,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         max_idle: int,
         ssl_context: ssl.SSLContext | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY,
+        connect: Connector | None = None,
     ) -> None:
         parsed = httpx.URL(url)
         self._base = url.rstrip("/")
@@ -165,6 +196,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._connect_timeout = connect_timeout
         self._max_idle = max_idle
         self._keepalive_expiry = keepalive_expiry
+        self._open: Connector = connect or self._open_tcp
         self._idle: collections.deque[tuple[_BackendConnection, float]] = collections.deque()  # oldest first
         self._closed = False
         self.opened = 0  # connections opened in all (tests and metrics read it)
@@ -241,22 +273,24 @@ class LeanTransport(httpx.AsyncBaseTransport):
     async def _connect_once(self, deadline: float) -> _BackendConnection:
         try:
             with trio.fail_at(deadline):
-                opened = await trio.open_tcp_stream(self._host, self._port)
-                stream: _Stream
-                if self._tls is not None:
-                    tls = trio.SSLStream(opened, self._tls, server_hostname=self._host, https_compatible=True)
-                    try:
-                        await tls.do_handshake()
-                    except BaseException:  # refused, timed out or cancelled: the socket must not wait for the GC
-                        opened.socket.close()
-                        raise
-                    stream = tls
-                else:  # the socket, without SocketStream (its options, TCP_NODELAY among them, stay set)
-                    stream = ReadinessStream(socket.socket(fileno=opened.socket.detach()))
+                stream = await self._open()
         except (OSError, trio.BrokenResourceError) as error:
             raise httpx.ConnectError(f"{self._host}:{self._port}: {error}") from None
         self.opened += 1
         return _BackendConnection(stream)
+
+    async def _open_tcp(self) -> BackendStream:
+        """The default connector: TCP to ``host:port``, TLS over it for ``https``."""
+        opened = await trio.open_tcp_stream(self._host, self._port)
+        if self._tls is None:  # the socket, without SocketStream (its options, TCP_NODELAY among them, stay set)
+            return ReadinessStream(socket.socket(fileno=opened.socket.detach()))
+        tls = trio.SSLStream(opened, self._tls, server_hostname=self._host, https_compatible=True)
+        try:
+            await tls.do_handshake()
+        except BaseException:  # refused, timed out or cancelled: the socket must not wait for the GC
+            opened.socket.close()
+            raise
+        return SleepingStream(tls)
 
     async def _exchange(self, connection: _BackendConnection, data: bytes) -> None:
         """Send the whole request in one write; read up to the response head."""
@@ -291,6 +325,35 @@ class LeanTransport(httpx.AsyncBaseTransport):
         idle, self._idle = self._idle, collections.deque()
         for connection, _ in idle:
             await connection.aclose()
+
+
+class ConnectorTransport(httpx.AsyncBaseTransport):
+    """An engine reached through ``connect`` instead of TCP: what a test or the in-process simulator hands the router.
+
+    The backend client builds its own LeanTransport over ``connect`` (the
+    pool size and keep-alive expiry production's has: ``router.backend``), so
+    completions take the production path. The health probe's httpx client
+    sends here; closing this closes the connections it opened for that, and
+    a later request opens new ones (the probe is rebuilt on a reload).
+    """
+
+    def __init__(self, connect: Connector, *, max_idle: int = 2) -> None:
+        self.connect = connect
+        self._max_idle = max_idle
+        self._lean: LeanTransport | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        lean = self._lean
+        if lean is None:
+            timeout = request.extensions.get("timeout", {}).get("connect") or _CONNECT_TIMEOUT
+            base = str(request.url.copy_with(raw_path=b"/"))
+            lean = self._lean = LeanTransport(base, connect_timeout=timeout, max_idle=self._max_idle, connect=self.connect)
+        return await lean.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        lean, self._lean = self._lean, None
+        if lean is not None:
+            await lean.aclose()
 
 
 class ResponseBody(httpx.AsyncByteStream):
@@ -334,10 +397,11 @@ class ResponseBody(httpx.AsyncByteStream):
 
     async def pause(self, seconds: float) -> None:
         """Let the body pile up for ``seconds``; the next read then takes it at once (no wait for readiness)."""
-        await trio.sleep(seconds)
         connection = self._connection
-        if connection is not None and isinstance(connection.stream, ReadinessStream):
-            connection.stream.expect()
+        if connection is None:
+            await trio.sleep(seconds)
+        else:
+            await connection.stream.pause(seconds)
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None

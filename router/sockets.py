@@ -83,8 +83,9 @@ class ReadinessStream:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
 
-    def expect(self) -> None:
-        """The next read tries the socket before it waits: the caller paused so that bytes would pile up."""
+    async def pause(self, seconds: float) -> None:
+        """Sleep while bytes pile up; the next read then tries the socket before it waits for readiness."""
+        await trio.sleep(seconds)
         self._expected = True
 
     def send_now(self, data: bytes) -> memoryview | None:

@@ -1,4 +1,9 @@
-"""Router set-ups over in-process simulated engines (no sockets, virtual time)."""
+"""Router set-ups over in-process simulated engines (no sockets, virtual time).
+
+The router reaches each engine through production's transport
+(``LeanTransport``'s bytes and parsing) over memory streams that the
+simulator's own HTTP server answers (``bench/sim/memory.py``).
+"""
 
 from __future__ import annotations
 
@@ -21,8 +26,10 @@ from tailguard.router.config_types import (
     TimeoutsConfig,
 )
 from tailguard.router.dispatch import Router
+from tailguard.router.lean_transport import ConnectorTransport
 from tailguard.router.request import RouterRequest
-from tailguard.sim import PROFILES, Engine, EngineParams, SimApp, SimTransport
+from tailguard.sim import PROFILES, Engine, EngineParams, SimApp
+from tailguard.sim.memory import memory_connector
 from tests.sim_helpers import MODEL
 
 INTERACTIVE_URL = "http://interactive-0:8000"
@@ -92,17 +99,19 @@ async def router_over_engines(
     params = params or {}
     urls = {e.url for p in config.pools for e in p.endpoints} | set(extra_urls)
     engines = {url: Engine(params.get(url, PROFILES["latency"]), name=url) for url in sorted(urls)}
-    transports: dict[str, httpx.AsyncBaseTransport] = {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
-    if wrap is not None:
-        transports = {url: wrap(url, transport) for url, transport in transports.items()}
-
-    def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
-        return transports[endpoint.url]
-
-    router = Router(config, transport_factory=transport_for, seed=0)
-    async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:  # the engines, and the server end of each connection
         for engine in engines.values():
             await nursery.start(engine.run)
+        transports: dict[str, httpx.AsyncBaseTransport] = {
+            url: ConnectorTransport(memory_connector(SimApp(engine, model=MODEL).handle, nursery)) for url, engine in engines.items()
+        }
+        if wrap is not None:
+            transports = {url: wrap(url, transport) for url, transport in transports.items()}
+
+        def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
+            return transports[endpoint.url]
+
+        router = Router(config, transport_factory=transport_for, seed=0)
         try:
             yield Fleet(engines, router)
         finally:

@@ -13,6 +13,10 @@ import trio.testing
 
 from tailguard.router.backend import BackendClient, BackendProbe, BackendResponse
 from tailguard.router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
+from tailguard.router.lean_transport import ConnectorTransport, LeanTransport
+from tailguard.sim import PROFILES, Engine, SimApp
+from tailguard.sim.memory import memory_connector
+from tests.sim_helpers import MODEL
 
 COMPLETION = {"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}
 
@@ -274,3 +278,25 @@ async def test_a_stream_verdict_does_not_depend_on_where_chunks_split() -> None:
 async def test_a_json_object_that_is_not_a_completion_is_refused(body: dict[str, object], needle: str) -> None:
     with pytest.raises(BadBackendReply, match=needle):
         await call(lambda request: httpx.Response(200, json=body))
+
+
+async def test_a_connector_transport_gets_the_production_transport_and_the_probe_its_own(autojump_clock: trio.testing.MockClock) -> None:
+    engine = Engine(PROFILES["latency"])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        shared = ConnectorTransport(memory_connector(SimApp(engine, model=MODEL).handle, nursery))
+        backend = BackendClient("http://sim", max_concurrency=4, connect_timeout=1.0, transport=shared)
+        probe = BackendProbe("http://sim", connect_timeout=1.0, transport=shared)
+        assert isinstance(backend.transport, LeanTransport)  # completions take the production path
+        async with opened(backend) as response:
+            assert b'"choices"' in await response.read()
+        assert await probe.health()
+        await probe.aclose()  # the probe's connections close, the client's stay
+        probe = BackendProbe("http://sim", connect_timeout=1.0, transport=shared)
+        assert await probe.health()  # and a probe built again (a reload's) connects anew
+        async with opened(backend):
+            pass
+        assert backend.transport.opened == 1
+        await backend.aclose()
+        await probe.aclose()
+        nursery.cancel_scope.cancel()

@@ -1,17 +1,23 @@
-"""The lean backend transport over real sockets: keep-alive, stale connections, failures."""
+"""The lean backend transport over real sockets and over a connector: keep-alive, stale connections, failures."""
 
 from __future__ import annotations
 
 import functools
+import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from tailguard.router.backend import BackendClient
-from tailguard.router.lean_transport import LeanTransport
+from tailguard.router.lean_transport import KEEPALIVE_EXPIRY, LeanTransport, ResponseBody
+from tailguard.sim import Engine, SimApp
+from tailguard.sim.http import KEEP_ALIVE_TIMEOUT
+from tailguard.sim.memory import memory_connector
 from tests.http_helpers import QUICK, engines_on_sockets
 from tests.sim_helpers import MODEL
 
@@ -372,3 +378,47 @@ async def test_a_connect_timeout_in_a_loop_on_time_is_the_engines_and_not_tried_
             await post(transport, url)
         assert len(attempts) == 1
         await transport.aclose()
+
+
+@asynccontextmanager
+async def in_memory_engine(*, keepalive_expiry: float = KEEPALIVE_EXPIRY) -> AsyncIterator[LeanTransport]:
+    """A LeanTransport whose connections are memory streams to an in-process engine's own HTTP server."""
+    engine = Engine(QUICK)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        connect = memory_connector(SimApp(engine, model=MODEL).handle, nursery)
+        transport = LeanTransport("http://sim", connect_timeout=2, max_idle=4, connect=connect, keepalive_expiry=keepalive_expiry)
+        try:
+            yield transport
+        finally:
+            await transport.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_connector_carries_the_same_bytes_with_no_socket(autojump_clock: trio.testing.MockClock) -> None:
+    async with in_memory_engine() as transport:
+        for stream in (False, True, False):
+            response = await transport.post("/v1/chat/completions", json.dumps({**BODY, "stream": stream}).encode(), {"content-type": "application/json"})
+            body = b"".join([chunk async for chunk in response.aiter_raw()])
+            await response.aclose()
+            assert response.status_code == 200
+            assert body.rstrip().endswith(b"data: [DONE]") if stream else b'"finish_reason"' in body
+        assert transport.opened == 1  # kept alive across plain and streamed answers
+
+
+async def test_a_memory_connection_the_engine_closed_while_idle_is_replaced_once(autojump_clock: trio.testing.MockClock) -> None:
+    async with in_memory_engine(keepalive_expiry=60) as transport:
+        assert (await post(transport, "http://sim"))[0] == 200
+        await trio.sleep(KEEP_ALIVE_TIMEOUT + 1)  # the engine's keep-alive timer closes it, ours does not yet
+        assert (await post(transport, "http://sim"))[0] == 200
+        assert (transport.opened, transport.resent) == (2, 1)
+
+
+async def test_a_paused_body_sleeps_on_a_memory_stream(autojump_clock: trio.testing.MockClock) -> None:
+    async with in_memory_engine() as transport:
+        response = await transport.post("/v1/chat/completions", json.dumps({**BODY, "stream": True}).encode(), {})
+        assert isinstance(response.stream, ResponseBody)
+        started = trio.current_time()
+        await response.stream.pause(0.25)
+        assert trio.current_time() - started == pytest.approx(0.25)
+        assert b"".join([chunk async for chunk in response.stream]).rstrip().endswith(b"data: [DONE]")

@@ -18,6 +18,10 @@ Between requests a kept-alive connection waits ``keep_alive_timeout`` seconds
 server closes it, as uvicorn does; a client that reuses a pooled connection
 just after that meets a closed socket.
 
+Connections come from a listening socket (``serve``) or from anything else
+that reads and writes like one (``serve_connection``: the in-process
+simulator's memory streams, ``bench/sim/memory.py``).
+
 A handler (or a body stream) that raises ``DropConnection`` closes the socket
 at once, without a response or in the middle of one. A ``Gate`` (the fault
 switch) may close the listening socket and every connection, and open the
@@ -57,10 +61,20 @@ class Gate(Protocol):
     async def wait_changed(self) -> None: ...
 
 
+class Connection(Protocol):
+    """What the server reads and writes a connection through: ``ReadinessStream``'s calls."""
+
+    async def receive_or_eof(self) -> bytes: ...
+
+    async def send_all(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class _EngineConnection:
     """One client connection: requests in sequence (keep-alive), one at a time."""
 
-    def __init__(self, sock: ReadinessStream, handler: Handler, keep_alive_timeout: float) -> None:
+    def __init__(self, sock: Connection, handler: Handler, keep_alive_timeout: float) -> None:
         self._sock = sock
         self._handler = handler
         self._keep_alive_timeout = keep_alive_timeout
@@ -234,11 +248,16 @@ async def _close_when_shut(gate: Gate, scope: trio.CancelScope) -> None:
     scope.cancel()  # the accept loop and every connection: their sockets close
 
 
-async def _accept(listener: socket.socket, handler: Handler, nursery: trio.Nursery, keep_alive_timeout: float) -> None:
-    async def on_connection(sock: socket.socket) -> None:
-        try:
-            await _EngineConnection(ReadinessStream(sock), handler, keep_alive_timeout).serve()
-        except Exception:  # one broken connection must not stop the server
-            log.exception("connection failed")
+async def serve_connection(connection: Connection, handler: Handler, keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT) -> None:
+    """Serve one client connection until either end closes it (it is closed then)."""
+    try:
+        await _EngineConnection(connection, handler, keep_alive_timeout).serve()
+    except Exception:  # one broken connection must not stop the server
+        log.exception("connection failed")
 
-    await accept_forever(listener, lambda sock, _: nursery.start_soon(on_connection, sock), log)
+
+async def _accept(listener: socket.socket, handler: Handler, nursery: trio.Nursery, keep_alive_timeout: float) -> None:
+    def on_accept(sock: socket.socket, _: object) -> None:
+        nursery.start_soon(serve_connection, ReadinessStream(sock), handler, keep_alive_timeout)
+
+    await accept_forever(listener, on_accept, log)

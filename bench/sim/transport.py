@@ -6,6 +6,12 @@ an hour of traffic under ``trio.testing.MockClock``. Closing a streamed
 response aborts the sequence, exactly like a socket client hanging up; a
 dropped connection (``DropConnection``) is httpx's ``RemoteProtocolError``, as
 over a socket.
+
+It calls the engine's API directly, with no HTTP in between: a closed
+response aborts the sequence before ``aclose`` returns. A router that should
+run production's transport over an in-process engine is given a
+``ConnectorTransport`` over ``memory.memory_connector`` instead (the
+simulator's HTTP server on memory streams).
 """
 
 from __future__ import annotations
