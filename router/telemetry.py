@@ -18,21 +18,29 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import trio
 
 from . import errors
 from .error_spec import CLIENT_CANCELLED, Ending, Outcome, grpc_status, http_status, outcome_and_reason
 
-if TYPE_CHECKING:  # imported only while [tracing] is on (router/tracing.py loads the SDK)
-    from .tracing import RequestTrace
-
 __all__ = [
-    "UNKNOWN", "Api", "Outcome", "RepeatedIds", "RequestRecord", "Sink", "Telemetry", "is_valid_request_id", "outcome_of", "status_of",
+    "UNKNOWN", "Api", "Outcome", "RepeatedIds", "RequestRecord", "Sink", "Telemetry", "Trace", "is_valid_request_id", "outcome_of",
+    "status_of",
 ]
 
 log = logging.getLogger("tailguard.telemetry")
+
+
+class Trace(Protocol):
+    """What the router calls on a request's trace (router/tracing.py's RequestTrace); named here so telemetry needs no tracing import."""
+
+    def queued(self) -> None: ...
+    def call(self, url: str, kind: str, model: str, max_tokens: int) -> dict[str, str]: ...
+    def call_failed(self, error: errors.TailguardError) -> None: ...
+    def finish(self, record: RequestRecord) -> None: ...
+
 
 Api = Literal["http", "grpc"]
 UNKNOWN = "none"  # label value for a class or pool not yet decided
@@ -111,7 +119,7 @@ class RequestRecord:
     status: int | str | None = None  # the HTTP status or gRPC code the caller saw
     error: str | None = None
     prompt_text: str | None = field(default=None, repr=False)  # only when log_prompts is on
-    trace: RequestTrace | None = field(default=None, repr=False)  # only while [tracing] is on
+    trace: Trace | None = field(default=None, repr=False)  # only while [tracing] is on
     _events: int = field(default=0, repr=False)
     _done_seen: bool = field(default=False, repr=False)
 
