@@ -15,6 +15,7 @@ from tailguard.router.backend import BackendClient, BackendProbe, BackendRespons
 from tailguard.router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 from tailguard.router.lean_transport import ConnectorTransport, LeanTransport
 from tailguard.sim import PROFILES, Engine, SimApp
+from tailguard.sim.canned import canned_transport
 from tailguard.sim.memory import memory_connector
 from tests.sim_helpers import MODEL
 
@@ -22,7 +23,7 @@ COMPLETION = {"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}
 
 
 def client_for(handler: object, cap: int = 8) -> BackendClient:
-    return BackendClient("http://gpu-0:8000", max_concurrency=cap, connect_timeout=1.0, transport=httpx.MockTransport(handler))  # type: ignore[arg-type]
+    return BackendClient("http://gpu-0:8000", max_concurrency=cap, connect_timeout=1.0, transport=canned_transport(handler))  # type: ignore[arg-type]
 
 
 @asynccontextmanager
@@ -64,7 +65,7 @@ async def test_refused_connection_is_unavailable() -> None:
     with pytest.raises(BackendUnavailable, match="could not be reached"):
         async with opened(backend):
             pass
-    probe = BackendProbe("http://gpu-0:8000", connect_timeout=1.0, transport=httpx.MockTransport(refuse))
+    probe = BackendProbe("http://gpu-0:8000", connect_timeout=1.0, transport=canned_transport(refuse))
     assert not await probe.health()
     await backend.aclose()
     await probe.aclose()
@@ -132,7 +133,7 @@ class Produced:
 async def call(handler: object, *, stream: bool = False, max_body_bytes: int = 1 << 20) -> bytes:
     """One call read to its end (the whole SSE for streams)."""
     backend = BackendClient(
-        "http://gpu-0:8000", max_concurrency=4, connect_timeout=1.0, transport=httpx.MockTransport(handler), max_body_bytes=max_body_bytes  # type: ignore[arg-type]
+        "http://gpu-0:8000", max_concurrency=4, connect_timeout=1.0, transport=canned_transport(handler), max_body_bytes=max_body_bytes  # type: ignore[arg-type]
     )
     try:
         response = await backend.open("/v1/completions", {"prompt": "x"}, {}, stream=stream)
@@ -231,7 +232,7 @@ async def test_a_probe_reads_a_huge_answer_only_up_to_its_cap() -> None:
         bodies.append(Produced(b"x" * 65536, 512))
         return httpx.Response(500, headers={"content-type": "application/json"}, content=bodies[-1])
 
-    probe = BackendProbe("http://gpu-0:8000", connect_timeout=1.0, transport=httpx.MockTransport(handler))
+    probe = BackendProbe("http://gpu-0:8000", connect_timeout=1.0, transport=canned_transport(handler))
     assert await probe.completes("m") == 500 and not await probe.health()
     assert [b.sent for b in bodies] == [2, 2]  # 64 KiB each, then the response was closed
     await probe.aclose()

@@ -15,6 +15,7 @@ from tailguard.router.backend_load import BackendLoad, parse_vllm_metrics, scrap
 from tailguard.router.config_types import EndpointConfig
 from tailguard.router.pool import Endpoint
 from tailguard.sim import PROFILES, SimApp, SimTransport
+from tailguard.sim.canned import canned_transport
 from tests.http_helpers import QUICK, engines_on_sockets
 from tests.sim_helpers import MODEL, in_process_engine
 
@@ -140,7 +141,7 @@ def test_a_broken_line_elsewhere_does_not_spoil_the_load() -> None:
 
 
 def endpoint_for(handler: Callable[[httpx.Request], object], url: str = "http://gpu-0:8000") -> Endpoint:
-    return Endpoint(EndpointConfig(url, 4), connect_timeout=1.0, transport=httpx.MockTransport(handler), closer=lambda client: None)  # type: ignore[arg-type]
+    return Endpoint(EndpointConfig(url, 4), connect_timeout=1.0, transport=canned_transport(handler), closer=lambda client: None)  # type: ignore[arg-type]
 
 
 def serve_text(text: str) -> Callable[[httpx.Request], httpx.Response]:
@@ -152,8 +153,8 @@ def serve_text(text: str) -> Callable[[httpx.Request], httpx.Response]:
 
 
 async def test_metrics_text_refuses_bodies_over_the_limit() -> None:
-    at_limit = BackendProbe("http://a", connect_timeout=1.0, transport=httpx.MockTransport(serve_text("#" * METRICS_BODY_LIMIT)))
-    over = BackendProbe("http://b", connect_timeout=1.0, transport=httpx.MockTransport(serve_text("#" * (METRICS_BODY_LIMIT + 1))))
+    at_limit = BackendProbe("http://a", connect_timeout=1.0, transport=canned_transport(serve_text("#" * METRICS_BODY_LIMIT)))
+    over = BackendProbe("http://b", connect_timeout=1.0, transport=canned_transport(serve_text("#" * (METRICS_BODY_LIMIT + 1))))
     text = await at_limit.metrics_text()
     assert text is not None and len(text) == METRICS_BODY_LIMIT
     assert await over.metrics_text() is None

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tailguard.router.backend import MAX_EVENT_BYTES, BackendClient, EventFilter
 from tailguard.router.errors import BadBackendReply
 from tailguard.server.grpc.sse import SseDecoder
+from tailguard.sim.canned import canned_transport
 
 GOOD = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -44,7 +45,7 @@ async def relay(body: list[bytes], *, drop_usage: bool = False) -> tuple[bytes, 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=reads())  # type: ignore[arg-type]
 
-    backend = BackendClient("http://gpu-0:8000", max_concurrency=1, connect_timeout=1.0, transport=httpx.MockTransport(handler))
+    backend = BackendClient("http://gpu-0:8000", max_concurrency=1, connect_timeout=1.0, transport=canned_transport(handler))
     response = await backend.open("/v1/chat/completions", {}, {}, stream=True)
     relayed: list[bytes] = []
     raised: Exception | None = None

@@ -12,6 +12,7 @@ import trio.testing
 from tailguard.router.config_types import Config, EndpointConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.loop_lag import LoopLag
+from tailguard.sim.canned import canned_transport
 from tests.router_helpers import INTERACTIVE_URL, two_pool_config
 
 
@@ -40,7 +41,7 @@ def config_with(unhealthy: int | None = None, healthy: int | None = None) -> Con
 
 def router_over(engine: Engine, config: Config) -> Router:
     def transport(_: EndpointConfig) -> httpx.AsyncBaseTransport:
-        return httpx.MockTransport(engine.handle)
+        return canned_transport(engine.handle)
 
     return Router(config, transport_factory=transport, seed=0)
 

@@ -12,6 +12,7 @@ import trio
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import Config, LendConfig
 from tailguard.server.metrics import Metrics
+from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from tests.sim_helpers import MODEL
 from tests.test_config import BASE
@@ -146,7 +147,7 @@ async def test_vllm_priority_is_sent_only_where_the_pool_asks_for_it(autojump_cl
                 sent[url] = json.loads(request.content).get("priority", "absent")
             return await inner.handle_async_request(request)
 
-        return httpx.MockTransport(record)
+        return canned_transport(record)
 
     async with router_over_engines(config, wrap=recording) as fleet:
         await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id="i"))
@@ -240,7 +241,7 @@ async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_c
                 raise httpx.ConnectError("connection refused", request=request)
             return await inner.handle_async_request(request)
 
-        return httpx.MockTransport(refuse_once)
+        return canned_transport(refuse_once)
 
     async with router_over_engines(lend_back_config(), wrap=refusing_once) as fleet:
         async with trio.open_nursery() as nursery:

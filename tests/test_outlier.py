@@ -23,6 +23,7 @@ from tailguard.router import errors
 from tailguard.router.config_types import Config, EndpointConfig, OutlierDetectionConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.server.metrics import Metrics
+from tailguard.sim.canned import canned_transport
 from tests.http_helpers import QUICK, engines_on_sockets
 from tests.router_helpers import chat, run_to_end, two_pool_config
 
@@ -90,7 +91,7 @@ async def router_over(handlers: dict[str, Handler], config: Config) -> AsyncIter
                 calls[endpoint.url] += 1
             return await handlers.get(endpoint.url, ok)(request)
 
-        return httpx.MockTransport(handle)
+        return canned_transport(handle)
 
     router = Router(config, transport_factory=transport_for, seed=0)
     try:

@@ -32,6 +32,7 @@ from tailguard.router.telemetry import RequestRecord
 from tailguard.server.errors_map import http_error
 from tailguard.server.metrics import Metrics
 from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
+from tailguard.sim.canned import canned_transport
 from tailguard.sim.http import serve as serve_sim
 from tests.router_helpers import chat
 from tests.sim_helpers import MODEL
@@ -68,7 +69,7 @@ async def router_over(handlers: Mapping[str, Handler | SimApp], cfg: Config) -> 
 
     def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
         handler = handlers[endpoint.url]
-        return SimTransport(handler) if isinstance(handler, SimApp) else httpx.MockTransport(handler)
+        return SimTransport(handler) if isinstance(handler, SimApp) else canned_transport(handler)
 
     router = Router(cfg, transport_factory=transport_for, seed=0)
     try:

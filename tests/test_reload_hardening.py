@@ -21,6 +21,7 @@ import trio.lowlevel
 from tailguard.router.backend import BackendClient
 from tailguard.router.config import load_config
 from tailguard.server.app import serve
+from tailguard.sim.canned import canned_transport
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from tests.test_reload import toml
 
@@ -157,7 +158,7 @@ async def test_applying_a_config_is_all_or_nothing() -> None:
     def transport_for(endpoint: object) -> httpx.AsyncBaseTransport:
         if getattr(endpoint, "url", None) == broken:
             raise RuntimeError("cannot build a transport for gpu-9")
-        return httpx.MockTransport(lambda request: httpx.Response(200))
+        return canned_transport(lambda request: httpx.Response(200))
 
     config = two_pool_config(interactive_cap=4)
     router = Router(config, transport_factory=transport_for)
@@ -181,7 +182,7 @@ async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monke
     from tailguard.router.dispatch import Router
     from tests.router_helpers import two_pool_config, with_digest
 
-    router = Router(two_pool_config(interactive_cap=4, batch_cap=4), transport_factory=lambda _: httpx.MockTransport(lambda r: httpx.Response(200)))
+    router = Router(two_pool_config(interactive_cap=4, batch_cap=4), transport_factory=lambda _: canned_transport(lambda r: httpx.Response(200)))
     built = 0
     real = endpoint.BackendClient
 

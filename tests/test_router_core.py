@@ -18,6 +18,7 @@ from tailguard.router.config_types import Config, LimitsConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.request import RouterRequest
 from tailguard.sim import PROFILES
+from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 
 LONG_TEXT = "The quarterly report covers revenue, costs and outlook in detail. " * 200  # ~3,300 tokens
@@ -218,8 +219,8 @@ async def test_unreachable_endpoint_fails_fast_and_only_its_health_check_takes_i
         from tailguard.router.backend import BackendClient, BackendProbe
 
         real_probe = endpoint.probe
-        endpoint.client = BackendClient(endpoint.url, max_concurrency=8, connect_timeout=1.0, transport=httpx.MockTransport(refuse))
-        endpoint.probe = BackendProbe(endpoint.url, connect_timeout=1.0, transport=httpx.MockTransport(refuse))
+        endpoint.client = BackendClient(endpoint.url, max_concurrency=8, connect_timeout=1.0, transport=canned_transport(refuse))
+        endpoint.probe = BackendProbe(endpoint.url, connect_timeout=1.0, transport=canned_transport(refuse))
         with pytest.raises(errors.BackendUnavailable, match="could not be reached"):
             await run_to_end(fleet.router, chat())
         # One failed request is no verdict: the endpoint stays in until its health check fails.
