@@ -14,8 +14,8 @@ from tailguard.router.backend import METRICS_BODY_LIMIT, BackendProbe
 from tailguard.router.backend_load import BackendLoad, parse_vllm_metrics, scrape
 from tailguard.router.config_types import EndpointConfig
 from tailguard.router.pool import Endpoint
-from tailguard.sim import PROFILES, SimApp, SimTransport
-from tailguard.sim.canned import canned_transport
+from tailguard.sim import PROFILES, SimApp
+from tailguard.sim.canned import canned_transport, sim_canned_transport
 from tests.http_helpers import QUICK, engines_on_sockets
 from tests.sim_helpers import MODEL, in_process_engine
 
@@ -242,7 +242,7 @@ async def streams(client: httpx.AsyncClient, count: int, *, started: int) -> Asy
 async def test_scrape_follows_the_simulated_engine_queue(autojump_clock: trio.testing.MockClock) -> None:
     params = PROFILES["latency"].replace(max_num_seqs=2)
     async with in_process_engine(params) as (engine, client):
-        endpoint = Endpoint(EndpointConfig("http://sim", 4), connect_timeout=1.0, transport=SimTransport(SimApp(engine, model=MODEL)), closer=lambda client: None)
+        endpoint = Endpoint(EndpointConfig("http://sim", 4), connect_timeout=1.0, transport=sim_canned_transport(SimApp(engine, model=MODEL)), closer=lambda client: None)
         await scrape([endpoint], timeout=1.0)
         assert endpoint.load is not None
         assert (endpoint.load.running, endpoint.load.waiting, endpoint.load.kv_cache_usage) == (0.0, 0.0, 0.0)

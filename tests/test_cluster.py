@@ -22,11 +22,13 @@ from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, ClusterConfig, Config, ServerConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import CallerOverLimit
+from tailguard.router.lean_transport import ConnectorTransport
 from tailguard.router.telemetry import RequestRecord
 from tailguard.server.logs import configured_logging
 from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
-from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
+from tailguard.sim import PROFILES, Engine, SimApp
+from tailguard.sim.canned import sim_canned_transport
 from tests.redis_helpers import RedisServer, redis_server
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
 from tests.sim_helpers import MODEL
@@ -42,10 +44,10 @@ def redis() -> Iterator[RedisServer]:
         yield server
 
 
-def shared_engines() -> tuple[dict[str, Engine], dict[str, SimTransport]]:
+def shared_engines() -> tuple[dict[str, Engine], dict[str, ConnectorTransport]]:
     """In-process engines for both pools, and one transport each that every replica's router shares."""
     engines = {url: Engine(PROFILES["latency"], name=url) for url in (INTERACTIVE_URL, BATCH_URL)}
-    return engines, {url: SimTransport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
+    return engines, {url: sim_canned_transport(SimApp(engine, model=MODEL)) for url, engine in engines.items()}
 
 
 class Replica:
@@ -440,7 +442,7 @@ async def test_a_sync_says_when_a_request_waits_on_another_replica(redis: RedisS
 
 
 def cluster_routers(
-    redis: RedisServer, namespace: str, base: Config, names: Sequence[str], transports: dict[str, SimTransport], *, block: int
+    redis: RedisServer, namespace: str, base: Config, names: Sequence[str], transports: dict[str, ConnectorTransport], *, block: int
 ) -> list[Router]:
     """One Router per replica name on one ledger; every replica's calls reach the same in-process engines."""
     return [

@@ -32,7 +32,7 @@ from tailguard.router.telemetry import RequestRecord
 from tailguard.server.errors_map import http_error
 from tailguard.server.metrics import Metrics
 from tailguard.sim import PROFILES, Engine, SimApp, SimTransport
-from tailguard.sim.canned import canned_transport
+from tailguard.sim.canned import canned_transport, sim_canned_transport
 from tailguard.sim.http import serve as serve_sim
 from tests.router_helpers import chat
 from tests.sim_helpers import MODEL
@@ -69,7 +69,7 @@ async def router_over(handlers: Mapping[str, Handler | SimApp], cfg: Config) -> 
 
     def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
         handler = handlers[endpoint.url]
-        return SimTransport(handler) if isinstance(handler, SimApp) else canned_transport(handler)
+        return sim_canned_transport(handler) if isinstance(handler, SimApp) else canned_transport(handler)
 
     router = Router(cfg, transport_factory=transport_for, seed=0)
     try:
@@ -113,7 +113,7 @@ async def test_the_pools_key_reaches_every_v1_route_and_the_callers_never_does(a
     async with engines("sk-engine") as [app], router_over({A: app}, cfg) as router:
         body = json.loads(await complete(router, chat(max_tokens=4)))
         assert body["choices"][0]["finish_reason"]
-        probe = BackendProbe(A, connect_timeout=1, transport=SimTransport(app), access=cfg.pools[0].endpoints[0].access)
+        probe = BackendProbe(A, connect_timeout=1, transport=sim_canned_transport(app), access=cfg.pools[0].endpoints[0].access)
         assert await probe.max_model_len() > 0 and await probe.completes(MODEL) == 200  # the model probe, the completion probe
         await probe.aclose()
         await router.check_health()

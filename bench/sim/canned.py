@@ -24,6 +24,9 @@ import trio
 
 from tailguard.router.lean_transport import BackendStream, Connector, ConnectorTransport
 
+from .app import SimApp
+from .transport import SimTransport
+
 Handler = Callable[[httpx.Request], "httpx.Response | Awaitable[httpx.Response]"]
 _NO_BODY = frozenset({204, 304})
 
@@ -58,7 +61,8 @@ class _CannedStream:
         self._scheme = scheme
         self._new_request()
         self._out = bytearray()
-        self._body: AsyncIterator[bytes] | None = None  # a chunked body still to read
+        self._response: httpx.AsyncByteStream | None = None  # a chunked body still to read, and its iterator
+        self._body: AsyncIterator[bytes] | None = None
         self._closed = False
 
     def _new_request(self) -> None:
@@ -91,10 +95,11 @@ class _CannedStream:
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream), "a canned body streams asynchronously"
         if chunked:
-            self._body = aiter(stream)
+            self._response, self._body = stream, aiter(stream)
         else:
             async for chunk in stream:
                 self._out += chunk
+            await stream.aclose()
 
     async def receive_some(self, max_bytes: int) -> bytes:
         await trio.lowlevel.checkpoint()
@@ -104,7 +109,7 @@ class _CannedStream:
             try:
                 chunk = await anext(self._body)
             except StopAsyncIteration:
-                self._body = None
+                await self._end_body()
                 self._out += b"0\r\n\r\n"
             else:
                 if chunk:
@@ -115,11 +120,15 @@ class _CannedStream:
     async def pause(self, seconds: float) -> None:
         await trio.sleep(seconds)
 
+    async def _end_body(self) -> None:
+        """Close the body being read (read to its end, or abandoned: a client hanging up)."""
+        response, self._response, self._body = self._response, None, None
+        if response is not None:
+            await response.aclose()
+
     async def aclose(self) -> None:
         self._closed = True
-        body, self._body = self._body, None
-        if body is not None and hasattr(body, "aclose"):
-            await body.aclose()
+        await self._end_body()
         await trio.lowlevel.checkpoint()
 
 
@@ -136,3 +145,8 @@ def canned_connector(handler: Handler, *, scheme: str = "http") -> Connector:
 def canned_transport(handler: Handler, *, scheme: str = "http") -> ConnectorTransport:
     """What ``httpx.MockTransport(handler)`` was for a router or backend client, on production's LeanTransport."""
     return ConnectorTransport(canned_connector(handler, scheme=scheme))
+
+
+def sim_canned_transport(app: SimApp) -> ConnectorTransport:
+    """A simulated engine's API behind :func:`canned_transport`: no nursery to serve it in (``memory_connector`` needs one)."""
+    return canned_transport(SimTransport(app).handle_async_request)
