@@ -198,7 +198,7 @@ class Router:
     def endpoint_statistics(self, url: str) -> EndpointStatistics:
         """One endpoint as :meth:`statistics` shows it (its pool "" while a rebalancing move drains it)."""
         endpoint = self._fleet.endpoints[url]
-        return endpoint_statistics(endpoint, "" if endpoint.pool is None else endpoint.pool.name)
+        return endpoint_statistics(endpoint, "" if endpoint.pool_name is None else endpoint.pool_name)
 
     def statistics(self) -> RouterStatistics:
         return statistics(self._fleet, self._traffic)

@@ -1,6 +1,6 @@
 """One inference server as the router sees it: its cap, load, health, ejection state and HTTP clients.
 
-An endpoint outlives pools across config reloads (``pool`` changes, its
+An endpoint outlives pools across config reloads (``pool_name`` changes, its
 in-flight count stays), and outlives the config that named it while seats
 still hold it (``retired``). Outlier detection's rules live in
 router/outlier.py; this is the state they read and write.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import httpx
 import trio
@@ -20,9 +20,6 @@ from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
 from .cluster import Yielding
 from .config_types import BackendAccess, EndpointConfig, ServerConfig, TimeoutsConfig
-
-if TYPE_CHECKING:
-    from .pool import Pool
 
 
 class Closable(Protocol):
@@ -86,7 +83,9 @@ class Endpoint:
         # answer), and whether that is enough for its pool (router/model_len.py).
         self.max_model_len: int | None = None
         self.fits_context = True
-        self.pool: Pool | None = None
+        # The pool it serves, by name (None: retired, or between pools on a rebalancing
+        # move); the Pool itself is the fleet's to look up (Fleet.pool_of).
+        self.pool_name: str | None = None
         self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
         self.failures_in_a_row = 0
         # The last requests' verdicts (True: failed), at most the pool's failure_window: the
@@ -193,7 +192,7 @@ class Endpoint:
 
     def retire(self) -> None:
         """The endpoint left the config: nobody new; its clients close once no seat holds it."""
-        self.pool = None
+        self.pool_name = None
         self.retired = True
         if self.client.leases == 0 and not self._client_closed:
             self._close_clients()

@@ -60,7 +60,7 @@ class Fleet:
         discovered = self._discovered_under(config)
         wanted = {p.name: [*p.endpoints, *(source.endpoint(a) for source, a in discovered.get(p.name, ()))] for p in config.pools}
         built, clients = self._build((e for p in config.pools for e in wanted[p.name]), config)
-        pools_built = {p.name: Pool(p, rng=self._rng) for p in config.pools if p.name not in self.pools}
+        pools_built = {p.name: Pool(p, pool_of=self.pool_of, rng=self._rng) for p in config.pools if p.name not in self.pools}
 
         # -- the swap: nothing below raises ------------------------------------
         endpoints: dict[str, Endpoint] = {}
@@ -73,6 +73,7 @@ class Fleet:
                 self._retire(endpoint)
         for pool in self.pools.values():
             if pool.name not in pools:
+                pool.removed = True
                 pool.reconfigure(pool.config, [])  # removed: its waiters time out
         _link_lenders(config, pools)
         for pool_config in config.pools:
@@ -88,6 +89,11 @@ class Fleet:
         self.rebalancer.reset()
         self.discovered = discovered
         self.config = config
+
+    def pool_of(self, endpoint: Endpoint) -> Pool | None:
+        """The pool ``endpoint`` serves now (None: retired, or on a rebalancing move)."""
+        name = endpoint.pool_name
+        return None if name is None else self.pools.get(name)
 
     def _build(self, configs: Iterable[EndpointConfig], config: Config) -> tuple[dict[str, Endpoint], dict[str, Clients]]:
         """New endpoints, and new clients for known ones, for ``configs``; nothing changes yet (may raise)."""
@@ -188,7 +194,7 @@ class Fleet:
                 continue  # the entry left the file meanwhile
             endpoint_config = source.endpoint(address)
             other = self.endpoints.get(endpoint_config.url)
-            if endpoint_config.url in static or (other is not None and other.pool is not pool):
+            if endpoint_config.url in static or (other is not None and not pool.holds(other)):
                 log.warning("pool %s: %s (from %s) is already an endpoint elsewhere; left there", pool_name, endpoint_config.url, source.name)
                 continue
             wanted[endpoint_config.url] = endpoint_config
@@ -220,7 +226,7 @@ class Fleet:
             self._retire(endpoint)
         for endpoint in added:
             self.gate(endpoint, pool.config)  # a new address of a discovered max_model_len waits to be asked
-            endpoint.pool = pool
+            endpoint.pool_name = pool.name
             self.endpoints[endpoint.url] = endpoint
             if self.budget is not None:
                 endpoint.granted = 0  # [cluster]: none of its seats until the ledger grants this replica some
@@ -238,8 +244,9 @@ class Fleet:
             if endpoint is not None:
                 news = value != endpoint.max_model_len
                 endpoint.max_model_len = value
-                if endpoint.pool is not None:
-                    self.gate(endpoint, endpoint.pool.config, news=news)
+                pool = self.pool_of(endpoint)
+                if pool is not None:
+                    self.gate(endpoint, pool.config, news=news)
 
     def gate(self, endpoint: Endpoint, pool: PoolConfig, *, news: bool = False) -> None:
         """Let ``endpoint`` take ``pool``'s requests only if its context length is known to fit.
@@ -271,7 +278,7 @@ class Fleet:
         endpoint, source, target = choice.endpoint, choice.source, choice.target
         source.endpoints = [e for e in source.endpoints if e is not endpoint]
         source.cap_moved -= endpoint.max_concurrency
-        endpoint.pool = None  # no pool's new requests while its running ones finish
+        endpoint.pool_name = None  # no pool's new requests while its running ones finish
         self.moving[endpoint.url] = (source.name, target.name)
         log.info(
             "rebalancing: endpoint %s leaves pool %s (utilisation %.2f) for pool %s (%.2f); %d requests still run there",
@@ -287,7 +294,7 @@ class Fleet:
         self.gate(endpoint, target.config)
         target.endpoints = [*target.endpoints, endpoint]
         target.cap_moved += endpoint.max_concurrency
-        endpoint.pool = target
+        endpoint.pool_name = target.name
         self.moving.pop(endpoint.url, None)
         self.moves[(source, target.name)] += 1
         log.info("rebalancing: endpoint %s joined pool %s (from %s)", endpoint.url, target.name, source)

@@ -62,7 +62,7 @@ def record_failure(pool: Pool, endpoint: Endpoint) -> float | None:
 
 def report_failure(pool: Pool, endpoint: Endpoint, error: BackendError) -> None:
     """A call to ``endpoint`` failed: count it (``record_failure``) and log an ejection, with why."""
-    if endpoint.pool is not pool:
+    if not pool.holds(endpoint):
         return  # moved or removed by a reload meanwhile: its new pool judges it
     # Read before the verdict: an ejection starts the endpoint's record afresh.
     in_a_row, failed, seen = endpoint.failures_in_a_row + 1, endpoint.recent_failures + 1, endpoint.outcomes + 1

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import trio
@@ -136,8 +136,8 @@ class Lease:
         self.client.leases += 1
         self.pool.yield_freed_seat(old)
         self.pool.queue.dispatch()  # the old endpoint's seat may seat a waiter
-        if old.pool is not None and old.pool is not self.pool:  # a reload moved it meanwhile
-            old.pool.queue.dispatch()
+        if old.pool_name is not None and not self.pool.holds(old):  # a reload moved it meanwhile
+            self.pool.dispatch_at(old)
 
     def release(self) -> None:
         if self._released:
@@ -156,17 +156,27 @@ class Lease:
         pool.queue.dispatch()  # the pool's own requests first
         for borrower in pool.borrowers:  # then, if a seat is still idle, the pools it lends to
             borrower.queue.dispatch()
-        moved_to = self.endpoint.pool
-        if moved_to is not None and moved_to is not pool:
-            moved_to.queue.dispatch()
+        moved_to = self.endpoint.pool_name  # Pool.holds, inlined: this is every request's path
+        if moved_to is not None and (moved_to != pool.name or pool.removed):
+            pool.dispatch_at(self.endpoint)
 
 
 class Pool:
     """A set of endpoints with a strict concurrency cap and a priority wait queue."""
 
-    def __init__(self, config: PoolConfig, *, rng: random.Random | None = None, policy: EndpointPolicy | None = None) -> None:
+    def __init__(
+        self,
+        config: PoolConfig,
+        *,
+        pool_of: Callable[[Endpoint], Pool | None],
+        rng: random.Random | None = None,
+        policy: EndpointPolicy | None = None,
+    ) -> None:
         self.name = config.name
         self.config = config
+        self.removed = False  # a reload took it out: a pool of its name later is another Pool
+        # The pool an endpoint serves now, from the table where the pools live (Fleet.pool_of).
+        self._pool_of = pool_of
         self.endpoints: list[Endpoint] = []
         self.in_flight = 0
         self.seat_time = SeatTime()
@@ -182,6 +192,16 @@ class Pool:
         self._serving_up_to: Yielding | None = None
         self.policy: EndpointPolicy = policy or LeastLoaded(rng or random.Random())  # which endpoint a seat goes to
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
+
+    def holds(self, endpoint: Endpoint) -> bool:
+        """``endpoint`` serves this pool now (not moved away, by a reload or rebalancing, nor this pool removed)."""
+        return endpoint.pool_name == self.name and not self.removed
+
+    def dispatch_at(self, endpoint: Endpoint) -> None:
+        """A seat on ``endpoint`` freed: the waiters of the pool it serves now get it, if that pool is another."""
+        now = self._pool_of(endpoint)
+        if now is not None and now is not self:
+            now.queue.dispatch()
 
     @property
     def cluster_cap(self) -> int:
@@ -234,7 +254,7 @@ class Pool:
         self.cap_moved = 0
         self.endpoints = endpoints
         for endpoint in endpoints:
-            endpoint.pool = self
+            endpoint.pool_name = self.name
         self.queue.max_waiting = config.max_queue
         self.queue.dispatch()
 

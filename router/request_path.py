@@ -298,13 +298,13 @@ class RequestPath:
             )
             trio.lowlevel.spawn_system_task(self._busy_spell_ends, endpoint, name=f"busy spell of {endpoint.url}")
 
-    @staticmethod
-    async def _busy_spell_ends(endpoint: Endpoint) -> None:
+    async def _busy_spell_ends(self, endpoint: Endpoint) -> None:
         # A deadline, not a condition to poll: a later busy answer may have moved it on.
         while not endpoint.busy_spell_over(trio.current_time()):  # noqa: ASYNC110
             await trio.sleep_until(endpoint.busy_until)
-        if endpoint.pool is not None:
-            endpoint.pool.queue.dispatch()
+        pool = self._fleet.pool_of(endpoint)
+        if pool is not None:
+            pool.queue.dispatch()
 
 
 def _routing(request: RouterRequest, klass: ClassConfig, pool: Pool, lease: Lease, ticket: Ticket, clamped: bool) -> Routing:

@@ -172,7 +172,7 @@ class Upkeep:
 
     async def _probe(self, endpoint: Endpoint, timeout: float) -> None:
         """One probe of ``endpoint``, judged against its pool's thresholds; a stall of this loop is no verdict."""
-        pool = endpoint.pool
+        pool = self._fleet.pool_of(endpoint)
         completion = pool is not None and pool.config.health_check == "completion"
         started = trio.current_time()
         with trio.move_on_after(timeout):
@@ -204,7 +204,8 @@ class Upkeep:
         self._judge(endpoint, False)
 
     def _judge(self, endpoint: Endpoint, passed: bool | None) -> None:
-        config = endpoint.pool.config if endpoint.pool is not None else None  # None: a reload took it out meanwhile
+        pool = self._fleet.pool_of(endpoint)
+        config = pool.config if pool is not None else None  # None: a reload took it out meanwhile
         down_at = PoolConfig.unhealthy_threshold if config is None else config.unhealthy_threshold
         up_at = PoolConfig.healthy_threshold if config is None else config.healthy_threshold
         was = endpoint.healthy
@@ -232,7 +233,7 @@ class Upkeep:
 
         async with trio.open_nursery() as nursery:
             for endpoint in list(fleet.endpoints.values()):
-                if endpoint.pool is not None and endpoint.healthy and not endpoint.fits_context:
+                if endpoint.pool_name is not None and endpoint.healthy and not endpoint.fits_context:
                     nursery.start_soon(ask, endpoint)
 
     async def _check_keys(self, timeout: float) -> None:
@@ -250,7 +251,7 @@ class Upkeep:
 
         async with trio.open_nursery() as nursery:
             for endpoint in list(self._fleet.endpoints.values()):
-                pool = endpoint.pool
+                pool = self._fleet.pool_of(endpoint)
                 if pool is None or pool.config.health_check == "completion" or not endpoint.healthy:
                     continue
                 if endpoint.auth_failure is not None or not endpoint.credentials_checked:

@@ -201,7 +201,7 @@ async def test_pods_added_and_removed_under_traffic_drop_no_request_and_exceed_n
                         after = fleet.engines[first].statistics()
                         assert after.finished_total + after.running == served_before  # nobody new went there
                         # Retired as a reload retires: its client closed when its last request ended.
-                        assert leaving.retired and leaving.pool is None
+                        assert leaving.retired and leaving.pool_name is None
                         await eventually(lambda: leaving.in_flight == 0 and leaving.open_clients == 0)
                         assert running.router.statistics().backend_clients == 2
                         # It comes back: a fresh endpoint, traffic again.
