@@ -35,8 +35,8 @@ from .backend_events import EventFilter as EventFilter
 from .backend_events import first_error_event
 from .config_types import BackendAccess, ServerConfig, TimeoutsConfig
 from .errors import BackendAuthFailed, BackendBusy, BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
-from .httpx_transport import BackendBody, BackendTransport, HttpxTransport
-from .lean_transport import ConnectorTransport, LeanTransport
+from .httpx_transport import BackendBody, BackendTransport, connector_of
+from .lean_transport import LeanTransport
 
 ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make
@@ -238,9 +238,9 @@ class BackendClient:
     Requests go through one ``post`` (``router/httpx_transport.py``) -- by
     default a :class:`~router.lean_transport.LeanTransport`'s, whose keep-alive
     pool costs O(1) a request however many connections are open (over TCP,
-    or a ``ConnectorTransport``'s streams: an in-process engine); tests and
-    benchmarks pass another httpx ``transport`` (``httpx.MockTransport``, the
-    simulator's ``SimTransport``), or a ``backend_transport`` of their own.
+    or a ``ConnectorTransport``'s streams: an in-process engine, a test's
+    canned answers, ``tailguard.sim.canned``); a benchmark may pass a
+    ``backend_transport`` of its own instead.
     httpx's client layer (redirects, auth, cookies, hooks) has no work to
     do for a router and is skipped. ``leases`` counts the seats that hold this client;
     a client replaced by a reload is closed once it drops to zero (see
@@ -264,20 +264,14 @@ class BackendClient:
         self.in_flight = 0
         self.max_body_bytes = max_body_bytes
         self._headers = {**_HEADERS, **access.authorization}  # tailguard's own key, never a caller's
-        self._transport: BackendTransport
-        if backend_transport is not None:
-            self._transport = backend_transport
-        elif transport is not None and not isinstance(transport, ConnectorTransport):
-            self._transport = HttpxTransport(transport, url, connect_timeout=connect_timeout)
-        else:  # production's, over TCP or a test's connector
-            self._transport = LeanTransport(
-                url,
-                connect_timeout=connect_timeout,
-                max_idle=max_concurrency,
-                ssl_context=tls_context(url, access),
-                keepalive_expiry=keep_alive_timeout,
-                connect=None if transport is None else transport.connect,
-            )
+        self._transport: BackendTransport = backend_transport if backend_transport is not None else LeanTransport(  # over TCP or a connector
+            url,
+            connect_timeout=connect_timeout,
+            max_idle=max_concurrency,
+            ssl_context=tls_context(url, access),
+            keepalive_expiry=keep_alive_timeout,
+            connect=None if transport is None else connector_of(transport),
+        )
 
     @property
     def transport(self) -> BackendTransport:

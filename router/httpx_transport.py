@@ -1,13 +1,13 @@
-"""The backend client's transport seam: what it posts through, and any httpx transport behind it.
+"""The backend client's transport seam: what it posts through, and what a router's transport must be.
 
 ``router.backend.BackendClient`` sends every completion request through
 :class:`BackendTransport`'s ``post`` and reads every response body as a
-:class:`BackendBody`. In production that is
-:class:`~router.lean_transport.LeanTransport` (bytes on a kept-alive
-connection, no ``httpx.Request``), also for an in-process engine (a
-``ConnectorTransport``: the same bytes over memory streams). A test's canned
-answers (``httpx.MockTransport``) or the simulator's ``SimTransport`` come in
-through :class:`HttpxTransport`, so the client runs one path whatever is underneath.
+:class:`BackendBody`. That is :class:`~router.lean_transport.LeanTransport`
+(bytes on a kept-alive connection, no ``httpx.Request``), over TCP or over a
+``ConnectorTransport``'s connector: an in-process engine, or a test's canned
+answers (``tailguard.sim.canned``), so tests post as production does. Only a
+benchmark that measures the layer above the wire (``bench sse-check``) hands
+the client an :class:`HttpxTransport` explicitly, as its ``backend_transport``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Protocol
 
 import httpx
 import trio
+
+from .lean_transport import Connector, ConnectorTransport
 
 
 class BackendBody(Protocol):
@@ -87,3 +89,14 @@ class HttpxTransport:
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+
+
+def connector_of(transport: httpx.AsyncBaseTransport) -> Connector:
+    """The connector a router's transport opens engine connections with (the type the router's seam hands on is httpx's).
+
+    A test's or the simulator's engine comes as a ``ConnectorTransport``; any
+    other httpx transport would bypass the production path, and is refused.
+    """
+    if not isinstance(transport, ConnectorTransport):
+        raise TypeError(f"a backend's transport must be a ConnectorTransport (a connector, LeanTransport over it), not {type(transport).__name__}")
+    return transport.connect

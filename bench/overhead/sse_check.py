@@ -24,6 +24,7 @@ import httpx
 import trio
 
 from tailguard.router.backend import BackendClient
+from tailguard.router.httpx_transport import HttpxTransport
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "sse_check.json"
 EVENT = (
@@ -62,7 +63,9 @@ async def _relay(reads: list[bytes], *, drop_usage: bool) -> float:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Body(reads))
 
-    client = BackendClient("http://127.0.0.1:9", max_concurrency=1, connect_timeout=1.0, transport=httpx.MockTransport(handler))
+    url = "http://127.0.0.1:9"
+    transport = HttpxTransport(httpx.MockTransport(handler), url, connect_timeout=1.0)  # the relay alone: no wire, no parsing
+    client = BackendClient(url, max_concurrency=1, connect_timeout=1.0, backend_transport=transport)
     response = await client.open("/v1/chat/completions", {}, {}, stream=True)
     started = time.perf_counter()
     await response.start()

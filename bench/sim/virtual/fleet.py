@@ -59,6 +59,7 @@ from tailguard.router.dispatch import Router
 from tailguard.router.errors import BackendError, BackendRejected, DeadlineExceeded, Overloaded, QueueFull
 from tailguard.router.request import RouterRequest, message_text
 
+from ..canned import canned_transport
 from ..engine import EngineRequestError
 from ..params import PROFILES
 from ..server import DEFAULT_MODEL
@@ -395,7 +396,7 @@ async def open_fleet(setup: Setup, seed: int, clock: trio.testing.MockClock) -> 
     engines = {url: SweepEngine(PROFILES[profile], timeline, name=url) for url, profile in setup.engines}
     target: _Direct | _Routed
     if setup.config is not None:
-        router = Router(setup.config, transport_factory=lambda _: httpx.MockTransport(_unplugged), seed=seed)
+        router = Router(setup.config, transport_factory=lambda _: canned_transport(_unplugged), seed=seed)
         await plug_engines(router, engines)
         target = _Routed(router)
     else:
