@@ -80,7 +80,7 @@ class _CannedStream:
             await self._answer(request, method)
 
     async def _answer(self, parsed: _Request, method: str) -> None:
-        host = dict(parsed.headers).get(b"host", b"engine").decode()
+        host = next((value for name, value in parsed.headers if name.lower() == b"host"), b"engine").decode()
         request = httpx.Request(method, f"{self._scheme}://{host}{parsed.url.decode()}", headers=parsed.headers, content=bytes(parsed.body))
         answer = self._handler(request)
         response = await answer if inspect.isawaitable(answer) else answer
