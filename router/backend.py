@@ -35,8 +35,8 @@ from .backend_events import EventFilter as EventFilter
 from .backend_events import first_error_event
 from .config_types import BackendAccess, ServerConfig, TimeoutsConfig
 from .errors import BackendAuthFailed, BackendBusy, BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
-from .httpx_transport import BackendBody, BackendTransport, connector_of
-from .lean_transport import LeanTransport
+from .httpx_transport import BackendBody, BackendTransport
+from .lean_transport import ConnectorTransport, LeanTransport
 
 ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make
@@ -253,7 +253,7 @@ class BackendClient:
         *,
         max_concurrency: int,
         connect_timeout: float,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: ConnectorTransport | None = None,
         max_body_bytes: int = ServerConfig.max_backend_body_bytes,
         access: BackendAccess = _NO_ACCESS,
         keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
@@ -270,7 +270,7 @@ class BackendClient:
             max_idle=max_concurrency,
             ssl_context=tls_context(url, access),
             keepalive_expiry=keep_alive_timeout,
-            connect=None if transport is None else connector_of(transport),
+            connect=None if transport is None else transport.connect,
         )
 
     @property

@@ -13,13 +13,13 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-import httpx
 import trio
 
 from .backend import BackendClient, BackendProbe
 from .backend_load import BackendLoad
 from .cluster import Yielding
 from .config_types import BackendAccess, EndpointConfig, ServerConfig, TimeoutsConfig
+from .lean_transport import ConnectorTransport
 
 
 class Closable(Protocol):
@@ -55,7 +55,7 @@ class Endpoint:
         config: EndpointConfig,
         *,
         connect_timeout: float,
-        transport: httpx.AsyncBaseTransport | None,
+        transport: ConnectorTransport | None,
         closer: Closer,
         max_body_bytes: int = ServerConfig.max_backend_body_bytes,
         keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,

@@ -22,13 +22,12 @@ from .pool import Clients, Closable, Endpoint, Pool
 from .rebalance import MoveChoice, Rebalancer
 
 if TYPE_CHECKING:
-    import httpx
-
     from .cluster import SharedBudget
+    from .lean_transport import ConnectorTransport
 
 log = logging.getLogger("tailguard.router")
 
-TransportFactory = Callable[[EndpointConfig], "httpx.AsyncBaseTransport | None"]
+TransportFactory = Callable[[EndpointConfig], "ConnectorTransport | None"]
 
 
 class Fleet:

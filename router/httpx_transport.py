@@ -18,8 +18,6 @@ from typing import Protocol
 import httpx
 import trio
 
-from .lean_transport import Connector, ConnectorTransport
-
 
 class BackendBody(Protocol):
     """A response body as the backend client reads it: raw bytes, and a pause that lets them pile up."""
@@ -89,14 +87,3 @@ class HttpxTransport:
 
     async def aclose(self) -> None:
         await self.transport.aclose()
-
-
-def connector_of(transport: httpx.AsyncBaseTransport) -> Connector:
-    """The connector a router's transport opens engine connections with (the type the router's seam hands on is httpx's).
-
-    A test's or the simulator's engine comes as a ``ConnectorTransport``; any
-    other httpx transport would bypass the production path, and is refused.
-    """
-    if not isinstance(transport, ConnectorTransport):
-        raise TypeError(f"a backend's transport must be a ConnectorTransport (a connector, LeanTransport over it), not {type(transport).__name__}")
-    return transport.connect

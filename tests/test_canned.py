@@ -71,8 +71,3 @@ async def test_a_handlers_error_comes_out_of_the_request() -> None:
     with pytest.raises(BackendUnavailable, match="refused"):
         await backend.open("/v1/completions", {"prompt": "x"}, {}, stream=False)
     await backend.aclose()
-
-
-def test_a_router_transport_other_than_a_connector_is_refused() -> None:
-    with pytest.raises(TypeError, match="ConnectorTransport"):
-        BackendClient("http://gpu-0:8000", max_concurrency=1, connect_timeout=1.0, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
