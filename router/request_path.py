@@ -27,7 +27,6 @@ from .admission import decide
 from .assemble import assemblable, assemble, events
 from .auth import Caller
 from .backend import BackendClient, BackendResponse
-from .config_types import ClassConfig
 from .credentials import key_refused
 from .errors import (
     BackendAuthFailed,
@@ -42,7 +41,7 @@ from .errors import (
 from .fleet import Fleet
 from .ids import IdSource
 from .outlier import record_success, report_failure
-from .pool import Endpoint, Lease, Pool, Ticket
+from .pool import Endpoint, Lease, Pool
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
 from .traffic import Traffic
@@ -193,7 +192,7 @@ class RequestPath:
                 response = await self._start_call(serving, lease, request, body, record, hung_at, stream=request.stream or assembled)
                 try:
                     record.endpoint = lease.endpoint.url  # a retry may have moved it
-                    routing = _routing(request, klass, pool, lease, ticket, record.clamped)
+                    routing = routing_of(record)
                     try:
                         yield Completion(
                             routing, response, request.stream, record, klass.relay_interval, drop_usage,
@@ -307,18 +306,20 @@ class RequestPath:
             pool.queue.dispatch()
 
 
-def _routing(request: RouterRequest, klass: ClassConfig, pool: Pool, lease: Lease, ticket: Ticket, clamped: bool) -> Routing:
-    """What the front ends tell the caller of the decisions made for the request."""
+def routing_of(record: RequestRecord) -> Routing:
+    """What the front ends tell the caller of the decisions made for the request: read off its record, its one copy."""
+    if record.endpoint is None or record.prompt_tokens is None or record.max_tokens is None or record.queue_seconds is None:
+        raise AssertionError(f"request {record.request_id} has no routing before it is seated")  # pragma: no cover
     return Routing(
-        request_id=request.request_id,
-        request_class=klass.name,
-        pool=pool.name,
-        endpoint=lease.endpoint.url,
-        prompt_tokens=ticket.prompt_tokens,
-        requested_max_tokens=request.max_tokens,
-        max_tokens=ticket.max_tokens,
-        clamped=clamped,
-        queue_seconds=lease.granted_at - ticket.arrived,
+        request_id=record.request_id,
+        request_class=record.request_class,
+        pool=record.pool,
+        endpoint=record.endpoint,
+        prompt_tokens=record.prompt_tokens,
+        requested_max_tokens=record.requested_max_tokens,
+        max_tokens=record.max_tokens,
+        clamped=record.clamped,
+        queue_seconds=record.queue_seconds,
     )
 
 
