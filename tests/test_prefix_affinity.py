@@ -1,0 +1,208 @@
+"""Prefix-affinity placement: the prefix key (router/prefix_key.py) and PrefixAffinity (router/policies.py), pure."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tailguard.router.policies import PrefixAffinity, rendezvous_order, rendezvous_weight
+from tailguard.router.prefix_key import key_chars, prefix_key
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tailguard.router.endpoint import Endpoint
+    from tailguard.router.pool import Ticket
+
+
+@dataclass
+class FakeEndpoint:
+    """What a policy reads of an endpoint."""
+
+    url: str
+    in_flight: int = 0
+    borrowed: int = 0
+
+    @property
+    def placement_load(self) -> int:
+        return self.in_flight
+
+
+def endpoints(n: int, loads: Sequence[int] = ()) -> list[Endpoint]:
+    loads = list(loads) or [0] * n
+    return [cast("Endpoint", FakeEndpoint(f"http://engine-{i}:8000", loads[i])) for i in range(n)]
+
+
+def keys(n: int) -> list[bytes]:
+    return [k for i in range(n) if (k := prefix_key({"prompt": f"tenant {i} system prompt"})) is not None]
+
+
+def policy(c: float = 1.25) -> PrefixAffinity:
+    return PrefixAffinity(random.Random(0), c=c)
+
+
+def test_same_key_same_endpoints_same_choice_in_any_order() -> None:
+    pool = endpoints(5)
+    for key in keys(50):
+        first = policy().place(pool, key)
+        assert policy().place(list(reversed(pool)), key) is first
+
+
+def test_the_key_and_the_choice_are_equal_in_another_process() -> None:
+    """Salted hash() would differ between processes; blake2b does not."""
+    script = (
+        "from tailguard.router.prefix_key import prefix_key;"
+        "from tailguard.router.policies import rendezvous_weight;"
+        "k = prefix_key({'messages': [{'role': 'system', 'content': 'be brief'}]});"
+        "print(k.hex(), rendezvous_weight(k, 'http://a').hex())"
+    )
+    key = prefix_key({"messages": [{"role": "system", "content": "be brief"}]})
+    assert key is not None
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True, env={"PYTHONHASHSEED": "123"}
+    ).stdout.split()
+    assert out == [key.hex(), rendezvous_weight(key, "http://a").hex()]
+
+
+def test_an_endpoint_leaving_remaps_only_the_keys_it_held() -> None:
+    pool = endpoints(5)
+    many = keys(2000)
+    before = {key: rendezvous_order(key, pool)[0] for key in many}
+    gone = pool[2]
+    after = {key: rendezvous_order(key, [e for e in pool if e is not gone])[0] for key in many}
+    moved = [key for key in many if before[key] is not after[key]]
+    assert all(before[key] is gone for key in moved)
+    assert len(moved) == sum(1 for home in before.values() if home is gone)
+    assert 2000 / 5 * 0.8 < len(moved) < 2000 / 5 * 1.2  # its share, about a fifth
+
+
+def test_an_endpoint_joining_takes_only_its_share() -> None:
+    pool = endpoints(5)
+    many = keys(2000)
+    before = {key: rendezvous_order(key, pool[:4])[0] for key in many}
+    after = {key: rendezvous_order(key, pool)[0] for key in many}
+    moved = [key for key in many if before[key] is not after[key]]
+    assert all(after[key] is pool[4] for key in moved)
+    assert 2000 / 5 * 0.8 < len(moved) < 2000 / 5 * 1.2
+
+
+def test_keys_spread_over_the_endpoints() -> None:
+    pool = endpoints(4)
+    homes = Counter(rendezvous_order(key, pool)[0].url for key in keys(4000))
+    assert len(homes) == 4
+    assert max(homes.values()) < 1.15 * 1000
+
+
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=8), st.binary(min_size=16, max_size=16), st.floats(1.0, 3.0))
+def test_the_bound_holds_while_another_endpoint_is_eligible(loads: list[int], key: bytes, c: float) -> None:
+    pool = endpoints(len(loads), loads)
+    chosen = policy(c).place(pool, key)
+    assert chosen is not None
+    bound = policy(c).bound(pool)
+    assert chosen.placement_load + 1 <= bound  # the least loaded is always eligible, so the bound never gives way
+    order = rendezvous_order(key, pool)
+    assert all(e.placement_load + 1 > bound for e in order[: order.index(chosen)])  # earlier ones were over it
+
+
+def test_a_hot_key_spills_in_rendezvous_order_and_no_endpoint_exceeds_the_bound() -> None:
+    pool = endpoints(4)
+    key = keys(1)[0]
+    order = rendezvous_order(key, pool)
+    affinity = policy(1.25)
+    for _ in range(64):
+        chosen = affinity.place(pool, key)
+        assert chosen is not None
+        cast("FakeEndpoint", chosen).in_flight += 1
+        assert max(e.placement_load for e in pool) <= affinity.bound(pool)
+    assert order[0].placement_load >= order[-1].placement_load
+
+
+def test_the_home_takes_the_request_while_within_the_bound() -> None:
+    pool = endpoints(4, [3, 3, 3, 3])
+    key = keys(1)[0]
+    assert policy().place(pool, key) is rendezvous_order(key, pool)[0]
+
+
+def test_no_key_goes_to_the_least_loaded() -> None:
+    pool = endpoints(4, [5, 2, 7, 3])
+    assert policy().choose(pool, None, borrowed=False) is pool[1]
+
+
+def test_a_borrowed_seat_goes_to_least_loaded_packing() -> None:
+    pool = endpoints(3, [1, 0, 1])
+    cast("FakeEndpoint", pool[2]).borrowed = 1
+    key = keys(1)[0]
+    affinity = PrefixAffinity(random.Random(0), key_of=lambda ticket: key)
+    assert affinity.choose(pool, None, borrowed=True) is pool[2]
+
+
+def test_a_ticket_key_places_by_affinity() -> None:
+    pool = endpoints(4)
+    key = keys(1)[0]
+    affinity = PrefixAffinity(random.Random(0), key_of=lambda ticket: key)
+    assert affinity.choose(pool, cast("Ticket", None), borrowed=False) is rendezvous_order(key, pool)[0]
+
+
+def test_no_candidates_no_choice() -> None:
+    assert policy().place([], keys(1)[0]) is None
+
+
+def test_hints_override_the_text_key_in_their_order() -> None:
+    chat = {"messages": [{"role": "user", "content": "hello"}]}
+    text = prefix_key(chat)
+    by_session = prefix_key(chat, "session-1")
+    by_user = prefix_key({**chat, "user": "u1"}, "session-1")
+    by_cache_key = prefix_key({**chat, "user": "u1", "prompt_cache_key": "conv-9"}, "session-1")
+    assert len({text, by_session, by_user, by_cache_key}) == 4
+    assert by_cache_key == prefix_key({"messages": [{"role": "user", "content": "other"}], "prompt_cache_key": "conv-9"})
+    assert by_user == prefix_key({"prompt": "anything", "user": "u1"})
+    assert by_session == prefix_key({"prompt": "anything"}, "session-1")
+    assert prefix_key({"prompt": "x", "user": "k"}) != prefix_key({"prompt": "x", "prompt_cache_key": "k"})
+
+
+def test_prompts_sharing_their_leading_blocks_share_the_key() -> None:
+    system = "You are a support agent for ACME. " * 200  # longer than the key covers
+    first = prefix_key({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "my order?"}]})
+    second = prefix_key({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "refund"}]})
+    assert first == second
+    assert prefix_key({"prompt": system + "a"}) == prefix_key({"prompt": system + "b"})
+
+
+def test_prompts_differing_in_the_first_block_differ() -> None:
+    tail = "x" * key_chars()
+    assert prefix_key({"prompt": "A" + tail}) != prefix_key({"prompt": "B" + tail})
+    system = {"role": "system", "content": "be brief"}
+    assert prefix_key({"messages": [system]}) != prefix_key({"messages": [{"role": "user", "content": "be brief"}]})
+
+
+@given(st.text(min_size=1), st.text(), st.text())
+def test_only_the_leading_characters_count(head: str, tail1: str, tail2: str) -> None:
+    chars = len(head)
+    assert prefix_key({"prompt": head + tail1}, chars=chars) == prefix_key({"prompt": head + tail2}, chars=chars)
+
+
+def test_prompt_forms() -> None:
+    assert prefix_key({"prompt": ["first", "second"]}) == prefix_key({"prompt": "first"})
+    assert prefix_key({"prompt": [1, 2, 3]}) == prefix_key({"prompt": [1, 2, 3, 4]}, chars=3 * 4)  # 4 characters a token
+    assert prefix_key({"prompt": [1, -1]}) != prefix_key({"prompt": [1, 2**40]})  # odd ids spelled out, never raising
+    assert prefix_key({"prompt": [1, 2, 3]}) != prefix_key({"prompt": [1, 2, 4]})
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {}}]}]}
+    assert prefix_key(parts) == prefix_key({"messages": [{"role": "user", "content": "hi"}]})
+    assert prefix_key({}) is None
+    assert prefix_key({"prompt": ""}) is None
+    assert prefix_key({"model": "m", "messages": []}) is None
+
+
+def test_a_bound_factor_below_one_is_refused() -> None:
+    try:
+        PrefixAffinity(random.Random(0), c=0.9)
+    except ValueError:
+        return
+    raise AssertionError("c < 1 accepted")
