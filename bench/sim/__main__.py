@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import trio
@@ -40,9 +40,20 @@ _PARAM_HELP = {
     "priority field (lower first), the lowest priority preempted when the KV cache runs short",
     "max_num_queued_reqs": "vLLM --max-num-queued-reqs: with this many requests in flight (waiting + running), "
     "a new one is answered 503 with Retry-After at once (default: unbounded)",
+    "prefix_caching": "vLLM's automatic prefix caching: true or false (cached 16-token prompt blocks are not prefilled again)",
 }
 _PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scheduling_policy": SCHEDULING_POLICIES}
-_PARAM_TYPES: dict[str, type] = {"max_num_queued_reqs": int}  # fields whose default (None) names no type
+
+
+def _parse_bool(text: str) -> bool:
+    """A boolean engine parameter's value (argparse's ``type=bool`` would take "false" as true)."""
+    if text.lower() not in ("true", "false"):
+        raise ValueError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
+# Fields whose default names no usable type: None, or a bool.
+_PARAM_TYPES: dict[str, Callable[[str], object]] = {"max_num_queued_reqs": int, "prefix_caching": _parse_bool}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -121,6 +121,7 @@ class _Parsed:
     min_tokens: int
     ignore_eos: bool
     priority: int
+    cache_salt: str | None
 
 
 class TokenStream:
@@ -198,7 +199,7 @@ class TokenStream:
                 choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
             out = self._event({"choices": [choice]})
         if self._include_usage:
-            out += self._event({"choices": [], "usage": _usage(sequence)})
+            out += self._event({"choices": [], "usage": _usage(sequence, cache_details=self._engine.params.prefix_caching)})
         return out + b"data: [DONE]\n\n"
 
 
@@ -206,13 +207,18 @@ def _chat_choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, 
     return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
-def _usage(sequence: Sequence) -> dict[str, int]:
+def _usage(sequence: Sequence, *, cache_details: bool) -> dict[str, Any]:
+    """The response's usage; ``prompt_tokens_details`` only with prefix caching on (vLLM sends it with
+    ``--enable-prompt-tokens-details``)."""
     completion = len(sequence.token_ids)
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": sequence.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": sequence.prompt_tokens + completion,
     }
+    if cache_details:
+        usage["prompt_tokens_details"] = {"cached_tokens": sequence.cached_tokens}
+    return usage
 
 
 class SimApp:
@@ -290,6 +296,7 @@ class SimApp:
                 ignore_eos=parsed.ignore_eos,
                 request_id=request_id,
                 priority=parsed.priority,
+                cache_salt=parsed.cache_salt,
             )
         except EngineRequestError as error:
             raise ApiError(400, str(error)) from None
@@ -329,7 +336,7 @@ class SimApp:
             "created": int(time.time()),
             "model": self.model,
             "choices": [choice],
-            "usage": _usage(sequence),
+            "usage": _usage(sequence, cache_details=self.engine.params.prefix_caching),
         }
 
     def _parse(self, chat: bool, request: dict[str, Any]) -> _Parsed:
@@ -378,6 +385,7 @@ class SimApp:
             min_tokens=_optional_int(request, "min_tokens") or 0,
             ignore_eos=_optional_bool(request, "ignore_eos"),
             priority=priority,
+            cache_salt=_optional_str(request, "cache_salt"),
         )
 
     def _models(self) -> dict[str, Any]:
@@ -553,6 +561,13 @@ def _optional_int(request: Mapping[str, Any], key: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(400, f"{key} must be an integer, got {json.dumps(value)}", param=key)
+    return value
+
+
+def _optional_str(request: Mapping[str, Any], key: str) -> str | None:
+    value = request.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ApiError(400, f"{key} must be a string, got {json.dumps(value)}", param=key)
     return value
 
 

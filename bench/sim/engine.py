@@ -32,6 +32,13 @@ full batch (``max_num_seqs``) or cache makes it wait for a seat, as in vLLM
 A consumer that goes away calls ``abort``: the sequence leaves the batch and
 frees its seat and cache at once, so the next step no longer carries it.
 
+With ``EngineParams.prefix_caching`` (vLLM V1's automatic prefix caching,
+``bench/sim/prefix_cache.py``) a prompt's full 16-token blocks stay cached
+after its sequence ends, and a new sequence whose leading blocks are cached
+starts its prefill after them (``Sequence.cached_tokens``); a preempted one
+re-hits its own blocks. Its KV is still reserved for the whole prompt at
+admission.
+
 Time is read only through ``trio.current_time()``, so under
 ``trio.testing.MockClock(autojump_threshold=0)`` an hour of traffic runs in
 seconds and every number is deterministic.
@@ -49,7 +56,8 @@ from dataclasses import dataclass
 import trio
 
 from .params import EngineParams
-from .tokens import VOCABULARY_SIZE, output_rng
+from .prefix_cache import PrefixCache, block_hashes
+from .tokens import VOCABULARY_SIZE, output_rng, prompt_token_ids
 
 
 class EngineRequestError(ValueError):
@@ -85,6 +93,8 @@ class EngineStatistics:
     generation_tokens_total: int
     max_running_seen: int
     max_kv_used_seen: int
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (vLLM's counter)
+    prefix_cache_hits: int = 0  # of them, tokens found cached
 
     @property
     def kv_usage(self) -> float:
@@ -112,12 +122,15 @@ class Sequence:
         "token_ids",
         "preemptions",
         "priority",
+        "cached_tokens",
         "_rng",
         "_prefill_target",
         "_computed",
         "_kv_held",
         "_arrival_seq",
         "_lot",
+        "_block_keys",
+        "_blocks_held",
     )
 
     def __init__(
@@ -145,6 +158,10 @@ class Sequence:
         self.token_ids: list[int] = []
         self.preemptions = 0
         self.priority = priority  # vLLM's request priority: lower runs first (priority policy only)
+        # Prompt tokens found in the prefix cache at first admission (vLLM's num_cached_tokens).
+        self.cached_tokens = 0
+        self._block_keys: list[bytes] = []  # the prompt's full blocks' chained keys (prefix caching only)
+        self._blocks_held = 0  # how many leading keys this sequence pins in the cache
         self._rng = rng
         self._prefill_target = prompt_tokens
         self._computed = 0
@@ -209,6 +226,9 @@ class Engine:
         self._waiting_count = 0
         self._running: list[Sequence] = []
         self._kv_used = 0
+        self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
+        self._prefix_queries = 0
+        self._prefix_hits = 0
         self._work = trio.lowlevel.ParkingLot()
         self._arrivals = itertools.count()
         self._ids = itertools.count()
@@ -238,6 +258,7 @@ class Engine:
         ignore_eos: bool = False,
         request_id: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> Sequence:
         """Queue a request; returns its sequence. ``max_tokens=None`` fills the context.
 
@@ -245,7 +266,8 @@ class Engine:
         under fcfs, as vLLM V1 ignores it. Raises EngineRequestError when
         prompt plus max_tokens exceed ``max_model_len`` (vLLM's 400), or a
         count is out of range; EngineQueueFull when ``max_num_queued_reqs``
-        requests are in flight already (vLLM's 503).
+        requests are in flight already (vLLM's 503). ``cache_salt`` (vLLM's
+        request field) keys the prompt's blocks apart from other salts'.
         """
         queue_cap = self.params.max_num_queued_reqs
         in_flight = len(self._running) + self._waiting_count
@@ -282,6 +304,8 @@ class Engine:
             arrival=trio.current_time(),
             arrival_seq=next(self._arrivals),
         )
+        if self._cache is not None:
+            sequence._block_keys = block_hashes(prompt_token_ids(prompt_key, prompt_tokens), cache_salt)
         if self._priority_policy:
             heapq.heappush(self._queue, (priority, sequence._arrival_seq, sequence))
         else:
@@ -317,6 +341,8 @@ class Engine:
             generation_tokens_total=self._generation_tokens_total,
             max_running_seen=self._max_running_seen,
             max_kv_used_seen=self._max_kv_used_seen,
+            prefix_cache_queries=self._prefix_queries,
+            prefix_cache_hits=self._prefix_hits,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -397,10 +423,12 @@ class Engine:
             budget -= chunk
             prefill_tokens += chunk
             plan.append((head, chunk))
-            context_tokens += chunk
+            context_tokens += head._computed + chunk
 
         self._max_running_seen = max(self._max_running_seen, len(self._running))
         self._max_kv_used_seen = max(self._max_kv_used_seen, self._kv_used)
+        if self._cache is not None:  # decodes grew the held cache: free blocks make way
+            self._cache.make_room(self._kv_used)
         step_ms = params.step_ms(len(plan), prefill_tokens, context_tokens) if plan else 0.0
         return plan, step_ms
 
@@ -467,6 +495,8 @@ class Engine:
 
         self._max_running_seen = max(self._max_running_seen, len(self._running))
         self._max_kv_used_seen = max(self._max_kv_used_seen, self._kv_used)
+        if self._cache is not None:  # decodes grew the held cache: free blocks make way
+            self._cache.make_room(self._kv_used)
         steps = list(plan.items())
         prefill_tokens = sum(n for s, n in steps if s._computed < s._prefill_target)
         context_tokens = sum(s._computed + n for s, n in steps)
@@ -482,6 +512,8 @@ class Engine:
             if sequence.finished:  # aborted during the step
                 continue
             sequence._computed += tokens
+            if self._cache is not None:
+                self._cache_computed_blocks(sequence)
             if sequence._computed < sequence._prefill_target:
                 continue
             sequence.token_ids.append(sequence._rng.randrange(VOCABULARY_SIZE))
@@ -519,6 +551,30 @@ class Engine:
     def _release_kv(self, sequence: Sequence) -> None:
         self._kv_used -= sequence._kv_held
         sequence._kv_held = 0
+        if self._cache is not None:  # its blocks stay cached, free, most recently used
+            self._cache.release(sequence._block_keys[: sequence._blocks_held])
+            sequence._blocks_held = 0
+
+    def _cache_computed_blocks(self, sequence: Sequence) -> None:
+        """Cache (and pin) the prompt blocks this sequence has now computed in full."""
+        assert self._cache is not None
+        full = min(sequence._computed // self._cache.block_size, len(sequence._block_keys))
+        if full > sequence._blocks_held:
+            self._cache.hold(sequence._block_keys[sequence._blocks_held : full])
+            sequence._blocks_held = full
+
+    def _hit_prefix(self, head: Sequence) -> None:
+        """Start ``head``'s prefill after its cached leading blocks (at least one token is computed, as vLLM)."""
+        cache = self._cache
+        assert cache is not None
+        hits = cache.match(head._block_keys, head._prefill_target - 1)
+        cache.hold(head._block_keys[:hits])
+        head._blocks_held = hits
+        head._computed = hits * cache.block_size
+        if not head.preemptions:
+            head.cached_tokens = head._computed
+            self._prefix_queries += head.prompt_tokens
+            self._prefix_hits += head._computed
 
     def _admit(self, head: Sequence, budget: int) -> int:
         """Seat ``head``, just taken off the queue (either policy's), with its whole prompt's cache reserved; return this step's prefill chunk."""
@@ -526,7 +582,10 @@ class Engine:
         self._running.append(head)
         self._kv_used += head._prefill_target
         head._kv_held = head._prefill_target
-        return min(head._prefill_target, budget)
+        if self._cache is not None:
+            self._hit_prefix(head)
+            self._cache.make_room(self._kv_used)
+        return min(head._prefill_target - head._computed, budget)
 
     def _preempt(self, victim: Sequence) -> None:
         """Free a running sequence's cache; it recomputes from the queue's head.

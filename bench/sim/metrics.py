@@ -52,6 +52,8 @@ class _EngineCollector(Collector):
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens_total)
         yield counter("vllm:request_aborted", "Requests aborted by their client.", stats.aborted_total)
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", stats.prefix_cache_queries)
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits)
 
 
 class SimMetrics:

@@ -68,6 +68,10 @@ class EngineParams:
     # vLLM's --max-num-queued-reqs: requests in flight (waiting + running) past
     # which a new one is refused at once with 503; None = unbounded, vLLM's default.
     max_num_queued_reqs: int | None = None
+    # vLLM V1's automatic prefix caching (--enable-prefix-caching, on by default
+    # in vLLM): full 16-token prompt blocks stay cached in the KV cache
+    # (kv_cache_tokens // 16 blocks) until evicted, least recently freed first.
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):

@@ -6,10 +6,16 @@ per 4 UTF-8 bytes, rounded up per text. A chat prompt adds 4 tokens per
 message (role and separators) and 3 for the assistant's turn, like Llama-3's
 template. Output tokens come from a fixed vocabulary of words, each a token
 that decodes to " word", drawn from a generator seeded by the request.
+
+Prompt token ids (for the prefix cache) are stable hashes of the prompt's
+successive 4-character chunks, so texts that share a beginning share leading
+ids; their number is always the counted tokens (the chunks are cut or padded
+with ids that hash the whole text).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import zlib
@@ -81,3 +87,17 @@ def output_rng(seed: int, prompt_key: str) -> random.Random:
 def detokenize(token_ids: Sequence[int]) -> str:
     """The text of a run of output tokens."""
     return "".join(TOKEN_TEXT[i] for i in token_ids)
+
+
+def _stable_id(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+
+
+def prompt_token_ids(prompt_key: str, count: int) -> list[int]:
+    """``count`` deterministic ids of a prompt: the same text gives the same ids, a shared beginning shared ones."""
+    raw = prompt_key.encode("utf-8", "surrogatepass")
+    text = prompt_key
+    ids = [_stable_id(text[i : i + 4].encode("utf-8", "surrogatepass")) for i in range(0, min(len(text), 4 * count), 4)]
+    whole = hashlib.blake2b(raw, digest_size=16).digest()
+    ids.extend(_stable_id(whole + i.to_bytes(4, "little")) for i in range(len(ids), count))
+    return ids[:count]

@@ -1,0 +1,144 @@
+"""The simulator's automatic prefix cache (vLLM V1's), asserted in virtual time."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from tailguard.sim import Engine, EngineParams, Sequence
+from tailguard.sim.prefix_cache import BLOCK_SIZE, PrefixCache, block_hashes
+from tailguard.sim.tokens import prompt_token_ids
+from tests.sim_helpers import MODEL, in_process_engine
+
+# Prefill costs 1 ms per 10 tokens, so a cached prefix shows in TTFT.
+CACHED = EngineParams(
+    max_num_seqs=4,
+    max_num_batched_tokens=4000,
+    max_model_len=4000,
+    kv_cache_tokens=100_000,
+    base_ms=10.0,
+    per_seq_ms=1.0,
+    per_context_token_ms=0.0,
+    prefill_tokens_per_ms=10.0,
+    prefix_caching=True,
+)
+
+
+async def run_alone(engine: Engine, prompt_key: str, prompt_tokens: int, **kwargs: object) -> Sequence:
+    sequence = engine.submit(prompt_tokens, 4, prompt_key=prompt_key, **kwargs)  # type: ignore[arg-type]
+    await sequence.wait_finished()
+    return sequence
+
+
+def ttft(sequence: Sequence) -> float:
+    assert sequence.first_token_at is not None
+    return sequence.first_token_at - sequence.arrival
+
+
+async def serve_in_turn(params: EngineParams, prompts: list[tuple[str, int]], **kwargs: object) -> list[Sequence]:
+    async with trio.open_nursery() as nursery:
+        engine = Engine(params)
+        await nursery.start(engine.run)
+        done = [await run_alone(engine, key, tokens, **kwargs) for key, tokens in prompts]
+        nursery.cancel_scope.cancel()
+    return done
+
+
+def test_token_ids_are_stable_counted_and_share_a_prefix() -> None:
+    text = "lorem ipsum " * 100
+    ids = prompt_token_ids(text, 300)
+    assert ids == prompt_token_ids(text, 300) and len(ids) == 300
+    other = prompt_token_ids(text + " and then something else", 306)
+    assert other[:300] == ids
+    assert prompt_token_ids("short", 10)[2:] != prompt_token_ids("shore", 10)[2:]  # the padding hashes the whole text
+
+
+def test_block_hashes_chain_and_salt() -> None:
+    ids = list(range(40))
+    keys = block_hashes(ids)
+    assert len(keys) == 2  # only full blocks
+    changed = block_hashes([99, *ids[1:]])
+    assert changed[0] != keys[0] and changed[1] != keys[1]  # block 1 matches only if block 0 does
+    assert block_hashes(ids, "tenant-a")[0] != keys[0]
+
+
+async def test_the_same_prompt_twice_hits_its_full_blocks(autojump_clock: trio.testing.MockClock) -> None:
+    first, second = await serve_in_turn(CACHED, [("doc", 1000), ("doc", 1000)])
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == 1000 // BLOCK_SIZE * BLOCK_SIZE == 992
+    assert ttft(first) * 1000 == pytest.approx(10.0 + 1.0 + 1000 / 10.0)
+    assert ttft(second) * 1000 == pytest.approx(10.0 + 1.0 + 8 / 10.0)  # only the partial block is prefilled
+
+
+async def test_a_whole_cached_prompt_still_computes_its_last_token(autojump_clock: trio.testing.MockClock) -> None:
+    _, second = await serve_in_turn(CACHED, [("doc", 64), ("doc", 64)])
+    assert second.cached_tokens == 48  # vLLM recomputes the last block so the last token has logits
+
+
+async def test_a_shared_prefix_hits_only_its_blocks(autojump_clock: trio.testing.MockClock) -> None:
+    prefix = "x" * 4000  # 1,000 tokens: 62 full blocks, the 63rd shared in part
+    done = await serve_in_turn(CACHED, [(prefix + " question one?", 1004), (prefix + " another question", 1005)])
+    assert done[1].cached_tokens == 1000 // BLOCK_SIZE * BLOCK_SIZE
+
+
+async def test_a_different_cache_salt_misses(autojump_clock: trio.testing.MockClock) -> None:
+    async with trio.open_nursery() as nursery:
+        engine = Engine(CACHED)
+        await nursery.start(engine.run)
+        await run_alone(engine, "doc", 1000, cache_salt="a")
+        other = await run_alone(engine, "doc", 1000, cache_salt="b")
+        same = await run_alone(engine, "doc", 1000, cache_salt="a")
+        nursery.cancel_scope.cancel()
+    assert other.cached_tokens == 0
+    assert same.cached_tokens == 992
+
+
+async def test_caching_off_is_todays_engine(autojump_clock: trio.testing.MockClock) -> None:
+    off = CACHED.replace(prefix_caching=False)
+    first, second = await serve_in_turn(off, [("doc", 1000), ("doc", 1000)])
+    assert second.cached_tokens == 0
+    assert ttft(second) == pytest.approx(ttft(first), abs=1e-12)
+    assert ttft(second) * 1000 == pytest.approx(10.0 + 1.0 + 1000 / 10.0)
+
+
+def test_lru_evicts_the_least_recently_freed_and_never_a_held_block() -> None:
+    cache = PrefixCache(capacity_tokens=4 * BLOCK_SIZE)
+    old, new, running = block_hashes(list(range(32)), "old"), block_hashes(list(range(32)), "new"), block_hashes(list(range(16)), "run")
+    for keys in (old, new):
+        cache.hold(keys)
+        cache.release(keys)
+    cache.hold(running)
+    cache.make_room(held_tokens=2 * BLOCK_SIZE)  # 2 of 4 blocks held: 2 free may stay
+    assert cache.match(old, 1000) == 0
+    assert cache.match(new, 1000) == 2
+    assert cache.cached(running[0])
+    cache.make_room(held_tokens=4 * BLOCK_SIZE)  # no room left for free blocks at all
+    assert cache.match(new, 1000) == 0 and cache.cached(running[0])
+
+
+async def test_engine_evicts_under_a_small_cache(autojump_clock: trio.testing.MockClock) -> None:
+    small = CACHED.replace(kv_cache_tokens=4000, max_model_len=2000)
+    done = await serve_in_turn(small, [("a", 1600), ("b", 1600), ("c", 1600), ("b", 1600), ("a", 1600)])
+    # Room for 250 blocks. When "c" (100 blocks, growing by its decodes) runs, 200 are free:
+    # "a"'s, freed first, make way, tail first (vLLM frees a request's blocks in reverse),
+    # so "b" still hits in full and "a" only its 49 leading blocks.
+    assert [s.cached_tokens for s in done] == [0, 0, 0, 1584, 49 * BLOCK_SIZE]
+
+
+async def test_metrics_and_usage_report_the_cache(autojump_clock: trio.testing.MockClock) -> None:
+    request = {"model": MODEL, "prompt": "y" * 400, "max_tokens": 3}
+    async with in_process_engine(CACHED) as (engine, client):
+        first = (await client.post("/v1/completions", json=request)).json()
+        second = (await client.post("/v1/completions", json=request)).json()
+        streamed = await client.post("/v1/completions", json={**request, "stream": True, "stream_options": {"include_usage": True}})
+        text = (await client.get("/metrics")).text
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
+    usage_events = [line for line in streamed.text.splitlines() if '"usage"' in line]
+    assert '"prompt_tokens_details":{"cached_tokens":96}' in usage_events[-1]
+    stats = engine.statistics()
+    assert stats.prefix_cache_queries == 3 * 100 and stats.prefix_cache_hits == 2 * 96
+    assert 'vllm:prefix_cache_queries_total{model_name="sim-llama-3.1-8b"} 300.0' in text
+    assert 'vllm:prefix_cache_hits_total{model_name="sim-llama-3.1-8b"} 192.0' in text
+    assert "vllm:kv_cache_usage_perc" in text
