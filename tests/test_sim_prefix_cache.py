@@ -142,3 +142,20 @@ async def test_metrics_and_usage_report_the_cache(autojump_clock: trio.testing.M
     assert 'vllm:prefix_cache_queries_total{model_name="sim-llama-3.1-8b"} 300.0' in text
     assert 'vllm:prefix_cache_hits_total{model_name="sim-llama-3.1-8b"} 192.0' in text
     assert "vllm:kv_cache_usage_perc" in text
+
+
+async def test_a_preempted_sequence_re_hits_its_own_blocks(autojump_clock: trio.testing.MockClock) -> None:
+    tight = CACHED.replace(kv_cache_tokens=1000, max_model_len=1000)
+    async with trio.open_nursery() as nursery:
+        engine = Engine(tight)
+        await nursery.start(engine.run)
+        first = engine.submit(480, 400, prompt_key="first")
+        second = engine.submit(480, 400, prompt_key="second")
+        await first.wait_finished()
+        await second.wait_finished()
+        nursery.cancel_scope.cancel()
+    assert (first.preemptions, second.preemptions) == (0, 1)
+    assert second.cached_tokens == 0  # cold at its first admission
+    # Its 30 prompt blocks stayed cached, tail first evicted while "first" grew to 880 tokens
+    # (55 of the 62 blocks): the 7 leading ones are hit again.
+    assert engine.statistics().prefix_cache_preempted_hits == 7 * BLOCK_SIZE

@@ -95,6 +95,7 @@ class EngineStatistics:
     max_kv_used_seen: int
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (vLLM's counter)
     prefix_cache_hits: int = 0  # of them, tokens found cached
+    prefix_cache_preempted_hits: int = 0  # tokens a preempted sequence found cached again (vLLM's preempted_hits)
 
     @property
     def kv_usage(self) -> float:
@@ -229,6 +230,7 @@ class Engine:
         self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
         self._prefix_queries = 0
         self._prefix_hits = 0
+        self._prefix_preempted_hits = 0
         self._work = trio.lowlevel.ParkingLot()
         self._arrivals = itertools.count()
         self._ids = itertools.count()
@@ -343,6 +345,7 @@ class Engine:
             max_kv_used_seen=self._max_kv_used_seen,
             prefix_cache_queries=self._prefix_queries,
             prefix_cache_hits=self._prefix_hits,
+            prefix_cache_preempted_hits=self._prefix_preempted_hits,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -575,6 +578,8 @@ class Engine:
             head.cached_tokens = head._computed
             self._prefix_queries += head.prompt_tokens
             self._prefix_hits += head._computed
+        else:  # vLLM counts a preempted request's lookups apart
+            self._prefix_preempted_hits += head._computed
 
     def _admit(self, head: Sequence, budget: int) -> int:
         """Seat ``head``, just taken off the queue (either policy's), with its whole prompt's cache reserved; return this step's prefill chunk."""
