@@ -19,6 +19,7 @@ blocks until held tokens plus cached free blocks fit.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -29,11 +30,10 @@ def block_hashes(token_ids: Sequence[int], cache_salt: str | None = None, block_
     """The chained keys of the full blocks of ``token_ids`` (a partial last block has none)."""
     parent = hashlib.blake2b(("salt:" + (cache_salt or "")).encode("utf-8", "surrogatepass"), digest_size=16).digest()
     keys: list[bytes] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = token_ids[start : start + block_size]
-        digest = hashlib.blake2b(parent, digest_size=16)
-        digest.update(b"".join(t.to_bytes(8, "little", signed=True) for t in block))
-        parent = digest.digest()
+    raw = array("q", token_ids).tobytes()  # native 8-byte ints: keys are compared within one process only
+    width = 8 * block_size
+    for start in range(0, len(raw) - width + 1, width):
+        parent = hashlib.blake2b(parent + raw[start : start + width], digest_size=16).digest()
         keys.append(parent)
     return keys
 

@@ -89,15 +89,14 @@ def detokenize(token_ids: Sequence[int]) -> str:
     return "".join(TOKEN_TEXT[i] for i in token_ids)
 
 
-def _stable_id(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
-
-
 def prompt_token_ids(prompt_key: str, count: int) -> list[int]:
-    """``count`` deterministic ids of a prompt: the same text gives the same ids, a shared beginning shared ones."""
-    raw = prompt_key.encode("utf-8", "surrogatepass")
+    """``count`` deterministic ids of a prompt: the same text gives the same ids, a shared beginning shared ones.
+
+    CRC-32 rather than a cryptographic hash: ids need only be stable (never
+    Python's salted ``hash``), and a 32k-token prompt must cost milliseconds.
+    """
     text = prompt_key
-    ids = [_stable_id(text[i : i + 4].encode("utf-8", "surrogatepass")) for i in range(0, min(len(text), 4 * count), 4)]
-    whole = hashlib.blake2b(raw, digest_size=16).digest()
-    ids.extend(_stable_id(whole + i.to_bytes(4, "little")) for i in range(len(ids), count))
+    ids = [zlib.crc32(text[i : i + 4].encode("utf-8", "surrogatepass")) for i in range(0, min(len(text), 4 * count), 4)]
+    whole = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    ids.extend(zlib.crc32(i.to_bytes(4, "little"), zlib.crc32(whole)) for i in range(len(ids), count))
     return ids[:count]
