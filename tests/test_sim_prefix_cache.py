@@ -7,6 +7,7 @@ import trio
 import trio.testing
 
 from tailguard.sim import Engine, EngineParams, Sequence
+from tailguard.sim.__main__ import build_parser
 from tailguard.sim.prefix_cache import BLOCK_SIZE, PrefixCache, block_hashes
 from tailguard.sim.tokens import prompt_token_ids
 from tests.sim_helpers import MODEL, in_process_engine
@@ -159,3 +160,19 @@ async def test_a_preempted_sequence_re_hits_its_own_blocks(autojump_clock: trio.
     # Its 30 prompt blocks stayed cached, tail first evicted while "first" grew to 880 tokens
     # (55 of the 62 blocks): the 7 leading ones are hit again.
     assert engine.statistics().prefix_cache_preempted_hits == 7 * BLOCK_SIZE
+
+
+def test_the_cli_turns_the_cache_on_and_off() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["--prefix-caching", "true"]).prefix_caching is True
+    assert parser.parse_args(["--prefix-caching", "False"]).prefix_caching is False
+    assert parser.parse_args([]).prefix_caching is None  # the profile's value stands
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--prefix-caching", "maybe"])
+
+
+async def test_a_cache_salt_must_be_a_string(autojump_clock: trio.testing.MockClock) -> None:
+    async with in_process_engine(CACHED) as (_, client):
+        response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, "cache_salt": 7})
+    assert response.status_code == 400
+    assert "cache_salt" in response.text
