@@ -30,9 +30,7 @@ from typing import Any, cast
 
 import httpx
 
-from .backend_events import MAX_EVENT_BYTES as MAX_EVENT_BYTES
-from .backend_events import EventFilter as EventFilter
-from .backend_events import first_error_event
+from .backend_events import EventFilter, first_error_event
 from .config_types import BackendAccess, ServerConfig, TimeoutsConfig
 from .errors import BackendAuthFailed, BackendBusy, BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 from .httpx_transport import BackendBody, BackendTransport

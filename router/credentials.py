@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .pool import Endpoint
+from .endpoint import Endpoint
 
 log = logging.getLogger("tailguard.router")
 

@@ -20,9 +20,10 @@ from .auth import ANONYMOUS, Authenticator, Caller
 from .cluster import LedgerStore
 from .config_types import Config
 from .discovery import Discovery, Found
+from .endpoint import Endpoint
 from .fleet import Fleet, TransportFactory
 from .loop_lag import LoopLag
-from .pool import Endpoint, Pool
+from .pool import Pool
 from .request import RouterRequest
 from .request_path import Completion, RequestPath
 from .telemetry import RequestRecord

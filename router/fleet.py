@@ -17,8 +17,9 @@ import trio
 
 from .config_types import Config, EndpointConfig, PoolConfig
 from .discovery import Found
+from .endpoint import Clients, Closable, Endpoint
 from .model_len import context_fits
-from .pool import Clients, Closable, Endpoint, Pool
+from .pool import Pool
 from .rebalance import MoveChoice, Rebalancer
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from .config_types import PoolConfig
 from .endpoint import Clients as Clients
 from .endpoint import Closable as Closable
 from .endpoint import Closer as Closer
-from .endpoint import Endpoint as Endpoint
+from .endpoint import Endpoint
 from .errors import NoBackend
 from .policies import EndpointPolicy, LeastLoaded
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics

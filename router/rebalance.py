@@ -30,8 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .config_types import Config, RebalanceConfig
+from .endpoint import Endpoint
 from .model_len import context_fits
-from .pool import Endpoint, Pool
+from .pool import Pool
 
 
 @dataclass(frozen=True)

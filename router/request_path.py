@@ -28,6 +28,7 @@ from .assemble import assemblable, assemble, events
 from .auth import Caller
 from .backend import BackendClient, BackendResponse
 from .credentials import key_refused
+from .endpoint import Endpoint
 from .errors import (
     BackendAuthFailed,
     BackendBusy,
@@ -41,7 +42,7 @@ from .errors import (
 from .fleet import Fleet
 from .ids import IdSource
 from .outlier import record_success, report_failure
-from .pool import Endpoint, Lease, Pool
+from .pool import Lease, Pool
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
 from .traffic import Traffic

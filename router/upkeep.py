@@ -19,10 +19,11 @@ from .cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Yielding
 from .config_types import PoolConfig
 from .credentials import note_credentials
 from .discovery import Discovery
+from .endpoint import Endpoint
 from .fleet import Fleet
 from .health_thresholds import HealthStreaks
 from .loop_lag import LoopLag
-from .pool import Endpoint, Pool
+from .pool import Pool
 
 log = logging.getLogger("tailguard.router")
 

@@ -9,8 +9,9 @@ from typing import Any
 from .backend_load import BackendLoad
 from .cluster import ClusterStatus
 from .config_types import Config
+from .endpoint import Endpoint
 from .fleet import Fleet
-from .pool import Endpoint, PoolStatistics
+from .pool import PoolStatistics
 from .traffic import Traffic
 
 

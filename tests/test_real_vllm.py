@@ -20,13 +20,14 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailguard.router.backend import BackendClient, BackendProbe, EventFilter
+from tailguard.router.backend import BackendClient, BackendProbe
+from tailguard.router.backend_events import EventFilter
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import BackendAccess, Config, EndpointConfig
 from tailguard.router.dispatch import Router
+from tailguard.router.endpoint import Endpoint
 from tailguard.router.errors import BackendAuthFailed, BackendBusy, NoBackend
 from tailguard.router.model_len import ModelLenError, ask_model_lens
-from tailguard.router.pool import Endpoint
 from tailguard.router.request import RouterRequest
 from tailguard.router.telemetry import RequestRecord
 from tailguard.server.errors_map import http_error

@@ -14,7 +14,7 @@ Lines end with LF or CRLF, as vLLM and every OpenAI-compatible server send.
 
 from __future__ import annotations
 
-from tailguard.router.backend import MAX_EVENT_BYTES as MAX_EVENT_BYTES  # the HTTP relay's cap too: one verdict
+from tailguard.router.backend_events import MAX_EVENT_BYTES as MAX_EVENT_BYTES  # the HTTP relay's cap too: one verdict
 from tailguard.router.errors import BadBackendReply
 
 DONE = b"[DONE]"
