@@ -6,10 +6,17 @@ The origin's mix is 80% one-line chat questions (max_tokens 64) and 20%
 simulator's own token counts, so a shape read back from a trace names the
 same body every time. Capacity is computed from the engine model
 (``EngineParams``): the load a benchmark asks for is a fraction of it.
+
+Benchmarks send ``unique_payload`` / ``unique_body_for``: the same bodies
+with a per-request nonce at the start of the first message, so no two
+requests share a prefix block and a prefix cache (vLLM's, the simulator's)
+cannot flatter them; the nonce replaces as many leading characters, so the
+prompt's token count is unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -59,6 +66,48 @@ def payloads() -> dict[str, dict[str, object]]:
             "stream": True,
         },
     }
+
+
+NONCE_CHARS = 12  # 11 hex digits and a newline: 3 tokens by the simulator's rule
+
+
+def request_nonce(number: int, *, seed: int = 0) -> str:
+    """A prefix line unique to request ``number`` of a run seeded ``seed``.
+
+    ``number`` XOR a 44-bit key derived from ``seed``: distinct numbers give
+    distinct nonces within a run (no birthday collisions), and another seed
+    gives other nonces, so a real engine's cache kept from an earlier run
+    does not hit either.
+    """
+    key = int.from_bytes(hashlib.blake2b(f"nonce:{seed}".encode(), digest_size=6).digest(), "big") >> 4
+    return f"{(number ^ key) & 0xFFFFFFFFFFF:011x}\n"
+
+
+def _with_nonce(body: dict[str, object], number: int, seed: int) -> dict[str, object]:
+    """``body`` with its first message's leading characters replaced by the request's nonce."""
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    first = dict(messages[0])
+    nonce = request_nonce(number, seed=seed)
+    first["content"] = nonce + str(first["content"])[len(nonce) :]
+    return {**body, "messages": [first, *messages[1:]], "ignore_eos": True}
+
+
+def unique_payload(kind: str, number: int, *, seed: int = 0) -> dict[str, object]:
+    """Request ``number``'s body of class ``kind`` ("short" or "long"), sharing no prefix block with any other.
+
+    ``payloads()[kind]`` with a nonce (``request_nonce``) over the first
+    message's first ``NONCE_CHARS`` characters: the same prompt token count
+    (for ASCII text, as the mix is), a different first block from every
+    other ``number`` and ``seed``; with ``ignore_eos: true`` so the engine
+    generates ``max_tokens`` as the engine model assumes. Deterministic.
+    """
+    return _with_nonce(payloads()[kind], number, seed)
+
+
+def unique_body_for(prompt: int, max_tokens: int, number: int, *, seed: int = 0) -> dict[str, object]:
+    """``body_for(prompt, max_tokens)`` made unique to request ``number`` as ``unique_payload`` does."""
+    return _with_nonce(body_for(prompt, max_tokens), number, seed)
 
 
 def prompt_tokens(payload: dict[str, object]) -> int:
