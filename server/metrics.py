@@ -308,6 +308,17 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
     waiting = _gauge("tailguard_backend_requests_waiting", "The engine's own queue (vllm:num_requests_waiting).", endpoint)
     kv = _gauge("tailguard_backend_kv_cache_usage_ratio", "The engine's KV-cache usage, 0 to 1.", endpoint)
     scrape_ok = _gauge("tailguard_backend_scrape_ok", "1 when the last scrape of the engine's /metrics worked.", endpoint)
+    hit_ratio = _gauge(
+        "tailguard_backend_prefix_cache_hit_ratio",
+        "The engine's prefix-cache hits over queries (tokens) between tailguard's last two scrapes; absent when it looked nothing up.",
+        endpoint,
+    )
+    queried = CounterMetricFamily(
+        "tailguard_backend_prefix_cache_queried_tokens", "Prompt tokens the engine looked up in its prefix cache (vllm:prefix_cache_queries).", labels=endpoint
+    )
+    hit = CounterMetricFamily(
+        "tailguard_backend_prefix_cache_hit_tokens", "Of them, tokens found cached (vllm:prefix_cache_hits).", labels=endpoint
+    )
     ejected = _gauge("tailguard_endpoint_ejected", "1 while outlier detection has the endpoint out.", endpoint)
     ejections = CounterMetricFamily(
         "tailguard_endpoint_ejections", "Times outlier detection took the endpoint out.", labels=endpoint
@@ -330,10 +341,17 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
         if e.load is None:
             continue
         scrape_ok.add_metric(labels, int(e.load.ok))
-        for family, value in ((running, e.load.running), (waiting, e.load.waiting), (kv, e.load.kv_cache_usage)):
+        for family, value in (
+            (running, e.load.running),
+            (waiting, e.load.waiting),
+            (kv, e.load.kv_cache_usage),
+            (hit_ratio, e.load.prefix_cache_hit_ratio),
+            (queried, e.load.prefix_cache_queries),
+            (hit, e.load.prefix_cache_hits),
+        ):
             if value is not None:
                 family.add_metric(labels, value)
-    yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, ejected, ejections, failures, busy, refused)
+    yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, hit_ratio, queried, hit, ejected, ejections, failures, busy, refused)
 
 
 def _sharing(stats: RouterStatistics) -> Iterator[Metric]:

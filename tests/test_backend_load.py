@@ -49,6 +49,11 @@ vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct
 # TYPE vllm:prefix_cache_queries_total counter
 vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.914e+06
 vllm:prefix_cache_queries_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.871e+06
+vllm:prefix_cache_queries_created{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.7331e+09
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.5e+06
+vllm:prefix_cache_hits_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.2e+06
 # HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter
 vllm:num_preemptions_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 12.0
@@ -99,7 +104,78 @@ vllm:e2e_request_latency_seconds_sum{model_name="llama-8b"} 3.5
 
 def test_v1_text_sums_queues_and_takes_the_fullest_cache() -> None:
     load = parse_vllm_metrics(VLLM_V1, scraped_at=12.5)
-    assert load == BackendLoad(running=79.0, waiting=7.0, kv_cache_usage=0.8125, ok=True, scraped_at=12.5)
+    assert load == BackendLoad(
+        running=79.0,
+        waiting=7.0,
+        kv_cache_usage=0.8125,
+        ok=True,
+        scraped_at=12.5,
+        prefix_cache_queries=5.785e6,  # both engines' totals; the _created timestamp is no value
+        prefix_cache_hits=2.7e6,
+        prefix_cache_hit_ratio=None,  # a first scrape has no interval
+    )
+
+
+def counters(queries: float, hits: float, *, prefix: str = "vllm:prefix_cache", suffix: str = "_total") -> str:
+    """A V1 page with one engine's prefix-cache counters."""
+    return (
+        'vllm:num_requests_running{model_name="m"} 1\n'
+        f'{prefix}_queries{suffix}{{model_name="m"}} {queries}\n{prefix}_hits{suffix}{{model_name="m"}} {hits}\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "ratio"),
+    [
+        pytest.param((1000.0, 400.0), (1500.0, 700.0), 0.6, id="hits over queries meanwhile"),
+        pytest.param((1000.0, 400.0), (1000.0, 400.0), None, id="nothing looked up: no ratio, not 0 or NaN"),
+        pytest.param((1000.0, 400.0), (200.0, 50.0), 0.25, id="engine restarted: its new totals"),
+        pytest.param((0.0, 0.0), (3000.0, 3000.0), 1.0, id="all cached"),
+    ],
+)
+def test_hit_ratio_is_over_the_scrape_interval(before: tuple[float, float], after: tuple[float, float], ratio: float | None) -> None:
+    previous = parse_vllm_metrics(counters(*before), scraped_at=0.0)
+    load = parse_vllm_metrics(counters(*after), scraped_at=5.0, previous=previous)
+    assert (load.prefix_cache_queries, load.prefix_cache_hits) == after
+    assert load.prefix_cache_hit_ratio == (None if ratio is None else pytest.approx(ratio))
+
+
+def test_hit_ratio_needs_a_baseline_with_counters() -> None:
+    failed = BackendLoad.failed(0.0)
+    assert parse_vllm_metrics(counters(10.0, 5.0), scraped_at=1.0, previous=failed).prefix_cache_hit_ratio is None
+    no_counters = parse_vllm_metrics('vllm:num_requests_running{model_name="m"} 1\n', scraped_at=0.0)
+    assert no_counters.ok and no_counters.prefix_cache_queries is None and no_counters.prefix_cache_hit_ratio is None
+    assert parse_vllm_metrics(counters(10.0, 5.0), scraped_at=1.0, previous=no_counters).prefix_cache_hit_ratio is None
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix"),
+    [
+        pytest.param("vllm:prefix_cache", "", id="counter without _total"),
+        pytest.param("vllm:gpu_prefix_cache", "_total", id="V1 before the rename"),
+    ],
+)
+def test_other_spellings_of_the_counters(prefix: str, suffix: str) -> None:
+    previous = parse_vllm_metrics(counters(100.0, 10.0, prefix=prefix, suffix=suffix), scraped_at=0.0)
+    load = parse_vllm_metrics(counters(200.0, 60.0, prefix=prefix, suffix=suffix), scraped_at=1.0, previous=previous)
+    assert (load.prefix_cache_queries, load.prefix_cache_hits, load.prefix_cache_hit_ratio) == (200.0, 60.0, pytest.approx(0.5))
+
+
+def test_the_renamed_counters_win_when_both_are_served() -> None:
+    both = counters(100.0, 10.0) + counters(900.0, 900.0, prefix="vllm:gpu_prefix_cache")
+    assert parse_vllm_metrics(both, scraped_at=0.0).prefix_cache_queries == 100.0
+
+
+@pytest.mark.parametrize(("gauge", "ratio"), [("0.375", 0.375), ("-1", None), ("NaN", None)])
+def test_v0_reports_its_own_hit_rate_gauge(gauge: str, ratio: float | None) -> None:
+    text = VLLM_V0 + f'vllm:gpu_prefix_cache_hit_rate{{model_name="llama-8b"}} {gauge}\n'
+    load = parse_vllm_metrics(text, scraped_at=0.0)
+    assert load.prefix_cache_queries is None and load.prefix_cache_hit_ratio == ratio
+
+
+def test_prefix_counters_alone_are_no_load() -> None:
+    # A page with only the cache counters carries none of vLLM's load gauges.
+    assert not parse_vllm_metrics('vllm:prefix_cache_queries_total{model_name="m"} 5\n', scraped_at=0.0).ok
 
 
 def test_older_vllm_reports_kv_usage_under_the_gpu_name() -> None:
@@ -267,3 +343,29 @@ async def test_scrape_reads_a_simulated_engine_over_a_socket() -> None:
         assert endpoint.load is not None and endpoint.load.ok
         assert (endpoint.load.running, endpoint.load.waiting) == (2.0, 1.0)
         await endpoint.aclose()
+
+
+async def test_scrape_reads_the_simulated_cache_hit_ratio_over_a_socket() -> None:
+    # 100-token prompt (4 characters a token): 6 of its 16-token blocks are cached for the next one.
+    body = {"model": MODEL, "prompt": "y" * 400, "max_tokens": 2}
+    async with engines_on_sockets([QUICK.replace(prefix_caching=True)]) as backends:
+        endpoint = Endpoint(EndpointConfig(backends.urls[0], 4), connect_timeout=1.0, transport=None, closer=lambda client: None)
+        async with httpx.AsyncClient(base_url=backends.urls[0]) as client:
+            with trio.fail_after(10):
+                await scrape([endpoint], timeout=3.0)
+                assert endpoint.load is not None and endpoint.load.ok
+                assert (endpoint.load.prefix_cache_queries, endpoint.load.prefix_cache_hit_ratio) == (0.0, None)
+                assert (await client.post("/v1/completions", json=body)).status_code == 200
+                await scrape([endpoint], timeout=3.0)
+                cold = endpoint.load
+                for _ in range(3):
+                    assert (await client.post("/v1/completions", json=body)).status_code == 200
+                await scrape([endpoint], timeout=3.0)
+                warm = endpoint.load
+                await scrape([endpoint], timeout=3.0)
+                idle = endpoint.load
+        await endpoint.aclose()
+    assert cold is not None and (cold.prefix_cache_queries, cold.prefix_cache_hits, cold.prefix_cache_hit_ratio) == (100.0, 0.0, 0.0)
+    assert warm is not None and (warm.prefix_cache_queries, warm.prefix_cache_hits) == (400.0, 3 * 96.0)
+    assert warm.prefix_cache_hit_ratio == pytest.approx(0.96)
+    assert idle is not None and idle.prefix_cache_hit_ratio is None  # no queries since: no ratio, not a stale one
