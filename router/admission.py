@@ -15,6 +15,7 @@ from .config_types import ClassConfig, Config
 from .errors import Forbidden, InvalidRequest, ModelNotFound
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
 from .pool import Pool, Ticket
+from .prefix_key import prefix_key_of
 from .request import RouterRequest
 from .telemetry import RequestRecord
 
@@ -45,7 +46,7 @@ def decide(
         )
     check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
     record.model = model
-    return klass, pool, Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival)
+    return klass, pool, Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, prefix_key_of(request))
 
 
 def classify(prompt_tokens: int, max_tokens: int, classes: Sequence[ClassConfig]) -> ClassConfig:

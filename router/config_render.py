@@ -64,6 +64,7 @@ def _render_server(server: ServerConfig) -> list[str]:
         ("write_timeout", _seconds(server.write_timeout)),
         ("max_connections", str(server.max_connections)),
         ("workers", str(server.workers) if server.workers > 1 else "1 (one process, no supervisor)"),
+        ("session_header", server.session_header or '"" (none)'),
         *_render_tls(server.http_tls, server.grpc_tls),
     ])
 

@@ -58,6 +58,7 @@ def read_server(table: Table) -> ServerConfig:
     workers = table.integer("workers", default.workers, minimum=1)
     http_tls = _read_tls(table, "http_tls")
     grpc_tls = _read_tls(table, "grpc_tls")
+    session_header = _read_session_header(table, default.session_header)
     table.finish()
     return ServerConfig(
         http_host=http_host,
@@ -77,7 +78,17 @@ def read_server(table: Table) -> ServerConfig:
         workers=workers,
         http_tls=http_tls,
         grpc_tls=grpc_tls,
+        session_header=session_header,
     )
+
+
+def _read_session_header(table: Table, default: str) -> str:
+    """``session_header``: a header name (any case; kept lower case, as both front ends see names), or "" for none."""
+    name = table.string("session_header", default)
+    if table.ok("session_header") and name and not _HEADER_NAME.fullmatch(name):
+        table.problem("session_header", f'must be an HTTP header name (letters, digits, "-"; "" for none), got {json.dumps(name)}')
+        return default
+    return name.lower()
 
 
 def _read_http_server(table: Table) -> None:

@@ -74,6 +74,9 @@ class ServerConfig:
     # each differ (web apps over HTTP, internal services over gRPC, often mTLS).
     http_tls: TlsConfig | None = None
     grpc_tls: TlsConfig | None = None
+    # The request header (and gRPC metadata key) whose value pins a conversation's
+    # prefix key (router/prefix_key.py), lower case; "" reads none. Takes effect on reload.
+    session_header: str = "x-session-id"
 
 
 @dataclass(frozen=True)

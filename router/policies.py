@@ -1,9 +1,11 @@
 """Endpoint choice within a pool: which endpoint with room a new seat (or a retry) goes to.
 
-A pool asks its ``policy``; the policy sees only the candidates (endpoints
-of the pool with room, those a retry was already tried on left out) and
-the request's ticket, and picks one or none. One object per pool, built
-once: a choice costs a method call, nothing more.
+A pool asks its ``policy``; the policy sees the pool's endpoints (it
+seats only on those with room, those a retry was already tried on left
+out) and the request's prefix key, and answers a :class:`Placement` (the
+endpoint and how it was chosen) or none. One object per pool, built
+once: a choice costs a method call and, with affinity, one small hash
+per usable endpoint.
 """
 
 from __future__ import annotations
@@ -11,24 +13,47 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .endpoint import Endpoint
-    from .pool import Ticket
+
+# How a seat's endpoint was chosen (Lease.placement, RequestRecord.placement; metrics and the access log use these names):
+# "home": the key's first rendezvous choice among the pool's usable endpoints; "spilled": a later one (the home over
+# the load bound, at its cap, or already tried); "no_key": affinity, but the request has no key; "borrowed": a seat
+# lent by another pool; "least_loaded": the pool places by load alone (``placement = "least_loaded"``).
+PlacementKind = Literal["home", "spilled", "no_key", "borrowed", "least_loaded"]
+PLACEMENT_KINDS: tuple[PlacementKind, ...] = ("home", "spilled", "no_key", "borrowed", "least_loaded")
+
+
+class Placement(NamedTuple):
+    """The endpoint a seat goes to, and how it was chosen."""
+
+    endpoint: Endpoint
+    kind: PlacementKind
 
 
 class EndpointPolicy(Protocol):
     """How a pool picks an endpoint for a seat."""
 
-    def choose(self, candidates: Sequence[Endpoint], ticket: Ticket | None, *, borrowed: bool) -> Endpoint | None:
-        """The endpoint of ``candidates`` the seat goes to, or None.
+    def choose(
+        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
+    ) -> Placement | None:
+        """Where the seat goes among ``endpoints`` (the pool's) with room, none of ``exclude``; or None.
 
-        ``ticket`` is None for a retry (a lease keeps no ticket); ``borrowed``:
-        the seat serves another pool's request (lent).
+        ``key`` is the request's prefix key (None without one); ``borrowed``:
+        the seat serves another pool's request (lent); ``exclude``: the
+        endpoints a retry was already tried on.
         """
         ...
+
+
+def with_room(endpoints: Sequence[Endpoint], exclude: Collection[Endpoint]) -> list[Endpoint]:
+    """The endpoints that may take a seat now (usable, under their caps), those of ``exclude`` left out."""
+    if exclude:
+        return [e for e in endpoints if e.has_room and e not in exclude]
+    return [e for e in endpoints if e.has_room]
 
 
 class LeastLoaded:
@@ -45,7 +70,14 @@ class LeastLoaded:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def choose(self, candidates: Sequence[Endpoint], ticket: Ticket | None, *, borrowed: bool) -> Endpoint | None:
+    def choose(
+        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
+    ) -> Placement | None:
+        endpoint = self.pick(with_room(endpoints, exclude), borrowed=borrowed)
+        return None if endpoint is None else Placement(endpoint, "borrowed" if borrowed else "least_loaded")
+
+    def pick(self, candidates: Sequence[Endpoint], *, borrowed: bool) -> Endpoint | None:
+        """The endpoint of ``candidates`` (all with room) the seat goes to, or None."""
         if borrowed:
             most = max((e.borrowed for e in candidates), default=0)
             return self._least_loaded([e for e in candidates if e.borrowed == most])
@@ -59,15 +91,10 @@ class LeastLoaded:
         return self._rng.choice([e for e in candidates if e.placement_load == least])
 
 
-def no_key(ticket: Ticket | None) -> bytes | None:
-    """No request has a prefix key (until the ticket carries one)."""
-    return None
-
-
 class PrefixAffinity:
     """The request's prefix home by rendezvous hashing of its key, within a load bound; least loaded without a key.
 
-    Each candidate's weight is a stable hash of (key, URL); the highest
+    Each usable endpoint's weight is a stable hash of (key, URL); the highest
     weight is the key's home, so every worker and replica picks the same
     engine without sharing state, and an endpoint leaving remaps only the
     keys it held (each others' home stays the highest). Bounded loads
@@ -81,32 +108,51 @@ class PrefixAffinity:
     Borrowed seats and requests without a key go to ``LeastLoaded``.
     """
 
-    def __init__(self, rng: random.Random, *, c: float = 1.25, key_of: Callable[[Ticket | None], bytes | None] = no_key) -> None:
+    def __init__(self, rng: random.Random, *, c: float = 1.25) -> None:
         if c < 1:
             raise ValueError(f"the load bound factor must be at least 1, not {c}")
         self.c = c
-        self._key_of = key_of
         self._fallback = LeastLoaded(rng)
 
-    def choose(self, candidates: Sequence[Endpoint], ticket: Ticket | None, *, borrowed: bool) -> Endpoint | None:
-        key = self._key_of(ticket)
-        if borrowed or key is None:
-            return self._fallback.choose(candidates, ticket, borrowed=borrowed)
-        return self.place(candidates, key)
+    def choose(
+        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
+    ) -> Placement | None:
+        if borrowed:
+            return self._fallback.choose(endpoints, key, borrowed=True, exclude=exclude)
+        if key is None:
+            endpoint = self._fallback.pick(with_room(endpoints, exclude), borrowed=False)
+            return None if endpoint is None else Placement(endpoint, "no_key")
+        return self.place(endpoints, key, exclude)
 
-    def place(self, candidates: Sequence[Endpoint], key: bytes) -> Endpoint | None:
-        """The first endpoint in ``key``'s rendezvous order within the load bound, or None without candidates."""
-        if not candidates:
+    def place(self, endpoints: Sequence[Endpoint], key: bytes, exclude: Collection[Endpoint] = ()) -> Placement | None:
+        """The first endpoint with room in ``key``'s rendezvous order within the load bound, or None without one.
+
+        "home" when it is the first of the usable endpoints (room or not), else "spilled".
+        """
+        home_weight = b""
+        ranked: list[tuple[bytes, str, Endpoint]] = []
+        for e in endpoints:
+            if not e.usable:
+                continue
+            weight = rendezvous_weight(key, e.url)
+            home_weight = max(home_weight, weight)
+            if e.in_flight < e.seats and e not in exclude:  # has_room, usable already known
+                ranked.append((weight, e.url, e))
+        if not ranked:
             return None
-        bound = self.bound(candidates)
+        bound = self.bound([e for _, _, e in ranked])
         # The first eligible in rendezvous order. For c >= 1 the least loaded is always eligible ("or" guards rounding).
-        eligible = [e for e in candidates if e.placement_load + 1 <= bound] or candidates
-        return max(eligible, key=lambda e: (rendezvous_weight(key, e.url), e.url))
+        weight, _, endpoint = max([r for r in ranked if r[2].placement_load + 1 <= bound] or ranked, key=_rank)
+        return Placement(endpoint, "home" if weight == home_weight else "spilled")
 
     def bound(self, candidates: Sequence[Endpoint]) -> int:
         """The most load an endpoint may hold after taking the request: ``ceil(c * mean load, this request counted)``."""
         total = sum(e.placement_load for e in candidates) + 1
         return math.ceil(self.c * total / len(candidates))
+
+
+def _rank(ranked: tuple[bytes, str, Endpoint]) -> tuple[bytes, str]:
+    return ranked[0], ranked[1]
 
 
 def rendezvous_order(key: bytes, candidates: Sequence[Endpoint]) -> list[Endpoint]:

@@ -39,7 +39,7 @@ from .endpoint import Closable as Closable
 from .endpoint import Closer as Closer
 from .endpoint import Endpoint
 from .errors import NoBackend
-from .policies import EndpointPolicy, LeastLoaded
+from .policies import EndpointPolicy, LeastLoaded, Placement, PlacementKind
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
 
 
@@ -54,6 +54,7 @@ class Ticket:
     priority: int = 0  # the class's: a seat another replica's request waits for goes only to one as urgent
     # When the request came (trio.current_time()): between equally urgent ones on two replicas, the older first.
     arrived: float = -math.inf
+    prefix_key: bytes | None = None  # router/prefix_key.py, computed once at admission: where its prefix is cached
 
 
 @dataclass(frozen=True)
@@ -107,22 +108,36 @@ class Lease:
 
     ``pool`` is the pool whose seat it is. A borrowed seat (``borrower`` set)
     belongs to a lender pool and serves a request of ``borrower``'s.
+    ``prefix_key`` is the request's (a retry follows its rendezvous order),
+    ``placement`` how the endpoint it is on now was chosen.
     """
 
-    __slots__ = ("pool", "endpoint", "client", "granted_at", "request_class", "borrower", "_released")
+    __slots__ = ("pool", "endpoint", "client", "granted_at", "request_class", "borrower", "prefix_key", "placement", "_released")
 
-    def __init__(self, pool: Pool, endpoint: Endpoint, request_class: str, borrower: Pool | None = None) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        endpoint: Endpoint,
+        request_class: str,
+        borrower: Pool | None = None,
+        prefix_key: bytes | None = None,
+        placement: PlacementKind = "least_loaded",
+    ) -> None:
         self.pool = pool
         self.endpoint = endpoint
         self.request_class = request_class
         self.borrower = borrower
+        self.prefix_key = prefix_key
+        self.placement = placement
         self.client = endpoint.client
         self.client.leases += 1
         self.granted_at = trio.current_time()
         self._released = False
 
-    def move(self, endpoint: Endpoint) -> None:
+    def move(self, to: Placement) -> None:
         """Carry the seat to another endpoint of the pool (a retry); the pool's count is unchanged."""
+        endpoint = to.endpoint
+        self.placement = to.kind
         old = self.endpoint
         old.in_flight -= 1
         endpoint.in_flight += 1
@@ -278,10 +293,14 @@ class Pool:
         usable = sum(e.seats for e in self.endpoints if e.usable)
         return min(self.max_concurrency, usable)
 
-    def retry_endpoint(self, lease: Lease, tried: Collection[Endpoint] = ()) -> Endpoint | None:
-        """Another endpoint with room for a failed request's next try, none it was tried on, or None."""
-        candidates = [e for e in self.endpoints if e is not lease.endpoint and e not in tried and e.has_room]
-        return self.policy.choose(candidates, None, borrowed=lease.borrower is not None)
+    def retry_endpoint(self, lease: Lease, tried: Collection[Endpoint] = ()) -> Placement | None:
+        """Another endpoint with room for a failed request's next try, none it was tried on, or None.
+
+        The policy chooses as for a new seat, so a keyed request goes to the
+        next endpoint in its key's rendezvous order within the load bound.
+        """
+        exclude = tried if lease.endpoint in tried else [*tried, lease.endpoint]
+        return self.policy.choose(self.endpoints, lease.prefix_key, borrowed=lease.borrower is not None, exclude=exclude)
 
     def _full_drain_rate(self) -> float | None:
         """Seats a second the pool frees when all are taken (Little's law), or None without an estimate.
@@ -327,15 +346,16 @@ class Pool:
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
             return SKIP
-        endpoint = self.policy.choose([e for e in self.endpoints if e.has_room], ticket, borrowed=borrower is not None)
-        if endpoint is None:
+        placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None)
+        if placement is None:
             return None
+        endpoint = placement.endpoint
         self.in_flight += 1
         self.class_in_flight[ticket.request_class] = self.class_in_flight.get(ticket.request_class, 0) + 1
         endpoint.in_flight += 1
         if borrower is not None:
             endpoint.borrowed += 1
-        return Lease(self, endpoint, ticket.request_class, borrower)
+        return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind)
 
     def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:
         """An idle seat of this pool for another pool's request, under ``config.lend``'s rules.

@@ -14,7 +14,11 @@ A caller's hint pins a conversation's key whatever its text: OpenAI's
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .request import RouterRequest
 
 KEY_BYTES = 16
 BLOCK_TOKENS = 16  # vLLM's default KV-cache block size
@@ -40,21 +44,37 @@ def prefix_key(body: Mapping[str, object], session: str | None = None, *, chars:
     ``body`` is the parsed OpenAI request (chat or completion), ``session``
     a session header's value if the request carried one.
     """
+    messages = body.get("messages")
+    return _key(body, session, messages if isinstance(messages, list) else None, body.get("prompt"), chars)
+
+
+def prefix_key_of(request: RouterRequest, blocks: int = DEFAULT_BLOCKS) -> bytes | None:
+    """The key of a translated request (either front end): its hints in ``params``, its session, its prompt's first ``blocks`` blocks."""
+    return _key(request.params, request.session, request.messages, request.prompt, key_chars(blocks))
+
+
+def _key(hints: Mapping[str, object], session: str | None, messages: object, prompt: object, chars: int) -> bytes | None:
     for field, tag in _HINTS:
-        hint = body.get(field)
+        hint = hints.get(field)
         if isinstance(hint, str) and hint:
             return _digest(tag, hint)
     if session:
         return _digest(_SESSION, session)
-    text = leading_text(body, chars)
+    text = _leading(_pieces(messages, prompt, chars), chars)
     return _digest(_TEXT, text) if text else None
 
 
 def leading_text(body: Mapping[str, object], chars: int) -> str:
     """The first ``chars`` characters of the prompt: chat messages in order with their roles, or the completion prompt."""
+    messages = body.get("messages")
+    return _leading(_pieces(messages if isinstance(messages, list) else None, body.get("prompt"), chars), chars)
+
+
+def _leading(pieces: Iterator[str], chars: int) -> str:
+    """The first ``chars`` characters of ``pieces`` joined, reading no piece past them."""
     taken: list[str] = []
     left = chars
-    for piece in _pieces(body, chars):
+    for piece in pieces:
         if left <= 0:
             break
         taken.append(piece[:left])
@@ -62,27 +82,25 @@ def leading_text(body: Mapping[str, object], chars: int) -> str:
     return "".join(taken)
 
 
-def _pieces(body: Mapping[str, object], chars: int) -> Iterator[str]:
-    """The prompt's text in order, lazily: the caller stops once it has enough."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
+def _pieces(messages: object, prompt: object, chars: int) -> Iterator[str]:
+    """The prompt's text in order (chat ``messages`` if any, else the completion ``prompt``), lazily: the caller stops once it has enough."""
+    if isinstance(messages, Sequence) and not isinstance(messages, str):
         for message in messages:
             if isinstance(message, Mapping):
                 yield from _message_pieces(message)
         return
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+    if isinstance(prompt, Sequence) and not isinstance(prompt, str) and prompt and not isinstance(prompt[0], int):
         prompt = prompt[0]  # a batch: its first prompt
     if isinstance(prompt, str):
         yield prompt
-    elif isinstance(prompt, list):  # token ids: the tokens the key covers, one character each
+    elif isinstance(prompt, Sequence):  # token ids: the tokens the key covers, one character each
         yield _spelled(prompt[: chars // CHARS_PER_TOKEN])
 
 
-def _spelled(tokens: list[object]) -> str:
+def _spelled(tokens: Sequence[Any]) -> str:
     """Token ids as one character each (a vocabulary fits in Unicode's range); odd ones spelled out."""
     try:
-        return "".join(map(chr, tokens))  # type: ignore[arg-type]  # a non-int raises TypeError: spelled below
+        return "".join(map(chr, tokens))  # a non-int raises TypeError: spelled below
     except (TypeError, ValueError, OverflowError):
         return " ".join(map(str, tokens))
 

@@ -39,7 +39,9 @@ class RouterRequest:
     ``params`` holds every backend parameter the router does not interpret
     (``temperature``, ``top_k``, ``guided_json``, ``logprobs``, ...); it is
     sent to the backend untouched. ``deadline`` is the caller's own absolute
-    Trio deadline (a gRPC deadline), if it has one.
+    Trio deadline (a gRPC deadline), if it has one. ``session`` is the value
+    of the session header (``[server] session_header``; gRPC metadata of the
+    same name), a hint for prefix-affinity placement, never forwarded.
     """
 
     kind: RequestKind
@@ -53,6 +55,7 @@ class RouterRequest:
     caller: str | None = None
     forced_class: str | None = None
     deadline: float | None = None
+    session: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "chat":

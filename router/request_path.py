@@ -42,6 +42,7 @@ from .errors import (
 from .fleet import Fleet
 from .ids import IdSource
 from .outlier import record_success, report_failure
+from .policies import Placement
 from .pool import Lease, Pool
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
@@ -180,7 +181,7 @@ class RequestPath:
             # event loop's own delay is no wait for a seat (and no reason to move a GPU).
             record.left_queue_at = record.admitted_at = lease.granted_at
             try:
-                record.endpoint = lease.endpoint.url
+                record.endpoint, record.placement = lease.endpoint.url, lease.placement
                 serving = lease.pool  # a lender's, when the seat is borrowed
                 if serving is not pool:
                     record.lender = serving.name
@@ -192,7 +193,7 @@ class RequestPath:
                 hung_at = arrival + config.timeouts.end_to_end_timeout
                 response = await self._start_call(serving, lease, request, body, record, hung_at, stream=request.stream or assembled)
                 try:
-                    record.endpoint = lease.endpoint.url  # a retry may have moved it
+                    record.endpoint, record.placement = lease.endpoint.url, lease.placement  # a retry may have moved it
                     routing = routing_of(record)
                     try:
                         yield Completion(
@@ -238,6 +239,7 @@ class RequestPath:
         try:
             tried: list[Endpoint] = []
             retried = False  # a failure of the engine itself is tried once more, no further
+            retry_to: Placement | None = None
             while True:
                 endpoint = lease.endpoint
                 tried.append(endpoint)
@@ -256,7 +258,7 @@ class RequestPath:
                 except BackendError as error:
                     if trace is not None:
                         trace.call_failed(error)
-                    retry_to: Endpoint | None = None
+                    retry_to = None
                     if isinstance(error, BackendBusy):
                         self._busy(endpoint, error)
                         retry_to = pool.retry_endpoint(lease, tried)
@@ -270,7 +272,7 @@ class RequestPath:
                             retry_to = pool.retry_endpoint(lease, tried)
                     if retry_to is None:
                         raise
-                    log.info("request %s: %s; trying again on %s", request.request_id, error.message, retry_to.url)
+                    log.info("request %s: %s; trying again on %s", request.request_id, error.message, retry_to.endpoint.url)
                     self._traffic.retries[pool.name] += 1
                     lease.move(retry_to)
         except trio.Cancelled:

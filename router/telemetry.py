@@ -103,6 +103,8 @@ class RequestRecord:
     endpoint: str | None = None
     upstream_id: str | None = None  # the id the (last) attempt went to vLLM under: one per attempt, never the caller's
     lender: str | None = None  # the pool whose idle seat served it, when not its own
+    # How its endpoint was chosen (router/policies.py PlacementKind): home, spilled, no_key, borrowed, least_loaded.
+    placement: str | None = None
 
     prompt_tokens: int | None = None  # estimated
     requested_max_tokens: int | None = None

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailguard.router.policies import PrefixAffinity, rendezvous_order, rendezvous_weight
+from tailguard.router.policies import LeastLoaded, PrefixAffinity, rendezvous_order, rendezvous_weight
 from tailguard.router.prefix_key import key_chars, prefix_key
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from tailguard.router.endpoint import Endpoint
-    from tailguard.router.pool import Ticket
 
 
 @dataclass
@@ -29,10 +28,16 @@ class FakeEndpoint:
     url: str
     in_flight: int = 0
     borrowed: int = 0
+    seats: int = 1000
+    usable: bool = True
 
     @property
     def placement_load(self) -> int:
         return self.in_flight
+
+    @property
+    def has_room(self) -> bool:
+        return self.usable and self.in_flight < self.seats
 
 
 def endpoints(n: int, loads: Sequence[int] = ()) -> list[Endpoint]:
@@ -48,11 +53,17 @@ def policy(c: float = 1.25) -> PrefixAffinity:
     return PrefixAffinity(random.Random(0), c=c)
 
 
+def placed(pool: Sequence[Endpoint], key: bytes, c: float = 1.25) -> Endpoint:
+    placement = policy(c).place(pool, key)
+    assert placement is not None
+    return placement.endpoint
+
+
 def test_same_key_same_endpoints_same_choice_in_any_order() -> None:
     pool = endpoints(5)
     for key in keys(50):
-        first = policy().place(pool, key)
-        assert policy().place(list(reversed(pool)), key) is first
+        first = placed(pool, key)
+        assert placed(list(reversed(pool)), key) is first
 
 
 def test_the_key_and_the_choice_are_equal_in_another_process() -> None:
@@ -103,8 +114,7 @@ def test_keys_spread_over_the_endpoints() -> None:
 @given(st.lists(st.integers(0, 20), min_size=1, max_size=8), st.binary(min_size=16, max_size=16), st.floats(1.0, 3.0))
 def test_the_bound_holds_while_another_endpoint_is_eligible(loads: list[int], key: bytes, c: float) -> None:
     pool = endpoints(len(loads), loads)
-    chosen = policy(c).place(pool, key)
-    assert chosen is not None
+    chosen = placed(pool, key, c)
     bound = policy(c).bound(pool)
     assert chosen.placement_load + 1 <= bound  # the least loaded is always eligible, so the bound never gives way
     order = rendezvous_order(key, pool)
@@ -119,7 +129,8 @@ def test_a_hot_key_spills_in_rendezvous_order_and_no_endpoint_exceeds_the_bound(
     for _ in range(64):
         chosen = affinity.place(pool, key)
         assert chosen is not None
-        cast("FakeEndpoint", chosen).in_flight += 1
+        assert chosen.kind == ("home" if chosen.endpoint is order[0] else "spilled")
+        cast("FakeEndpoint", chosen.endpoint).in_flight += 1
         assert max(e.placement_load for e in pool) <= affinity.bound(pool)
     assert order[0].placement_load >= order[-1].placement_load
 
@@ -127,31 +138,42 @@ def test_a_hot_key_spills_in_rendezvous_order_and_no_endpoint_exceeds_the_bound(
 def test_the_home_takes_the_request_while_within_the_bound() -> None:
     pool = endpoints(4, [3, 3, 3, 3])
     key = keys(1)[0]
-    assert policy().place(pool, key) is rendezvous_order(key, pool)[0]
+    assert policy().place(pool, key) == (rendezvous_order(key, pool)[0], "home")
 
 
 def test_no_key_goes_to_the_least_loaded() -> None:
     pool = endpoints(4, [5, 2, 7, 3])
-    assert policy().choose(pool, None, borrowed=False) is pool[1]
+    assert policy().choose(pool, None, borrowed=False) == (pool[1], "no_key")
+    assert LeastLoaded(random.Random(0)).choose(pool, keys(1)[0], borrowed=False) == (pool[1], "least_loaded")
 
 
 def test_a_borrowed_seat_goes_to_least_loaded_packing() -> None:
     pool = endpoints(3, [1, 0, 1])
     cast("FakeEndpoint", pool[2]).borrowed = 1
-    key = keys(1)[0]
-    affinity = PrefixAffinity(random.Random(0), key_of=lambda ticket: key)
-    assert affinity.choose(pool, None, borrowed=True) is pool[2]
+    assert policy().choose(pool, keys(1)[0], borrowed=True) == (pool[2], "borrowed")
 
 
-def test_a_ticket_key_places_by_affinity() -> None:
+def test_a_key_places_by_affinity() -> None:
     pool = endpoints(4)
     key = keys(1)[0]
-    affinity = PrefixAffinity(random.Random(0), key_of=lambda ticket: key)
-    assert affinity.choose(pool, cast("Ticket", None), borrowed=False) is rendezvous_order(key, pool)[0]
+    assert policy().choose(pool, key, borrowed=False) == (rendezvous_order(key, pool)[0], "home")
+
+
+def test_a_full_or_excluded_home_spills_down_the_order_and_says_so() -> None:
+    pool = endpoints(4)
+    key = keys(1)[0]
+    order = rendezvous_order(key, pool)
+    assert policy().choose(pool, key, borrowed=False, exclude=[order[0]]) == (order[1], "spilled")
+    full = cast("FakeEndpoint", order[0])
+    full.seats = full.in_flight = 3  # at its cap, and the bound lets the rest in
+    assert policy().choose(pool, key, borrowed=False) == (order[1], "spilled")
+    full.seats, full.usable = 1000, False  # out (ejected, unhealthy): the next one is the home now
+    assert policy().choose(pool, key, borrowed=False) == (order[1], "home")
 
 
 def test_no_candidates_no_choice() -> None:
     assert policy().place([], keys(1)[0]) is None
+    assert policy().place(endpoints(2, [1, 1]), keys(1)[0], exclude=endpoints(0)) is not None
 
 
 def test_hints_override_the_text_key_in_their_order() -> None:

@@ -75,6 +75,7 @@ class _Call:
     request_id: str | None = None  # set by the Trio side: the id the call goes by
     trace_context: dict[str, str] | None = None  # the caller's traceparent and tracestate, if it sent them
     caller: tuple[str, str | None] = ("", None)  # its connection and credentials: whose calls the shed counts it among
+    session: str | None = None  # the session header's value ([server] session_header), a placement hint
 
     @property
     def route(self) -> str:
@@ -154,6 +155,7 @@ class _TrioSide:
             common["params"]["stream_options"] = {"include_usage": True}
         common["stream"] = call.stream
         common["deadline"] = None if call.remaining is None else session.record.arrival + call.remaining
+        common["session"] = call.session
         message = call.message
         if call.kind == "chat":
             messages = [{"role": m.role, "content": m.content} for m in message.messages]
@@ -237,7 +239,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         """
         if isinstance(message, _Malformed):
             await _abort(context, InvalidRequest(f"the request is not a valid {message.type_name} message", param="request"))
-        call = _call(kind, message, context, stream=stream)
+        call = _call(kind, message, context, stream=stream, session_header=self._router.config.server.session_header)
         call.caller = (context.peer(), call.authorization)
         retry_after = self._router.config.timeouts.retry_after  # a frozen config, swapped whole: safe to read here
         if self._open >= self._gate:
@@ -333,12 +335,16 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
 
-def _call(kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool) -> _Call:
+def _call(kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool, session_header: str) -> _Call:
     """What the Trio side needs of one call (asyncio side: metadata and deadline are read here)."""
     metadata = _metadata(context)
     supplied = message.options.request_id or metadata.get("x-request-id") or ""
     trace_context = {key: metadata[key] for key in _TRACE_CONTEXT if key in metadata} or None
-    return _Call(kind, message, supplied, metadata.get("authorization"), context.time_remaining(), stream, trace_context=trace_context)
+    session = metadata.get(session_header) if session_header else None
+    return _Call(
+        kind, message, supplied, metadata.get("authorization"), context.time_remaining(), stream,
+        trace_context=trace_context, session=session or None,
+    )
 
 
 

@@ -203,7 +203,12 @@ class HttpApi:
                 caller = session.authenticate(headers.get("authorization"))
                 body = await self._read_body(headers, receive)
                 request = parse_completion_body(
-                    kind, body, request_id=session.request_id, forced_class=headers.get("x-tailguard-class"), caller=caller.name
+                    kind,
+                    body,
+                    request_id=session.request_id,
+                    forced_class=headers.get("x-tailguard-class"),
+                    caller=caller.name,
+                    session=_session(headers, self._router.config.server.session_header),
                 )
                 watch = self._callers.watch(functools.partial(_watch_disconnect, receive, session, exchange))
                 async with session.completion(request, caller) as completion:
@@ -235,6 +240,11 @@ class HttpApi:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _session(headers: dict[str, str], name: str) -> str | None:
+    """The session header's value ([server] session_header, "" for none), a placement hint."""
+    return headers.get(name) if name else None
 
 
 class _ApiExchange:

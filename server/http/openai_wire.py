@@ -20,6 +20,7 @@ def parse_completion_body(
     request_id: str,
     forced_class: str | None = None,
     caller: str | None = None,
+    session: str | None = None,
 ) -> RouterRequest:
     """Build a RouterRequest from an OpenAI request body; InvalidRequest if it is not one.
 
@@ -69,6 +70,7 @@ def parse_completion_body(
         params=params,
         caller=caller,
         forced_class=forced_class,
+        session=session or None,
     )
 
 
