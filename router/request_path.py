@@ -92,6 +92,8 @@ class Completion:
         if not isinstance(usage, dict):
             usage = {}
         self.record.input_tokens = _count(usage.get("prompt_tokens"))
+        details = usage.get("prompt_tokens_details")
+        self.record.cached_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         self.record.saw_answer(_count(usage.get("completion_tokens")))
         return body
 

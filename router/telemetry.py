@@ -49,6 +49,8 @@ UNKNOWN = "none"  # label value for a class or pool not yet decided
 # unless it batches several tokens into one step's delta.
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+# vLLM's usage.prompt_tokens_details.cached_tokens (with --enable-prompt-tokens-details, and only when nonzero).
+_CACHED_USAGE = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 
 
 # A caller's request id goes into headers, logs and the backend's request.
@@ -116,6 +118,7 @@ class RequestRecord:
     finished_at: float | None = None
     completion_tokens: int | None = None
     input_tokens: int | None = None  # the prompt's tokens as the backend's usage reports them
+    cached_tokens: int | None = None  # of them, found in the engine's prefix cache, when its usage says
     outcome: Outcome | None = None
     reason: str | None = None
     status: int | str | None = None  # the HTTP status or gRPC code the caller saw
@@ -146,6 +149,9 @@ class RequestRecord:
             prompt = _PROMPT_USAGE.search(chunk)
             if prompt is not None:
                 self.input_tokens = int(prompt.group(1))
+            cached = _CACHED_USAGE.search(chunk)
+            if cached is not None:
+                self.cached_tokens = int(cached.group(1))
 
     # -- derived timings -----------------------------------------------------
 

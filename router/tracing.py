@@ -238,6 +238,8 @@ class RequestTrace:
                 span.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
             if record.input_tokens is not None:
                 span.set_attribute("gen_ai.usage.input_tokens", record.input_tokens)
+            if record.cached_tokens is not None:
+                span.set_attribute("gen_ai.usage.cache_read.input_tokens", record.cached_tokens)
             if record.stream and first is not None:
                 attempt_context = trace.set_span_in_context(span)
                 ttft = tracer.start_span("time to first token", context=attempt_context, start_time=self._ns(attempt.started))
@@ -299,10 +301,12 @@ def _root_attributes(record: RequestRecord, operation: str | None, route: str) -
         "gen_ai.request.max_tokens": record.max_tokens,
         "gen_ai.usage.input_tokens": record.input_tokens,
         "gen_ai.usage.output_tokens": record.completion_tokens,
+        "gen_ai.usage.cache_read.input_tokens": record.cached_tokens,  # the engine's prefix cache
         "tailguard.class": None if record.request_class == UNKNOWN else record.request_class,
         "tailguard.pool": None if record.pool == UNKNOWN else record.pool,
         "tailguard.endpoint": record.endpoint,
         "tailguard.lender": record.lender,
+        "tailguard.placement": record.placement,
         "tailguard.prompt_tokens_estimated": record.prompt_tokens,
         "tailguard.requested_max_tokens": record.requested_max_tokens,
         "tailguard.max_tokens_clamped": record.clamped if record.max_tokens is not None else None,

@@ -108,12 +108,14 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "endpoint": record.endpoint,
         "upstream_id": record.upstream_id,  # vLLM's request id (its logs, its metrics), one per attempt
         "lender": record.lender,
+        "placement": record.placement,  # how the endpoint was chosen: home, spilled, no_key, borrowed, least_loaded
 
         "prompt_tokens_est": record.prompt_tokens,
         "max_tokens_requested": record.requested_max_tokens,
         "max_tokens": record.max_tokens,
         "clamped": record.clamped,
         "completion_tokens": record.completion_tokens,
+        "cached_tokens": record.cached_tokens,  # the engine's prefix-cache hit, when its usage says (else null)
         "outcome": record.outcome,
         "reason": record.reason,
         "status": record.status,

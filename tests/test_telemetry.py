@@ -302,3 +302,22 @@ def test_record_counts_stream_tokens_without_usage() -> None:
     trio.run(feed)
     record.finish_tokens()
     assert record.completion_tokens == 2
+
+
+def test_record_reads_cached_tokens_from_the_usage_event_only_when_sent() -> None:
+    with_details = RequestRecord("r", "http", arrival=0.0, stream=True)
+    without = RequestRecord("s", "http", arrival=0.0, stream=True)
+
+    async def feed() -> None:
+        with_details.saw_chunk(
+            b'data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":2,"total_tokens":102,'
+            b'"prompt_tokens_details":{"cached_tokens":96}}}\n\ndata: [DONE]\n\n'
+        )
+        without.saw_chunk(b'data: {"choices":[{"text":"cached_tokens: 5"}]}\n\n')
+        without.saw_chunk(b'data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":2}}\n\n')
+
+    trio.run(feed)
+    assert (with_details.input_tokens, with_details.cached_tokens, with_details.completion_tokens) == (100, 96, 2)
+    assert (without.input_tokens, without.cached_tokens) == (100, None)  # vLLM without --enable-prompt-tokens-details
+    fields = access_fields(with_details)
+    assert fields["cached_tokens"] == 96 and fields["placement"] is None
