@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from tailguard.router.dispatch import Router, RouterStatistics
 from tailguard.router.loop_lag import LoopLag
 from tailguard.router.telemetry import RequestRecord
+from tailguard.server.placement_metrics import PlacementCounts
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -99,6 +100,8 @@ class Metrics:
         self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         r.register(_RouterCollector(router))
         r.register(_LoopLagCollector(router.loop_lag))
+        self.placements = PlacementCounts(lambda: (endpoint.url for endpoint in router.endpoints))
+        r.register(self.placements)
         self.gc_pauses = GcPauses()
         r.register(self.gc_pauses)
         gc.callbacks.append(self.gc_pauses.on_gc)
@@ -138,6 +141,7 @@ class Metrics:
             self.rejections.labels(record.request_class, record.pool, record.reason).inc()
         if record.clamped:
             self.clamped.labels(record.request_class, record.pool).inc()
+        self.placements.count(record)
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels("ok" if ok else "failed").inc()

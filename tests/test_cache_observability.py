@@ -1,0 +1,114 @@
+"""Observability of the prefix cache and of placement: the counts, the scraped hit ratio, the access line."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tailguard.router.config_types import MetricsConfig
+from tailguard.router.telemetry import RequestRecord
+from tailguard.server.placement_metrics import PlacementCounts
+from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
+from tests.router_helpers import two_pool_config
+from tests.test_operations import samples, value
+
+# ~150 tokens (4 characters a token): several full 16-token blocks to cache.
+DOCUMENT = "The quarterly report lists revenue, costs and the outlook for each region in turn. " * 7
+MESSAGES = [{"role": "system", "content": DOCUMENT}, {"role": "user", "content": "Summarise it."}]
+
+
+def record(endpoint: str | None, placement: str | None, pool: str = "interactive") -> RequestRecord:
+    return dataclasses.replace(RequestRecord("r", "http", arrival=0.0), pool=pool, endpoint=endpoint, placement=placement)
+
+
+def counted(counts: PlacementCounts) -> dict[tuple[str, ...], float]:
+    return {tuple(s.labels[n] for n in ("pool", "endpoint", "decision")): s.value for f in counts.collect() for s in f.samples}
+
+
+def test_placements_are_counted_per_pool_endpoint_and_decision_and_leave_with_their_endpoint() -> None:
+    live = {"http://a", "http://b"}
+    counts = PlacementCounts(lambda: live)
+    for endpoint, placement in [("http://a", "home"), ("http://a", "home"), ("http://b", "spilled"), ("http://b", None), (None, None)]:
+        counts.count(record(endpoint, placement))
+    counts.count(record("http://b", "borrowed", pool="batch"))  # the request's pool, on a lender's endpoint
+    assert counted(counts) == {
+        ("interactive", "http://a", "home"): 2,
+        ("interactive", "http://b", "spilled"): 1,
+        ("batch", "http://b", "borrowed"): 1,
+    }  # a request that never got a seat (no placement) is not counted
+    live.discard("http://b")  # DNS dropped it, or rebalancing retired it
+    assert counted(counts) == {("interactive", "http://a", "home"): 2}
+    live.add("http://b")  # back: from 0, a counter reset to Prometheus
+    counts.count(record("http://b", "home"))
+    assert counted(counts)[("interactive", "http://b", "home")] == 1
+
+
+async def test_metrics_and_access_log_show_placement_and_the_engines_cache(caplog: pytest.LogCaptureFixture) -> None:
+    cached = QUICK.replace(prefix_caching=True)
+    async with engines_on_sockets([cached, cached, cached]) as backends:
+        config = dataclasses.replace(
+            two_pool_config(interactive_urls=backends.urls[:2], batch_urls=backends.urls[2:]),
+            metrics=MetricsConfig(backend_scrape_interval=0.05),
+        )
+        async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+            with caplog.at_level(logging.INFO, logger="tailguard.access"):
+                body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 4}
+                usages = []
+                for number in range(3):
+                    answer = await client.post("/v1/chat/completions", json=body, headers={"x-request-id": f"whole-{number}"})
+                    assert answer.status_code == 200
+                    usages.append(answer.json()["usage"])
+                streamed = {**body, "stream": True}  # tailguard asks for the usage event; the caller did not
+                async with client.stream("POST", "/v1/chat/completions", json=streamed, headers={"x-request-id": "stream"}) as response:
+                    relayed = b"".join([chunk async for chunk in response.aiter_bytes()])
+                    assert b"[DONE]" in relayed
+                await eventually(lambda: "stream" in access_lines(caplog))
+            lines = access_lines(caplog)
+            home = lines["whole-0"]["endpoint"]
+            warm = usages[1]["prompt_tokens_details"]["cached_tokens"]
+            # An interval of warm requests only (the first ones may hold the cold one too): all find the same blocks.
+            page = await hit_ratio_page(client, body, home, warm / usages[1]["prompt_tokens"])
+    assert warm == usages[2]["prompt_tokens_details"]["cached_tokens"] and warm % 16 == 0 and warm >= usages[1]["prompt_tokens"] - 16
+    assert [lines[f"whole-{n}"]["cached_tokens"] for n in range(3)] == [0, warm, warm]  # as the engine's usage said
+    assert lines["stream"]["cached_tokens"] == warm and b"prompt_tokens_details" not in relayed  # seen, not relayed
+    assert {(line["endpoint"], line["placement"]) for line in lines.values()} == {(home, "home")}
+    engine = backends.engines[backends.urls.index(home)]
+    assert engine is not None
+    stats = engine.statistics()
+    at_home = {"pool": "interactive", "endpoint": home}
+    assert value(page, "tailguard_placements_total", decision="home", **at_home) >= 4
+    assert value(page, "tailguard_backend_prefix_cache_hit_tokens_total", **at_home) <= stats.prefix_cache_hits
+    assert value(page, "tailguard_backend_prefix_cache_hit_tokens_total", **at_home) >= 3 * warm
+    other = {"pool": "interactive", "endpoint": next(url for url in backends.urls[:2] if url != home)}
+    assert value(page, "tailguard_backend_prefix_cache_queried_tokens_total", **other) == 0
+    assert ("tailguard_backend_prefix_cache_hit_ratio", frozenset(other.items())) not in page  # no queries: absent, not NaN
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> dict[str, dict[str, Any]]:
+    return {r.fields["request_id"]: r.fields for r in caplog.records if hasattr(r, "fields")}  # type: ignore[attr-defined]
+
+
+async def hit_ratio_page(
+    client: httpx.AsyncClient, body: dict[str, Any], home: str, ratio: float
+) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """/metrics once it shows the home engine's hit ratio at ``ratio``: warm requests keep it busy meanwhile (bounded)."""
+    key = ("tailguard_backend_prefix_cache_hit_ratio", frozenset({"pool": "interactive", "endpoint": home}.items()))
+    page: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    async with trio.open_nursery() as nursery:
+
+        async def keep_warm() -> None:
+            for _ in range(500):
+                assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+
+        nursery.start_soon(keep_warm)
+        with trio.fail_after(10):
+            while page.get(key) != pytest.approx(ratio):
+                await trio.sleep(0.02)
+                page = samples((await client.get("/metrics")).text)
+        nursery.cancel_scope.cancel()
+    return page
