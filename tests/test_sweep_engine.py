@@ -19,3 +19,13 @@ def test_sweep_engine_matches_the_simulator(profile: str, rate: float, seconds: 
     assert agreement.preemptions_sweep == agreement.preemptions_reference
     if rate == 60.0:  # past the engine's capacity: the KV cache fills and sequences are preempted
         assert agreement.preemptions_reference > 0
+
+
+@pytest.mark.parametrize("kv_cache_tokens", [None, 120_000])
+def test_sweep_engine_matches_the_simulator_on_shared_prefixes(kv_cache_tokens: int | None) -> None:
+    """Shared documents (and another cache_salt for a share of them): the same hits, evictions and timestamps."""
+    agreement = engine_agreement("throughput", 50.0, 30.0, documents=4, kv_cache_tokens=kv_cache_tokens)
+    assert agreement.prefix_hits_reference > 100_000  # the documents are cached and hit
+    assert agreement.agrees, agreement
+    if kv_cache_tokens is not None:  # a cache too small for the batch: preempted, re-hit, evicted
+        assert agreement.preemptions_reference > 0

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from .engine import Engine, EngineQueueFull, EngineRequestError, Sequence
 from .metrics import SimMetrics
-from .tokens import TOKEN_JSON, count_chat_tokens, count_text_tokens, detokenize
+from .tokens import TOKEN_JSON, chat_prompt_key, count_chat_tokens, count_text_tokens, detokenize
 
 JSON_HEADERS: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
 SSE_HEADERS: tuple[tuple[str, str], ...] = (
@@ -350,7 +350,7 @@ class SimApp:
             contents = _message_contents(request.get("messages"))
             _require_encodable(contents)
             prompt_tokens = count_chat_tokens(contents)
-            prompt_key = "\x00".join(contents)
+            prompt_key = chat_prompt_key(contents)
             exact = False
         else:
             prompt = request.get("prompt")

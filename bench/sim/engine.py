@@ -2,42 +2,48 @@
 
 The engine is a plain object with one task (``run``) that loops over steps:
 
-1. Schedule (vLLM v1 with chunked prefill, decodes first):
+1. Schedule (vLLM V1 with chunked prefill, decodes first):
    every decoding sequence gets one token; then sequences still prefilling get
-   chunks from what is left of ``max_num_batched_tokens``; then waiting
-   sequences are admitted first-come-first-served while a seat
-   (``max_num_seqs``), step budget and KV cache for their whole prompt are
-   free. The head of the queue blocks the rest, as in vLLM's FCFS policy.
+   chunks from what is left of ``max_num_batched_tokens``; then, unless the
+   step preempted, waiting sequences are admitted in the queue's order while a
+   seat (``max_num_seqs``), step budget and KV cache for their cached prefix
+   plus their first chunk are free. The head of the queue blocks the rest, as
+   in vLLM.
 2. Sleep the step's duration (``EngineParams.step_ms`` x ``time_scale``).
 3. Every sequence whose prefill is complete emits one token; sequences that
    reach ``max_tokens``, the context limit or a (seeded) EOS finish.
 
-KV cache is reserved for a prompt at admission and grows by one token per
-decode. When a decode finds the cache full, the newest running sequence is
-preempted: its cache is freed and it goes back to the head of the queue to
-recompute its prompt plus what it has generated (vLLM's recompute mode).
+KV cache is allocated per scheduled chunk, as vLLM's ``allocate_slots`` does
+for a step's ``num_new_tokens``: a prompt's first chunk at admission, each
+later chunk when it is scheduled, one token per decode. When a running
+sequence's tokens do not fit, the newest running sequence is preempted
+(vLLM's ``self.running.pop()``): its cache is freed and it goes back to the
+head of the queue to recompute its prompt plus what it has generated (vLLM's
+recompute mode); if the victim was the sequence itself, the running loop
+ends. A step that preempted admits nobody (vLLM's waiting loop runs only ``if
+not preempted_reqs``, in both policies). So under cache pressure the engine
+admits more than whole-prompt reservation would, and preempts more.
 
 With ``EngineParams.scheduling_policy = "priority"`` (vLLM's
 ``--scheduling-policy priority``) the engine follows vLLM V1's
 ``Scheduler.schedule`` under ``SchedulingPolicy.PRIORITY``
 (vllm/v1/core/sched/scheduler.py, vllm/v1/core/sched/request_queue.py): the
-queue is ordered by (priority, arrival), lower first; when a running decode
-finds the cache full, the running sequence with the largest (priority,
-arrival) is preempted -- possibly one already planned this step, or the
-decode itself -- and no waiting sequence is admitted in a step that preempted.
-A waiting sequence never preempts a running one, whatever its priority: a
-full batch (``max_num_seqs``) or cache makes it wait for a seat, as in vLLM
+queue is ordered by (priority, arrival), lower first; when a running
+sequence's tokens do not fit, the running sequence with the largest
+(priority, arrival) is preempted -- possibly one already planned this step,
+which hands its tokens back, or the sequence itself. A waiting sequence never
+preempts a running one, whatever its priority: a full batch
+(``max_num_seqs``) or cache makes it wait for a seat, as in vLLM
 (vllm-project/vllm issue 40004). docs/vllm-priority.md has the sources.
 
 A consumer that goes away calls ``abort``: the sequence leaves the batch and
 frees its seat and cache at once, so the next step no longer carries it.
 
 With ``EngineParams.prefix_caching`` (vLLM V1's automatic prefix caching,
-``bench/sim/prefix_cache.py``) a prompt's full 16-token blocks stay cached
-after its sequence ends, and a new sequence whose leading blocks are cached
-starts its prefill after them (``Sequence.cached_tokens``); a preempted one
-re-hits its own blocks. Its KV is still reserved for the whole prompt at
-admission.
+on by default; ``bench/sim/prefix_cache.py``, shared with the sweep's
+engine) a prompt's full 16-token blocks stay cached after its sequence ends,
+and a new sequence whose leading blocks are cached starts its prefill after
+them (``Sequence.cached_tokens``); a preempted one re-hits its own blocks.
 
 Time is read only through ``trio.current_time()``, so under
 ``trio.testing.MockClock(autojump_threshold=0)`` an hour of traffic runs in
@@ -56,8 +62,8 @@ from dataclasses import dataclass
 import trio
 
 from .params import EngineParams
-from .prefix_cache import PrefixCache, block_hashes
-from .tokens import VOCABULARY_SIZE, output_rng, prompt_token_ids
+from .prefix_cache import PrefixCache, prompt_block_keys
+from .tokens import VOCABULARY_SIZE, output_rng
 
 
 class EngineRequestError(ValueError):
@@ -228,9 +234,6 @@ class Engine:
         self._running: list[Sequence] = []
         self._kv_used = 0
         self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
-        self._prefix_queries = 0
-        self._prefix_hits = 0
-        self._prefix_preempted_hits = 0
         self._work = trio.lowlevel.ParkingLot()
         self._arrivals = itertools.count()
         self._ids = itertools.count()
@@ -307,7 +310,7 @@ class Engine:
             arrival_seq=next(self._arrivals),
         )
         if self._cache is not None:
-            sequence._block_keys = block_hashes(prompt_token_ids(prompt_key, prompt_tokens), cache_salt)
+            sequence._block_keys = prompt_block_keys(prompt_key, prompt_tokens, cache_salt)
         if self._priority_policy:
             heapq.heappush(self._queue, (priority, sequence._arrival_seq, sequence))
         else:
@@ -330,6 +333,7 @@ class Engine:
         self._end(sequence, "abort")
 
     def statistics(self) -> EngineStatistics:
+        cache = self._cache
         return EngineStatistics(
             running=len(self._running),
             waiting=self._waiting_count,
@@ -343,9 +347,9 @@ class Engine:
             generation_tokens_total=self._generation_tokens_total,
             max_running_seen=self._max_running_seen,
             max_kv_used_seen=self._max_kv_used_seen,
-            prefix_cache_queries=self._prefix_queries,
-            prefix_cache_hits=self._prefix_hits,
-            prefix_cache_preempted_hits=self._prefix_preempted_hits,
+            prefix_cache_queries=cache.queries if cache else 0,
+            prefix_cache_hits=cache.hits if cache else 0,
+            prefix_cache_preempted_hits=cache.preempted_hits if cache else 0,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -357,12 +361,9 @@ class Engine:
                 await self._work.park()
                 step_end = trio.current_time()
                 continue
-            if self._priority_policy:
-                plan, step_ms, preempted = self._schedule_priority()
-                if not plan and preempted:
-                    continue  # the state changed: vLLM schedules its next step at once
-            else:
-                plan, step_ms = self._schedule()
+            plan, step_ms, preempted = self._schedule()
+            if not plan and preempted:
+                continue  # the state changed: vLLM schedules its next step at once
             if not plan:
                 # Nothing fits (e.g. the queue head needs KV that running
                 # sequences hold, and none of them can decode): wait for change.
@@ -377,80 +378,25 @@ class Engine:
 
     # -- the step -----------------------------------------------------
 
-    def _schedule(self) -> tuple[list[tuple[Sequence, int]], float]:
-        """Pick this step's sequences and token counts; reserve their KV."""
-        params = self.params
-        budget = params.max_num_batched_tokens
-        plan: list[tuple[Sequence, int]] = []
-        prefill_tokens = 0
-        context_tokens = 0
+    def _schedule(self) -> tuple[list[tuple[Sequence, int]], float, bool]:
+        """Pick this step's sequences and token counts and allocate their KV; also say whether it preempted.
 
-        # Decodes first: one token each, growing the cache by one.
-        for sequence in list(self._running):
-            # A preempted sequence holds no cache; it left the batch above.
-            if not sequence._kv_held or sequence._computed < sequence._prefill_target:
-                continue
-            if budget < 1:
-                break
-            while self._kv_used + 1 > params.kv_cache_tokens and sequence._kv_held:
-                self._preempt(self._running[-1])
-            if not sequence._kv_held:
-                continue
-            self._kv_used += 1
-            sequence._kv_held += 1
-            budget -= 1
-            plan.append((sequence, 1))
-            context_tokens += sequence._computed + 1
-
-        # Then sequences part-way through a chunked prefill.
-        for sequence in self._running:
-            remaining = sequence._prefill_target - sequence._computed
-            if remaining <= 0 or budget < 1:
-                continue
-            chunk = min(remaining, budget)
-            budget -= chunk
-            prefill_tokens += chunk
-            plan.append((sequence, chunk))
-            context_tokens += sequence._computed + chunk
-
-        # Then new sequences, first come first served.
-        while self._waiting and budget >= 1 and len(self._running) < params.max_num_seqs:
-            head = self._waiting[0]
-            if head.finished:  # aborted while waiting
-                self._waiting.popleft()
-                continue
-            if self._kv_used + head._prefill_target > params.kv_cache_tokens:
-                break
-            self._waiting.popleft()
-            chunk = self._admit(head, budget)
-            budget -= chunk
-            prefill_tokens += chunk
-            plan.append((head, chunk))
-            context_tokens += head._computed + chunk
-
-        self._max_running_seen = max(self._max_running_seen, len(self._running))
-        self._max_kv_used_seen = max(self._max_kv_used_seen, self._kv_used)
-        if self._cache is not None:  # decodes grew the held cache: free blocks make way
-            self._cache.make_room(self._kv_used)
-        step_ms = params.step_ms(len(plan), prefill_tokens, context_tokens) if plan else 0.0
-        return plan, step_ms
-
-    def _schedule_priority(self) -> tuple[list[tuple[Sequence, int]], float, bool]:
-        """``_schedule`` under vLLM V1's priority policy; also says whether it preempted.
-
-        Modelled on ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py):
-        the running loop's ``allocate_slots`` failure preempts
-        ``max(self.running, key=lambda r: (r.priority, r.arrival_time))``,
-        hands back the budget of a victim already scheduled this step, and
-        stops the running loop when the victim is the request being scheduled;
-        the waiting loop runs only ``if not preempted_reqs``, takes
-        ``PriorityRequestQueue``'s head, and stops (no preemption) when the
-        batch is full or the cache cannot hold the head's prompt.
+        Modelled on vLLM V1's ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py),
+        decodes ahead of prefill chunks: every running sequence's tokens of
+        this step get KV (``allocate_slots`` for its ``num_new_tokens``, a
+        chunk at a time, never the whole prompt ahead), and when they do not
+        fit the newest running sequence (fcfs: ``self.running.pop()``) or the
+        largest (priority, arrival) one (priority) is preempted -- a victim
+        already planned this step hands its tokens back -- until they fit or
+        the sequence itself was the victim, which ends the running loop. The
+        waiting loop runs only ``if not preempted_reqs``, under both
+        policies, and admits the queue's head while a seat, the step budget
+        and KV for its cached prefix plus its first chunk are free.
         """
         params = self.params
         budget = params.max_num_batched_tokens
         plan: dict[Sequence, int] = {}  # in scheduling order; a victim leaves it
-        preempted = False
+        preemptions = self._preemptions
         stopped = False
 
         # Decodes first: one token each, growing the cache by one.
@@ -459,52 +405,83 @@ class Engine:
                 continue  # preempted above, or still prefilling
             if budget < 1:
                 break
-            while self._kv_used + 1 > params.kv_cache_tokens:
-                victim = max(self._running, key=lambda s: (s.priority, s._arrival_seq))
-                budget += plan.pop(victim, 0)  # its cache, this step's token included, is freed below
-                self._preempt(victim)
-                preempted = True
-                if victim is sequence:
-                    stopped = True
-                    break
-            if stopped:
+            got, handed_back = self._allocate(sequence, 1, plan)
+            budget += handed_back
+            if not got:
+                stopped = True
                 break
-            self._kv_used += 1
-            sequence._kv_held += 1
             budget -= 1
             plan[sequence] = 1
 
-        # Then sequences part-way through a chunked prefill (their cache is reserved).
-        for sequence in [] if stopped else self._running:
+        # Then sequences part-way through a chunked prefill, a chunk's KV each.
+        for sequence in [] if stopped else list(self._running):
             remaining = sequence._prefill_target - sequence._computed
-            if remaining <= 0 or budget < 1:
-                continue
+            if remaining <= 0 or not sequence._kv_held or budget < 1:
+                continue  # decoding, preempted above, or no budget left
             chunk = min(remaining, budget)
+            got, handed_back = self._allocate(sequence, chunk, plan)
+            budget += handed_back
+            if not got:
+                break
             budget -= chunk
             plan[sequence] = chunk
 
-        # Then new sequences, lowest (priority, arrival) first, unless this step preempted.
-        while not preempted and self._queue and budget >= 1 and len(self._running) < params.max_num_seqs:
-            head = self._queue[0][2]
-            if head.finished:  # aborted while waiting
-                heapq.heappop(self._queue)
-                continue
-            if self._kv_used + head._prefill_target > params.kv_cache_tokens:
+        # Then new sequences in the queue's order, unless this step preempted.
+        preempted = self._preemptions > preemptions
+        while not preempted and budget >= 1 and len(self._running) < params.max_num_seqs:
+            head = self._waiting_head()
+            if head is None:
                 break
-            heapq.heappop(self._queue)
-            chunk = self._admit(head, budget)
+            hit = 0
+            if self._cache is not None:
+                self._cache.make_room(self._kv_used)
+                hit = self._cache.lookup(head._block_keys, head._prefill_target)
+            chunk = min(head._prefill_target - hit, budget)
+            if self._kv_used + hit + chunk > params.kv_cache_tokens:
+                break
+            self._admit(head, hit, chunk)
             budget -= chunk
             plan[head] = chunk
 
         self._max_running_seen = max(self._max_running_seen, len(self._running))
         self._max_kv_used_seen = max(self._max_kv_used_seen, self._kv_used)
-        if self._cache is not None:  # decodes grew the held cache: free blocks make way
+        if self._cache is not None:  # the held cache grew: free blocks make way
             self._cache.make_room(self._kv_used)
         steps = list(plan.items())
         prefill_tokens = sum(n for s, n in steps if s._computed < s._prefill_target)
         context_tokens = sum(s._computed + n for s, n in steps)
         step_ms = params.step_ms(len(steps), prefill_tokens, context_tokens) if steps else 0.0
         return steps, step_ms, preempted
+
+    def _allocate(self, sequence: Sequence, tokens: int, plan: dict[Sequence, int]) -> tuple[bool, int]:
+        """KV for ``tokens`` more of a running sequence, preempting until they fit (vLLM's ``allocate_slots`` loop).
+
+        Returns whether the sequence got them (False: it was the victim
+        itself) and the step's tokens handed back by victims already planned.
+        """
+        handed_back = 0
+        while self._kv_used + tokens > self.params.kv_cache_tokens:
+            if self._priority_policy:
+                victim = max(self._running, key=lambda s: (s.priority, s._arrival_seq))
+            else:
+                victim = self._running[-1]
+            handed_back += plan.pop(victim, 0)  # its cache, this step's tokens included, is freed below
+            self._preempt(victim)
+            if victim is sequence:
+                return False, handed_back
+        self._kv_used += tokens
+        sequence._kv_held += tokens
+        return True, handed_back
+
+    def _waiting_head(self) -> Sequence | None:
+        """The queue's head (fcfs: arrival; priority: (priority, arrival)), dropping aborted ones."""
+        if self._priority_policy:
+            while self._queue and self._queue[0][2].finished:
+                heapq.heappop(self._queue)
+            return self._queue[0][2] if self._queue else None
+        while self._waiting and self._waiting[0].finished:
+            self._waiting.popleft()
+        return self._waiting[0] if self._waiting else None
 
     def _complete(self, plan: list[tuple[Sequence, int]]) -> None:
         """End of a step: advance every scheduled sequence, emit and finish."""
@@ -515,8 +492,8 @@ class Engine:
             if sequence.finished:  # aborted during the step
                 continue
             sequence._computed += tokens
-            if self._cache is not None:
-                self._cache_computed_blocks(sequence)
+            if self._cache is not None:  # its prompt blocks computed in full are cached now
+                sequence._blocks_held = self._cache.extend(sequence._block_keys, sequence._blocks_held, sequence._computed)
             if sequence._computed < sequence._prefill_target:
                 continue
             sequence.token_ids.append(sequence._rng.randrange(VOCABULARY_SIZE))
@@ -558,39 +535,21 @@ class Engine:
             self._cache.release(sequence._block_keys[: sequence._blocks_held])
             sequence._blocks_held = 0
 
-    def _cache_computed_blocks(self, sequence: Sequence) -> None:
-        """Cache (and pin) the prompt blocks this sequence has now computed in full."""
-        assert self._cache is not None
-        full = min(sequence._computed // self._cache.block_size, len(sequence._block_keys))
-        if full > sequence._blocks_held:
-            self._cache.hold(sequence._block_keys[sequence._blocks_held : full])
-            sequence._blocks_held = full
-
-    def _hit_prefix(self, head: Sequence) -> None:
-        """Start ``head``'s prefill after its cached leading blocks (at least one token is computed, as vLLM)."""
-        cache = self._cache
-        assert cache is not None
-        hits = cache.match(head._block_keys, head._prefill_target - 1)
-        cache.hold(head._block_keys[:hits])
-        head._blocks_held = hits
-        head._computed = hits * cache.block_size
-        if not head.preemptions:
-            head.cached_tokens = head._computed
-            self._prefix_queries += head.prompt_tokens
-            self._prefix_hits += head._computed
-        else:  # vLLM counts a preempted request's lookups apart
-            self._prefix_preempted_hits += head._computed
-
-    def _admit(self, head: Sequence, budget: int) -> int:
-        """Seat ``head``, just taken off the queue (either policy's), with its whole prompt's cache reserved; return this step's prefill chunk."""
+    def _admit(self, head: Sequence, hit: int, chunk: int) -> None:
+        """Seat the queue's head with KV for its ``hit`` cached tokens and its first ``chunk``."""
+        if self._priority_policy:
+            heapq.heappop(self._queue)
+        else:
+            self._waiting.popleft()
         self._waiting_count -= 1
         self._running.append(head)
-        self._kv_used += head._prefill_target
-        head._kv_held = head._prefill_target
+        head._computed = hit
+        head._kv_held = hit + chunk
+        self._kv_used += hit + chunk
         if self._cache is not None:
-            self._hit_prefix(head)
-            self._cache.make_room(self._kv_used)
-        return min(head._prefill_target - head._computed, budget)
+            head._blocks_held = self._cache.admit(head._block_keys, hit, head.prompt_tokens, preempted=bool(head.preemptions))
+            if not head.preemptions:
+                head.cached_tokens = hit
 
     def _preempt(self, victim: Sequence) -> None:
         """Free a running sequence's cache; it recomputes from the queue's head.

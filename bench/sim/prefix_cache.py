@@ -13,7 +13,15 @@ before its head).
 Capacity is shared with the engine's token accounting: the engine counts the
 tokens its running sequences hold (a prefix shared by two running sequences
 is counted twice, a simplification) and asks ``make_room`` to evict freed
-blocks until held tokens plus cached free blocks fit.
+blocks until held tokens plus cached free blocks fit. Blocks are cached when
+the step that computes them in full ends (vLLM caches them when it allocates
+them, one step sooner: a same-step twin hits here one step later).
+
+Both engines (``tailguard.sim.Engine`` and the sweep's aggregate
+``SweepEngine``) run one admission through this module, so they hit alike:
+``lookup`` (how many tokens a waiting sequence may skip), ``admit`` (pin them
+and count the lookup as vLLM's ``PrefixCacheStats`` does, preempted
+sequences' apart), ``extend`` (pin the blocks a step completed), ``release``.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+
+from .tokens import prompt_token_ids
 
 BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA
 
@@ -38,6 +48,16 @@ def block_hashes(token_ids: Sequence[int], cache_salt: str | None = None, block_
     return keys
 
 
+def prompt_block_keys(prompt_key: str, prompt_tokens: int, cache_salt: str | None = None) -> list[bytes]:
+    """The block keys of a prompt text of ``prompt_tokens`` tokens: what both engines look up.
+
+    ``prompt_key`` is the text as the simulator's API builds it (a chat's
+    message contents joined by NUL, ``tokens.chat_prompt_key``), so equal text
+    prefixes give equal keys whichever engine or caller computes them.
+    """
+    return block_hashes(prompt_token_ids(prompt_key, prompt_tokens), cache_salt)
+
+
 class PrefixCache:
     """Which full blocks are cached, who holds them, and which free ones go first."""
 
@@ -47,6 +67,9 @@ class PrefixCache:
         self._refs: dict[bytes, int] = {}  # every cached block: its holders (0 = free, in _free)
         self._free: OrderedDict[bytes, None] = OrderedDict()  # least recently freed first
         self.evictions = 0
+        self.queries = 0  # prompt tokens looked up at first admission (vllm:prefix_cache_queries)
+        self.hits = 0  # of them, found cached (vllm:prefix_cache_hits)
+        self.preempted_hits = 0  # tokens preempted sequences found cached again, counted apart as vLLM does
 
     @property
     def free_cached_blocks(self) -> int:
@@ -60,6 +83,34 @@ class PrefixCache:
         while hits < limit and keys[hits] in self._refs:
             hits += 1
         return hits
+
+    def lookup(self, keys: Sequence[bytes], target_tokens: int) -> int:
+        """Tokens a sequence with ``target_tokens`` to compute may skip: its cached whole leading blocks.
+
+        Never the last token: vLLM's ``get_computed_blocks`` stops at
+        ``num_tokens - 1`` so the model still computes the logits of the last
+        one. No side effect, so a head that does not fit can ask every step.
+        """
+        return self.match(keys, target_tokens - 1) * self.block_size
+
+    def admit(self, keys: Sequence[bytes], hit_tokens: int, prompt_tokens: int, *, preempted: bool) -> int:
+        """Pin the ``hit_tokens`` a sequence now admitted skips and count its lookup; returns the blocks it holds."""
+        blocks = hit_tokens // self.block_size
+        self.hold(keys[:blocks])
+        if preempted:
+            self.preempted_hits += hit_tokens
+        else:
+            self.queries += prompt_tokens
+            self.hits += hit_tokens
+        return blocks
+
+    def extend(self, keys: Sequence[bytes], held_blocks: int, computed_tokens: int) -> int:
+        """Pin the prompt blocks a sequence has now computed in full; returns the blocks it holds."""
+        full = min(computed_tokens // self.block_size, len(keys))
+        if full > held_blocks:
+            self.hold(keys[held_blocks:full])
+            return full
+        return held_blocks
 
     def hold(self, keys: Sequence[bytes]) -> None:
         """A sequence holds these blocks (cached now if they were not): pin them."""

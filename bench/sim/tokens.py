@@ -89,6 +89,11 @@ def detokenize(token_ids: Sequence[int]) -> str:
     return "".join(TOKEN_TEXT[i] for i in token_ids)
 
 
+def chat_prompt_key(contents: Sequence[str]) -> str:
+    """The text a chat prompt's token ids come from: its messages' contents joined by NUL."""
+    return "\x00".join(contents)
+
+
 def prompt_token_ids(prompt_key: str, count: int) -> list[int]:
     """``count`` deterministic ids of a prompt: the same text gives the same ids, a shared beginning shared ones.
 

@@ -27,11 +27,13 @@ from bench.harness.procs import RESULTS_ROOT
 from bench.harness.traffic import schedule
 from tailguard.sim.engine import Engine
 from tailguard.sim.engine import Sequence as EngineSequence
-from tailguard.sim.params import PROFILES
+from tailguard.sim.params import PROFILES, EngineParams
+from tailguard.sim.prefix_cache import prompt_block_keys
+from tailguard.sim.tokens import chat_prompt_key, count_chat_tokens
 from tailguard.sim.virtual.clock import Timeline
 from tailguard.sim.virtual.engine import SweepEngine
 from tailguard.sim.virtual.fleet import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, shared, split_direct
-from tailguard.sim.virtual.mix import SHORT_SHARE, Capacity, payloads, prompt_tokens, shared_capacity
+from tailguard.sim.virtual.mix import SHORT_SHARE, Capacity, long_document, payloads, prompt_tokens, shared_capacity, unique_payload
 
 QUICK_MIXED_JSON = RESULTS_ROOT / "quick_mixed.json"
 COMPARED = (("ttft_p50_ms", "TTFT P50"), ("ttft_p99_ms", "TTFT P99"), ("e2e_p50_ms", "E2E P50"), ("e2e_p99_ms", "E2E P99"))
@@ -56,6 +58,13 @@ class Submission:
     at: float
     kind: str
     hang_up_after: float | None  # seconds after submitting, or never
+    prompt_key: str = ""  # the prompt's text as the simulator's API builds it (tokens.chat_prompt_key)
+    prompt_tokens: int = 1
+    cache_salt: str | None = None
+
+    def block_keys(self) -> list[bytes]:
+        """What the sweep's engine is given: the keys ``tailguard.sim.Engine`` computes from the same text."""
+        return prompt_block_keys(self.prompt_key, self.prompt_tokens, self.cache_salt)
 
 
 @dataclass(frozen=True)
@@ -71,24 +80,47 @@ class EngineAgreement:
     preemptions_sweep: int
     differing: int  # requests that ended differently (or only in one engine) by the cut-off
     max_difference_s: float  # largest difference of a first-token or finish time
+    documents: int = 0  # shared documents in the traffic (0: every prompt unique)
+    prefix_hits_reference: int = 0  # prefix-cache hit tokens, preempted re-hits included
+    prefix_hits_sweep: int = 0
 
     @property
     def agrees(self) -> bool:
-        return self.differing == 0 and self.max_difference_s <= 1e-9
+        return (
+            self.differing == 0
+            and self.max_difference_s <= 1e-9
+            and self.preemptions_reference == self.preemptions_sweep
+            and self.prefix_hits_reference == self.prefix_hits_sweep
+        )
 
 
 Timings = list[tuple[float | None, float | None, str | None]]  # first token, finish, reason; per submission
 
 
-def submissions(rate: float, seconds: float, hang_up_share: float, seed: int) -> list[Submission]:
-    """Poisson submissions of the mix; a share of them hang up at a random moment."""
+SALTED_SHARE = 0.25  # of shared-prefix traffic, sent with another cache_salt (the same text must miss)
+
+
+def submissions(rate: float, seconds: float, hang_up_share: float, seed: int, *, documents: int = 0) -> list[Submission]:
+    """Poisson submissions of the mix, every prompt unique; a share of them hang up at a random moment.
+
+    With ``documents``, long requests instead ask a unique question about
+    one of that many shared documents (the mix's long prompt's size), so
+    the prefix cache hits, and a share of them carry another ``cache_salt``.
+    """
     rng = random.Random(seed)
     out: list[Submission] = []
     at = rng.expovariate(rate)
     while at < seconds:
         kind = "short" if rng.random() < SHORT_SHARE else "long"
         hang_up = rng.uniform(0.01, 30.0) if rng.random() < hang_up_share else None
-        out.append(Submission(at, kind, hang_up))
+        body = unique_payload(kind, len(out), seed=seed)
+        salt = None
+        if documents and kind == "long":
+            document = long_document(seed=rng.randrange(documents))
+            body = {**body, "messages": [{"role": "user", "content": f"{document}\n\nQuestion {len(out)}: summarize it."}]}
+            salt = "other" if rng.random() < SALTED_SHARE else None
+        contents = [m["content"] for m in body["messages"]]  # type: ignore[attr-defined]
+        out.append(Submission(at, kind, hang_up, chat_prompt_key(contents), count_chat_tokens(contents), salt))
         at += rng.expovariate(rate)
     return out
 
@@ -110,29 +142,38 @@ async def _submit_all(
     return sequences
 
 
-async def _through_reference(profile: str, plan: Sequence[Submission], seconds: float) -> tuple[Timings, int]:
-    engine = Engine(PROFILES[profile])
-    prompts = dict(zip(("short", "long"), mix_prompt_tokens()))
+Counts = tuple[int, int, int]  # preemptions, prefix cache hits, preempted hits (tokens)
+
+
+async def _through_reference(params: EngineParams, plan: Sequence[Submission], seconds: float) -> tuple[Timings, Counts]:
+    engine = Engine(params)
+
+    def submit(s: Submission) -> EngineSequence:
+        return engine.submit(s.prompt_tokens, MAX_TOKENS[s.kind], prompt_key=s.prompt_key, cache_salt=s.cache_salt, ignore_eos=True)
+
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
+        sequences = await _submit_all(nursery, plan, submit, engine.abort)
+        await trio.sleep_until(trio.current_time() + seconds - plan[-1].at)
+        nursery.cancel_scope.cancel()
+    stats = engine.statistics()
+    counts = (stats.preemptions, stats.prefix_cache_hits, stats.prefix_cache_preempted_hits)
+    return [(q.first_token_at, q.finished_at, q.finish_reason) for q in sequences], counts
+
+
+async def _through_sweep(params: EngineParams, plan: Sequence[Submission], seconds: float, clock: trio.testing.MockClock) -> tuple[Timings, Counts]:
+    timeline = Timeline(clock)
+    engine = SweepEngine(params, timeline)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(timeline.run)
         sequences = await _submit_all(
-            nursery, plan, lambda s: engine.submit(prompts[s.kind], MAX_TOKENS[s.kind], ignore_eos=True), engine.abort
+            nursery, plan, lambda s: engine.submit(s.prompt_tokens, MAX_TOKENS[s.kind], block_keys=s.block_keys()), engine.abort
         )
         await trio.sleep_until(trio.current_time() + seconds - plan[-1].at)
         nursery.cancel_scope.cancel()
-    return [(q.first_token_at, q.finished_at, q.finish_reason) for q in sequences], engine.statistics().preemptions
-
-
-async def _through_sweep(profile: str, plan: Sequence[Submission], seconds: float, clock: trio.testing.MockClock) -> tuple[Timings, int]:
-    timeline = Timeline(clock)
-    engine = SweepEngine(PROFILES[profile], timeline)
-    prompts = dict(zip(("short", "long"), mix_prompt_tokens()))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(timeline.run)
-        sequences = await _submit_all(nursery, plan, lambda s: engine.submit(prompts[s.kind], MAX_TOKENS[s.kind]), engine.abort)
-        await trio.sleep_until(trio.current_time() + seconds - plan[-1].at)
-        nursery.cancel_scope.cancel()
-    return [(q.first_token_at, q.finished_at, q.finish_reason) for q in sequences], engine.statistics().preemptions
+    stats = engine.statistics()
+    counts = (stats.preemptions, stats.prefix_cache_hits, stats.prefix_cache_preempted_hits)
+    return [(q.first_token_at, q.finished_at, q.finish_reason) for q in sequences], counts
 
 
 def _differences(reference: Timings, sweep: Timings) -> tuple[int, float]:
@@ -147,14 +188,31 @@ def _differences(reference: Timings, sweep: Timings) -> tuple[int, float]:
     return differing, largest
 
 
-def engine_agreement(profile: str, rate: float, seconds: float, *, hang_up_share: float = 0.05, seed: int = 0) -> EngineAgreement:
-    """Submit the same seeded traffic to both engines for ``seconds``; compare every timestamp."""
-    plan = submissions(rate, seconds, hang_up_share, seed)
-    reference, reference_preemptions = trio.run(
-        _through_reference, profile, plan, seconds, clock=trio.testing.MockClock(autojump_threshold=0)
+def engine_agreement(
+    profile: str,
+    rate: float,
+    seconds: float,
+    *,
+    hang_up_share: float = 0.05,
+    seed: int = 0,
+    documents: int = 0,
+    prefix_caching: bool = True,
+    kv_cache_tokens: int | None = None,
+) -> EngineAgreement:
+    """Submit the same seeded traffic to both engines for ``seconds``; compare every timestamp.
+
+    ``documents`` > 0 sends shared-prefix traffic (``submissions``);
+    ``kv_cache_tokens`` shrinks the profile's cache, so blocks are evicted.
+    """
+    params = PROFILES[profile].replace(prefix_caching=prefix_caching)
+    if kv_cache_tokens is not None:
+        params = params.replace(kv_cache_tokens=kv_cache_tokens)
+    plan = submissions(rate, seconds, hang_up_share, seed, documents=documents)
+    reference, reference_counts = trio.run(
+        _through_reference, params, plan, seconds, clock=trio.testing.MockClock(autojump_threshold=0)
     )
     clock = trio.testing.MockClock(autojump_threshold=0)
-    sweep, sweep_preemptions = trio.run(_through_sweep, profile, plan, seconds, clock, clock=clock)
+    sweep, sweep_counts = trio.run(_through_sweep, params, plan, seconds, clock, clock=clock)
     differing, largest = _differences(reference, sweep)
     return EngineAgreement(
         profile=profile,
@@ -162,19 +220,24 @@ def engine_agreement(profile: str, rate: float, seconds: float, *, hang_up_share
         seconds=seconds,
         requests=len(plan),
         hang_ups=sum(s.hang_up_after is not None for s in plan),
-        preemptions_reference=reference_preemptions,
-        preemptions_sweep=sweep_preemptions,
+        preemptions_reference=reference_counts[0],
+        preemptions_sweep=sweep_counts[0],
         differing=differing,
         max_difference_s=largest,
+        documents=documents,
+        prefix_hits_reference=reference_counts[1] + reference_counts[2],
+        prefix_hits_sweep=sweep_counts[1] + sweep_counts[2],
     )
 
 
 def engine_agreements(model: Capacity) -> list[EngineAgreement]:
-    """A throughput engine mostly idle, one offered twice its capacity (preemptions), a latency engine past its own."""
+    """A throughput engine mostly idle, one offered twice its capacity (preemptions), a latency engine past its own,
+    and shared-prefix traffic (8 documents) on a throughput engine past its capacity with a cache that evicts."""
     return [
         engine_agreement("throughput", 0.3 * model.req_per_s, 120.0),
         engine_agreement("throughput", 2 * model.req_per_s, 120.0),
         engine_agreement("latency", 3 * model.req_per_s, 60.0),
+        engine_agreement("throughput", 2 * model.req_per_s, 120.0, documents=8, kv_cache_tokens=120_000),
     ]
 
 

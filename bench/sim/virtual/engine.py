@@ -35,12 +35,14 @@ import heapq
 import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
 
 from ..engine import EngineRequestError
 from ..params import EngineParams
+from ..prefix_cache import PrefixCache
 from .clock import Timeline, Timer
 
 LOOKAHEAD_STEPS = 64  # decode-only steps computed ahead per wake: a submit usually cuts the run short anyway
@@ -71,6 +73,9 @@ class SweepSequence:
         "submitted_at",
         "rank",
         "preemptions",
+        "block_keys",
+        "blocks_held",
+        "cached_tokens",
         "_waiter",
     )
 
@@ -92,6 +97,9 @@ class SweepSequence:
         self.submitted_at = submitted_at
         self.rank = rank  # orders submissions of one instant
         self.preemptions = 0
+        self.block_keys: Sequence[bytes] = ()  # the prompt's full blocks' chained keys (prefix caching)
+        self.blocks_held = 0  # how many leading keys it pins in the cache
+        self.cached_tokens = 0  # prompt tokens found cached at first admission (vLLM's num_cached_tokens)
         self._waiter: trio.lowlevel.Task | None = None
 
     @property
@@ -132,6 +140,41 @@ class SweepEngineStatistics:
     aborted: int
     max_running_seen: int
     max_kv_used_seen: int
+    prefix_cache_queries: int = 0  # as tailguard.sim.EngineStatistics'
+    prefix_cache_hits: int = 0
+    prefix_cache_preempted_hits: int = 0
+
+
+class _Plan:
+    """The step being planned: its counts so far, and who is in it."""
+
+    __slots__ = ("number", "budget", "count", "prefill", "context", "entries", "planned", "decodes_done", "preempted", "fragile")
+
+    def __init__(self, number: int, budget: int) -> None:
+        self.number = number
+        self.budget = budget  # of max_num_batched_tokens, left
+        self.count = 0  # sequences
+        self.prefill = 0  # prefill tokens
+        self.context = 0  # tokens of context attended to
+        self.entries: dict[SweepSequence, int] = {}  # prefill chunks, in scheduling order
+        self.planned: set[SweepSequence] = set()  # decodes planned one by one (the cache was short)
+        self.decodes_done = False  # past the decode loop: every decoding sequence is in the step
+        self.preempted = 0
+        self.fragile = False  # the head did not fit, but eviction may shrink its hit and so its need
+
+    def add(self, sequence: SweepSequence, chunk: int, context: int) -> None:
+        self.entries[sequence] = chunk
+        self.count += 1
+        self.prefill += chunk
+        self.context += context
+        self.budget -= chunk
+
+    def drop(self, tokens: int, prefill: int, context: int) -> None:
+        """A planned sequence was preempted: it hands its tokens back."""
+        self.count -= 1
+        self.prefill -= prefill
+        self.context -= context
+        self.budget += tokens
 
 
 class SweepEngine:
@@ -167,6 +210,8 @@ class SweepEngine:
         self._context_base = 0  # sum of (computed - anchor - 1) over them
         self._finishes: list[tuple[int, int, SweepSequence]] = []  # (step, order, sequence); stale ones skipped
         self._kv_used = 0
+        self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
+        self._careful = False  # the step in progress preempted, or its head may fit sooner: take the next one a step at a time
         self._step = 0  # number of the step in progress (or of the last one)
         self._step_end: float | None = None  # None: no step in progress
         self._entries: list[tuple[SweepSequence, int]] = []  # its explicit (sequence, tokens): prefills
@@ -187,8 +232,20 @@ class SweepEngine:
 
     # -- public surface -------------------------------------------------
 
-    def submit(self, prompt_tokens: int, max_tokens: int, *, request_id: str | None = None, rank: float = 0.0) -> SweepSequence:
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        block_keys: Sequence[bytes] = (),
+        request_id: str | None = None,
+        rank: float = 0.0,
+    ) -> SweepSequence:
         """Queue a request. Raises EngineRequestError when it cannot run here (vLLM's 400).
+
+        ``block_keys`` are the prompt's (``prefix_cache.prompt_block_keys`` of
+        its text and ``cache_salt``, as ``tailguard.sim.Engine`` computes
+        them); none: nothing to hit or cache.
 
         Requests submitted at one instant queue in ``rank`` order (the sweep
         passes the arrival index): several callers woken at one instant run
@@ -202,6 +259,7 @@ class SweepEngine:
         now = trio.current_time()
         self._advance(now)
         sequence = SweepSequence(request_id or f"{self.name}-{next(self._ids)}", prompt_tokens, max_tokens, now, rank)
+        sequence.block_keys = block_keys
         # Behind a head that the decode-only step in progress could not admit,
         # a newcomer changes nothing until a sequence ends (which wakes us).
         blocked = self._waiting_count > 0 and self._step_end is not None and not self._entries
@@ -243,8 +301,18 @@ class SweepEngine:
         self._wake(now if self._step_end is None else self._step_end)
 
     def statistics(self) -> SweepEngineStatistics:
+        cache = self._cache
         return SweepEngineStatistics(
-            self._steps, self._wakes, self._preemptions, self._finished, self._aborted, self._max_running, self._max_kv
+            self._steps,
+            self._wakes,
+            self._preemptions,
+            self._finished,
+            self._aborted,
+            self._max_running,
+            self._max_kv,
+            cache.queries if cache else 0,
+            cache.hits if cache else 0,
+            cache.preempted_hits if cache else 0,
         )
 
     # -- time ---------------------------------------------------------------
@@ -280,8 +348,8 @@ class SweepEngine:
         end = self._step_end
         if end is None:
             return math.inf
-        if self._entries:
-            return end  # prefills change the batch: take it a step at a time
+        if self._entries or self._careful:
+            return end  # prefills (or a preemption) change the batch: take it a step at a time
         heap = self._finishes
         while heap and not (heap[0][2].decoding and heap[0][2].finish_step == heap[0][0]):
             heapq.heappop(heap)
@@ -298,98 +366,136 @@ class SweepEngine:
     # -- the step -----------------------------------------------------------
 
     def _plan(self, start: float) -> None:
-        """Pick the step that starts at ``start``: decodes, prefill chunks, admissions."""
-        params = self.params
+        """Pick the step that starts at ``start``: decodes, prefill chunks, admissions (``Engine._schedule``)."""
         self._kick = False  # this plan sees every submission so far
-        step = self._step + 1
-        entries: list[tuple[SweepSequence, int]] = []
+        while True:
+            plan = self._plan_step()
+            if plan.count or not plan.preempted:
+                break  # else the state changed and nothing runs: plan again at once, as Engine.run does
+        self._max_running = max(self._max_running, len(self._running))
+        self._max_kv = max(self._max_kv, self._kv_used)
+        if self._cache is not None:  # the held cache grew: free blocks make way
+            self._cache.make_room(self._kv_used)
+        self._entries = list(plan.entries.items())
+        # After a preemption the next step may admit; a head whose hit eviction may shrink may fit sooner.
+        self._careful = bool(plan.preempted) or plan.fragile
+        if not plan.count:
+            self._step_end = None  # idle, or the queue's head does not fit: wait for a submit or abort
+            return
+        self._step = plan.number
+        self._step_end = start + self.params.step_ms(plan.count, plan.prefill, plan.context) / 1000 * self.time_scale
+        if self._careful:
+            self._wake(self._step_end)
+
+    def _plan_step(self) -> _Plan:
+        params = self.params
+        plan = _Plan(self._step + 1, params.max_num_batched_tokens)
         n = self._decoding
+        stopped = False
         if n and self._kv_used + n > params.kv_cache_tokens:
-            count, context = self._plan_decodes_one_by_one(step, entries)
+            stopped = self._plan_decodes_one_by_one(plan)
         else:
-            count, context = n, self._context_base + n * step + n
+            plan.count, plan.context = n, self._context_base + n * plan.number + n
             self._kv_used += n
-        budget = params.max_num_batched_tokens - count
-        prefill_tokens = 0
-        for sequence in self._prefilling:
-            remaining = sequence.target - sequence.computed
-            if budget < 1:
+            plan.budget -= n
+        plan.decodes_done = True
+        for sequence in [] if stopped else list(self._prefilling):
+            if plan.budget < 1:
                 break
-            if remaining <= 0:
-                continue
-            chunk = min(remaining, budget)
-            budget -= chunk
-            prefill_tokens += chunk
-            count += 1
-            context += sequence.computed + chunk
-            entries.append((sequence, chunk))
-        waiting = self._waiting
-        while waiting and budget >= 1 and len(self._running) < params.max_num_seqs:
+            if not sequence.kv_held:
+                continue  # preempted above
+            chunk = min(sequence.target - sequence.computed, plan.budget)
+            context = sequence.computed + chunk
+            if not self._allocate(sequence, chunk, plan):
+                break
+            plan.add(sequence, chunk, context)
+        if not plan.preempted:  # vLLM's waiting loop runs only if not preempted_reqs
+            self._admit_waiting(plan)
+        return plan
+
+    def _admit_waiting(self, plan: _Plan) -> None:
+        """Admit the queue's head while a seat, the budget and KV for its cached prefix and first chunk are free."""
+        params, cache, waiting = self.params, self._cache, self._waiting
+        while waiting and plan.budget >= 1 and len(self._running) < params.max_num_seqs:
             head = waiting[0]
             if head.finish_reason is not None:  # aborted while waiting
                 waiting.popleft()
                 continue
-            if self._kv_used + head.target > params.kv_cache_tokens:
+            hit = 0
+            if cache is not None:
+                cache.make_room(self._kv_used)
+                hit = cache.lookup(head.block_keys, head.target)
+            chunk = min(head.target - hit, plan.budget)
+            if self._kv_used + hit + chunk > params.kv_cache_tokens:
+                plan.fragile = hit > 0
                 break
             waiting.popleft()
             self._waiting_count -= 1
             head.order = next(self._orders)
             self._running[head] = None
             self._prefilling.append(head)
-            self._kv_used += head.target
-            head.kv_held = head.target
-            chunk = min(head.target, budget)
-            budget -= chunk
-            prefill_tokens += chunk
-            count += 1
-            context += chunk
-            entries.append((head, chunk))
-        self._max_running = max(self._max_running, len(self._running))
-        self._max_kv = max(self._max_kv, self._kv_used)
-        self._entries = entries
-        if not count:
-            self._step_end = None  # idle, or the queue's head does not fit: wait for a submit or abort
-            return
-        self._step = step
-        self._step_end = start + params.step_ms(count, prefill_tokens, context) / 1000 * self.time_scale
+            head.computed = hit
+            head.kv_held = hit + chunk
+            self._kv_used += hit + chunk
+            if cache is not None:
+                head.blocks_held = cache.admit(head.block_keys, hit, head.prompt_tokens, preempted=bool(head.preemptions))
+                if not head.preemptions:
+                    head.cached_tokens = hit
+            plan.add(head, chunk, hit + chunk)
 
-    def _plan_decodes_one_by_one(self, step: int, entries: list[tuple[SweepSequence, int]]) -> tuple[int, int]:
-        """Decodes when the cache is short: bench.sim.Engine's loop, preempting the newest.
-
-        A victim that already had its decode planned keeps that entry (and
-        its share of the step's cost), as in bench.sim.Engine.
-        """
+    def _plan_decodes_one_by_one(self, plan: _Plan) -> bool:
+        """Decodes when the cache is short: bench.sim.Engine's loop, preempting the newest; True if one preempted itself."""
         cap = self.params.kv_cache_tokens
-        planned: set[SweepSequence] = set()
-        count = context = 0
         for sequence in list(self._running):
             if not sequence.decoding:
                 continue
-            while self._kv_used + 1 > cap and sequence.decoding:
-                self._preempt(next(reversed(self._running)), step, planned, entries)
-            if not sequence.decoding:
-                continue
+            while self._kv_used + 1 > cap:
+                victim = next(reversed(self._running))
+                self._preempt(victim, plan)
+                if victim is sequence:
+                    return True
             self._kv_used += 1
-            planned.add(sequence)
-            count += 1
-            context += sequence.computed + (step - sequence.anchor - 1) + 1
-        return count, context
+            plan.planned.add(sequence)
+            plan.count += 1
+            plan.context += sequence.computed + (plan.number - sequence.anchor - 1) + 1
+            plan.budget -= 1
+        return False
 
-    def _preempt(self, victim: SweepSequence, step: int, planned: set[SweepSequence], entries: list[tuple[SweepSequence, int]]) -> None:
-        """Free a running sequence's cache; it recomputes prompt and output from the queue's head."""
+    def _allocate(self, sequence: SweepSequence, tokens: int, plan: _Plan) -> bool:
+        """KV for ``tokens`` more of a prefilling sequence, preempting the newest until they fit; False if it was the victim."""
+        while self._kv_used + tokens > self.params.kv_cache_tokens:
+            victim = next(reversed(self._running))
+            self._preempt(victim, plan)
+            if victim is sequence:
+                return False
+        self._kv_used += tokens
+        sequence.kv_held += tokens
+        return True
+
+    def _preempt(self, victim: SweepSequence, plan: _Plan) -> None:
+        """Free a running sequence's cache; it recomputes prompt and output from the queue's head.
+
+        A victim already planned this step leaves the plan and hands its
+        tokens back, as in bench.sim.Engine.
+        """
         del self._running[victim]
+        step = plan.number
         if victim.decoding:
-            got = victim in planned
-            self._stop_decoding(victim, planned=step - victim.anchor - (0 if got else 1), emitted=step - 1 - victim.anchor)
+            got = plan.decodes_done or victim in plan.planned  # past the decode loop every decode is planned
             if got:
-                entries.append((victim, 1))
+                plan.drop(1, 0, victim.computed + (step - victim.anchor - 1) + 1)
+            self._stop_decoding(victim, planned=step - victim.anchor - (0 if got else 1), emitted=step - 1 - victim.anchor)
         else:
+            chunk = plan.entries.pop(victim, 0)
+            if chunk:
+                plan.drop(chunk, chunk, victim.computed + chunk)
             self._prefilling.remove(victim)
         self._release_kv(victim)
         victim.target = victim.prompt_tokens + victim.produced
         victim.computed = 0
         victim.preemptions += 1
         self._preemptions += 1
+        plan.preempted += 1
         self._waiting.appendleft(victim)
         self._waiting_count += 1
 
@@ -410,6 +516,8 @@ class SweepEngine:
             if sequence.finish_reason is not None:  # aborted during the step
                 continue
             sequence.computed += tokens
+            if self._cache is not None:  # its prompt blocks computed in full are cached now
+                sequence.blocks_held = self._cache.extend(sequence.block_keys, sequence.blocks_held, sequence.computed)
             if sequence.computed < sequence.target:
                 continue
             sequence.produced += 1
@@ -444,6 +552,9 @@ class SweepEngine:
     def _release_kv(self, sequence: SweepSequence) -> None:
         self._kv_used -= sequence.kv_held
         sequence.kv_held = 0
+        if self._cache is not None:  # its blocks stay cached, free, most recently used
+            self._cache.release(sequence.block_keys[: sequence.blocks_held])
+            sequence.blocks_held = 0
 
     def _end(self, sequence: SweepSequence, reason: str, at: float) -> None:
         sequence.finish_reason = reason

@@ -62,11 +62,12 @@ from tailguard.router.request import RouterRequest, message_text
 from ..canned import canned_transport
 from ..engine import EngineRequestError
 from ..params import PROFILES
+from ..prefix_cache import prompt_block_keys
 from ..server import DEFAULT_MODEL
-from ..tokens import count_chat_tokens
+from ..tokens import chat_prompt_key, count_chat_tokens
 from .clock import Timeline
 from .engine import SweepEngine, SweepSequence
-from .mix import CLASSES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, body_for, payloads, percentile
+from .mix import CLASSES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, percentile, unique_body_for, unique_payload
 
 MAX_TOKENS = {"short": SHORT_MAX_TOKENS, "long": LONG_MAX_TOKENS}
 E2E_TIMEOUT = TimeoutsConfig().end_to_end_timeout  # 120 s: every set-up's caller gives up here
@@ -183,6 +184,7 @@ class Arrival:
     measured: bool  # inside the measurement window
     prompt_tokens: int | None = None  # a replayed request's own shape; None: the mix's request of its kind
     max_tokens: int | None = None
+    text: str | None = None  # a replayed request's own prompt text (shared prefixes hit); None: unique filler
 
 
 def request_id(index: int) -> str:
@@ -236,18 +238,18 @@ def _timings(sequence: SweepSequence, start: float, record: Record) -> None:
 # -- the fleet ----------------------------------------------------------------------
 
 
-class PromptTokens:
-    """The simulator's prompt count of a chat body, cached by its texts (two payloads here)."""
+def prompt_of(body: Mapping[str, Any]) -> tuple[int, list[bytes]]:
+    """A chat body's prompt as the simulator's API sees it: its token count and block keys.
 
-    def __init__(self) -> None:
-        self._counts: dict[tuple[str, ...], int] = {}
-
-    def count(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        texts = tuple(message_text(m) for m in messages)
-        tokens = self._counts.get(texts)
-        if tokens is None:
-            tokens = self._counts[texts] = count_chat_tokens(texts)
-        return tokens
+    The keys come from the body's real text and its ``cache_salt``
+    (``prefix_cache.prompt_block_keys`` of ``tokens.chat_prompt_key``, as
+    ``tailguard.sim.Engine`` computes them), so equal text prefixes hit in
+    the sweep's engines as they would in the simulator's.
+    """
+    texts = [message_text(m) for m in body["messages"]]
+    tokens = count_chat_tokens(texts)
+    salt = body.get("cache_salt")
+    return tokens, prompt_block_keys(chat_prompt_key(texts), tokens, salt if isinstance(salt, str) else None)
 
 
 class EngineResponse:
@@ -275,9 +277,8 @@ class EngineClient:
     reader would have seen them, and closing the response hangs up (aborts).
     """
 
-    def __init__(self, engine: SweepEngine, prompts: PromptTokens) -> None:
+    def __init__(self, engine: SweepEngine) -> None:
         self._engine = engine
-        self._prompts = prompts
         self.url = engine.name
         self.leases = 0
         self.max_body_bytes = 0
@@ -286,8 +287,9 @@ class EngineClient:
         """Submit the body's prompt; raises BackendRejected (400) when the engine refuses it."""
         try:
             request_id = headers["x-tailguard-request-id"]  # the sweep's own id (x-request-id is the router's, per attempt)
+            tokens, keys = prompt_of(body)
             sequence = self._engine.submit(
-                self._prompts.count(body["messages"]), body["max_tokens"], request_id=request_id, rank=arrival_index(request_id)
+                tokens, body["max_tokens"], block_keys=keys, request_id=request_id, rank=arrival_index(request_id)
             )
         except EngineRequestError as error:
             raise BackendRejected(str(error), status=400) from None
@@ -310,31 +312,26 @@ async def plug_engines(router: Router, engines: Mapping[str, SweepEngine]) -> No
     queue); only the I/O layer under it, ``Endpoint.client``, is replaced.
     Reads ``Router.endpoints`` (the endpoints now) and swaps each one's client.
     """
-    prompts = PromptTokens()
     for endpoint in list(router.endpoints):
         http_client = endpoint.client
-        endpoint.client = EngineClient(engines[endpoint.url], prompts)  # type: ignore[assignment]
+        endpoint.client = EngineClient(engines[endpoint.url])  # type: ignore[assignment]
         await http_client.aclose()
 
 
 class _Direct:
     """Requests straight to engines, round robin by arrival index (no router)."""
 
-    def __init__(self, routes: Mapping[str, tuple[SweepEngine, ...]]) -> None:
+    def __init__(self, routes: Mapping[str, tuple[SweepEngine, ...]], seed: int) -> None:
         self._routes = routes
-        bodies = payloads()
-        prompts = PromptTokens()
-        self._prompt_tokens = {kind: prompts.count(body["messages"]) for kind, body in bodies.items()}  # type: ignore[arg-type]
+        self._seed = seed
 
     async def serve(self, arrival: Arrival, start: float, record: Record) -> None:
         """Run one request to its end; leaving early (cancelled) hangs up."""
         engines = self._routes[arrival.kind]
         engine = engines[arrival.index % len(engines)]
-        if arrival.prompt_tokens is not None and arrival.max_tokens is not None:
-            prompt, max_tokens = arrival.prompt_tokens, arrival.max_tokens
-        else:
-            prompt, max_tokens = self._prompt_tokens[arrival.kind], MAX_TOKENS[arrival.kind]
-        sequence = engine.submit(prompt, max_tokens, request_id=request_id(arrival.index), rank=arrival.index)
+        body = body_of(arrival, self._seed)
+        prompt, keys = prompt_of(body)
+        sequence = engine.submit(prompt, body["max_tokens"], block_keys=keys, request_id=request_id(arrival.index), rank=arrival.index)  # type: ignore[arg-type]
         try:
             await sequence.wait_finished()
             _timings(sequence, start, record)
@@ -348,30 +345,20 @@ class _Direct:
 class _Routed:
     """Requests through the Router core, as a front end sends them."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, seed: int) -> None:
         self._router = router
-        self._payloads = payloads()
-        self._shaped: dict[tuple[int, int], dict[str, object]] = {}
-
-    def _body(self, arrival: Arrival) -> dict[str, object]:
-        """The mix's body of its kind, or for a replayed shape the body ``bench tail`` sends for it."""
-        if arrival.prompt_tokens is None or arrival.max_tokens is None:
-            return self._payloads[arrival.kind]
-        shape = (arrival.prompt_tokens, arrival.max_tokens)
-        body = self._shaped.get(shape)
-        if body is None:
-            body = self._shaped[shape] = body_for(*shape)
-        return body
+        self._seed = seed
 
     async def serve(self, arrival: Arrival, start: float, record: Record) -> None:
         """Run one request to its end through ``Router.open``; raises what it raises."""
-        body = self._body(arrival)
+        body = body_of(arrival, self._seed)
         request = RouterRequest(
             kind="chat",
             request_id=request_id(arrival.index),
             messages=body["messages"],  # type: ignore[arg-type]
             max_tokens=body["max_tokens"],  # type: ignore[arg-type]
             stream=True,
+            params={"ignore_eos": True},
         )
         async with self._router.open(request) as completion:
             sequence: SweepSequence = completion.response.sequence  # type: ignore[attr-defined]
@@ -380,6 +367,15 @@ class _Routed:
 
     async def aclose(self) -> None:
         await self._router.aclose()
+
+
+def body_of(arrival: Arrival, seed: int) -> dict[str, object]:
+    """The arrival's body, unique to it (``mix.unique_payload``): its own text if a replay gave one, else the mix's of its kind or shape."""
+    if arrival.text is not None:
+        return {"messages": [{"role": "user", "content": arrival.text}], "max_tokens": arrival.max_tokens, "stream": True, "ignore_eos": True}
+    if arrival.prompt_tokens is None or arrival.max_tokens is None:
+        return unique_payload(arrival.kind, arrival.index, seed=seed)
+    return unique_body_for(arrival.prompt_tokens, arrival.max_tokens, arrival.index, seed=seed)
 
 
 @dataclass
@@ -398,10 +394,10 @@ async def open_fleet(setup: Setup, seed: int, clock: trio.testing.MockClock) -> 
     if setup.config is not None:
         router = Router(setup.config, transport_factory=lambda _: canned_transport(_unplugged), seed=seed)
         await plug_engines(router, engines)
-        target = _Routed(router)
+        target = _Routed(router, seed)
     else:
         assert setup.direct is not None
-        target = _Direct({kind: tuple(engines[url] for url in urls) for kind, urls in setup.direct.items()})
+        target = _Direct({kind: tuple(engines[url] for url in urls) for kind, urls in setup.direct.items()}, seed)
     async with trio.open_nursery() as nursery:
         await nursery.start(timeline.run)
         try:
