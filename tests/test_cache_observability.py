@@ -9,15 +9,18 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tailguard.router.config_types import MetricsConfig
+from tailguard.router.config_types import MetricsConfig, TracingConfig
 from tailguard.router.telemetry import RequestRecord
+from tailguard.router.tracing import Tracing
 from tailguard.server.placement_metrics import PlacementCounts
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from tests.router_helpers import two_pool_config
 from tests.test_operations import samples, value
 
-# ~150 tokens (4 characters a token): several full 16-token blocks to cache.
+# ~150 tokens (4 characters a token; the chat about 160): several full 16-token blocks to cache.
 DOCUMENT = "The quarterly report lists revenue, costs and the outlook for each region in turn. " * 7
 MESSAGES = [{"role": "system", "content": DOCUMENT}, {"role": "user", "content": "Summarise it."}]
 
@@ -46,6 +49,22 @@ def test_placements_are_counted_per_pool_endpoint_and_decision_and_leave_with_th
     live.add("http://b")  # back: from 0, a counter reset to Prometheus
     counts.count(record("http://b", "home"))
     assert counted(counts)[("interactive", "http://b", "home")] == 1
+
+
+async def test_the_trace_carries_the_cache_hit_and_the_placement() -> None:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingConfig(enabled=True), processor=SimpleSpanProcessor(exporter))
+    done = dataclasses.replace(record("http://a:8000", "spilled"), kind="chat", stream=True, arrival=trio.current_time())
+    trace = tracing.start(done, None, "POST /v1/chat/completions")
+    trace.call("http://a:8000", "chat", "m", 8)
+    done.saw_chunk(b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":32}}}\n\n')
+    done.finished_at, done.outcome, done.status = trio.current_time(), "ok", 200
+    trace.finish(done)
+    tracing.shutdown()
+    spans = {span.name: dict(span.attributes or {}) for span in exporter.get_finished_spans()}
+    root, call = spans["POST /v1/chat/completions"], spans["chat m"]
+    assert root["gen_ai.usage.cache_read.input_tokens"] == call["gen_ai.usage.cache_read.input_tokens"] == 32
+    assert root["gen_ai.usage.input_tokens"] == 40 and root["tailguard.placement"] == "spilled"
 
 
 async def test_metrics_and_access_log_show_placement_and_the_engines_cache(caplog: pytest.LogCaptureFixture) -> None:
