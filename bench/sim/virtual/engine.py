@@ -143,6 +143,9 @@ class SweepEngineStatistics:
     prefix_cache_queries: int = 0  # as tailguard.sim.EngineStatistics'
     prefix_cache_hits: int = 0
     prefix_cache_preempted_hits: int = 0
+    running: int = 0  # now, as tailguard.sim.EngineStatistics'
+    waiting: int = 0
+    kv_used_tokens: int = 0
 
 
 class _Plan:
@@ -301,6 +304,9 @@ class SweepEngine:
         self._wake(now if self._step_end is None else self._step_end)
 
     def statistics(self) -> SweepEngineStatistics:
+        """The counters, and the batch as of now (the steps ended by now are run first)."""
+        self._advance(trio.current_time())
+        self._wake(self._next_wake())
         cache = self._cache
         return SweepEngineStatistics(
             self._steps,
@@ -313,6 +319,9 @@ class SweepEngine:
             cache.queries if cache else 0,
             cache.hits if cache else 0,
             cache.preempted_hits if cache else 0,
+            len(self._running),
+            self._waiting_count,
+            self._kv_used,
         )
 
     # -- time ---------------------------------------------------------------

@@ -1,0 +1,108 @@
+"""Two points of vLLM V1's scheduler, in both simulated engines: KV per scheduled chunk, and no admission after a preemption.
+
+vLLM's ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py) calls
+``kv_cache_manager.allocate_slots(request, num_new_tokens)`` for the tokens
+each request runs in this step, never for a whole prompt ahead; and its
+waiting loop runs only ``if not preempted_reqs``. ``tailguard.sim.Engine``
+and the sweep's ``SweepEngine`` must both do so (and agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import pytest
+import trio
+import trio.testing
+
+from tailguard.sim import Engine, EngineParams
+from tailguard.sim.virtual.clock import Timeline
+from tailguard.sim.virtual.engine import SweepEngine
+
+# Every step is exactly 10 ms (prefill and attention free), so a sample at
+# 5 ms past a multiple of 10 sees one step's batch.
+STEP_S = 0.010
+TIGHT = EngineParams(
+    max_num_seqs=4,
+    max_num_batched_tokens=100,
+    max_model_len=3000,
+    kv_cache_tokens=3000,
+    base_ms=10.0,
+    per_seq_ms=0.0,
+    per_context_token_ms=0.0,
+    prefill_tokens_per_ms=0.0,
+    prefix_caching=False,  # about KV accounting, not hits
+)
+
+
+class _Stats(Protocol):
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def kv_used_tokens(self) -> int: ...
+    @property
+    def preemptions(self) -> int: ...
+
+
+Sample = tuple[int, int, int, int]  # preemptions, running, waiting, kv used
+
+
+def _sample(stats: _Stats) -> Sample:
+    return stats.preemptions, stats.running, stats.waiting, stats.kv_used_tokens
+
+
+async def _run(kind: str, clock: trio.testing.MockClock, shapes: Sequence[tuple[int, int]], steps: int) -> list[Sample]:
+    """Submit ``shapes`` (prompt, max_tokens) at once and sample the engine mid-step for ``steps`` steps."""
+    samples: list[Sample] = []
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        if kind == "sim":
+            engine = Engine(TIGHT)
+            await nursery.start(engine.run)
+            for n, (prompt, out) in enumerate(shapes):
+                engine.submit(prompt, out, prompt_key=f"p{n}", ignore_eos=True)
+            stats = engine.statistics
+        else:
+            timeline = Timeline(clock)
+            await nursery.start(timeline.run)
+            sweep = SweepEngine(TIGHT, timeline)
+            for n, (prompt, out) in enumerate(shapes):
+                sweep.submit(prompt, out, rank=n)
+            stats = sweep.statistics  # type: ignore[assignment]
+        for step in range(steps):
+            await trio.sleep_until(start + (step + 0.5) * STEP_S)
+            samples.append(_sample(stats()))
+        nursery.cancel_scope.cancel()
+    return samples
+
+
+@pytest.mark.parametrize("kind", ["sim", "sweep"])
+async def test_kv_is_allocated_per_chunk_so_a_long_prompt_is_admitted_and_preempted(
+    kind: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A 2,000-token prompt beside a 1,500-token sequence in a 3,000-token cache.
+
+    Reserving whole prompts it would wait for the first to finish; per chunk
+    it is admitted for its first 99 tokens, grows a chunk a step, and is
+    preempted (it is the newest) when the next chunk does not fit.
+    """
+    samples = await _run(kind, autojump_clock, [(1500, 1000), (2000, 10)], 40)
+    first_decode = 15  # 1,500 tokens at 100 a step
+    assert samples[first_decode][1:3] == (2, 0)  # admitted while the first decodes
+    assert samples[first_decode][3] == 1500 + 1 + 99
+    preempted = next(i for i, s in enumerate(samples) if s[0])
+    assert samples[preempted - 1][3] + 1 + 99 > TIGHT.kv_cache_tokens  # its next chunk did not fit
+    assert samples[preempted][1:3] == (1, 1)
+
+
+@pytest.mark.parametrize("kind", ["sim", "sweep"])
+async def test_a_step_that_preempted_admits_nobody(kind: str, autojump_clock: trio.testing.MockClock) -> None:
+    """The victim's first chunk fits at once after its preemption, yet it waits one step (``if not preempted_reqs``)."""
+    samples = await _run(kind, autojump_clock, [(1500, 1000), (2000, 10)], 40)
+    preempted = next(i for i, s in enumerate(samples) if s[0])
+    _, running, waiting, kv = samples[preempted]
+    assert (running, waiting) == (1, 1) and kv + 1 + 99 <= TIGHT.kv_cache_tokens  # it would fit
+    assert samples[preempted + 1][1:3] == (2, 0)  # and is admitted by the next step
