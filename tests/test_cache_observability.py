@@ -13,12 +13,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tailguard.router.config_types import MetricsConfig, TracingConfig
+from tailguard.router.dispatch import Router
 from tailguard.router.policies import PLACEMENT_KINDS
 from tailguard.router.telemetry import RequestRecord
 from tailguard.router.tracing import Tracing
+from tailguard.server.metrics import Metrics
 from tailguard.server.placement_metrics import PlacementCounts
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
-from tests.router_helpers import two_pool_config
+from tests.router_helpers import two_pool_config, with_digest
 from tests.test_operations import samples, value
 
 # ~150 tokens (4 characters a token; the chat about 160): several full 16-token blocks to cache.
@@ -50,6 +52,23 @@ def test_placements_are_counted_per_pool_endpoint_and_decision_and_leave_with_th
     live.add("http://b")  # back: from 0, a counter reset to Prometheus
     counts.count(record("http://b", "home"))
     assert counted(counts)[("interactive", "http://b", "home")] == 1
+
+
+async def test_a_reload_that_removes_an_endpoint_removes_its_placement_series() -> None:
+    router = Router(two_pool_config(interactive_urls=["http://gpu-0:8000", "http://gpu-1:8000"]))
+    metrics = Metrics(router)
+    for url in ("http://gpu-0:8000", "http://gpu-1:8000"):
+        metrics.observe(dataclasses.replace(record(url, "home"), request_class="interactive", outcome="ok"))
+
+    def placed() -> set[str]:
+        page = samples(metrics.render().decode())
+        return {dict(labels)["endpoint"] for name, labels in page if name == "tailguard_placements_total"}
+
+    assert placed() == {"http://gpu-0:8000", "http://gpu-1:8000"}
+    router.apply(with_digest(two_pool_config(interactive_urls=["http://gpu-1:8000"]), "smaller"))
+    assert placed() == {"http://gpu-1:8000"}
+    metrics.close()
+    await router.aclose()
 
 
 async def test_the_trace_carries_the_cache_hit_and_the_placement() -> None:
