@@ -61,6 +61,7 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
             f"it held {kill.get('victim_grants_at_kill')}")
         add("kill -9: every request on the survivors ends with one answer", kill["survivor_unanswered"] == 0,
             f"survivors {kill['survivor_outcomes']}; on the victim {kill['victim_outcomes']}")
+    found += _affinity_checks(result.get("affinity"))
     for name in OUTAGES:
         out = result.get(name)
         if not out:
@@ -84,4 +85,30 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
             f"max sum of grants {out['ledger_max_sum']} (over cap: {out['ledger_over_cap'] or 'none'}); idle grants {out['grant_sum_after']}; "
             f"above block: {out['idle_grant_above_block'] or 'none'}; unknown replicas {out['strangers_after'] or 'none'}; "
             f"dead replicas' keys {out['dead_in_ledger'] or 'none'}; in flight after {out['in_flight_after']}")
+    return found
+
+
+def _affinity_checks(affinity: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The same prefix on the same engine from every replica, and no more Redis commands per request than without affinity."""
+    if not affinity:
+        return []
+    runs = {run["placement"]: run for run in affinity["runs"]}
+    default = runs["default"]
+    share = default["share"]
+    found = [{
+        "check": f"affinity: one tenant's prefix on one engine from every replica >= {affinity['target_share']:.0%}",
+        "verdict": "PASS" if share is not None and share >= affinity["target_share"] else "MISS",
+        "detail": f"{default['on_tenant_engine']}/{default['joined']} requests ({share}) on their tenant's engine, "
+        f"{affinity['tenants']} tenants, {affinity['engines']} engines; (replica, tenant) pairs agreeing {default['replica_tenant_pairs_agreeing']}; "
+        f"per engine {list(default['requests_per_engine'].values())}; errors {default['errors']}",
+    }]
+    plain = runs.get("least_loaded")
+    if plain:
+        extra = default["redis_commands_per_request"] - plain["redis_commands_per_request"]
+        found.append({
+            "check": "affinity: no extra round trip (Redis commands per request vs least_loaded)",
+            "verdict": "PASS" if extra <= 0.5 else "MISS",
+            "detail": f"{default['redis_commands_per_request']} vs {plain['redis_commands_per_request']} ({extra:+.2f}); "
+            f"least_loaded share {plain['share']}",
+        })
     return found

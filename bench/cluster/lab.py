@@ -19,7 +19,7 @@ from tailguard.router.auth import hash_key
 RESULTS = RESULTS_ROOT / "cluster"
 
 
-PHASES = ("cost", "load", "kill", "outage", "skew")
+PHASES = ("cost", "load", "kill", "outage", "skew", "affinity")
 
 
 OUTAGES = ("outage_stop", "outage_pause", "outage_skew")
@@ -86,6 +86,7 @@ class Options:
     out: Path
     phases: tuple[str, ...] = PHASES
     key_caps: bool = True  # the keys' max_concurrency in every config (--no-key-caps: none, for experiments)
+    affinity_requests: int = 800  # the affinity phase's requests, over all replicas
 
 
 # -- processes -------------------------------------------------------------------------
@@ -165,6 +166,7 @@ class Lab:
     engines: list[Engine]  # the capped ones
     instant: tuple[int, int]  # interactive, batch instant engines
     logs: list[IO[bytes]] = field(default_factory=list)
+    affinity: tuple[int, ...] = ()  # the affinity phase's pool of instant engines
 
     def pools(self, instant: bool = False) -> tuple[PoolSpec, PoolSpec]:
         if instant:
@@ -185,9 +187,14 @@ class Lab:
         return caps | {f"key:{k.name}": k.max_concurrency for k in KEYS}
 
     async def replica(
-        self, name: str, namespace: str | None, static_share: float = 1.0, instant: bool = False, block: int | None = None, key_caps: bool = True
+        self, name: str, namespace: str | None, static_share: float = 1.0, instant: bool = False, block: int | None = None, key_caps: bool = True,
+        *, pools: tuple[PoolSpec, PoolSpec] | None = None, access_log: bool = False,
     ) -> Replica:
-        """A tailguard process (HTTP only), with ``[cluster]`` in ``namespace`` unless None; ``wait_ready`` before use."""
+        """A tailguard process (HTTP only), with ``[cluster]`` in ``namespace`` unless None; ``wait_ready`` before use.
+
+        ``pools`` replaces the capped (or ``instant``) engines' pools; ``access_log``
+        runs it at INFO, so its log holds a line per request.
+        """
         http_port, grpc_port = free_ports(2)
         sections: list[str] = []
         if namespace is not None:
@@ -206,21 +213,24 @@ class Lab:
         for key in KEYS:
             sections += ["[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"']
             sections += [f"max_concurrency = {key.max_concurrency}", ""] if key_caps and self.options.key_caps else [""]
-        text = tailguard_config(http_port, grpc_port, *self.pools(instant), batch_queue_timeout=BATCH_QUEUE_TIMEOUT, sections=sections)
+        text = tailguard_config(http_port, grpc_port, *(pools or self.pools(instant)), batch_queue_timeout=BATCH_QUEUE_TIMEOUT, sections=sections)
         config = self.tmp / f"{name}.toml"
         config.write_text(text)
         log_path = self.tmp / f"{name}.log"
         log = log_path.open("ab")
         self.logs.append(log)
-        process = await start_tailguard(self.nursery, config, log=log, extra_args=["--no-grpc"])
+        level = ["--log-level", "INFO"] if access_log else []
+        process = await start_tailguard(self.nursery, config, log=log, extra_args=["--no-grpc", *level])
         return Replica(name, http_port, process, log_path)
 
     async def group(
         self, names: Sequence[str], namespace: str | None, static_share: float = 1.0, instant: bool = False, block: int | None = None,
-        key_caps: bool = True,
+        key_caps: bool = True, *, pools: tuple[PoolSpec, PoolSpec] | None = None, access_log: bool = False,
     ) -> list[Replica]:
-        """Several replicas started at once; returns when every one answers /health 200."""
-        replicas = [await self.replica(name, namespace, static_share, instant, block, key_caps) for name in names]
+        """Several replicas started at once (``replica``'s arguments); returns when every one answers /health 200."""
+        replicas = [
+            await self.replica(name, namespace, static_share, instant, block, key_caps, pools=pools, access_log=access_log) for name in names
+        ]
         async with trio.open_nursery() as ready:
             for r in replicas:
                 ready.start_soon(wait_ready, r.port, r.process, r.name)

@@ -14,6 +14,7 @@ from bench.harness.client import CHAT_PATH, http_request
 from bench.harness.client import ConnectionPool as OpenPool
 from bench.harness.procs import process_cpu_seconds
 from bench.harness.traffic import http_open_loop, poisson_offsets
+from bench.harness.unique import repeated
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim.virtual.mix import percentile
 
@@ -56,8 +57,8 @@ async def ledger_cost(lab: Lab) -> dict[str, Any]:
         for round_ in range(o.overhead_rounds):
             order = [("plain", plain), ("ledger", ledger)]
             for name, replica in order if round_ % 2 == 0 else order[::-1]:
-                raw = http_request(replica.port, CHAT_PATH, body)
-                request = raw.replace(b"\r\n", f"\r\nAuthorization: Bearer {KEYS[0].secret}\r\n".encode(), 1)
+                raw = http_request(replica.port, CHAT_PATH, body)  # the same each time: an instant engine, a prompt under one block
+                request = repeated(raw.replace(b"\r\n", f"\r\nAuthorization: Bearer {KEYS[0].secret}\r\n".encode(), 1))
                 pool = OpenPool(replica.port)
                 before = sum(process_cpu_seconds(replica.process.pid))
                 tally = await http_open_loop(pool, request, poisson_offsets(o.overhead_rate, o.overhead_seconds, o.seed + round_))

@@ -11,11 +11,11 @@ from typing import Any
 import trio
 
 from bench.cluster.lab import KEYS, KeySpec, Options
-from bench.harness.client import CHAT_PATH, http_request
 from bench.harness.clocks import MachineClock
 from bench.harness.open_loop import Sample, TokenPool, class_stats, play, token_times
+from bench.harness.unique import ShapeRequests, run_seed
 from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.mix import body_for, origin_mix, pooled_capacity, shapes_by_class
+from tailguard.sim.virtual.mix import origin_mix, pooled_capacity, shapes_by_class
 from tailguard.sim.virtual.trace import Arrival
 
 
@@ -51,16 +51,12 @@ async def play_against(
     targets = list(pools)  # one list: one round robin over both classes; ``during`` may shrink it (a killed replica)
     sent_to: dict[int, int] = {}
     key_at = {id(a): k for a, k in zip(arrivals, keys)}
-    cache: dict[tuple[int, int, int, str], bytes] = {}
+    unique = ShapeRequests(run_seed(label))  # every prompt its own; the engines outlive one run, so a seed per run
 
-    def request_of(port: int, arrival: Arrival) -> bytes:
+    def request_of(port: int, number: int, arrival: Arrival) -> bytes:
         key = key_at[id(arrival)]
         sent_to[id(arrival)] = port
-        wanted = (port, arrival.prompt, arrival.max_tokens, key.name)
-        if wanted not in cache:
-            raw = http_request(port, CHAT_PATH, body_for(arrival.prompt, arrival.max_tokens))
-            cache[wanted] = raw.replace(b"\r\n", f"\r\nAuthorization: Bearer {key.secret}\r\n".encode(), 1)
-        return cache[wanted]
+        return unique(port, number, arrival).replace(b"\r\n", f"\r\nAuthorization: Bearer {key.secret}\r\n".encode(), 1)
 
     load_average = [round(x, 2) for x in os.getloadavg()]
     before = MachineClock.read()

@@ -15,6 +15,7 @@ def render(result: dict[str, Any], command: str) -> str:
         out = result.get(name)
         if out:
             lines += _outage(out)
+    lines += _affinity(result.get("affinity"), result["options"])
     return "\n".join(lines + _notes(result))
 
 
@@ -139,6 +140,28 @@ def _outage(out: dict[str, Any]) -> list[str]:
         + "; ".join(f"{n}: " + ", ".join(f"{t:g} {st} {m}" for t, st, m in trail) for n, trail in out["health"].items()),
         "",
     ]
+
+
+def _affinity(affinity: dict[str, Any] | None, o: dict[str, Any]) -> list[str]:
+    """The affinity phase: a row per placement; nothing when it did not run."""
+    if not affinity:
+        return []
+    lines = [
+        "## Affinity: one prefix, one engine, from every replica",
+        "",
+        f"{o['replicas']} replicas sharing one `[cluster]` namespace, a pool of {affinity['engines']} instant engines; "
+        f"{affinity['requests']} requests, each one of {affinity['tenants']} tenants' ~300-token system prompts and a question "
+        "unique to it, one at a time per replica, round robin over the replicas; where each ran from the replicas' access logs.",
+        "",
+        "| placement | joined | on the tenant's engine | share | (replica, tenant) pairs agreeing | requests per engine | Redis commands / request | errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in affinity["runs"]:
+        lines.append(
+            f"| {run['placement']} | {run['joined']} | {run['on_tenant_engine']} | {run['share']} | {run['replica_tenant_pairs_agreeing']} | "
+            f"{' '.join(map(str, run['requests_per_engine'].values()))} | {run['redis_commands_per_request']} | {run['errors']} |"
+        )
+    return [*lines, ""]
 
 
 def _notes(result: dict[str, Any]) -> list[str]:

@@ -23,6 +23,11 @@ engines; one redis-server (no persistence) holds the ledger. In order:
    on the same port after ``--outage`` s; then paused (SIGSTOP/SIGCONT) for
    ``--pause`` s with one more replica killed during the pause. The replicas'
    /health and the ledger are read throughout, the ledger checked afterwards.
+5. affinity (issue 22): ``--replicas`` replicas in front of a pool of four
+   instant engines, each tenant's requests sharing a system prompt; the
+   share that ran on their tenant's engine whichever replica placed them
+   (``bench.cluster.affinity``), and Redis commands per request beside a run
+   with ``placement = "least_loaded"``.
 
 Watched all the time: every capped engine's own ``vllm:num_requests_running``
 and ``vllm:num_requests_waiting`` (its /metrics, every 10 ms), whose sum must
@@ -46,6 +51,7 @@ from typing import Any
 
 import trio
 
+from bench.cluster.affinity import AFFINITY_ENGINES, affinity_run
 from bench.cluster.checks import checks
 from bench.cluster.lab import KEYS, NAMESPACE, PHASES, RESULTS, Engine, Lab, Options, RedisProcess, stop_all
 from bench.cluster.ledger import ledger_cost, ledger_view
@@ -76,15 +82,16 @@ async def measure(options: Options) -> dict[str, Any]:
         async with trio.open_nursery() as nursery:
             sim_log = (tmp / "sim.log").open("ab")
             redis_log = (tmp / "redis.log").open("ab")
-            ports = free_ports(6)
+            ports = free_ports(6 + AFFINITY_ENGINES)
             redis = RedisProcess(nursery, ports[5], redis_log)
             await redis.start()
             engines = [Engine("interactive", ports[0], o.seats), Engine("batch-1", ports[1], o.seats), Engine("batch-2", ports[2], o.seats)]
-            spec = ",".join([f"{ports[0]}:latency", f"{ports[1]}:throughput", f"{ports[2]}:throughput", f"{ports[3]}:instant", f"{ports[4]}:instant"])
+            instant = [*ports[3:5], *ports[6:]]
+            spec = ",".join([f"{ports[0]}:latency", f"{ports[1]}:throughput", f"{ports[2]}:throughput", *(f"{p}:instant" for p in instant)])
             command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--time-scale", f"{o.time_scale:g}"]
             sim = await start_process(nursery, command, sim_log)
-            lab = Lab(o, tmp, nursery, redis, engines, (ports[3], ports[4]), [sim_log, redis_log])
-            for port in ports[:5]:
+            lab = Lab(o, tmp, nursery, redis, engines, (ports[3], ports[4]), [sim_log, redis_log], tuple(ports[6:]))
+            for port in [*ports[:5], *ports[6:]]:
                 await wait_ready(port, sim, "the simulator")
             try:
                 await phases(lab, result)
@@ -145,6 +152,9 @@ async def phases(lab: Lab, result: dict[str, Any]) -> None:
         async with ledger_view(lab, "bench-skew") as view:
             result["outage_skew"] = await outage_run(lab, skewed, view, "stop", max(3 * o.lease_ttl, 8.0), [], None, skew=True)
         await stop_all(skewed)
+    if "affinity" in o.phases:
+        print(f"affinity: one prefix, one engine, from {o.replicas} replicas", file=sys.stderr)
+        result["affinity"] = await affinity_run(lab, o.affinity_requests)
 
 
 def _fallback_warnings(tmp: Path, names: Sequence[str]) -> dict[str, int]:
@@ -179,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_seed_arg(parser, 1, "the arrivals and key choices")
     add("--phases", default=",".join(PHASES), help="phases to run, comma-separated, of: " + ", ".join(PHASES) + " (default: all)")
     add("--no-key-caps", action="store_true", help="API keys without max_concurrency (experiments; the key check then says nothing)")
+    add("--affinity-requests", type=int, default=800, help="affinity: requests over all replicas, one at a time per replica (default %(default)s)")
     add("--name", default=None, help="base name of the outputs (default cluster, or cluster-quick)")
     add_out_arg(parser, RESULTS)
     return parser
@@ -221,6 +232,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         out=args.out,
         phases=phases,
         key_caps=not args.no_key_caps,
+        affinity_requests=max(args.affinity_requests // 4, 1) if quick else args.affinity_requests,
     )
 
 

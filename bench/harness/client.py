@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -17,6 +18,8 @@ HOST = "127.0.0.1"
 CALL_TIMEOUT_S = 10.0  # a gRPC call's or an open-loop request's own bound
 
 CHAT_PATH = "/v1/chat/completions"
+
+Source = Callable[[], bytes]  # the next request's bytes: a load loop asks once per request (``bench.harness.unique``)
 
 _READ_SIZE = 64 * 1024
 
@@ -240,15 +243,15 @@ async def read_stream(stream: trio.SocketStream, counters: LoadCounters) -> bool
         tail = window[-_TAIL:]
 
 
-async def sse_client(port: int, request: bytes, deadline: float, counters: LoadCounters) -> None:
-    """One connection at a time: stream a completion to its end, then start the next."""
+async def sse_client(port: int, request: Source, deadline: float, counters: LoadCounters) -> None:
+    """One connection at a time: stream a completion (``request()``'s bytes) to its end, then start the next."""
     with trio.move_on_at(deadline):
         for _ in range(_MAX_REQUESTS_PER_CLIENT):
             ok = False
             try:
                 stream = await trio.open_tcp_stream(HOST, port)
                 async with stream:
-                    await stream.send_all(request)
+                    await stream.send_all(request())
                     counters.streams_started += 1
                     ok = await read_stream(stream, counters)
             except (OSError, trio.BrokenResourceError):

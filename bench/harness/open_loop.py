@@ -163,13 +163,17 @@ async def send_one(pool: TokenPool, request: bytes, sample: Sample) -> None:
 
 async def play(
     targets: Mapping[str, Sequence[TokenPool]],
-    request_of: Callable[[int, Arrival], bytes],
+    request_of: Callable[[int, int, Arrival], bytes],
     arrivals: Sequence[Arrival],
     drain: float,
     label: str,
     progress: bool = True,
 ) -> tuple[list[Sample], float]:
     """Send each arrival on time, round robin over its class's pools; wait ``drain`` s at most after the last.
+
+    ``request_of(port, number, arrival)`` gives the bytes of arrival
+    ``number`` (its index) to ``port``: a number per request lets them be
+    unique (``bench.harness.unique``).
 
     Each list of pools keeps its own turn: classes that share one list share
     one round robin, classes with lists of their own (a split) each have theirs.
@@ -192,7 +196,7 @@ async def play(
                     lag = time.perf_counter() - origin - arrival.at
                     sample = Sample(arrival.kind, arrival.measured, lag, request_id=f"tail-{index}", at=arrival.at)
                     samples.append(sample)
-                    request = with_request_id(request_of(pool.port, arrival), sample.request_id)
+                    request = with_request_id(request_of(pool.port, index, arrival), sample.request_id)
                     nursery.start_soon(send_one, pool, request, sample)
         outer.cancel_scope.cancel()
     for sample in samples:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from bench.harness.client import CALL_TIMEOUT_S, ConnectionPool, ProtocolError
+from bench.harness.client import CALL_TIMEOUT_S, ConnectionPool, ProtocolError, Source
 from tailguard.sim.virtual.mix import SHORT_SHARE
 
 
@@ -62,14 +62,14 @@ class OpenTally:
     connections: int = 0  # connections opened (HTTP) or channels used (gRPC)
 
 
-async def _http_call(pool: ConnectionPool, request: bytes, due: float, tally: OpenTally) -> None:
+async def _http_call(pool: ConnectionPool, request: Source, due: float, tally: OpenTally) -> None:
     client = pool.try_take()
     if client is None:
         tally.dropped += 1
         return
     tally.lags.append(time.perf_counter() - due)
     try:
-        reply = await client.exchange(request)
+        reply = await client.exchange(request())
     except (OSError, trio.BrokenResourceError, ProtocolError):
         tally.errors += 1
     else:
@@ -81,8 +81,8 @@ async def _http_call(pool: ConnectionPool, request: bytes, due: float, tally: Op
         pool.give_back(client)  # a failed client closed itself and reconnects on its next use
 
 
-async def http_open_loop(pool: ConnectionPool, request: bytes, offsets: Sequence[float]) -> OpenTally:
-    """Send ``request`` at ``offsets`` (s from now) whatever the server does; wait for the stragglers (bounded)."""
+async def http_open_loop(pool: ConnectionPool, request: Source, offsets: Sequence[float]) -> OpenTally:
+    """Send ``request()``'s bytes at ``offsets`` (s from now) whatever the server does; wait for the stragglers (bounded)."""
     tally = OpenTally()
     opened_before = pool.opened
     start = time.perf_counter() + START_DELAY_S

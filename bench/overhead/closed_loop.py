@@ -5,7 +5,9 @@ One run, one machine, side by side: the simulator serves two engines in the
 and scheduling), and tailguard runs in front of them from a temporary
 config. A closed loop of short, non-streaming chat completions (interactive
 class) goes first straight to engine 1, then through tailguard, at each
-concurrency; the difference is the router's overhead. The router's CPU time
+concurrency; the difference is the router's overhead. Every request's
+prompt is its own (a nonce first, ``bench.harness.unique``), so placement
+hashes a new prefix key each time, as it would for real traffic. The router's CPU time
 per request comes from ``/proc/PID/stat``; the simulator's and this client's
 CPU are reported too, so a reader can tell which process was the limit.
 
@@ -29,11 +31,12 @@ from pathlib import Path
 import trio
 
 from bench.harness.cli import add_json_arg, add_seconds_arg, add_warmup_arg, comma_separated, driver_parser, run_trio
-from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http_request
+from bench.harness.client import KeepAliveClient, ProtocolError, Source
 from bench.harness.clocks import CpuClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
 from bench.harness.report import cores_cell, latency_ms, maybe, md_table, save_json
+from bench.harness.unique import unique_chat
 from tailguard.sim import SimResponse
 from tailguard.sim.http import serve as serve_sim
 
@@ -74,12 +77,12 @@ class Tally:
     errors: int = 0
 
 
-async def closed_loop_worker(client: KeepAliveClient, request: bytes, budget: Budget, tally: Tally) -> None:
-    """Send requests back to back on one connection while the budget lasts."""
+async def closed_loop_worker(client: KeepAliveClient, request: Source, budget: Budget, tally: Tally) -> None:
+    """Send requests back to back on one connection while the budget lasts, each ``request()``'s bytes."""
     while budget.take():
         start = time.perf_counter()
         try:
-            reply = await client.exchange(request)
+            reply = await client.exchange(request())
         except (OSError, trio.BrokenResourceError, ProtocolError):
             tally.errors += 1
             await trio.sleep(_ERROR_BACKOFF_S)
@@ -90,7 +93,7 @@ async def closed_loop_worker(client: KeepAliveClient, request: bytes, budget: Bu
             tally.errors += 1
 
 
-async def closed_loop(clients: Sequence[KeepAliveClient], request: bytes, count: int, seconds: float) -> tuple[Tally, float]:
+async def closed_loop(clients: Sequence[KeepAliveClient], request: Source, count: int, seconds: float) -> tuple[Tally, float]:
     """Run ``count`` requests (or ``seconds``, whichever ends first) over ``clients``; (tally, wall s)."""
     tally = Tally()
     start = time.perf_counter()
@@ -216,7 +219,7 @@ async def measure(plan: Plan) -> Result:
                     pids = {"simulator": sim.pid, "tailguard": tg.pid}
                     for concurrency in plan.concurrencies:
                         for target, port in targets.items():
-                            request = http_request(port, CHAT_PATH, payload)
+                            request = unique_chat(port, payload, "router-overhead", target, concurrency)
                             runs.append(await measure_closed_loop(target, port, request, concurrency, plan, pids))
                             print(_progress(runs[-1]), file=sys.stderr, flush=True)
                     for process, name in ((tg, "tailguard"), (sim, "the simulator")):
@@ -242,7 +245,7 @@ async def measure(plan: Plan) -> Result:
 
 
 async def measure_closed_loop(
-    target: str, port: int, request: bytes, concurrency: int, plan: Plan, pids: dict[str, int], router: str | None = None
+    target: str, port: int, request: Source, concurrency: int, plan: Plan, pids: dict[str, int], router: str | None = None
 ) -> RunResult:
     """Warm the connections up, then measure one closed loop on them.
 
@@ -357,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render_table(result))
     flags = (" ".join(plan.serve_args) or "(default flags)") + ("" if plan.tracing is None else f", [tracing] on (sample_ratio {plan.tracing:g})")
     print(
-        f"\n'{MESSAGE}', max_tokens {MAX_TOKENS}, non-streaming chat (interactive class); engines in the "
+        f"\n'{MESSAGE}' after a nonce unique to each request, max_tokens {MAX_TOKENS}, non-streaming chat (interactive class); engines in the "
         f"'instant' profile; tailguard serve {flags}; closed loop on keep-alive connections, {plan.warmup} "
         f"warm-up requests per run; {result.cpu_count} CPUs shared by the simulator, tailguard and this client. "
         f"Wall time {time.perf_counter() - started:.0f} s."

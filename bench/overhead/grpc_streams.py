@@ -61,12 +61,13 @@ import trio
 
 from bench.harness import procs
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
-from bench.harness.client import CALL_TIMEOUT_S, CHAT_PATH, HOST, KeepAliveClient, http_request
+from bench.harness.client import CALL_TIMEOUT_S, HOST, KeepAliveClient
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import Target, cores_cell, maybe, md_table, save_json, targets_table
+from bench.harness.unique import unique_chat
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop, runs_table
 from bench.overhead.load import StreamRun, sse_streams
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
@@ -455,7 +456,7 @@ def run_result(target: str, concurrency: int, tally: Tally, wall: float, before:
 
 async def direct_unary(port: int, concurrency: int, pids: dict[str, int]) -> RunResult:
     """The baseline: the same chat straight to the engine, on keep-alive HTTP/1.1 connections."""
-    request = http_request(port, CHAT_PATH, {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS})
+    request = unique_chat(port, {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS}, "unary", concurrency)
     clients = [KeepAliveClient(port) for _ in range(concurrency)]
     try:
         await closed_loop(clients, request, max(WARMUP_CALLS, concurrency), WARMUP_SECONDS)
@@ -491,7 +492,7 @@ async def direct_streams(port: int, pids: dict[str, int]) -> StreamRun:
         "stream": True,
         "stream_options": {"include_usage": True},  # tailguard asks for it too
     }
-    request = http_request(port, CHAT_PATH, payload)
+    request = unique_chat(port, payload, "streams")
     return await sse_streams("http-direct", port, request, STREAMS, DIRECT_STREAM_WARMUP_S, DIRECT_STREAM_WINDOW_S, pids, router=None)
 
 

@@ -68,11 +68,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import procs
 from bench.harness.cli import add_out_arg, add_seconds_arg, driver_parser, run_and_report
-from bench.harness.client import CHAT_PATH, EVENT, HOST, KeepAliveClient, LoadCounters, ProtocolError, http_request, sse_client
+from bench.harness.client import EVENT, HOST, KeepAliveClient, LoadCounters, ProtocolError, sse_client
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import code_version
+from bench.harness.unique import unique_chat
 from bench.overhead.closed_loop import MESSAGE
 from tailguard.sim.virtual.mix import percentile
 
@@ -472,7 +473,7 @@ async def hold_phase(
     if capped:
         print(f"  hold: {options.streams:,} streams do not fit; holding {target:,} ({capped})", file=sys.stderr, flush=True)
     payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": HOLD_MAX_TOKENS, "stream": True}
-    request = http_request(port, CHAT_PATH, payload)
+    request = unique_chat(port, payload, "hold")
     tally = HoldTally()
     peak = idle
     cpu_start = CpuClock.read(pids)
@@ -485,7 +486,7 @@ async def hold_phase(
             launched = 0
             while True:
                 while launched < target and tally.waiting < MAX_OPENING:
-                    holders.start_soon(hold_one, port, request, options.read_pause, tally)
+                    holders.start_soon(hold_one, port, request(), options.read_pause, tally)
                     launched += 1
                     if launched % 64 == 0:
                         await trio.lowlevel.checkpoint()  # let the connects go out
@@ -578,7 +579,7 @@ class RelayRun:
 async def relay_window(port: int, pid: int, pids: dict[str, int], warmup: float, seconds: float, thresholds: str) -> RelayRun:
     """RELAY_STREAMS streaming chats restarted as they end; GC pauses and CPU over the window after the warm-up."""
     payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": RELAY_MAX_TOKENS, "stream": True}
-    request = http_request(port, CHAT_PATH, payload)
+    request = unique_chat(port, payload, "relay", thresholds)
     counters = LoadCounters()
     deadline = trio.current_time() + warmup + seconds + 30.0  # the clients' own bound; cancelled after the window
     async with trio.open_nursery() as load:

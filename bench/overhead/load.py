@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 import trio
 
-from bench.harness.client import CALL_TIMEOUT_S, LoadCounters, sse_client
+from bench.harness.client import CALL_TIMEOUT_S, LoadCounters, Source, sse_client
 from bench.harness.clocks import CpuClock
 from bench.harness.traffic import START_DELAY_S, OpenTally
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
@@ -89,7 +89,7 @@ async def grpc_open_loop(stub: pb_grpc.CompletionsStub, request: pb.ChatRequest,
 async def sse_streams(
     target: str,
     port: int,
-    request: bytes,
+    request: Source,
     streams: int,
     warmup_s: float,
     window_s: float,

@@ -53,7 +53,7 @@ from pathlib import Path
 import trio
 
 from bench.harness.cli import add_out_arg, add_seconds_arg, add_seed_arg, add_warmup_arg, comma_separated, driver_parser, run_and_report
-from bench.harness.client import CHAT_PATH, HOST, ConnectionPool, KeepAliveClient, http_request
+from bench.harness.client import HOST, ConnectionPool, KeepAliveClient, Source
 from bench.harness.clocks import CpuClock, MachineClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.grpc import AsyncioThread
@@ -70,9 +70,10 @@ from bench.harness.procs import (
 )
 from bench.harness.report import Target, code_version, cores_cell, latency_ms, maybe, md_table, targets_table
 from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
+from bench.harness.unique import unique_chat
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
-from bench.overhead.grpc_streams import WARMUP_CALLS, WARMUP_SECONDS, GrpcClient, StreamRun, chat_request, grpc_closed_loop, run_result
-from bench.overhead.load import ProfileSummary, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
+from bench.overhead.grpc_streams import WARMUP_CALLS, WARMUP_SECONDS, GrpcClient, chat_request, grpc_closed_loop, run_result
+from bench.overhead.load import ProfileSummary, StreamRun, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
 from tailguard.sim.virtual.mix import percentile
 
 RESULTS_DIR = RESULTS_ROOT / "overhead"
@@ -339,7 +340,7 @@ def _sse_progress(s: StreamRun, routers: dict[str, str] = ROUTER_OF) -> str:
 async def open_loop_phase(options: Options, aio: AsyncioThread, client: GrpcClient, ports: dict[str, int], pids: dict[str, int]) -> list[OpenRun]:
     """Every rate, every path, the same Poisson arrivals; unmeasured warm-up at the same rate before each run."""
     payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS}
-    requests = {path: http_request(port, CHAT_PATH, payload) for path, port in ports.items()}
+    requests = {path: unique_chat(port, payload, options.seed, "open", path) for path, port in ports.items()}
     pools = {path: ConnectionPool(port) for path, port in ports.items()}
     stub, grpc_request = client.stubs[0], chat_request(MAX_TOKENS)
     runs: list[OpenRun] = []
@@ -376,7 +377,7 @@ async def saturation_phase(
     plan = Plan(concurrencies=[SATURATION_CONCURRENCY], requests=lambda _: 10**7, seconds=options.sat_seconds, warmup=SATURATION_WARMUP)
     runs: list[RunResult] = []
     for path in _paths(ports, (DIRECT, PEER, HTTP)):
-        request = http_request(ports[path], CHAT_PATH, payload)
+        request = unique_chat(ports[path], payload, options.seed, "saturation", path)
         machine = MachineClock.read()
         run = await measure_closed_loop(path, ports[path], request, SATURATION_CONCURRENCY, plan, pids, ROUTER_OF.get(path))
         busy[path] = MachineClock.read().cores_since(machine)
@@ -384,7 +385,7 @@ async def saturation_phase(
         print(_sat_progress(runs[-1]), file=sys.stderr, flush=True)
     profiles: dict[str, ProfileSummary] = {}
     if options.profile_s > 0:
-        request = http_request(ports[HTTP], CHAT_PATH, payload)
+        request = unique_chat(ports[HTTP], payload, options.seed, "profile", HTTP)
         summary = await _profile_http(ports[HTTP], request, pids[TAILGUARD], options.out_dir / "profile_http.json", options.profile_s)
         if summary is not None:
             profiles["http_saturation"] = summary
@@ -400,7 +401,7 @@ async def saturation_phase(
     return runs, profiles
 
 
-async def _profile_http(port: int, request: bytes, tg_pid: int, path: Path, seconds: float) -> ProfileSummary | None:
+async def _profile_http(port: int, request: Source, tg_pid: int, path: Path, seconds: float) -> ProfileSummary | None:
     """The HTTP saturation loop again, unmeasured, while py-spy records tailguard."""
     clients = [KeepAliveClient(port) for _ in range(SATURATION_CONCURRENCY)]
     try:
@@ -430,7 +431,7 @@ async def sse_phase(options: Options, ports: dict[str, int], pids: dict[str, int
     for streams in options.streams:
         for path in _paths(ports, (DIRECT, PEER, HTTP)):
             profile = options.out_dir / "profile_sse.json" if path == HTTP and streams == top and options.profile_s > 0 else None
-            request = http_request(ports[path], CHAT_PATH, payload)
+            request = unique_chat(ports[path], payload, options.seed, "sse", streams, path)
             machine = MachineClock.read()
             target = "direct" if path == DIRECT else path
             run = await sse_streams(
@@ -456,7 +457,7 @@ async def paced_phase(options: Options, ports: dict[str, int], pids: dict[str, i
     }
     runs: list[StreamRun] = []
     for path in _paths(ports, (DIRECT, PEER, HTTP)):
-        request = http_request(ports[path], CHAT_PATH, payload)
+        request = unique_chat(ports[path], payload, options.seed, "paced", path)
         machine = MachineClock.read()
         run = await sse_streams(
             "direct" if path == DIRECT else path, ports[path], request, options.paced_streams, options.sse_warmup_s, options.sse_seconds,

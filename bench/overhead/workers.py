@@ -43,10 +43,11 @@ import trio
 
 from bench.harness import procs
 from bench.harness.cli import add_out_arg, add_seconds_arg, add_warmup_arg, driver_parser, run_and_report
-from bench.harness.client import CHAT_PATH, HOST, http_request
+from bench.harness.client import HOST, Source
 from bench.harness.clocks import MachineClock, cpu_count
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.report import code_version, git_commit
+from bench.harness.unique import unique_chat
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, measure_closed_loop
 from bench.overhead.run import find_peer, peer_command, peer_version
 
@@ -234,7 +235,7 @@ async def measure(options: Options, result: Result) -> Result:
                     for round_ in range(1, options.rounds + 1):
                         for setup in setups if round_ % 2 else setups[::-1]:
                             async with running(setup, engine_port, batch_port, options.peer, tmp, setup_out) as up:
-                                request = http_request(up.port, CHAT_PATH, payload)
+                                request = unique_chat(up.port, payload, "workers", round_, setup)
                                 for concurrency in options.concurrencies:
                                     row = await _one_loop(round_, setup, up, request, concurrency, plan, sim.pid)
                                     result.rows.append(row)
@@ -250,7 +251,7 @@ async def measure(options: Options, result: Result) -> Result:
     return result
 
 
-async def _one_loop(round_: int, setup: str, up: Running, request: bytes, concurrency: int, plan: Plan, sim_pid: int) -> Row:
+async def _one_loop(round_: int, setup: str, up: Running, request: Source, concurrency: int, plan: Plan, sim_pid: int) -> Row:
     load_start = _load_average()
     machine = MachineClock.read()
     run = await measure_closed_loop(setup, up.port, request, concurrency, plan, {"simulator": sim_pid, **up.pids})

@@ -26,6 +26,7 @@ from bench.harness.cli import add_json_arg, add_seconds_arg, add_time_scale_arg,
 from bench.harness.client import HOST, LoadCounters, sse_client
 from bench.harness.procs import RESULTS_ROOT, free_ports, process_cpu_seconds, start_simulator, stop, wait_ready
 from bench.harness.report import md_table, save_json
+from bench.harness.unique import repeated
 
 DEFAULT_JSON = RESULTS_ROOT / "sim_cpu.json"
 PROFILES = ("latency", "throughput")
@@ -126,7 +127,7 @@ async def measure(streams: int, warmup: float, seconds: float, time_scale: float
             deadline = trio.current_time() + warmup + seconds + 1.0
             async with trio.open_nursery() as load:
                 for port, profile in zip(ports, PROFILES, strict=True):
-                    request = completion_request(port)
+                    request = repeated(completion_request(port))  # under one 16-token block: nothing a cache could serve
                     for _ in range(streams):
                         load.start_soon(sse_client, port, request, deadline, counters[profile])
                 await trio.sleep(warmup)

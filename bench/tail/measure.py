@@ -16,10 +16,10 @@ from typing import IO, Any
 
 import trio
 
-from bench.harness.client import CHAT_PATH, http_request
 from bench.harness.clocks import CpuClock
 from bench.harness.open_loop import Sample, TokenPool, class_stats, play, token_times, write_samples
 from bench.harness.procs import log_tail, start_process, wait_ready
+from bench.harness.unique import ShapeRequests, run_seed
 from bench.tail.checks import checks, checks12
 from bench.tail.model import (
     BASELINES,
@@ -39,7 +39,7 @@ from bench.tail.setups import build_plans, build_setups, capacities, engine_para
 from bench.tail.watch import join_access_log, rss_summary, watch_engines, watch_router
 from tailguard.router.config_types import LimitsConfig
 from tailguard.router.limits import effective_max_tokens
-from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, body_for, percentile, pooled_capacity, shapes_by_class
+from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, percentile, pooled_capacity, shapes_by_class, unique_body_for
 from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
 
 
@@ -132,6 +132,7 @@ def _new_result(options: Options, command: list[str], mix: dict[str, list[tuple[
         rebalance=asdict(options.rebalance),
         max_engines=options.max_engines,
         phase_s=options.phase_seconds,
+        prefix_caching=options.prefix_caching,
     )
 
 
@@ -197,6 +198,7 @@ async def _start_simulator(
     """``python -m tailguard.sim`` serving ``engines``, with ``--seats`` and the scheduling policy applied to each."""
     spec = ",".join(f"{port}:{profile}" for port, profile in engines)
     command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--time-scale", f"{options.time_scale:g}"]
+    command += ["--prefix-caching", "true" if options.prefix_caching else "false"]
     if options.seats:
         command += ["--max-num-seqs", str(options.seats)]
     if policy != "fcfs":
@@ -276,14 +278,8 @@ async def _run_setup(
             everyone = [TokenPool(p) for p in ([router.port] if router else setup.direct)]
             by_kind = {k: everyone for k in CLASSES}  # one list: one round robin over both classes
         pools = list({id(pool): pool for group in by_kind.values() for pool in group}.values())
-        make_body = forwarded_body if setup.by_kind else body_for
-        cache: dict[tuple[int, int, int], bytes] = {}
-
-        def request_of(p: int, a: Arrival) -> bytes:
-            key = (p, a.prompt, a.max_tokens)
-            if key not in cache:
-                cache[key] = http_request(p, CHAT_PATH, make_body(a.prompt, a.max_tokens))
-            return cache[key]
+        # Every request unique (the engines cache prefixes); a seed per set-up and load, as the engines outlive a run.
+        request_of = ShapeRequests(run_seed(options.seed, load, setup.name), forwarded_body if setup.by_kind else unique_body_for)
 
         pids = {"simulator": sim.pid} | ({"tailguard": router.process.pid} if router else {})
         try:
@@ -412,15 +408,15 @@ def _series(samples: Sequence[Sample], bin_gpu_s: float, scale: float) -> list[d
     return rows
 
 
-def forwarded_body(prompt: int, max_tokens: int) -> dict[str, object]:
-    """The body tailguard sends an engine for this request (``router.request_path.backend_body``), so ``split-direct`` sends the same.
+def forwarded_body(prompt: int, max_tokens: int, number: int, *, seed: int = 0) -> dict[str, object]:
+    """The body tailguard sends an engine for request ``number`` (``router.request_path.backend_body``), so ``split-direct`` sends the same.
 
-    The client's body plus the pool's model, with max_tokens after the output
-    cap of the limits every generated config leaves at their defaults.
+    The client's unique body plus the pool's model, with max_tokens after the
+    output cap of the limits every generated config leaves at their defaults.
     """
-    body = body_for(prompt, max_tokens)
+    body = unique_body_for(prompt, max_tokens, number, seed=seed)
     capped, _ = effective_max_tokens(max_tokens, LimitsConfig())
-    return {"model": MODEL, "messages": body["messages"], "max_tokens": capped, "stream": body["stream"]}
+    return {"model": MODEL, "messages": body["messages"], "max_tokens": capped, "stream": body["stream"], "ignore_eos": True}
 
 
 def _window(arrivals: Sequence[Arrival], options: Options) -> float:

@@ -155,6 +155,7 @@ class Options:
     phase_seconds: float = 0.0  # shift: real s of each phase
     bin_seconds: float = 0.0  # GPU s per bin of the over-time series; 0: none (shift: 2)
     baselines_each_round: bool = False  # with max_engines: every round runs its own shared and short-only
+    prefix_caching: bool = True  # the simulated engines' prefix cache (--prefix-caching); prompts are unique either way
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,7 @@ class Result:
     rebalance: dict[str, float] = field(default_factory=dict)  # GPU s
     max_engines: int = 0
     phase_s: float = 0.0  # shift: real s per phase
+    prefix_caching: bool | None = None  # the engines' prefix cache; None: a result from before issue 22 (no cache, one body per shape)
     notes: list[str] = field(default_factory=list)
     runs: list[SetupResult] = field(default_factory=list)
     checks: list[dict[str, object]] = field(default_factory=list)

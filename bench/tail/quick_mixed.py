@@ -31,17 +31,19 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
 
 from bench.harness.cli import add_json_arg, add_seconds_arg, add_seed_arg, add_time_scale_arg, add_warmup_arg, driver_parser, run_trio
-from bench.harness.client import CHAT_PATH, TOKEN_MARKER, ConnectionPool, ProtocolError, http_request
+from bench.harness.client import CHAT_PATH, TOKEN_MARKER, ConnectionPool, ProtocolError
 from bench.harness.clocks import CpuClock
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
 from bench.harness.report import cores_cell, md_table, save_json
 from bench.harness.traffic import Arrival, schedule
+from bench.harness.unique import UniqueRequests, run_seed
 from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.mix import (
     CLASSES,
@@ -53,6 +55,7 @@ from tailguard.sim.virtual.mix import (
     percentile,
     prompt_tokens,
     shared_capacity,
+    unique_payload,
 )
 
 DEFAULT_JSON = RESULTS_ROOT / "quick_mixed.json"
@@ -101,11 +104,11 @@ async def send_one(pool: ConnectionPool, request: bytes, sample: Sample) -> None
 
 async def open_loop(
     pools: Mapping[str, Sequence[ConnectionPool]],
-    requests: Mapping[tuple[int, str], bytes],
+    requests: Mapping[tuple[int, str], UniqueRequests],
     arrivals: Sequence[Arrival],
     drain: float,
 ) -> tuple[list[Sample], float]:
-    """Send each arrival on time (round robin over its class's ``pools``); wait ``drain`` s at most after the last.
+    """Send each arrival on time (round robin over its class's ``pools``), each its own body; wait ``drain`` s at most after the last.
 
     Returns the samples and the wall time from the start of the schedule to the end.
     """
@@ -121,7 +124,7 @@ async def open_loop(
                 pool = choices[index % len(choices)]
                 sample = Sample(arrival.kind, arrival.measured, lag=time.perf_counter() - origin - arrival.at)
                 samples.append(sample)
-                nursery.start_soon(send_one, pool, requests[(pool.port, arrival.kind)], sample)
+                nursery.start_soon(send_one, pool, requests[(pool.port, arrival.kind)].request(index), sample)
     return samples, time.perf_counter() - origin
 
 
@@ -203,8 +206,6 @@ async def measure(options: Options) -> Result:
     arrivals = schedule(real_rate, options.warmup, options.seconds, options.seed)
     ports = Ports(*free_ports(6))
     setups = [s for s in _setups(ports) if not options.only or s.name in options.only]
-    targets = {port for setup in setups for group in setup.ports.values() for port in group}
-    requests = {(port, kind): http_request(port, CHAT_PATH, body) for port in targets for kind, body in bodies.items()}
     result = Result(
         time_scale=options.time_scale,
         times_are="GPU time: real ms divided by time_scale" if options.time_scale != 1 else "real time (time_scale 1)",
@@ -249,6 +250,7 @@ async def measure(options: Options) -> Result:
                     await wait_ready(ports.tailguard, tg, "tailguard")
                     pids = {"simulator": sim.pid, "tailguard": tg.pid}
                     for setup in setups:
+                        requests = _unique_requests(setup, options.seed)
                         result.setups.append(await _run_setup(setup, requests, arrivals, options, pids))
                         print(f"  {setup.name}: done in {result.setups[-1].wall_s:.0f} s", file=sys.stderr, flush=True)
                         for process, name in ((tg, "tailguard"), (sim, "the simulator")):
@@ -282,6 +284,16 @@ class Ports:
         ]
 
 
+def _unique_requests(setup: Setup, seed: int) -> dict[tuple[int, str], UniqueRequests]:
+    """Per target and class, every request its own prompt; a seed per set-up, as set-ups share engines (and their caches)."""
+    nonce_seed = run_seed(seed, setup.name)
+    return {
+        (port, kind): UniqueRequests(port, CHAT_PATH, partial(unique_payload, kind, seed=nonce_seed), seed=nonce_seed)
+        for kind, ports in setup.ports.items()
+        for port in ports
+    }
+
+
 def _both(*targets: int) -> dict[str, Sequence[int]]:
     """Both classes to the same targets."""
     return {kind: targets for kind in CLASSES}
@@ -305,7 +317,7 @@ def _setups(ports: Ports) -> list[Setup]:
 
 
 async def _run_setup(
-    setup: Setup, requests: dict[tuple[int, str], bytes], arrivals: Sequence[Arrival], options: Options, pids: dict[str, int]
+    setup: Setup, requests: dict[tuple[int, str], UniqueRequests], arrivals: Sequence[Arrival], options: Options, pids: dict[str, int]
 ) -> SetupResult:
     by_port = {port: ConnectionPool(port) for ports in setup.ports.values() for port in ports}
     pools = {kind: [by_port[port] for port in ports] for kind, ports in setup.ports.items()}

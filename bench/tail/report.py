@@ -15,6 +15,13 @@ from bench.tail.plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timeli
 from tailguard.sim.virtual.mix import percentile
 
 
+def _prompts(result: Result) -> str:
+    """What the prompts and the engines' cache were (results from before issue 22 repeated one body per shape)."""
+    if result.prefix_caching is None:
+        return "one body per request shape, engines without a prefix cache"
+    return f"every prompt unique (a nonce first), ignore_eos, engines' prefix cache {'on' if result.prefix_caching else 'off'}"
+
+
 def render(result: Result) -> str:
     """The markdown report: per load, latency, rejection, process and memory tables; then the targets."""
     fail_fast = "router default" if result.fail_fast_fraction is None else f"{result.fail_fast_fraction:g}"
@@ -23,7 +30,7 @@ def render(result: Result) -> str:
         f"time scale {result.time_scale:g} ({result.times_are}); shared capacity {result.shared_capacity_req_s:.1f} req/s; "
         f"warm-up {result.warmup_s:g} s, window {result.window_s:g} s, drain <= {result.drain_s:g} s (real) per set-up; "
         f"pools' fail_fast_fraction {fail_fast}; load average at start {result.load_average.get('start')}, "
-        f"at end {result.load_average.get('end')} ({result.cpu_count} cores).",
+        f"at end {result.load_average.get('end')} ({result.cpu_count} cores); {_prompts(result)}.",
         "",
         f"Command: `{' '.join(result.command)}`",
         "",

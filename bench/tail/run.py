@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--baselines-each-round", action="store_true", help="with --max-engines: every round runs its own shared and short-only, "
         "and each set-up is compared with those (a busy machine's load changes between rounds)")
     add("--bins", type=float, default=0.0, help="GPU s per bin of the per-class series over time (default: 2 with --mix shift, else none)")
+    add("--prefix-caching", choices=("true", "false"), default="true",
+        help="the simulated engines' prefix cache; every prompt is unique either way, so it has nothing to hit (default %(default)s)")
     add_out_arg(parser, RESULTS)
     add("--name", default=None, help="base name of the outputs (default tail, or tail-quick)")
     add("--samples", type=Path, default=None, help="also write every request's fate (JSONL, one file per set-up and load) to this folder")
@@ -163,6 +165,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         phase_seconds=phase if args.mix == "shift" else 0.0,
         bin_seconds=args.bins,
         baselines_each_round=args.baselines_each_round,
+        prefix_caching=args.prefix_caching == "true",
     )
 
 
