@@ -20,6 +20,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "grpc-overhead": ("bench.overhead.grpc_streams", "the gRPC front end: unary calls, streams, 10,000 open streams"),
     "sse-check": ("bench.overhead.sse_check", "in process: what the HTTP relay's check of every SSE event costs per event"),
     "hold": ("bench.overhead.hold", "RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold"),
+    "prefix": ("bench.prefix.run", "shared prefixes: tenants, conversations, RAG, Mooncake; placement side by side with vllm-router"),
     "sweep": ("bench.sweep.run", "the policy in virtual time: loads x set-ups x splits"),
     "chaos": ("bench.chaos.run", "killed, hung and broken engines, hostile clients, reloads: what must hold"),
     "cluster": ("bench.cluster.run", "replicas sharing caps on Redis: caps under load, kill -9, Redis down"),

@@ -1,0 +1,148 @@
+"""The set-ups side by side: four fresh simulated engines each, and the router in front of them.
+
+- ``round robin``: vllm-router ``--policy round_robin``;
+- ``cache_aware``: vllm-router ``--policy cache_aware`` with its defaults (an
+  approximate prefix tree per worker; cache threshold 0.3, balance
+  thresholds 64 absolute / 1.5 relative);
+- ``hand affinity``: vllm-router ``--policy consistent_hash`` (160 virtual
+  nodes a worker), each request carrying its tenant / conversation /
+  document as ``X-Session-ID``, the header that policy hashes first: each
+  key pinned to one engine, no balancing;
+- ``least loaded``: tailguard, one pool over the four engines,
+  ``placement = "least_loaded"``;
+- ``tailguard``: the same pool with tailguard's default placement (prefix
+  affinity, where the router has it).
+
+tailguard's pool has one catch-all class (no thresholds), so what differs
+is placement, not a split; endpoint caps are the engines' seats.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import trio
+
+from bench.harness.client import HOST
+from bench.harness.config import server_table
+from bench.harness.procs import free_ports, start_process, start_tailguard, stop, wait_ready
+from bench.prefix.model import INPUT_CAP_TOKENS, MAX_MODEL_LEN, MODEL, SEATS
+
+ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD = "round robin", "cache_aware", "hand affinity", "least loaded", "tailguard"
+SETUPS = (ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD)
+PEER_POLICIES = {ROUND_ROBIN: "round_robin", CACHE_AWARE: "cache_aware", HAND: "consistent_hash"}
+SESSION_HEADER = "X-Session-ID"  # what vllm-router's consistent_hash hashes first
+END_TO_END_TIMEOUT_S = 120.0  # GPU s; tailguard's, scaled
+QUEUE_TIMEOUT_S = 60.0  # GPU s: the catch-all class waits this long for a seat
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One set-up: its name, how it was run, and whether its requests carry the pin key as a header."""
+
+    name: str
+    description: str
+    pin_header: bool = False
+
+
+def vllm_router() -> Path | None:
+    """The vllm-router executable beside this Python (the venv's), else on PATH."""
+    beside = Path(sys.executable).with_name("vllm-router")
+    found = beside if beside.exists() else shutil.which("vllm-router")
+    return Path(found) if found else None
+
+
+def placement_supported() -> bool:
+    """Whether this tailguard reads a pool's ``placement`` key (issue 22's placement change adds it)."""
+    with_key = pool_config(1, 2, [3, 4, 5, 6], 1.0, "least_loaded")
+    check = [sys.executable, "-m", "tailguard.server", "check-config", "--config", "/dev/stdin"]
+    done = subprocess.run(check, input=with_key, capture_output=True, text=True, check=False, timeout=60)
+    return done.returncode == 0
+
+
+def describe(name: str, placement_ok: bool) -> Setup:
+    """The set-up called ``name``, as this run can build it."""
+    if name in PEER_POLICIES:
+        text = f"vllm-router --policy {PEER_POLICIES[name]}" + (f", {SESSION_HEADER} = the request's key" if name == HAND else "")
+        return Setup(name, text, pin_header=name == HAND)
+    if name == LEAST_LOADED:
+        text = (
+            'tailguard, one pool, placement = "least_loaded"'
+            if placement_ok
+            else "tailguard, one pool (least loaded: no placement key yet)"
+        )
+        return Setup(name, text)
+    return Setup(name, "tailguard, one pool, its default placement" + ("" if placement_ok else " (least loaded: no prefix affinity yet)"))
+
+
+def pool_config(http_port: int, grpc_port: int, engines: Sequence[int], time_scale: float, placement: str | None) -> str:
+    """tailguard over ``engines``: one pool, caps at the engines' seats, one catch-all class; timeouts in GPU time."""
+    endpoints = ", ".join(f'{{ url = "http://{HOST}:{port}", max_concurrency = {SEATS} }}' for port in engines)
+    lines = [
+        *server_table(http_port, grpc_port),
+        "[limits]",
+        f"input_cap_tokens = {INPUT_CAP_TOKENS}",
+        "",
+        "[timeouts]",
+        f"end_to_end_timeout = {END_TO_END_TIMEOUT_S * time_scale:g}",
+        "",
+        "[pools.all]",
+        f"max_concurrency = {SEATS * len(engines)}",
+        f"max_queue = {64 * SEATS * len(engines)}",
+        f"max_model_len = {MAX_MODEL_LEN}",
+        f'models = ["{MODEL}"]',
+        *([f'placement = "{placement}"'] if placement else []),
+        f"endpoints = [{endpoints}]",
+        "",
+        "[classes.all]",
+        'pool = "all"',
+        f"queue_timeout = {QUEUE_TIMEOUT_S * time_scale:g}",
+        "priority = 0",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def peer_command(exe: Path, policy: str, port: int, metrics_port: int, engines: Sequence[int]) -> list[str]:
+    """vllm-router in front of ``engines`` with ``policy`` and its defaults otherwise, on 127.0.0.1 only (its metrics too)."""
+    urls = [f"http://{HOST}:{p}" for p in engines]
+    return [
+        str(exe), "--host", HOST, "--port", str(port), "--worker-urls", *urls, "--policy", policy,
+        "--prometheus-host", HOST, "--prometheus-port", str(metrics_port), "--log-level", "warning",
+    ]  # fmt: skip
+
+
+@asynccontextmanager
+async def running(
+    setup: Setup, engines: Sequence[int], time_scale: float, placement_ok: bool, tmp: Path, log: IO[bytes]
+) -> AsyncIterator[tuple[int, trio.Process]]:
+    """The set-up's router in front of ``engines``, ready; (its port, its process); stopped on every way out."""
+    async with trio.open_nursery() as nursery:
+        if setup.name in PEER_POLICIES:
+            exe = vllm_router()
+            if exe is None:
+                raise RuntimeError("vllm-router not found: pip install -e '.[bench]'")
+            port, metrics_port = free_ports(2)
+            process = await start_process(nursery, peer_command(exe, PEER_POLICIES[setup.name], port, metrics_port, engines), log)
+        else:
+            port, grpc_port = free_ports(2)
+            placement = "least_loaded" if setup.name == LEAST_LOADED and placement_ok else None
+            config = tmp / f"tailguard-{setup.name.replace(' ', '-')}.toml"
+            config.write_text(pool_config(port, grpc_port, engines, time_scale, placement))
+            process = await start_tailguard(nursery, config, log=log)
+        try:
+            await wait_ready(port, process, setup.name)
+            yield port, process
+            if process.returncode is not None:
+                raise RuntimeError(f"{setup.name}: the router exited with {process.returncode} during the run")
+        finally:
+            with trio.CancelScope(shield=True):
+                await stop(process)
+            nursery.cancel_scope.cancel()
