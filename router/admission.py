@@ -46,7 +46,9 @@ def decide(
         )
     check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
     record.model = model
-    return klass, pool, Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, prefix_key_of(request))
+    return klass, pool, Ticket(
+        klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, prefix_key_of(request, pool.config.placement.blocks)
+    )
 
 
 def classify(prompt_tokens: int, max_tokens: int, classes: Sequence[ClassConfig]) -> ClassConfig:

@@ -14,6 +14,7 @@ from .config_sections import host_port
 from .config_table import ENV_NAME, Table, describe
 from .config_types import (
     BackendAccess,
+    CacheSaltMode,
     ClassConfig,
     DnsEndpointsConfig,
     DnsScheme,
@@ -21,6 +22,8 @@ from .config_types import (
     HealthCheckKind,
     LendConfig,
     OutlierDetectionConfig,
+    PlacementConfig,
+    PlacementMode,
     PoolConfig,
     RebalanceMode,
     SimulateProfile,
@@ -36,6 +39,10 @@ _QUEUE_PER_SEAT = 4
 _SIMULATE_PROFILES: tuple[SimulateProfile, ...] = get_args(SimulateProfile)
 _HEALTH_CHECKS: tuple[HealthCheckKind, ...] = get_args(HealthCheckKind)
 _REBALANCE_MODES: tuple[RebalanceMode, ...] = get_args(RebalanceMode)
+_PLACEMENT_MODES: tuple[PlacementMode, ...] = get_args(PlacementMode)
+_CACHE_SALT_MODES: tuple[CacheSaltMode, ...] = get_args(CacheSaltMode)
+# The key covers at most this many leading blocks (4,096 tokens, ~16 KiB of text): its cost grows with them.
+MAX_AFFINITY_BLOCKS = 256
 _DNS_SCHEMES: tuple[DnsScheme, ...] = get_args(DnsScheme)
 _DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -85,6 +92,7 @@ def _read_pool(
     vllm_priority = table.boolean("vllm_priority", PoolConfig.vllm_priority)
     stream_upstream = table.boolean("stream_upstream", PoolConfig.stream_upstream)
     rebalance = table.choice("rebalance", _REBALANCE_MODES, PoolConfig.rebalance)
+    placement = _read_placement(table)
     if endpoints and not endpoints_dns and table.ok("endpoints", "endpoints_dns", "max_concurrency"):
         total = sum(endpoint.max_concurrency for endpoint in endpoints)
         if max_concurrency > total:
@@ -118,10 +126,26 @@ def _read_pool(
         vllm_priority=vllm_priority,
         stream_upstream=stream_upstream,
         rebalance=rebalance,
+        placement=placement,
         endpoints_dns=endpoints_dns,
         max_model_len_configured=max_model_len is not None,
         access=access,
     )
+
+
+def _read_placement(table: Table) -> PlacementConfig:
+    """``placement``, ``affinity_load_factor``, ``affinity_blocks`` and ``cache_salt``: how the pool places its seats."""
+    default = PlacementConfig()
+    mode = table.choice("placement", _PLACEMENT_MODES, default.mode)
+    factor = table.number("affinity_load_factor", default.load_factor, minimum=1.0, inclusive=True)
+    blocks = table.integer("affinity_blocks", default.blocks, minimum=1)
+    if table.ok("affinity_blocks") and blocks > MAX_AFFINITY_BLOCKS:
+        table.problem(
+            "affinity_blocks",
+            f"must be at most {MAX_AFFINITY_BLOCKS} (the key reads that many 16-token blocks of every prompt), got {blocks}",
+        )
+    salt = table.choice("cache_salt", _CACHE_SALT_MODES, default.cache_salt)
+    return PlacementConfig(mode=mode, load_factor=factor, blocks=blocks, cache_salt=salt)
 
 
 def _read_pool_cap(table: Table, endpoints: Sequence[EndpointConfig]) -> int:

@@ -13,6 +13,7 @@ from .config_types import (
     Config,
     LendConfig,
     OutlierDetectionConfig,
+    PlacementConfig,
     PoolConfig,
     ServerConfig,
     TlsConfig,
@@ -212,6 +213,18 @@ def _render_auth(auth: AuthConfig) -> list[str]:
     return lines + _aligned(rows, indent="  ")
 
 
+def _placement(placement: PlacementConfig) -> str:
+    """A pool's placement on one line: affinity's bound and key, or load alone; the cache salt if any."""
+    if placement.mode == "least_loaded":
+        text = "least_loaded (load alone)"
+    else:
+        text = (
+            f"prefix_affinity (affinity_load_factor {placement.load_factor:g}, "
+            f"affinity_blocks {placement.blocks}: the key covers {placement.blocks * 16} leading tokens)"
+        )
+    return text + ("; cache_salt caller (callers share no cached prefix)" if placement.cache_salt == "caller" else "")
+
+
 def _render_pool(pool: PoolConfig) -> list[str]:
     total = sum(endpoint.max_concurrency for endpoint in pool.endpoints)
     endpoints = _aligned(
@@ -250,6 +263,7 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         *((("vllm_priority", "on (class priority sent as vLLM's priority)"),) if pool.vllm_priority else ()),
         *((("stream_upstream", "on (whole answers asked of vLLM as streams, put together here)"),) if pool.stream_upstream else ()),
         *((("rebalance", "off (no endpoint moves in or out)"),) if pool.rebalance == "off" else ()),
+        ("placement", _placement(pool.placement)),
         ("endpoints", endpoints[0]),
         *(("", line) for line in endpoints[1:]),
         *((("endpoints_dns", dns[0]),) if dns else ()),

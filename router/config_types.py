@@ -299,6 +299,26 @@ class OutlierDetectionConfig:
     failure_min_requests: int = 20
 
 
+PlacementMode = Literal["prefix_affinity", "least_loaded"]
+CacheSaltMode = Literal["none", "caller"]
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """How a pool picks the endpoint a seat goes to (router/policies.py; docs/pools.md, "Placement")."""
+
+    # "prefix_affinity": a request's prefix key picks its home engine (rendezvous
+    # hashing within a load bound); "least_loaded": load alone.
+    mode: PlacementMode = "prefix_affinity"
+    # The bound: an endpoint may take a keyed request while its load after it
+    # stays within ceil(load_factor x the pool's mean); >= 1.
+    load_factor: float = 1.25
+    blocks: int = 16  # leading 16-token blocks of the prompt the key covers
+    # "caller": the body sent to vLLM carries a cache_salt digest of the caller's
+    # identity, so callers never share cached prefixes (nor time their hits).
+    cache_salt: CacheSaltMode = "none"
+
+
 @dataclass(frozen=True)
 class LendConfig:
     """Idle seats a pool lends to other pools' requests (work conservation).
@@ -361,6 +381,7 @@ class PoolConfig:
     stream_upstream: bool = False
     # "off": its movable endpoints stay, and none moves in.
     rebalance: RebalanceMode = "auto"
+    placement: PlacementConfig = PlacementConfig()
     # Endpoints from DNS, beside ``endpoints``; ``max_concurrency`` stays the
     # pool's cap whatever the number of addresses (their caps' sum may be less).
     endpoints_dns: tuple[DnsEndpointsConfig, ...] = ()

@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    from .config_types import PlacementConfig
     from .endpoint import Endpoint
 
 # How a seat's endpoint was chosen (Lease.placement, RequestRecord.placement; metrics and the access log use these names):
@@ -105,7 +106,21 @@ class PrefixAffinity:
     instead of queueing on one engine. The least loaded candidate is
     always within the bound (c >= 1), so any endpoint with room beats none.
     Load is ``placement_load`` (recent failures counted, as LeastLoaded does).
-    Borrowed seats and requests without a key go to ``LeastLoaded``.
+    Requests without a key go to ``LeastLoaded``.
+
+    Lending composes as a filter before affinity, never after: the lending
+    rule (LeastLoaded's) packs borrowed seats onto the endpoints holding
+    the most of them and keeps the pool's own requests off those while
+    another has room, because a borrowed request shares every engine step
+    with its neighbours (a short request beside long prefills), and that
+    isolation is what lending promised. Within what the rule allows, the
+    key's rendezvous order picks: a borrowed request goes to its prefix
+    home among the lender's endpoints of the pack (the first borrowed seat
+    starts the pack at its home, so a borrower's conversation that keeps
+    borrowing keeps hitting one lender engine's cache), and the pool's own
+    requests go home unless their home holds borrowed seats (then they
+    spill down the order, and come back when those end). Affinity first
+    would scatter borrowed seats over every engine of the lender.
     """
 
     def __init__(self, rng: random.Random, *, c: float = 1.25) -> None:
@@ -117,20 +132,21 @@ class PrefixAffinity:
     def choose(
         self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
     ) -> Placement | None:
-        if borrowed:
-            return self._fallback.choose(endpoints, key, borrowed=True, exclude=exclude)
         if key is None:
-            endpoint = self._fallback.pick(with_room(endpoints, exclude), borrowed=False)
-            return None if endpoint is None else Placement(endpoint, "no_key")
-        return self.place(endpoints, key, exclude)
+            endpoint = self._fallback.pick(with_room(endpoints, exclude), borrowed=borrowed)
+            return None if endpoint is None else Placement(endpoint, "borrowed" if borrowed else "no_key")
+        return self.place(endpoints, key, exclude, borrowed=borrowed)
 
-    def place(self, endpoints: Sequence[Endpoint], key: bytes, exclude: Collection[Endpoint] = ()) -> Placement | None:
-        """The first endpoint with room in ``key``'s rendezvous order within the load bound, or None without one.
+    def place(
+        self, endpoints: Sequence[Endpoint], key: bytes, exclude: Collection[Endpoint] = (), *, borrowed: bool = False
+    ) -> Placement | None:
+        """The first endpoint with room the lending rule allows, in ``key``'s rendezvous order within the load bound; or None.
 
-        "home" when it is the first of the usable endpoints (room or not), else "spilled".
+        "home" when it is the first of the usable endpoints (room or not),
+        "spilled" when a later one, "borrowed" for a lent seat.
         """
         home_weight = b""
-        ranked: list[tuple[bytes, str, Endpoint]] = []
+        ranked: list[_Ranked] = []
         for e in endpoints:
             if not e.usable:
                 continue
@@ -140,9 +156,13 @@ class PrefixAffinity:
                 ranked.append((weight, e.url, e))
         if not ranked:
             return None
-        bound = self.bound([e for _, _, e in ranked])
+        if any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
+            ranked = _lending_rule(ranked, borrowed=borrowed)
+        bound = self.bound([r[2] for r in ranked])
         # The first eligible in rendezvous order. For c >= 1 the least loaded is always eligible ("or" guards rounding).
         weight, _, endpoint = max([r for r in ranked if r[2].placement_load + 1 <= bound] or ranked, key=_rank)
+        if borrowed:
+            return Placement(endpoint, "borrowed")
         return Placement(endpoint, "home" if weight == home_weight else "spilled")
 
     def bound(self, candidates: Sequence[Endpoint]) -> int:
@@ -151,7 +171,25 @@ class PrefixAffinity:
         return math.ceil(self.c * total / len(candidates))
 
 
-def _rank(ranked: tuple[bytes, str, Endpoint]) -> tuple[bytes, str]:
+_Ranked = tuple[bytes, str, "Endpoint"]  # (rendezvous weight, URL, endpoint)
+
+
+def _lending_rule(ranked: list[_Ranked], *, borrowed: bool) -> list[_Ranked]:
+    """LeastLoaded's packing, before affinity: a lent seat among those holding the most lent; the pool's own off them when it can."""
+    if borrowed:
+        most = max(r[2].borrowed for r in ranked)
+        return [r for r in ranked if r[2].borrowed == most]
+    return [r for r in ranked if not r[2].borrowed] or ranked
+
+
+def policy_for(placement: PlacementConfig, rng: random.Random) -> EndpointPolicy:
+    """The policy a pool's ``placement`` config asks for."""
+    if placement.mode == "least_loaded":
+        return LeastLoaded(rng)
+    return PrefixAffinity(rng, c=placement.load_factor)
+
+
+def _rank(ranked: _Ranked) -> tuple[bytes, str]:
     return ranked[0], ranked[1]
 
 

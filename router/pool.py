@@ -2,10 +2,12 @@
 
 A :class:`Pool` hands out :class:`Lease` objects, each one seat on one
 endpoint. A lease is granted only while the pool is under its cap and some
-healthy endpoint is under its own cap; the least-loaded such endpoint wins
-(ties broken at random), except that seats lent to another pool's requests
-are packed together and kept apart from the pool's own (router/policies.py's
-``LeastLoaded``, the pool's default ``policy``).
+healthy endpoint is under its own cap; the pool's ``policy`` picks which
+(router/policies.py): by default the request's prefix home, by rendezvous
+hashing of its prefix key within a load bound (``PrefixAffinity``), or the
+least loaded (``LeastLoaded``, ``placement = "least_loaded"``); seats lent
+to another pool's requests are packed together and kept apart from the
+pool's own.
 Requests that cannot get a lease at once wait in the pool's
 :class:`~router.queue.WaitQueue`, ordered by (class priority, arrival).
 
@@ -39,7 +41,7 @@ from .endpoint import Closable as Closable
 from .endpoint import Closer as Closer
 from .endpoint import Endpoint
 from .errors import NoBackend
-from .policies import EndpointPolicy, LeastLoaded, Placement, PlacementKind
+from .policies import EndpointPolicy, Placement, PlacementKind, policy_for
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
 
 
@@ -205,7 +207,9 @@ class Pool:
         self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
         # While a freed seat is offered: the request elsewhere it may go to; only one here that comes first may take it.
         self._serving_up_to: Yielding | None = None
-        self.policy: EndpointPolicy = policy or LeastLoaded(rng or random.Random())  # which endpoint a seat goes to
+        self._rng = rng or random.Random()
+        # Which endpoint a seat goes to: config.placement's (prefix affinity by default), rebuilt when a reload changes it.
+        self.policy: EndpointPolicy = policy or policy_for(config.placement, self._rng)
         self.queue: WaitQueue[Lease, Ticket] = WaitQueue(self._grant, max_waiting=config.max_queue, drain_rate=self._drain_rate)
 
     def holds(self, endpoint: Endpoint) -> bool:
@@ -265,6 +269,8 @@ class Pool:
 
     def reconfigure(self, config: PoolConfig, endpoints: list[Endpoint]) -> None:
         """Adopt a new config and endpoint set (a reload: moves are undone); waiters get any room it opens."""
+        if config.placement != self.config.placement:
+            self.policy = policy_for(config.placement, self._rng)
         self.config = config
         self.cap_moved = 0
         self.endpoints = endpoints

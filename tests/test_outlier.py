@@ -20,7 +20,7 @@ import trio
 import trio.testing
 
 from tailguard.router import errors
-from tailguard.router.config_types import Config, EndpointConfig, OutlierDetectionConfig, TimeoutsConfig
+from tailguard.router.config_types import Config, EndpointConfig, OutlierDetectionConfig, PlacementConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
 from tailguard.server.metrics import Metrics
 from tailguard.sim.canned import canned_transport
@@ -67,12 +67,14 @@ def config_for(
     first_byte_timeout: float = 60.0,
     health_check: str = "http",
 ) -> Config:
-    """One interactive pool over ``urls`` (cap 4 each), with the given outlier rules."""
+    """One interactive pool over ``urls`` (cap 4 each), with the given outlier rules, placing by load alone (one
+    prompt every time: prefix affinity would send it all to one engine)."""
     base = two_pool_config(interactive_cap=4, interactive_urls=urls, timeouts=TimeoutsConfig(health_check_timeout=1.0))
     interactive = dataclasses.replace(
         base.pool("interactive"),
         first_byte_timeout=first_byte_timeout,
         health_check=health_check,  # type: ignore[arg-type]
+        placement=PlacementConfig(mode="least_loaded"),
         outlier_detection=OutlierDetectionConfig(
             consecutive_failures=consecutive, base_ejection_time=5.0, max_ejection_time=60.0, max_ejection_percent=percent
         ),

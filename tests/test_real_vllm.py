@@ -187,7 +187,8 @@ async def test_a_refused_key_moves_the_request_to_a_sibling_that_takes_it(autoju
     cfg = config((A, B), pool_extra='api_key_env = "VLLM_KEY"', environ={"VLLM_KEY": "sk-engine"})
     async with engines("sk-engine", "sk-other") as [good, other], router_over({A: good, B: other}, cfg) as router:
         for i in range(20):  # until one lands on B first: its 401 moves it to A, the caller sees nothing
-            assert json.loads(await complete(router, chat(max_tokens=2, request_id=f"r{i}")))["choices"]
+            # Prompts unlike each other: prefix affinity sends one prompt to one engine every time.
+            assert json.loads(await complete(router, chat(f"question {i}", max_tokens=2, request_id=f"r{i}")))["choices"]
             if endpoint(router, B).auth_failure is not None:
                 break
         assert endpoint(router, B).auth_failure is not None and endpoint(router, A).auth_failure is None

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from tailguard.router.config import ConfigError, parse_config, render_config
-from tailguard.router.config_types import Config, EndpointConfig, RebalanceConfig
+from tailguard.router.config_types import Config, EndpointConfig, PlacementConfig, RebalanceConfig
 from tailguard.server.metrics import Metrics
 from tests.router_helpers import INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from tests.test_config import BASE
@@ -18,14 +18,17 @@ CAP = 4
 REBALANCE = RebalanceConfig(interval=1.0, hold_time=5.0, threshold=0.3, cooldown=60.0)
 
 
-def movable_config(*, movable: bool = True, rebalance: str = "auto", batch_urls: tuple[str, ...] = ("http://batch-0:8000", SPARE_URL)) -> Config:
-    """Interactive: one endpoint of 4 seats. Batch: two of 4, the last one movable."""
+def movable_config(
+    *, movable: bool = True, rebalance: str = "auto", batch_urls: tuple[str, ...] = ("http://batch-0:8000", SPARE_URL), load_factor: float = 1.25
+) -> Config:
+    """Interactive: one endpoint of 4 seats. Batch: two of 4, the last one movable (affinity's bound ``load_factor``)."""
     base = two_pool_config(interactive_cap=CAP, batch_cap=CAP, batch_urls=batch_urls, interactive_timeout=60.0, batch_timeout=60.0)
     interactive, batch = base.pools
     endpoints = tuple(
         dataclasses.replace(e, movable=movable and e.url == SPARE_URL) for e in batch.endpoints
     )
-    batch = dataclasses.replace(batch, endpoints=endpoints, rebalance=rebalance)  # type: ignore[arg-type]
+    placement = PlacementConfig(load_factor=load_factor)
+    batch = dataclasses.replace(batch, endpoints=endpoints, rebalance=rebalance, placement=placement)  # type: ignore[arg-type]
     return with_digest(base, "movable", pools=(interactive, batch), rebalance=REBALANCE)
 
 
@@ -70,7 +73,7 @@ async def test_a_starved_pool_gets_the_idle_pools_movable_endpoint_and_nothing_i
 
 
 async def test_a_moving_endpoint_finishes_its_old_pools_requests_before_it_joins(autojump_clock: trio.testing.MockClock) -> None:
-    config = movable_config()
+    config = movable_config(load_factor=1.0)  # the bound at the mean: two jobs, one on each batch endpoint
     async with router_over_engines(config) as fleet, trio.open_nursery() as nursery:
         await nursery.start(fleet.router.run)
         spare = fleet.engine(SPARE_URL)
