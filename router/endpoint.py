@@ -77,6 +77,9 @@ class Endpoint:
         self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
         self.in_flight = 0
         self.borrowed = 0  # of those, seats serving another pool's request (a lease with a borrower)
+        # Seats given to it as their prefix key's home, ever: how warm its prefix cache is for its pool
+        # (rebalancing moves the coldest; the count of a recent window is the rebalancer's).
+        self.home_placements = 0
         self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
         self.healthy = True
         # Context length: what GET /v1/models said last (None: not asked, or no

@@ -356,6 +356,8 @@ class Pool:
         if placement is None:
             return None
         endpoint = placement.endpoint
+        if placement.kind == "home":
+            endpoint.home_placements += 1
         self.in_flight += 1
         self.class_in_flight[ticket.request_class] = self.class_in_flight.get(ticket.request_class, 0) + 1
         endpoint.in_flight += 1

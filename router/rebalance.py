@@ -16,6 +16,13 @@ once look like an imbalance the other way (the projected utilisations
 after the move, by seats moved). After a move no other is considered for
 ``cooldown`` seconds. Together these keep an assignment from flapping.
 
+Of the donor's movable endpoints, the one whose prefix cache is coldest
+for the donor goes: the fewest seats placed on it as their prefix key's
+home (``Endpoint.home_placements``) over the last ``HOME_WINDOW``
+seconds, then the least busy. Its cached
+prefixes are the ones the donor loses least by (prefix affinity sends
+those keys to their next engine), and its running requests finish soonest.
+
 This module decides; the router (``router.dispatch``) carries a move out:
 the endpoint leaves its pool at once (no new requests of that pool), its
 running requests finish and still count against its cap, and only when it
@@ -25,8 +32,9 @@ the file says.
 
 from __future__ import annotations
 
+import collections
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .config_types import Config, RebalanceConfig
@@ -69,12 +77,36 @@ def _ratio(wanted: float, seats: int) -> float:
     return math.inf if wanted else 0.0
 
 
+# Seconds of home placements that say how warm an engine's cache is: a prefix nobody asked for in a minute
+# has likely been evicted from a busy engine's KV cache (vLLM frees least recently used blocks first).
+HOME_WINDOW = 60.0
+
+
+class Warmth:
+    """Each endpoint's home placements over a recent window: snapshots of the counts, one a look."""
+
+    def __init__(self) -> None:
+        self._snapshots: collections.deque[tuple[float, dict[str, int]]] = collections.deque()
+
+    def look(self, now: float, endpoints: Iterable[Endpoint]) -> None:
+        """Note the counts now; forget snapshots older than HOME_WINDOW but the newest such (the window's start)."""
+        self._snapshots.append((now, {e.url: e.home_placements for e in endpoints}))
+        while len(self._snapshots) > 1 and self._snapshots[1][0] <= now - HOME_WINDOW:
+            self._snapshots.popleft()
+
+    def recent(self, endpoint: Endpoint) -> int:
+        """Home placements on ``endpoint`` since the window began (all of them, for one seen first in it)."""
+        start = self._snapshots[0][1] if self._snapshots else {}
+        return endpoint.home_placements - start.get(endpoint.url, 0)
+
+
 class Rebalancer:
     """Watches utilisation, look by look, and says when an endpoint should move."""
 
     def __init__(self) -> None:
         self._since: dict[tuple[str, str], float] = {}  # (busy, idle) -> when the imbalance was first seen
         self._last_move = -math.inf
+        self.warmth = Warmth()
 
     def reset(self) -> None:
         """Forget imbalances seen so far (a reload changed the pools)."""
@@ -88,6 +120,7 @@ class Rebalancer:
         """One look: update the imbalances seen, and return a move due now, if any."""
         settings = config.rebalance
         candidates = [pool for pool in pools.values() if pool.config.rebalance == "auto"]
+        self.warmth.look(now, (e for pool in pools.values() for e in pool.endpoints))
         wanted = demand(pools, config)
         used = {name: _ratio(wanted[name], pool.seats) for name, pool in pools.items()}
         seen: set[tuple[str, str]] = set()
@@ -103,20 +136,23 @@ class Rebalancer:
             key=lambda pair: used[pair[1]] - used[pair[0]],  # the widest gap first
         )
         for busy_name, idle_name in due:
-            choice = _best_move(pools[busy_name], pools[idle_name], wanted, settings)
+            choice = _best_move(pools[busy_name], pools[idle_name], wanted, settings, self.warmth)
             if choice is not None:
                 return choice
         return None
 
 
-def _best_move(target: Pool, source: Pool, wanted: Mapping[str, float], settings: RebalanceConfig) -> MoveChoice | None:
-    """The movable endpoint of ``source`` whose move helps ``target`` most without flapping, or None."""
+def _best_move(
+    target: Pool, source: Pool, wanted: Mapping[str, float], settings: RebalanceConfig, warmth: Warmth
+) -> MoveChoice | None:
+    """The movable endpoint of ``source`` whose move helps ``target`` without flapping, coldest cache first, or None."""
     if len(source.endpoints) < 2 or not set(target.config.models) <= set(source.config.models):
         return None  # never empty a pool; never move an engine to a pool whose models it does not serve
     movable: Sequence[Endpoint] = [
         e for e in source.endpoints if e.movable and e.usable and context_fits(e.max_model_len, target.config)
     ]  # a move into a pool whose max_model_len the engine does not reach would only idle it there
-    for endpoint in sorted(movable, key=lambda e: (e.in_flight, e.url)):  # the least busy finishes soonest
+    # The coldest cache for the donor loses it least; then the least busy, which finishes soonest.
+    for endpoint in sorted(movable, key=lambda e: (warmth.recent(e), e.in_flight, e.url)):
         seats = endpoint.max_concurrency
         target_after = _ratio(wanted[target.name], target.seats + seats)
         source_after = _ratio(wanted[source.name], source.seats - seats)

@@ -228,3 +228,25 @@ def test_a_bound_factor_below_one_is_refused() -> None:
     except ValueError:
         return
     raise AssertionError("c < 1 accepted")
+
+
+def homed(pool: Sequence[Endpoint], home: Endpoint, *, other_than: Sequence[bytes] = ()) -> bytes:
+    """A key whose rendezvous home over ``pool`` is ``home``."""
+    return next(k for k in keys(200) if rendezvous_order(k, pool)[0] is home and k not in other_than)
+
+
+def test_lent_seats_start_their_pack_at_the_key_home_and_keep_to_it_and_the_pools_own_keep_off() -> None:
+    pool = endpoints(3)
+    first = policy().choose(pool, keys(1)[0], borrowed=True)
+    assert first == (rendezvous_order(keys(1)[0], pool)[0], "borrowed")  # no pack yet: it starts at the key's home
+    pack = cast("FakeEndpoint", first.endpoint)
+    pack.borrowed = pack.in_flight = 1
+    elsewhere = next(e for e in pool if e is not first.endpoint)
+    second = policy().choose(pool, homed(pool, elsewhere), borrowed=True)
+    assert second == (first.endpoint, "borrowed")  # packed with the other lent seat, though its home is elsewhere
+    own = policy().choose(pool, homed(pool, first.endpoint), borrowed=False)
+    assert own is not None and own.endpoint is not first.endpoint and own.kind == "spilled"  # off the pack while it can
+    for e in pool:
+        if e is not first.endpoint:
+            cast("FakeEndpoint", e).seats = 0  # full: the pack is all that has room
+    assert policy().choose(pool, homed(pool, first.endpoint), borrowed=False) == (first.endpoint, "home")
