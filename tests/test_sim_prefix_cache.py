@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 import trio.testing
 
-from tailguard.sim import Engine, EngineParams, Sequence
+from tailguard.sim import PROFILES, Engine, EngineParams, Sequence
 from tailguard.sim.__main__ import build_parser
 from tailguard.sim.prefix_cache import BLOCK_SIZE, PrefixCache, block_hashes
 from tailguard.sim.tokens import prompt_token_ids
@@ -134,7 +136,7 @@ async def test_metrics_and_usage_report_the_cache(autojump_clock: trio.testing.M
         second = (await client.post("/v1/completions", json=request)).json()
         streamed = await client.post("/v1/completions", json={**request, "stream": True, "stream_options": {"include_usage": True}})
         text = (await client.get("/metrics")).text
-    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert "prompt_tokens_details" not in first["usage"]  # vLLM sends it only for a hit
     assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
     usage_events = [line for line in streamed.text.splitlines() if '"usage"' in line]
     assert '"prompt_tokens_details":{"cached_tokens":96}' in usage_events[-1]
@@ -176,3 +178,43 @@ async def test_a_cache_salt_must_be_a_string(autojump_clock: trio.testing.MockCl
         response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, "cache_salt": 7})
     assert response.status_code == 400
     assert "cache_salt" in response.text
+
+
+def test_the_cache_is_on_by_default_in_every_profile() -> None:
+    assert EngineParams().prefix_caching is True  # vLLM V1's default
+    assert all(params.prefix_caching for params in PROFILES.values())
+    assert PROFILES["instant"].replace(prefix_caching=False).prefix_caching is False
+
+
+async def test_chat_usage_reports_cached_tokens_plain_and_streamed(autojump_clock: trio.testing.MockClock) -> None:
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "z" * 800}], "max_tokens": 2}
+    async with in_process_engine(CACHED) as (_, client):
+        first = (await client.post("/v1/chat/completions", json=request)).json()
+        plain = (await client.post("/v1/chat/completions", json=request)).json()
+        streamed = await client.post(
+            "/v1/chat/completions", json={**request, "stream": True, "stream_options": {"include_usage": True}}
+        )
+    # 200 + 4 + 3 = 207 tokens: 12 full blocks
+    assert first["usage"]["prompt_tokens"] == 207
+    assert "prompt_tokens_details" not in first["usage"]
+    assert plain["usage"]["prompt_tokens_details"] == {"cached_tokens": 12 * BLOCK_SIZE}
+    usage = [json.loads(line[len("data: ") :]) for line in streamed.text.splitlines() if '"usage"' in line]
+    assert usage[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 12 * BLOCK_SIZE}
+
+
+def _gauge(text: str, name: str) -> float:
+    line = next(line for line in text.splitlines() if line.startswith(name + "{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_kv_usage_counts_held_blocks_not_free_cached_ones(autojump_clock: trio.testing.MockClock) -> None:
+    """vLLM's kv_cache_usage_perc leaves out free blocks that still hold a cached prefix."""
+    async with in_process_engine(CACHED) as (engine, client):
+        sequence = engine.submit(1000, 50, prompt_key="doc")
+        await trio.sleep(0.5)  # prefilled and decoding
+        running = _gauge((await client.get("/metrics")).text, "vllm:kv_cache_usage_perc")
+        await sequence.wait_finished()
+        idle = (await client.get("/metrics")).text
+    assert 1000 / 100_000 < running <= (1000 + 50) / 100_000  # its prompt and the tokens so far
+    assert _gauge(idle, "vllm:kv_cache_usage_perc") == 0.0  # its 62 blocks are cached, free, not in use
+    assert engine._cache is not None and engine._cache.free_cached_blocks == 1000 // BLOCK_SIZE

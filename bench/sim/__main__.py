@@ -40,7 +40,8 @@ _PARAM_HELP = {
     "priority field (lower first), the lowest priority preempted when the KV cache runs short",
     "max_num_queued_reqs": "vLLM --max-num-queued-reqs: with this many requests in flight (waiting + running), "
     "a new one is answered 503 with Retry-After at once (default: unbounded)",
-    "prefix_caching": "vLLM's automatic prefix caching: true or false (cached 16-token prompt blocks are not prefilled again)",
+    "prefix_caching": "vLLM's automatic prefix caching, on in every profile as in vLLM V1: true or false "
+    "(cached 16-token prompt blocks are not prefilled again)",
 }
 _PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scheduling_policy": SCHEDULING_POLICIES}
 

@@ -208,15 +208,19 @@ def _chat_choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, 
 
 
 def _usage(sequence: Sequence, *, cache_details: bool) -> dict[str, Any]:
-    """The response's usage; ``prompt_tokens_details`` only with prefix caching on (vLLM sends it with
-    ``--enable-prompt-tokens-details``)."""
+    """The response's usage; ``prompt_tokens_details`` only with prefix caching on and a hit.
+
+    vLLM sends it with ``--enable-prompt-tokens-details`` and only when
+    ``num_cached_tokens`` is nonzero (``if self.enable_prompt_tokens_details
+    and final_res.num_cached_tokens`` in its serving code).
+    """
     completion = len(sequence.token_ids)
     usage: dict[str, Any] = {
         "prompt_tokens": sequence.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": sequence.prompt_tokens + completion,
     }
-    if cache_details:
+    if cache_details and sequence.cached_tokens:
         usage["prompt_tokens_details"] = {"cached_tokens": sequence.cached_tokens}
     return usage
 

@@ -74,9 +74,10 @@ class EngineParams:
     # Every H100 profile keeps ~400k tokens = 25,000 blocks: an 8B model in bf16
     # (16 GiB of weights; 128 KiB of KV per token: 32 layers x 8 KV heads x 128
     # x 2 x 2 bytes) leaves ~50 GiB of an 80 GiB H100 at 0.9 utilisation.
-    # Off by default here for now: the sweep engine (bench/sim/virtual) has no
-    # cache yet and must replay this engine's timestamps.
-    prefix_caching: bool = False
+    # On by default, as in vLLM V1, in every profile ("instant" too: a hit
+    # costs the simulator ~nothing at 2k tokens); both engines model it
+    # (bench/sim/prefix_cache.py). ``--prefix-caching false`` turns it off.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
