@@ -14,12 +14,12 @@ from bench.prefix.mooncake import BLOCK_TOKENS, MAX_PROMPT_TOKENS, SCALE, TraceR
 from bench.prefix.report import Measured, Result, hit_rate, latencies, load_spread, summarise, targets
 from bench.prefix.setups import CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD, pool_config
 from bench.prefix.text import piece, unique
-from bench.prefix.workloads import Spec, conversations, rag, tenants, unique_prompts
+from bench.prefix.workloads import Spec, conversations, fleet_capacity, rag, tenants, unique_prompts
 from tailguard.router.config import parse_config
 from tailguard.sim.prefix_cache import prompt_block_keys
 from tailguard.sim.tokens import count_text_tokens
 
-SPEC = Spec(seed=3, load=0.8, warmup_s=1.0, seconds=3.0)
+SPEC = Spec(seed=3, load=0.8, warmup_s=1.0, seconds=3.0, kv_cache_tokens=23_872)
 
 
 def blocks(messages: tuple[tuple[str, str], ...]) -> list[bytes]:
@@ -66,6 +66,11 @@ def test_tenants_share_the_system_prompt_and_nothing_else() -> None:
     stranger = next(r for r in short if r.key != b.key)
     assert shared_blocks(blocks(stranger.messages), blocks(b.messages)) == 0
     assert all(r.prompt_tokens + r.max_tokens <= MAX_MODEL_LEN for r in workload.requests)
+
+
+def test_capacity_counts_the_seats_the_kv_cache_holds() -> None:
+    shapes = [(1500, 64), (2000, 64)]
+    assert fleet_capacity(shapes, 1 << 26) > fleet_capacity(shapes, 23_872) > fleet_capacity(shapes, 8192)
 
 
 def test_unique_prompts_share_no_block() -> None:

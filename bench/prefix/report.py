@@ -235,7 +235,7 @@ def render(result: Result) -> str:
         f"KV cache: {result.kv_sizing}",
         f"tailguard placement: {result.placement}",
         f"times: {result.times_are} (time scale {result.time_scale:g}); load {result.load:g} of each workload's modelled capacity "
-        "(every prompt token prefilled, every seat usable)",
+        "(every prompt token prefilled, seats as many as the KV cache holds: no reuse)",
         f"wall {result.wall_s:.0f} s on {result.cpu_count} CPU(s)",
     ]
     for name, info in result.workloads.items():

@@ -20,6 +20,7 @@ by ``--time-scale``. Writes ``bench/results/prefix/NAME.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -98,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--load, --time-scale and --seconds must be > 0, --warmup and --drain >= 0, --trace-rows >= 2")
     spec = Spec(seed=args.seed, load=args.load, warmup_s=warmup, seconds=seconds)
     sizing = kv_sizing(sum(len(p) // 4 for p in system_prompts(spec)), spec.unique_share)
+    spec = dataclasses.replace(spec, kv_cache_tokens=sizing.kv_cache_tokens)
     print(sizing.line(), file=sys.stderr)
     placement_ok = placement_supported()
     run_spec = RunSpec(args.time_scale, drain, sizing.kv_cache_tokens, args.seed, placement_ok, parallel=not args.serial)

@@ -5,9 +5,9 @@ shared: a tenant's system prompt, a conversation's history, a document;
 every question and every "unique" prompt begins with the request's own
 nonce (``text.unique``), so it shares no block with any other request.
 Arrivals are Poisson at ``load`` times the fleet's modelled capacity for the
-workload's own shapes, counted with every prompt token prefilled and every
-seat usable (``fleet_capacity``): what the engines could serve with no cache
-to help. Token counts of shared texts are multiples of 16, so a shared
+workload's own shapes with every prompt token prefilled, in seats the KV
+cache can hold (``fleet_capacity``): what the engines could serve with no
+cache hit to help. Token counts of shared texts are multiples of 16, so a shared
 piece ends on a KV-cache block boundary.
 """
 
@@ -39,15 +39,20 @@ class Spec:
     tenants: int = 24
     zipf: float = 1.0
     unique_share: float = 0.1  # tenants: the share of unique long documents beside the tenants' questions
+    kv_cache_tokens: int = 1 << 26  # each engine's; the capacity's seats are as many contexts as it holds (at most SEATS)
 
     @property
     def length_s(self) -> float:
         return self.warmup_s + self.seconds
 
 
-def fleet_capacity(shapes: Sequence[tuple[int, int]]) -> float:
-    """GPU req/s at which ENGINES engines are full for these (prompt, max_tokens) shapes, every prompt token prefilled, every seat usable."""
-    params = engine_params(1 << 26)  # KV not limiting: the capacity of the compute
+def fleet_capacity(shapes: Sequence[tuple[int, int]], kv_cache_tokens: int) -> float:
+    """GPU req/s at which ENGINES engines are full for these (prompt, max_tokens) shapes, every prompt token prefilled (no reuse).
+
+    The engine model's seats are SEATS or as many average contexts as
+    ``kv_cache_tokens`` holds, whichever is fewer (``engine_capacity``).
+    """
+    params = engine_params(kv_cache_tokens)
     share = 1.0 / len(shapes)
     return pooled_capacity(ENGINES, params, [(share, prompt, out) for prompt, out in shapes])
 
@@ -84,7 +89,7 @@ def _poisson(
     """
     rng = random.Random(f"{name}:{spec.seed}")
     drawn = [draw(number, rng) for number in range(CAPACITY_SAMPLE)]
-    capacity = fleet_capacity([(count_chat_tokens([c for _, c in m]), out) for _, m, out, _ in drawn])
+    capacity = fleet_capacity([(count_chat_tokens([c for _, c in m]), out) for _, m, out, _ in drawn], spec.kv_cache_tokens)
     rate = spec.load * capacity
     times = random.Random(f"{name}:{spec.seed}:arrivals")
     requests: list[Request] = []
@@ -169,7 +174,7 @@ def conversations(spec: Spec, think_s: float = 1.0) -> Workload:
             shapes.append((history + 3, SHORT_MAX_TOKENS))
             history += math.ceil(SHORT_MAX_TOKENS * ANSWER_TOKENS_PER_TOKEN) + 4
         drawn.append((f"chat-{c}", tuple(turns)))
-    capacity = fleet_capacity(shapes)
+    capacity = fleet_capacity(shapes, spec.kv_cache_tokens)
     rate = spec.load * capacity / (len(shapes) / len(drawn))  # conversations a second
     chats: list[Conversation] = []
     at = rng.expovariate(rate)
