@@ -8,33 +8,63 @@ shows how far it got.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import NamedTuple
 
 from .auth import Caller
 from .config_types import ClassConfig, Config
 from .errors import Forbidden, InvalidRequest, ModelNotFound
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
+from .policies import rendezvous_order
 from .pool import Pool, Ticket
 from .prefix_key import prefix_key_of
+from .prefix_memory import ConversationMemory, HistoryDigests, Warm, history_digests, uncached_tokens
 from .request import RouterRequest
 from .telemetry import RequestRecord
 
 
+class Admitted(NamedTuple):
+    """Admission's verdict: the class, its pool, the ticket it queues with, and the history to remember once answered."""
+
+    klass: ClassConfig
+    pool: Pool
+    ticket: Ticket
+    history: HistoryDigests | None  # a chat's digests where some class bounds uncached tokens, else None
+
+
 def decide(
-    request: RouterRequest, caller: Caller, config: Config, pools: Mapping[str, Pool], record: RequestRecord, arrival: float
-) -> tuple[ClassConfig, Pool, Ticket]:
-    """The request's class, its pool and its ticket, or the RequestRejected error that refuses it."""
+    request: RouterRequest,
+    caller: Caller,
+    config: Config,
+    pools: Mapping[str, Pool],
+    record: RequestRecord,
+    arrival: float,
+    memory: ConversationMemory | None = None,
+) -> Admitted:
+    """The request's class, its pool and its ticket, or the RequestRejected error that refuses it.
+
+    With ``memory`` and a class whose ``prompt_bound`` is "uncached", a
+    chat's history is looked up: that class then bounds the tokens expected
+    to need prefill on the conversation's warm home (``expected_uncached``).
+    """
     prompt_tokens = estimate_prompt_tokens(request, config.estimate)
     record.prompt_tokens = prompt_tokens
     check_prompt(prompt_tokens, config.limits)
     max_tokens, clamped = effective_max_tokens(request.max_tokens, config.limits)
     record.max_tokens, record.clamped = max_tokens, clamped
+    history = uncached = None
+    if memory is not None and any(k.prompt_bound == "uncached" for k in config.classes):
+        history = history_digests(request.messages)
+        warm = memory.warm(history) if history is not None else None
+        if warm is not None:
+            uncached = partial(expected_uncached, request, prompt_tokens, warm, pools)
     if request.forced_class is not None:
         if request.forced_class not in caller.may_force_classes:
             raise Forbidden(f"the caller {caller.name!r} may not force the class {request.forced_class!r}", param="class")
         klass = forced(request.forced_class, config.classes)
     else:
-        klass = classify(prompt_tokens, max_tokens, config.classes)
+        klass = classify(prompt_tokens, max_tokens, config.classes, uncached)
     pool = pools[klass.pool]
     record.request_class, record.pool = klass.name, pool.name
     model = request.model or pool.config.models[0]
@@ -46,16 +76,46 @@ def decide(
         )
     check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
     record.model = model
-    return klass, pool, Ticket(
+    if uncached is not None and klass.prompt_bound == "uncached":
+        record.uncached_tokens = uncached(klass)
+    ticket = Ticket(
         klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, prefix_key_of(request, pool.config.placement.blocks)
     )
+    return Admitted(klass, pool, ticket, history)
 
 
-def classify(prompt_tokens: int, max_tokens: int, classes: Sequence[ClassConfig]) -> ClassConfig:
+def expected_uncached(request: RouterRequest, prompt_tokens: int, warm: Warm, pools: Mapping[str, Pool], klass: ClassConfig) -> int:
+    """The prompt tokens ``klass``'s pool is expected to prefill: fewer only where the warm endpoint is the request's home there.
+
+    The home is the first endpoint of the request's prefix key in rendezvous
+    order among the pool's usable ones (where prefix affinity would send it
+    load allowing); a pool placing by load alone, a key-less request, or a
+    warm endpoint that is not the home (gone, ejected, moved, another pool's)
+    counts every token.
+    """
+    pool = pools[klass.pool]
+    placement = pool.config.placement
+    if placement.mode != "prefix_affinity":
+        return prompt_tokens
+    key = prefix_key_of(request, placement.blocks)
+    usable = [e for e in pool.endpoints if e.usable and pool.holds(e)]
+    if key is None or not usable or rendezvous_order(key, usable)[0].url != warm.endpoint_url:
+        return prompt_tokens
+    return uncached_tokens(prompt_tokens, warm)
+
+
+def classify(
+    prompt_tokens: int, max_tokens: int, classes: Sequence[ClassConfig], uncached: Callable[[ClassConfig], int] | None = None
+) -> ClassConfig:
     """The first class whose thresholds admit both sizes (config validation
-    guarantees the last class is a catch-all)."""
+    guarantees the last class is a catch-all).
+
+    ``uncached`` gives, for a class with ``prompt_bound = "uncached"``, the
+    prompt tokens it is expected to prefill; without it every token counts.
+    """
     for klass in classes:
-        if klass.max_prompt_tokens is not None and prompt_tokens > klass.max_prompt_tokens:
+        counted = uncached(klass) if uncached is not None and klass.prompt_bound == "uncached" else prompt_tokens
+        if klass.max_prompt_tokens is not None and counted > klass.max_prompt_tokens:
             continue
         if klass.max_output_tokens is not None and max_tokens > klass.max_output_tokens:
             continue

@@ -25,6 +25,7 @@ from .config_types import (
     PlacementConfig,
     PlacementMode,
     PoolConfig,
+    PromptBound,
     RebalanceMode,
     SimulateProfile,
 )
@@ -40,6 +41,7 @@ _SIMULATE_PROFILES: tuple[SimulateProfile, ...] = get_args(SimulateProfile)
 _HEALTH_CHECKS: tuple[HealthCheckKind, ...] = get_args(HealthCheckKind)
 _REBALANCE_MODES: tuple[RebalanceMode, ...] = get_args(RebalanceMode)
 _PLACEMENT_MODES: tuple[PlacementMode, ...] = get_args(PlacementMode)
+_PROMPT_BOUNDS: tuple[PromptBound, ...] = get_args(PromptBound)
 _CACHE_SALT_MODES: tuple[CacheSaltMode, ...] = get_args(CacheSaltMode)
 # The key covers at most this many leading blocks (4,096 tokens, ~16 KiB of text): its cost grows with them.
 MAX_AFFINITY_BLOCKS = 256
@@ -483,6 +485,7 @@ def _read_class(
     relay_interval = table.number("relay_interval", 0.0, minimum=0.0, inclusive=True)
     if table.ok("relay_interval") and relay_interval > _MAX_RELAY_INTERVAL:
         table.problem("relay_interval", f"{relay_interval:g} s is over {_MAX_RELAY_INTERVAL:g} s: a stream would stall visibly")
+    prompt_bound = table.choice("prompt_bound", _PROMPT_BOUNDS, "all")
     if not table.finish():
         return None
     return ClassConfig(
@@ -493,4 +496,5 @@ def _read_class(
         max_prompt_tokens=max_prompt,
         max_output_tokens=max_output,
         relay_interval=relay_interval,
+        prompt_bound=prompt_bound,
     )

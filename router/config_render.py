@@ -147,10 +147,11 @@ def _render_moves(config: Config) -> list[str]:
 def _render_classes(config: Config) -> list[str]:
     """The classes as one table, in match order."""
     lines = ["classes (the first that admits a request wins)"]
-    rows = [("name", "max_prompt_tokens", "max_output_tokens", "pool", "queue_timeout", "priority", "relay_interval")]
+    rows = [("name", "max_prompt_tokens", "max_output_tokens", "pool", "queue_timeout", "priority", "relay_interval", "prompt_bound")]
     rows += [
         (klass.name, _threshold(klass.max_prompt_tokens), _threshold(klass.max_output_tokens),
-         klass.pool, _seconds(klass.queue_timeout), str(klass.priority), _seconds_or_off(klass.relay_interval))
+         klass.pool, _seconds(klass.queue_timeout), str(klass.priority), _seconds_or_off(klass.relay_interval),
+         klass.prompt_bound)
         for klass in config.classes
     ]
     lines += _aligned(rows, indent="  ")

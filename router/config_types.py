@@ -300,6 +300,9 @@ class OutlierDetectionConfig:
 
 
 PlacementMode = Literal["prefix_affinity", "least_loaded"]
+# What a class's max_prompt_tokens bounds: every prompt token, or those the engine is expected to prefill
+# (a warm conversation's history on its home engine is cached: router/prefix_memory.py).
+PromptBound = Literal["all", "uncached"]
 CacheSaltMode = Literal["none", "caller"]
 
 
@@ -421,6 +424,9 @@ class ClassConfig:
     # tokens arrive (batch jobs), so the event loop stays free for the ones
     # that do.
     relay_interval: float = 0.0
+    # "uncached": max_prompt_tokens bounds the tokens expected to need prefill
+    # (all of them when the router cannot know); "all": every prompt token.
+    prompt_bound: PromptBound = "all"
 
 
 @dataclass(frozen=True)

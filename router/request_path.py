@@ -45,6 +45,7 @@ from .ids import IdSource
 from .outlier import record_success, report_failure
 from .policies import Placement
 from .pool import Lease, Pool
+from .prefix_memory import ConversationMemory
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
 from .traffic import Traffic
@@ -143,6 +144,7 @@ class RequestPath:
         self._fleet = fleet
         self._traffic = traffic
         self._upstream_ids = IdSource()  # the id each attempt goes to vLLM under (never the caller's)
+        self._memory = ConversationMemory()  # where answered chats are warm, for classes that bound uncached tokens
 
     def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
         """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
@@ -165,7 +167,7 @@ class RequestPath:
         traffic.requests_total += 1
         if traffic.draining:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
-        klass, pool, ticket = decide(request, caller, config, fleet.pools, record, arrival)
+        klass, pool, ticket, history = decide(request, caller, config, fleet.pools, record, arrival, self._memory)
         trace = record.trace
 
         queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
@@ -210,6 +212,8 @@ class RequestPath:
                         report_failure(serving, lease.endpoint, error)
                         raise
                     record_success(serving, lease.endpoint)
+                    if history is not None:  # its next turn may count only what the warm engine must prefill
+                        self._memory.remember(history.whole, lease.endpoint.url, ticket.prompt_tokens)
                 finally:
                     with trio.CancelScope(shield=True):  # hanging up must happen, and is quick
                         await response.aclose()

@@ -109,6 +109,8 @@ class RequestRecord:
     placement: str | None = None
 
     prompt_tokens: int | None = None  # estimated
+    # Of them, those its class counted as needing prefill on a warm conversation's home (prompt_bound = "uncached").
+    uncached_tokens: int | None = None
     requested_max_tokens: int | None = None
     max_tokens: int | None = None  # effective, as sent to the backend
     clamped: bool = False
