@@ -18,7 +18,7 @@ from .errors import Forbidden, InvalidRequest, ModelNotFound
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
 from .policies import rendezvous_order
 from .pool import Pool, Ticket
-from .prefix_key import prefix_key_of
+from .prefix_key import prefix_group, prefix_key_of
 from .prefix_memory import ConversationMemory, HistoryDigests, Warm, history_digests, uncached_tokens
 from .request import RouterRequest
 from .telemetry import RequestRecord
@@ -78,9 +78,9 @@ def decide(
     record.model = model
     if uncached is not None and klass.prompt_bound == "uncached":
         record.uncached_tokens = uncached(klass)
-    ticket = Ticket(
-        klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, prefix_key_of(request, pool.config.placement.blocks)
-    )
+    key = prefix_key_of(request, pool.config.placement.blocks)
+    record.prefix_group = prefix_group(key)
+    ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key)
     return Admitted(klass, pool, ticket, history)
 
 

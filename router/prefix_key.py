@@ -48,6 +48,14 @@ def prefix_key(body: Mapping[str, object], session: str | None = None, *, chars:
     return _key(body, session, messages if isinstance(messages, list) else None, body.get("prompt"), chars)
 
 
+GROUP_BYTES = 8  # of a key, in the access log's prefix_group
+
+
+def prefix_group(key: bytes | None) -> str | None:
+    """A key's first bytes in hex, for the access log: requests that shared a prefix (or hint) share it; it reads no text."""
+    return None if key is None else key[:GROUP_BYTES].hex()
+
+
 def prefix_key_of(request: RouterRequest, blocks: int = DEFAULT_BLOCKS) -> bytes | None:
     """The key of a translated request (either front end): its hints in ``params``, its session, its prompt's first ``blocks`` blocks."""
     return _key(request.params, request.session, request.messages, request.prompt, key_chars(blocks))

@@ -111,6 +111,8 @@ class RequestRecord:
     prompt_tokens: int | None = None  # estimated
     # Of them, those its class counted as needing prefill on a warm conversation's home (prompt_bound = "uncached").
     uncached_tokens: int | None = None
+    # A short digest of its prefix key (router/prefix_key.py): equal for requests that shared a prefix or hint; no text.
+    prefix_group: str | None = None
     requested_max_tokens: int | None = None
     max_tokens: int | None = None  # effective, as sent to the backend
     clamped: bool = False

@@ -116,6 +116,8 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "clamped": record.clamped,
         "completion_tokens": record.completion_tokens,
         "cached_tokens": record.cached_tokens,  # the engine's prefix-cache hit, when its usage says (else null)
+        "uncached_tokens": record.uncached_tokens,  # what a prompt_bound = "uncached" class counted (else null)
+        "prefix_group": record.prefix_group,  # a digest of its prefix key: equal for a shared prefix or hint (no text)
         "outcome": record.outcome,
         "reason": record.reason,
         "status": record.status,
