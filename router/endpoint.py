@@ -20,6 +20,7 @@ from .backend_load import BackendLoad
 from .cluster import Yielding
 from .config_types import BackendAccess, EndpointConfig, ServerConfig, TimeoutsConfig
 from .lean_transport import ConnectorTransport
+from .policies import url_seed
 
 
 class Closable(Protocol):
@@ -61,6 +62,7 @@ class Endpoint:
         keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
     ) -> None:
         self.url = config.url
+        self.rendezvous_seed = url_seed(config.url)  # prefix affinity's weight of it for a key: router/policies.py
         self.max_concurrency = config.max_concurrency
         self.movable = config.movable
         self.access = config.access  # tailguard's key and CA for this engine

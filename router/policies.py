@@ -145,22 +145,24 @@ class PrefixAffinity:
         "home" when it is the first of the usable endpoints (room or not),
         "spilled" when a later one, "borrowed" for a lent seat.
         """
-        home_weight = b""
+        number = key_number(key)
+        home_weight = -1
         ranked: list[_Ranked] = []
-        for e in endpoints:
+        for e in endpoints:  # one pass, each property read once: this is every keyed request's path
             if not e.usable:
                 continue
-            weight = rendezvous_weight(key, e.url)
-            home_weight = max(home_weight, weight)
+            weight = _mix(number ^ e.rendezvous_seed)  # rendezvous_weight(key, e.url), its seed kept
+            if weight > home_weight:
+                home_weight = weight
             if e.in_flight < e.seats and e not in exclude:  # has_room, usable already known
-                ranked.append((weight, e.url, e))
+                ranked.append((weight, e.url, e, e.placement_load))
         if not ranked:
             return None
         if any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
             ranked = _lending_rule(ranked, borrowed=borrowed)
-        bound = self.bound([r[2] for r in ranked])
-        # The first eligible in rendezvous order. For c >= 1 the least loaded is always eligible ("or" guards rounding).
-        weight, _, endpoint = max([r for r in ranked if r[2].placement_load + 1 <= bound] or ranked, key=_rank)
+        bound = math.ceil(self.c * (sum(r[3] for r in ranked) + 1) / len(ranked))  # self.bound, loads read once
+        # The first eligible (load + 1 <= bound) in rendezvous order. For c >= 1 the least loaded always is ("or" guards rounding).
+        weight, _, endpoint, _ = max([r for r in ranked if r[3] < bound] or ranked, key=_rank)
         if borrowed:
             return Placement(endpoint, "borrowed")
         return Placement(endpoint, "home" if weight == home_weight else "spilled")
@@ -171,7 +173,7 @@ class PrefixAffinity:
         return math.ceil(self.c * total / len(candidates))
 
 
-_Ranked = tuple[bytes, str, "Endpoint"]  # (rendezvous weight, URL, endpoint)
+_Ranked = tuple[int, str, "Endpoint", int]  # (rendezvous weight, URL, endpoint, placement load)
 
 
 def _lending_rule(ranked: list[_Ranked], *, borrowed: bool) -> list[_Ranked]:
@@ -189,7 +191,7 @@ def policy_for(placement: PlacementConfig, rng: random.Random) -> EndpointPolicy
     return PrefixAffinity(rng, c=placement.load_factor)
 
 
-def _rank(ranked: _Ranked) -> tuple[bytes, str]:
+def _rank(ranked: _Ranked) -> tuple[int, str]:
     return ranked[0], ranked[1]
 
 
@@ -198,6 +200,32 @@ def rendezvous_order(key: bytes, candidates: Sequence[Endpoint]) -> list[Endpoin
     return sorted(candidates, key=lambda e: (rendezvous_weight(key, e.url), e.url), reverse=True)
 
 
-def rendezvous_weight(key: bytes, url: str) -> bytes:
-    """A stable pseudo-random weight of (key, endpoint): equal on every process."""
-    return hashlib.blake2b(key + url.encode(), digest_size=8).digest()
+def rendezvous_weight(key: bytes, url: str) -> int:
+    """A stable pseudo-random weight of (key, endpoint), equal on every process: a 64-bit mix of the key and the URL's seed.
+
+    The key is a blake2b digest already and the seed one of the URL (kept by
+    the endpoint, ``Endpoint.rendezvous_seed``), so a few integer operations
+    mix them (splitmix64's finalizer, a full avalanche): a hash per
+    endpoint per request would cost ~4x more.
+    """
+    return _mix(key_number(key) ^ url_seed(url))
+
+
+def url_seed(url: str) -> int:
+    """An endpoint's 64-bit rendezvous seed, from its URL alone: the same on every worker and replica."""
+    return int.from_bytes(hashlib.blake2b(url.encode(), digest_size=8).digest(), "big")
+
+
+def key_number(key: bytes) -> int:
+    """A prefix key's first 64 bits, as an integer to mix with seeds."""
+    return int.from_bytes(key[:8], "big")
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: every input bit flips each output bit with probability ~1/2."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailguard.router.policies import LeastLoaded, PrefixAffinity, rendezvous_order, rendezvous_weight
+from tailguard.router.policies import LeastLoaded, PrefixAffinity, rendezvous_order, rendezvous_weight, url_seed
 from tailguard.router.prefix_key import key_chars, prefix_key
 
 if TYPE_CHECKING:
@@ -34,6 +34,10 @@ class FakeEndpoint:
     @property
     def placement_load(self) -> int:
         return self.in_flight
+
+    @property
+    def rendezvous_seed(self) -> int:
+        return url_seed(self.url)
 
     @property
     def has_room(self) -> bool:
@@ -72,14 +76,14 @@ def test_the_key_and_the_choice_are_equal_in_another_process() -> None:
         "from tailguard.router.prefix_key import prefix_key;"
         "from tailguard.router.policies import rendezvous_weight;"
         "k = prefix_key({'messages': [{'role': 'system', 'content': 'be brief'}]});"
-        "print(k.hex(), rendezvous_weight(k, 'http://a').hex())"
+        "print(k.hex(), rendezvous_weight(k, 'http://a'))"
     )
     key = prefix_key({"messages": [{"role": "system", "content": "be brief"}]})
     assert key is not None
     out = subprocess.run(
         [sys.executable, "-c", script], check=True, capture_output=True, text=True, env={"PYTHONHASHSEED": "123"}
     ).stdout.split()
-    assert out == [key.hex(), rendezvous_weight(key, "http://a").hex()]
+    assert out == [key.hex(), str(rendezvous_weight(key, "http://a"))]
 
 
 def test_an_endpoint_leaving_remaps_only_the_keys_it_held() -> None:
