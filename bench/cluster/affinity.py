@@ -37,7 +37,7 @@ from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http
 from bench.harness.config import PoolSpec
 from bench.harness.open_loop import with_request_id
 from tailguard.router.config_types import PoolConfig
-from tailguard.sim.virtual.mix import long_document, request_nonce
+from tailguard.sim.virtual.mix import long_document, percentile, request_nonce
 
 AFFINITY_ENGINES = 4
 NAMESPACE = "bench-affinity"
@@ -67,20 +67,20 @@ def knows_placement() -> bool:
 
 
 async def affinity_run(lab: Lab, requests: int) -> dict[str, Any]:
-    """``least_loaded`` first (where the config knows it), then the default placement, each on fresh replicas."""
-    runs = [await _one_run(lab, requests, "least_loaded")] if knows_placement() else []
-    runs.insert(0, await _one_run(lab, requests, None))
+    """The default placement, and ``least_loaded`` where the config knows it, in the order ABBA (drift falls on both); fresh replicas each."""
+    order: list[str | None] = [None, "least_loaded", "least_loaded", None] if knows_placement() else [None]
+    runs = [await _one_run(lab, requests, placement, number) for number, placement in enumerate(order, 1)]
     return {"tenants": TENANTS, "engines": AFFINITY_ENGINES, "requests": requests, "target_share": TARGET_SHARE, "runs": runs}
 
 
-async def _one_run(lab: Lab, requests: int, placement: str | None) -> dict[str, Any]:
+async def _one_run(lab: Lab, requests: int, placement: str | None, number: int) -> dict[str, Any]:
     o = lab.options
     extra = [] if placement is None else [f'placement = "{placement}"']
     engines = [(port, 64) for port in lab.affinity]
     pools = (PoolSpec("interactive", engines, 64 * len(engines), MAX_QUEUE, extra), PoolSpec("batch", [(lab.instant[1], 256)], 256, MAX_QUEUE))
     label = placement or "default"
-    names = [f"a{i}-{label}" for i in range(o.replicas)]
-    replicas = await lab.group(names, f"{NAMESPACE}-{label}", 1 / o.replicas, pools=pools, access_log=True)
+    names = [f"a{i}-{label}-{number}" for i in range(o.replicas)]
+    replicas = await lab.group(names, f"{NAMESPACE}-{number}", 1 / o.replicas, pools=pools, access_log=True)
     rng = random.Random(o.seed)
     tally = _Tally([rng.randrange(TENANTS) for _ in range(requests)], o.seed)
     idle_per_s = await _idle_commands_per_s(lab)
@@ -99,6 +99,7 @@ async def _one_run(lab: Lab, requests: int, placement: str | None) -> dict[str, 
     found = {
         "placement": label, "errors": tally.errors, "wall_s": round(wall, 2), "redis_commands": commands,
         "redis_idle_commands_per_s": round(idle_per_s), "redis_commands_per_request": per_request,
+        "latency_ms": {f"p{q}": round(percentile(sorted(tally.latencies), q) * 1000, 2) for q in (50, 99)},
     }
     return found | share(tally.sent, served)
 
@@ -110,6 +111,7 @@ class _Tally:
     tenants: Sequence[int]  # request number -> its tenant
     seed: int
     sent: dict[str, tuple[int, str]] = field(default_factory=dict)  # request id -> (tenant, replica)
+    latencies: list[float] = field(default_factory=list)  # s, the 200s
     errors: int = 0
 
 
@@ -122,12 +124,16 @@ async def _client(replica: Replica, numbers: Sequence[int], tally: _Tally) -> No
             request_id, tenant = f"affinity-{number}", tally.tenants[number]
             raw = http_request(replica.port, CHAT_PATH, body(tenant, number, tally.seed)).replace(b"\r\n", auth, 1)
             tally.sent[request_id] = (tenant, replica.name)
+            start = time.perf_counter()
             try:
                 reply = await client.exchange(with_request_id(raw, request_id))
             except (OSError, trio.BrokenResourceError, ProtocolError):
                 tally.errors += 1
                 continue
-            tally.errors += reply.status != 200
+            if reply.status == 200:
+                tally.latencies.append(time.perf_counter() - start)
+            else:
+                tally.errors += 1
     finally:
         await client.aclose()
 

@@ -153,13 +153,14 @@ def _affinity(affinity: dict[str, Any] | None, o: dict[str, Any]) -> list[str]:
         f"{affinity['requests']} requests, each one of {affinity['tenants']} tenants' ~300-token system prompts and a question "
         "unique to it, one at a time per replica, round robin over the replicas; where each ran from the replicas' access logs.",
         "",
-        "| placement | joined | on the tenant's engine | share | (replica, tenant) pairs agreeing | requests per engine | Redis commands / request | errors |",
-        "|---|---|---|---|---|---|---|---|",
+        "| placement | joined | on the tenant's engine | share | (replica, tenant) pairs agreeing | requests per engine | Redis commands / request | client P50 / P99 ms | wall s | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in affinity["runs"]:
         lines.append(
             f"| {run['placement']} | {run['joined']} | {run['on_tenant_engine']} | {run['share']} | {run['replica_tenant_pairs_agreeing']} | "
-            f"{' '.join(map(str, run['requests_per_engine'].values()))} | {run['redis_commands_per_request']} | {run['errors']} |"
+            f"{' '.join(map(str, run['requests_per_engine'].values()))} | {run['redis_commands_per_request']} | "
+            f"{run['latency_ms']['p50']} / {run['latency_ms']['p99']} | {run['wall_s']} | {run['errors']} |"
         )
     return [*lines, ""]
 
