@@ -23,17 +23,21 @@ from tailguard.advise.planner import (
     SHIPPED_CONFIG,
     Advice,
     Fate,
+    advice_json,
     advise,
     arrivals_from_access_log,
     arrivals_from_trace,
     compare,
     fleet_from,
     read_access_log,
+    report,
     snippet,
     stats_of,
     tail_command,
 )
+from tailguard.advise.prefixes import Seen, with_prefixes
 from tailguard.router.config import load_config
+from tailguard.sim.tokens import count_chat_tokens
 from tailguard.sim.virtual.fleet import Arrival
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,7 +233,7 @@ def test_an_access_log_says_how_much_of_it_was_used_and_why_not_the_rest(tmp_pat
         ])
         + "\n"
     )
-    arrivals, usage = read_access_log(log, "interactive", 30.0)
+    arrivals, _, usage = read_access_log(log, "interactive", 30.0)
     assert [a.prompt_tokens for a in arrivals] == [20, 30, 40]
     assert (usage.lines, usage.used) == (11, 3)
     assert [(why, n, detail) for why, n, detail in usage.skipped] == [
@@ -247,7 +251,7 @@ def test_an_access_log_says_how_much_of_it_was_used_and_why_not_the_rest(tmp_pat
     assert json.loads(json.dumps(usage.as_json()))["skipped"][2] == {"why": REJECTED, "lines": 3, "detail": "unauthenticated 2, model_not_found 1"}
     clean = tmp_path / "clean.log"
     clean.write_text(line("2025-01-01T00:00:01.000Z", 20) + "\n")
-    assert read_access_log(clean, "interactive", 30.0)[1].summary("clean.log") == "clean.log: 1 lines read, 1 used, none skipped"
+    assert read_access_log(clean, "interactive", 30.0)[2].summary("clean.log") == "clean.log: 1 lines read, 1 used, none skipped"
 
 
 def test_stats_count_failed_short_requests_as_slowest() -> None:
@@ -316,3 +320,78 @@ def test_cli_replays_an_access_log(tmp_path: Path) -> None:
     assert "239 requests over 3.0 s" in done.stdout and "Recommended: 1:3 static" in done.stdout
     assert done.stdout.startswith(f"{log}: 239 lines read, 239 used, none skipped\n")  # how much of the log the advice rests on
     assert "[pools.batch]" in done.stdout
+
+
+def _grouped_log(path: Path) -> Path:
+    """An access log of 48 requests over 12 s, a quarter long: two prefix groups (warm ones found 256 and 128 tokens cached) and unique ones."""
+    start = 1_735_689_600.0  # 2025-01-01T00:00:00Z
+    lines = []
+    for i in range(48):
+        group, cached = [("aaaa0000aaaa0000", 256), ("bbbb1111bbbb1111", 128), (None, None)][i % 3]
+        fields = {
+            "class": "interactive" if i % 4 else "batch",
+            "prompt_tokens_est": 300 + 4 * i if i % 4 else 1500,
+            "max_tokens": 32 if i % 4 else 256,
+            "e2e_ms": 100.0,
+            "prefix_group": group,
+            "cached_tokens": cached if i >= 3 else None,  # the first of each group was cold: vLLM leaves the zero out
+        }
+        stamp = datetime.fromtimestamp(start + i / 4 + 0.1, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        lines.append(json.dumps({"ts": stamp, "level": "INFO", "logger": "tailguard.access", "msg": "http chat 200 ok", **fields}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_logged_prefix_group_replays_as_one_shared_text_and_no_group_as_unique(tmp_path: Path) -> None:
+    arrivals, seen, _ = read_access_log(_grouped_log(tmp_path / "tailguard.log"), "interactive", 120.0)
+    assert [s.group for s in seen[:3]] == ["aaaa0000aaaa0000", "bbbb1111bbbb1111", None]
+    assert [s.cached for s in seen[:4]] == [None, None, None, 256]
+    replayed, sharing = with_prefixes(arrivals, seen)
+    assert all(count_chat_tokens([a.text or ""]) == a.prompt_tokens for a in replayed)  # each its own length, by the simulator's rule
+    first, second, unique = ([a for a, s in zip(replayed, seen) if s.group == g] for g in ("aaaa0000aaaa0000", "bbbb1111bbbb1111", None))
+    # 256 cached tokens are 1,024 characters of shared text, 128 are 512; then each request's own 12-character nonce.
+    assert len({a.text[:1024] for a in first if a.text}) == 1 and len({a.text[:1036] for a in first if a.text}) == len(first)
+    assert len({a.text[:512] for a in second if a.text}) == 1 and len({a.text[:524] for a in second if a.text}) == len(second)
+    assert first[0].text and second[0].text and first[0].text[:16] != second[0].text[:16]
+    assert len({a.text[:12] for a in unique}) == len(unique) and all(a.prefix_hint is None for a in unique)
+    assert {a.prefix_hint for a in first} == {"aaaa0000aaaa0000"}  # placed as one key, as the log's key was
+    assert (sharing.requests, sharing.grouped, sharing.shared, sharing.groups, sharing.assumed) == (48, 32, 32, 2, 0)
+    # No line of a group reported cached_tokens: nothing shared unless assumed (the group still placed as one).
+    silent = [Seen(s.group, None) for s in seen]
+    assert with_prefixes(arrivals, silent)[1].shared == 0
+    assumed, counted = with_prefixes(arrivals, silent, assume=128)
+    assert counted.shared == 32 and counted.assumed == 2 and counted.tokens_p50 == 128
+    assert len({a.text[:512] for a in assumed if a.prefix_hint == "aaaa0000aaaa0000"}) == 1
+    assert len({a.text[:524] for a in assumed if a.prefix_hint == "aaaa0000aaaa0000"}) == 16
+
+
+def test_modelling_the_cache_predicts_prefix_hits_that_unique_prompts_do_not(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(SMALL_POOLS)
+    fleet = fleet_from(load_config(config), 4)
+    arrivals, seen, _ = read_access_log(_grouped_log(tmp_path / "tailguard.log"), "interactive", 120.0)
+    cached = advise(fleet, arrivals, seen=seen)
+    unique = advise(fleet, arrivals)
+    assert cached.sharing is not None and cached.sharing.shared == 32 and unique.sharing is None
+    by_name = {p.candidate.name: p.stats for p in cached.predictions}
+    for p in unique.predictions:
+        assert p.stats.prefix_queries == by_name[p.candidate.name].prefix_queries > 0  # the same prompt tokens looked up
+        assert p.stats.prefix_hits == 0 and by_name[p.candidate.name].prefix_hit_rate > 0.1, p.candidate.name
+    # Prefix affinity keeps each group on one home per pool: one cold request per group and pool, every other one hits
+    # its group's whole share (the two groups' 12 short and 4 long requests share 256 and 128 tokens).
+    assert by_name["2:2 static"].prefix_hits == (11 + 3) * 256 + (11 + 3) * 128
+    assert by_name["2:2 static"].prefix_hits > cached.shared.prefix_hits  # round robin over the 4 engines finds them colder
+    assert "32 of 48 replayed requests in 2 prefix groups" in report(cached) and "| prefix hit rate |" in report(cached)
+    assert "not modelled (--no-prefix-cache)" in report(unique)
+    assert advice_json(cached)["candidates"][0]["prefix_hit_rate"] == pytest.approx(cached.predictions[0].stats.prefix_hit_rate)
+
+
+def test_cli_no_prefix_cache_replays_unique_prompts(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(SMALL_POOLS)
+    log = _grouped_log(tmp_path / "tailguard.log")
+    args = [sys.executable, "-m", "tailguard.server", "advise", "--access-log", str(log), "--config", str(config)]
+    runs = [subprocess.run([*args, *more], cwd=ROOT, capture_output=True, text=True, timeout=120) for more in ([], ["--no-prefix-cache"])]
+    assert all(done.returncode == 0 for done in runs), [done.stderr for done in runs]
+    assert "32 of 48 replayed requests in 2 prefix groups" in runs[0].stdout
+    assert "Prefix cache: not modelled (--no-prefix-cache)" in runs[1].stdout

@@ -62,6 +62,8 @@ from tailguard.sim.virtual.fleet import GC_THRESHOLDS, Arrival, Record, Setup, o
 from tailguard.sim.virtual.mix import CLASSES, percentile
 from tailguard.sim.virtual.trace import MAX_ARRIVALS, read_trace
 
+from .prefixes import Seen, Sharing, seen_in, with_prefixes
+
 DEFAULT_SECONDS = 120.0  # of arrivals replayed, by default
 MAX_SECONDS = 3600.0
 E2E_BOUND = 1.25  # short E2E P99 at most this times the ideal's
@@ -269,6 +271,20 @@ def arrivals_from_trace(path: Path, seconds: float) -> list[Arrival]:
     return [Arrival(i, a.at, a.kind, True, a.prompt, a.max_tokens) for i, a in enumerate(rows)]
 
 
+def seen_in_trace(path: Path, seconds: float) -> list[Seen]:
+    """A trace's prefix fields (``prefix_group``, ``cached_tokens``) where its rows carry them, one per arrival
+    of ``arrivals_from_trace`` and in its order (the rows it keeps, stably sorted by time)."""
+    rows: list[tuple[float, Seen]] = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if float(row["at"]) >= seconds or len(rows) >= MAX_ARRIVALS:
+            break
+        rows.append((float(row["at"]), seen_in(row)))
+    return [seen for _, seen in sorted(rows, key=lambda r: r[0])]
+
+
 def _log_time(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 
@@ -308,9 +324,9 @@ class LogUsage:
         return {"lines": self.lines, "used": self.used, "skipped": [{"why": why, "lines": n, "detail": d} for why, n, d in self.skipped]}
 
 
-def read_access_log(path: Path, short_class: str, seconds: float) -> tuple[list[Arrival], LogUsage]:
-    """tailguard's JSON access lines: each request's arrival (its line's time less its E2E) and shape,
-    and what the log held besides.
+def read_access_log(path: Path, short_class: str, seconds: float) -> tuple[list[Arrival], list[Seen], LogUsage]:
+    """tailguard's JSON access lines: each request's arrival (its line's time less its E2E), shape and
+    prefix (its ``prefix_group`` and ``cached_tokens``), and what the log held besides.
 
     Replayed: every access line with its size, whatever its outcome but
     ``rejected`` (a request refused for being busy, slow or failed upstream is
@@ -318,7 +334,7 @@ def read_access_log(path: Path, short_class: str, seconds: float) -> tuple[list[
     A request is short when its class was ``short_class``. Time starts at the
     first arrival; ``seconds`` of arrivals are kept, at most ``MAX_ARRIVALS``.
     """
-    found: list[tuple[float, str, int, int]] = []
+    found: list[tuple[float, str, int, int, Seen]] = []
     skipped: dict[str, int] = {}
     reasons: dict[str, dict[str, int]] = {}
     lines = 0
@@ -359,16 +375,16 @@ def read_access_log(path: Path, short_class: str, seconds: float) -> tuple[list[
             except (ValueError, TypeError):
                 skip(BAD_TIME)
                 continue
-            found.append((at, "short" if row.get("class") == short_class else "long", prompt, max_tokens))
-    found.sort()
+            found.append((at, "short" if row.get("class") == short_class else "long", prompt, max_tokens, seen_in(row)))
+    found.sort(key=lambda row: row[:4])  # by time, then shape, as ever
     origin = found[0][0] if found else 0.0
     window = [row for row in found if row[0] - origin < seconds]
     kept = window[:MAX_ARRIVALS]
     skipped[OUTSIDE], skipped[OVER_MAX] = len(found) - len(window), len(window) - len(kept)
-    arrivals = [Arrival(i, at - origin, kind, True, prompt, out) for i, (at, kind, prompt, out) in enumerate(kept)]
+    arrivals = [Arrival(i, at - origin, kind, True, prompt, out) for i, (at, kind, prompt, out, _) in enumerate(kept)]
     details = {why: ", ".join(f"{reason} {n}" for reason, n in sorted(by.items(), key=lambda item: (-item[1], item[0]))) for why, by in reasons.items()}
     usage = LogUsage(lines, len(kept), tuple((why, skipped[why], details.get(why, "")) for why in _WHY_ORDER if skipped.get(why)))
-    return arrivals, usage
+    return arrivals, [row[4] for row in kept], usage
 
 
 def arrivals_from_access_log(path: Path, short_class: str, seconds: float) -> list[Arrival]:
@@ -376,8 +392,8 @@ def arrivals_from_access_log(path: Path, short_class: str, seconds: float) -> li
     return read_access_log(path, short_class, seconds)[0]
 
 
-def fit(arrivals: Sequence[Arrival], config: Config) -> tuple[list[Arrival], int]:
-    """The arrivals the router would take, max_tokens clamped as it would; and how many were dropped.
+def fit(arrivals: Sequence[Arrival], config: Config) -> tuple[list[Arrival], list[int]]:
+    """The arrivals the router would take, max_tokens clamped as it would; and their places in ``arrivals``.
 
     Dropped: prompts over the input cap (with a margin for the router's own
     estimate of the replayed text), max_tokens over the output cap in reject
@@ -386,7 +402,8 @@ def fit(arrivals: Sequence[Arrival], config: Config) -> tuple[list[Arrival], int
     limits = config.limits
     context = min(pool.max_model_len for pool in config.pools)
     kept: list[Arrival] = []
-    for a in arrivals:
+    places: list[int] = []
+    for place, a in enumerate(arrivals):
         prompt, out = a.prompt_tokens or 0, a.max_tokens or 0
         if out > limits.output_cap_tokens:
             if limits.over_cap == "reject":
@@ -394,21 +411,32 @@ def fit(arrivals: Sequence[Arrival], config: Config) -> tuple[list[Arrival], int
             out = limits.output_cap_tokens
         if prompt + 16 > limits.input_cap_tokens or prompt + out > context or prompt < 8:
             continue
-        kept.append(Arrival(len(kept), a.at, a.kind, True, prompt, out))
-    return kept, len(arrivals) - len(kept)
+        kept.append(dataclasses.replace(a, index=len(kept), measured=True, prompt_tokens=prompt, max_tokens=out))
+        places.append(place)
+    return kept, places
 
 
 # -- the simulation --------------------------------------------------------------------------
 
 
-def simulate(setup: Setup, arrivals: Sequence[Arrival]) -> list[Record]:
+@dataclass(frozen=True)
+class Run:
+    """One set-up's simulation: every arrival's record, and its engines' prefix-cache counters summed."""
+
+    records: list[Record]
+    prefix_queries: int  # prompt tokens looked up (vllm:prefix_cache_queries)
+    prefix_hits: int  # of them, found cached
+
+
+def simulate(setup: Setup, arrivals: Sequence[Arrival]) -> Run:
     """Every arrival's fate under ``setup``, in one Trio run under a MockClock (virtual time)."""
 
-    async def run(clock: trio.testing.MockClock) -> list[Record]:
+    async def run(clock: trio.testing.MockClock) -> Run:
         window_end = (arrivals[-1].at if arrivals else 0.0) + 1.0
         async with open_fleet(setup, SEED, clock) as fleet:
             books = await play(fleet, arrivals, setup.kinds, window_end)
-        return books.records
+            engines = [e.statistics() for e in fleet.engines.values()]
+        return Run(books.records, sum(e.prefix_cache_queries for e in engines), sum(e.prefix_cache_hits for e in engines))
 
     thresholds = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -441,6 +469,13 @@ class Stats:
     long_n: int
     long_ok: int
     long_goodput: float  # long requests finished ok per second, from the trace's start to the last one's end
+    prefix_queries: int = 0  # the engines' prompt tokens looked up in their prefix caches (simulated only)
+    prefix_hits: int = 0  # of them, found cached
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Cached prompt tokens over those looked up, all engines (vLLM's two counters); NaN if none."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else math.nan
 
 
 def _p99(values: Iterable[float | None], failed: int) -> float:
@@ -487,7 +522,8 @@ def fates_from_samples(path: Path, time_scale: float) -> list[Fate]:
 
 def _run_one(item: tuple[Setup, Sequence[Arrival]]) -> Stats:
     setup, arrivals = item
-    return stats_of(fates_of(simulate(setup, arrivals)))
+    run = simulate(setup, arrivals)
+    return dataclasses.replace(stats_of(fates_of(run.records)), prefix_queries=run.prefix_queries, prefix_hits=run.prefix_hits)
 
 
 def run_all(setups: Sequence[Setup], arrivals: Sequence[Arrival], jobs: int) -> list[Stats]:
@@ -535,6 +571,7 @@ class Advice:
     met: bool  # the recommendation meets both bounds
     wall_s: float = 0.0
     source: str = ""
+    sharing: Sharing | None = None  # what the replay modelled of the prefix cache; None: every prompt unique
 
 
 def _ratio(value: float, base: float) -> float:
@@ -558,10 +595,27 @@ def recommend(predictions: Sequence[Prediction]) -> tuple[Prediction, bool]:
     return min(predictions, key=lambda p: (p.miss, -p.stats.long_goodput, p.candidate.lends)), False
 
 
-def advise(fleet: Fleet, arrivals: Sequence[Arrival], *, jobs: int = 1, seconds: float = math.nan, source: str = "") -> Advice:
-    """Simulate the baselines and every candidate on ``arrivals``; pick one."""
+def advise(
+    fleet: Fleet,
+    arrivals: Sequence[Arrival],
+    *,
+    seen: Sequence[Seen] | None = None,
+    assume_tokens: int = 0,
+    jobs: int = 1,
+    seconds: float = math.nan,
+    source: str = "",
+) -> Advice:
+    """Simulate the baselines and every candidate on ``arrivals``; pick one.
+
+    ``seen`` (one per arrival: its prefix group and cached tokens) has the
+    replay share prefixes as the log says they were shared (``prefixes``),
+    ``assume_tokens`` per group that reported none; without it every prompt is unique.
+    """
     started = time.perf_counter()
-    kept, dropped = fit(arrivals, candidate_config(fleet, Candidate(1, fleet.engines - 1, "static")))
+    kept, places = fit(arrivals, candidate_config(fleet, Candidate(1, fleet.engines - 1, "static")))
+    dropped, sharing = len(arrivals) - len(kept), None
+    if seen is not None:
+        kept, sharing = with_prefixes(kept, [seen[i] for i in places], assume_tokens)
     if not any(a.kind == "short" for a in kept):
         raise ValueError("the traffic has no short request: there is no split to protect it with")
     found = candidates(fleet)
@@ -581,7 +635,8 @@ def advise(fleet: Fleet, arrivals: Sequence[Arrival], *, jobs: int = 1, seconds:
     ]
     best, met = recommend(predictions)
     span = kept[-1].at if kept else 0.0
-    return Advice(fleet, len(kept), dropped, span if math.isnan(seconds) else min(span, seconds), ideal, shared, predictions, best, met, time.perf_counter() - started, source)
+    window = span if math.isnan(seconds) else min(span, seconds)
+    return Advice(fleet, len(kept), dropped, window, ideal, shared, predictions, best, met, time.perf_counter() - started, source, sharing)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -595,17 +650,21 @@ def _x(value: float) -> str:
     return "inf" if math.isinf(value) else "-" if math.isnan(value) else f"{value:.2f}"
 
 
+def _rate(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1%}"
+
+
 def table(advice: Advice) -> str:
     """Markdown: the baselines, then every candidate, the recommended one marked."""
     rows = [
         "| set-up | lending | borrowed prefill stall per step, ms | short E2E P99 s | x ideal | short TTFT P99 s | x ideal "
-        "| short failed | long finished/s | x round robin | within bounds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| short failed | long finished/s | x round robin | prefix hit rate | within bounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in (("short-only ideal", advice.ideal), ("shared round robin", advice.shared)):
         rows.append(
             f"| {name} | - | - | {_s(s.short_e2e_p99)} | - | {_s(s.short_ttft_p99)} | - | {s.short_failed} "
-            f"| {s.long_goodput:.2f} | - | - |"
+            f"| {s.long_goodput:.2f} | - | {_rate(s.prefix_hit_rate)} | - |"
         )
     for p in advice.predictions:
         s, c = p.stats, p.candidate
@@ -613,7 +672,8 @@ def table(advice: Advice) -> str:
         split = f"{c.interactive}:{c.batch}"
         rows.append(
             f"| {split}{mark} | {c.rule} | {p.stall_ms:.0f} | {_s(s.short_e2e_p99)} | {_x(p.e2e_ratio)} | {_s(s.short_ttft_p99)} "
-            f"| {_x(p.ttft_ratio)} | {s.short_failed} | {s.long_goodput:.2f} | {_x(p.goodput_ratio)} | {'yes' if p.meets else 'no'} |"
+            f"| {_x(p.ttft_ratio)} | {s.short_failed} | {s.long_goodput:.2f} | {_x(p.goodput_ratio)} | {_rate(s.prefix_hit_rate)} "
+            f"| {'yes' if p.meets else 'no'} |"
         )
     return "\n".join(rows)
 
@@ -688,7 +748,9 @@ def report(advice: Advice) -> str:
         verdict = (
             f"No candidate meets both bounds. Best trade-off (the least over them, then the most long goodput): {verdict[len('Recommended: ') :]}"
         )
-    return "\n\n".join([head, table(advice), verdict, "```toml\n" + snippet(fleet, best.candidate) + "```"]) + "\n"
+    unmodelled = "Prefix cache: not modelled (--no-prefix-cache): every prompt is unique."
+    cache = (unmodelled if advice.sharing is None else advice.sharing.summary()) + " Prefix hit rate: cached prompt tokens over those looked up, all engines."
+    return "\n\n".join([head, cache, table(advice), verdict, "```toml\n" + snippet(fleet, best.candidate) + "```"]) + "\n"
 
 
 def advice_json(advice: Advice) -> dict[str, Any]:
@@ -696,7 +758,7 @@ def advice_json(advice: Advice) -> dict[str, Any]:
         return {"candidate": p.candidate.name, "lend": dataclasses.asdict(p.candidate.lend),
                 "lend_back": dataclasses.asdict(p.candidate.lend_back), "stats": dataclasses.asdict(p.stats),
                 "e2e_vs_ideal": p.e2e_ratio, "ttft_vs_ideal": p.ttft_ratio, "goodput_vs_shared": p.goodput_ratio,
-                "stall_ms": p.stall_ms, "meets": p.meets}
+                "stall_ms": p.stall_ms, "meets": p.meets, "prefix_hit_rate": p.stats.prefix_hit_rate}
 
     def safe(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
@@ -719,6 +781,7 @@ def advice_json(advice: Advice) -> dict[str, Any]:
         "candidates": [pred(p) for p in advice.predictions],
         "recommended": advice.recommended.candidate.name,
         "meets_bounds": advice.met,
+        "prefix_sharing": None if advice.sharing is None else dataclasses.asdict(advice.sharing),
     })
     return found
 
@@ -835,14 +898,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compare-samples", type=Path, default=None, help="a bench tail --samples folder of a run of the printed command: measured beside predicted")
     add("--compare-candidate", default=None, help="which candidate that run was, e.g. '1:3 static' (default: the recommended one)")
     add("--time-scale", type=float, default=TAIL_TIME_SCALE, help="that run's --time-scale (default %(default)g)")
+    add("--no-prefix-cache", action="store_true", help="replay every prompt unique, ignoring the log's prefix_group and cached_tokens (for comparison)")
+    add("--assume-shared-tokens", type=int, default=0, help="a prefix group's shared tokens where no line reported cached_tokens (default %(default)s: none)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 0 < args.seconds <= MAX_SECONDS or args.jobs < 1 or args.time_scale <= 0:
-        parser.error(f"--seconds must be in (0, {MAX_SECONDS:g}], --jobs and --time-scale positive")
+    if not 0 < args.seconds <= MAX_SECONDS or args.jobs < 1 or args.time_scale <= 0 or args.assume_shared_tokens < 0:
+        parser.error(f"--seconds must be in (0, {MAX_SECONDS:g}], --jobs and --time-scale positive, --assume-shared-tokens not negative")
     path: Path = args.config or default_config()
     try:
         config = load_config(path)
@@ -854,13 +919,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         fleet = fleet_from(config, args.engines)
         if args.trace is not None:
             arrivals, source = arrivals_from_trace(args.trace, args.seconds), str(args.trace)
+            seen = seen_in_trace(args.trace, args.seconds)
         else:
-            arrivals, usage = read_access_log(args.access_log, fleet.short_class, args.seconds)
+            arrivals, seen, usage = read_access_log(args.access_log, fleet.short_class, args.seconds)
             source = str(args.access_log)
             print(usage.summary(source), file=sys.stderr if len(arrivals) < 2 else sys.stdout)
         if len(arrivals) < 2:
             raise ValueError(f"{source}: fewer than two requests to replay")
-        result = advise(fleet, arrivals, jobs=args.jobs, seconds=args.seconds, source=source)
+        modelled = None if args.no_prefix_cache else seen
+        result = advise(
+            fleet, arrivals, seen=modelled, assume_tokens=args.assume_shared_tokens, jobs=args.jobs, seconds=args.seconds, source=source
+        )
     except (OSError, ValueError) as error:
         print(f"tailguard advise: {error}", file=sys.stderr)
         return 2

@@ -185,6 +185,7 @@ class Arrival:
     prompt_tokens: int | None = None  # a replayed request's own shape; None: the mix's request of its kind
     max_tokens: int | None = None
     text: str | None = None  # a replayed request's own prompt text (shared prefixes hit); None: unique filler
+    prefix_hint: str | None = None  # sent as prompt_cache_key: a replayed prefix group placed as one key (advise)
 
 
 def request_id(index: int) -> str:
@@ -358,7 +359,7 @@ class _Routed:
             messages=body["messages"],  # type: ignore[arg-type]
             max_tokens=body["max_tokens"],  # type: ignore[arg-type]
             stream=True,
-            params={"ignore_eos": True},
+            params={"ignore_eos": True, **({} if arrival.prefix_hint is None else {"prompt_cache_key": arrival.prefix_hint})},
         )
         async with self._router.open(request) as completion:
             sequence: SweepSequence = completion.response.sequence  # type: ignore[attr-defined]
@@ -372,7 +373,14 @@ class _Routed:
 def body_of(arrival: Arrival, seed: int) -> dict[str, object]:
     """The arrival's body, unique to it (``mix.unique_payload``): its own text if a replay gave one, else the mix's of its kind or shape."""
     if arrival.text is not None:
-        return {"messages": [{"role": "user", "content": arrival.text}], "max_tokens": arrival.max_tokens, "stream": True, "ignore_eos": True}
+        hint = {} if arrival.prefix_hint is None else {"prompt_cache_key": arrival.prefix_hint}
+        return {
+            "messages": [{"role": "user", "content": arrival.text}],
+            "max_tokens": arrival.max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+            **hint,
+        }
     if arrival.prompt_tokens is None or arrival.max_tokens is None:
         return unique_payload(arrival.kind, arrival.index, seed=seed)
     return unique_body_for(arrival.prompt_tokens, arrival.max_tokens, arrival.index, seed=seed)
