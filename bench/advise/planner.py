@@ -29,6 +29,11 @@ lines read, used, and skipped for each reason (not JSON, not an access line,
 a rejected request, no size, an unparseable time, outside the window), so an
 operator can tell advice on their traffic from advice on a tenth of it.
 
+The engines cache prefixes: requests the log (``prefix_group``,
+``cached_tokens``) says shared a prefix replay with a shared text, placed as
+one key (``prefixes``), and each candidate's predicted prefix hit rate is
+reported; ``--no-prefix-cache`` replays every prompt unique.
+
 Everything is in GPU seconds (the trace's own). Simulated time costs
 nothing; a candidate costs ~0.1-0.2 ms of CPU a request.
 """
