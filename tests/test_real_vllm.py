@@ -250,8 +250,8 @@ async def test_a_retry_goes_under_a_fresh_id(autojump_clock: trio.testing.MockCl
         recorder = Recorder(app)
         async with router_over({A: refuses, B: recorder}, config((A, B))) as router:
             record = RequestRecord("r", "http", trio.current_time())
-            for i in range(4):
-                await complete(router, chat(max_tokens=2, request_id=f"r{i}"), record)
+            for i in range(4):  # prompts unlike each other: prefix affinity sends one prompt to one engine every time
+                await complete(router, chat(f"question {i}", max_tokens=2, request_id=f"r{i}"), record)
     retried = [headers["x-request-id"] for headers, _ in recorder.seen]
     assert seen and not set(seen) & set(retried) and record.upstream_id == retried[-1]
 
@@ -316,8 +316,8 @@ def busy(retry_after: str = "7") -> Handler:
 
 async def test_a_busy_engine_sends_its_requests_to_a_free_sibling_and_is_no_outlier(autojump_clock: trio.testing.MockClock) -> None:
     async with engines(None) as [app], router_over({A: busy(), B: app}, config((A, B))) as router:
-        for i in range(20):  # the measurement: 5 of these 20 failed as 502
-            assert json.loads(await complete(router, chat(max_tokens=2, request_id=f"r{i}")))["choices"]
+        for i in range(20):  # the measurement: 5 of these 20 failed as 502 (unlike prompts: affinity spreads them)
+            assert json.loads(await complete(router, chat(f"question {i}", max_tokens=2, request_id=f"r{i}")))["choices"]
         full = endpoint(router, A)
         assert full.failures_in_a_row == 0 and not full.ejected and full.busy_answers >= 1
         [stats] = [e for e in router.statistics().endpoints if e.url == A]
