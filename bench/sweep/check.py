@@ -271,11 +271,15 @@ async def _saturate(rate: float, warmup: float, seconds: float, seed: int) -> Sa
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
         at = start
+        number = 0
         while at < start + warmup + seconds:
             at += rng.expovariate(rate)
             kind = "short" if rng.random() < SHORT_SHARE else "long"
             await trio.sleep_until(at)
-            engine.submit(prompts[kind], MAX_TOKENS[kind], prompt_key=kind, ignore_eos=True)
+            body = unique_payload(kind, number, seed=seed)  # unique: the prefix cache must not flatter capacity
+            contents = [m["content"] for m in body["messages"]]  # type: ignore[attr-defined]
+            engine.submit(prompts[kind], MAX_TOKENS[kind], prompt_key=chat_prompt_key(contents), ignore_eos=True)
+            number += 1
         nursery.cancel_scope.cancel()
     lo, hi = start + warmup, start + warmup + seconds
     stats = engine.statistics()

@@ -239,7 +239,7 @@ def _timings(sequence: SweepSequence, start: float, record: Record) -> None:
 # -- the fleet ----------------------------------------------------------------------
 
 
-def prompt_of(body: Mapping[str, Any]) -> tuple[int, list[bytes]]:
+def prompt_of(body: Mapping[str, Any], *, keys: bool = True) -> tuple[int, list[bytes]]:
     """A chat body's prompt as the simulator's API sees it: its token count and block keys.
 
     The keys come from the body's real text and its ``cache_salt``
@@ -249,6 +249,8 @@ def prompt_of(body: Mapping[str, Any]) -> tuple[int, list[bytes]]:
     """
     texts = [message_text(m) for m in body["messages"]]
     tokens = count_chat_tokens(texts)
+    if not keys:  # an engine without a prefix cache: nothing to look up
+        return tokens, []
     salt = body.get("cache_salt")
     return tokens, prompt_block_keys(chat_prompt_key(texts), tokens, salt if isinstance(salt, str) else None)
 
@@ -288,7 +290,7 @@ class EngineClient:
         """Submit the body's prompt; raises BackendRejected (400) when the engine refuses it."""
         try:
             request_id = headers["x-tailguard-request-id"]  # the sweep's own id (x-request-id is the router's, per attempt)
-            tokens, keys = prompt_of(body)
+            tokens, keys = prompt_of(body, keys=self._engine.params.prefix_caching)
             sequence = self._engine.submit(
                 tokens, body["max_tokens"], block_keys=keys, request_id=request_id, rank=arrival_index(request_id)
             )
@@ -331,7 +333,7 @@ class _Direct:
         engines = self._routes[arrival.kind]
         engine = engines[arrival.index % len(engines)]
         body = body_of(arrival, self._seed)
-        prompt, keys = prompt_of(body)
+        prompt, keys = prompt_of(body, keys=engine.params.prefix_caching)
         sequence = engine.submit(prompt, body["max_tokens"], block_keys=keys, request_id=request_id(arrival.index), rank=arrival.index)  # type: ignore[arg-type]
         try:
             await sequence.wait_finished()
@@ -486,9 +488,16 @@ class PointResult:
     cpu_s: float
     preemptions: int
     classes: list[ClassStats] = field(default_factory=list)
+    prefix_cache_queries: int = 0  # prompt tokens looked up, all engines (vllm:prefix_cache_queries)
+    prefix_cache_hits: int = 0  # of them, found cached
 
     def stats(self, kind: str) -> ClassStats | None:
         return next((c for c in self.classes if c.kind == kind), None)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Cached prompt tokens over prompt tokens looked up (what vLLM's two counters give); NaN if none."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else math.nan
 
 
 class _Books:
@@ -587,7 +596,7 @@ async def _run_point(point: Point, clock: trio.testing.MockClock) -> PointResult
     start = trio.current_time()
     async with open_fleet(point.setup, point.seed, clock) as fleet:
         books = await play(fleet, arrivals, point.setup.kinds, point.warmup + point.seconds)
-        preemptions = sum(e.statistics().preemptions for e in fleet.engines.values())
+        engine_stats = [e.statistics() for e in fleet.engines.values()]
     records = books.records
     return PointResult(
         setup=point.setup.name,
@@ -601,8 +610,10 @@ async def _run_point(point: Point, clock: trio.testing.MockClock) -> PointResult
         simulated_s=trio.current_time() - start,
         wall_s=0.0,
         cpu_s=0.0,
-        preemptions=preemptions,
+        preemptions=sum(s.preemptions for s in engine_stats),
         classes=[summarize(records, kind, point.seconds) for kind in point.setup.kinds],
+        prefix_cache_queries=sum(s.prefix_cache_queries for s in engine_stats),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in engine_stats),
     )
 
 
