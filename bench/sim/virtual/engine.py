@@ -4,10 +4,13 @@
 reader to wake): ~70 sequences x ~40 steps a second per engine, tens of
 millions of Python operations per simulated hour. A sweep needs two instants
 of each request, its first token and its end, so this engine runs the same
-schedule -- vLLM v1 with chunked prefill, decodes first, then prefill chunks,
-then first-come-first-served admission while a seat, the step budget and KV
-cache for the whole prompt are free; recompute preemption of the newest
-sequence when a decode finds the cache full -- with three economies:
+schedule -- vLLM V1 with chunked prefill, decodes first, then prefill chunks,
+KV allocated per scheduled chunk, then (unless the step preempted)
+first-come-first-served admission while a seat, the step budget and KV for
+the cached prefix and first chunk are free; recompute preemption of the
+newest sequence when a decode or a chunk finds the cache full; the same
+prefix cache (``tailguard.sim.prefix_cache``, fed the prompt's block keys) --
+with three economies:
 
 - A decoding sequence's progress is a linear function of the step number
   since the step that ended its prefill (its *anchor*), so a decode step costs
@@ -25,8 +28,11 @@ sequence when a decode finds the cache full -- with three economies:
 Step durations are ``EngineParams.step_ms`` of the same counts, laid end to
 end on the same timeline, so first-token and finish times are those of
 ``tailguard.sim.Engine`` (``bench/sweep/check.py`` replays seeded traffic through
-both and reports the largest difference). Not modelled: output token ids and
-EOS (``eos_probability`` must be 0), per-token readers, ``/metrics``.
+both and reports the largest difference, shared-prefix traffic included).
+After a step that preempted, or while the queue's head waits on KV that an
+eviction could shrink, it steps one step at a time. Not modelled: output
+token ids and EOS (``eos_probability`` must be 0), per-token readers,
+``/metrics``.
 """
 
 from __future__ import annotations
