@@ -11,6 +11,9 @@ import trio
 
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import Config, LendConfig
+from tailguard.router.policies import rendezvous_order
+from tailguard.router.prefix_key import prefix_key_of
+from tailguard.router.telemetry import RequestRecord
 from tailguard.server.metrics import Metrics
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
@@ -299,3 +302,27 @@ queue_timeout = 30.0
         assert (record.pool, record.lender, record.endpoint) == ("interactive", "batch", up)
         with pytest.raises(NoBackend):  # one the lender's rules refuse (a prompt over its 100 tokens) is told at once
             await complete(router, chat("word " * 400, max_tokens=8, request_id="long"))
+
+
+async def test_a_borrowed_conversation_keeps_to_its_home_among_the_lenders_engines(autojump_clock: trio.testing.MockClock) -> None:
+    """No seat lent at the moment: each borrowed request starts the pack at its key's home, so a conversation keeps one cache."""
+    async with router_over_engines(lend_back_config()) as fleet:
+        lender = [fleet.router.endpoint(url) for url in BATCH_URLS]
+        conversations: dict[str, str] = {}
+        for n in range(40):  # one conversation homed on each lender engine
+            request = chat("hi", params={"prompt_cache_key": f"conversation-{n}"})
+            key = prefix_key_of(request)
+            assert key is not None
+            conversations.setdefault(rendezvous_order(key, lender)[0].url, f"conversation-{n}")
+        assert set(conversations) == set(BATCH_URLS)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_to_end, fleet.router, chat("holding the seat", max_tokens=128, request_id="hold"))
+            await trio.testing.wait_all_tasks_blocked()  # interactive's one seat is taken: the rest borrow
+            for home, conversation in conversations.items():
+                for turn in range(3):
+                    request = chat(f"turn {turn}", max_tokens=4, request_id=f"{conversation}-{turn}", params={"prompt_cache_key": conversation})
+                    record = RequestRecord(request.request_id, "http", trio.current_time())
+                    with trio.CancelScope(deadline=fleet.router.deadline_for(request)):
+                        async with fleet.router.open(request, record=record) as completion:
+                            await completion.read()
+                    assert (record.endpoint, record.placement, record.lender) == (home, "borrowed", "batch")
