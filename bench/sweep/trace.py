@@ -3,10 +3,13 @@
 The trace is ``../shared/traces/mooncake_conversation_trace.jsonl`` (Kimi's
 production chat service, released with the Mooncake paper, FAST '25,
 kvcache-ai/Mooncake, Apache-2.0): each request's arrival, prompt and output
-lengths. Requests are classed as the shipped config classes them (short:
-prompt <= 500 and max_tokens <= 128), and every set-up gets the same
-arrivals. The simulated engines keep no prefix cache (issue 22), so no
-prompt is ever reused: each request's prefill is paid in full everywhere.
+lengths, and its prompt as ``hash_ids``, one per 512-token block (equal ids:
+equal text, and every block before equal too). Requests are classed as the
+shipped config classes them (short: prompt <= 500 and max_tokens <= 128),
+and every set-up gets the same arrivals. Each prompt is built block by block
+from its ``hash_ids`` (``prompt_text``), so the engines' prefix cache (on, as
+in vLLM) sees the trace's real reuse; ``--unique-prompts`` gives every
+request unique filler instead (nothing reused).
 
 Set-ups, on the same engines: round robin over throughput engines (no
 router); the hand split (each class straight to its own engines); tailguard
@@ -24,14 +27,40 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tailguard.router.config_types import LendConfig, LimitsConfig
+from tailguard.sim.tokens import count_chat_tokens
 from tailguard.sim.virtual.fleet import Arrival, Point, Setup, disaggregated, run_point, shared, split_direct
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 CONTEXT = 32768  # the simulated engines' max_model_len
 
 
-def arrivals(path: Path, count: int, speed: float) -> tuple[Arrival, ...]:
-    """The first ``count`` requests, time compressed by ``speed``, classed as the shipped config would."""
+TRACE_BLOCK_TOKENS = 512  # Mooncake's hash_ids each name a block of 512 tokens
+TEMPLATE_TOKENS = count_chat_tokens([""])  # one user message's template tokens (7)
+
+
+def block_text(hash_id: int) -> str:
+    """The text of one trace block: 512 tokens of 4 characters each, distinct for every id."""
+    return f"{hash_id:07x} " * (TRACE_BLOCK_TOKENS // 2)
+
+
+def prompt_text(hash_ids: Sequence[int], input_length: int) -> str:
+    """A one-message chat prompt of ``input_length`` tokens built from its blocks, so equal ids give equal text.
+
+    Every block's 2,048 characters start at a multiple of 512 tokens, so a
+    trace block is exactly 32 of the simulator's 16-token blocks and two
+    prompts that share leading ids share those cache blocks.
+    """
+    chars = 4 * max(1, input_length - TEMPLATE_TOKENS)
+    text = "".join(block_text(h) for h in hash_ids)[:chars]
+    return text + "x" * (chars - len(text))  # fewer ids than blocks (never in the Mooncake trace): filler
+
+
+def arrivals(path: Path, count: int, speed: float, *, reuse: bool = True) -> tuple[Arrival, ...]:
+    """The first ``count`` requests, time compressed by ``speed``, classed as the shipped config would.
+
+    With ``reuse`` each carries its prompt text from ``hash_ids``; else the
+    fleet sends unique filler of its length.
+    """
     rows = []
     with path.open() as lines:
         for line in lines:
@@ -45,7 +74,8 @@ def arrivals(path: Path, count: int, speed: float) -> tuple[Arrival, ...]:
         if prompt + tokens > CONTEXT:  # no set-up's engines could serve it: left out of every one
             continue
         kind = "short" if prompt <= 500 and tokens <= 128 else "long"
-        out.append(Arrival(len(out), (row["timestamp"] - origin) / 1000 / speed, kind, True, prompt, tokens))
+        text = prompt_text(row.get("hash_ids", ()), prompt) if reuse else None
+        out.append(Arrival(len(out), (row["timestamp"] - origin) / 1000 / speed, kind, True, prompt, tokens, text))
     return tuple(out)
 
 
@@ -66,10 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1200, help="the trace's first N requests (default %(default)s)")
     parser.add_argument("--speed", type=float, default=2.0, help="time compression (default %(default)s)")
     parser.add_argument("--engines", default="1:3", help="interactive:batch engines of the split (default %(default)s)")
+    parser.add_argument("--unique-prompts", action="store_true", help="ignore hash_ids: every prompt unique (no reuse to hit)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "sweep" / "trace.json")
     args = parser.parse_args(argv)
     fast, slow = (int(n) for n in args.engines.split(":"))
-    schedule = arrivals(args.trace, args.requests, args.speed)
+    schedule = arrivals(args.trace, args.requests, args.speed, reuse=not args.unique_prompts)
     window = schedule[-1].at + 1
     setups = [shared(fast + slow, name="round robin"), split_direct(fast, slow), tailguard_split(fast, slow)]
     results = [run_point(Point(setup, 1.0, len(schedule) / window, 0.0, window, 0, schedule)) for setup in setups]
@@ -77,14 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for result in results:
         for stats in result.classes:
             if stats.n:
-                rows.append({"setup": result.setup, **dataclasses.asdict(stats), "wall_s": round(result.wall_s, 1)})
+                rows.append(
+                    {"setup": result.setup, **dataclasses.asdict(stats), "wall_s": round(result.wall_s, 1), "prefix_hit_rate": result.prefix_hit_rate}
+                )
     print(f"{args.trace.name}: first {args.requests} requests, {len(schedule)} within the {CONTEXT}-token context, {args.speed:g}x, {sum(a.kind == 'short' for a in schedule)} short")
-    print("| set-up | class | n | ok | outcomes | TTFT P50 / P99 ms | E2E P50 / P99 ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("| set-up | class | n | ok | outcomes | TTFT P50 / P99 ms | E2E P50 / P99 ms | prefix hit rate |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['setup']} | {row['kind']} | {row['n']} | {row['ok']} | {row['outcomes']} |"
             f" {row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f} | {row['e2e_p50_ms']:.0f} / {row['e2e_p99_ms']:.0f} |"
+            f" {row['prefix_hit_rate']:.3f} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
