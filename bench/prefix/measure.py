@@ -25,7 +25,7 @@ from bench.prefix.drive import RAW_SHORT_THRESHOLD, conversations, open_loop
 from bench.prefix.engines import EngineCounters, placements, read_counters, scrape, start_engines
 from bench.prefix.model import ENGINES, Workload
 from bench.prefix.report import Measured, SetupRun, summarise
-from bench.prefix.setups import PEER_POLICIES, SESSION_HEADER, Setup, running
+from bench.prefix.setups import PEER_POLICIES, SESSION_HEADER, Setup, file_name, running
 
 SETTLE_S = 0.5  # real s between a run's end and the last read of the engines' counters
 
@@ -46,7 +46,7 @@ async def measure_workload(workload: Workload, setups: Sequence[Setup], spec: Ru
     """``workload`` against each of ``setups``; their runs in set-up order."""
     found: dict[str, SetupRun] = {}
     with tempfile.TemporaryDirectory(prefix="tailguard-prefix-") as tmp:
-        logs = {s.name: Path(tmp) / f"{s.name.replace(' ', '-')}.log" for s in setups}
+        logs = {s.name: Path(tmp) / f"{file_name(s.name)}.log" for s in setups}
         try:
             if spec.parallel:
                 async with trio.open_nursery() as nursery:

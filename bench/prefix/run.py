@@ -36,7 +36,7 @@ from bench.prefix.measure import RunSpec, measure_workload
 from bench.prefix.model import ENGINES, SEATS, Workload
 from bench.prefix.mooncake import SAMPLE, read_rows, replay
 from bench.prefix.report import Result, render, targets
-from bench.prefix.setups import SETUPS, describe, placement_supported
+from bench.prefix.setups import ALL_SETUPS, SETUPS, describe, placement_supported
 from bench.prefix.workloads import Spec, conversations, rag, system_prompts, tenants, unique_prompts
 
 WORKLOADS = ("tenants", "multi-turn", "rag", "mooncake", "unique")
@@ -48,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run of ~2 minutes: warm-up 1.5 GPU s, window 3.5 GPU s, 120 trace rows, drain 5 s")
     add("--workload", action="append", choices=WORKLOADS, help="run this workload, repeatable (default: all)")
-    add("--setup", action="append", choices=SETUPS, help="run this set-up, repeatable (default: all)")
+    add("--setup", action="append", choices=ALL_SETUPS, help=f"run this set-up, repeatable (default: {', '.join(SETUPS)})")
     add("--load", type=float, default=0.8, help="fraction of each workload's modelled capacity (default %(default)s)")
     add("--warmup", type=float, default=None, help="unmeasured GPU s at the start of each schedule (default 5)")
-    add("--seconds", type=float, default=None, help="measured GPU s after the warm-up (default 12)")
+    add("--seconds", type=float, default=None, help="measured GPU s after the warm-up (default 16)")
     add("--drain", type=float, default=None, help="real s each run waits after its schedule's end at most (default 10)")
     add("--trace", type=Path, default=SAMPLE, help="the Mooncake trace (JSONL) to replay (default: the committed sample)")
     add("--trace-rows", type=int, default=None, help="replay the trace's first N rows (default 400)")
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quick = args.quick
     warmup = args.warmup if args.warmup is not None else (1.5 if quick else 5.0)
-    seconds = args.seconds if args.seconds is not None else (3.5 if quick else 12.0)
+    seconds = args.seconds if args.seconds is not None else (3.5 if quick else 16.0)
     drain = args.drain if args.drain is not None else (5.0 if quick else 10.0)
     rows = args.trace_rows if args.trace_rows is not None else (120 if quick else 400)
     if args.load <= 0 or args.time_scale <= 0 or seconds <= 0 or warmup < 0 or drain < 0 or rows < 2:

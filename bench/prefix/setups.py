@@ -4,6 +4,8 @@
 - ``cache_aware``: vllm-router ``--policy cache_aware`` with its defaults (an
   approximate prefix tree per worker; cache threshold 0.3, balance
   thresholds 64 absolute / 1.5 relative);
+- ``cache_aware 8/1.25`` (not in the default run: ``--setup``): cache_aware
+  balancing at 8 requests and 1.25x, thresholds sized to 32-seat engines;
 - ``hand affinity``: vllm-router ``--policy consistent_hash`` (160 virtual
   nodes a worker), each request carrying its tenant / conversation /
   document as ``X-Session-ID``, the header that policy hashes first: each
@@ -19,6 +21,7 @@ is placement, not a split; endpoint caps are the engines' seats.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -36,8 +39,17 @@ from bench.harness.procs import free_ports, start_process, start_tailguard, stop
 from bench.prefix.model import INPUT_CAP_TOKENS, MAX_MODEL_LEN, MODEL, SEATS
 
 ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD = "round robin", "cache_aware", "hand affinity", "least loaded", "tailguard"
-SETUPS = (ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD)
-PEER_POLICIES = {ROUND_ROBIN: "round_robin", CACHE_AWARE: "cache_aware", HAND: "consistent_hash"}
+CACHE_AWARE_TUNED = "cache_aware 8/1.25"
+SETUPS = (ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD)  # the default run
+ALL_SETUPS = (*SETUPS, CACHE_AWARE_TUNED)
+# vllm-router's flags per set-up. The tuned cache_aware balances once the busiest worker has 8 more requests
+# (a quarter of an engine's seats) and 1.25x the idlest's, instead of its defaults' 64 and 1.5x.
+PEER_POLICIES = {
+    ROUND_ROBIN: ["--policy", "round_robin"],
+    CACHE_AWARE: ["--policy", "cache_aware"],
+    CACHE_AWARE_TUNED: ["--policy", "cache_aware", "--balance-abs-threshold", "8", "--balance-rel-threshold", "1.25"],
+    HAND: ["--policy", "consistent_hash"],
+}
 SESSION_HEADER = "X-Session-ID"  # what vllm-router's consistent_hash hashes first
 END_TO_END_TIMEOUT_S = 120.0  # GPU s; tailguard's, scaled
 QUEUE_TIMEOUT_S = 60.0  # GPU s: the catch-all class waits this long for a seat
@@ -50,6 +62,11 @@ class Setup:
     name: str
     description: str
     pin_header: bool = False
+
+
+def file_name(name: str) -> str:
+    """A set-up's name as a piece of a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
 
 
 def vllm_router() -> Path | None:
@@ -70,7 +87,7 @@ def placement_supported() -> bool:
 def describe(name: str, placement_ok: bool) -> Setup:
     """The set-up called ``name``, as this run can build it."""
     if name in PEER_POLICIES:
-        text = f"vllm-router --policy {PEER_POLICIES[name]}" + (f", {SESSION_HEADER} = the request's key" if name == HAND else "")
+        text = f"vllm-router {' '.join(PEER_POLICIES[name])}" + (f", {SESSION_HEADER} = the request's key" if name == HAND else "")
         return Setup(name, text, pin_header=name == HAND)
     if name == LEAST_LOADED:
         text = (
@@ -110,11 +127,11 @@ def pool_config(http_port: int, grpc_port: int, engines: Sequence[int], time_sca
     return "\n".join(lines)
 
 
-def peer_command(exe: Path, policy: str, port: int, metrics_port: int, engines: Sequence[int]) -> list[str]:
-    """vllm-router in front of ``engines`` with ``policy`` and its defaults otherwise, on 127.0.0.1 only (its metrics too)."""
+def peer_command(exe: Path, policy: Sequence[str], port: int, metrics_port: int, engines: Sequence[int]) -> list[str]:
+    """vllm-router in front of ``engines`` with the ``policy`` flags and its defaults otherwise, on 127.0.0.1 only (its metrics too)."""
     urls = [f"http://{HOST}:{p}" for p in engines]
     return [
-        str(exe), "--host", HOST, "--port", str(port), "--worker-urls", *urls, "--policy", policy,
+        str(exe), "--host", HOST, "--port", str(port), "--worker-urls", *urls, *policy,
         "--prometheus-host", HOST, "--prometheus-port", str(metrics_port), "--log-level", "warning",
     ]  # fmt: skip
 
@@ -134,7 +151,7 @@ async def running(
         else:
             port, grpc_port = free_ports(2)
             placement = "least_loaded" if setup.name == LEAST_LOADED and placement_ok else None
-            config = tmp / f"tailguard-{setup.name.replace(' ', '-')}.toml"
+            config = tmp / f"tailguard-{file_name(setup.name)}.toml"
             config.write_text(pool_config(port, grpc_port, engines, time_scale, placement))
             process = await start_tailguard(nursery, config, log=log)
         try:
