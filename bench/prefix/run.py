@@ -9,8 +9,9 @@ sample of the Mooncake trace, text built block by block from its
 ``hash_ids``) and ``unique`` (the tenants' shapes with nothing shared).
 
 Set-ups (``bench/prefix/setups.py``): vllm-router round_robin, cache_aware
-and consistent_hash on a session header (hand affinity), tailguard least
-loaded and tailguard's default placement. Each gets four fresh simulated
+(its defaults, and balancing thresholds sized to these engines) and
+consistent_hash on a session header (hand affinity), tailguard least loaded
+and tailguard's default placement. Each gets four fresh simulated
 engines (32 seats, the prefix cache on, a KV cache holding about a third of
 the tenants' system prompts) per workload; the set-ups of a workload run
 at the same time unless ``--serial``. Latencies are GPU time: real divided
@@ -36,7 +37,7 @@ from bench.prefix.measure import RunSpec, measure_workload
 from bench.prefix.model import ENGINES, SEATS, Workload
 from bench.prefix.mooncake import SAMPLE, read_rows, replay
 from bench.prefix.report import Result, render, targets
-from bench.prefix.setups import ALL_SETUPS, SETUPS, describe, placement_supported
+from bench.prefix.setups import SETUPS, describe, placement_supported
 from bench.prefix.workloads import Spec, conversations, rag, system_prompts, tenants, unique_prompts
 
 WORKLOADS = ("tenants", "multi-turn", "rag", "mooncake", "unique")
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run of ~2 minutes: warm-up 1.5 GPU s, window 3.5 GPU s, 120 trace rows, drain 5 s")
     add("--workload", action="append", choices=WORKLOADS, help="run this workload, repeatable (default: all)")
-    add("--setup", action="append", choices=ALL_SETUPS, help=f"run this set-up, repeatable (default: {', '.join(SETUPS)})")
+    add("--setup", action="append", choices=SETUPS, help="run this set-up, repeatable (default: all)")
     add("--load", type=float, default=0.8, help="fraction of each workload's modelled capacity (default %(default)s)")
     add("--warmup", type=float, default=None, help="unmeasured GPU s at the start of each schedule (default 5)")
     add("--seconds", type=float, default=None, help="measured GPU s after the warm-up (default 16)")

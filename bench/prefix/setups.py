@@ -4,8 +4,9 @@
 - ``cache_aware``: vllm-router ``--policy cache_aware`` with its defaults (an
   approximate prefix tree per worker; cache threshold 0.3, balance
   thresholds 64 absolute / 1.5 relative);
-- ``cache_aware 8/1.25`` (not in the default run: ``--setup``): cache_aware
-  balancing at 8 requests and 1.25x, thresholds sized to 32-seat engines;
+- ``cache_aware 8/1.25``: cache_aware balancing at 8 requests and 1.25x,
+  thresholds sized to 32-seat engines (its defaults balance only once one
+  engine holds 64 requests more than another: two full batches queued);
 - ``hand affinity``: vllm-router ``--policy consistent_hash`` (160 virtual
   nodes a worker), each request carrying its tenant / conversation /
   document as ``X-Session-ID``, the header that policy hashes first: each
@@ -40,8 +41,7 @@ from bench.prefix.model import INPUT_CAP_TOKENS, MAX_MODEL_LEN, MODEL, SEATS
 
 ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD = "round robin", "cache_aware", "hand affinity", "least loaded", "tailguard"
 CACHE_AWARE_TUNED = "cache_aware 8/1.25"
-SETUPS = (ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD)  # the default run
-ALL_SETUPS = (*SETUPS, CACHE_AWARE_TUNED)
+SETUPS = (ROUND_ROBIN, CACHE_AWARE, CACHE_AWARE_TUNED, HAND, LEAST_LOADED, TAILGUARD)
 # vllm-router's flags per set-up. The tuned cache_aware balances once the busiest worker has 8 more requests
 # (a quarter of an engine's seats) and 1.25x the idlest's, instead of its defaults' 64 and 1.5x.
 PEER_POLICIES = {
