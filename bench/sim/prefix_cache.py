@@ -31,16 +31,17 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .tokens import prompt_token_ids
+from .tokens import prompt_token_array
 
 BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA
 
 
-def block_hashes(token_ids: Sequence[int], cache_salt: str | None = None, block_size: int = BLOCK_SIZE) -> list[bytes]:
+def block_hashes(token_ids: Sequence[int] | array[int], cache_salt: str | None = None, block_size: int = BLOCK_SIZE) -> list[bytes]:
     """The chained keys of the full blocks of ``token_ids`` (a partial last block has none)."""
     parent = hashlib.blake2b(("salt:" + (cache_salt or "")).encode("utf-8", "surrogatepass"), digest_size=16).digest()
     keys: list[bytes] = []
-    raw = array("q", token_ids).tobytes()  # native 8-byte ints: keys are compared within one process only
+    # native 8-byte ints: keys are compared within one process only
+    raw = (token_ids if isinstance(token_ids, array) and token_ids.typecode == "q" else array("q", token_ids)).tobytes()
     width = 8 * block_size
     for start in range(0, len(raw) - width + 1, width):
         parent = hashlib.blake2b(parent + raw[start : start + width], digest_size=16).digest()
@@ -55,7 +56,7 @@ def prompt_block_keys(prompt_key: str, prompt_tokens: int, cache_salt: str | Non
     message contents joined by NUL, ``tokens.chat_prompt_key``), so equal text
     prefixes give equal keys whichever engine or caller computes them.
     """
-    return block_hashes(prompt_token_ids(prompt_key, prompt_tokens), cache_salt)
+    return block_hashes(prompt_token_array(prompt_key, prompt_tokens), cache_salt)
 
 
 class PrefixCache:

@@ -105,7 +105,12 @@ def _chunk_id(chunk: str) -> int:
 
 
 def prompt_token_ids(prompt_key: str, count: int) -> list[int]:
-    """``count`` deterministic ids of a prompt: the same text gives the same ids, a shared beginning shared ones.
+    """``count`` deterministic ids of a prompt: the same text gives the same ids, a shared beginning shared ones."""
+    return prompt_token_array(prompt_key, count).tolist()
+
+
+def prompt_token_array(prompt_key: str, count: int) -> array[int]:
+    """``prompt_token_ids`` as an array of 64-bit ids (what the prefix cache hashes, without a list between).
 
     Each 4-character chunk's id is ``_chunk_id``; an ASCII text's full chunks
     are read at once as an array of 32-bit numbers (the same values), so a
@@ -115,11 +120,11 @@ def prompt_token_ids(prompt_key: str, count: int) -> list[int]:
     text = prompt_key[: 4 * count]
     if text.isascii():
         full = len(text) // 4
-        ids = array("I", text[: 4 * full].encode("ascii")).tolist()
+        ids = array("q", array("I", text[: 4 * full].encode("ascii")))
         if len(text) > 4 * full:
             ids.append(_chunk_id(text[4 * full :]))
     else:
-        ids = [_chunk_id(text[i : i + 4]) for i in range(0, len(text), 4)]
+        ids = array("q", [_chunk_id(text[i : i + 4]) for i in range(0, len(text), 4)])
     if len(ids) < count:  # padding: ids that hash the whole text
         whole = zlib.crc32(hashlib.blake2b(prompt_key.encode("utf-8", "surrogatepass"), digest_size=16).digest())
         ids.extend(zlib.crc32(i.to_bytes(4, "little"), whole) for i in range(len(ids), count))
