@@ -59,12 +59,13 @@ def cost_summary(results: Sequence[PointResult]) -> str:
 def engine_table(checks: Sequence[EngineAgreement]) -> str:
     """The same seeded submissions (some hung up) through bench.sim.Engine and the sweep's engine."""
     header = [
-        "engine", "offered req/s", "simulated s", "requests", "hung up", "preemptions (sim / sweep)", "ended differently",
-        "largest timestamp difference",
+        "engine", "offered req/s", "simulated s", "requests", "hung up", "shared documents", "preemptions (sim / sweep)",
+        "prefix-cache hit tokens (sim / sweep)", "ended differently", "largest timestamp difference",
     ]
     return "\n".join(md_table(header, (
         (
-            c.profile, f"{c.offered_req_per_s:.1f}", f"{c.seconds:g}", c.requests, c.hang_ups, f"{c.preemptions_reference} / {c.preemptions_sweep}",
+            c.profile, f"{c.offered_req_per_s:.1f}", f"{c.seconds:g}", c.requests, c.hang_ups, c.documents or "none",
+            f"{c.preemptions_reference} / {c.preemptions_sweep}", f"{c.prefix_hits_reference:,} / {c.prefix_hits_sweep:,}",
             c.differing, f"{c.max_difference_s:.3g} s",
         )
         for c in checks

@@ -177,7 +177,8 @@ def run_checks(args: argparse.Namespace, per_engine: Capacity) -> Checks:
     engines = engine_agreements(per_engine)
     for check in engines:
         print(
-            f"  engine check, {check.profile}: {check.requests} requests, {check.differing} ended differently, "
+            f"  engine check, {check.profile} ({check.documents or 'no'} shared documents, {check.prefix_hits_reference:,} hit tokens): "
+            f"{check.requests} requests, {check.differing} ended differently, "
             f"largest timestamp difference {check.max_difference_s:.3g} s",
             file=sys.stderr,
             flush=True,
