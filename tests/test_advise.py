@@ -31,6 +31,7 @@ from tailguard.advise.planner import (
     fleet_from,
     read_access_log,
     report,
+    seen_in_trace,
     snippet,
     stats_of,
     tail_command,
@@ -395,3 +396,16 @@ def test_cli_no_prefix_cache_replays_unique_prompts(tmp_path: Path) -> None:
     assert all(done.returncode == 0 for done in runs), [done.stderr for done in runs]
     assert "32 of 48 replayed requests in 2 prefix groups" in runs[0].stdout
     assert "Prefix cache: not modelled (--no-prefix-cache)" in runs[1].stdout
+
+
+def test_a_trace_that_carries_prefix_fields_gives_them_in_its_arrivals_order(tmp_path: Path) -> None:
+    rows = [
+        {"at": 0.5, "prompt_tokens": 300, "max_tokens": 16, "class": "short", "prefix_group": "aa", "cached_tokens": 64},
+        {"at": 0.25, "prompt_tokens": 400, "max_tokens": 16, "class": "short"},  # bench tail's own rows carry none
+        {"at": 9.0, "prompt_tokens": 300, "max_tokens": 16, "class": "short", "prefix_group": "aa"},  # past --seconds
+    ]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arrivals, seen = arrivals_from_trace(trace, 5.0), seen_in_trace(trace, 5.0)
+    assert [a.prompt_tokens for a in arrivals] == [400, 300]
+    assert seen == [Seen(), Seen("aa", 64)]
