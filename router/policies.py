@@ -145,13 +145,12 @@ class PrefixAffinity:
         "home" when it is the first of the usable endpoints (room or not),
         "spilled" when a later one, "borrowed" for a lent seat.
         """
-        number = key_number(key)
-        home_weight = -1
+        home_weight = b""
         ranked: list[_Ranked] = []
         for e in endpoints:  # one pass, each property read once: this is every keyed request's path
             if not e.usable:
                 continue
-            weight = _mix(number ^ e.rendezvous_seed)  # rendezvous_weight(key, e.url), its seed kept
+            weight = seeded_weight(e.rendezvous_seed, key)  # rendezvous_weight(key, e.url), the URL hashed once
             if weight > home_weight:
                 home_weight = weight
             if e.in_flight < e.seats and e not in exclude:  # has_room, usable already known
@@ -173,7 +172,7 @@ class PrefixAffinity:
         return math.ceil(self.c * total / len(candidates))
 
 
-_Ranked = tuple[int, str, "Endpoint", int]  # (rendezvous weight, URL, endpoint, placement load)
+_Ranked = tuple[bytes, str, "Endpoint", int]  # (rendezvous weight, URL, endpoint, placement load)
 
 
 def _lending_rule(ranked: list[_Ranked], *, borrowed: bool) -> list[_Ranked]:
@@ -191,7 +190,7 @@ def policy_for(placement: PlacementConfig, rng: random.Random) -> EndpointPolicy
     return PrefixAffinity(rng, c=placement.load_factor)
 
 
-def _rank(ranked: _Ranked) -> tuple[int, str]:
+def _rank(ranked: _Ranked) -> tuple[bytes, str]:
     return ranked[0], ranked[1]
 
 
@@ -200,32 +199,18 @@ def rendezvous_order(key: bytes, candidates: Sequence[Endpoint]) -> list[Endpoin
     return sorted(candidates, key=lambda e: (rendezvous_weight(key, e.url), e.url), reverse=True)
 
 
-def rendezvous_weight(key: bytes, url: str) -> int:
-    """A stable pseudo-random weight of (key, endpoint), equal on every process: a 64-bit mix of the key and the URL's seed.
-
-    The key is a blake2b digest already and the seed one of the URL (kept by
-    the endpoint, ``Endpoint.rendezvous_seed``), so a few integer operations
-    mix them (splitmix64's finalizer, a full avalanche): a hash per
-    endpoint per request would cost ~4x more.
-    """
-    return _mix(key_number(key) ^ url_seed(url))
+def rendezvous_weight(key: bytes, url: str) -> bytes:
+    """A stable pseudo-random weight of (key, endpoint), equal on every process: blake2b of the URL, then the key."""
+    return seeded_weight(url_seed(url), key)
 
 
-def url_seed(url: str) -> int:
-    """An endpoint's 64-bit rendezvous seed, from its URL alone: the same on every worker and replica."""
-    return int.from_bytes(hashlib.blake2b(url.encode(), digest_size=8).digest(), "big")
+def url_seed(url: str) -> hashlib.blake2b:
+    """An endpoint's rendezvous seed: blake2b having read its URL, kept by the endpoint so a request hashes only its key."""
+    return hashlib.blake2b(url.encode(), digest_size=8)
 
 
-def key_number(key: bytes) -> int:
-    """A prefix key's first 64 bits, as an integer to mix with seeds."""
-    return int.from_bytes(key[:8], "big")
-
-
-_MASK = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    """splitmix64's finalizer: every input bit flips each output bit with probability ~1/2."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
+def seeded_weight(seed: hashlib.blake2b, key: bytes) -> bytes:
+    """The weight of ``key`` on the endpoint whose seed this is (a copy of the seed's state goes on with the key: ~1 us)."""
+    weight = seed.copy()
+    weight.update(key)
+    return weight.digest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 import subprocess
 import sys
@@ -36,7 +37,7 @@ class FakeEndpoint:
         return self.in_flight
 
     @property
-    def rendezvous_seed(self) -> int:
+    def rendezvous_seed(self) -> hashlib.blake2b:
         return url_seed(self.url)
 
     @property
