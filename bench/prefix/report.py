@@ -66,6 +66,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     cpu_count: int = 0
+    load_average: dict[str, list[float]] = field(default_factory=dict)  # the machine's, at the start and the end (others' work too)
 
 
 def load_spread(requests: Sequence[float]) -> float:
@@ -236,7 +237,8 @@ def render(result: Result) -> str:
         f"tailguard placement: {result.placement}",
         f"times: {result.times_are} (time scale {result.time_scale:g}); load {result.load:g} of each workload's modelled capacity "
         "(every prompt token prefilled, seats as many as the KV cache holds: no reuse)",
-        f"wall {result.wall_s:.0f} s on {result.cpu_count} CPU(s)",
+        f"wall {result.wall_s:.0f} s on {result.cpu_count} CPU(s); load average "
+        + " -> ".join(f"{when} {'/'.join(f'{x:.1f}' for x in values)}" for when, values in result.load_average.items()),
     ]
     for name, info in result.workloads.items():
         runs = [r for r in result.runs if r.workload == name]

@@ -128,12 +128,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for w in workloads
         },  # fmt: skip
         cpu_count=len(os.sched_getaffinity(0)),
+        load_average={"start": list(os.getloadavg())},
     )
     started = time.perf_counter()
     done = run_trio(measure, workloads, result, args.setup or SETUPS, run_spec, said="the simulators and routers were stopped")
     if done is None:
         return 130
     done.wall_s = time.perf_counter() - started
+    done.load_average["end"] = list(os.getloadavg())
     report = render(done)
     print(report)
     write_report(args.out, args.name or ("prefix-quick" if quick else "prefix"), asdict(done), report)
