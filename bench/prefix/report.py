@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from bench.harness.open_loop import Sample, class_stats
 from bench.harness.report import Target, md_table, targets_table
 from bench.prefix.engines import EngineCounters
-from bench.prefix.setups import CACHE_AWARE, CACHE_AWARE_TUNED, HAND, LEAST_LOADED, TAILGUARD
+from bench.prefix.setups import CACHE_AWARE, CACHE_AWARE_TUNED, HAND, HINTED, LEAST_LOADED, TAILGUARD
 from tailguard.sim.virtual.mix import percentile
 
 
@@ -213,7 +213,7 @@ def ratios_table(result: Result, workload: str) -> list[str]:
     if tg is None:
         return []
     rows = []
-    for peer in (HAND, LEAST_LOADED, CACHE_AWARE, CACHE_AWARE_TUNED):
+    for peer in (HAND, LEAST_LOADED, CACHE_AWARE, CACHE_AWARE_TUNED, HINTED):
         other = _run(result, workload, peer)
         if other is not None:
             cells = (

@@ -37,7 +37,7 @@ from bench.prefix.measure import RunSpec, measure_workload
 from bench.prefix.model import ENGINES, SEATS, Workload
 from bench.prefix.mooncake import SAMPLE, read_rows, replay
 from bench.prefix.report import Result, render, targets
-from bench.prefix.setups import SETUPS, describe, placement_supported
+from bench.prefix.setups import ALL_SETUPS, SETUPS, describe, placement_supported
 from bench.prefix.workloads import Spec, conversations, rag, system_prompts, tenants, unique_prompts
 
 WORKLOADS = ("tenants", "multi-turn", "rag", "mooncake", "unique")
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run of ~2 minutes: warm-up 1.5 GPU s, window 3.5 GPU s, 120 trace rows, drain 5 s")
     add("--workload", action="append", choices=WORKLOADS, help="run this workload, repeatable (default: all)")
-    add("--setup", action="append", choices=SETUPS, help="run this set-up, repeatable (default: all)")
+    add("--setup", action="append", choices=ALL_SETUPS, help=f"run this set-up, repeatable (default: {', '.join(SETUPS)})")
     add("--load", type=float, default=0.8, help="fraction of each workload's modelled capacity (default %(default)s)")
     add("--warmup", type=float, default=None, help="unmeasured GPU s at the start of each schedule (default 5)")
     add("--seconds", type=float, default=None, help="measured GPU s after the warm-up (default 16)")

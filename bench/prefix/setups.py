@@ -14,7 +14,10 @@
 - ``least loaded``: tailguard, one pool over the four engines,
   ``placement = "least_loaded"``;
 - ``tailguard``: the same pool with tailguard's default placement (prefix
-  affinity, where the router has it).
+  affinity, where the router has it);
+- ``tailguard + session`` (``--setup``, not in the default run): the same,
+  each request carrying its key as ``X-Session-ID``, tailguard's default
+  session header: the caller's hint instead of the prompt's leading blocks.
 
 tailguard's pool has one catch-all class (no thresholds), so what differs
 is placement, not a split; endpoint caps are the engines' seats.
@@ -41,7 +44,9 @@ from bench.prefix.model import INPUT_CAP_TOKENS, MAX_MODEL_LEN, MODEL, SEATS
 
 ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD = "round robin", "cache_aware", "hand affinity", "least loaded", "tailguard"
 CACHE_AWARE_TUNED = "cache_aware 8/1.25"
-SETUPS = (ROUND_ROBIN, CACHE_AWARE, CACHE_AWARE_TUNED, HAND, LEAST_LOADED, TAILGUARD)
+HINTED = "tailguard + session"
+SETUPS = (ROUND_ROBIN, CACHE_AWARE, CACHE_AWARE_TUNED, HAND, LEAST_LOADED, TAILGUARD)  # the default run
+ALL_SETUPS = (*SETUPS, HINTED)
 # vllm-router's flags per set-up. The tuned cache_aware balances once the busiest worker has 8 more requests
 # (a quarter of an engine's seats) and 1.25x the idlest's, instead of its defaults' 64 and 1.5x.
 PEER_POLICIES = {
@@ -96,6 +101,8 @@ def describe(name: str, placement_ok: bool) -> Setup:
             else "tailguard, one pool (least loaded: no placement key yet)"
         )
         return Setup(name, text)
+    if name == HINTED:
+        return Setup(name, f"tailguard, one pool, its default placement, {SESSION_HEADER} = the request's key", pin_header=True)
     return Setup(name, "tailguard, one pool, its default placement" + ("" if placement_ok else " (least loaded: no prefix affinity yet)"))
 
 
