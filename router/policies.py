@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
     from .endpoint import Endpoint
 
 # How a seat's endpoint was chosen (Lease.placement, RequestRecord.placement; metrics and the access log use these names):
-# "home": the key's first rendezvous choice among the pool's usable endpoints; "spilled": a later one (the home over
-# the load bound, at its cap, or already tried); "no_key": affinity, but the request has no key; "borrowed": a seat
+# "home": the key's home, where this process last placed it if that endpoint is still usable, else its first rendezvous
+# choice among the pool's usable endpoints; "spilled": another (the home over the load bound, at its cap, or already
+# tried); "no_key": affinity, but the request has no key; "borrowed": a seat
 # lent by another pool; "least_loaded": the pool places by load alone (``placement = "least_loaded"``).
 PlacementKind = Literal["home", "spilled", "no_key", "borrowed", "least_loaded"]
 PLACEMENT_KINDS: tuple[PlacementKind, ...] = ("home", "spilled", "no_key", "borrowed", "least_loaded")
@@ -108,6 +110,18 @@ class PrefixAffinity:
     Load is ``placement_load`` (recent failures counted, as LeastLoaded does).
     Requests without a key go to ``LeastLoaded``.
 
+    Nothing to share must cost nothing: a key this policy has not placed
+    before (every request of unique prompts) is most likely cached nowhere,
+    so its bound is the tightest (c = 1: at most the mean), which keeps
+    unique traffic as level as least loaded keeps it, in rendezvous order
+    still, so its second request finds the first. A key placed before goes
+    back where it first went (that engine holds its prefix) while that
+    endpoint is usable and within the bound, else down its rendezvous
+    order; an endpoint that leaves and comes back (ejection, DNS) gets its
+    keys back. Least recently used keys are forgotten first past
+    ``remember`` keys. That memory is this process's own: the rendezvous
+    order alone is what workers and replicas agree on.
+
     Lending composes as a filter before affinity, never after: the lending
     rule (LeastLoaded's) packs borrowed seats onto the endpoints holding
     the most of them and keeps the pool's own requests off those while
@@ -123,11 +137,13 @@ class PrefixAffinity:
     would scatter borrowed seats over every engine of the lender.
     """
 
-    def __init__(self, rng: random.Random, *, c: float = 1.25) -> None:
+    def __init__(self, rng: random.Random, *, c: float = 1.25, remember: int = 65_536) -> None:
         if c < 1:
             raise ValueError(f"the load bound factor must be at least 1, not {c}")
         self.c = c
         self._fallback = LeastLoaded(rng)
+        self._remember = remember
+        self._placed: OrderedDict[bytes, str] = OrderedDict()  # key -> URL of the endpoint it last went home to or spilled to first
 
     def choose(
         self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
@@ -140,31 +156,49 @@ class PrefixAffinity:
     def place(
         self, endpoints: Sequence[Endpoint], key: bytes, exclude: Collection[Endpoint] = (), *, borrowed: bool = False
     ) -> Placement | None:
-        """The first endpoint with room the lending rule allows, in ``key``'s rendezvous order within the load bound; or None.
+        """The key's home if it has room, the lending rule allows it and it is within the load bound, else the first such in rendezvous order; or None.
 
-        "home" when it is the first of the usable endpoints (room or not),
-        "spilled" when a later one, "borrowed" for a lent seat.
+        "home" when it is the key's home (where it went before, else the
+        first of the usable endpoints, room or not), "spilled" when
+        another, "borrowed" for a lent seat.
         """
+        placed = self._placed.get(key)
         home_weight = b""
+        home_url: str | None = None
         ranked: list[_Ranked] = []
         for e in endpoints:  # one pass, each property read once: this is every keyed request's path
             if not e.usable:
                 continue
             weight = seeded_weight(e.rendezvous_seed, key)  # rendezvous_weight(key, e.url), the URL hashed once
             if weight > home_weight:
-                home_weight = weight
+                home_weight, home_url = weight, e.url
             if e.in_flight < e.seats and e not in exclude:  # has_room, usable already known
                 ranked.append((weight, e.url, e, e.placement_load))
+        if placed is not None and any(e.url == placed and e.usable for e in endpoints):
+            home_url = placed  # while its endpoint is away the rendezvous order decides; it comes back with it
         if not ranked:
             return None
         if any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
             ranked = _lending_rule(ranked, borrowed=borrowed)
-        bound = math.ceil(self.c * (sum(r[3] for r in ranked) + 1) / len(ranked))  # self.bound, loads read once
-        # The first eligible (load + 1 <= bound) in rendezvous order. For c >= 1 the least loaded always is ("or" guards rounding).
-        weight, _, endpoint, _ = max([r for r in ranked if r[3] < bound] or ranked, key=_rank)
+        c = self.c if placed is not None else 1.0  # a key new here is most likely cached nowhere: keep level
+        bound = math.ceil(c * (sum(r[3] for r in ranked) + 1) / len(ranked))  # self.bound, loads read once
+        # The home if eligible (load + 1 <= bound), else the first eligible in rendezvous order.
+        # For c >= 1 the least loaded always is ("or" guards rounding).
+        eligible = [r for r in ranked if r[3] < bound] or ranked
+        endpoint = next((r[2] for r in eligible if r[1] == home_url), None) or max(eligible, key=_rank)[2]
+        self._note(key, placed, endpoint.url)
         if borrowed:
             return Placement(endpoint, "borrowed")
-        return Placement(endpoint, "home" if weight == home_weight else "spilled")
+        return Placement(endpoint, "home" if endpoint.url == home_url else "spilled")
+
+    def _note(self, key: bytes, placed: str | None, url: str) -> None:
+        """Remember where a key new here went; refresh a known key's place in the LRU order."""
+        if placed is None:
+            self._placed[key] = url
+            if len(self._placed) > self._remember:
+                self._placed.popitem(last=False)
+        else:
+            self._placed.move_to_end(key)
 
     def bound(self, candidates: Sequence[Endpoint]) -> int:
         """The most load an endpoint may hold after taking the request: ``ceil(c * mean load, this request counted)``."""

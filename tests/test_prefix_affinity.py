@@ -116,14 +116,69 @@ def test_keys_spread_over_the_endpoints() -> None:
     assert max(homes.values()) < 1.15 * 1000
 
 
-@given(st.lists(st.integers(0, 20), min_size=1, max_size=8), st.binary(min_size=16, max_size=16), st.floats(1.0, 3.0))
-def test_the_bound_holds_while_another_endpoint_is_eligible(loads: list[int], key: bytes, c: float) -> None:
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=8), st.binary(min_size=16, max_size=16))
+def test_a_key_new_here_is_held_to_the_mean_in_rendezvous_order(loads: list[int], key: bytes) -> None:
     pool = endpoints(len(loads), loads)
-    chosen = placed(pool, key, c)
-    bound = policy(c).bound(pool)
+    chosen = placed(pool, key, 3.0)  # whatever c: a key never placed is most likely cached nowhere
+    bound = policy(1.0).bound(pool)
     assert chosen.placement_load + 1 <= bound  # the least loaded is always eligible, so the bound never gives way
     order = rendezvous_order(key, pool)
     assert all(e.placement_load + 1 > bound for e in order[: order.index(chosen)])  # earlier ones were over it
+
+
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=8), st.binary(min_size=16, max_size=16), st.floats(1.0, 3.0))
+def test_a_known_key_stays_home_within_c_times_the_mean(loads: list[int], key: bytes, c: float) -> None:
+    pool = endpoints(len(loads))
+    affinity = policy(c)
+    assert affinity.place(pool, key) == (rendezvous_order(key, pool)[0], "home")  # idle: it goes home, remembered
+    for endpoint, load in zip(pool, loads, strict=True):
+        cast("FakeEndpoint", endpoint).in_flight = load
+    again = affinity.place(pool, key)
+    assert again is not None
+    bound = affinity.bound(pool)
+    assert again.endpoint.placement_load + 1 <= bound
+    order = rendezvous_order(key, pool)
+    assert all(e.placement_load + 1 > bound for e in order[: order.index(again.endpoint)])
+
+
+def test_unique_keys_stay_as_level_as_least_loaded() -> None:
+    pool = endpoints(4)
+    affinity = policy(1.25)
+    for placed_so_far, key in enumerate(keys(400), start=1):
+        chosen = affinity.place(pool, key)
+        assert chosen is not None
+        cast("FakeEndpoint", chosen.endpoint).in_flight += 1
+        assert max(e.placement_load for e in pool) <= -(-placed_so_far // 4)  # never above the mean, rounded up
+    assert [e.placement_load for e in pool] == [100] * 4
+
+
+def test_a_key_that_spilled_at_first_goes_back_where_it_went_and_its_home_comes_back() -> None:
+    pool = endpoints(4)
+    key = keys(1)[0]
+    order = rendezvous_order(key, pool)
+    affinity = policy(1.25)
+    cast("FakeEndpoint", order[0]).in_flight = 6  # busy at first sight: the key spills
+    first = affinity.place(pool, key)
+    assert first == (order[1], "spilled")
+    cast("FakeEndpoint", order[0]).in_flight = 0
+    assert affinity.place(pool, key) == (order[1], "home")  # where its prefix was cached, not the idle rendezvous home
+    cast("FakeEndpoint", order[1]).usable = False  # it leaves: the rendezvous order decides meanwhile
+    assert affinity.place(pool, key) == (order[0], "home")
+    cast("FakeEndpoint", order[1]).usable = True  # back: so is the key
+    assert affinity.place(pool, key) == (order[1], "home")
+
+
+def test_the_memory_is_bounded_least_recently_used_first() -> None:
+    pool = endpoints(4)
+    affinity = PrefixAffinity(random.Random(0), remember=2)
+    first, second, third = keys(3)
+    order = rendezvous_order(first, pool)
+    cast("FakeEndpoint", order[0]).in_flight = 6
+    assert affinity.place(pool, first) == (order[1], "spilled")  # remembered on order[1]
+    cast("FakeEndpoint", order[0]).in_flight = 0
+    affinity.place(pool, second)
+    affinity.place(pool, third)  # past two keys: the first, least recently used, is forgotten
+    assert affinity.place(pool, first) == (order[0], "home")
 
 
 def test_a_hot_key_spills_in_rendezvous_order_and_no_endpoint_exceeds_the_bound() -> None:
