@@ -49,7 +49,7 @@ class TokenClient(KeepAliveClient):
         await super()._read_exactly(size, scan)
 
 
-STALE_IDLE_S = 30.0  # real s: an idle connection older than this is not reused (servers close idle ones: tailguard after 75 s)
+STALE_IDLE_S = 4.0  # real s: an idle connection older than this is not reused (servers close idle ones: the simulator and vLLM after 5 s, tailguard after 75 s)
 
 
 class TokenPool(ConnectionPool):
