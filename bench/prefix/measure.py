@@ -13,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -27,6 +28,7 @@ from bench.prefix.model import ENGINES, Workload
 from bench.prefix.report import Measured, SetupRun, summarise
 from bench.prefix.setups import PEER_POLICIES, SESSION_HEADER, Setup, file_name, running
 
+PORTS_A_SETUP = ENGINES + 2  # the engines', the router's, and its metrics' (vllm-router) or gRPC's (tailguard)
 SETTLE_S = 0.5  # real s between a run's end and the last read of the engines' counters
 
 
@@ -45,16 +47,18 @@ class RunSpec:
 async def measure_workload(workload: Workload, setups: Sequence[Setup], spec: RunSpec) -> list[SetupRun]:
     """``workload`` against each of ``setups``; their runs in set-up order."""
     found: dict[str, SetupRun] = {}
+    picked = iter(free_ports(PORTS_A_SETUP * len(setups)))  # all at once, so no two set-ups get the same port
+    ports = {s.name: [next(picked) for _ in range(PORTS_A_SETUP)] for s in setups}
     with tempfile.TemporaryDirectory(prefix="tailguard-prefix-") as tmp:
         logs = {s.name: Path(tmp) / f"{file_name(s.name)}.log" for s in setups}
         try:
-            if spec.parallel:
-                async with trio.open_nursery() as nursery:
-                    for setup in setups:
-                        nursery.start_soon(_into, found, workload, setup, spec, Path(tmp), logs[setup.name])
-            else:
+            async with trio.open_nursery() as nursery:
                 for setup in setups:
-                    await _into(found, workload, setup, spec, Path(tmp), logs[setup.name])
+                    run = partial(_into, found, workload, setup, spec, Path(tmp), logs[setup.name], ports[setup.name])
+                    if spec.parallel:
+                        nursery.start_soon(run)
+                    else:
+                        await run()
         except Exception:
             for name, path in logs.items():
                 print(f"--- {name} ---\n{log_tail(path)}", file=sys.stderr)
@@ -62,20 +66,28 @@ async def measure_workload(workload: Workload, setups: Sequence[Setup], spec: Ru
     return [found[s.name] for s in setups]
 
 
-async def _into(found: dict[str, SetupRun], workload: Workload, setup: Setup, spec: RunSpec, tmp: Path, log_path: Path) -> None:
+async def _into(
+    found: dict[str, SetupRun], workload: Workload, setup: Setup, spec: RunSpec, tmp: Path, log_path: Path, ports: Sequence[int]
+) -> None:
     with log_path.open("wb") as log:
-        found[setup.name] = await run_setup(workload, setup, spec, tmp, log)
+        found[setup.name] = await run_setup(workload, setup, spec, tmp, log, ports)
 
 
-async def run_setup(workload: Workload, setup: Setup, spec: RunSpec, tmp: Path, log: IO[bytes]) -> SetupRun:
-    """One set-up: its engines and router started, the workload played, its numbers; everything stopped after."""
-    ports = free_ports(ENGINES)
+async def run_setup(
+    workload: Workload, setup: Setup, spec: RunSpec, tmp: Path, log: IO[bytes], ports: Sequence[int] | None = None
+) -> SetupRun:
+    """One set-up: its engines and router started, the workload played, its numbers; everything stopped after.
+
+    ``ports``: PORTS_A_SETUP free ports, the engines' then the router's two (picked here when not given).
+    """
+    picked = list(ports) if ports is not None else free_ports(PORTS_A_SETUP)
+    ports, router_ports = picked[:ENGINES], (picked[ENGINES], picked[ENGINES + 1])
     scale = spec.time_scale
     async with trio.open_nursery() as nursery:
         sim = await start_engines(nursery, ports, spec.kv_cache_tokens, scale, spec.seed, log)
         for port in ports:
             await wait_ready(port, sim, "the simulator")
-        async with running(setup, ports, scale, spec.placement_ok, tmp, log) as (port, router):
+        async with running(setup, ports, router_ports, scale, spec.placement_ok, tmp, log) as (port, router):
             pids = {"simulator": sim.pid, "router": router.pid}
             before = CpuClock.read(pids)
             at_warmup: dict[int, EngineCounters] = {}

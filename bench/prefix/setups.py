@@ -39,7 +39,7 @@ import trio
 
 from bench.harness.client import HOST
 from bench.harness.config import server_table
-from bench.harness.procs import free_ports, start_process, start_tailguard, stop, wait_ready
+from bench.harness.procs import start_process, start_tailguard, stop, wait_ready
 from bench.prefix.model import INPUT_CAP_TOKENS, MAX_MODEL_LEN, MODEL, SEATS
 
 ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD = "round robin", "cache_aware", "hand affinity", "least loaded", "tailguard"
@@ -145,21 +145,20 @@ def peer_command(exe: Path, policy: Sequence[str], port: int, metrics_port: int,
 
 @asynccontextmanager
 async def running(
-    setup: Setup, engines: Sequence[int], time_scale: float, placement_ok: bool, tmp: Path, log: IO[bytes]
+    setup: Setup, engines: Sequence[int], router_ports: tuple[int, int], time_scale: float, placement_ok: bool, tmp: Path, log: IO[bytes]
 ) -> AsyncIterator[tuple[int, trio.Process]]:
-    """The set-up's router in front of ``engines``, ready; (its port, its process); stopped on every way out."""
+    """The set-up's router in front of ``engines`` on ``router_ports`` (its own, and its metrics' or gRPC's), ready; stopped on every way out."""
+    port, second = router_ports
     async with trio.open_nursery() as nursery:
         if setup.name in PEER_POLICIES:
             exe = vllm_router()
             if exe is None:
                 raise RuntimeError("vllm-router not found: pip install -e '.[bench]'")
-            port, metrics_port = free_ports(2)
-            process = await start_process(nursery, peer_command(exe, PEER_POLICIES[setup.name], port, metrics_port, engines), log)
+            process = await start_process(nursery, peer_command(exe, PEER_POLICIES[setup.name], port, second, engines), log)
         else:
-            port, grpc_port = free_ports(2)
             placement = "least_loaded" if setup.name == LEAST_LOADED and placement_ok else None
             config = tmp / f"tailguard-{file_name(setup.name)}.toml"
-            config.write_text(pool_config(port, grpc_port, engines, time_scale, placement))
+            config.write_text(pool_config(port, second, engines, time_scale, placement))
             process = await start_tailguard(nursery, config, log=log)
         try:
             await wait_ready(port, process, setup.name)
