@@ -169,25 +169,41 @@ def http_request(port: int, path: str, payload: object) -> bytes:
 
 
 MAX_CONNECTIONS = 2048  # per open-loop pool; beyond it an arrival is dropped (and counted)
+STALE_IDLE_S = 4.0  # real s: an idle connection older than this is not reused (servers close idle ones: the simulator and vLLM after 5 s, tailguard after 75 s)
 
 
 class ConnectionPool:
-    """Idle keep-alive connections to one port: take one, or open one (connected on its first exchange)."""
+    """Idle keep-alive connections to one port: take one, or open one (connected on its first exchange).
+
+    A connection idle STALE_IDLE_S or more is never reused: a request written
+    to a connection the server has just closed for idleness fails before any
+    reply, which would count as a failure of the set-up when it is the
+    client's own doing (a pool that grows, shrinks and grows again reaches
+    deep into its idle stack).
+    """
 
     def __init__(self, port: int, cap: int = MAX_CONNECTIONS) -> None:
         self.port = port
         self.cap = cap  # what try_take opens at most
         self._idle: list[KeepAliveClient] = []
         self._all: list[KeepAliveClient] = []
+        self._idle_since: dict[int, float] = {}
 
     @property
     def opened(self) -> int:
         return len(self._all)
 
+    def _new(self) -> KeepAliveClient:
+        return KeepAliveClient(self.port)
+
     def take(self) -> KeepAliveClient:
-        if self._idle:
-            return self._idle.pop()
-        client = KeepAliveClient(self.port)
+        now = time.perf_counter()
+        while self._idle:
+            client = self._idle.pop()
+            if now - self._idle_since.pop(id(client), now) < STALE_IDLE_S:
+                return client
+            # stale: left for aclose(), which closes every client the pool made
+        client = self._new()
         self._all.append(client)
         return client
 
@@ -196,6 +212,7 @@ class ConnectionPool:
         return None if not self._idle and len(self._all) >= self.cap else self.take()
 
     def give_back(self, client: KeepAliveClient) -> None:
+        self._idle_since[id(client)] = time.perf_counter()
         self._idle.append(client)
 
     async def aclose(self) -> None:

@@ -49,37 +49,16 @@ class TokenClient(KeepAliveClient):
         await super()._read_exactly(size, scan)
 
 
-STALE_IDLE_S = 4.0  # real s: an idle connection older than this is not reused (servers close idle ones: the simulator and vLLM after 5 s, tailguard after 75 s)
-
-
 class TokenPool(ConnectionPool):
-    """ConnectionPool of TokenClients that never reuses a connection idle for STALE_IDLE_S or more.
+    """ConnectionPool of TokenClients (its rule on stale connections included)."""
 
-    A request written to a connection the server has just closed for
-    idleness fails before any reply: that would count as a failed request
-    of the set-up when it is the client's own doing (a pool that grows,
-    then shrinks, then grows again reaches deep into its idle stack).
-    """
-
-    def __init__(self, port: int) -> None:
-        super().__init__(port)
-        self._idle_since: dict[int, float] = {}
+    def _new(self) -> TokenClient:
+        return TokenClient(self.port)
 
     def take(self) -> TokenClient:
-        now = time.perf_counter()
-        while self._idle:
-            client = self._idle.pop()
-            assert isinstance(client, TokenClient)
-            if now - self._idle_since.pop(id(client), now) < STALE_IDLE_S:
-                return client
-            # stale: left for aclose(), which closes every client the pool made
-        client = TokenClient(self.port)
-        self._all.append(client)
+        client = super().take()
+        assert isinstance(client, TokenClient)
         return client
-
-    def give_back(self, client: KeepAliveClient) -> None:
-        self._idle_since[id(client)] = time.perf_counter()
-        super().give_back(client)
 
 
 @dataclass
