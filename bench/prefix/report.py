@@ -11,6 +11,7 @@ over mean, 1.0 for a perfectly even spread.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -230,7 +231,7 @@ def render(result: Result) -> str:
     lines = [
         "# Shared-prefix benchmark",
         "",
-        f"command: `{' '.join(result.command)}`",
+        f"command: `{shlex.join(result.command)}`",
         f"code: {result.code}",
         f"engines: {result.engines}",
         f"KV cache: {result.kv_sizing}",
