@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from .endpoint import Endpoint
 
 # How a seat's endpoint was chosen (Lease.placement, RequestRecord.placement; metrics and the access log use these names):
-# "home": the key's home, where this process last placed it if that endpoint is still usable, else its first rendezvous
-# choice among the pool's usable endpoints; "spilled": another (the home over the load bound, at its cap, or already
+# "home": the key's home, where it spilled on its first placement here if that endpoint is still usable, else its first
+# rendezvous choice among the pool's usable endpoints; "spilled": another (the home over the load bound, at its cap, or already
 # tried); "no_key": affinity, but the request has no key; "borrowed": a seat
 # lent by another pool; "least_loaded": the pool places by load alone (``placement = "least_loaded"``).
 PlacementKind = Literal["home", "spilled", "no_key", "borrowed", "least_loaded"]
@@ -114,10 +114,11 @@ class PrefixAffinity:
     before (every request of unique prompts) is most likely cached nowhere,
     so its bound is the tightest (c = 1: at most the mean), which keeps
     unique traffic as level as least loaded keeps it, in rendezvous order
-    still, so its second request finds the first. A key placed before goes
-    back where it first went (that engine holds its prefix) while that
-    endpoint is usable and within the bound, else down its rendezvous
-    order; an endpoint that leaves and comes back (ejection, DNS) gets its
+    still, so its second request finds the first. A key placed before
+    follows its rendezvous order within ``c`` x the mean, except one that
+    spilled on its first placement: it goes back where it spilled (that
+    engine holds its prefix) while that endpoint is usable and within the
+    bound. An endpoint that leaves and comes back (ejection, DNS) gets its
     keys back. Least recently used keys are forgotten first past
     ``remember`` keys. That memory is this process's own: the rendezvous
     order alone is what workers and replicas agree on.
@@ -143,7 +144,9 @@ class PrefixAffinity:
         self.c = c
         self._fallback = LeastLoaded(rng)
         self._remember = remember
-        self._placed: OrderedDict[bytes, str] = OrderedDict()  # key -> URL of the endpoint it last went home to or spilled to first
+        # Keys placed before: the URL a key spilled to on its first placement (its prefix is cached there), or None
+        # where it went to its rendezvous home (it follows the rendezvous order, as every replica's does).
+        self._placed: OrderedDict[bytes, str | None] = OrderedDict()
 
     def choose(
         self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
@@ -162,6 +165,7 @@ class PrefixAffinity:
         first of the usable endpoints, room or not), "spilled" when
         another, "borrowed" for a lent seat.
         """
+        known = key in self._placed
         placed = self._placed.get(key)
         home_weight = b""
         home_url: str | None = None
@@ -180,25 +184,25 @@ class PrefixAffinity:
             return None
         if any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
             ranked = _lending_rule(ranked, borrowed=borrowed)
-        c = self.c if placed is not None else 1.0  # a key new here is most likely cached nowhere: keep level
+        c = self.c if known else 1.0  # a key new here is most likely cached nowhere: keep level
         bound = math.ceil(c * (sum(r[3] for r in ranked) + 1) / len(ranked))  # self.bound, loads read once
         # The home if eligible (load + 1 <= bound), else the first eligible in rendezvous order.
         # For c >= 1 the least loaded always is ("or" guards rounding).
         eligible = [r for r in ranked if r[3] < bound] or ranked
         endpoint = next((r[2] for r in eligible if r[1] == home_url), None) or max(eligible, key=_rank)[2]
-        self._note(key, placed, endpoint.url)
+        if known:
+            self._placed.move_to_end(key)
+        else:
+            self._note(key, None if endpoint.url == home_url else endpoint.url)
         if borrowed:
             return Placement(endpoint, "borrowed")
         return Placement(endpoint, "home" if endpoint.url == home_url else "spilled")
 
-    def _note(self, key: bytes, placed: str | None, url: str) -> None:
-        """Remember where a key new here went; refresh a known key's place in the LRU order."""
-        if placed is None:
-            self._placed[key] = url
-            if len(self._placed) > self._remember:
-                self._placed.popitem(last=False)
-        else:
-            self._placed.move_to_end(key)
+    def _note(self, key: bytes, spilled_to: str | None) -> None:
+        """Remember a key new here: where it spilled, or None for its rendezvous home; the least recently used go first."""
+        self._placed[key] = spilled_to
+        if len(self._placed) > self._remember:
+            self._placed.popitem(last=False)
 
     def bound(self, candidates: Sequence[Endpoint]) -> int:
         """The most load an endpoint may hold after taking the request: ``ceil(c * mean load, this request counted)``."""
