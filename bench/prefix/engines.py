@@ -131,3 +131,14 @@ def placements(page: str) -> dict[str, float]:
                 decision = sample.labels.get("decision", "?")
                 found[decision] = found.get(decision, 0.0) + sample.value
     return found
+
+
+def class_counts(page: str) -> dict[str, float]:
+    """tailguard's finished requests by class (``tailguard_requests_total``), summed over pools and outcomes."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "tailguard_requests_total":
+                klass = sample.labels.get("class", "?")
+                found[klass] = found.get(klass, 0.0) + sample.value
+    return found

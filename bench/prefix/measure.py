@@ -23,7 +23,7 @@ from bench.harness.clocks import CpuClock
 from bench.harness.open_loop import Sample
 from bench.harness.procs import free_ports, log_tail, wait_ready
 from bench.prefix.drive import RAW_SHORT_THRESHOLD, conversations, open_loop
-from bench.prefix.engines import EngineCounters, placements, read_counters, scrape, start_engines
+from bench.prefix.engines import EngineCounters, class_counts, placements, read_counters, scrape, start_engines
 from bench.prefix.model import ENGINES, Workload
 from bench.prefix.report import Measured, SetupRun, summarise
 from bench.prefix.setups import PEER_POLICIES, SESSION_HEADER, Setup, file_name, running
@@ -97,7 +97,7 @@ async def run_setup(
             at_end = await read_counters(ports)
             page = None if setup.name in PEER_POLICIES else await scrape(port)
         nursery.cancel_scope.cancel()
-    measured = Measured(samples, prompts, at_warmup, at_end, placements(page) if page else {})
+    measured = Measured(samples, prompts, at_warmup, at_end, placements(page) if page else {}, class_counts(page) if page else {})
     return summarise(workload.name, setup.name, setup.description, measured, scale, RAW_SHORT_THRESHOLD, cores)
 
 

@@ -47,6 +47,7 @@ class SetupRun:
     over_threshold: int = 0  # measured turns whose raw prompt was over the short threshold
     over_threshold_ttft_p99_ms: float = math.nan
     placements: dict[str, float] = field(default_factory=dict)
+    classes: dict[str, float] = field(default_factory=dict)  # tailguard's finished requests by class, the whole run
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Measured:
     at_warmup: Mapping[int, EngineCounters]
     at_end: Mapping[int, EngineCounters]
     placements: Mapping[str, float] = field(default_factory=dict)  # tailguard's placement decisions (its /metrics), by kind
+    classes: Mapping[str, float] = field(default_factory=dict)  # tailguard's finished requests (its /metrics), by class
 
 
 def summarise(
@@ -129,6 +131,7 @@ def summarise(
         over_threshold=sum(1 for s, tokens in zip(samples, measured.turn_prompts) if s.measured and tokens > threshold),
         over_threshold_ttft_p99_ms=percentile(sorted(over), 99),
         placements=dict(measured.placements),
+        classes=dict(measured.classes),
     )
 
 
@@ -258,6 +261,10 @@ def render(result: Result) -> str:
         decided = [f"{r.setup} " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.placements.items())) for r in runs if r.placements]
         if decided:
             lines += ["", "tailguard's placement decisions (tailguard_placements_total): " + "; ".join(decided)]
+        classed = [r for r in runs if len(r.classes) > 1]
+        if classed:
+            by_class = "; ".join(f"{r.setup} " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.classes.items())) for r in classed)
+            lines += ["", f"requests by class, the whole run (tailguard_requests_total): {by_class}"]
         spread = "; ".join(f"{r.setup} " + "/".join(f"{v:.0f}" for v in r.engine_requests) for r in runs)
         lines += ["", f"requests served per engine: {spread}"]
         cores = "; ".join(f"{r.setup} " + " / ".join(f"{k} {v:.2f}" for k, v in r.cores.items()) for r in runs)

@@ -46,7 +46,12 @@ ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD = "round robin", "cache_
 CACHE_AWARE_TUNED = "cache_aware 8/1.25"
 HINTED = "tailguard + session"
 SETUPS = (ROUND_ROBIN, CACHE_AWARE, CACHE_AWARE_TUNED, HAND, LEAST_LOADED, TAILGUARD)  # the default run
-ALL_SETUPS = (*SETUPS, HINTED)
+# Two classes on the one pool (placement unchanged), "short" bounding 500 prompt tokens: counted raw, or as uncached
+# (prompt_bound = "uncached"); the difference in its requests is the warm turns classification keeps interactive.
+RAW_CLASSES, UNCACHED_CLASSES = "tailguard, raw classes", "tailguard, uncached classes"
+PROMPT_BOUNDS = {RAW_CLASSES: "all", UNCACHED_CLASSES: "uncached"}
+SHORT_CLASS_PROMPT_TOKENS = 500  # the shipped interactive class's max_prompt_tokens
+ALL_SETUPS = (*SETUPS, HINTED, RAW_CLASSES, UNCACHED_CLASSES)
 # vllm-router's flags per set-up. The tuned cache_aware balances once the busiest worker has 8 more requests
 # (a quarter of an engine's seats) and 1.25x the idlest's, instead of its defaults' 64 and 1.5x.
 PEER_POLICIES = {
@@ -103,11 +108,19 @@ def describe(name: str, placement_ok: bool) -> Setup:
         return Setup(name, text)
     if name == HINTED:
         return Setup(name, f"tailguard, one pool, its default placement, {SESSION_HEADER} = the request's key", pin_header=True)
+    if name in PROMPT_BOUNDS:
+        return Setup(
+            name,
+            f'tailguard, one pool, its default placement, a "short" class of <= {SHORT_CLASS_PROMPT_TOKENS} prompt tokens '
+            f'(prompt_bound = "{PROMPT_BOUNDS[name]}") before the catch-all, both on that pool',
+        )
     return Setup(name, "tailguard, one pool, its default placement" + ("" if placement_ok else " (least loaded: no prefix affinity yet)"))
 
 
-def pool_config(http_port: int, grpc_port: int, engines: Sequence[int], time_scale: float, placement: str | None) -> str:
-    """tailguard over ``engines``: one pool, caps at the engines' seats, one catch-all class; timeouts in GPU time."""
+def pool_config(
+    http_port: int, grpc_port: int, engines: Sequence[int], time_scale: float, placement: str | None, prompt_bound: str | None = None
+) -> str:
+    """tailguard over ``engines``: one pool, caps at the engines' seats, a catch-all class (after a "short" one with ``prompt_bound``); GPU-time timeouts."""
     endpoints = ", ".join(f'{{ url = "http://{HOST}:{port}", max_concurrency = {SEATS} }}' for port in engines)
     lines = [
         *server_table(http_port, grpc_port),
@@ -125,6 +138,14 @@ def pool_config(http_port: int, grpc_port: int, engines: Sequence[int], time_sca
         *([f'placement = "{placement}"'] if placement else []),
         f"endpoints = [{endpoints}]",
         "",
+        *(
+            [
+                "[classes.short]", 'pool = "all"', f"max_prompt_tokens = {SHORT_CLASS_PROMPT_TOKENS}",
+                f'prompt_bound = "{prompt_bound}"', f"queue_timeout = {QUEUE_TIMEOUT_S * time_scale:g}", "priority = 0", "",
+            ]
+            if prompt_bound
+            else []
+        ),
         "[classes.all]",
         'pool = "all"',
         f"queue_timeout = {QUEUE_TIMEOUT_S * time_scale:g}",
@@ -158,7 +179,7 @@ async def running(
         else:
             placement = "least_loaded" if setup.name == LEAST_LOADED and placement_ok else None
             config = tmp / f"tailguard-{file_name(setup.name)}.toml"
-            config.write_text(pool_config(port, second, engines, time_scale, placement))
+            config.write_text(pool_config(port, second, engines, time_scale, placement, PROMPT_BOUNDS.get(setup.name)))
             process = await start_tailguard(nursery, config, log=log)
         try:
             await wait_ready(port, process, setup.name)
