@@ -124,21 +124,20 @@ async def read_counters(ports: Sequence[int]) -> dict[int, EngineCounters]:
 
 def placements(page: str) -> dict[str, float]:
     """tailguard's ``tailguard_placements_total`` by decision (home, spilled, no_key, ...), summed over pools and endpoints."""
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            if sample.name == "tailguard_placements_total":
-                decision = sample.labels.get("decision", "?")
-                found[decision] = found.get(decision, 0.0) + sample.value
-    return found
+    return summed_by(page, "tailguard_placements_total", "decision")
 
 
 def class_counts(page: str) -> dict[str, float]:
     """tailguard's finished requests by class (``tailguard_requests_total``), summed over pools and outcomes."""
+    return summed_by(page, "tailguard_requests_total", "class")
+
+
+def summed_by(page: str, name: str, label: str) -> dict[str, float]:
+    """The samples called ``name`` on a /metrics page, summed by one label's value ("?" where it has none)."""
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(page):
         for sample in family.samples:
-            if sample.name == "tailguard_requests_total":
-                klass = sample.labels.get("class", "?")
-                found[klass] = found.get(klass, 0.0) + sample.value
+            if sample.name == name:
+                value = sample.labels.get(label, "?")
+                found[value] = found.get(value, 0.0) + sample.value
     return found
