@@ -243,9 +243,15 @@ def _read_lend(table: Table, pool: str, max_concurrency: int | None) -> LendConf
         table.problem("reserve", f"{reserve} leaves nothing to lend of the pool's max_concurrency {max_concurrency}")
     max_prompt = table.optional_integer("max_prompt_tokens", minimum=1)
     max_output = table.optional_integer("max_output_tokens", minimum=1)
+    prefills = table.optional_integer("prefills", minimum=1)
     table.finish()
     return LendConfig(
-        to=tuple(to), max_seats=max_seats, reserve=reserve, max_prompt_tokens=max_prompt, max_output_tokens=max_output
+        to=tuple(to),
+        max_seats=max_seats,
+        reserve=reserve,
+        max_prompt_tokens=max_prompt,
+        max_output_tokens=max_output,
+        prefills=prefills,
     )
 
 

@@ -297,6 +297,8 @@ def _lend(lend: LendConfig) -> str:
         bounds.append(f"prompts up to {lend.max_prompt_tokens} tokens")
     if lend.max_output_tokens is not None:
         bounds.append(f"max_tokens up to {lend.max_output_tokens}")
+    if lend.prefills is not None:
+        bounds.append(f"{lend.prefills} borrowed prefill{'s' if lend.prefills != 1 else ''} at once an endpoint")
     return f"to {', '.join(lend.to)}: " + ", ".join(bounds)
 
 

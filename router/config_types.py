@@ -338,6 +338,10 @@ class LendConfig:
     reserve: int = 0  # seats kept free for the pool's own requests
     max_prompt_tokens: int | None = None  # a borrower's estimated prompt must fit (the prefill stall)
     max_output_tokens: int | None = None  # and its max_tokens (how long the seat is away)
+    # Borrowed requests still in prefill (no first byte yet) at once per endpoint: with chunked
+    # prefill each adds at most one chunk to a step, whatever its length. None: no bound (as
+    # before the key existed, so a file without it lends as it did); the shipped file sets 1.
+    prefills: int | None = None
 
 
 @dataclass(frozen=True)

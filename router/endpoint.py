@@ -79,6 +79,8 @@ class Endpoint:
         self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
         self.in_flight = 0
         self.borrowed = 0  # of those, seats serving another pool's request (a lease with a borrower)
+        # Of those, requests whose first byte has not come yet: still in prefill (LendConfig.prefills bounds them).
+        self.borrowed_prefilling = 0
         # Seats given to it as their prefix key's home, ever: how warm its prefix cache is for its pool
         # (rebalancing moves the coldest; the count of a recent window is the rebalancer's).
         self.home_placements = 0

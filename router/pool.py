@@ -111,10 +111,14 @@ class Lease:
     ``pool`` is the pool whose seat it is. A borrowed seat (``borrower`` set)
     belongs to a lender pool and serves a request of ``borrower``'s.
     ``prefix_key`` is the request's (a retry follows its rendezvous order),
-    ``placement`` how the endpoint it is on now was chosen.
+    ``placement`` how the endpoint it is on now was chosen. A borrowed seat
+    is ``prefilling`` from its grant to its request's first byte (or its end),
+    counted in its endpoint's ``borrowed_prefilling`` (``LendConfig.prefills``).
     """
 
-    __slots__ = ("pool", "endpoint", "client", "granted_at", "request_class", "borrower", "prefix_key", "placement", "_released")
+    __slots__ = (
+        "pool", "endpoint", "client", "granted_at", "request_class", "borrower", "prefix_key", "placement", "prefilling", "_released"
+    )
 
     def __init__(
         self,
@@ -131,10 +135,23 @@ class Lease:
         self.borrower = borrower
         self.prefix_key = prefix_key
         self.placement = placement
+        self.prefilling = borrower is not None
+        if self.prefilling:
+            endpoint.borrowed_prefilling += 1
         self.client = endpoint.client
         self.client.leases += 1
         self.granted_at = trio.current_time()
         self._released = False
+
+    def prefill_done(self) -> None:
+        """The engine's first byte came, so its prefill is over: the endpoint may take another borrowed request."""
+        if not self.prefilling:
+            return
+        self.prefilling = False
+        self.endpoint.borrowed_prefilling -= 1
+        if self.pool.config.lend.prefills is not None:  # a borrower may be waiting on this bound alone
+            for borrower in self.pool.borrowers:
+                borrower.queue.dispatch()
 
     def move(self, to: Placement) -> None:
         """Carry the seat to another endpoint of the pool (a retry); the pool's count is unchanged."""
@@ -146,6 +163,9 @@ class Lease:
         if self.borrower is not None:
             old.borrowed -= 1
             endpoint.borrowed += 1
+        if self.prefilling:  # the next endpoint prefills it afresh
+            old.borrowed_prefilling -= 1
+            endpoint.borrowed_prefilling += 1
         old.seat_freed()
         old.lease_ended(self.client)
         self.endpoint = endpoint
@@ -166,6 +186,9 @@ class Lease:
         self.endpoint.in_flight -= 1
         if self.borrower is not None:
             self.endpoint.borrowed -= 1
+        if self.prefilling:
+            self.prefilling = False
+            self.endpoint.borrowed_prefilling -= 1
         self.endpoint.seat_freed()
         self.endpoint.lease_ended(self.client)
         pool.seat_time.observe(trio.current_time() - self.granted_at)
@@ -306,7 +329,14 @@ class Pool:
         next endpoint in its key's rendezvous order within the load bound.
         """
         exclude = tried if lease.endpoint in tried else [*tried, lease.endpoint]
+        if lease.borrower is not None:
+            exclude = [*exclude, *self._at_prefill_bound()]
         return self.policy.choose(self.endpoints, lease.prefix_key, borrowed=lease.borrower is not None, exclude=exclude)
+
+    def _at_prefill_bound(self) -> list[Endpoint]:
+        """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there."""
+        bound = self.config.lend.prefills
+        return [] if bound is None else [e for e in self.endpoints if e.borrowed_prefilling >= bound]
 
     def _full_drain_rate(self) -> float | None:
         """Seats a second the pool frees when all are taken (Little's law), or None without an estimate.
@@ -352,7 +382,8 @@ class Pool:
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
             return SKIP
-        placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None)
+        exclude = self._at_prefill_bound() if borrower is not None else ()
+        placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude)
         if placement is None:
             return None
         endpoint = placement.endpoint

@@ -259,7 +259,9 @@ class RequestPath:
                 if trace is not None:
                     headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
                 try:
-                    return await _first_byte(lease.client, path, body, headers, stream=stream, timeout=timeout)
+                    response = await _first_byte(lease.client, path, body, headers, stream=stream, timeout=timeout)
+                    lease.prefill_done()  # a borrowed request's prefill is over (LendConfig.prefills)
+                    return response
                 except BackendRejected as error:
                     if trace is not None:
                         trace.call_failed(error)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -230,11 +231,10 @@ async def test_the_lenders_own_requests_avoid_borrowed_seats_while_another_endpo
         assert fleet.router.pool("batch").lent == 0
 
 
-async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_clock: trio.testing.MockClock) -> None:
-    refused: list[str] = []
+def refusing_once(refused: list[str]) -> Callable[[str, httpx.AsyncBaseTransport], httpx.AsyncBaseTransport]:
+    """A ``wrap``: the first completion call to a batch endpoint is refused before any response (its URL into ``refused``)."""
 
-    def refusing_once(url: str, inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
-        """The first completion call to a batch endpoint is refused before any response: retried elsewhere."""
+    def wrap(url: str, inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
         if url not in BATCH_URLS:
             return inner
 
@@ -246,7 +246,12 @@ async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_c
 
         return canned_transport(refuse_once)
 
-    async with router_over_engines(lend_back_config(), wrap=refusing_once) as fleet:
+    return wrap
+
+
+async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_clock: trio.testing.MockClock) -> None:
+    refused: list[str] = []
+    async with router_over_engines(lend_back_config(), wrap=refusing_once(refused)) as fleet:
         async with trio.open_nursery() as nursery:
             for i in range(2):  # interactive's own seat, then one borrowed, refused on its first endpoint
                 nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=64, request_id=f"i{i}"))
