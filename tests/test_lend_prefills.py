@@ -8,7 +8,8 @@ import httpx
 import pytest
 import trio
 
-from tailguard.router.config import ConfigError, parse_config
+from bench.sweep.trace import SHIPPED_CONFIG, tailguard_split
+from tailguard.router.config import ConfigError, load_config, parse_config
 from tailguard.router.config_render import render_config
 from tailguard.router.config_types import Config, LendConfig
 from tailguard.sim.canned import canned_transport
@@ -140,3 +141,11 @@ def test_prefills_is_read_checked_and_rendered() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config(BASE + '\n[pools.interactive.lend]\nto = ["batch"]\nprefills = 0\n')
     assert "prefills" in str(raised.value)
+
+
+def test_the_trace_bench_lends_as_the_shipped_config_does() -> None:
+    setup = tailguard_split(1, 3)
+    assert setup.config is not None
+    lend = {pool.name: pool.lend for pool in setup.config.pools}
+    assert lend == {pool.name: pool.lend for pool in load_config(SHIPPED_CONFIG).pools}
+    assert (lend["interactive"].to, lend["interactive"].prefills, lend["interactive"].max_prompt_tokens) == (("batch",), 1, None)

@@ -13,9 +13,10 @@ request unique filler instead (nothing reused).
 
 Set-ups, on the same engines: round robin over throughput engines (no
 router); the hand split (each class straight to its own engines); tailguard
-with that split (its shipped lending: batch lends back to interactive),
-with the input cap raised to the engines' context so that it refuses what
-the engines would, no more.
+with that split, each pool lending as the shipped ``config.toml``'s
+``[pools.NAME.lend]`` says (``--lend-config`` reads another file's), with
+the input cap raised to the engines' context so that it refuses what the
+engines would, no more.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from tailguard.router.config import load_config
 from tailguard.router.config_types import LendConfig, LimitsConfig
 from tailguard.sim.tokens import count_chat_tokens
 from tailguard.sim.virtual.fleet import Arrival, Point, Setup, disaggregated, run_point, shared, split_direct
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.toml"
 CONTEXT = 32768  # the simulated engines' max_model_len
 
 
@@ -79,13 +82,18 @@ def arrivals(path: Path, count: int, speed: float, *, reuse: bool = True) -> tup
     return tuple(out)
 
 
-def tailguard_split(interactive: int, batch: int) -> Setup:
+def lend_rules(path: Path = SHIPPED_CONFIG) -> dict[str, LendConfig]:
+    """Each pool's ``[pools.NAME.lend]`` as ``path`` has it, so the bench lends as an install of that file would."""
+    return {pool.name: pool.lend for pool in load_config(path).pools}
+
+
+def tailguard_split(interactive: int, batch: int, lend: dict[str, LendConfig] | None = None) -> Setup:
+    """tailguard over the split, its pools lending under ``lend`` (default: the shipped config's rules)."""
+    lend = lend_rules() if lend is None else lend
     setup = disaggregated(interactive, batch, name=f"tailguard {interactive}:{batch}")
     assert setup.config is not None
     config = setup.config
-    pools = tuple(
-        dataclasses.replace(pool, lend=LendConfig(to=("interactive",))) if pool.name == "batch" else pool for pool in config.pools
-    )
+    pools = tuple(dataclasses.replace(pool, lend=lend.get(pool.name, LendConfig())) for pool in config.pools)
     limits = LimitsConfig(input_cap_tokens=CONTEXT - 1, output_cap_tokens=CONTEXT - 1)
     return dataclasses.replace(setup, config=dataclasses.replace(config, pools=pools, limits=limits))
 
@@ -97,12 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--speed", type=float, default=2.0, help="time compression (default %(default)s)")
     parser.add_argument("--engines", default="1:3", help="interactive:batch engines of the split (default %(default)s)")
     parser.add_argument("--unique-prompts", action="store_true", help="ignore hash_ids: every prompt unique (no reuse to hit)")
+    parser.add_argument("--lend-config", type=Path, default=SHIPPED_CONFIG, help="the file whose lend rules tailguard uses (default: the shipped one)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "sweep" / "trace.json")
     args = parser.parse_args(argv)
     fast, slow = (int(n) for n in args.engines.split(":"))
     schedule = arrivals(args.trace, args.requests, args.speed, reuse=not args.unique_prompts)
     window = schedule[-1].at + 1
-    setups = [shared(fast + slow, name="round robin"), split_direct(fast, slow), tailguard_split(fast, slow)]
+    setups = [shared(fast + slow, name="round robin"), split_direct(fast, slow), tailguard_split(fast, slow, lend_rules(args.lend_config))]
     results = [run_point(Point(setup, 1.0, len(schedule) / window, 0.0, window, 0, schedule)) for setup in setups]
     rows = []
     for result in results:
@@ -112,13 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     {"setup": result.setup, **dataclasses.asdict(stats), "wall_s": round(result.wall_s, 1), "prefix_hit_rate": result.prefix_hit_rate}
                 )
     print(f"{args.trace.name}: first {args.requests} requests, {len(schedule)} within the {CONTEXT}-token context, {args.speed:g}x, {sum(a.kind == 'short' for a in schedule)} short")
-    print("| set-up | class | n | ok | outcomes | TTFT P50 / P99 ms | E2E P50 / P99 ms | prefix hit rate |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| set-up | class | n | ok | outcomes | TTFT P50 / P99 ms | E2E P50 / P99 ms | completed/s | prefix hit rate |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['setup']} | {row['kind']} | {row['n']} | {row['ok']} | {row['outcomes']} |"
             f" {row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f} | {row['e2e_p50_ms']:.0f} / {row['e2e_p99_ms']:.0f} |"
-            f" {row['prefix_hit_rate']:.3f} |"
+            f" {row['ok'] / window:.2f} | {row['prefix_hit_rate']:.3f} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
