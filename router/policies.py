@@ -169,6 +169,7 @@ class PrefixAffinity:
         placed = self._placed.get(key)
         home_weight = b""
         home_url: str | None = None
+        placed_usable = False
         ranked: list[_Ranked] = []
         for e in endpoints:  # one pass, each property read once: this is every keyed request's path
             if not e.usable:
@@ -176,9 +177,10 @@ class PrefixAffinity:
             weight = seeded_weight(e.rendezvous_seed, key)  # rendezvous_weight(key, e.url), the URL hashed once
             if weight > home_weight:
                 home_weight, home_url = weight, e.url
+            placed_usable = placed_usable or e.url == placed
             if e.in_flight < e.seats and e not in exclude:  # has_room, usable already known
                 ranked.append((weight, e.url, e, e.placement_load))
-        if placed is not None and any(e.url == placed and e.usable for e in endpoints):
+        if placed_usable:
             home_url = placed  # while its endpoint is away the rendezvous order decides; it comes back with it
         if not ranked:
             return None
