@@ -21,6 +21,7 @@ from .config_types import (
     EndpointConfig,
     HealthCheckKind,
     LendConfig,
+    LendWhen,
     OutlierDetectionConfig,
     PlacementConfig,
     PlacementMode,
@@ -43,6 +44,7 @@ _REBALANCE_MODES: tuple[RebalanceMode, ...] = get_args(RebalanceMode)
 _PLACEMENT_MODES: tuple[PlacementMode, ...] = get_args(PlacementMode)
 _PROMPT_BOUNDS: tuple[PromptBound, ...] = get_args(PromptBound)
 _CACHE_SALT_MODES: tuple[CacheSaltMode, ...] = get_args(CacheSaltMode)
+_LEND_WHEN: tuple[LendWhen, ...] = get_args(LendWhen)
 # The key covers at most this many leading blocks (4,096 tokens, ~16 KiB of text): its cost grows with them.
 MAX_AFFINITY_BLOCKS = 256
 _DNS_SCHEMES: tuple[DnsScheme, ...] = get_args(DnsScheme)
@@ -244,6 +246,8 @@ def _read_lend(table: Table, pool: str, max_concurrency: int | None) -> LendConf
     max_prompt = table.optional_integer("max_prompt_tokens", minimum=1)
     max_output = table.optional_integer("max_output_tokens", minimum=1)
     prefills = table.optional_integer("prefills", minimum=1)
+    when = table.choice("when", _LEND_WHEN, LendConfig.when)
+    ttft_budget = table.optional_number("ttft_budget", minimum=0.0)
     table.finish()
     return LendConfig(
         to=tuple(to),
@@ -252,6 +256,8 @@ def _read_lend(table: Table, pool: str, max_concurrency: int | None) -> LendConf
         max_prompt_tokens=max_prompt,
         max_output_tokens=max_output,
         prefills=prefills,
+        when=when,
+        ttft_budget=ttft_budget,
     )
 
 

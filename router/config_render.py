@@ -297,9 +297,12 @@ def _lend(lend: LendConfig) -> str:
         bounds.append(f"prompts up to {lend.max_prompt_tokens} tokens")
     if lend.max_output_tokens is not None:
         bounds.append(f"max_tokens up to {lend.max_output_tokens}")
+    if lend.ttft_budget is not None:
+        bounds.append(f"while its own streams' first byte comes within {_seconds(lend.ttft_budget)}")
     if lend.prefills is not None:
         bounds.append(f"{lend.prefills} borrowed prefill{'s' if lend.prefills != 1 else ''} at once an endpoint")
-    return f"to {', '.join(lend.to)}: " + ", ".join(bounds)
+    when = "whenever the borrower is busier" if lend.when == "busier" else "once the borrower is full"
+    return f"to {', '.join(lend.to)}, {when}: " + ", ".join(bounds)
 
 
 def _outlier(outlier: OutlierDetectionConfig) -> str:

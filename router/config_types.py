@@ -178,6 +178,7 @@ class TracingConfig:
 
 
 RebalanceMode = Literal["auto", "off"]
+LendWhen = Literal["full", "busier"]  # LendConfig.when
 
 
 @dataclass(frozen=True)
@@ -342,6 +343,15 @@ class LendConfig:
     # prefill each adds at most one chunk to a step, whatever its length. None: no bound (as
     # before the key existed, so a file without it lends as it did); the shipped file sets 1.
     prefills: int | None = None
+    # When a borrower may take a seat here: "full" only once its own pool has no seat free (as before
+    # the key existed); "busier" also while its least-filled endpoint is fuller (in flight over
+    # max_concurrency) than this pool's would be with the borrowed request and the reserve, because
+    # an engine runs slower with every sequence it holds, and a free seat is not an idle engine.
+    when: LendWhen = "full"
+    # Seconds: while the lender's own streamed requests on an endpoint lately waited longer than this
+    # from seat to first byte (router/lend_budget.py), that endpoint takes no new borrowed request.
+    # None: no such bound.
+    ttft_budget: float | None = None
 
 
 @dataclass(frozen=True)

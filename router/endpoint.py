@@ -20,6 +20,7 @@ from .backend_load import BackendLoad
 from .cluster import Yielding
 from .config_types import BackendAccess, EndpointConfig, ServerConfig, TimeoutsConfig
 from .lean_transport import ConnectorTransport
+from .lend_budget import FirstTokenWatch
 from .policies import url_seed
 
 
@@ -81,6 +82,7 @@ class Endpoint:
         self.borrowed = 0  # of those, seats serving another pool's request (a lease with a borrower)
         # Of those, requests whose first byte has not come yet: still in prefill (LendConfig.prefills bounds them).
         self.borrowed_prefilling = 0
+        self.own_first_token = FirstTokenWatch()  # its pool's own streams lately (LendConfig.ttft_budget)
         # Seats given to it as their prefix key's home, ever: how warm its prefix cache is for its pool
         # (rebalancing moves the coldest; the count of a recent window is the rebalancer's).
         self.home_placements = 0

@@ -41,6 +41,7 @@ from .endpoint import Closable as Closable
 from .endpoint import Closer as Closer
 from .endpoint import Endpoint
 from .errors import NoBackend
+from .lend_budget import RecentPeak
 from .policies import EndpointPolicy, Placement, PlacementKind, policy_for
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
 
@@ -143,8 +144,16 @@ class Lease:
         self.granted_at = trio.current_time()
         self._released = False
 
+    def first_byte(self, *, stream: bool) -> None:
+        """The engine's first byte came: a borrowed request's prefill is over, an own stream's wait is measured."""
+        if self.prefilling:
+            self.prefill_done()
+        elif stream and self.borrower is None and self.pool.config.lend.ttft_budget is not None:
+            now = trio.current_time()
+            self.endpoint.own_first_token.observe(now - self.granted_at, now)
+
     def prefill_done(self) -> None:
-        """The engine's first byte came, so its prefill is over: the endpoint may take another borrowed request."""
+        """A borrowed request's prefill is over: the endpoint may take another borrowed request."""
         if not self.prefilling:
             return
         self.prefilling = False
@@ -223,6 +232,7 @@ class Pool:
         self.lenders: list[Pool] = []  # pools that lend this one idle seats, in the order asked
         self.borrowers: list[Pool] = []  # pools this one lends to (``config.lend.to``)
         self.lent = 0  # seats of this pool serving other pools' requests now
+        self.own_peak = RecentPeak()  # its own requests' seats lately: what lending "busier" keeps free
         self.class_in_flight: dict[str, int] = {}  # seats of this pool held per class
         self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
         self.cap_moved = 0  # seats of endpoints moved in, less those moved out, since the last reload
@@ -330,13 +340,18 @@ class Pool:
         """
         exclude = tried if lease.endpoint in tried else [*tried, lease.endpoint]
         if lease.borrower is not None:
-            exclude = [*exclude, *self._at_prefill_bound()]
+            exclude = [*exclude, *self._closed_to_borrowers()]
         return self.policy.choose(self.endpoints, lease.prefix_key, borrowed=lease.borrower is not None, exclude=exclude)
 
-    def _at_prefill_bound(self) -> list[Endpoint]:
-        """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there."""
-        bound = self.config.lend.prefills
-        return [] if bound is None else [e for e in self.endpoints if e.borrowed_prefilling >= bound]
+    def _closed_to_borrowers(self) -> list[Endpoint]:
+        """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there,
+        or the pool's own streams there lately slower to their first byte than ``lend.ttft_budget``."""
+        lend = self.config.lend
+        closed = [] if lend.prefills is None else [e for e in self.endpoints if e.borrowed_prefilling >= lend.prefills]
+        if lend.ttft_budget is not None:
+            budget, now = lend.ttft_budget, trio.current_time()
+            closed.extend(e for e in self.endpoints if e.own_first_token.over(budget, now) and e not in closed)
+        return closed
 
     def _full_drain_rate(self) -> float | None:
         """Seats a second the pool frees when all are taken (Little's law), or None without an estimate.
@@ -359,17 +374,55 @@ class Pool:
         limit here, or over what the lenders with room take), so the queue
         goes on to the next waiter; None when no seat is free at all.
         """
+        for lender in self.lenders:  # a lender lending ``when = "busier"`` whose engine is the less busy one comes first
+            if lender.config.lend.when == "busier" and lender.less_busy_than(self):
+                lent = self._borrow(lender, ticket)
+                if isinstance(lent, Lease):
+                    return lent
         own = self._seat(ticket, None)
         if isinstance(own, Lease):
             return own
         answer: Lease | Skip | None = own
         for lender in self.lenders:
-            lent = lender.lend(ticket, self)
+            lent = self._borrow(lender, ticket)
             if isinstance(lent, Lease):
-                self.borrowed_total[lender.name] = self.borrowed_total.get(lender.name, 0) + 1
                 return lent
             answer = answer or lent
         return answer
+
+    def _borrow(self, lender: Pool, ticket: Ticket) -> Lease | Skip | None:
+        """A seat ``lender`` lends ``ticket`` under its rules, counted as borrowed from it."""
+        lent = lender.lend(ticket, self)
+        if isinstance(lent, Lease):
+            self.borrowed_total[lender.name] = self.borrowed_total.get(lender.name, 0) + 1
+        return lent
+
+    def least_fill(self, extra: int = 1, exclude: Collection[Endpoint] = ()) -> float | None:
+        """The smallest share of its seats an endpoint with room would hold with ``extra`` more: how busy the pool's idlest engine is.
+
+        A vLLM step costs more with every sequence it runs, so a pool with a
+        seat free may still be slower than a sibling's idle engine; None when
+        no endpoint has room.
+        """
+        fills = [(e.in_flight + extra) / e.seats for e in self.endpoints if e.has_room and e not in exclude]
+        return min(fills, default=None)
+
+    def less_busy_than(self, borrower: Pool) -> bool:
+        """This pool's idlest endpoint, with the borrowed request and the reserve on it, is less full than ``borrower``'s with it.
+
+        The reserve here is at least what the pool's own requests took
+        lately beyond what they hold now (``RecentPeak``): lent to a long
+        job, a seat is away for its whole generation.
+        """
+        theirs = borrower.least_fill()
+        if theirs is None:
+            return False
+        own = self.in_flight - self.lent
+        keep = max(self.config.lend.reserve, self.own_peak.peak(trio.current_time()) - own)
+        if self.in_flight + 1 + keep > self.seats:
+            return False
+        mine = self.least_fill(1 + keep, self._closed_to_borrowers())
+        return mine is not None and mine < theirs
 
     def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
         """A seat on an endpoint of this pool with room (its ``policy`` picks which), within the pool's and the class's caps."""
@@ -382,7 +435,7 @@ class Pool:
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
             return SKIP
-        exclude = self._at_prefill_bound() if borrower is not None else ()
+        exclude = self._closed_to_borrowers() if borrower is not None else ()
         placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude)
         if placement is None:
             return None
@@ -394,6 +447,8 @@ class Pool:
         endpoint.in_flight += 1
         if borrower is not None:
             endpoint.borrowed += 1
+        else:
+            self.own_peak.observe(self.in_flight - self.lent, trio.current_time())
         return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind)
 
     def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:

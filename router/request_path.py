@@ -260,7 +260,7 @@ class RequestPath:
                     headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
                 try:
                     response = await _first_byte(lease.client, path, body, headers, stream=stream, timeout=timeout)
-                    lease.prefill_done()  # a borrowed request's prefill is over (LendConfig.prefills)
+                    lease.first_byte(stream=stream)  # LendConfig.prefills and ttft_budget
                     return response
                 except BackendRejected as error:
                     if trace is not None:

@@ -1,0 +1,120 @@
+"""Lending ``when = "busier"``: a borrower takes a lender's seat while the lender's engine is the less full one (virtual time)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from tailguard.router.config import ConfigError, parse_config
+from tailguard.router.config_render import render_config
+from tailguard.router.config_types import LendConfig
+from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end
+from tests.test_config import BASE
+from tests.test_lend_prefills import LONG_PROMPT
+from tests.test_lending import LONG_OUTPUT, lending_config
+
+
+async def endpoints_of_batch_jobs(lend: LendConfig, jobs: int, *, prompt: str = "job") -> tuple[list[str], dict[str, int]]:
+    """Where each of ``jobs`` batch requests, sent one after another and all still running, was seated; and the in-flight counts then."""
+    config = lending_config(interactive_cap=4, batch_cap=4, lend=lend)
+    seated: list[str] = []
+    async with router_over_engines(config) as fleet:
+
+        async def job(i: int) -> None:
+            _, routing = await run_to_end(fleet.router, chat(f"{prompt} {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+            seated.append(routing.endpoint)  # type: ignore[attr-defined]
+
+        in_flight: dict[str, int] = {}
+        async with trio.open_nursery() as nursery:
+            for i in range(jobs):
+                nursery.start_soon(job, i)
+                await trio.testing.wait_all_tasks_blocked()
+            in_flight = {url: fleet.router.endpoint(url).in_flight for url in (INTERACTIVE_URL, BATCH_URL)}
+    return seated, in_flight
+
+
+async def test_busier_lends_whenever_the_lenders_engine_is_less_full(autojump_clock: trio.testing.MockClock) -> None:
+    # Both engines have 4 seats: a job goes where it leaves the smaller share of seats taken, the borrower's own on a tie.
+    _, in_flight = await endpoints_of_batch_jobs(LendConfig(to=("batch",), when="busier"), 4)
+    assert in_flight == {INTERACTIVE_URL: 2, BATCH_URL: 2}
+
+
+async def test_full_lends_only_once_the_borrower_has_no_seat(autojump_clock: trio.testing.MockClock) -> None:
+    _, in_flight = await endpoints_of_batch_jobs(LendConfig(to=("batch",)), 5)
+    assert in_flight == {INTERACTIVE_URL: 1, BATCH_URL: 4}
+
+
+async def test_busier_counts_the_reserve_on_the_lenders_side(autojump_clock: trio.testing.MockClock) -> None:
+    # With 2 of its 4 seats kept, the lender looks 3/4 full with one borrowed: batch fills to 4 before the fifth borrows.
+    _, in_flight = await endpoints_of_batch_jobs(LendConfig(to=("batch",), reserve=2, when="busier"), 5)
+    assert in_flight == {INTERACTIVE_URL: 1, BATCH_URL: 4}
+
+
+async def test_busier_takes_the_borrowers_own_seat_while_the_lender_is_at_its_prefill_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The second long job would borrow (batch 2/4 against the lender's 1/4), but one borrowed prefill is still running
+    # there: it takes batch's own free seat at once rather than waiting.
+    seated, in_flight = await endpoints_of_batch_jobs(LendConfig(to=("batch",), prefills=1, when="busier"), 3, prompt=LONG_PROMPT)
+    assert in_flight == {INTERACTIVE_URL: 1, BATCH_URL: 2}
+    assert sorted(seated) == sorted([INTERACTIVE_URL, BATCH_URL, BATCH_URL])
+
+
+async def test_busier_lends_nothing_while_the_lenders_own_request_waits(autojump_clock: trio.testing.MockClock) -> None:
+    config = lending_config(interactive_cap=1, batch_cap=4, lend=LendConfig(to=("batch",), when="busier"))
+    async with router_over_engines(config) as fleet:
+        async with trio.open_nursery() as nursery:
+            for i in range(2):  # interactive's one seat taken, a second interactive request waits for it
+                nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=64, request_id=f"i{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(run_to_end, fleet.router, chat("job", max_tokens=LONG_OUTPUT, request_id="b"))
+            await trio.testing.wait_all_tasks_blocked()
+            stats = fleet.router.statistics()
+            assert stats.pool("interactive").queue.waiting == 1 and stats.pool("batch").in_flight == 1
+            assert fleet.router.endpoint(INTERACTIVE_URL).borrowed == 0
+
+
+def test_when_is_read_checked_and_rendered() -> None:
+    config = parse_config(BASE + '\n[pools.interactive.lend]\nto = ["batch"]\nwhen = "busier"\n')
+    assert config.pool("interactive").lend == LendConfig(to=("batch",), when="busier")
+    assert "to batch, whenever the borrower is busier" in render_config(config)
+    assert parse_config(BASE + '\n[pools.interactive.lend]\nto = ["batch"]\n').pool("interactive").lend.when == "full"
+    with pytest.raises(ConfigError) as raised:
+        parse_config(BASE + '\n[pools.interactive.lend]\nto = ["batch"]\nwhen = "always"\n')
+    assert "pools.interactive.lend.when" in str(raised.value)
+
+
+async def borrowed_after_an_own_request(lend: LendConfig, *, stream: bool, pause: float = 0.0) -> tuple[int, int]:
+    """One own interactive request runs to its end, ``pause`` s pass, then two batch jobs: (lent, waiting) with both sent."""
+    config = lending_config(batch_cap=1, lend=lend)
+    async with router_over_engines(config) as fleet:
+        await run_to_end(fleet.router, chat("quick?", max_tokens=8, stream=stream, request_id="own"))
+        await trio.sleep(pause)
+        async with trio.open_nursery() as nursery:
+            for i in range(2):  # batch's one seat, then one that may borrow
+                nursery.start_soon(run_to_end, fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            answer = (fleet.router.endpoint(INTERACTIVE_URL).borrowed, fleet.router.statistics().pool("batch").queue.waiting)
+            nursery.cancel_scope.cancel()
+    return answer
+
+
+async def test_an_endpoint_over_its_ttft_budget_lends_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    # Any real first byte takes more than a microsecond: the own stream puts the lender over budget.
+    assert await borrowed_after_an_own_request(LendConfig(to=("batch",), ttft_budget=1e-6), stream=True) == (0, 1)
+    assert await borrowed_after_an_own_request(LendConfig(to=("batch",), ttft_budget=10.0), stream=True) == (1, 0)
+
+
+async def test_the_ttft_budget_reads_own_streams_only_and_forgets_stale_evidence(autojump_clock: trio.testing.MockClock) -> None:
+    tight = LendConfig(to=("batch",), ttft_budget=1e-6)
+    assert await borrowed_after_an_own_request(tight, stream=False) == (1, 0)  # a whole answer is no first token
+    assert await borrowed_after_an_own_request(tight, stream=True, pause=6.0) == (1, 0)  # 6 s without an own stream
+
+
+def test_ttft_budget_is_read_checked_and_rendered() -> None:
+    config = parse_config(BASE + '\n[pools.interactive.lend]\nto = ["batch"]\nttft_budget = 0.05\n')
+    assert config.pool("interactive").lend.ttft_budget == 0.05
+    assert "first byte comes within" in render_config(config)
+    with pytest.raises(ConfigError) as raised:
+        parse_config(BASE + '\n[pools.interactive.lend]\nto = ["batch"]\nttft_budget = 0\n')
+    assert "pools.interactive.lend.ttft_budget" in str(raised.value)
