@@ -118,3 +118,27 @@ def test_ttft_budget_is_read_checked_and_rendered() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config(BASE + '\n[pools.interactive.lend]\nto = ["batch"]\nttft_budget = 0\n')
     assert "pools.interactive.lend.ttft_budget" in str(raised.value)
+
+
+async def in_flight_after_an_own_burst(burst: int, pause: float) -> dict[str, int]:
+    """``burst`` own interactive requests run together and end, ``pause`` s pass, then 4 batch jobs under "busier": the in-flight counts."""
+    config = lending_config(interactive_cap=4, batch_cap=4, lend=LendConfig(to=("batch",), when="busier"))
+    async with router_over_engines(config) as fleet:
+        async with trio.open_nursery() as nursery:
+            for i in range(burst):
+                nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=8, request_id=f"i{i}"))
+        await trio.sleep(pause)
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(run_to_end, fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            counts = {url: fleet.router.endpoint(url).in_flight for url in (INTERACTIVE_URL, BATCH_URL)}
+            nursery.cancel_scope.cancel()
+    return counts
+
+
+async def test_busier_keeps_free_what_the_lenders_own_requests_held_lately(autojump_clock: trio.testing.MockClock) -> None:
+    # 3 of its 4 seats were its own a moment ago: lending one more would leave fewer than 3 free.
+    assert await in_flight_after_an_own_burst(3, pause=1.0) == {INTERACTIVE_URL: 0, BATCH_URL: 4}
+    assert await in_flight_after_an_own_burst(1, pause=1.0) == {INTERACTIVE_URL: 1, BATCH_URL: 3}  # one seat kept: the 4th job ties at 3/4 and stays
+    assert await in_flight_after_an_own_burst(3, pause=61.0) == {INTERACTIVE_URL: 2, BATCH_URL: 2}  # a peak 2 windows old is forgotten

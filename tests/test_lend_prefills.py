@@ -148,4 +148,5 @@ def test_the_trace_bench_lends_as_the_shipped_config_does() -> None:
     assert setup.config is not None
     lend = {pool.name: pool.lend for pool in setup.config.pools}
     assert lend == {pool.name: pool.lend for pool in load_config(SHIPPED_CONFIG).pools}
-    assert (lend["interactive"].to, lend["interactive"].prefills, lend["interactive"].max_prompt_tokens) == (("batch",), None, 512)
+    shipped = lend["interactive"]
+    assert (shipped.to, shipped.when, shipped.prefills, shipped.max_prompt_tokens) == (("batch",), "busier", 1, None)

@@ -106,3 +106,19 @@ async def test_a_step_that_preempted_admits_nobody(kind: str, autojump_clock: tr
     _, running, waiting, kv = samples[preempted]
     assert (running, waiting) == (1, 1) and kv + 1 + 99 <= TIGHT.kv_cache_tokens  # it would fit
     assert samples[preempted + 1][1:3] == (2, 0)  # and is admitted by the next step
+
+
+async def test_the_sweep_engine_wakes_a_first_token_waiter_at_the_first_token(autojump_clock: trio.testing.MockClock) -> None:
+    """The virtual fleet's first byte (EngineResponse.start) is the engine's first token, not the submission nor the end."""
+    async with trio.open_nursery() as nursery:
+        timeline = Timeline(autojump_clock)
+        await nursery.start(timeline.run)
+        sweep = SweepEngine(TIGHT, timeline)
+        submitted = trio.current_time()
+        sequence = sweep.submit(1500, 50, rank=0)  # 15 steps of prefill at 100 tokens a step
+        await sequence.wait_first_token()
+        woke = trio.current_time()
+        await sequence.wait_finished()
+        nursery.cancel_scope.cancel()
+    assert sequence.first_token_at is not None and sequence.finished_at is not None
+    assert woke == sequence.first_token_at and submitted < woke < sequence.finished_at

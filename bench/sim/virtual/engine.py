@@ -113,14 +113,23 @@ class SweepSequence:
         return self.finish_reason is not None
 
     async def wait_finished(self) -> None:
-        """Return once the sequence has ended (finished or aborted); one waiter at a time.
+        """Return once the sequence has ended (finished or aborted); one waiter at a time."""
+        await trio.lowlevel.checkpoint()
+        while self.finish_reason is None:
+            await self._park()
+
+    async def wait_first_token(self) -> None:
+        """Return once the engine has produced the first token (or the sequence ended): when a router sees its first byte."""
+        await trio.lowlevel.checkpoint()
+        while self.first_token_at is None and self.finish_reason is None:
+            await self._park()
+
+    async def _park(self) -> None:
+        """Sleep until the next wake (the first token, or the end).
 
         A bare park rather than a ``trio.Event``: one per request, and the
         sweep makes hundreds of thousands.
         """
-        if self.finish_reason is not None:
-            await trio.lowlevel.checkpoint()
-            return
         if self._waiter is not None:
             raise RuntimeError(f"{self.request_id} already has a waiter")
         self._waiter = trio.lowlevel.current_task()
@@ -538,6 +547,7 @@ class SweepEngine:
             sequence.produced += 1
             if sequence.first_token_at is None:
                 sequence.first_token_at = end
+                sequence._wake()  # the router's first byte (EngineResponse.start)
             self._prefilling.remove(sequence)
             if sequence.produced >= sequence.limit:
                 del self._running[sequence]

@@ -265,7 +265,8 @@ class EngineResponse:
         self.sequence = sequence
 
     async def start(self) -> None:
-        """No first byte to wait for: the caller reads the sequence's own times."""
+        """Return at the engine's first token, as an HTTP response's first byte would (the router's prefill bound reads it)."""
+        await self.sequence.wait_first_token()
 
     async def aclose(self) -> None:
         self._engine.abort(self.sequence)  # nothing to do once it has finished
