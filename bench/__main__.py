@@ -22,6 +22,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "hold": ("bench.overhead.hold", "RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold"),
     "prefix": ("bench.prefix.run", "shared prefixes: tenants, conversations, RAG, Mooncake; placement side by side with vllm-router"),
     "sweep": ("bench.sweep.run", "the policy in virtual time: loads x set-ups x splits"),
+    "trace": ("bench.trace.run", "real traces (Mooncake, ShareGPT lengths) in virtual time: per class vs round robin and a hand split"),
     "chaos": ("bench.chaos.run", "killed, hung and broken engines, hostile clients, reloads: what must hold"),
     "cluster": ("bench.cluster.run", "replicas sharing caps on Redis: caps under load, kill -9, Redis down"),
     "workers": ("bench.overhead.workers", "serve --workers 2 beside --workers 1 and vllm-router: req/s, CPU per request"),

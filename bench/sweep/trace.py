@@ -27,35 +27,15 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from tailguard.router.config import load_config
-from tailguard.router.config_types import LendConfig, LimitsConfig
-from tailguard.sim.tokens import count_chat_tokens
-from tailguard.sim.virtual.fleet import Arrival, Point, Setup, disaggregated, run_point, shared, split_direct
-
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.toml"
-CONTEXT = 32768  # the simulated engines' max_model_len
-
-
-TRACE_BLOCK_TOKENS = 512  # Mooncake's hash_ids each name a block of 512 tokens
-TEMPLATE_TOKENS = count_chat_tokens([""])  # one user message's template tokens (7)
-
-
-def block_text(hash_id: int) -> str:
-    """The text of one trace block: 512 tokens of 4 characters each, distinct for every id."""
-    return f"{hash_id:07x} " * (TRACE_BLOCK_TOKENS // 2)
-
-
-def prompt_text(hash_ids: Sequence[int], input_length: int) -> str:
-    """A one-message chat prompt of ``input_length`` tokens built from its blocks, so equal ids give equal text.
-
-    Every block's 2,048 characters start at a multiple of 512 tokens, so a
-    trace block is exactly 32 of the simulator's 16-token blocks and two
-    prompts that share leading ids share those cache blocks.
-    """
-    chars = 4 * max(1, input_length - TEMPLATE_TOKENS)
-    text = "".join(block_text(h) for h in hash_ids)[:chars]
-    return text + "x" * (chars - len(text))  # fewer ids than blocks (never in the Mooncake trace): filler
+from bench.trace.load import CONTEXT as CONTEXT
+from bench.trace.mooncake import TRACE_BLOCK_TOKENS as TRACE_BLOCK_TOKENS
+from bench.trace.mooncake import block_text as block_text
+from bench.trace.mooncake import prompt_text as prompt_text
+from bench.trace.samples import FULL_MOONCAKE as TRACE
+from bench.trace.setups import SHIPPED_CONFIG as SHIPPED_CONFIG
+from bench.trace.setups import lend_rules as lend_rules
+from bench.trace.setups import tailguard_split as tailguard_split
+from tailguard.sim.virtual.fleet import Arrival, Point, run_point, shared, split_direct
 
 
 def arrivals(path: Path, count: int, speed: float, *, reuse: bool = True) -> tuple[Arrival, ...]:
@@ -80,22 +60,6 @@ def arrivals(path: Path, count: int, speed: float, *, reuse: bool = True) -> tup
         text = prompt_text(row.get("hash_ids", ()), prompt) if reuse else None
         out.append(Arrival(len(out), (row["timestamp"] - origin) / 1000 / speed, kind, True, prompt, tokens, text))
     return tuple(out)
-
-
-def lend_rules(path: Path = SHIPPED_CONFIG) -> dict[str, LendConfig]:
-    """Each pool's ``[pools.NAME.lend]`` as ``path`` has it, so the bench lends as an install of that file would."""
-    return {pool.name: pool.lend for pool in load_config(path).pools}
-
-
-def tailguard_split(interactive: int, batch: int, lend: dict[str, LendConfig] | None = None) -> Setup:
-    """tailguard over the split, its pools lending under ``lend`` (default: the shipped config's rules)."""
-    lend = lend_rules() if lend is None else lend
-    setup = disaggregated(interactive, batch, name=f"tailguard {interactive}:{batch}")
-    assert setup.config is not None
-    config = setup.config
-    pools = tuple(dataclasses.replace(pool, lend=lend.get(pool.name, LendConfig())) for pool in config.pools)
-    limits = LimitsConfig(input_cap_tokens=CONTEXT - 1, output_cap_tokens=CONTEXT - 1)
-    return dataclasses.replace(setup, config=dataclasses.replace(config, pools=pools, limits=limits))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

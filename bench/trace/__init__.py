@@ -1,0 +1,1 @@
+"""``python -m bench trace``: real traces replayed in virtual time, per class, beside round robin and a hand split."""
