@@ -64,33 +64,49 @@ class LendRule:
     reserve: int = 0  # seats kept free for interactive requests
     max_seats: int | None = None  # lent at once at most
     max_output_tokens: int | None = None  # how long a lent seat may be away
+    prefills: int | None = None  # borrowed requests in prefill at once per endpoint (the stall bound)
+    when: str = "full"  # "full" | "busier" (LendConfig.when)
 
-    _KEYS = {"prompt": "max_prompt_tokens", "reserve": "reserve", "seats": "max_seats", "output": "max_output_tokens"}
+    _KEYS = {
+        "prompt": "max_prompt_tokens",
+        "reserve": "reserve",
+        "seats": "max_seats",
+        "output": "max_output_tokens",
+        "prefills": "prefills",
+        "when": "when",
+    }
 
     @classmethod
     def parse(cls, text: str) -> LendRule:
-        """``prompt=512,reserve=8,seats=32,output=512`` (any of them; "none" or absent: unbounded)."""
-        values: dict[str, int | None] = {}
+        """``prompt=512,reserve=8,seats=32,output=512,prefills=1,when=busier`` (any of them; "none" or absent: unbounded)."""
+        values: dict[str, int | str | None] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, _, value = item.partition("=")
             if key not in cls._KEYS:
                 raise ValueError(f"--lend-rule {text!r}: {key!r} is not one of {', '.join(cls._KEYS)}")
-            values[cls._KEYS[key]] = None if value in ("none", "") else int(value)
+            if key == "when":
+                if value not in ("full", "busier"):
+                    raise ValueError(f"--lend-rule {text!r}: when is full or busier, not {value!r}")
+                values["when"] = value
+            else:
+                values[cls._KEYS[key]] = None if value in ("none", "") else int(value)
         if values.get("reserve") is None:
             values["reserve"] = 0
         return cls(**values)  # type: ignore[arg-type]
 
     def label(self) -> str:
-        """Short name: p512 r8 s32 o512 (p- = no prefill budget)."""
+        """Short name: p512 r8 s32 o512 f1 busier (p- = no prefill budget)."""
         prompt = "-" if self.max_prompt_tokens is None else str(self.max_prompt_tokens)
         parts = [f"p{prompt}", f"r{self.reserve}"]
         parts += [f"s{self.max_seats}"] if self.max_seats is not None else []
         parts += [f"o{self.max_output_tokens}"] if self.max_output_tokens is not None else []
+        parts += [f"f{self.prefills}"] if self.prefills is not None else []
+        parts += [self.when] if self.when != "full" else []
         return " ".join(parts)
 
     def toml(self, lender: str, borrower: str) -> list[str]:
-        lines = [f"[pools.{lender}.lend]", f'to = ["{borrower}"]', f"reserve = {self.reserve}"]
-        for key in ("max_seats", "max_prompt_tokens", "max_output_tokens"):
+        lines = [f"[pools.{lender}.lend]", f'to = ["{borrower}"]', f"reserve = {self.reserve}", f'when = "{self.when}"']
+        for key in ("max_seats", "max_prompt_tokens", "max_output_tokens", "prefills"):
             value = getattr(self, key)
             if value is not None:
                 lines.append(f"{key} = {value}")
