@@ -190,8 +190,7 @@ class RequestPath:
                 serving = lease.pool  # a lender's, when the seat is borrowed
                 if serving is not pool:
                     record.lender = serving.name
-                # A whole answer asked of vLLM as a stream has a first byte (router/assemble.py).
-                assembled = not request.stream and serving.config.stream_upstream and assemblable(request.params)
+                assembled = not request.stream and assemblable(request.params) and _asked_as_stream(serving, lease)
                 body, drop_usage = backend_body(request, ticket.model, ticket.max_tokens, stream=request.stream or assembled)
                 if serving.config.vllm_priority:
                     body["priority"] = klass.priority
@@ -369,6 +368,16 @@ def backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream:
     return body, drop_usage
 
 
+
+
+def _asked_as_stream(serving: Pool, lease: Lease) -> bool:
+    """Whether a whole answer is asked of vLLM as a stream (router/assemble.py), so that it has a first byte.
+
+    The pool asks for it (``stream_upstream``), or the seat is borrowed from a
+    pool bounding borrowed prefills (``lend.prefills``): the bound is released
+    at the first byte, which for a whole answer would be its end.
+    """
+    return serving.config.stream_upstream or (lease.borrower is not None and serving.config.lend.prefills is not None)
 
 
 async def _first_byte(

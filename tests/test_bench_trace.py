@@ -80,7 +80,16 @@ def test_every_setup_builds_on_the_default_split() -> None:
     assert (default_split(2), default_split(4)) == ((1, 1), (1, 3))
     config = load_config(SHIPPED_CONFIG)
     names = {key: SETUPS[key](4, default_split(4), config).name for key in SETUPS}
-    assert names == {"rr": "round robin", "split": "hand split 1:3", "tailguard": "tailguard 1:3", "tailguard-shared": "tailguard shared"}
+    assert names == {
+        "rr": "round robin",
+        "split": "hand split 1:3",
+        "tailguard": "tailguard 1:3",
+        "tailguard-even": "tailguard 1:3, throughput engines",
+        "tailguard-shared": "tailguard shared",
+    }
+    even = SETUPS["tailguard-even"](4, (1, 3), config)
+    assert {profile for _, profile in even.engines} == {"throughput"} and even.config is not None
+    assert [e.max_concurrency for p in even.config.pools for e in p.endpoints] == [256] * 4
     routed = SETUPS["tailguard-shared"](4, (1, 3), config).config
     assert routed is not None and routed.limits.input_cap_tokens == 32767
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import httpx
 import pytest
@@ -150,3 +151,28 @@ def test_the_trace_bench_lends_as_the_shipped_config_does() -> None:
     assert lend == {pool.name: pool.lend for pool in load_config(SHIPPED_CONFIG).pools}
     shipped = lend["interactive"]
     assert (shipped.to, shipped.when, shipped.prefills, shipped.max_prompt_tokens) == (("batch",), "busier", 1, None)
+
+
+async def test_a_whole_answer_borrowed_under_the_bound_is_asked_as_a_stream_and_frees_the_bound_at_its_first_token(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Without a stream its first byte would be its end: one non-streamed borrowed job would hold the bound throughout.
+    config = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), prefills=1))
+    async with router_over_engines(config) as fleet:
+        lender = fleet.router.endpoint(INTERACTIVE_URL)
+        bodies: dict[str, bytes] = {}
+
+        async def whole(request_id: str) -> None:
+            bodies[request_id], _ = await run_to_end(fleet.router, chat(f"job {request_id}", max_tokens=LONG_OUTPUT, request_id=request_id))
+
+        async with trio.open_nursery() as nursery:
+            for request_id in ("own", "lent-1", "lent-2"):
+                nursery.start_soon(whole, request_id)
+                await trio.testing.wait_all_tasks_blocked()
+            with trio.fail_after(1.0):  # the second is lent once the first has its first token, long before either ends
+                while lender.borrowed < 2:
+                    await trio.sleep(0.01)
+            assert lender.borrowed_prefilling <= 1 and not bodies
+        for request_id in ("lent-1", "lent-2"):
+            answer = json.loads(bodies[request_id])
+            assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] == LONG_OUTPUT

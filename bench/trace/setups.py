@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tailguard.router.config import load_config
 from tailguard.router.config_types import Config, LendConfig, LimitsConfig
-from tailguard.sim.virtual.fleet import Setup, disaggregated, priority, shared, split_direct
+from tailguard.sim.virtual.fleet import SEATS, Setup, disaggregated, priority, shared, split_direct
 
 from .load import CONTEXT, thresholds
 
@@ -75,6 +75,28 @@ def _tailguard(engines: int, split: tuple[int, int], config: Config) -> Setup:
     return routed_like(tailguard_split(*split, lend_rules_of(config)), config)
 
 
+def on_throughput_engines(setup: Setup) -> Setup:
+    """``setup`` with every engine and pool on the throughput profile: vLLM's default flags, no engine tuned for latency."""
+    assert setup.config is not None
+    seats = SEATS["throughput"]
+    pools = tuple(
+        dataclasses.replace(
+            pool,
+            endpoints=tuple(dataclasses.replace(e, max_concurrency=seats) for e in pool.endpoints),
+            max_concurrency=seats * len(pool.endpoints),
+            simulate_profile="throughput",
+        )
+        for pool in setup.config.pools
+    )
+    engines = tuple((url, "throughput") for url, _ in setup.engines)
+    return dataclasses.replace(setup, engines=engines, config=dataclasses.replace(setup.config, pools=pools))
+
+
+def _tailguard_even(engines: int, split: tuple[int, int], config: Config) -> Setup:
+    setup = on_throughput_engines(_tailguard(engines, split, config))
+    return dataclasses.replace(setup, name=f"tailguard {split[0]}:{split[1]}, throughput engines")
+
+
 def _tailguard_shared(engines: int, split: tuple[int, int], config: Config) -> Setup:
     return routed_like(priority(engines), config, name="tailguard shared")
 
@@ -84,6 +106,7 @@ SETUPS: dict[str, SetupFactory] = {
     ROUND_ROBIN: _round_robin,  # no router: round robin over throughput engines
     HAND_SPLIT: _hand_split,  # no router: each class straight to its own engines
     "tailguard": _tailguard,  # the hand split's engines as tailguard's pools, lending as the config says
+    "tailguard-even": _tailguard_even,  # the same pools, every engine on the throughput profile
     "tailguard-shared": _tailguard_shared,  # one pool of every engine, short requests queued first
 }
 BASELINES = (ROUND_ROBIN, HAND_SPLIT)  # every run has them: the ratios are against them
