@@ -82,6 +82,8 @@ class Endpoint:
         self.borrowed = 0  # of those, seats serving another pool's request (a lease with a borrower)
         # Of those, requests whose first byte has not come yet: still in prefill (LendConfig.prefills bounds them).
         self.borrowed_prefilling = 0
+        # Estimated prompt tokens of its requests still before their first byte: the prefill queued on the engine.
+        self.prefill_backlog = 0
         self.own_first_token = FirstTokenWatch()  # its pool's own streams lately (LendConfig.ttft_budget)
         # Seats given to it as their prefix key's home, ever: how warm its prefix cache is for its pool
         # (rebalancing moves the coldest; the count of a recent window is the rebalancer's).

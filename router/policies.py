@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
@@ -24,10 +24,11 @@ if TYPE_CHECKING:
 # How a seat's endpoint was chosen (Lease.placement, RequestRecord.placement; metrics and the access log use these names):
 # "home": the key's home, where it spilled on its first placement here if that endpoint is still usable, else its first
 # rendezvous choice among the pool's usable endpoints; "spilled": another (the home over the load bound, at its cap, or already
-# tried); "no_key": affinity, but the request has no key; "borrowed": a seat
+# tried); "no_key": affinity, but the request has no key; "hot_key": affinity, but its key is more of the recent traffic
+# than one endpoint's share (its prefix is cached on every engine soon: placed by load); "borrowed": a seat
 # lent by another pool; "least_loaded": the pool places by load alone (``placement = "least_loaded"``).
-PlacementKind = Literal["home", "spilled", "no_key", "borrowed", "least_loaded"]
-PLACEMENT_KINDS: tuple[PlacementKind, ...] = ("home", "spilled", "no_key", "borrowed", "least_loaded")
+PlacementKind = Literal["home", "spilled", "no_key", "hot_key", "borrowed", "least_loaded"]
+PLACEMENT_KINDS: tuple[PlacementKind, ...] = ("home", "spilled", "no_key", "hot_key", "borrowed", "least_loaded")
 
 
 class Placement(NamedTuple):
@@ -123,6 +124,13 @@ class PrefixAffinity:
     ``remember`` keys. That memory is this process's own: the rendezvous
     order alone is what workers and replicas agree on.
 
+    A key hotter than one engine's share (more than 1/N of the last
+    ``HOT_WINDOW`` keyed placements over N candidates: a system prompt
+    every request starts with, as in the Mooncake trace) gains nothing
+    from a home: every engine serving it soon caches it, and keeping its
+    home at ``c`` x the mean costs that engine ``c`` x the work. It goes
+    to the least loaded ("hot_key").
+
     Lending composes as a filter before affinity, never after: the lending
     rule (LeastLoaded's) packs borrowed seats onto the endpoints holding
     the most of them and keeps the pool's own requests off those while
@@ -138,6 +146,8 @@ class PrefixAffinity:
     would scatter borrowed seats over every engine of the lender.
     """
 
+    HOT_WINDOW = 256
+
     def __init__(self, rng: random.Random, *, c: float = 1.25, remember: int = 65_536) -> None:
         if c < 1:
             raise ValueError(f"the load bound factor must be at least 1, not {c}")
@@ -147,6 +157,8 @@ class PrefixAffinity:
         # Keys placed before: the URL a key spilled to on its first placement (its prefix is cached there), or None
         # where it went to its rendezvous home (it follows the rendezvous order, as every replica's does).
         self._placed: OrderedDict[bytes, str | None] = OrderedDict()
+        self._recent: deque[bytes] = deque(maxlen=self.HOT_WINDOW)  # the last keyed placements' keys
+        self._recent_counts: Counter[bytes] = Counter()
 
     def choose(
         self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
@@ -186,6 +198,10 @@ class PrefixAffinity:
             return None
         if any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
             ranked = _lending_rule(ranked, borrowed=borrowed)
+        if self._hot(key, len(ranked)):
+            least = min(r[3] for r in ranked)
+            endpoint = max((r for r in ranked if r[3] == least), key=_rank)[2]
+            return Placement(endpoint, "borrowed" if borrowed else "hot_key")
         c = self.c if known else 1.0  # a key new here is most likely cached nowhere: keep level
         bound = math.ceil(c * (sum(r[3] for r in ranked) + 1) / len(ranked))  # self.bound, loads read once
         # The home if eligible (load + 1 <= bound), else the first eligible in rendezvous order.
@@ -199,6 +215,19 @@ class PrefixAffinity:
         if borrowed:
             return Placement(endpoint, "borrowed")
         return Placement(endpoint, "home" if endpoint.url == home_url else "spilled")
+
+    def _hot(self, key: bytes, candidates: int) -> bool:
+        """Count this placement of ``key``; whether the key was more than one candidate's share of the window before it."""
+        counts, recent = self._recent_counts, self._recent
+        hot = len(recent) == self.HOT_WINDOW and candidates > 1 and counts[key] * candidates > self.HOT_WINDOW
+        if len(recent) == self.HOT_WINDOW:
+            oldest = recent[0]
+            counts[oldest] -= 1
+            if not counts[oldest]:
+                del counts[oldest]
+        recent.append(key)
+        counts[key] += 1
+        return hot
 
     def _note(self, key: bytes, spilled_to: str | None) -> None:
         """Remember a key new here: where it spilled, or None for its rendezvous home; the least recently used go first."""

@@ -118,7 +118,8 @@ class Lease:
     """
 
     __slots__ = (
-        "pool", "endpoint", "client", "granted_at", "request_class", "borrower", "prefix_key", "placement", "prefilling", "_released"
+        "pool", "endpoint", "client", "granted_at", "request_class", "borrower", "prefix_key", "placement", "prefilling",
+        "prefill_tokens", "_released",
     )
 
     def __init__(
@@ -139,18 +140,36 @@ class Lease:
         self.prefilling = borrower is not None
         if self.prefilling:
             endpoint.borrowed_prefilling += 1
+        self.prefill_tokens = 0  # in its endpoint's prefill_backlog from the call (streamed) to the first byte
         self.client = endpoint.client
         self.client.leases += 1
         self.granted_at = trio.current_time()
         self._released = False
 
+    def calling(self, prompt_tokens: int, *, streamed: bool) -> None:
+        """The call is about to go out: a streamed one's prompt joins its endpoint's prefill backlog until the first byte.
+
+        A whole answer's first byte is its end, so its prefill cannot be
+        seen end: it is left out rather than counted for its whole life.
+        """
+        if streamed and not self.prefill_tokens:
+            self.prefill_tokens = max(1, prompt_tokens)
+            self.endpoint.prefill_backlog += self.prefill_tokens
+
     def first_byte(self, *, stream: bool) -> None:
         """The engine's first byte came: a borrowed request's prefill is over, an own stream's wait is measured."""
+        self._prefill_seen()
         if self.prefilling:
             self.prefill_done()
         elif stream and self.borrower is None and self.pool.config.lend.ttft_budget is not None:
             now = trio.current_time()
             self.endpoint.own_first_token.observe(now - self.granted_at, now)
+
+    def _prefill_seen(self) -> None:
+        """Its prompt leaves its endpoint's prefill backlog (first byte, or the end)."""
+        if self.prefill_tokens:
+            self.endpoint.prefill_backlog -= self.prefill_tokens
+            self.prefill_tokens = 0
 
     def prefill_done(self) -> None:
         """A borrowed request's prefill is over: the endpoint may take another borrowed request."""
@@ -175,6 +194,9 @@ class Lease:
         if self.prefilling:  # the next endpoint prefills it afresh
             old.borrowed_prefilling -= 1
             endpoint.borrowed_prefilling += 1
+        if self.prefill_tokens:
+            old.prefill_backlog -= self.prefill_tokens
+            endpoint.prefill_backlog += self.prefill_tokens
         old.seat_freed()
         old.lease_ended(self.client)
         self.endpoint = endpoint
@@ -198,6 +220,7 @@ class Lease:
         if self.prefilling:
             self.prefilling = False
             self.endpoint.borrowed_prefilling -= 1
+        self._prefill_seen()
         self.endpoint.seat_freed()
         self.endpoint.lease_ended(self.client)
         pool.seat_time.observe(trio.current_time() - self.granted_at)
@@ -345,12 +368,20 @@ class Pool:
 
     def _closed_to_borrowers(self) -> list[Endpoint]:
         """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there,
-        or the pool's own streams there lately slower to their first byte than ``lend.ttft_budget``."""
+        or the pool's own streams there lately slower to their first byte than ``lend.ttft_budget``.
+
+        The prefill bound keeps the pool's own requests from queueing in vLLM
+        behind borrowed prompts; a pool whose own requests hold no seat and
+        held none lately (``RecentPeak``) has nobody to keep, so it is not
+        bound then, and is again from its next own request on.
+        """
         lend = self.config.lend
-        closed = [] if lend.prefills is None else [e for e in self.endpoints if e.borrowed_prefilling >= lend.prefills]
+        now = trio.current_time()
+        idle = self.in_flight == self.lent and not self.own_peak.peak(now)
+        bound = None if idle else lend.prefills
+        closed = [] if bound is None else [e for e in self.endpoints if e.borrowed_prefilling >= bound]
         if lend.ttft_budget is not None:
-            budget, now = lend.ttft_budget, trio.current_time()
-            closed.extend(e for e in self.endpoints if e.own_first_token.over(budget, now) and e not in closed)
+            closed.extend(e for e in self.endpoints if e.own_first_token.over(lend.ttft_budget, now) and e not in closed)
         return closed
 
     def _full_drain_rate(self) -> float | None:
@@ -375,7 +406,7 @@ class Pool:
         goes on to the next waiter; None when no seat is free at all.
         """
         for lender in self.lenders:  # a lender lending ``when = "busier"`` whose engine is the less busy one comes first
-            if lender.config.lend.when == "busier" and lender.less_busy_than(self):
+            if lender.config.lend.when == "busier" and lender.less_busy_than(self, ticket.prompt_tokens):
                 lent = self._borrow(lender, ticket)
                 if isinstance(lent, Lease):
                     return lent
@@ -407,12 +438,15 @@ class Pool:
         fills = [(e.in_flight + extra) / e.seats for e in self.endpoints if e.has_room and e not in exclude]
         return min(fills, default=None)
 
-    def less_busy_than(self, borrower: Pool) -> bool:
-        """This pool's idlest endpoint, with the borrowed request and the reserve on it, is less full than ``borrower``'s with it.
+    def less_busy_than(self, borrower: Pool, prompt_tokens: int) -> bool:
+        """An endpoint here, with the borrowed request and the reserve on it, is less busy than ``borrower``'s least busy with it.
 
-        The reserve here is at least what the pool's own requests took
-        lately beyond what they hold now (``RecentPeak``): lent to a long
-        job, a seat is away for its whole generation.
+        Busy two ways: the share of its seats taken (decoding sequences slow
+        every step), or the prompt tokens queued for prefill there (a prompt
+        waits behind them; few sequences may hold a long queue of long
+        prompts). The reserve here is at least what the pool's own requests
+        took lately beyond what they hold now (``RecentPeak``): lent to a
+        long job, a seat is away for its whole generation.
         """
         theirs = borrower.least_fill()
         if theirs is None:
@@ -421,8 +455,15 @@ class Pool:
         keep = max(self.config.lend.reserve, self.own_peak.peak(trio.current_time()) - own)
         if self.in_flight + 1 + keep > self.seats:
             return False
-        mine = self.least_fill(1 + keep, self._closed_to_borrowers())
-        return mine is not None and mine < theirs
+        closed = self._closed_to_borrowers()
+        mine = self.least_fill(1 + keep, closed)
+        if mine is None:
+            return False
+        if mine < theirs:
+            return True
+        my_backlog = min(e.prefill_backlog for e in self.endpoints if e.has_room and e not in closed)
+        their_backlog = min(e.prefill_backlog for e in borrower.endpoints if e.has_room)
+        return my_backlog + prompt_tokens < their_backlog
 
     def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
         """A seat on an endpoint of this pool with room (its ``policy`` picks which), within the pool's and the class's caps."""

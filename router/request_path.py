@@ -198,6 +198,7 @@ class RequestPath:
                     # Either pool asks for isolation: the tenant's prefixes stay its own on a lender's engines too.
                     body["cache_salt"] = caller_salt(caller.name, request.params.get("cache_salt"))
                 hung_at = arrival + config.timeouts.end_to_end_timeout
+                lease.calling(ticket.prompt_tokens, streamed=request.stream or assembled)
                 response = await self._start_call(serving, lease, request, body, record, hung_at, stream=request.stream or assembled)
                 try:
                     record.endpoint, record.placement = lease.endpoint.url, lease.placement  # a retry may have moved it

@@ -142,3 +142,23 @@ async def test_busier_keeps_free_what_the_lenders_own_requests_held_lately(autoj
     assert await in_flight_after_an_own_burst(3, pause=1.0) == {INTERACTIVE_URL: 0, BATCH_URL: 4}
     assert await in_flight_after_an_own_burst(1, pause=1.0) == {INTERACTIVE_URL: 1, BATCH_URL: 3}  # one seat kept: the 4th job ties at 3/4 and stays
     assert await in_flight_after_an_own_burst(3, pause=61.0) == {INTERACTIVE_URL: 2, BATCH_URL: 2}  # a peak 2 windows old is forgotten
+
+
+async def seat_of_a_job_behind_a_long_prompt(*, streamed: bool) -> str:
+    """Batch's engine is prefilling a long prompt (streamed or not); where a small batch job goes under "busier" with reserve 2 of 4."""
+    config = lending_config(interactive_cap=4, batch_cap=4, lend=LendConfig(to=("batch",), reserve=2, when="busier"))
+    async with router_over_engines(config) as fleet:
+        async with trio.open_nursery() as nursery:
+            long_job = chat(LONG_PROMPT, max_tokens=LONG_OUTPUT, stream=streamed, request_id="long")
+            nursery.start_soon(run_to_end, fleet.router, long_job)
+            await trio.testing.wait_all_tasks_blocked()
+            _, routing = await run_to_end(fleet.router, chat("small job", max_tokens=LONG_OUTPUT, request_id="small"))
+            nursery.cancel_scope.cancel()
+    return routing.endpoint  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_busier_lends_when_the_borrowers_engine_has_more_prompt_queued_for_prefill(autojump_clock: trio.testing.MockClock) -> None:
+    # By seats alone batch is the less full (2/4 against the lender's 3/4 with its reserve): the queued prefill decides.
+    assert await seat_of_a_job_behind_a_long_prompt(streamed=True) == INTERACTIVE_URL
+    # A whole answer's prefill is not seen (its first byte is its end): by seats, it stays home.
+    assert await seat_of_a_job_behind_a_long_prompt(streamed=False) == BATCH_URL

@@ -13,6 +13,7 @@ from bench.sweep.trace import SHIPPED_CONFIG, tailguard_split
 from tailguard.router.config import ConfigError, load_config, parse_config
 from tailguard.router.config_render import render_config
 from tailguard.router.config_types import Config, LendConfig
+from tailguard.router.dispatch import Router
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from tests.test_config import BASE
@@ -29,9 +30,18 @@ def lend_back(prefills: int | None) -> Config:
     return with_digest(base, "lend-prefills", pools=(interactive, dataclasses.replace(batch, lend=lend)))
 
 
+async def own_request_ran(router: Router, pool: str) -> None:
+    """One request of ``pool``'s own class ran to its end: the pool had own traffic lately, so its prefill bound applies."""
+    if pool == "interactive":
+        await run_to_end(router, chat("quick?", max_tokens=8, request_id="warm"))
+    else:
+        await run_to_end(router, chat("a job", max_tokens=LONG_OUTPUT, request_id="warm"))
+
+
 async def test_a_long_borrowed_prompt_is_lent_and_the_next_waits_for_its_first_token(autojump_clock: trio.testing.MockClock) -> None:
     config = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), prefills=1))
     async with router_over_engines(config) as fleet:
+        await own_request_ran(fleet.router, "interactive")
         lender = fleet.router.endpoint(INTERACTIVE_URL)
         first_token: list[float] = []
         seated: dict[str, tuple[str, float]] = {}
@@ -63,6 +73,7 @@ async def test_a_long_borrowed_prompt_is_lent_and_the_next_waits_for_its_first_t
 
 async def test_a_borrowed_request_goes_to_another_endpoint_while_one_is_prefilling(autojump_clock: trio.testing.MockClock) -> None:
     async with router_over_engines(lend_back(prefills=1)) as fleet:
+        await own_request_ran(fleet.router, "batch")
         endpoints = [fleet.router.endpoint(url) for url in BATCH_URLS]
         async with trio.open_nursery() as nursery:
             for i in range(3):  # interactive's own seat, then two borrowed: packing would put both on one engine
@@ -159,6 +170,7 @@ async def test_a_whole_answer_borrowed_under_the_bound_is_asked_as_a_stream_and_
     # Without a stream its first byte would be its end: one non-streamed borrowed job would hold the bound throughout.
     config = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), prefills=1))
     async with router_over_engines(config) as fleet:
+        await own_request_ran(fleet.router, "interactive")
         lender = fleet.router.endpoint(INTERACTIVE_URL)
         bodies: dict[str, bytes] = {}
 
@@ -176,3 +188,21 @@ async def test_a_whole_answer_borrowed_under_the_bound_is_asked_as_a_stream_and_
         for request_id in ("lent-1", "lent-2"):
             answer = json.loads(bodies[request_id])
             assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] == LONG_OUTPUT
+
+
+async def test_a_lender_without_own_requests_lately_is_not_held_to_the_bound(autojump_clock: trio.testing.MockClock) -> None:
+    # Nobody of its own to keep from queueing behind borrowed prompts: both long jobs are lent and prefill at once.
+    config = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), prefills=1))
+    async with router_over_engines(config) as fleet:
+        lender = fleet.router.endpoint(INTERACTIVE_URL)
+        async with trio.open_nursery() as nursery:
+            for i in range(3):  # batch's own seat, then two borrowed
+                nursery.start_soon(run_to_end, fleet.router, chat(f"{LONG_PROMPT} {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            assert (lender.borrowed, lender.borrowed_prefilling) == (2, 2)
+            await own_request_ran(fleet.router, "interactive")  # its own request comes: the bound holds again
+            for i in (3, 4):  # one more is lent and prefills; the next waits for its first token
+                nursery.start_soon(run_to_end, fleet.router, chat(f"{LONG_PROMPT} {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            assert lender.borrowed_prefilling == 1 and fleet.router.statistics().pool("batch").queue.waiting == 1
+            nursery.cancel_scope.cancel()

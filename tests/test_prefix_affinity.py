@@ -310,3 +310,34 @@ def test_lent_seats_start_their_pack_at_the_key_home_and_keep_to_it_and_the_pool
         if e is not first.endpoint:
             cast("FakeEndpoint", e).seats = 0  # full: the pack is all that has room
     assert policy().choose(pool, homed(pool, first.endpoint), borrowed=False) == (first.endpoint, "home")
+
+
+def test_a_key_hotter_than_one_endpoints_share_goes_to_the_least_loaded() -> None:
+    # Every request starts with the same system prompt (the Mooncake trace): once the window knows, its home is no
+    # better than any engine, and holding it at c x the mean would cost that engine 25% more work.
+    pool = endpoints(4)
+    key = keys(1)[0]
+    affinity = policy(1.25)
+    first = [affinity.place(pool, key) for _ in range(PrefixAffinity.HOT_WINDOW)]  # the window learns it (loads 0)
+    assert {p.kind for p in first if p is not None} == {"home"}
+    for e, load in zip(pool, [5, 2, 3, 4], strict=True):
+        cast("FakeEndpoint", e).in_flight = load
+    kinds: Counter[str] = Counter()
+    for _ in range(100):
+        chosen = affinity.place(pool, key)
+        assert chosen is not None and chosen.endpoint.placement_load == min(e.placement_load for e in pool)
+        kinds[chosen.kind] += 1
+        cast("FakeEndpoint", chosen.endpoint).in_flight += 1
+    assert kinds == {"hot_key": 100}
+    assert max(e.placement_load for e in pool) - min(e.placement_load for e in pool) <= 1  # level
+
+
+def test_keys_at_one_endpoints_share_or_less_keep_their_homes() -> None:
+    pool = endpoints(4)
+    tenants = keys(4)  # four keys, a quarter of the traffic each: one engine's share, not more
+    affinity = policy(1.25)
+    kinds = Counter(chosen.kind for i in range(3 * PrefixAffinity.HOT_WINDOW) if (chosen := affinity.place(pool, tenants[i % 4])))
+    assert "hot_key" not in kinds
+    halves, affinity = keys(2), policy(1.25)  # two keys, half the traffic each: hot once the window is full
+    kinds = Counter(chosen.kind for i in range(3 * PrefixAffinity.HOT_WINDOW) if (chosen := affinity.place(pool, halves[i % 2])))
+    assert kinds["hot_key"] == 2 * PrefixAffinity.HOT_WINDOW
