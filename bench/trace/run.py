@@ -169,14 +169,14 @@ def header(args: argparse.Namespace, argv: Sequence[str], wall: float) -> list[s
         " max_tokens = the trace's output length. Every set-up gets the same arrivals; a caller gives up at 120 s (timeout).",
         "- Set-ups: round robin over throughput engines (no router); the hand split, each class straight to its own engines"
         " (latency engines for short, throughput for long; 1:1 at 2 engines, 1:3 at 4); tailguard over that split, lending as"
-        f" `{args.config.name}` says ({lend_summary(config)}); tailguard shared: one pool of every throughput engine, short requests queued first."
+        f" `{args.config.name}` says ({lend_summary(config)}); the same on throughput engines only (every engine with vLLM's"
+        " default tuning); tailguard shared: one pool of every throughput engine, short requests queued first."
         " Routed set-ups' input cap is raised to the context.",
         "- Percentiles over ok answers (nearest rank), ms; completed/s = ok answers over the schedule's span.",
-        "- Repeatability: round robin and the hand split repeat exactly; a routed set-up whose requests may go to more than one"
-        " engine (tailguard shared; tailguard over the split once it lends) does not, because Trio's scheduler runs same-instant"
-        " wake-ups in a random order (seeding its scheduler's private RNG makes a run repeat), so its figures move between runs:"
-        " tailguard shared at Mooncake, 2 engines, 0.6 gave long E2E P99 1.02x to 1.26x round robin's over six runs, and"
-        " tailguard 1:1 at 0.8 served 939 to 950 long requests (`--traces mooncake --engines 2 --loads 0.6,0.8` again to see).",
+        "- Repeatability: every point repeats exactly for its `--seed` (the arrivals, and the order Trio wakes same-instant"
+        " tasks in: `seed_trio_scheduler`). That order is still a draw: unseeded, tailguard shared at Mooncake, 2 engines,"
+        " 0.6 moved between 1.02x and 1.26x round robin's long E2E P99 over six runs, so a verdict within ~0.1 of a bound"
+        " is one draw; `--seed` gives another.",
         "",
     ]
 
