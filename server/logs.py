@@ -108,7 +108,7 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "endpoint": record.endpoint,
         "upstream_id": record.upstream_id,  # vLLM's request id (its logs, its metrics), one per attempt
         "lender": record.lender,
-        "placement": record.placement,  # how the endpoint was chosen: home, spilled, no_key, borrowed, least_loaded
+        "placement": record.placement,  # how the endpoint was chosen: home, spilled, no_key, hot_key, borrowed, least_loaded
 
         "prompt_tokens_est": record.prompt_tokens,
         "max_tokens_requested": record.requested_max_tokens,

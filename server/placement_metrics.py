@@ -29,7 +29,7 @@ from tailguard.router.telemetry import RequestRecord
 
 NAME = "tailguard_placements"
 DOC = (
-    "Seated requests by how their endpoint was chosen (decision: home, spilled, no_key, borrowed, least_loaded), "
+    "Seated requests by how their endpoint was chosen (decision: home, spilled, no_key, hot_key, borrowed, least_loaded), "
     "counted once a request at its last attempt's endpoint."
 )
 LABELS = ("pool", "endpoint", "decision")
