@@ -91,8 +91,10 @@ def test_example_trace_recommends_a_split_in_seconds(example_advice: tuple[Advic
     assert advice.arrivals == 239 and advice.dropped == 0
     assert advice.ideal.short_failed == advice.shared.short_failed == 0 and advice.ideal.short_n == 196
     splits = {(p.candidate.interactive, p.candidate.batch) for p in advice.predictions}
-    assert splits == {(1, 3), (2, 2), (3, 1)}
-    assert sum(not p.candidate.lends for p in advice.predictions) == 3  # one static candidate per split
+    assert splits == {(0, 4), (1, 3), (2, 2), (3, 1)}  # (0, 4): every engine in one shared pool
+    assert sum(not p.candidate.lends and not p.candidate.shared for p in advice.predictions) == 3  # one static candidate per split
+    shared_pool = next(p for p in advice.predictions if p.candidate.shared)
+    assert not shared_pool.meets  # one pool for both classes keeps the example's short requests beside its documents
     # Mixing both classes on every engine is what the split is for: round robin inflates short P99.
     assert advice.shared.short_e2e_p99 > 1.5 * advice.ideal.short_e2e_p99
     best = advice.recommended
@@ -409,3 +411,19 @@ def test_a_trace_that_carries_prefix_fields_gives_them_in_its_arrivals_order(tmp
     arrivals, seen = arrivals_from_trace(trace, 5.0), seen_in_trace(trace, 5.0)
     assert [a.prompt_tokens for a in arrivals] == [400, 300]
     assert seen == [Seen(), Seen("aa", 64)]
+
+
+def test_traffic_without_a_short_request_is_advised_by_long_goodput_alone() -> None:
+    """All long (the Mooncake trace by the shipped thresholds): nothing to protect, so the most long work wins."""
+    fleet = fleet_from(load_config(SHIPPED_CONFIG), 4)
+    long_only = [a for a in arrivals_from_trace(EXAMPLE_TRACE, 120.0) if a.kind == "long"]
+    advice = advise(fleet, long_only, source="long only")
+    assert advice.met and all(p.meets for p in advice.predictions) and math.isnan(advice.ideal.short_e2e_p99)
+    best = advice.recommended
+    assert best.stats.long_goodput == max(p.stats.long_goodput for p in advice.predictions)
+    shared_pool = next(p for p in advice.predictions if p.candidate.shared)
+    assert shared_pool.goodput_ratio >= 0.97  # one pool of every engine does round robin's long work
+    text = snippet(fleet, shared_pool.candidate)
+    parsed = tomllib.loads(text)
+    assert list(parsed["pools"]) == ["batch"] and len(parsed["pools"]["batch"]["endpoints"]) == 4
+    assert {k: v["pool"] for k, v in parsed["classes"].items()} == {"interactive": "batch", "batch": "batch"}

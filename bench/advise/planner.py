@@ -146,13 +146,14 @@ class Candidate:
 
     interactive: int
     batch: int
-    rule: str  # "static", or which lending rule
+    rule: str  # "static", "shared", or which lending rule
     lend: LendConfig = LendConfig()
     lend_back: LendConfig = LendConfig()
+    shared: bool = False  # one pool of every engine (the batch pool's tuning), every class in it, short ones first
 
     @property
     def name(self) -> str:
-        return f"{self.interactive}:{self.batch} {self.rule}"
+        return "shared pool" if self.shared else f"{self.interactive}:{self.batch} {self.rule}"
 
     @property
     def lends(self) -> bool:
@@ -207,9 +208,20 @@ def _scaled_lend(lend: LendConfig, to: tuple[str, ...], engines: int, file_endpo
     return dataclasses.replace(lend, to=to, max_seats=_scaled(lend.max_seats, factor, 1), reserve=reserve)
 
 
+def shared_pool(fleet: Fleet) -> Candidate:
+    """Every engine in the batch pool with its tuning, both classes in it, the interactive class queued first.
+
+    No split: short requests gain only the queue order, long ones lose
+    nothing to a smaller latency engine. On traffic that is mostly long
+    (the Mooncake trace, ShareGPT lengths) it is the one layout measured
+    never slower than round robin for either class (docs/pools.md).
+    """
+    return Candidate(0, fleet.engines, "shared", shared=True)
+
+
 def candidates(fleet: Fleet) -> list[Candidate]:
-    """Every static split, and every split under every lending rule."""
-    found: list[Candidate] = []
+    """The shared pool, every static split, and every split under every lending rule."""
+    found: list[Candidate] = [shared_pool(fleet)]
     for interactive in range(1, fleet.engines):
         batch = fleet.engines - interactive
         found.append(Candidate(interactive, batch, "static"))
@@ -248,6 +260,10 @@ def _pool_config(plan: PoolPlan, urls: Sequence[str], lend: LendConfig) -> PoolC
 def candidate_config(fleet: Fleet, candidate: Candidate) -> Config:
     """The file's config with its two pools replaced by the candidate's (no auth, nothing movable)."""
     urls = [engine_url(i) for i in range(fleet.engines)]
+    if candidate.shared:
+        pool = _pool_config(fleet.batch, urls, LendConfig())
+        classes = tuple(dataclasses.replace(k, pool=pool.name) for k in fleet.base.classes)
+        return dataclasses.replace(fleet.base, pools=(pool,), classes=classes, auth=AuthConfig(), digest="advise")
     pools = (
         _pool_config(fleet.interactive, urls[: candidate.interactive], candidate.lend),
         _pool_config(fleet.batch, urls[candidate.interactive :], candidate.lend_back),
@@ -487,6 +503,11 @@ def _p99(values: Iterable[float | None], failed: int) -> float:
     return percentile(sorted([v for v in values if v is not None] + [math.inf] * failed), 99)
 
 
+def _nothing() -> Stats:
+    """The short-only ideal of traffic without a short request: every figure NaN, so no ratio bounds anything."""
+    return stats_of([])
+
+
 def stats_of(fates: Sequence[Fate]) -> Stats:
     """The numbers advise predicts, from fates simulated or measured (``bench tail --samples``)."""
     short = [f for f in fates if f.kind == "short"]
@@ -555,6 +576,9 @@ class Prediction:
 
     @property
     def meets(self) -> bool:
+        """Within both bounds; traffic without a short request has nothing to bound (its ratios are NaN)."""
+        if math.isnan(self.e2e_ratio) and math.isnan(self.ttft_ratio):
+            return True
         return self.e2e_ratio <= E2E_BOUND and self.ttft_ratio <= TTFT_BOUND
 
     @property
@@ -621,12 +645,13 @@ def advise(
     dropped, sharing = len(arrivals) - len(kept), None
     if seen is not None:
         kept, sharing = with_prefixes(kept, [seen[i] for i in places], assume_tokens)
-    if not any(a.kind == "short" for a in kept):
-        raise ValueError("the traffic has no short request: there is no split to protect it with")
     found = candidates(fleet)
     setups = [shared_setup(fleet), dataclasses.replace(shared_setup(fleet, "short-only ideal"), kinds=("short",))]
+    if not any(a.kind == "short" for a in kept):  # nothing to protect: the candidates differ by long goodput alone
+        setups.pop()
     setups += [candidate_setup(fleet, c) for c in found]
-    shared, ideal, *rest = run_all(setups, kept, jobs)
+    shared, *results = run_all(setups, kept, jobs)
+    ideal, rest = (results[0], results[1:]) if len(setups) == len(found) + 2 else (_nothing(), results)
     predictions = [
         Prediction(
             c,
@@ -674,7 +699,7 @@ def table(advice: Advice) -> str:
     for p in advice.predictions:
         s, c = p.stats, p.candidate
         mark = " **<- recommended**" if p is advice.recommended else ""
-        split = f"{c.interactive}:{c.batch}"
+        split = "shared" if c.shared else f"{c.interactive}:{c.batch}"
         rows.append(
             f"| {split}{mark} | {c.rule} | {p.stall_ms:.0f} | {_s(s.short_e2e_p99)} | {_x(p.e2e_ratio)} | {_s(s.short_ttft_p99)} "
             f"| {_x(p.ttft_ratio)} | {s.short_failed} | {s.long_goodput:.2f} | {_x(p.goodput_ratio)} | {_rate(s.prefix_hit_rate)} "
@@ -693,6 +718,11 @@ def _lend_lines(lend: LendConfig) -> list[str]:
             lines.append(f"max_prompt_tokens = {lend.max_prompt_tokens}")
         if lend.max_output_tokens is not None:
             lines.append(f"max_output_tokens = {lend.max_output_tokens}")
+        if lend.prefills is not None:
+            lines.append(f"prefills = {lend.prefills}")
+        if lend.ttft_budget is not None:
+            lines.append(f"ttft_budget = {lend.ttft_budget:g}")
+        lines.append(f'when = "{lend.when}"')
     return lines
 
 
@@ -708,6 +738,8 @@ def snippet(fleet: Fleet, candidate: Candidate) -> str:
     first); engines beyond them get placeholder URLs to fill in.
     """
     urls = list(fleet.urls[: fleet.engines]) + [engine_url(i) for i in range(len(fleet.urls), fleet.engines)]
+    if candidate.shared:
+        return _shared_snippet(fleet, urls)
     out = [
         f"# tailguard advise: {candidate.interactive} engine(s) interactive, {candidate.batch} batch; {candidate.rule}.",
         "# Keys not shown stay as they are in your config.",
@@ -729,6 +761,28 @@ def snippet(fleet: Fleet, candidate: Candidate) -> str:
             "",
         ]
         out += [f"[pools.{plan.config.name}.lend]", *_lend_lines(lend), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _shared_snippet(fleet: Fleet, urls: Sequence[str]) -> str:
+    """The config.toml lines of the shared pool: every engine in the batch pool, every class routed to it."""
+    plan, name = fleet.batch, fleet.batch.config.name
+    out = [
+        f"# tailguard advise: all {fleet.engines} engines in one pool, every class in it, the interactive class queued first.",
+        "# Keys not shown stay as they are in your config; remove the other pool's table.",
+        _profile_note("every engine", plan),
+        f"[pools.{name}]",
+        f"max_concurrency = {plan.seats * len(urls)}",
+        f"max_queue = {plan.queue * len(urls)}",
+        "endpoints = [",
+        *(f'    {{ url = "{url}", max_concurrency = {plan.seats} }},' for url in urls),
+        "]",
+        "",
+        f"[pools.{name}.lend]",
+        "to = []",
+        "",
+    ]
+    out += [line for k in fleet.base.classes for line in (f"[classes.{k.name}]", f'pool = "{name}"', "")]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -798,7 +852,9 @@ TAIL_DRAIN_GPU_S = 120.0  # the caller's deadline: no request outlasts it, so be
 
 
 def tail_setup(candidate: Candidate) -> str:
-    """The ``bench tail`` set-up that runs ``candidate``: ``disaggregated`` when static, ``lend`` when lending."""
+    """The ``bench tail`` set-up that runs ``candidate``: ``priority`` for the shared pool, ``disaggregated`` when static, ``lend`` when lending."""
+    if candidate.shared:
+        return "priority"
     return "lend" if candidate.lends else "disaggregated"
 
 
@@ -807,6 +863,8 @@ def _lend_rule(lend: LendConfig) -> str:
     rule += [f"seats={lend.max_seats}"] if lend.max_seats is not None else []
     rule += [f"prompt={lend.max_prompt_tokens}"] if lend.max_prompt_tokens is not None else []
     rule += [f"output={lend.max_output_tokens}"] if lend.max_output_tokens is not None else []
+    rule += [f"prefills={lend.prefills}"] if lend.prefills is not None else []
+    rule += [f"when={lend.when}"] if lend.when != "full" else []
     return ",".join(rule)
 
 
@@ -820,9 +878,10 @@ def tail_command(advice: Advice, candidate: Candidate, trace: Path, samples: Pat
     if back.to and (back != LendConfig(back.to) or not candidate.lend.to):
         return None
     window = math.ceil(advice.seconds * time_scale) + 1
+    split = "" if candidate.shared else f" --split {candidate.interactive}:{candidate.batch}"
     words = [
         "python -m bench tail",
-        f"--engines {advice.fleet.engines} --split {candidate.interactive}:{candidate.batch}",
+        f"--engines {advice.fleet.engines}{split}",
         f"--trace {trace} --time-scale {time_scale:g} --warmup 0 --seconds {window} --drain {TAIL_DRAIN_GPU_S * time_scale:g}",
         f"--setup shared --setup short-only --setup {tail_setup(candidate)}",
     ]
