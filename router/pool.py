@@ -366,6 +366,16 @@ class Pool:
             exclude = [*exclude, *self._closed_to_borrowers()]
         return self.policy.choose(self.endpoints, lease.prefix_key, borrowed=lease.borrower is not None, exclude=exclude)
 
+    def own_idle(self) -> bool:
+        """No request of this pool's own holds a seat, nor held one in the last 30-60 s (``RecentPeak``).
+
+        The stall bounds on lending (``prefills``, ``max_prompt_tokens``)
+        keep the pool's own requests from waiting behind borrowed prompts;
+        with none of them about, nobody waits, and the bounds are off until
+        the next one comes.
+        """
+        return self.in_flight == self.lent and not self.own_peak.peak(trio.current_time())
+
     def _closed_to_borrowers(self) -> list[Endpoint]:
         """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there,
         or the pool's own streams there lately slower to their first byte than ``lend.ttft_budget``.
@@ -377,8 +387,7 @@ class Pool:
         """
         lend = self.config.lend
         now = trio.current_time()
-        idle = self.in_flight == self.lent and not self.own_peak.peak(now)
-        bound = None if idle else lend.prefills
+        bound = None if self.own_idle() else lend.prefills
         closed = [] if bound is None else [e for e in self.endpoints if e.borrowed_prefilling >= bound]
         if lend.ttft_budget is not None:
             closed.extend(e for e in self.endpoints if e.own_first_token.over(lend.ttft_budget, now) and e not in closed)
@@ -516,11 +525,12 @@ class Pool:
 
     def would_lend(self, ticket: Ticket) -> bool:
         """Whether ``config.lend``'s rules let this pool's seats serve ``ticket`` at all (room aside):
-        a model it serves, a prompt within the prefill bound, max_tokens within its bound, the engines' context."""
+        a model it serves, a prompt within the prefill bound (while the pool has own requests to stall,
+        ``own_idle``), max_tokens within its bound, the engines' context."""
         lend = self.config.lend
         return not (
             ticket.model not in self.config.models
-            or (lend.max_prompt_tokens is not None and ticket.prompt_tokens > lend.max_prompt_tokens)
+            or (lend.max_prompt_tokens is not None and ticket.prompt_tokens > lend.max_prompt_tokens and not self.own_idle())
             or (lend.max_output_tokens is not None and ticket.max_tokens > lend.max_output_tokens)
             or ticket.prompt_tokens + ticket.max_tokens > self.config.max_model_len
         )

@@ -206,3 +206,27 @@ async def test_a_lender_without_own_requests_lately_is_not_held_to_the_bound(aut
                 await trio.testing.wait_all_tasks_blocked()
             assert lender.borrowed_prefilling == 1 and fleet.router.statistics().pool("batch").queue.waiting == 1
             nursery.cancel_scope.cancel()
+
+
+async def test_a_lender_without_own_requests_lately_lends_prompts_over_its_length_bound(autojump_clock: trio.testing.MockClock) -> None:
+    config = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), max_prompt_tokens=200))
+    async with router_over_engines(config) as fleet:
+        seated: dict[str, str] = {}
+
+        async def job(request_id: str, text: str) -> None:
+            _, routing = await run_to_end(fleet.router, chat(text, max_tokens=LONG_OUTPUT, request_id=request_id))
+            seated[request_id] = routing.endpoint  # type: ignore[attr-defined]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(job, "own-seat", "a job")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(job, "idle-lender", LONG_PROMPT)  # nobody of the lender's own to stall: lent
+            await trio.testing.wait_all_tasks_blocked()
+        await run_to_end(fleet.router, chat("quick?", max_tokens=8, request_id="own"))  # now it has
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(job, "own-seat-2", "a job")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(job, "busy-lender", LONG_PROMPT)  # over 200 tokens while its own are about: waits
+            await trio.testing.wait_all_tasks_blocked()
+            assert fleet.router.statistics().pool("batch").queue.waiting == 1
+    assert seated["idle-lender"] == INTERACTIVE_URL and seated["busy-lender"] == BATCH_URL

@@ -90,6 +90,7 @@ async def test_the_reserve_is_never_lent_and_the_lenders_own_requests_win_the_ne
 async def test_a_prompt_over_the_prefill_budget_is_never_lent(autojump_clock: trio.testing.MockClock) -> None:
     config = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), max_prompt_tokens=200))
     async with router_over_engines(config) as fleet:
+        await run_to_end(fleet.router, chat("quick?", max_tokens=8, request_id="own"))  # the lender has own requests lately
         endpoints: dict[str, str] = {}
 
         async def one(request_id: str, text: str) -> None:
@@ -305,6 +306,7 @@ queue_timeout = 30.0
         record = RequestRecord("chat", "http", trio.current_time())
         assert json.loads(await complete(router, chat("hi", max_tokens=8, request_id="chat"), record))["choices"]
         assert (record.pool, record.lender, record.endpoint) == ("interactive", "batch", up)
+        await complete(router, chat("a job", max_tokens=256, request_id="own"))  # the lender's own request: its bounds hold
         with pytest.raises(NoBackend):  # one the lender's rules refuse (a prompt over its 100 tokens) is told at once
             await complete(router, chat("word " * 400, max_tokens=8, request_id="long"))
 

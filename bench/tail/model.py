@@ -66,6 +66,7 @@ class LendRule:
     max_output_tokens: int | None = None  # how long a lent seat may be away
     prefills: int | None = None  # borrowed requests in prefill at once per endpoint (the stall bound)
     when: str = "full"  # "full" | "busier" (LendConfig.when)
+    ttft_ms: int | None = None  # LendConfig.ttft_budget, GPU ms (the config gets it times the time scale)
 
     _KEYS = {
         "prompt": "max_prompt_tokens",
@@ -74,11 +75,12 @@ class LendRule:
         "output": "max_output_tokens",
         "prefills": "prefills",
         "when": "when",
+        "ttft": "ttft_ms",
     }
 
     @classmethod
     def parse(cls, text: str) -> LendRule:
-        """``prompt=512,reserve=8,seats=32,output=512,prefills=1,when=busier`` (any of them; "none" or absent: unbounded)."""
+        """``prompt=512,reserve=8,seats=32,output=512,prefills=1,when=busier,ttft=50`` (any of them; "none" or absent: unbounded)."""
         values: dict[str, int | str | None] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, _, value = item.partition("=")
@@ -102,14 +104,17 @@ class LendRule:
         parts += [f"o{self.max_output_tokens}"] if self.max_output_tokens is not None else []
         parts += [f"f{self.prefills}"] if self.prefills is not None else []
         parts += [self.when] if self.when != "full" else []
+        parts += [f"t{self.ttft_ms}"] if self.ttft_ms is not None else []
         return " ".join(parts)
 
-    def toml(self, lender: str, borrower: str) -> list[str]:
+    def toml(self, lender: str, borrower: str, time_scale: float = 1.0) -> list[str]:
         lines = [f"[pools.{lender}.lend]", f'to = ["{borrower}"]', f"reserve = {self.reserve}", f'when = "{self.when}"']
         for key in ("max_seats", "max_prompt_tokens", "max_output_tokens", "prefills"):
             value = getattr(self, key)
             if value is not None:
                 lines.append(f"{key} = {value}")
+        if self.ttft_ms is not None:
+            lines.append(f"ttft_budget = {self.ttft_ms / 1000 * time_scale:g}")
         return [*lines, ""]
 
 

@@ -111,7 +111,7 @@ def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: Len
     what = f"tailguard, interactive pool {interactive} latency engine(s), batch pool {batch} throughput engine(s)"
     if kind in ("lend", "lend-rebalance"):
         assert rule is not None
-        tables += rule.toml("interactive", "batch")
+        tables += rule.toml("interactive", "batch", options.time_scale)
         what += f"; interactive lends to batch ({rule.label()})"
         if options.lend_back:
             tables += LendRule().toml("batch", "interactive")
