@@ -32,15 +32,20 @@ class FirstTokenWatch:
 
     def observe(self, seconds: float, now: float) -> None:
         """One own streamed request's first byte came ``seconds`` after its seat's grant."""
-        if now - self.observed_at > self.STALE_AFTER:
+        if now >= self.stale_at:
             self.mean = seconds
         else:
             self.mean += self.WEIGHT * (seconds - self.mean)
         self.observed_at = now
 
+    @property
+    def stale_at(self) -> float:
+        """When the evidence so far stops counting."""
+        return self.observed_at + self.STALE_AFTER
+
     def over(self, budget: float, now: float) -> bool:
         """The recent mean exceeds ``budget`` seconds, on evidence that is still fresh."""
-        return now - self.observed_at <= self.STALE_AFTER and self.mean > budget
+        return now < self.stale_at and self.mean > budget
 
 
 class RecentPeak:
@@ -74,3 +79,9 @@ class RecentPeak:
     def peak(self, now: float) -> int:
         self._roll(now)
         return max(self._current, self._previous)
+
+    def forgotten_at(self) -> float:
+        """When the peak seen so far is forgotten, if nothing more is observed (-inf: nothing to forget)."""
+        if self._current:
+            return self._started + 2 * self.WINDOW
+        return self._started + self.WINDOW if self._previous else -math.inf

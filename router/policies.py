@@ -125,7 +125,7 @@ class PrefixAffinity:
     order alone is what workers and replicas agree on.
 
     A key hotter than one engine's share (more than 1/N of the last
-    ``HOT_WINDOW`` keyed placements over N candidates: a system prompt
+    ``HOT_WINDOW`` keyed first placements over N usable endpoints: a system prompt
     every request starts with, as in the Mooncake trace) gains nothing
     from a home: every engine serving it soon caches it, and keeping its
     home at ``c`` x the mean costs that engine ``c`` x the work. It goes
@@ -182,10 +182,12 @@ class PrefixAffinity:
         home_weight = b""
         home_url: str | None = None
         placed_usable = False
+        usable = 0
         ranked: list[_Ranked] = []
         for e in endpoints:  # one pass, each property read once: this is every keyed request's path
             if not e.usable:
                 continue
+            usable += 1
             weight = seeded_weight(e.rendezvous_seed, key)  # rendezvous_weight(key, e.url), the URL hashed once
             if weight > home_weight:
                 home_weight, home_url = weight, e.url
@@ -198,7 +200,7 @@ class PrefixAffinity:
             return None
         if any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
             ranked = _lending_rule(ranked, borrowed=borrowed)
-        if self._hot(key, len(ranked)):
+        if self._hot(key, usable, count=not borrowed and not exclude):
             least = min(r[3] for r in ranked)
             endpoint = max((r for r in ranked if r[3] == least), key=_rank)[2]
             return Placement(endpoint, "borrowed" if borrowed else "hot_key")
@@ -216,10 +218,16 @@ class PrefixAffinity:
             return Placement(endpoint, "borrowed")
         return Placement(endpoint, "home" if endpoint.url == home_url else "spilled")
 
-    def _hot(self, key: bytes, candidates: int) -> bool:
-        """Count this placement of ``key``; whether the key was more than one candidate's share of the window before it."""
+    def _hot(self, key: bytes, endpoints: int, *, count: bool) -> bool:
+        """Whether ``key`` made more than one of ``endpoints`` usable endpoints' share of the window; ``count``: this placement joins it.
+
+        Only a request's own first placement counts (not a retry's, not a
+        lent seat's), so the window is the traffic, not the attempts.
+        """
         counts, recent = self._recent_counts, self._recent
-        hot = len(recent) == self.HOT_WINDOW and candidates > 1 and counts[key] * candidates > self.HOT_WINDOW
+        hot = len(recent) == self.HOT_WINDOW and endpoints > 1 and counts[key] * endpoints > self.HOT_WINDOW
+        if not count:
+            return hot
         if len(recent) == self.HOT_WINDOW:
             oldest = recent[0]
             counts[oldest] -= 1

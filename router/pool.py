@@ -225,6 +225,8 @@ class Lease:
         self.endpoint.lease_ended(self.client)
         pool.seat_time.observe(trio.current_time() - self.granted_at)
         pool.yield_freed_seat(self.endpoint)  # [cluster]: to a more urgent request on another replica
+        if self.borrower is None and pool.in_flight == pool.lent:
+            pool.own_seats_ended()
         pool.queue.dispatch()  # the pool's own requests first
         for borrower in pool.borrowers:  # then, if a seat is still idle, the pools it lends to
             borrower.queue.dispatch()
@@ -256,6 +258,7 @@ class Pool:
         self.borrowers: list[Pool] = []  # pools this one lends to (``config.lend.to``)
         self.lent = 0  # seats of this pool serving other pools' requests now
         self.own_peak = RecentPeak()  # its own requests' seats lately: what lending "busier" keeps free
+        self._borrowers_woken_at = math.inf  # the earliest timed offer of idle seats to the borrowers' waiters
         self.class_in_flight: dict[str, int] = {}  # seats of this pool held per class
         self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
         self.cap_moved = 0  # seats of endpoints moved in, less those moved out, since the last reload
@@ -376,7 +379,7 @@ class Pool:
         """
         return self.in_flight == self.lent and not self.own_peak.peak(trio.current_time())
 
-    def _closed_to_borrowers(self) -> list[Endpoint]:
+    def _closed_to_borrowers(self) -> set[Endpoint]:
         """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there,
         or the pool's own streams there lately slower to their first byte than ``lend.ttft_budget``.
 
@@ -388,10 +391,38 @@ class Pool:
         lend = self.config.lend
         now = trio.current_time()
         bound = None if self.own_idle() else lend.prefills
-        closed = [] if bound is None else [e for e in self.endpoints if e.borrowed_prefilling >= bound]
+        closed = set() if bound is None else {e for e in self.endpoints if e.borrowed_prefilling >= bound}
         if lend.ttft_budget is not None:
-            closed.extend(e for e in self.endpoints if e.own_first_token.over(lend.ttft_budget, now) and e not in closed)
+            slow = {e for e in self.endpoints if e.own_first_token.over(lend.ttft_budget, now)}
+            for endpoint in slow:  # its evidence goes stale with time alone: no seat frees then
+                self.wake_borrowers_at(endpoint.own_first_token.stale_at)
+            closed |= slow
         return closed
+
+    def own_seats_ended(self) -> None:
+        """The pool's own requests hold no seat now: its stall bounds lift once their peak is forgotten, with no seat freed then."""
+        lend = self.config.lend
+        if lend.to and (lend.prefills is not None or lend.max_prompt_tokens is not None):
+            self.wake_borrowers_at(self.own_peak.forgotten_at())
+
+    def wake_borrowers_at(self, when: float) -> None:
+        """Offer this pool's idle seats to its borrowers' waiters at ``when``: a bound that lifts with time, not with a seat.
+
+        A Trio system task (a sleep, then a dispatch, that cannot fail), as
+        a busy engine's spell ends: a lease has no nursery to leave a timer in.
+        At most one is pending per pool at a time, the earliest asked for.
+        """
+        if not self.borrowers or when >= self._borrowers_woken_at or when <= trio.current_time():
+            return
+        self._borrowers_woken_at = when
+        trio.lowlevel.spawn_system_task(self._wake_borrowers, when, name=f"lend bounds of {self.name} lift")
+
+    async def _wake_borrowers(self, when: float) -> None:
+        await trio.sleep_until(when)
+        if self._borrowers_woken_at == when:
+            self._borrowers_woken_at = math.inf
+        for borrower in self.borrowers:
+            borrower.queue.dispatch()
 
     def _full_drain_rate(self) -> float | None:
         """Seats a second the pool frees when all are taken (Little's law), or None without an estimate.
@@ -415,7 +446,7 @@ class Pool:
         goes on to the next waiter; None when no seat is free at all.
         """
         for lender in self.lenders:  # a lender lending ``when = "busier"`` whose engine is the less busy one comes first
-            if lender.config.lend.when == "busier" and lender.less_busy_than(self, ticket.prompt_tokens):
+            if lender.config.lend.when == "busier" and lender.less_busy_than(self, ticket):
                 lent = self._borrow(lender, ticket)
                 if isinstance(lent, Lease):
                     return lent
@@ -437,42 +468,50 @@ class Pool:
             self.borrowed_total[lender.name] = self.borrowed_total.get(lender.name, 0) + 1
         return lent
 
-    def least_fill(self, extra: int = 1, exclude: Collection[Endpoint] = ()) -> float | None:
-        """The smallest share of its seats an endpoint with room would hold with ``extra`` more: how busy the pool's idlest engine is.
+    def least_fill(self) -> float | None:
+        """The smallest share of its seats an endpoint with room would hold with one more request: how busy the pool's idlest engine is.
 
         A vLLM step costs more with every sequence it runs, so a pool with a
         seat free may still be slower than a sibling's idle engine; None when
         no endpoint has room.
         """
-        fills = [(e.in_flight + extra) / e.seats for e in self.endpoints if e.has_room and e not in exclude]
-        return min(fills, default=None)
+        return min(((e.in_flight + 1) / e.seats for e in self.endpoints if e.has_room), default=None)
 
-    def less_busy_than(self, borrower: Pool, prompt_tokens: int) -> bool:
-        """An endpoint here, with the borrowed request and the reserve on it, is less busy than ``borrower``'s least busy with it.
+    def less_busy_than(self, borrower: Pool, ticket: Ticket) -> bool:
+        """An endpoint here that would take the borrowed request is less busy, with it and the reserve, than ``borrower``'s least busy with it.
 
         Busy two ways: the share of its seats taken (decoding sequences slow
         every step), or the prompt tokens queued for prefill there (a prompt
         waits behind them; few sequences may hold a long queue of long
-        prompts). The reserve here is at least what the pool's own requests
-        took lately beyond what they hold now (``RecentPeak``): lent to a
-        long job, a seat is away for its whole generation.
+        prompts). The endpoints looked at are those the lending rule would
+        seat it among (open to borrowers, holding the most borrowed seats:
+        router/policies.py packs them). The reserve here is at least what
+        the pool's own requests took lately beyond what they hold now
+        (``RecentPeak``): lent to a long job, a seat is away for its whole
+        generation. What ``lend`` would refuse anyway is refused first, at
+        no cost.
         """
+        lend = self.config.lend
+        if self.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats) or not self.would_lend(ticket):
+            return False
         theirs = borrower.least_fill()
         if theirs is None:
             return False
         own = self.in_flight - self.lent
-        keep = max(self.config.lend.reserve, self.own_peak.peak(trio.current_time()) - own)
+        keep = max(lend.reserve, self.own_peak.peak(trio.current_time()) - own)
         if self.in_flight + 1 + keep > self.seats:
             return False
         closed = self._closed_to_borrowers()
-        mine = self.least_fill(1 + keep, closed)
-        if mine is None:
+        candidates = [e for e in self.endpoints if e.has_room and e not in closed]
+        if not candidates:
             return False
-        if mine < theirs:
+        most = max(e.borrowed for e in candidates)
+        packed = [e for e in candidates if e.borrowed == most]
+        if min((e.in_flight + 1 + keep) / e.seats for e in packed) < theirs:
             return True
-        my_backlog = min(e.prefill_backlog for e in self.endpoints if e.has_room and e not in closed)
+        my_backlog = min(e.prefill_backlog for e in packed)
         their_backlog = min(e.prefill_backlog for e in borrower.endpoints if e.has_room)
-        return my_backlog + prompt_tokens < their_backlog
+        return my_backlog + ticket.prompt_tokens < their_backlog
 
     def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
         """A seat on an endpoint of this pool with room (its ``policy`` picks which), within the pool's and the class's caps."""

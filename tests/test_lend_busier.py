@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_render import render_config
-from tailguard.router.config_types import LendConfig
+from tailguard.router.config_types import LendConfig, LimitsConfig
+from tailguard.router.lend_budget import FirstTokenWatch, RecentPeak
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end
 from tests.test_config import BASE
 from tests.test_lend_prefills import LONG_PROMPT
 from tests.test_lending import LONG_OUTPUT, lending_config
 
 
-async def endpoints_of_batch_jobs(lend: LendConfig, jobs: int, *, prompt: str = "job") -> tuple[list[str], dict[str, int]]:
-    """Where each of ``jobs`` batch requests, sent one after another and all still running, was seated; and the in-flight counts then."""
+async def endpoints_of_batch_jobs(
+    lend: LendConfig, jobs: int, *, prompt: str = "job", warm: bool = False
+) -> tuple[list[str], dict[str, int]]:
+    """Where each of ``jobs`` batch requests, sent one after another and all still running, was seated; and the in-flight counts then.
+
+    ``warm``: one own interactive request ran first, so the lender has had own traffic lately and its stall bounds hold.
+    """
     config = lending_config(interactive_cap=4, batch_cap=4, lend=lend)
     seated: list[str] = []
     async with router_over_engines(config) as fleet:
+        if warm:
+            await run_to_end(fleet.router, chat("quick?", max_tokens=8, request_id="own"))
 
         async def job(i: int) -> None:
             _, routing = await run_to_end(fleet.router, chat(f"{prompt} {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
@@ -53,11 +63,15 @@ async def test_busier_counts_the_reserve_on_the_lenders_side(autojump_clock: tri
 async def test_busier_takes_the_borrowers_own_seat_while_the_lender_is_at_its_prefill_bound(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # The second long job would borrow (batch 2/4 against the lender's 1/4), but one borrowed prefill is still running
-    # there: it takes batch's own free seat at once rather than waiting.
-    seated, in_flight = await endpoints_of_batch_jobs(LendConfig(to=("batch",), prefills=1, when="busier"), 3, prompt=LONG_PROMPT)
-    assert in_flight == {INTERACTIVE_URL: 1, BATCH_URL: 2}
-    assert sorted(seated) == sorted([INTERACTIVE_URL, BATCH_URL, BATCH_URL])
+    # With its own request a moment ago the lender keeps one seat and its bound holds. The third long job is lent
+    # (batch 3/4 against 2/4), the fourth ties (3/4 each) and stays; the fifth would be lent (1.0 against 3/4), but
+    # the third's prefill is still running there: it takes batch's own last seat at once rather than waiting.
+    # Without the bound it is lent.
+    bound = LendConfig(to=("batch",), prefills=1, when="busier")
+    _, in_flight = await endpoints_of_batch_jobs(bound, 5, prompt=LONG_PROMPT, warm=True)
+    assert in_flight == {INTERACTIVE_URL: 1, BATCH_URL: 4}
+    _, in_flight = await endpoints_of_batch_jobs(LendConfig(to=("batch",), when="busier"), 5, prompt=LONG_PROMPT, warm=True)
+    assert in_flight == {INTERACTIVE_URL: 2, BATCH_URL: 3}
 
 
 async def test_busier_lends_nothing_while_the_lenders_own_request_waits(autojump_clock: trio.testing.MockClock) -> None:
@@ -162,3 +176,47 @@ async def test_busier_lends_when_the_borrowers_engine_has_more_prompt_queued_for
     assert await seat_of_a_job_behind_a_long_prompt(streamed=True) == INTERACTIVE_URL
     # A whole answer's prefill is not seen (its first byte is its end): by seats, it stays home.
     assert await seat_of_a_job_behind_a_long_prompt(streamed=False) == BATCH_URL
+
+
+async def test_a_waiting_borrower_is_seated_when_the_ttft_evidence_goes_stale(autojump_clock: trio.testing.MockClock) -> None:
+    # No seat frees when a bound lifts with time alone: a timer offers the lender's idle seats then.
+    config = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), ttft_budget=1e-6))
+    async with router_over_engines(config) as fleet:
+        await run_to_end(fleet.router, chat("quick?", max_tokens=8, stream=True, request_id="own"))  # over budget
+        seated_at: dict[str, tuple[str, float]] = {}
+
+        async def job(request_id: str) -> None:
+            _, routing = await run_to_end(fleet.router, chat(f"job {request_id}", max_tokens=4000, request_id=request_id))
+            seated_at[request_id] = (routing.endpoint, routing.queue_seconds)  # type: ignore[attr-defined]
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for request_id in ("first", "second"):  # batch's one seat; the second waits: the lender is over budget
+                nursery.start_soon(job, request_id)
+                await trio.testing.wait_all_tasks_blocked()
+            assert fleet.router.statistics().pool("batch").queue.waiting == 1
+    lender, waited = seated_at["second"]
+    assert lender == INTERACTIVE_URL and waited <= FirstTokenWatch.STALE_AFTER  # seated when the evidence went stale...
+    assert seated_at["first"][0] == BATCH_URL and started + waited < started + 30  # ...long before batch's seat freed
+
+
+async def test_a_waiting_borrower_is_seated_when_the_lenders_own_peak_is_forgotten(autojump_clock: trio.testing.MockClock) -> None:
+    base = lending_config(batch_cap=1, lend=LendConfig(to=("batch",), max_prompt_tokens=200))
+    classes = tuple(dataclasses.replace(k, queue_timeout=100.0) for k in base.classes)  # longer than the peak lasts
+    config = dataclasses.replace(base, limits=LimitsConfig(output_cap_tokens=10_000), classes=classes)
+    async with router_over_engines(config) as fleet:
+        await run_to_end(fleet.router, chat("quick?", max_tokens=8, request_id="own"))  # its own, lately: the bound holds
+        seated: dict[str, tuple[str, float]] = {}
+
+        async def job(request_id: str, text: str, max_tokens: int) -> None:
+            _, routing = await run_to_end(fleet.router, chat(text, max_tokens=max_tokens, request_id=request_id))
+            seated[request_id] = (routing.endpoint, routing.queue_seconds)  # type: ignore[attr-defined]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(job, "hold", "a long job", 10_000)  # batch's one seat, for longer than the peak lasts (~80 s)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(job, "long-prompt", LONG_PROMPT, 8)  # over 200 tokens: waits while the peak stands
+            await trio.testing.wait_all_tasks_blocked()
+            assert fleet.router.statistics().pool("batch").queue.waiting == 1
+    endpoint, waited = seated["long-prompt"]
+    assert endpoint == INTERACTIVE_URL and waited <= 2 * RecentPeak.WINDOW

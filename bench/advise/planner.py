@@ -865,6 +865,7 @@ def _lend_rule(lend: LendConfig) -> str:
     rule += [f"output={lend.max_output_tokens}"] if lend.max_output_tokens is not None else []
     rule += [f"prefills={lend.prefills}"] if lend.prefills is not None else []
     rule += [f"when={lend.when}"] if lend.when != "full" else []
+    rule += [f"ttft={round(lend.ttft_budget * 1000)}"] if lend.ttft_budget is not None else []  # GPU ms, as advise's times are
     return ",".join(rule)
 
 
