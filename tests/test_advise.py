@@ -427,3 +427,15 @@ def test_traffic_without_a_short_request_is_advised_by_long_goodput_alone() -> N
     parsed = tomllib.loads(text)
     assert list(parsed["pools"]) == ["batch"] and len(parsed["pools"]["batch"]["endpoints"]) == 4
     assert {k: v["pool"] for k, v in parsed["classes"].items()} == {"interactive": "batch", "batch": "batch"}
+
+
+def test_the_report_says_how_much_of_the_traffic_is_short() -> None:
+    fleet = fleet_from(load_config(SHIPPED_CONFIG), 4)
+    arrivals = arrivals_from_trace(EXAMPLE_TRACE, 120.0)
+    mostly_long = [a for i, a in enumerate(arrivals) if a.kind == "long" or i % 10 == 0]
+    advice = advise(fleet, mostly_long, source="mostly long")
+    short = sum(a.kind == "short" for a in mostly_long) / len(mostly_long)
+    assert advice.short_share == pytest.approx(short) and short < 0.5
+    text = report(advice)
+    assert f"Short by the file's thresholds: {short:.0%} of the requests" in text and "compare the shared pool's row" in text
+    assert "compare the shared pool's row" not in report(advise(fleet, arrivals, source="example"))  # 82% short there

@@ -601,6 +601,8 @@ class Advice:
     wall_s: float = 0.0
     source: str = ""
     sharing: Sharing | None = None  # what the replay modelled of the prefix cache; None: every prompt unique
+    short_share: float = math.nan  # of the requests replayed, those short by the file's thresholds
+    short_token_share: float = math.nan  # of their prompt + max_tokens (where the replay knows both)
 
 
 def _ratio(value: float, base: float) -> float:
@@ -666,7 +668,19 @@ def advise(
     best, met = recommend(predictions)
     span = kept[-1].at if kept else 0.0
     window = span if math.isnan(seconds) else min(span, seconds)
-    return Advice(fleet, len(kept), dropped, window, ideal, shared, predictions, best, met, time.perf_counter() - started, source, sharing)
+    advice = Advice(fleet, len(kept), dropped, window, ideal, shared, predictions, best, met, time.perf_counter() - started, source, sharing)
+    advice.short_share, advice.short_token_share = class_shares(kept)
+    return advice
+
+
+def class_shares(arrivals: Sequence[Arrival]) -> tuple[float, float]:
+    """The share of ``arrivals`` that are short, and of their tokens (prompt + max_tokens, where known; NaN if none is)."""
+    if not arrivals:
+        return math.nan, math.nan
+    short = sum(a.kind == "short" for a in arrivals) / len(arrivals)
+    sized = [(a.kind, a.prompt_tokens + a.max_tokens) for a in arrivals if a.prompt_tokens is not None and a.max_tokens is not None]
+    total = sum(tokens for _, tokens in sized)
+    return short, (sum(tokens for kind, tokens in sized if kind == "short") / total if total else math.nan)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -807,6 +821,15 @@ def report(advice: Advice) -> str:
         verdict = (
             f"No candidate meets both bounds. Best trade-off (the least over them, then the most long goodput): {verdict[len('Recommended: ') :]}"
         )
+    mix = f"Short by the file's thresholds: {advice.short_share:.0%} of the requests" + (
+        "" if math.isnan(advice.short_token_share) else f", {advice.short_token_share:.0%} of their prompt and output tokens"
+    ) + "."
+    if advice.short_share < 0.5:  # the real traces' case (docs/pools.md): a split's latency engines idle while batch queues
+        mix += (
+            " Most requests are long here: a split gives the few short ones whole engines that long ones then lack;"
+            " compare the shared pool's row."
+        )
+    head = f"{head}\n\n{mix}"
     unmodelled = "Prefix cache: not modelled (--no-prefix-cache): every prompt is unique."
     cache = (unmodelled if advice.sharing is None else advice.sharing.summary()) + " Prefix hit rate: cached prompt tokens over those looked up, all engines."
     return "\n\n".join([head, cache, table(advice), verdict, "```toml\n" + snippet(fleet, best.candidate) + "```"]) + "\n"
