@@ -169,6 +169,7 @@ class Options:
     seats: int | None = None  # every engine's max_num_seqs (the simulator's override); None: the profiles'
     lend_rules: Sequence[LendRule] = (DEFAULT_LEND,)
     lend_back: bool = True  # the batch pool lends idle seats to interactive requests in the lend set-ups
+    interactive_profile: str = "latency"  # the split's interactive engines: tuned for latency, or as the batch ones
     batch_relay_interval: float = 0.0  # the batch class's relay_interval, GPU seconds (0: each event as it comes)
     rebalance: RebalanceSpec = RebalanceSpec()
     batch_seats: Sequence[int] = (16,)  # shared-limit: batch's class_max_concurrency per endpoint, one set-up each

@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--mix", choices=(*MIXES, "shift"), default="origin", help="traffic: the origin's, chat (short requests take most GPU time), "
         "or shift (chat, then the origin's, --phase-seconds each) (default %(default)s)")
     add("--phase-seconds", type=float, default=None, help="--mix shift: real s of each phase (default 120)")
+    add("--interactive-profile", choices=("latency", "throughput"), default="latency",
+        help="the split's interactive engines' profile: tuned for latency, or as the batch pool's (default %(default)s)")
     add("--seats", type=int, default=None, help="every engine's max_num_seqs (and its endpoint cap); default: the profiles' (64 latency, 256 throughput)")
     add("--lend-rule", action="append", default=None, metavar="RULE",
         help="the interactive pool's lending rule, e.g. prompt=512,reserve=8,seats=32,output=512; repeatable: one lend set-up "
@@ -158,6 +160,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         seats=args.seats,
         lend_rules=rules,
         lend_back=not args.no_lend_back,
+        interactive_profile=args.interactive_profile,
         batch_relay_interval=args.batch_relay_interval,
         rebalance=RebalanceSpec(hold=args.hold, threshold=args.threshold, cooldown=args.cooldown),
         batch_seats=batch_seats,

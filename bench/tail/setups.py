@@ -95,7 +95,8 @@ def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: Len
     assert split is not None
     interactive, batch = split
     latency_ports, batch_ports = ports[:interactive], ports[interactive:]
-    engines = [(p, "latency") for p in latency_ports] + [(p, "throughput") for p in batch_ports]
+    fast = options.interactive_profile  # "latency", or the batch pool's own tuning
+    engines = [(p, fast) for p in latency_ports] + [(p, "throughput") for p in batch_ports]
     if kind == "split-direct":
         return Setup(
             name,
@@ -104,7 +105,7 @@ def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: Len
             by_kind={"short": latency_ports, "long": batch_ports}, kind=kind, engines=engines, split=split,
         )
     pools = [
-        PoolSpec("interactive", [(p, seats["latency"]) for p in latency_ports], seats["latency"] * interactive, 256 * interactive),
+        PoolSpec("interactive", [(p, seats[fast]) for p in latency_ports], seats[fast] * interactive, 256 * interactive),
         PoolSpec("batch", [(p, seats["throughput"]) for p in batch_ports], seats["throughput"] * batch, 512 * batch),
     ]
     tables: list[str] = []
@@ -178,7 +179,7 @@ def setup_capacity(setup: Setup, options: Options, mix: dict[str, list[tuple[flo
 
 def split_capacity(split: tuple[int, int], mix: dict[str, list[tuple[float, int, int]]], options: Options | None = None) -> float:
     """The arrival rate at which the first of the two pools is full."""
-    latency = engine_params(options, "latency") if options else PROFILES["latency"]
+    latency = engine_params(options, options.interactive_profile) if options else PROFILES["latency"]
     throughput = engine_params(options, "throughput") if options else PROFILES["throughput"]
     if split[0] == 0 or split[1] == 0:
         return math.nan
