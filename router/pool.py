@@ -31,6 +31,7 @@ import math
 import random
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Literal
 
 import trio
 
@@ -159,8 +160,12 @@ class Lease:
     def first_byte(self, *, stream: bool) -> None:
         """The engine's first byte came: a borrowed request's prefill is over, an own stream's wait is measured."""
         self._prefill_seen()
-        if self.prefilling:
-            self.prefill_done()
+        if self.prefilling:  # a borrowed request's prefill is over: the endpoint may take another borrowed request
+            self.prefilling = False
+            self.endpoint.borrowed_prefilling -= 1
+            if self.pool.config.lend.prefills is not None:  # a borrower may be waiting on this bound alone
+                for borrower in self.pool.borrowers:
+                    borrower.queue.dispatch()
         elif stream and self.borrower is None and self.pool.config.lend.ttft_budget is not None:
             now = trio.current_time()
             self.endpoint.own_first_token.observe(now - self.granted_at, now)
@@ -170,16 +175,6 @@ class Lease:
         if self.prefill_tokens:
             self.endpoint.prefill_backlog -= self.prefill_tokens
             self.prefill_tokens = 0
-
-    def prefill_done(self) -> None:
-        """A borrowed request's prefill is over: the endpoint may take another borrowed request."""
-        if not self.prefilling:
-            return
-        self.prefilling = False
-        self.endpoint.borrowed_prefilling -= 1
-        if self.pool.config.lend.prefills is not None:  # a borrower may be waiting on this bound alone
-            for borrower in self.pool.borrowers:
-                borrower.queue.dispatch()
 
     def move(self, to: Placement) -> None:
         """Carry the seat to another endpoint of the pool (a retry); the pool's count is unchanged."""
@@ -491,9 +486,9 @@ class Pool:
         generation. What ``lend`` would refuse anyway is refused first, at
         no cost.
         """
-        lend = self.config.lend
-        if self.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats) or not self.would_lend(ticket):
+        if self._refusal(ticket) is not False:
             return False
+        lend = self.config.lend
         theirs = borrower.least_fill()
         if theirs is None:
             return False
@@ -550,17 +545,22 @@ class Pool:
         serve, a prompt over the prefill budget, max_tokens over its bound,
         or more than the engines' context.
         """
+        refused = self._refusal(ticket)
+        if refused is not False:
+            return refused
+        lease = self._seat(ticket, borrower)
+        if isinstance(lease, Lease):
+            self.lent += 1
+        return lease
+
+    def _refusal(self, ticket: Ticket) -> Skip | None | Literal[False]:
+        """Why ``lend`` would not seat ``ticket`` now: None (no seat for any borrower), SKIP (not for this one), False (nothing)."""
         lend = self.config.lend
         if self.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats):
             return None
         if self.in_flight + lend.reserve >= self.seats:
             return None
-        if not self.would_lend(ticket):
-            return SKIP
-        lease = self._seat(ticket, borrower)
-        if isinstance(lease, Lease):
-            self.lent += 1
-        return lease
+        return False if self.would_lend(ticket) else SKIP
 
     def would_lend(self, ticket: Ticket) -> bool:
         """Whether ``config.lend``'s rules let this pool's seats serve ``ticket`` at all (room aside):
