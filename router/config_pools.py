@@ -248,6 +248,9 @@ def _read_lend(table: Table, pool: str, max_concurrency: int | None) -> LendConf
     prefills = table.optional_integer("prefills", minimum=1)
     when = table.choice("when", _LEND_WHEN, LendConfig.when)
     ttft_budget = table.optional_number("ttft_budget", minimum=0.0)
+    max_imbalance = table.optional_number("max_imbalance", minimum=0.0)
+    if table.ok("max_imbalance") and max_imbalance is not None and max_imbalance > 1:
+        table.problem("max_imbalance", f"must be at most 1 (a share of the seats), got {max_imbalance:g}")
     table.finish()
     return LendConfig(
         to=tuple(to),
@@ -258,6 +261,7 @@ def _read_lend(table: Table, pool: str, max_concurrency: int | None) -> LendConf
         prefills=prefills,
         when=when,
         ttft_budget=ttft_budget,
+        max_imbalance=max_imbalance,
     )
 
 

@@ -294,7 +294,8 @@ def _max_model_len(pool: PoolConfig) -> str:
 def _lend(lend: LendConfig) -> str:
     bounds = [f"at most {lend.max_seats} seats" if lend.max_seats is not None else "any idle seat", f"keeps {lend.reserve} free"]
     if lend.max_prompt_tokens is not None:
-        bounds.append(f"prompts up to {lend.max_prompt_tokens} tokens")
+        yields = "" if lend.max_imbalance is None else f" (any, while the borrower is fuller by over {lend.max_imbalance:g} of the seats)"
+        bounds.append(f"prompts up to {lend.max_prompt_tokens} tokens{yields}")
     if lend.max_output_tokens is not None:
         bounds.append(f"max_tokens up to {lend.max_output_tokens}")
     if lend.ttft_budget is not None:

@@ -352,6 +352,11 @@ class LendConfig:
     # from seat to first byte (router/lend_budget.py), that endpoint takes no new borrowed request.
     # None: no such bound.
     ttft_budget: float | None = None
+    # Share of seats: while the borrower's least busy endpoint is fuller than this pool's would be by
+    # more than this, max_prompt_tokens does not bind. A split so uneven costs the borrower's requests
+    # more in slow steps than a long prompt here costs this pool's; how uneven it gets depends on the
+    # fleet (two engines 1:1 cannot absorb what four 1:3 can). None: the bound always binds.
+    max_imbalance: float | None = None
 
 
 @dataclass(frozen=True)

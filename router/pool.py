@@ -486,7 +486,7 @@ class Pool:
         generation. What ``lend`` would refuse anyway is refused first, at
         no cost.
         """
-        if self._refusal(ticket) is not False:
+        if self._refusal(ticket, borrower) is not False:
             return False
         lend = self.config.lend
         theirs = borrower.least_fill()
@@ -545,7 +545,7 @@ class Pool:
         serve, a prompt over the prefill budget, max_tokens over its bound,
         or more than the engines' context.
         """
-        refused = self._refusal(ticket)
+        refused = self._refusal(ticket, borrower)
         if refused is not False:
             return refused
         lease = self._seat(ticket, borrower)
@@ -553,26 +553,50 @@ class Pool:
             self.lent += 1
         return lease
 
-    def _refusal(self, ticket: Ticket) -> Skip | None | Literal[False]:
+    def _refusal(self, ticket: Ticket, borrower: Pool) -> Skip | None | Literal[False]:
         """Why ``lend`` would not seat ``ticket`` now: None (no seat for any borrower), SKIP (not for this one), False (nothing)."""
         lend = self.config.lend
         if self.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats):
             return None
         if self.in_flight + lend.reserve >= self.seats:
             return None
-        return False if self.would_lend(ticket) else SKIP
+        return False if self.would_lend(ticket, borrower) else SKIP
 
-    def would_lend(self, ticket: Ticket) -> bool:
-        """Whether ``config.lend``'s rules let this pool's seats serve ``ticket`` at all (room aside):
+    def would_lend(self, ticket: Ticket, borrower: Pool) -> bool:
+        """Whether ``config.lend``'s rules let this pool's seats serve ``borrower``'s ``ticket`` at all (room aside):
         a model it serves, a prompt within the prefill bound (while the pool has own requests to stall,
-        ``own_idle``), max_tokens within its bound, the engines' context."""
+        ``own_idle``, and the split is not too uneven, ``outweighed_by``), max_tokens within its bound,
+        the engines' context."""
         lend = self.config.lend
         return not (
             ticket.model not in self.config.models
-            or (lend.max_prompt_tokens is not None and ticket.prompt_tokens > lend.max_prompt_tokens and not self.own_idle())
+            or (
+                lend.max_prompt_tokens is not None
+                and ticket.prompt_tokens > lend.max_prompt_tokens
+                and not self.own_idle()
+                and not self.outweighed_by(borrower)
+            )
             or (lend.max_output_tokens is not None and ticket.max_tokens > lend.max_output_tokens)
             or ticket.prompt_tokens + ticket.max_tokens > self.config.max_model_len
         )
+
+    def outweighed_by(self, borrower: Pool) -> bool:
+        """``borrower``'s least busy endpoint is fuller than this pool's would be by more than ``lend.max_imbalance`` of its seats.
+
+        The prompt bound keeps this pool's own requests fast at the cost of
+        the borrower's; past that imbalance the borrower's requests lose more
+        (every step there runs more sequences) than a long prompt here costs,
+        so the bound yields until the two come back within it. A borrower
+        with no seat free is as uneven as it gets.
+        """
+        margin = self.config.lend.max_imbalance
+        if margin is None:
+            return False
+        mine = self.least_fill()
+        if mine is None:
+            return False
+        theirs = borrower.least_fill()
+        return theirs is None or theirs - mine > margin
 
     def seat_ended(self, lease: Lease) -> None:
         """Book-keeping of a released seat: its class's count, and the lent count."""
@@ -594,7 +618,7 @@ class Pool:
         deadline -- or at once, when the pool's drain rate says no seat
         would come within ``fail_fast_fraction`` of the time left to it.
         """
-        if not self.healthy and not any(lender.healthy and lender.would_lend(ticket) for lender in self.lenders):
+        if not self.healthy and not any(lender.healthy and lender.would_lend(ticket, self) for lender in self.lenders):
             # Where the router knows why (an engine refusing tailguard's key), the caller's message says so.
             why = "; ".join(sorted({e.auth_failure for e in self.endpoints if e.auth_failure is not None}))
             raise NoBackend(

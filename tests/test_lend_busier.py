@@ -134,6 +134,32 @@ def test_ttft_budget_is_read_checked_and_rendered() -> None:
     assert "pools.interactive.lend.ttft_budget" in str(raised.value)
 
 
+async def test_the_prompt_bound_yields_while_the_borrower_is_fuller_by_over_max_imbalance(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Both engines have 4 seats and long prompts: the third job would make batch 3/4 full against the
+    # lender's 1/4, an imbalance of 1/2 over the 1/4 allowed, so it is lent; the fourth (3/4 against 2/4) is not.
+    bounded = LendConfig(to=("batch",), when="busier", max_prompt_tokens=200)
+    _, held = await endpoints_of_batch_jobs(bounded, 4, prompt=LONG_PROMPT, warm=True)
+    assert held == {INTERACTIVE_URL: 0, BATCH_URL: 4}
+    _, yielded = await endpoints_of_batch_jobs(dataclasses.replace(bounded, max_imbalance=0.25), 4, prompt=LONG_PROMPT, warm=True)
+    assert yielded == {INTERACTIVE_URL: 1, BATCH_URL: 3}
+    _, short = await endpoints_of_batch_jobs(dataclasses.replace(bounded, max_imbalance=0.25), 4, warm=True)
+    assert short == {INTERACTIVE_URL: 1, BATCH_URL: 3}  # short prompts: "busier" alone, the reserve of 1 its own peak
+
+
+def test_max_imbalance_is_read_checked_and_rendered() -> None:
+    lend = '\n[pools.interactive.lend]\nto = ["batch"]\nmax_prompt_tokens = 512\n'
+    config = parse_config(BASE + lend + "max_imbalance = 0.2\n")
+    assert config.pool("interactive").lend.max_imbalance == 0.2
+    assert "fuller by over 0.2 of the seats" in render_config(config)
+    assert parse_config(BASE + lend).pool("interactive").lend.max_imbalance is None
+    for bad in ("0", "1.5", '"high"'):
+        with pytest.raises(ConfigError) as raised:
+            parse_config(BASE + lend + f"max_imbalance = {bad}\n")
+        assert "pools.interactive.lend.max_imbalance" in str(raised.value)
+
+
 async def in_flight_after_an_own_burst(burst: int, pause: float) -> dict[str, int]:
     """``burst`` own interactive requests run together and end, ``pause`` s pass, then 4 batch jobs under "busier": the in-flight counts."""
     config = lending_config(interactive_cap=4, batch_cap=4, lend=LendConfig(to=("batch",), when="busier"))

@@ -730,6 +730,8 @@ def _lend_lines(lend: LendConfig) -> list[str]:
         lines.append(f"reserve = {lend.reserve}")
         if lend.max_prompt_tokens is not None:
             lines.append(f"max_prompt_tokens = {lend.max_prompt_tokens}")
+        if lend.max_imbalance is not None:
+            lines.append(f"max_imbalance = {lend.max_imbalance:g}")
         if lend.max_output_tokens is not None:
             lines.append(f"max_output_tokens = {lend.max_output_tokens}")
         if lend.prefills is not None:
@@ -889,6 +891,7 @@ def _lend_rule(lend: LendConfig) -> str:
     rule += [f"prefills={lend.prefills}"] if lend.prefills is not None else []
     rule += [f"when={lend.when}"] if lend.when != "full" else []
     rule += [f"ttft={round(lend.ttft_budget * 1000)}"] if lend.ttft_budget is not None else []  # GPU ms, as advise's times are
+    rule += [f"imbalance={lend.max_imbalance:g}"] if lend.max_imbalance is not None else []
     return ",".join(rule)
 
 

@@ -67,6 +67,7 @@ class LendRule:
     prefills: int | None = None  # borrowed requests in prefill at once per endpoint (the stall bound)
     when: str = "full"  # "full" | "busier" (LendConfig.when)
     ttft_ms: int | None = None  # LendConfig.ttft_budget, GPU ms (the config gets it times the time scale)
+    max_imbalance: float | None = None  # LendConfig.max_imbalance: the share of seats past which the prompt bound yields
 
     _KEYS = {
         "prompt": "max_prompt_tokens",
@@ -76,12 +77,13 @@ class LendRule:
         "prefills": "prefills",
         "when": "when",
         "ttft": "ttft_ms",
+        "imbalance": "max_imbalance",
     }
 
     @classmethod
     def parse(cls, text: str) -> LendRule:
-        """``prompt=512,reserve=8,seats=32,output=512,prefills=1,when=busier,ttft=50`` (any of them; "none" or absent: unbounded)."""
-        values: dict[str, int | str | None] = {}
+        """``prompt=512,reserve=8,seats=32,output=512,prefills=1,when=busier,ttft=50,imbalance=0.1`` (any of them; "none" or absent: unbounded)."""
+        values: dict[str, int | float | str | None] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, _, value = item.partition("=")
             if key not in cls._KEYS:
@@ -90,6 +92,8 @@ class LendRule:
                 if value not in ("full", "busier"):
                     raise ValueError(f"--lend-rule {text!r}: when is full or busier, not {value!r}")
                 values["when"] = value
+            elif key == "imbalance":
+                values["max_imbalance"] = None if value in ("none", "") else float(value)
             else:
                 values[cls._KEYS[key]] = None if value in ("none", "") else int(value)
         if values.get("reserve") is None:
@@ -105,11 +109,12 @@ class LendRule:
         parts += [f"f{self.prefills}"] if self.prefills is not None else []
         parts += [self.when] if self.when != "full" else []
         parts += [f"t{self.ttft_ms}"] if self.ttft_ms is not None else []
+        parts += [f"i{self.max_imbalance:g}"] if self.max_imbalance is not None else []
         return " ".join(parts)
 
     def toml(self, lender: str, borrower: str, time_scale: float = 1.0) -> list[str]:
         lines = [f"[pools.{lender}.lend]", f'to = ["{borrower}"]', f"reserve = {self.reserve}", f'when = "{self.when}"']
-        for key in ("max_seats", "max_prompt_tokens", "max_output_tokens", "prefills"):
+        for key in ("max_seats", "max_prompt_tokens", "max_output_tokens", "prefills", "max_imbalance"):
             value = getattr(self, key)
             if value is not None:
                 lines.append(f"{key} = {value}")
