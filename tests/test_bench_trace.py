@@ -84,12 +84,18 @@ def test_every_setup_builds_on_the_default_split() -> None:
         "rr": "round robin",
         "split": "hand split 1:3",
         "tailguard": "tailguard 1:3",
-        "tailguard-even": "tailguard 1:3, throughput engines",
+        "tailguard-latency": "tailguard 1:3, latency-tuned interactive",
         "tailguard-shared": "tailguard shared",
     }
-    even = SETUPS["tailguard-even"](4, (1, 3), config)
-    assert {profile for _, profile in even.engines} == {"throughput"} and even.config is not None
-    assert [e.max_concurrency for p in even.config.pools for e in p.endpoints] == [256] * 4
+    shipped = SETUPS["tailguard"](4, (1, 3), config)
+    assert shipped.config is not None
+    assert {profile for _, profile in shipped.engines} == {pool.simulate_profile for pool in config.pools}
+    latency = SETUPS["tailguard-latency"](4, (1, 3), config)
+    assert latency.config is not None and dict(latency.engines) == {
+        **{url: "latency" for url in (e.url for e in latency.config.pool("interactive").endpoints)},
+        **{url: "throughput" for url in (e.url for e in latency.config.pool("batch").endpoints)},
+    }
+    assert [e.max_concurrency for p in latency.config.pools for e in p.endpoints] == [64, 256, 256, 256]
     routed = SETUPS["tailguard-shared"](4, (1, 3), config).config
     assert routed is not None and routed.limits.input_cap_tokens == 32767
 

@@ -161,7 +161,13 @@ def test_the_trace_bench_lends_as_the_shipped_config_does() -> None:
     lend = {pool.name: pool.lend for pool in setup.config.pools}
     assert lend == {pool.name: pool.lend for pool in load_config(SHIPPED_CONFIG).pools}
     shipped = lend["interactive"]
-    assert (shipped.to, shipped.when, shipped.prefills, shipped.max_prompt_tokens) == (("batch",), "busier", 1, 512)
+    assert (shipped.to, shipped.when, shipped.prefills, shipped.max_prompt_tokens, shipped.max_imbalance) == (
+        ("batch",),
+        "busier",
+        1,
+        512,
+        0.05,
+    )
 
 
 async def test_a_whole_answer_borrowed_under_the_bound_is_asked_as_a_stream_and_frees_the_bound_at_its_first_token(

@@ -139,6 +139,11 @@ def reports(jobs: Sequence[Job], results: dict[Job, PointResult]) -> list[PointR
     return out
 
 
+def profiles_summary(config: Config) -> str:
+    """Each pool's engine tuning, as the simulator models it."""
+    return ", ".join(f"{pool.name}: {pool.simulate_profile}" for pool in config.pools)
+
+
 def lend_summary(config: Config) -> str:
     """Each pool's lend rule, only the keys it sets away from the defaults."""
     default = dataclasses.asdict(LendConfig())
@@ -168,9 +173,10 @@ def header(args: argparse.Namespace, argv: Sequence[str], wall: float) -> list[s
         f"- Classes from `{args.config.name}`: short = prompt <= {bounds.prompt} and max_tokens <= {bounds.output};"
         " max_tokens = the trace's output length. Every set-up gets the same arrivals; a caller gives up at 120 s (timeout).",
         "- Set-ups: round robin over throughput engines (no router); the hand split, each class straight to its own engines"
-        " (latency engines for short, throughput for long; 1:1 at 2 engines, 1:3 at 4); tailguard over that split, lending as"
-        f" `{args.config.name}` says ({lend_summary(config)}); the same on throughput engines only (every engine with vLLM's"
-        " default tuning); tailguard shared: one pool of every throughput engine, short requests queued first."
+        " (latency engines for short, throughput for long; 1:1 at 2 engines, 1:3 at 4); tailguard over that split's engines,"
+        f" each pool's tuned as `{args.config.name}` says ({profiles_summary(config)}) and lending as it says"
+        f" ({lend_summary(config)}); the same with latency-tuned interactive engines (64 seats, 2,048-token steps);"
+        " tailguard shared: one pool of every throughput engine, short requests queued first."
         " Routed set-ups' input cap is raised to the context.",
         "- Percentiles over ok answers (nearest rank), ms; completed/s = ok answers over the schedule's span.",
         "- Repeatability: every point repeats exactly for its `--seed` (the arrivals, and the order Trio wakes same-instant"

@@ -75,26 +75,34 @@ def _tailguard(engines: int, split: tuple[int, int], config: Config) -> Setup:
     return routed_like(tailguard_split(*split, lend_rules_of(config)), config)
 
 
-def on_throughput_engines(setup: Setup) -> Setup:
-    """``setup`` with every engine and pool on the throughput profile: vLLM's default flags, no engine tuned for latency."""
+def on_profiles(setup: Setup, profiles: dict[str, str]) -> Setup:
+    """``setup`` with each pool's engines (and seats) on the profile ``profiles`` names for it; others as they are."""
     assert setup.config is not None
-    seats = SEATS["throughput"]
     pools = tuple(
         dataclasses.replace(
             pool,
-            endpoints=tuple(dataclasses.replace(e, max_concurrency=seats) for e in pool.endpoints),
-            max_concurrency=seats * len(pool.endpoints),
-            simulate_profile="throughput",
+            endpoints=tuple(dataclasses.replace(e, max_concurrency=SEATS[profile]) for e in pool.endpoints),
+            max_concurrency=SEATS[profile] * len(pool.endpoints),
+            simulate_profile=profile,  # type: ignore[arg-type]
         )
         for pool in setup.config.pools
+        for profile in [profiles.get(pool.name, pool.simulate_profile)]
     )
-    engines = tuple((url, "throughput") for url, _ in setup.engines)
+    engine_profile = {e.url: pool.simulate_profile for pool in pools for e in pool.endpoints}
+    engines = tuple((url, engine_profile.get(url, profile)) for url, profile in setup.engines)
     return dataclasses.replace(setup, engines=engines, config=dataclasses.replace(setup.config, pools=pools))
 
 
-def _tailguard_even(engines: int, split: tuple[int, int], config: Config) -> Setup:
-    setup = on_throughput_engines(_tailguard(engines, split, config))
-    return dataclasses.replace(setup, name=f"tailguard {split[0]}:{split[1]}, throughput engines")
+def _tailguard(engines: int, split: tuple[int, int], config: Config) -> Setup:
+    """The split's engines tuned as ``config``'s pools say (``simulate_profile``): the shipped file runs vLLM's defaults on both."""
+    setup = routed_like(tailguard_split(*split, lend_rules_of(config)), config)
+    return on_profiles(setup, {pool.name: pool.simulate_profile for pool in config.pools})
+
+
+def _tailguard_latency(engines: int, split: tuple[int, int], config: Config) -> Setup:
+    """The same, its interactive engines tuned for latency (64 seats, 2,048-token steps): what the file shipped before."""
+    setup = on_profiles(_tailguard(engines, split, config), {"interactive": "latency"})
+    return dataclasses.replace(setup, name=f"{setup.name}, latency-tuned interactive")
 
 
 def _tailguard_shared(engines: int, split: tuple[int, int], config: Config) -> Setup:
@@ -105,8 +113,8 @@ ROUND_ROBIN, HAND_SPLIT = "rr", "split"
 SETUPS: dict[str, SetupFactory] = {
     ROUND_ROBIN: _round_robin,  # no router: round robin over throughput engines
     HAND_SPLIT: _hand_split,  # no router: each class straight to its own engines
-    "tailguard": _tailguard,  # the hand split's engines as tailguard's pools, lending as the config says
-    "tailguard-even": _tailguard_even,  # the same pools, every engine on the throughput profile
+    "tailguard": _tailguard,  # the hand split's engines as tailguard's pools, tuned and lending as the config says
+    "tailguard-latency": _tailguard_latency,  # the same, its interactive engines latency-tuned
     "tailguard-shared": _tailguard_shared,  # one pool of every engine, short requests queued first
 }
 BASELINES = (ROUND_ROBIN, HAND_SPLIT)  # every run has them: the ratios are against them
