@@ -15,6 +15,7 @@ from typing import NamedTuple
 from .auth import Caller
 from .config_types import ClassConfig, Config
 from .errors import Forbidden, InvalidRequest, ModelNotFound
+from .fair_share import Share
 from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
 from .policies import rendezvous_order
 from .pool import Pool, Ticket
@@ -80,7 +81,8 @@ def decide(
         record.uncached_tokens = uncached(klass)
     key = prefix_key_of(request, pool.config.placement.blocks)
     record.prefix_group = prefix_group(key)
-    ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key)
+    share = Share(caller.name, caller.weight, prompt_tokens)
+    ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share)
     return Admitted(klass, pool, ticket, history)
 
 

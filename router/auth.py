@@ -32,6 +32,7 @@ class Caller:
     name: str
     may_force_classes: frozenset[str]
     max_concurrency: int | None  # requests in flight at most; None = no cap
+    weight: float = 1.0  # its fair share against other callers waiting for the same pool (router/fair_share.py)
 
 
 ANONYMOUS = Caller("anonymous", frozenset(), None)
@@ -70,7 +71,7 @@ class Authenticator:
 
     def __init__(self, auth: AuthConfig) -> None:
         self._callers: dict[str, Caller] = {
-            key.sha256: Caller(key.name, frozenset(key.may_force_classes), key.max_concurrency)
+            key.sha256: Caller(key.name, frozenset(key.may_force_classes), key.max_concurrency, key.weight)
             for key in auth.keys
         }
 

@@ -148,9 +148,10 @@ def _read_key(
     source, digest = _read_key_digest(table, in_keys_file=in_keys_file, environ=environ)
     classes = _read_force_classes(table, class_names)
     max_concurrency = table.optional_integer("max_concurrency", minimum=1)
+    weight = table.number("weight", ApiKeyConfig.weight, minimum=0.0)
     if not table.finish() or digest is None:
         return None
-    return table, source, ApiKeyConfig(name, digest, classes, max_concurrency)
+    return table, source, ApiKeyConfig(name, digest, classes, max_concurrency, weight)
 
 
 def _read_key_digest(

@@ -205,10 +205,10 @@ def _render_auth(auth: AuthConfig) -> list[str]:
     lines = ["auth (API keys; sha256 is the start of each key's digest)"]
     if auth.keys_file is not None:
         lines.append(f"  keys_file  {auth.keys_file}")
-    rows = [("name", "sha256", "may_force_classes", "max_concurrency")]
+    rows = [("name", "sha256", "may_force_classes", "max_concurrency", "weight")]
     rows += [
         (key.name, key.sha256[:8], ", ".join(sorted(key.may_force_classes)) or "none",
-         "no cap" if key.max_concurrency is None else str(key.max_concurrency))
+         "no cap" if key.max_concurrency is None else str(key.max_concurrency), f"{key.weight:g}")
         for key in auth.keys
     ]
     return lines + _aligned(rows, indent="  ")

@@ -129,6 +129,9 @@ class ApiKeyConfig:
     sha256: str = field(repr=False)  # lower-case hex digest of the key
     may_force_classes: frozenset[str] = frozenset()  # classes this caller may ask for
     max_concurrency: int | None = None  # its requests in flight at most; None = no cap
+    # Its share of a pool's seats against other callers waiting at the same priority (router/fair_share.py):
+    # tokens served in proportion to the weights. Default 1.
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)

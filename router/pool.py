@@ -42,6 +42,7 @@ from .endpoint import Closable as Closable
 from .endpoint import Closer as Closer
 from .endpoint import Endpoint
 from .errors import NoBackend
+from .fair_share import NO_SHARE, Share
 from .lend_budget import RecentPeak
 from .policies import EndpointPolicy, Placement, PlacementKind, policy_for
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
@@ -59,6 +60,8 @@ class Ticket:
     # When the request came (trio.current_time()): between equally urgent ones on two replicas, the older first.
     arrived: float = -math.inf
     prefix_key: bytes | None = None  # router/prefix_key.py, computed once at admission: where its prefix is cached
+    # The tenant it is for (the caller's name) and its weight: its fair share of the queue (router/fair_share.py).
+    share: Share = NO_SHARE
 
 
 @dataclass(frozen=True)
@@ -627,7 +630,7 @@ class Pool:
             )
         fraction = self.config.fail_fast_fraction
         max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
-        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait)
+        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait, share=ticket.share)
 
     def first_waiting(self) -> tuple[int, float] | None:
         """[cluster] (priority, arrival) of the request the next seat goes to, to compare with the other replicas.

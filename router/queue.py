@@ -2,7 +2,9 @@
 
 The owner (the GPU pool) decides *whether* a resource is free through its
 ``grant(ticket)`` callback; this queue only decides *who* gets it next: the
-lowest priority number first, first come first served within a number. A
+lowest priority number first; within a number, tenants in fair shares of
+the tokens served (router/fair_share.py), each tenant's own first come
+first served (callers without a share: arrival order, as one tenant). A
 waiter's ``ticket`` (what it asked with) lets the owner refuse one waiter
 and not the next (``SKIP``: a class at its own seat limit), so such a waiter
 never blocks the ones behind it that could be served.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -35,6 +38,7 @@ import outcome
 import trio
 
 from .errors import QueueFull, QueueTimeout
+from .fair_share import NO_SHARE, FairClock, Share
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -75,27 +79,29 @@ class WaitQueueStatistics:
 class _Waiter:
     """One parked ``get()``; ``alive`` turns False the moment it leaves."""
 
-    __slots__ = ("alive", "priority", "retry_after", "since", "task", "ticket")
+    __slots__ = ("alive", "priority", "retry_after", "share", "since", "tag", "task", "ticket")
 
     def __init__(
-        self, task: trio.lowlevel.Task, priority: int, retry_after: float, since: float, ticket: object
+        self, task: trio.lowlevel.Task, priority: int, retry_after: float, since: float, ticket: object, share: Share, tag: float
     ) -> None:
         self.task = task
         self.ticket = ticket
         self.priority = priority
+        self.share = share
+        self.tag = tag  # its start tag (FairClock): the order within its priority
         self.retry_after = retry_after
         self.since = since
         self.alive = True
 
 
-# (sort key, arrival sequence or its negation, waiter)
-_Entry = tuple[int, int, _Waiter]
+# (priority, start tag, arrival sequence; each negated in the worst-first heap), waiter
+_Entry = tuple[int, float, int, _Waiter]
 
 
 def _peek(heap: list[_Entry]) -> _Waiter | None:
     """The first live waiter of ``heap``, dropping dead entries on the way."""
     while heap:
-        waiter = heap[0][2]
+        waiter = heap[0][3]
         if waiter.alive:
             return waiter
         heapq.heappop(heap)
@@ -103,7 +109,7 @@ def _peek(heap: list[_Entry]) -> _Waiter | None:
 
 
 def _pruned(heap: list[_Entry]) -> list[_Entry]:
-    live = [entry for entry in heap if entry[2].alive]
+    live = [entry for entry in heap if entry[3].alive]
     heapq.heapify(live)
     return live
 
@@ -138,8 +144,9 @@ class WaitQueue(Generic[T, K]):
         self._drain_rate = drain_rate
         self.max_waiting = max_waiting
         self._arrivals = itertools.count()
+        self.fair = FairClock()
         # Both heaps hold every parked waiter: best first by (priority,
-        # arrival) for dispatch, worst first for displacement. Leaving only
+        # start tag, arrival) for dispatch, worst first for displacement. Leaving only
         # marks the waiter dead (as trio's Deadlines does); dead entries are
         # skipped when they surface and pruned once they are the majority.
         self._best: list[_Entry] = []
@@ -177,27 +184,34 @@ class WaitQueue(Generic[T, K]):
         self._max_waiting = value
 
     @trio.lowlevel.enable_ki_protection
-    def get_nowait(self, priority: int, ticket: K) -> T:
-        """Take a resource if one is free and no one as urgent is waiting.
+    def get_nowait(self, priority: int, ticket: K, share: Share = NO_SHARE) -> T:
+        """Take a resource if one is free and no one who comes first is waiting.
 
         Raises:
-          trio.WouldBlock: if a waiter with priority <= ``priority`` is
-            parked, or ``grant(ticket)`` has nothing to give.
+          trio.WouldBlock: if a waiter as urgent and as early in its share
+            is parked, or ``grant(ticket)`` has nothing to give.
         """
+        tag = self.fair.start(share)
         best = _peek(self._best)
-        if best is not None and best.priority <= priority:
-            raise trio.WouldBlock
-        value = self._grant(ticket)
+        value = None if best is not None and (best.priority, best.tag) <= (priority, tag) else self._grant(ticket)
         if value is None or isinstance(value, Skip):
+            self.fair.withdraw(share, tag)
             raise trio.WouldBlock
+        self.fair.granted(tag)
         return value
 
-    def ahead_of(self, priority: int) -> int:
-        """Parked waiters that will be served before a new arrival at ``priority``."""
-        return sum(count for level, count in self._by_priority.items() if level <= priority)
+    def ahead_of(self, priority: int, tag: float = math.inf) -> int:
+        """Parked waiters that will be served before a new arrival at ``priority`` with start tag ``tag``
+        (every one as urgent when no tag is given)."""
+        ahead = sum(count for level, count in self._by_priority.items() if level < priority)
+        if priority not in self._by_priority:
+            return ahead
+        if tag == math.inf:
+            return ahead + self._by_priority[priority]
+        return ahead + sum(1 for level, start, _, waiter in self._best if level == priority and start <= tag and waiter.alive)
 
-    def expected_wait(self, priority: int) -> float | None:
-        """Seconds an arrival at ``priority`` would wait now, or None when unknown.
+    def expected_wait(self, priority: int, tag: float = math.inf) -> float | None:
+        """Seconds an arrival at ``priority`` (start tag ``tag``) would wait now, or None when unknown.
 
         It needs one release for each waiter served before it and one for
         itself, at the owner's ``drain_rate()``. (Later, more urgent arrivals
@@ -206,11 +220,18 @@ class WaitQueue(Generic[T, K]):
         rate = self._drain_rate()
         if rate is None or rate <= 0:
             return None
-        return (self.ahead_of(priority) + 1) / rate
+        return (self.ahead_of(priority, tag) + 1) / rate
 
     @trio.lowlevel.enable_ki_protection
     async def get(
-        self, priority: int, deadline: float, ticket: K, *, retry_after: float, max_wait: float | None = None
+        self,
+        priority: int,
+        deadline: float,
+        ticket: K,
+        *,
+        retry_after: float,
+        max_wait: float | None = None,
+        share: Share = NO_SHARE,
     ) -> T:
         """Take a resource, waiting in line until ``deadline`` if none is free.
 
@@ -219,7 +240,8 @@ class WaitQueue(Generic[T, K]):
         ``max_wait`` (seconds), a request that cannot get a resource at once
         and whose :meth:`expected_wait` is over ``max_wait`` or past its
         deadline is refused without parking; None never refuses on the
-        estimate.
+        estimate. ``share`` is the tenant the request is for: within its
+        priority it waits in its tenant's fair share (router/fair_share.py).
 
         Raises:
           QueueFull: if the queue is at its bound and no less urgent waiter
@@ -228,11 +250,23 @@ class WaitQueue(Generic[T, K]):
             (at once) if the expected wait is over what this request may wait.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
+        tag = self.fair.start(share)
+        try:
+            return await self._get(priority, deadline, ticket, retry_after, max_wait, share, tag)
+        except BaseException:
+            self.fair.withdraw(share, tag)  # no seat: its prompt was not served
+            raise
+
+    async def _get(
+        self, priority: int, deadline: float, ticket: K, retry_after: float, max_wait: float | None, share: Share, tag: float
+    ) -> T:
+        """``get`` for a request whose start tag is ``tag``."""
         best = _peek(self._best)
-        behind = best is not None and best.priority <= priority  # someone as urgent waits already
+        behind = best is not None and (best.priority, best.tag) <= (priority, tag)  # someone who comes first waits already
         if not behind:
             value = self._grant(ticket)
             if value is not None and not isinstance(value, Skip):
+                self.fair.granted(tag)
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return value
 
@@ -246,14 +280,14 @@ class WaitQueue(Generic[T, K]):
                 retry_after=retry_after,
             )
         if max_wait is not None:
-            self._refuse_if_too_long(priority, min(max_wait, deadline - now), retry_after)
+            self._refuse_if_too_long(priority, tag, min(max_wait, deadline - now), retry_after)
         if self._waiting >= self._max_waiting:
-            self._make_room(priority, retry_after)
+            self._make_room(priority, tag, retry_after)
 
-        waiter = _Waiter(trio.lowlevel.current_task(), priority, retry_after, now, ticket)
+        waiter = _Waiter(trio.lowlevel.current_task(), priority, retry_after, now, ticket, share, tag)
         arrival = next(self._arrivals)
-        heapq.heappush(self._best, (priority, arrival, waiter))
-        heapq.heappush(self._worst, (-priority, -arrival, waiter))
+        heapq.heappush(self._best, (priority, tag, arrival, waiter))
+        heapq.heappush(self._worst, (-priority, -tag, -arrival, waiter))
         self._waiting += 1
         self._by_priority[priority] = self._by_priority.get(priority, 0) + 1
         if behind:
@@ -300,6 +334,7 @@ class WaitQueue(Generic[T, K]):
                     skipped.append(heapq.heappop(self._best))
                     continue
                 self._remove(waiter)
+                self.fair.granted(waiter.tag)
                 if waiter is me:
                     return value
                 self._granted_total += 1
@@ -323,7 +358,7 @@ class WaitQueue(Generic[T, K]):
             refused_early_total=self._refused_early_total,
         )
 
-    def _refuse_if_too_long(self, priority: int, budget: float, retry_after: float) -> None:
+    def _refuse_if_too_long(self, priority: int, tag: float, budget: float, retry_after: float) -> None:
         """Refuse now a request that would wait longer than ``budget`` seconds.
 
         Checked before a full queue displaces anyone: a request that would
@@ -332,25 +367,25 @@ class WaitQueue(Generic[T, K]):
         Raises:
           QueueTimeout: if :meth:`expected_wait` is known and over ``budget``.
         """
-        expected = self.expected_wait(priority)
+        expected = self.expected_wait(priority, tag)
         if expected is None or expected <= budget:
             return
         self._refused_early_total += 1
         raise QueueTimeout(
-            f"no slot is expected for {expected:.1f} s ({self.ahead_of(priority)} requests ahead), "
+            f"no slot is expected for {expected:.1f} s ({self.ahead_of(priority, tag)} requests ahead), "
             f"more than the {max(budget, 0.0):.1f} s this request may wait; retry after {retry_after:g} s",
             retry_after=retry_after,
         )
 
-    def _make_room(self, priority: int, retry_after: float) -> None:
-        """Displace the least urgent waiter if it is less urgent than us.
+    def _make_room(self, priority: int, tag: float, retry_after: float) -> None:
+        """Displace the waiter served last if it would be served after us: less urgent, or as urgent and further past its fair share.
 
         Raises:
-          QueueFull: if no parked waiter is less urgent than ``priority``.
+          QueueFull: if every parked waiter comes before (``priority``, ``tag``).
         """
         self._rejected_full_total += 1
         worst = _peek(self._worst)
-        if worst is None or worst.priority <= priority:
+        if worst is None or (worst.priority, worst.tag) <= (priority, tag):
             raise QueueFull(
                 f"queue full: {self._waiting} requests already waiting; "
                 f"retry after {retry_after:g} s",
@@ -359,7 +394,7 @@ class WaitQueue(Generic[T, K]):
         self._remove(worst)
         waited = trio.current_time() - worst.since
         error = QueueFull(
-            f"queue full: displaced by a more urgent request after waiting "
+            f"queue full: displaced by a request served before it after waiting "
             f"{waited:.1f} s; retry after {worst.retry_after:g} s",
             retry_after=worst.retry_after,
         )

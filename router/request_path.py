@@ -218,6 +218,8 @@ class RequestPath:
                     with trio.CancelScope(shield=True):  # hanging up must happen, and is quick
                         await response.aclose()
             finally:
+                record.finish_tokens()  # what it generated, if no usage said
+                pool.queue.fair.charge(ticket.share, record.completion_tokens or 0)  # its tenant's fair share, settled
                 lease.release()
 
     async def _start_call(

@@ -1,0 +1,83 @@
+"""Fair shares of a queue's seats between tenants: start-time fair queuing over tokens.
+
+First come, first served across callers lets one tenant's burst push every
+other tenant's requests to the back of the line. Within one priority the
+queue orders waiters instead by a *start tag* (Goyal et al., "Start-time
+Fair Queuing", SIGCOMM '96), counted in tokens as the virtual token counter
+of Sheng et al. ("Fairness in Serving Large Language Models", OSDI '24)
+does, because a request is no unit of GPU work:
+
+- each tenant has a finish tag ``F``, the tokens it has been served so far
+  over its ``weight``; the clock ``V`` is the largest start tag granted;
+- a request starts at ``S = max(V, F)`` and moves ``F`` on by its prompt
+  tokens over the weight; the tokens it generates are added when it ends
+  (:meth:`FairClock.charge`), so ``F`` only grows and one tenant's own
+  requests keep their arrival order;
+- ``max(V, F)``: a tenant idle for a while starts at the clock, not with
+  credit banked while it was away, so the scheme is work-conserving and an
+  idle tenant's share goes to whoever waits, without a later burst of its
+  own starving anyone.
+
+A single tenant, or callers without a share, get the arrival order they had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["NO_SHARE", "FairClock", "Share"]
+
+
+@dataclass(frozen=True)
+class Share:
+    """Who a request is for and what it costs at admission: its tenant, the tenant's weight, its prompt tokens."""
+
+    tenant: str
+    weight: float = 1.0
+    tokens: int = 0
+
+
+NO_SHARE = Share("")
+
+
+class FairClock:
+    """The tags of one queue: a finish tag per tenant that has one above the clock, and the clock."""
+
+    __slots__ = ("_finish", "_forget_at", "virtual")
+
+    def __init__(self) -> None:
+        self.virtual = 0.0  # V: the largest start tag granted a seat
+        self._finish: dict[str, float] = {}
+        self._forget_at = 64  # prune tenants at or below the clock once this many are kept
+
+    def start(self, share: Share) -> float:
+        """The start tag of a request for ``share`` arriving now; its prompt tokens are charged to its tenant."""
+        tag = max(self.virtual, self._finish.get(share.tenant, 0.0))
+        self._finish[share.tenant] = tag + share.tokens / share.weight
+        if len(self._finish) >= self._forget_at:
+            self._forget()
+        return tag
+
+    def granted(self, tag: float) -> None:
+        """A request with this start tag got its seat: the clock moves to it."""
+        if tag > self.virtual:
+            self.virtual = tag
+
+    def withdraw(self, share: Share, tag: float) -> None:
+        """A request that got no seat (refused, timed out, displaced, gone) hands back its charge, if nothing was charged since."""
+        if self._finish.get(share.tenant) == tag + share.tokens / share.weight:
+            self._finish[share.tenant] = tag
+
+    def charge(self, share: Share, tokens: int) -> None:
+        """``tokens`` more served to ``share``'s tenant (those a request generated, counted at its end)."""
+        if tokens > 0:
+            self._finish[share.tenant] = max(self.virtual, self._finish.get(share.tenant, 0.0)) + tokens / share.weight
+
+    def finish(self, tenant: str) -> float:
+        """The tenant's finish tag, or the clock when it has none above it (for tests and metrics)."""
+        return max(self.virtual, self._finish.get(tenant, 0.0))
+
+    def _forget(self) -> None:
+        """Drop tenants at or below the clock (they start there anyway), keeping the table as small as who is ahead of it."""
+        self._finish = {tenant: tag for tenant, tag in self._finish.items() if tag > self.virtual}
+        self._forget_at = max(64, 2 * len(self._finish))

@@ -1,0 +1,159 @@
+"""Fair shares between tenants waiting at one priority: start tags over tokens (router/fair_share.py, router/queue.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import pytest
+import trio
+import trio.testing
+
+from tailguard.router.auth import Caller
+from tailguard.router.config import ConfigError, parse_config
+from tailguard.router.config_render import render_config
+from tailguard.router.errors import QueueFull
+from tailguard.router.fair_share import FairClock, Share
+from tests.router_helpers import chat, router_over_engines, two_pool_config, with_digest
+from tests.test_config import BASE
+from tests.test_queue import Slots
+
+A, B = Share("a", tokens=100), Share("b", tokens=100)
+
+
+def test_one_tenants_tags_keep_its_arrival_order_and_an_idle_one_starts_at_the_clock() -> None:
+    clock = FairClock()
+    tags = [clock.start(A) for _ in range(3)]
+    assert tags == [0.0, 100.0, 200.0]
+    clock.granted(tags[1])
+    assert clock.start(B) == 100.0  # B was idle: it starts at the clock, with no credit banked
+    clock.charge(A, 50)  # A's first request generated 50 tokens
+    assert clock.finish("a") == 350.0 and clock.start(A) == 350.0
+
+
+def test_weights_divide_the_charge_and_a_refused_request_hands_its_charge_back() -> None:
+    clock = FairClock()
+    heavy = Share("heavy", weight=4.0, tokens=100)
+    assert [clock.start(heavy) for _ in range(2)] == [0.0, 25.0]
+    tag = clock.start(A)
+    clock.withdraw(A, tag)
+    assert clock.finish("a") == tag  # nothing charged since: it is as if it never came
+    first, second = clock.start(A), clock.start(A)
+    clock.withdraw(A, first)  # a later request was charged: its tag stays, so A's order holds
+    assert clock.finish("a") == second + 100
+
+
+async def parked(slots: Slots, share: Share, order: list[str], name: str, *, priority: int = 0) -> None:
+    await slots.queue.get(priority, math.inf, None, retry_after=1.0, share=share)
+    order.append(name)
+
+
+async def test_a_light_tenant_is_served_before_a_heavy_ones_backlog(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(1)
+    slots.queue.get_nowait(0, None, A)
+    order: list[str] = []
+    async with trio.open_nursery() as nursery:
+        for i in range(5):  # A's backlog: five more of its requests, queued first
+            nursery.start_soon(parked, slots, A, order, f"a{i}")
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(parked, slots, B, order, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        # A was served 100 tokens and B none: B's start tag (0) is before A's first waiter's (100)
+        assert (slots.queue.ahead_of(0), slots.queue.ahead_of(0, 50.0)) == (6, 1)
+        for _ in range(6):
+            slots.release()
+            await trio.testing.wait_all_tasks_blocked()
+    assert order == ["b", "a0", "a1", "a2", "a3", "a4"]
+
+
+async def test_without_shares_the_order_is_arrival_and_priority_still_comes_first(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(1)
+    slots.queue.get_nowait(0, None)
+    order: list[str] = []
+    async with trio.open_nursery() as nursery:
+        for name, share, priority in (("x0", Share(""), 1), ("x1", Share(""), 1), ("b", B, 1), ("urgent", A, 0)):
+            nursery.start_soon(partial(parked, slots, share, order, name, priority=priority))
+            await trio.testing.wait_all_tasks_blocked()
+        for _ in range(4):
+            slots.release()
+            await trio.testing.wait_all_tasks_blocked()
+    assert order[0] == "urgent" and order[1:] == ["x0", "x1", "b"]
+
+
+async def test_weights_three_to_one_share_the_tokens_three_to_one(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(2)
+    heavy, light = Share("three", weight=3.0, tokens=100), Share("one", weight=1.0, tokens=100)
+    served = {"three": 0, "one": 0}
+
+    async def backlogged(share: Share) -> None:
+        while True:  # bounded by the nursery's deadline below
+            await slots.queue.get(0, math.inf, None, retry_after=1.0, share=share)
+            served[share.tenant] += share.tokens
+            await trio.sleep(1.0)
+            slots.queue.fair.charge(share, 50)  # what it generated
+            slots.release()
+
+    with trio.move_on_after(300):
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(backlogged, heavy)
+                nursery.start_soon(backlogged, light)
+    assert served["three"] / served["one"] == pytest.approx(3.0, rel=0.1)
+
+
+async def test_a_full_queue_displaces_the_waiter_furthest_past_its_share(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(1, max_waiting=2)
+    slots.queue.get_nowait(0, None, A)
+    outcomes: dict[str, str] = {}
+
+    async def wait(name: str, share: Share) -> None:
+        try:
+            await slots.queue.get(0, math.inf, None, retry_after=1.0, share=share)
+            outcomes[name] = "served"
+        except QueueFull:
+            outcomes[name] = "full"
+
+    async with trio.open_nursery() as nursery:
+        for name, share in (("a0", A), ("a1", A), ("b", B), ("a2", A)):
+            nursery.start_soon(wait, name, share)
+            await trio.testing.wait_all_tasks_blocked()
+        for _ in range(2):
+            slots.release()
+            await trio.testing.wait_all_tasks_blocked()
+    # B came third to a queue of two A's: A's newest made room; A's next found B and a0 before it.
+    assert outcomes == {"a1": "full", "a2": "full", "a0": "served", "b": "served"}
+
+
+async def test_the_router_queues_each_caller_in_its_share(autojump_clock: trio.testing.MockClock) -> None:
+    base = two_pool_config(interactive_cap=1, interactive_timeout=60.0)
+    config = with_digest(base, "fair")
+    heavy, light = Caller("heavy", frozenset(), None), Caller("light", frozenset(), None)
+    order: list[str] = []
+    async with router_over_engines(config) as fleet:
+
+        async def ask(caller: Caller, request_id: str) -> None:
+            request = chat("quick?", max_tokens=8, request_id=request_id)
+            with trio.CancelScope(deadline=fleet.router.deadline_for(request)):
+                async with fleet.router.open(request, caller=caller) as completion:
+                    order.append(request_id)
+                    await completion.read()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(ask, heavy, f"heavy{i}")
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(ask, light, "light")
+    assert order == ["heavy0", "light", "heavy1", "heavy2", "heavy3"]  # first come, first served would put light last
+
+
+def test_weight_is_read_checked_and_rendered() -> None:
+    keys = '\n[[auth.keys]]\nname = "big"\nkey_sha256 = "' + "a" * 64 + '"\n'
+    config = parse_config(BASE + keys + "weight = 3\n")
+    assert config.auth.keys[0].weight == 3.0
+    assert dataclasses.replace(config.auth.keys[0], weight=1.0) == parse_config(BASE + keys).auth.keys[0]
+    assert "weight" in render_config(config)
+    for bad in ("0", "-1", '"high"'):
+        with pytest.raises(ConfigError) as raised:
+            parse_config(BASE + keys + f"weight = {bad}\n")
+        assert "auth.keys[0].weight" in str(raised.value)
