@@ -27,6 +27,7 @@ from .config_types import (
     PlacementMode,
     PoolConfig,
     PromptBound,
+    QueueOrder,
     RebalanceMode,
     SimulateProfile,
 )
@@ -45,6 +46,7 @@ _PLACEMENT_MODES: tuple[PlacementMode, ...] = get_args(PlacementMode)
 _PROMPT_BOUNDS: tuple[PromptBound, ...] = get_args(PromptBound)
 _CACHE_SALT_MODES: tuple[CacheSaltMode, ...] = get_args(CacheSaltMode)
 _LEND_WHEN: tuple[LendWhen, ...] = get_args(LendWhen)
+_QUEUE_ORDERS: tuple[QueueOrder, ...] = get_args(QueueOrder)
 # The key covers at most this many leading blocks (4,096 tokens, ~16 KiB of text): its cost grows with them.
 MAX_AFFINITY_BLOCKS = 256
 _DNS_SCHEMES: tuple[DnsScheme, ...] = get_args(DnsScheme)
@@ -86,6 +88,7 @@ def _read_pool(
             "fail_fast_fraction",
             f"must be at most 1 (a fraction of the class's queue_timeout; 0 turns it off), got {fail_fast:g}",
         )
+    queue_order = table.choice("queue_order", _QUEUE_ORDERS, PoolConfig.queue_order)
     first_byte = table.number("first_byte_timeout", PoolConfig.first_byte_timeout, minimum=0.0)
     health_check = table.choice("health_check", _HEALTH_CHECKS, PoolConfig.health_check)
     unhealthy_threshold = table.integer("unhealthy_threshold", PoolConfig.unhealthy_threshold, minimum=1)
@@ -120,6 +123,7 @@ def _read_pool(
         models=models,
         simulate_profile=profile,
         fail_fast_fraction=fail_fast,
+        queue_order=queue_order,
         first_byte_timeout=first_byte,
         health_check=health_check,
         unhealthy_threshold=unhealthy_threshold,

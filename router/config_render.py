@@ -250,6 +250,7 @@ def _render_pool(pool: PoolConfig) -> list[str]:
         ("models", ", ".join(pool.models)),
         ("simulate_profile", pool.simulate_profile),
         ("fail_fast_fraction", _fail_fast(pool.fail_fast_fraction)),
+        ("queue_order", "callers in fair shares of the tokens served" if pool.queue_order == "fair" else "arrival, across callers"),
         ("first_byte_timeout", _seconds(pool.first_byte_timeout)),
         (
             "health_check",

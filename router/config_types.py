@@ -182,6 +182,7 @@ class TracingConfig:
 
 RebalanceMode = Literal["auto", "off"]
 LendWhen = Literal["full", "busier"]  # LendConfig.when
+QueueOrder = Literal["fair", "arrival"]  # PoolConfig.queue_order
 
 
 @dataclass(frozen=True)
@@ -380,6 +381,9 @@ class PoolConfig:
     # Refuse at arrival a request whose expected wait (from the pool's measured
     # drain rate) is over this fraction of the time its class may queue; 0 = off.
     fail_fast_fraction: float = 1.0
+    # Within a priority: "fair", callers (API keys; anonymous ones as one) in shares of the tokens served
+    # (router/fair_share.py); "arrival", first come first served across callers.
+    queue_order: QueueOrder = "fair"
     # Streams only: seconds from sending a request to the stream's first event;
     # past it the call fails (counts for outlier detection) and is retried
     # elsewhere once. (vLLM sends a non-streaming body only when generation

@@ -630,7 +630,8 @@ class Pool:
             )
         fraction = self.config.fail_fast_fraction
         max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
-        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait, share=ticket.share)
+        share = ticket.share if self.config.queue_order == "fair" else NO_SHARE
+        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait, share=share)
 
     def first_waiting(self) -> tuple[int, float] | None:
         """[cluster] (priority, arrival) of the request the next seat goes to, to compare with the other replicas.

@@ -157,3 +157,35 @@ def test_weight_is_read_checked_and_rendered() -> None:
         with pytest.raises(ConfigError) as raised:
             parse_config(BASE + keys + f"weight = {bad}\n")
         assert "auth.keys[0].weight" in str(raised.value)
+
+
+async def test_queue_order_arrival_serves_callers_first_come_first_served(autojump_clock: trio.testing.MockClock) -> None:
+    base = two_pool_config(interactive_cap=1, interactive_timeout=60.0)
+    interactive, batch = base.pools
+    config = with_digest(base, "fifo", pools=(dataclasses.replace(interactive, queue_order="arrival"), batch))
+    heavy, light = Caller("heavy", frozenset(), None), Caller("light", frozenset(), None)
+    order: list[str] = []
+    async with router_over_engines(config) as fleet:
+
+        async def ask(caller: Caller, request_id: str) -> None:
+            request = chat("quick?", max_tokens=8, request_id=request_id)
+            with trio.CancelScope(deadline=fleet.router.deadline_for(request)):
+                async with fleet.router.open(request, caller=caller) as completion:
+                    order.append(request_id)
+                    await completion.read()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(ask, heavy, f"heavy{i}")
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(ask, light, "light")
+    assert order == ["heavy0", "heavy1", "heavy2", "light"]
+
+
+def test_queue_order_is_read_checked_and_rendered() -> None:
+    config = parse_config(BASE.replace("[pools.interactive]\n", '[pools.interactive]\nqueue_order = "arrival"\n', 1))
+    assert (config.pool("interactive").queue_order, config.pool("batch").queue_order) == ("arrival", "fair")
+    assert "arrival, across callers" in render_config(config)
+    with pytest.raises(ConfigError) as raised:
+        parse_config(BASE.replace("[pools.interactive]\n", '[pools.interactive]\nqueue_order = "lifo"\n', 1))
+    assert "pools.interactive.queue_order" in str(raised.value)
