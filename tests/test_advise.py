@@ -178,8 +178,8 @@ def test_snippet_for_a_lending_candidate_is_a_config_fragment(example_advice: tu
     advice, _ = example_advice
     candidate = next(p.candidate for p in advice.predictions if p.candidate.name.startswith("2:2 lend") and p.candidate.lend.max_seats)
     pools = tomllib.loads(snippet(advice.fleet, candidate))["pools"]
-    assert [e["max_concurrency"] for e in pools["interactive"]["endpoints"]] == [64, 64]
-    assert pools["interactive"]["max_concurrency"] == 128 and pools["batch"]["max_concurrency"] == 512
+    assert [e["max_concurrency"] for e in pools["interactive"]["endpoints"]] == [256, 256]
+    assert pools["interactive"]["max_concurrency"] == 512 and pools["batch"]["max_concurrency"] == 512
     assert pools["interactive"]["lend"]["to"] == ["batch"]
     assert pools["interactive"]["lend"]["max_seats"] == candidate.lend.max_seats
 
@@ -273,10 +273,10 @@ def test_the_real_time_check_command_names_the_candidates_set_up(example_advice:
     assert static is not None
     assert "--engines 4 --split 1:3" in static and "--setup disaggregated" in static and "--lend-rule" not in static
     assert "--warmup 0 --seconds 13 " in static  # the trace's 3 GPU s at time scale 4, all of it measured
-    lending = tail_command(advice, by_name["2:2 lend 64, keep 32"], EXAMPLE_TRACE, Path("s"))
-    assert lending is not None and "--setup lend --lend-rule reserve=32,seats=64 --no-lend-back" in lending
-    both = tail_command(advice, by_name["2:2 lend any idle, keep 8; batch lends back"], EXAMPLE_TRACE, Path("s"))
-    assert both is not None and "--lend-rule reserve=8 " in both and "--no-lend-back" not in both
+    lending = tail_command(advice, by_name["2:2 lend 256, keep 128"], EXAMPLE_TRACE, Path("s"))
+    assert lending is not None and "--setup lend --lend-rule reserve=128,seats=256 --no-lend-back" in lending
+    both = tail_command(advice, by_name["2:2 lend any idle, keep 32; batch lends back"], EXAMPLE_TRACE, Path("s"))
+    assert both is not None and "--lend-rule reserve=32 " in both and "--no-lend-back" not in both
 
 
 def test_compare_reads_bench_tail_samples_in_gpu_time(example_advice: tuple[Advice, float], tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def test_check_config_prints_the_effective_settings(capsys: pytest.CaptureFixtur
 
 def test_check_config_lists_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = (ROOT / "config.toml").read_text()
-    broken = text.replace("max_queue = 256", "max_queue = -1").replace("[limits]", "[limits]\nbogus = 1", 1)
+    broken = text.replace("max_queue = 1024", "max_queue = -1").replace("[limits]", "[limits]\nbogus = 1", 1)
     path = tmp_path / "broken.toml"
     path.write_text(broken)
     assert main(["check-config", str(path)]) == 2
@@ -240,7 +240,7 @@ def test_listen_flags_are_checked_like_the_config_keys(value: str, capsys: pytes
 
 def test_check_config_takes_config_as_serve_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "mine.toml"
-    path.write_text((ROOT / "config.toml").read_text().replace("max_queue = 256", "max_queue = 77"))
+    path.write_text((ROOT / "config.toml").read_text().replace("max_queue = 1024", "max_queue = 77"))
     assert main(["check-config", "--config", str(path)]) == 0
     by_flag = capsys.readouterr().out
     assert main(["check-config", str(path)]) == 0
@@ -256,7 +256,7 @@ def test_a_config_toml_in_the_working_directory_wins_over_the_shipped_one(
     monkeypatch.chdir(tmp_path)
     assert main(["check-config"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"config file: {ROOT / 'config.toml'}"
-    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text().replace("max_queue = 256", "max_queue = 77"))
+    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text().replace("max_queue = 1024", "max_queue = 77"))
     assert main(["check-config"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"config file: {tmp_path / 'config.toml'}" and "77" in out

@@ -31,6 +31,7 @@ from tailguard.router import error_spec, errors
 from tailguard.router.config import load_config, parse_config
 from tailguard.router.config_types import Config, EndpointConfig, PoolConfig, TimeoutsConfig
 from tailguard.server.grpc import api as grpc_api
+from tailguard.sim.params import PROFILES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -142,10 +143,15 @@ def test_limits_doc_follows_the_config() -> None:
 # -- docs/deployment.md: vLLM -----------------------------------------------------
 
 
-def vllm_commands() -> list[dict[str, str]]:
-    """Each documented ``vllm serve`` command as {flag: value} (switches map to "")."""
+def vllm_commands(language: str = "sh") -> list[dict[str, str]]:
+    """Each documented ``vllm serve`` command as {flag: value} (switches map to "").
+
+    ``"sh"``: the commands of the shipped config's engines. The optional
+    latency-tuned engine's block is tagged ``sh optional-latency`` (Markdown
+    highlights it by its first word), so it is not one of them.
+    """
     commands = []
-    for block in code_blocks(DOCS / "deployment.md", "sh"):
+    for block in code_blocks(DOCS / "deployment.md", language):
         words = shlex.split(block.replace("\\\n", " "), comments=True)
         if "vllm" not in words:
             continue
@@ -187,12 +193,33 @@ def test_vllm_commands_match_the_shipped_endpoints(shipped: Config) -> None:
     assert documented_ports == shipped_ports, "one vllm serve command per endpoint of config.toml"
 
 
-def test_latency_pool_has_the_smaller_step_budget(shipped: Config) -> None:
-    budget = {}
+def test_each_engine_runs_the_tuning_its_pool_simulates(shipped: Config) -> None:
+    """--simulate and the benchmarks model each engine by its pool's simulate_profile:
+    the documented command must run that profile's seats and step budget."""
     for flags in vllm_commands():
-        pool, _ = endpoint_on_port(shipped, int(flags["--port"]))
-        budget[pool.simulate_profile] = int(flags["--max-num-batched-tokens"])
-    assert budget["latency"] <= 2048 < 8192 <= budget["throughput"]
+        pool, endpoint = endpoint_on_port(shipped, int(flags["--port"]))
+        profile = PROFILES[pool.simulate_profile]
+        assert int(flags["--max-num-seqs"]) == profile.max_num_seqs == endpoint.max_concurrency, pool.name
+        assert int(flags["--max-num-batched-tokens"]) == profile.max_num_batched_tokens, pool.name
+    # Both pools' engines are tuned alike: the router, not engine flags, keeps short requests fast.
+    assert {pool.simulate_profile for pool in shipped.pools} == {"throughput"}
+
+
+def test_optional_latency_tuned_engine_is_the_latency_profile(shipped: Config) -> None:
+    """The optional command replaces the interactive engine, changing only its seats and step budget,
+    and the config it names matches: endpoint cap = --max-num-seqs, simulate_profile "latency"."""
+    [optional] = vllm_commands("sh optional-latency")
+    profile = PROFILES["latency"]
+    assert int(optional["--max-num-seqs"]) == profile.max_num_seqs
+    assert int(optional["--max-num-batched-tokens"]) == profile.max_num_batched_tokens
+    pool, _ = endpoint_on_port(shipped, int(optional["--port"]))
+    assert pool.name == "interactive"
+    [replaced] = [flags for flags in vllm_commands() if flags["--port"] == optional["--port"]]
+    assert optional.keys() == replaced.keys()
+    assert {flag for flag in optional if optional[flag] != replaced[flag]} == {"--max-num-seqs", "--max-num-batched-tokens"}
+    text = " ".join((DOCS / "deployment.md").read_text(encoding="utf-8").split())
+    assert f"`max_concurrency = {profile.max_num_seqs}`" in text
+    assert '`simulate_profile = "latency"`' in text
 
 
 def test_tailguard_snippets_match_the_shipped_config(shipped: Config) -> None:

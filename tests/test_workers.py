@@ -81,7 +81,7 @@ async def test_two_workers_share_the_port_and_the_caps_restart_and_stop_on_signa
             served = [requests_served((await client.get(url + "/metrics")).text) for url in own]
             assert sum(served) == 40 and min(served) > 0, served  # both workers served some
 
-            path.write_text(text.replace("max_queue = 256", "max_queue = 200"))
+            path.write_text(text.replace("max_queue = 1024", "max_queue = 200"))
             process.send_signal(signal.SIGHUP)  # each worker reloads the file
             with trio.fail_after(10):
                 while True:

@@ -25,9 +25,9 @@ async def test_two_workers_place_one_prefix_on_one_engine(tmp_path: Path) -> Non
     async with engines_on_sockets([QUICK, QUICK, QUICK]) as backends:
         first, second, batch = backends.urls
         text = (ROOT / "config.toml").read_text()
-        old = '    { url = "http://127.0.0.1:8001", max_concurrency = 64 },\n'
+        old = '    { url = "http://127.0.0.1:8001", max_concurrency = 256 },\n'
         assert text.count(old) == 1
-        text = text.replace(old, f'    {{ url = "{first}", max_concurrency = 32 }},\n    {{ url = "{second}", max_concurrency = 32 }},\n')
+        text = text.replace(old, f'    {{ url = "{first}", max_concurrency = 128 }},\n    {{ url = "{second}", max_concurrency = 128 }},\n')
         text = text.replace("http://127.0.0.1:8002", batch).replace("127.0.0.1:8080", f"127.0.0.1:{http}")
         text = text.replace("reload_poll_interval = 1.0", "reload_poll_interval = 0").replace("drain_timeout = 30.0", "drain_timeout = 5.0")
         path = tmp_path / "config.toml"
