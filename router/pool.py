@@ -46,6 +46,7 @@ from .fair_share import NO_SHARE, Share
 from .lend_budget import RecentPeak
 from .policies import EndpointPolicy, Placement, PlacementKind, policy_for
 from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
+from .retry_hint import whole_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,8 +612,13 @@ class Pool:
         if lease.borrower is not None:
             self.lent -= 1
 
-    async def admit(self, priority: int, deadline: float, ticket: Ticket, *, retry_after: float) -> Lease:
+    async def admit(
+        self, priority: int, deadline: float, ticket: Ticket, *, retry_after: float, recheck_in: float | None = None
+    ) -> Lease:
         """A lease, waiting until ``deadline`` if need be.
+
+        ``retry_after`` is the floor of every refusal's hint; ``recheck_in``
+        the seconds to the next health check, when an endpoint may come back.
 
         Raises NoBackend at once when no endpoint is healthy and no lender
         with a healthy one would take the request (waiting would only rot: a
@@ -624,14 +630,22 @@ class Pool:
         if not self.healthy and not any(lender.healthy and lender.would_lend(ticket, self) for lender in self.lenders):
             # Where the router knows why (an engine refusing tailguard's key), the caller's message says so.
             why = "; ".join(sorted({e.auth_failure for e in self.endpoints if e.auth_failure is not None}))
+            hint = self.queue.hints.spread(self._back_in(recheck_in), retry_after)
             raise NoBackend(
-                f"pool {self.name!r} has no healthy endpoint{f' ({why})' if why else ''}; retry after {retry_after:g} s",
-                retry_after=retry_after,
+                f"pool {self.name!r} has no healthy endpoint{f' ({why})' if why else ''}; retry after {whole_seconds(hint)} s",
+                retry_after=hint,
             )
         fraction = self.config.fail_fast_fraction
         max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
         share = ticket.share if self.config.queue_order == "fair" else NO_SHARE
         return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait, share=share)
+
+    def _back_in(self, recheck_in: float | None) -> float:
+        """Seconds until an endpoint may take requests again: an ejected one at its ejection's end, any other at the next health check."""
+        now = trio.current_time()
+        recheck = 0.0 if recheck_in is None else recheck_in
+        back = [e.ejected_until - now if e.ejected_until is not None and e.ejected_until > now else recheck for e in self.endpoints]
+        return max(min(back, default=recheck), 0.0)
 
     def first_waiting(self) -> tuple[int, float] | None:
         """[cluster] (priority, arrival) of the request the next seat goes to, to compare with the other replicas.

@@ -39,6 +39,7 @@ import trio
 
 from .errors import QueueFull, QueueTimeout
 from .fair_share import NO_SHARE, FairClock, Share
+from .retry_hint import RetryHints, whole_seconds
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -145,6 +146,7 @@ class WaitQueue(Generic[T, K]):
         self.max_waiting = max_waiting
         self._arrivals = itertools.count()
         self.fair = FairClock()
+        self.hints = RetryHints()
         # Both heaps hold every parked waiter: best first by (priority,
         # start tag, arrival) for dispatch, worst first for displacement. Leaving only
         # marks the waiter dead (as trio's Deadlines does); dead entries are
@@ -236,7 +238,9 @@ class WaitQueue(Generic[T, K]):
         """Take a resource, waiting in line until ``deadline`` if none is free.
 
         ``deadline`` is absolute, in :func:`trio.current_time` units;
-        ``retry_after`` is the hint carried by the errors below. With
+        ``retry_after`` is the floor of the hint the errors below carry:
+        when the owner knows its drain rate, the hint is when a seat is
+        expected, spread (router/retry_hint.py). With
         ``max_wait`` (seconds), a request that cannot get a resource at once
         and whose :meth:`expected_wait` is over ``max_wait`` or past its
         deadline is refused without parking; None never refuses on the
@@ -274,10 +278,10 @@ class WaitQueue(Generic[T, K]):
         if deadline <= now:
             # Don't displace anyone for a request that cannot wait at all.
             self._timed_out_total += 1
+            hint = self._hint(priority, tag, retry_after)
             raise QueueTimeout(
-                f"queue deadline already passed and no slot is free; "
-                f"retry after {retry_after:g} s",
-                retry_after=retry_after,
+                f"queue deadline already passed and no slot is free; retry after {whole_seconds(hint)} s",
+                retry_after=hint,
             )
         if max_wait is not None:
             self._refuse_if_too_long(priority, tag, min(max_wait, deadline - now), retry_after)
@@ -307,11 +311,15 @@ class WaitQueue(Generic[T, K]):
             return granted
         # Only our own deadline lands here; outer cancellation propagates.
         self._timed_out_total += 1
+        hint = self._hint(priority, tag, retry_after)
         raise QueueTimeout(
-            f"waited {trio.current_time() - now:.1f} s in the queue without a free "
-            f"slot; retry after {retry_after:g} s",
-            retry_after=retry_after,
+            f"waited {trio.current_time() - now:.1f} s in the queue without a free slot; retry after {whole_seconds(hint)} s",
+            retry_after=hint,
         )
+
+    def _hint(self, priority: int, tag: float, floor: float) -> float:
+        """The Retry-After of a refusal now: when a seat would come for one more arrival like this one."""
+        return self.hints.for_queue(self.ahead_of(priority, tag), self._drain_rate(), floor)
 
     @trio.lowlevel.enable_ki_protection
     def dispatch(self) -> None:
@@ -371,10 +379,11 @@ class WaitQueue(Generic[T, K]):
         if expected is None or expected <= budget:
             return
         self._refused_early_total += 1
+        hint = self.hints.spread(expected, retry_after)
         raise QueueTimeout(
             f"no slot is expected for {expected:.1f} s ({self.ahead_of(priority, tag)} requests ahead), "
-            f"more than the {max(budget, 0.0):.1f} s this request may wait; retry after {retry_after:g} s",
-            retry_after=retry_after,
+            f"more than the {max(budget, 0.0):.1f} s this request may wait; retry after {whole_seconds(hint)} s",
+            retry_after=hint,
         )
 
     def _make_room(self, priority: int, tag: float, retry_after: float) -> None:
@@ -386,17 +395,17 @@ class WaitQueue(Generic[T, K]):
         self._rejected_full_total += 1
         worst = _peek(self._worst)
         if worst is None or (worst.priority, worst.tag) <= (priority, tag):
+            hint = self._hint(priority, tag, retry_after)
             raise QueueFull(
-                f"queue full: {self._waiting} requests already waiting; "
-                f"retry after {retry_after:g} s",
-                retry_after=retry_after,
+                f"queue full: {self._waiting} requests already waiting; retry after {whole_seconds(hint)} s",
+                retry_after=hint,
             )
         self._remove(worst)
         waited = trio.current_time() - worst.since
+        hint = self._hint(worst.priority, worst.tag, worst.retry_after)
         error = QueueFull(
-            f"queue full: displaced by a request served before it after waiting "
-            f"{waited:.1f} s; retry after {worst.retry_after:g} s",
-            retry_after=worst.retry_after,
+            f"queue full: displaced by a request served before it after waiting {waited:.1f} s; retry after {whole_seconds(hint)} s",
+            retry_after=hint,
         )
         trio.lowlevel.reschedule(worst.task, outcome.Error(error))
 

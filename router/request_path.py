@@ -177,7 +177,13 @@ class RequestPath:
             if trace is not None:
                 trace.queued()
             try:
-                lease = await pool.admit(klass.priority, queue_deadline, ticket, retry_after=config.timeouts.retry_after)
+                lease = await pool.admit(
+                    klass.priority,
+                    queue_deadline,
+                    ticket,
+                    retry_after=config.timeouts.retry_after,
+                    recheck_in=config.timeouts.health_check_interval,
+                )
             except BaseException:
                 # The access log's queue_ms of a refusal or a queue_timeout: never past the deadline it waited for.
                 record.left_queue_at = min(trio.current_time(), queue_deadline)

@@ -15,12 +15,12 @@ maps the table's gRPC status names to ``grpc.StatusCode``.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
 import grpc
 
 from tailguard.router import error_spec, errors
+from tailguard.router.retry_hint import whole_seconds
 
 # Statuses the openai SDK retries on its own unless told not to.
 _SDK_RETRIES = frozenset({408, 409, 429})
@@ -41,7 +41,7 @@ class HttpError:
         if self.allow:
             headers.append((b"allow", ", ".join(self.allow).encode()))
         if self.retry_after is not None:
-            headers.append((b"retry-after", str(retry_after_seconds(self.retry_after)).encode()))
+            headers.append((b"retry-after", str(whole_seconds(self.retry_after)).encode()))
         if not self.retryable and (self.status >= 500 or self.status in _SDK_RETRIES):
             # E.g. a 504: the request already used its whole end-to-end budget,
             # and an automatic retry (the openai SDK retries 5xx) would double
@@ -55,11 +55,6 @@ class HttpError:
     def sse_event(self) -> bytes:
         """The error as the last event of a stream that already began."""
         return b"data: " + self.encoded() + b"\n\n"
-
-
-def retry_after_seconds(retry_after: float) -> int:
-    """``Retry-After`` is whole seconds: at least 1, rounded up."""
-    return max(1, math.ceil(retry_after))
 
 
 def _body(message: str, error_type: str, param: str | None, code: str | None) -> dict[str, object]:
@@ -124,7 +119,7 @@ def grpc_error(error: errors.TailguardError) -> GrpcError:
     retry_after = error_spec.retry_after(error)
     if retry_after is not None:
         metadata += (
-            ("retry-after", str(retry_after_seconds(retry_after))),
+            ("retry-after", str(whole_seconds(retry_after))),
             ("grpc-retry-pushback-ms", str(max(0, int(retry_after * 1000)))),
         )
     return GrpcError(code, error.message, metadata)

@@ -418,7 +418,8 @@ async def test_expected_wait_over_the_budget_is_refused_at_once(autojump_clock: 
         start = trio.current_time()
         with pytest.raises(QueueTimeout, match=r"expected for 2.0 s \(3 requests ahead\).*1.5 s") as caught:
             await slots.queue.get(1, INF, None, retry_after=4, max_wait=1.5)
-        assert trio.current_time() == start and caught.value.retry_after == 4
+        # The hint: a seat is expected in 2.0 s, under the floor of 4, spread over [4, 6).
+        assert trio.current_time() == start and 4 <= caught.value.retry_after < 6
         # Within the budget, or more urgent than those parked: it waits in line.
         await park(slots, 0, 1, nursery)
         stats = slots.queue.statistics()

@@ -43,6 +43,7 @@ class _Row:
     grpc: str
     when: str
     advice: str
+    hint: str  # its Retry-After, in words where it is computed
 
 
 def http_status_shown(cls: type[errors.TailguardError]) -> str | None:
@@ -155,7 +156,8 @@ def _known_errors(doc: Limits) -> dict[str, tuple[str, str]]:
             "leave the class to tailguard",
         ),
         "QueueFull": (
-            "the pool's wait queue is full, or a more urgent request displaced this one from it",
+            "the pool's wait queue is full, or a request served before this one (more urgent, or its caller"
+            " further within its fair share) displaced it",
             retry,
         ),
         "QueueTimeout": (
@@ -224,8 +226,23 @@ def _error_rows(config: Config, doc: Limits) -> list[_Row]:
         when, advice = _when_and_advice(cls, doc)
         rendered = http_error(error)
         shown = http_status_shown(cls) or str(rendered.status)
-        rows.append(_Row(shown, rendered, error_spec.grpc_status(error), when, advice))
+        rows.append(_Row(shown, rendered, error_spec.grpc_status(error), when, advice, _hint(cls, rendered)))
     return rows
+
+
+# Refusals whose Retry-After is computed (router/retry_hint.py), not the configured value alone.
+_COMPUTED_HINTS: dict[str, str] = {
+    "QueueFull": "when a seat is expected: the queue ahead over the pool's drain rate, spread",
+    "QueueTimeout": "when a seat is expected: the queue ahead over the pool's drain rate, spread",
+    "NoBackend": "when an endpoint may be back: its ejection's end or the next health check, spread",
+}
+
+
+def _hint(cls: type[errors.TailguardError], error: HttpError) -> str:
+    """The Retry-After column: the configured value, or what a computed one is, with that value as its floor."""
+    configured = _retry_after(error)
+    computed = _COMPUTED_HINTS.get(cls.__name__)
+    return configured if computed is None else f"{computed}; {configured} to 60 s"
 
 
 def _retry_after(error: HttpError) -> str:
@@ -367,7 +384,8 @@ def _deadlines_and_errors(doc: Limits, rows: Sequence[_Row]) -> list[str]:
         '  arrives as a last `data: {"error": ...}` event. A gRPC caller\'s own, shorter',
         "  deadline wins.",
         "- **Queueing**: when a pool is busy a request waits in line, ordered by class",
-        "  priority then arrival, at most its class's queue deadline, then gets 503",
+        "  priority, then by callers' fair shares of the tokens served (each caller's own in arrival",
+        "  order), at most its class's queue deadline, then gets 503",
         "  `queue_timeout` -- at once when the pool's measured drain rate says no seat",
         "  would come in time. A full queue answers 429 `queue_full` at once.",
         f"- Set your client's timeout **above {_s(e2e)}** (and above any proxy's), so you",
@@ -383,7 +401,7 @@ def _deadlines_and_errors(doc: Limits, rows: Sequence[_Row]) -> list[str]:
     out += _markdown_table(
         ["HTTP", "`type` / `code`", "gRPC", "Retry-After", "when", "what to do"],
         [
-            (r.http, _type_code(r.error), r.grpc, _retry_after(r.error), r.when, r.advice)
+            (r.http, _type_code(r.error), r.grpc, r.hint, r.when, r.advice)
             for r in rows
         ]
         + [("4xx", "vLLM's own", "INVALID_ARGUMENT etc.", "—", "vLLM refused the request; passed through as it came", "fix the request")],
