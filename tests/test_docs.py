@@ -137,7 +137,9 @@ def test_limits_doc_follows_the_config() -> None:
     page = limits_doc.render_limits_markdown(parse_config(text))
     assert "**rejected**: HTTP 400" in page and "clamps instead" not in page
     assert "above **4,000 tokens**" in page
-    assert "| 429 | `rate_limit_error` / `queue_full` | RESOURCE_EXHAUSTED | 3 s |" in page
+    assert "| 429 | `rate_limit_error` / `caller_concurrency_limit` | RESOURCE_EXHAUSTED | 3 s |" in page
+    assert "| 429 | `rate_limit_error` / `queue_full` | RESOURCE_EXHAUSTED | when a seat is expected" in page
+    assert "spread; 3 s to 60 s |" in page  # the configured value is the computed one's floor
 
 
 # -- docs/deployment.md: vLLM -----------------------------------------------------
