@@ -95,6 +95,24 @@ class Metrics:
             "Caller-supplied x-request-ids seen again within the window: client retries.",
             registry=r,
         )
+        # Per caller (the API key's name, never the key; anonymous callers as one): bounded by the keys configured.
+        self.caller_tokens = Counter(
+            "tailguard_caller_tokens",
+            "Tokens served per API key name: prompt (estimated at admission) and completion (the backend's usage).",
+            ("caller", "kind"),
+            registry=r,
+        )
+        self.caller_queue = Histogram(
+            "tailguard_caller_queue_seconds",
+            "Arrival to admission per API key name: the wait its fair share gave it.",
+            ("caller",),
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.caller_rejections = Counter(
+            "tailguard_caller_rejections", "Requests that did not end well per API key name, by reason.", ("caller", "reason"), registry=r
+        )
+        self._caller_children: dict[str, tuple[Any, Any, Any]] = {}
         for result in ("ok", "failed"):
             self.reloads.labels(result)
         self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
@@ -137,11 +155,32 @@ class Metrics:
         ):
             if value is not None:
                 histogram.observe(value)
+        self._observe_caller(record)
         if record.reason is not None:
             self.rejections.labels(record.request_class, record.pool, record.reason).inc()
         if record.clamped:
             self.clamped.labels(record.request_class, record.pool).inc()
         self.placements.count(record)
+
+    def _observe_caller(self, record: RequestRecord) -> None:
+        """The caller's share: its tokens, its wait, its rejections."""
+        children = self._caller_children.get(record.caller)
+        if children is None:
+            children = (
+                self.caller_tokens.labels(record.caller, "prompt"),
+                self.caller_tokens.labels(record.caller, "completion"),
+                self.caller_queue.labels(record.caller),
+            )
+            self._caller_children[record.caller] = children
+        prompt, completion, queue = children
+        if record.prompt_tokens is not None:
+            prompt.inc(record.prompt_tokens)
+        if record.completion_tokens:
+            completion.inc(record.completion_tokens)
+        if record.queue_seconds is not None:
+            queue.observe(record.queue_seconds)
+        if record.reason is not None:
+            self.caller_rejections.labels(record.caller, record.reason).inc()
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels("ok" if ok else "failed").inc()

@@ -190,6 +190,13 @@ async def test_api_keys_401_403_class_override_and_per_key_cap() -> None:
         assert (await etl.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)).choices  # type: ignore[arg-type]
         for client in (anonymous, web, etl):
             await client.close()
+        async with httpx.AsyncClient(base_url=running.http_url) as raw:
+            page = samples((await raw.get("/metrics")).text)
+    # Each key's share, by its name: tokens served, its waits, its refusals.
+    assert value(page, "tailguard_caller_tokens_total", caller="webapp", kind="completion") == 8  # its one answer
+    assert value(page, "tailguard_caller_tokens_total", caller="etl", kind="prompt") > 0
+    assert value(page, "tailguard_caller_rejections_total", caller="etl", reason="caller_limit") == 1
+    assert value(page, "tailguard_caller_queue_seconds_count", caller="etl") >= 3
 
 
 async def test_a_backend_without_metrics_breaks_nothing() -> None:
