@@ -33,6 +33,8 @@ class Caller:
     may_force_classes: frozenset[str]
     max_concurrency: int | None  # requests in flight at most; None = no cap
     weight: float = 1.0  # its fair share against other callers waiting for the same pool (router/fair_share.py)
+    tokens_per_minute: int | None = None  # its budgets over any 60 s (router/budgets.py); None: none
+    requests_per_minute: int | None = None
 
 
 ANONYMOUS = Caller("anonymous", frozenset(), None)
@@ -71,7 +73,9 @@ class Authenticator:
 
     def __init__(self, auth: AuthConfig) -> None:
         self._callers: dict[str, Caller] = {
-            key.sha256: Caller(key.name, frozenset(key.may_force_classes), key.max_concurrency, key.weight)
+            key.sha256: Caller(
+                key.name, frozenset(key.may_force_classes), key.max_concurrency, key.weight, key.tokens_per_minute, key.requests_per_minute
+            )
             for key in auth.keys
         }
 

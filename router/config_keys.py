@@ -149,9 +149,11 @@ def _read_key(
     classes = _read_force_classes(table, class_names)
     max_concurrency = table.optional_integer("max_concurrency", minimum=1)
     weight = table.number("weight", ApiKeyConfig.weight, minimum=0.0)
+    tokens_per_minute = table.optional_integer("tokens_per_minute", minimum=1)
+    requests_per_minute = table.optional_integer("requests_per_minute", minimum=1)
     if not table.finish() or digest is None:
         return None
-    return table, source, ApiKeyConfig(name, digest, classes, max_concurrency, weight)
+    return table, source, ApiKeyConfig(name, digest, classes, max_concurrency, weight, tokens_per_minute, requests_per_minute)
 
 
 def _read_key_digest(

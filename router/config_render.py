@@ -205,10 +205,11 @@ def _render_auth(auth: AuthConfig) -> list[str]:
     lines = ["auth (API keys; sha256 is the start of each key's digest)"]
     if auth.keys_file is not None:
         lines.append(f"  keys_file  {auth.keys_file}")
-    rows = [("name", "sha256", "may_force_classes", "max_concurrency", "weight")]
+    rows = [("name", "sha256", "may_force_classes", "max_concurrency", "weight", "tokens/min", "requests/min")]
     rows += [
         (key.name, key.sha256[:8], ", ".join(sorted(key.may_force_classes)) or "none",
-         "no cap" if key.max_concurrency is None else str(key.max_concurrency), f"{key.weight:g}")
+         "no cap" if key.max_concurrency is None else str(key.max_concurrency), f"{key.weight:g}",
+         _budget(key.tokens_per_minute), _budget(key.requests_per_minute))
         for key in auth.keys
     ]
     return lines + _aligned(rows, indent="  ")
@@ -278,6 +279,10 @@ def _api_key(access: BackendAccess) -> str:
     if access.api_key_env is None:
         return "none (no Authorization sent to the engines: they run without --api-key)"
     return f"{access.api_key_env} (set; sent as Authorization: Bearer to /v1/*, value not shown)"
+
+
+def _budget(per_minute: int | None) -> str:
+    return "none" if per_minute is None else f"{per_minute:,}"
 
 
 def _own_key(access: BackendAccess, pool: PoolConfig) -> str:

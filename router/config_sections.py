@@ -176,6 +176,8 @@ def read_limits(table: Table) -> LimitsConfig:
     default_max = table.integer("default_max_tokens", default.default_max_tokens, minimum=1)
     output_cap = table.integer("output_cap_tokens", default.output_cap_tokens, minimum=1)
     over_cap = table.choice("over_cap", _OVER_CAP_MODES, default.over_cap)
+    anonymous_tokens = table.optional_integer("anonymous_tokens_per_minute", minimum=1)
+    anonymous_requests = table.optional_integer("anonymous_requests_per_minute", minimum=1)
     if table.ok("default_max_tokens", "output_cap_tokens") and default_max > output_cap:
         table.problem(
             "default_max_tokens",
@@ -188,6 +190,8 @@ def read_limits(table: Table) -> LimitsConfig:
         default_max_tokens=default_max,
         output_cap_tokens=output_cap,
         over_cap=over_cap,
+        anonymous_tokens_per_minute=anonymous_tokens,
+        anonymous_requests_per_minute=anonymous_requests,
     )
 
 

@@ -96,6 +96,10 @@ class LimitsConfig:
     default_max_tokens: int = 256  # when the request sets none
     output_cap_tokens: int = 1024  # max_tokens above this is clamped or rejected
     over_cap: OverCapMode = "clamp"
+    # The budgets of callers without a key (auth off): tokens (estimated prompt + max_tokens, reserved at
+    # admission, settled to the real usage) and requests admitted in any 60 s (router/budgets.py). None: none.
+    anonymous_tokens_per_minute: int | None = None
+    anonymous_requests_per_minute: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,10 @@ class ApiKeyConfig:
     # Its share of a pool's seats against other callers waiting at the same priority (router/fair_share.py):
     # tokens served in proportion to the weights. Default 1.
     weight: float = 1.0
+    # Its budgets over any 60 s: tokens (estimated prompt + max_tokens reserved at admission, settled to
+    # the real usage at the end) and requests (router/budgets.py). None: no budget.
+    tokens_per_minute: int | None = None
+    requests_per_minute: int | None = None
 
 
 @dataclass(frozen=True)

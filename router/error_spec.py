@@ -96,6 +96,10 @@ SPECS: tuple[ErrorSpec, ...] = (
         errors.CallerOverLimit, "overloaded", "caller_limit", 429, _RATE, "caller_concurrency_limit", "RESOURCE_EXHAUSTED",
         retryable=True, retry_after=True,
     ),
+    _row(
+        errors.BudgetExceeded, "overloaded", "token_budget", 429, _RATE, "token_budget_exceeded", "RESOURCE_EXHAUSTED",
+        retryable=True, retry_after=True,
+    ),
     _row(errors.ServerBusy, "overloaded", "server_busy", 429, _RATE, "server_busy", "RESOURCE_EXHAUSTED", retryable=True, retry_after=True),
     _row(errors.Draining, "overloaded", "draining", 503, "overloaded", "draining", "UNAVAILABLE", retryable=True, retry_after=True),
     _row(errors.DeadlineExceeded, "timeout", "e2e_timeout", 504, "timeout", "deadline_exceeded", "DEADLINE_EXCEEDED"),

@@ -19,6 +19,7 @@ read it (``server/errors_map.py`` renders it on each wire).
     │   ├── QueueTimeout             waited the class's queue deadline without a slot
     │   ├── NoBackend                no healthy endpoint in the pool
     │   ├── CallerOverLimit          the API key has its per-key cap of requests in flight
+    │   ├── BudgetExceeded           the API key has used its tokens (or requests) a minute
     │   ├── ServerBusy               the front end has its cap of calls open
     │   └── Draining                 the process is shutting down
     ├── DeadlineExceeded             the request's end-to-end deadline passed
@@ -108,6 +109,10 @@ class NoBackend(Overloaded):
 
 class CallerOverLimit(Overloaded):
     """The API key has its per-key concurrency cap of requests in flight."""
+
+
+class BudgetExceeded(Overloaded):
+    """The API key has used its tokens (or requests) a minute; ``retry_after`` is when the window holds the request."""
 
 
 class ServerBusy(Overloaded):

@@ -25,9 +25,11 @@ import trio
 
 from .admission import decide
 from .assemble import assemblable, assemble, events
-from .auth import Caller
+from .auth import ANONYMOUS, Caller
 from .backend import BackendClient, BackendResponse
+from .budgets import Budgets, Grant
 from .cache_salt import caller_salt
+from .config_types import ClassConfig, Config
 from .credentials import key_refused
 from .endpoint import Endpoint
 from .errors import (
@@ -38,14 +40,15 @@ from .errors import (
     BackendTimeout,
     BackendUnavailable,
     BadBackendReply,
+    BudgetExceeded,
     Draining,
 )
 from .fleet import Fleet
 from .ids import IdSource
 from .outlier import record_success, report_failure
 from .policies import Placement
-from .pool import Lease, Pool
-from .prefix_memory import ConversationMemory
+from .pool import Lease, Pool, Ticket
+from .prefix_memory import ConversationMemory, HistoryDigests
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
 from .traffic import Traffic
@@ -145,6 +148,7 @@ class RequestPath:
         self._traffic = traffic
         self._upstream_ids = IdSource()  # the id each attempt goes to vLLM under (never the caller's)
         self._memory = ConversationMemory()  # where answered chats are warm, for classes that bound uncached tokens
+        self._budgets = Budgets()  # each key's tokens and requests of the last minute
 
     def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
         """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
@@ -168,6 +172,45 @@ class RequestPath:
         if traffic.draining:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
         klass, pool, ticket, history = decide(request, caller, config, fleet.pools, record, arrival, self._memory)
+        grant = self._reserve(caller, ticket, record)
+        try:
+            async with self._served(request, caller, record, arrival, klass, pool, ticket, history) as completion:
+                yield completion
+        finally:
+            if grant is not None:  # what it cost: the backend's usage, or nothing when it got no seat
+                served = record.admitted_at is not None
+                grant.settle((record.input_tokens or ticket.prompt_tokens) + (record.completion_tokens or 0), served=served)
+
+    def _reserve(self, caller: Caller, ticket: Ticket, record: RequestRecord) -> Grant | None:
+        """The caller's budgets, if it has any, hold what this request may cost: reserved now, or BudgetExceeded."""
+        tokens, requests = budgets_of(caller, self._fleet.config)
+        now = trio.current_time()
+        try:
+            grant = self._budgets.reserve(
+                caller.name, ticket.prompt_tokens + ticket.max_tokens, tokens_per_minute=tokens, requests_per_minute=requests, now=now
+            )
+        except BudgetExceeded:
+            record.rate_limits = self._budgets.limits(caller.name, tokens_per_minute=tokens, requests_per_minute=requests, now=now).headers()
+            raise
+        if grant is not None:
+            record.rate_limits = grant.limits.headers()
+        return grant
+
+    @asynccontextmanager
+    async def _served(
+        self,
+        request: RouterRequest,
+        caller: Caller,
+        record: RequestRecord,
+        arrival: float,
+        klass: ClassConfig,
+        pool: Pool,
+        ticket: Ticket,
+        history: HistoryDigests | None,
+    ) -> AsyncIterator[Completion]:
+        """The admitted request from its pool's queue to its answer's end: the seat, the call, the release."""
+        fleet, traffic = self._fleet, self._traffic
+        config = fleet.config
         trace = record.trace
 
         queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
@@ -327,6 +370,13 @@ class RequestPath:
         pool = self._fleet.pool_of(endpoint)
         if pool is not None:
             pool.queue.dispatch()
+
+
+def budgets_of(caller: Caller, config: Config) -> tuple[int | None, int | None]:
+    """The caller's (tokens, requests) a minute: its key's, or [limits]' anonymous ones when auth is off."""
+    if caller is ANONYMOUS:
+        return config.limits.anonymous_tokens_per_minute, config.limits.anonymous_requests_per_minute
+    return caller.tokens_per_minute, caller.requests_per_minute
 
 
 def routing_of(record: RequestRecord) -> Routing:

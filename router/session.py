@@ -302,5 +302,6 @@ class Session:
                 ("x-tailguard-pool", routing.pool),
                 ("x-tailguard-max-tokens", str(routing.max_tokens)),
                 ("x-tailguard-queue-ms", f"{routing.queue_seconds * 1000:.1f}"),
+                *self.record.rate_limits,
             )
         )

@@ -123,6 +123,8 @@ class RequestRecord:
     completion_tokens: int | None = None
     input_tokens: int | None = None  # the prompt's tokens as the backend's usage reports them
     cached_tokens: int | None = None  # of them, found in the engine's prefix cache, when its usage says
+    # OpenAI's x-ratelimit-* headers of its caller's budgets after its admission (router/budgets.py); () without budgets.
+    rate_limits: tuple[tuple[str, str], ...] = ()
     outcome: Outcome | None = None
     reason: str | None = None
     status: int | str | None = None  # the HTTP status or gRPC code the caller saw

@@ -1005,8 +1005,8 @@ def test_no_key_shows_in_repr_render_or_errors(tmp_path: Path) -> None:
     for secret in (KEY, OTHER_KEY, DIGEST, hash_key(OTHER_KEY)):
         assert secret not in rendered and secret not in shown and secret not in str(config)
     assert "sha256=" not in shown
-    assert re.search(rf"^  webapp\s+{DIGEST[:8]}\s+batch\s+no cap\s+1$", rendered, re.MULTILINE)
-    assert re.search(rf"^  reports\s+{hash_key(OTHER_KEY)[:8]}\s+none\s+3\s+1$", rendered, re.MULTILINE)
+    assert re.search(rf"^  webapp\s+{DIGEST[:8]}\s+batch\s+no cap\s+1\s+none\s+none$", rendered, re.MULTILINE)
+    assert re.search(rf"^  reports\s+{hash_key(OTHER_KEY)[:8]}\s+none\s+3\s+1\s+none\s+none$", rendered, re.MULTILINE)
     assert f"keys_file  {environ['TG_KEYS']}" in rendered
 
 

@@ -167,6 +167,12 @@ def _known_errors(doc: Limits) -> dict[str, tuple[str, str]]:
         ),
         "NoBackend": ("the pool has no healthy GPU endpoint", retry),
         "CallerOverLimit": ("your API key already has its maximum number of requests in flight", retry),
+        "BudgetExceeded": (
+            "your API key's `tokens_per_minute` (its requests' prompts and max_tokens, settled to what they used) or"
+            " `requests_per_minute` would be over for the last 60 s; a request over the whole token budget is a 400 instead",
+            "retry after `Retry-After` seconds, when the window holds the request (the `x-ratelimit-*` headers"
+            " of every answer to a budgeted key say what is left), or ask for fewer max_tokens",
+        ),
         "Draining": ("this tailguard instance is shutting down", retry + " (the retry reaches another instance)"),
         "DeadlineExceeded": (
             f"the request ran past the {_s(doc.end_to_end_timeout)} end-to-end deadline; "
@@ -235,6 +241,7 @@ _COMPUTED_HINTS: dict[str, str] = {
     "QueueFull": "when a seat is expected: the queue ahead over the pool's drain rate, spread",
     "QueueTimeout": "when a seat is expected: the queue ahead over the pool's drain rate, spread",
     "NoBackend": "when an endpoint may be back: its ejection's end or the next health check, spread",
+    "BudgetExceeded": "when the last minute's window holds the request, exactly",
 }
 
 

@@ -292,7 +292,8 @@ class _ApiExchange:
             await self._body(b"" if isinstance(error, BackendStreamError) else http_error(error).sse_event(), more=False)
             return
         rendered = http_error(error)
-        await self._start(rendered.status, [*rendered.headers(), (b"x-request-id", self._session.request_id.encode())])
+        limits = [(name.encode(), value.encode()) for name, value in self._session.record.rate_limits]  # a budgeted key's, refused too
+        await self._start(rendered.status, [*rendered.headers(), (b"x-request-id", self._session.request_id.encode()), *limits])
         await self._body(rendered.encoded(), more=False)
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:

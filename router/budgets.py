@@ -1,0 +1,198 @@
+"""Per-key token and request budgets: reserved at admission, settled at the end, over a sliding minute.
+
+An unbounded ``max_tokens`` gives a caller an unlimited compute quota, and a
+per-key concurrency cap bounds requests, not the GPU time they take. A key
+with ``tokens_per_minute`` reserves, when it is admitted, what a request may
+cost (its estimated prompt tokens and its effective max_tokens) and settles
+at its end to what it cost (the backend's usage, or its streamed events),
+handing the rest back; a request that got no seat costs nothing.
+``requests_per_minute`` counts the requests the same way.
+
+The window slides: what was admitted in the last 60 s, each request counted
+at its admission time, must hold the new one. So no 60 s ever admits more
+than the budget (a fixed window lets a burst at its end and another at the
+next one's start through together), and the Retry-After of a refusal is
+exact: when enough of the window's oldest requests leave it. A request
+larger than the whole budget could never be admitted: it is a 400 that
+names the budget, not a 429 to retry.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .errors import BudgetExceeded, InvalidRequest
+
+__all__ = ["WINDOW", "Budgets", "Grant", "RateLimits"]
+
+WINDOW = 60.0  # seconds: "per minute"
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """A budget's state after an admission, as OpenAI's ``x-ratelimit-*`` headers tell it (None: that budget is not set)."""
+
+    limit_requests: int | None
+    remaining_requests: int
+    reset_requests: float  # seconds until the window holds no request of the key
+    limit_tokens: int | None
+    remaining_tokens: int
+    reset_tokens: float  # seconds until the window holds none of the key's tokens
+
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """OpenAI's six headers, for the budgets that are set."""
+        pairs: list[tuple[str, str]] = []
+        if self.limit_requests is not None:
+            pairs += [
+                ("x-ratelimit-limit-requests", str(self.limit_requests)),
+                ("x-ratelimit-remaining-requests", str(self.remaining_requests)),
+                ("x-ratelimit-reset-requests", duration(self.reset_requests)),
+            ]
+        if self.limit_tokens is not None:
+            pairs += [
+                ("x-ratelimit-limit-tokens", str(self.limit_tokens)),
+                ("x-ratelimit-remaining-tokens", str(self.remaining_tokens)),
+                ("x-ratelimit-reset-tokens", duration(self.reset_tokens)),
+            ]
+        return tuple(pairs)
+
+
+def duration(seconds: float) -> str:
+    """A reset time as OpenAI writes it: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1.0:
+        return f"{max(0, round(seconds * 1000))}ms"
+    minutes, rest = divmod(round(seconds, 3), 60.0)
+    return f"{int(minutes)}m{rest:g}s" if minutes else f"{rest:g}s"
+
+
+class _Admitted:
+    """One admission in a key's window: when, and what it counts for now."""
+
+    __slots__ = ("at", "counted", "requests", "settled", "tokens")
+
+    def __init__(self, at: float, tokens: int) -> None:
+        self.at = at
+        self.tokens = tokens
+        self.requests = 1
+        self.counted = True  # still in the window's sums (not yet a minute old)
+        self.settled = False
+
+
+class _Window:
+    """A key's admissions of the last minute, oldest first, and their sums."""
+
+    __slots__ = ("admitted", "requests", "tokens")
+
+    def __init__(self) -> None:
+        self.admitted: deque[_Admitted] = deque()
+        self.tokens = 0
+        self.requests = 0
+
+    def expire(self, now: float) -> None:
+        while self.admitted and self.admitted[0].at <= now - WINDOW:
+            gone = self.admitted.popleft()
+            self.tokens -= gone.tokens
+            self.requests -= gone.requests
+            gone.counted = False
+
+    def wait_for(self, over: int, count: str, now: float) -> float:
+        """Seconds until the oldest admissions leave with at least ``over`` of their ``count`` ("tokens" or "requests")."""
+        freed = 0
+        for entry in self.admitted:
+            freed += getattr(entry, count)
+            if freed >= over:
+                return entry.at + WINDOW - now
+        return WINDOW  # not reached: the caller checked the cost fits the whole budget
+
+    def reset_in(self, count: str, now: float) -> float:
+        """Seconds until none of the window's ``count`` is left in it."""
+        last = next((e for e in reversed(self.admitted) if getattr(e, count)), None)
+        return 0.0 if last is None else last.at + WINDOW - now
+
+
+class Grant:
+    """One admitted request's reservation; :meth:`settle` once, at its end."""
+
+    __slots__ = ("_entry", "_window", "limits")
+
+    def __init__(self, window: _Window, entry: _Admitted, limits: RateLimits) -> None:
+        self._window = window
+        self._entry = entry
+        self.limits = limits
+
+    def settle(self, tokens: int, *, served: bool) -> None:
+        """What the request cost: ``tokens``, or nothing at all when it was never served (no seat, refused)."""
+        entry, window = self._entry, self._window
+        if entry.settled:
+            return
+        entry.settled = True
+        cost, requests = (max(0, tokens), 1) if served else (0, 0)
+        if entry.counted:  # still in the window: its sums change with it
+            window.tokens += cost - entry.tokens
+            window.requests += requests - entry.requests
+        entry.tokens, entry.requests = cost, requests
+
+
+def _limits(window: _Window, tokens_per_minute: int | None, requests_per_minute: int | None, now: float) -> RateLimits:
+    return RateLimits(
+        requests_per_minute,
+        max(0, (requests_per_minute or 0) - window.requests),
+        window.reset_in("requests", now),
+        tokens_per_minute,
+        max(0, (tokens_per_minute or 0) - window.tokens),
+        window.reset_in("tokens", now),
+    )
+
+
+class Budgets:
+    """Every budgeted key's window, by caller name (as many as the keys configured, and the anonymous caller)."""
+
+    def __init__(self) -> None:
+        self._windows: dict[str, _Window] = {}
+
+    def reserve(
+        self, caller: str, tokens: int, *, tokens_per_minute: int | None, requests_per_minute: int | None, now: float
+    ) -> Grant | None:
+        """Admit a request that may cost ``tokens`` for ``caller``, or raise; None when the caller has no budget.
+
+        Raises:
+          InvalidRequest: the request alone is over the whole token budget.
+          BudgetExceeded: the window does not hold it now; ``retry_after`` says when it will.
+        """
+        if tokens_per_minute is None and requests_per_minute is None:
+            return None
+        if tokens_per_minute is not None and tokens > tokens_per_minute:
+            raise InvalidRequest(
+                f"this request may take {tokens} tokens (its prompt and max_tokens), more than the key's whole budget of "
+                f"{tokens_per_minute} tokens a minute (tokens_per_minute); lower max_tokens or shorten the prompt",
+                param="max_tokens",
+            )
+        window = self._windows.get(caller)
+        if window is None:
+            window = self._windows[caller] = _Window()
+        window.expire(now)
+        if requests_per_minute is not None and window.requests + 1 > requests_per_minute:
+            wait = window.wait_for(window.requests + 1 - requests_per_minute, "requests", now)
+            raise BudgetExceeded(
+                f"the caller {caller!r} has used its {requests_per_minute} requests a minute; retry after {wait:.1f} s",
+                retry_after=wait,
+            )
+        if tokens_per_minute is not None and window.tokens + tokens > tokens_per_minute:
+            wait = window.wait_for(window.tokens + tokens - tokens_per_minute, "tokens", now)
+            raise BudgetExceeded(
+                f"the caller {caller!r} has {tokens_per_minute - window.tokens} of its {tokens_per_minute} tokens a minute left, "
+                f"this request may take {tokens}; retry after {wait:.1f} s",
+                retry_after=wait,
+            )
+        entry = _Admitted(now, tokens)
+        window.admitted.append(entry)
+        window.tokens += tokens
+        window.requests += 1
+        return Grant(window, entry, _limits(window, tokens_per_minute, requests_per_minute, now))
+
+    def limits(self, caller: str, *, tokens_per_minute: int | None, requests_per_minute: int | None, now: float) -> RateLimits:
+        """The caller's budgets as they stand (for the headers of a refusal)."""
+        window = self._windows.get(caller) or _Window()
+        window.expire(now)
+        return _limits(window, tokens_per_minute, requests_per_minute, now)
