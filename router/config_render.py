@@ -90,6 +90,7 @@ def _render_request_rules(config: Config) -> list[str]:
         ("health_check_interval", _seconds(timeouts.health_check_interval)),
         ("health_check_timeout", _seconds(timeouts.health_check_timeout)),
         ("retry_after", _seconds(timeouts.retry_after)),
+        ("retry_after_hint", "computed: when a seat or an endpoint is expected, retry_after the floor" if timeouts.retry_after_hint == "computed" else "fixed: retry_after"),
         ("front_proxy_timeout",
          "unknown" if timeouts.front_proxy_timeout is None
          else _seconds(timeouts.front_proxy_timeout)),

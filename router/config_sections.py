@@ -21,6 +21,7 @@ from .config_types import (
     MetricsConfig,
     OverCapMode,
     RebalanceConfig,
+    RetryAfterHint,
     ServerConfig,
     TimeoutsConfig,
     TlsConfig,
@@ -30,6 +31,7 @@ from .tls import TlsFileError
 from .tls import checked as checked_tls
 
 _OVER_CAP_MODES: tuple[OverCapMode, ...] = get_args(OverCapMode)
+_RETRY_AFTER_HINTS: tuple[RetryAfterHint, ...] = get_args(RetryAfterHint)
 _LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 _LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -210,8 +212,9 @@ def read_timeouts(table: Table) -> TimeoutsConfig:
     }
     front_proxy = table.optional_number("front_proxy_timeout", minimum=0.0)
     drain = table.number("drain_timeout", default.drain_timeout, minimum=0.0, inclusive=True)
+    hint = table.choice("retry_after_hint", _RETRY_AFTER_HINTS, default.retry_after_hint)
     table.finish()
-    return TimeoutsConfig(**values, front_proxy_timeout=front_proxy, drain_timeout=drain)
+    return TimeoutsConfig(**values, front_proxy_timeout=front_proxy, drain_timeout=drain, retry_after_hint=hint)
 
 
 def read_logging(table: Table) -> LoggingConfig:

@@ -114,7 +114,10 @@ class TimeoutsConfig:
     end_to_end_timeout: float = 120.0
     health_check_interval: float = 2.0
     health_check_timeout: float = 1.0
-    retry_after: float = 1.0  # Retry-After hint when nothing better is known
+    retry_after: float = 1.0  # Retry-After hint when nothing better is known; the floor of a computed one
+    # "computed": queue refusals and no_backend say when a seat or an endpoint is expected (router/retry_hint.py);
+    # "fixed": every hint is retry_after, as before.
+    retry_after_hint: RetryAfterHint = "computed"
     # The read timeout of the proxy in front (nginx proxy_read_timeout), if known:
     # only checked against end_to_end_timeout, to warn; tailguard never enforces it.
     front_proxy_timeout: float | None = None
@@ -191,6 +194,7 @@ class TracingConfig:
 RebalanceMode = Literal["auto", "off"]
 LendWhen = Literal["full", "busier"]  # LendConfig.when
 QueueOrder = Literal["fair", "arrival"]  # PoolConfig.queue_order
+RetryAfterHint = Literal["computed", "fixed"]  # TimeoutsConfig.retry_after_hint
 
 
 @dataclass(frozen=True)

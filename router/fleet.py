@@ -80,6 +80,7 @@ class Fleet:
             for endpoint_config in wanted[pool_config.name]:  # before any waiter is seated on it
                 self.gate(endpoints[endpoint_config.url], pool_config)
             pools[pool_config.name].reconfigure(pool_config, [endpoints[e.url] for e in wanted[pool_config.name]])
+            pools[pool_config.name].queue.hints.computed = config.timeouts.retry_after_hint == "computed"
         for pool in pools.values():  # room a new lender opened
             pool.queue.dispatch()
         self.endpoints = endpoints

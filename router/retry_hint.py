@@ -31,19 +31,22 @@ def whole_seconds(hint: float) -> int:
 class RetryHints:
     """Retry-After values for one queue, spread by its own random source (seeded in tests)."""
 
-    __slots__ = ("_random",)
+    __slots__ = ("_random", "computed")
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._random = rng if rng is not None else random.Random()
+        self.computed = True  # False ([timeouts] retry_after_hint = "fixed"): every hint is the floor, as before
 
     def for_queue(self, ahead: int, drain_rate: float | None, floor: float) -> float:
         """After a queue refusal: ``ahead`` + 1 seats freed at ``drain_rate`` a second, spread; the floor when the rate is unknown."""
-        if drain_rate is None or drain_rate <= 0:
+        if drain_rate is None or drain_rate <= 0 or not self.computed:
             return floor
         return self.spread((ahead + 1) / drain_rate, floor)
 
     def spread(self, wait: float, floor: float) -> float:
         """``wait`` clamped to [floor, CEILING], times a draw in [1, 1 + SPREAD), and never past CEILING."""
+        if not self.computed:
+            return floor
         base = min(max(wait, floor, 0.0), CEILING)
         if not math.isfinite(base):
             return CEILING

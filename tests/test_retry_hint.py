@@ -10,9 +10,12 @@ import pytest
 import trio
 import trio.testing
 
+from tailguard.router.config import ConfigError, parse_config
+from tailguard.router.config_render import render_config
 from tailguard.router.errors import NoBackend, QueueFull, QueueTimeout
 from tailguard.router.retry_hint import CEILING, RetryHints, whole_seconds
 from tests.router_helpers import chat, router_over_engines, run_to_end, two_pool_config
+from tests.test_config import BASE
 from tests.test_queue import Slots
 
 
@@ -61,3 +64,14 @@ async def test_no_backend_says_when_the_soonest_ejection_ends(autojump_clock: tr
         with pytest.raises(NoBackend) as down:
             await run_to_end(fleet.router, chat("anyone?"))
         assert 2.0 <= down.value.retry_after < 3.0
+
+
+def test_retry_after_hint_fixed_gives_the_configured_value_as_before() -> None:
+    hints = RetryHints(random.Random(1))
+    hints.computed = False
+    assert hints.for_queue(ahead=99, drain_rate=1.0, floor=1.0) == 1.0 and hints.spread(30.0, 2.0) == 2.0
+    config = parse_config(BASE.replace("[timeouts]\n", '[timeouts]\nretry_after_hint = "fixed"\n', 1))
+    assert config.timeouts.retry_after_hint == "fixed" and "fixed: retry_after" in render_config(config)
+    assert parse_config(BASE).timeouts.retry_after_hint == "computed"
+    with pytest.raises(ConfigError, match="timeouts.retry_after_hint"):
+        parse_config(BASE.replace("[timeouts]\n", '[timeouts]\nretry_after_hint = "random"\n', 1))
