@@ -373,10 +373,24 @@ class RequestPath:
 
 
 def budgets_of(caller: Caller, config: Config) -> tuple[int | None, int | None]:
-    """The caller's (tokens, requests) a minute: its key's, or [limits]' anonymous ones when auth is off."""
+    """The caller's (tokens, requests) a minute on this replica: its key's, or [limits]' anonymous ones when auth is off.
+
+    With ``[cluster]`` each replica keeps its ``static_share`` of them (the
+    shares add up to at most 1): strict fleet-wide whatever the ledger does,
+    though a key sending to one replica only gets that replica's share.
+    """
     if caller is ANONYMOUS:
-        return config.limits.anonymous_tokens_per_minute, config.limits.anonymous_requests_per_minute
-    return caller.tokens_per_minute, caller.requests_per_minute
+        tokens, requests = config.limits.anonymous_tokens_per_minute, config.limits.anonymous_requests_per_minute
+    else:
+        tokens, requests = caller.tokens_per_minute, caller.requests_per_minute
+    if config.cluster is None:
+        return tokens, requests
+    share = config.cluster.static_share
+    return _share_of(tokens, share), _share_of(requests, share)
+
+
+def _share_of(budget: int | None, share: float) -> int | None:
+    return None if budget is None else max(1, math.floor(budget * share))
 
 
 def routing_of(record: RequestRecord) -> Routing:

@@ -11,12 +11,13 @@ import openai
 import pytest
 
 from tailguard.router import budgets as budgets_module
-from tailguard.router.auth import hash_key
+from tailguard.router.auth import Caller, hash_key
 from tailguard.router.budgets import Budgets, duration
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_render import render_config
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, LimitsConfig
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, LimitsConfig
 from tailguard.router.errors import BudgetExceeded, InvalidRequest
+from tailguard.router.request_path import budgets_of
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard
 from tests.router_helpers import two_pool_config
 from tests.sim_helpers import MODEL
@@ -142,3 +143,11 @@ async def test_the_anonymous_budget_applies_when_auth_is_off() -> None:
             second = await client.post("/v1/chat/completions", json=body)
             assert second.status_code == 429 and second.json()["error"]["code"] == "token_budget_exceeded"
             assert 55 <= int(second.headers["retry-after"]) <= 60
+
+
+def test_with_cluster_each_replica_keeps_its_static_share_of_a_budget() -> None:
+    metered = Caller("metered", frozenset(), None, tokens_per_minute=100_000, requests_per_minute=3)
+    config = two_pool_config()
+    assert budgets_of(metered, config) == (100_000, 3)
+    shared = dataclasses.replace(config, cluster=ClusterConfig("redis://127.0.0.1:6379/0", static_share=0.25))
+    assert budgets_of(metered, shared) == (25_000, 1)  # four replicas' shares add up to the budget, never past it
