@@ -48,7 +48,7 @@ import math
 import multiprocessing
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,7 +63,7 @@ from tailguard.server import SHIPPED_CONFIG
 from tailguard.server.logs import ACCESS_LOGGER
 from tailguard.sim import PROFILES
 from tailguard.sim.params import EngineParams
-from tailguard.sim.virtual.fleet import GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play
+from tailguard.sim.virtual.fleet import GC_THRESHOLDS, Arrival, Record, Setup, open_fleet, play, seed_trio_scheduler
 from tailguard.sim.virtual.mix import CLASSES, percentile
 from tailguard.sim.virtual.trace import MAX_ARRIVALS, read_trace
 
@@ -459,6 +459,7 @@ def simulate(setup: Setup, arrivals: Sequence[Arrival]) -> Run:
             engines = [e.statistics() for e in fleet.engines.values()]
         return Run(books.records, sum(e.prefix_cache_queries for e in engines), sum(e.prefix_cache_hits for e in engines))
 
+    seed_trio_scheduler(SEED)  # the same-instant wake-up order too: advice that repeats (fleet.seed_trio_scheduler)
     thresholds = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
     try:
@@ -492,6 +493,7 @@ class Stats:
     long_goodput: float  # long requests finished ok per second, from the trace's start to the last one's end
     prefix_queries: int = 0  # the engines' prompt tokens looked up in their prefix caches (simulated only)
     prefix_hits: int = 0  # of them, found cached
+    long_e2e_p99: float = math.nan  # failed long requests count as infinitely slow (advise's threshold search judges by it)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -523,6 +525,7 @@ def stats_of(fates: Sequence[Fate]) -> Stats:
         long_n=sum(1 for f in fates if f.kind == "long"),
         long_ok=len(ok_long),
         long_goodput=len(ok_long) / end if end > 0 else 0.0,
+        long_e2e_p99=_p99((f.e2e for f in ok_long), sum(1 for f in fates if f.kind == "long") - len(ok_long)),
     )
 
 
@@ -635,19 +638,21 @@ def advise(
     jobs: int = 1,
     seconds: float = math.nan,
     source: str = "",
+    layouts: Callable[[Fleet], list[Candidate]] | None = None,
 ) -> Advice:
     """Simulate the baselines and every candidate on ``arrivals``; pick one.
 
     ``seen`` (one per arrival: its prefix group and cached tokens) has the
     replay share prefixes as the log says they were shared (``prefixes``),
     ``assume_tokens`` per group that reported none; without it every prompt is unique.
+    ``layouts`` gives the candidates (default ``candidates``).
     """
     started = time.perf_counter()
     kept, places = fit(arrivals, candidate_config(fleet, Candidate(1, fleet.engines - 1, "static")))
     dropped, sharing = len(arrivals) - len(kept), None
     if seen is not None:
         kept, sharing = with_prefixes(kept, [seen[i] for i in places], assume_tokens)
-    found = candidates(fleet)
+    found = (layouts or candidates)(fleet)
     setups = [shared_setup(fleet), dataclasses.replace(shared_setup(fleet, "short-only ideal"), kinds=("short",))]
     if not any(a.kind == "short" for a in kept):  # nothing to protect: the candidates differ by long goodput alone
         setups.pop()
@@ -990,6 +995,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compare-candidate", default=None, help="which candidate that run was, e.g. '1:3 static' (default: the recommended one)")
     add("--time-scale", type=float, default=TAIL_TIME_SCALE, help="that run's --time-scale (default %(default)g)")
     add("--no-prefix-cache", action="store_true", help="replay every prompt unique, ignoring the log's prefix_group and cached_tokens (for comparison)")
+    add("--keep-thresholds", action="store_true", help="with --access-log: do not search class thresholds (keep the file's)")
     add("--assume-shared-tokens", type=int, default=0, help="a prefix group's shared tokens where no line reported cached_tokens (default %(default)s: none)")
     return parser
 
@@ -1025,6 +1031,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tailguard advise: {error}", file=sys.stderr)
         return 2
     print(("\n" if usage is not None else "") + report(result), end="")
+    thresholds = None
+    if usage is not None and not args.keep_thresholds:
+        from .joint import search, search_json, section  # joint builds on this module
+
+        thresholds = search(fleet, arrivals, seen=modelled, assume_tokens=args.assume_shared_tokens, jobs=args.jobs, seconds=args.seconds, file_advice=result)
+        print("\n" + section(thresholds), end="")
     if args.trace is not None:
         command = tail_command(result, result.recommended.candidate, args.trace, Path("samples"))
         note = command and f"Check it in real time (bench tail; then --compare-samples samples): `{command}`"
@@ -1034,6 +1046,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         document = advice_json(result)
         if usage is not None:
             document["access_log"] = usage.as_json()
+        if thresholds is not None:
+            document["thresholds"] = search_json(thresholds)
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     if args.compare_samples is not None:
         try:
