@@ -27,6 +27,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "cluster": ("bench.cluster.run", "replicas sharing caps on Redis: caps under load, kill -9, Redis down"),
     "workers": ("bench.overhead.workers", "serve --workers 2 beside --workers 1 and vllm-router: req/s, CPU per request"),
     "sim-cpu": ("bench.simcheck.cpu", "the simulator's own CPU while streaming to many clients"),
+    "tenants": ("bench.tenants.run", "two API keys on one small pool: fair shares vs FIFO under a burst, weighted shares backlogged"),
     "sim-profile": ("bench.simcheck.profile", "the simulated engine's TTFT and ITL by concurrency, in virtual time"),
 }
 
