@@ -152,19 +152,28 @@ class Budgets:
         self._windows: dict[str, _Window] = {}
 
     def reserve(
-        self, caller: str, tokens: int, *, tokens_per_minute: int | None, requests_per_minute: int | None, now: float
+        self,
+        caller: str,
+        tokens: int,
+        *,
+        tokens_per_minute: int | None,
+        requests_per_minute: int | None,
+        now: float,
+        whole: str = "the key's whole budget",
     ) -> Grant | None:
         """Admit a request that may cost ``tokens`` for ``caller``, or raise; None when the caller has no budget.
 
+        ``whole`` names the token budget in the 400's message (a replica's share of it, under ``[cluster]``).
+
         Raises:
           InvalidRequest: the request alone is over the whole token budget.
-          BudgetExceeded: the window does not hold it now; ``retry_after`` says when it will.
+          BudgetExceeded: the window does not hold it now; ``retry_after`` says when it will (both budgets counted).
         """
         if tokens_per_minute is None and requests_per_minute is None:
             return None
         if tokens_per_minute is not None and tokens > tokens_per_minute:
             raise InvalidRequest(
-                f"this request may take {tokens} tokens (its prompt and max_tokens), more than the key's whole budget of "
+                f"this request may take {tokens} tokens (its prompt and max_tokens), more than {whole} of "
                 f"{tokens_per_minute} tokens a minute (tokens_per_minute); lower max_tokens or shorten the prompt",
                 param="max_tokens",
             )
@@ -172,18 +181,18 @@ class Budgets:
         if window is None:
             window = self._windows[caller] = _Window()
         window.expire(now)
+        over: list[tuple[float, str]] = []
         if requests_per_minute is not None and window.requests + 1 > requests_per_minute:
             wait = window.wait_for(window.requests + 1 - requests_per_minute, "requests", now)
-            raise BudgetExceeded(
-                f"the caller {caller!r} has used its {requests_per_minute} requests a minute; retry after {wait:.1f} s",
-                retry_after=wait,
-            )
+            over.append((wait, f"has used its {requests_per_minute} requests a minute"))
         if tokens_per_minute is not None and window.tokens + tokens > tokens_per_minute:
             wait = window.wait_for(window.tokens + tokens - tokens_per_minute, "tokens", now)
+            left = max(0, tokens_per_minute - window.tokens)
+            over.append((wait, f"has {left} of its {tokens_per_minute} tokens a minute left, this request may take {tokens}"))
+        if over:
+            wait = max(w for w, _ in over)  # the window holds it when both budgets do
             raise BudgetExceeded(
-                f"the caller {caller!r} has {tokens_per_minute - window.tokens} of its {tokens_per_minute} tokens a minute left, "
-                f"this request may take {tokens}; retry after {wait:.1f} s",
-                retry_after=wait,
+                f"the caller {caller!r} {' and '.join(why for _, why in over)}; retry after {wait:.1f} s", retry_after=wait
             )
         entry = _Admitted(now, tokens)
         window.admitted.append(entry)

@@ -138,6 +138,14 @@ def parse_config(
     metrics = read_metrics(root.table("metrics"))
     rebalance = read_rebalance(root.table("rebalance"))
     cluster = read_cluster(root.table("cluster"), present=root.has("cluster"))
+    budgeted = [k.name for k in auth.keys if k.tokens_per_minute or k.requests_per_minute]
+    if limits.anonymous_tokens_per_minute or limits.anonymous_requests_per_minute:
+        budgeted.append("anonymous")
+    if cluster is not None and cluster.static_share <= 0 and budgeted:
+        root.table("cluster").report(
+            "cluster.static_share",
+            f"must be above 0 while callers have budgets ({', '.join(budgeted)}): each replica keeps that share of them",
+        )
     discovery = read_discovery(root.table("discovery"))
     tracing = read_tracing(root.table("tracing"))
     root.finish()

@@ -7,12 +7,17 @@ Fair Queuing", SIGCOMM '96), counted in tokens as the virtual token counter
 of Sheng et al. ("Fairness in Serving Large Language Models", OSDI '24)
 does, because a request is no unit of GPU work:
 
-- each tenant has a finish tag ``F``, the tokens it has been served so far
-  over its ``weight``; the clock ``V`` is the largest start tag granted;
+- each tenant has a finish tag ``F``, the tokens it has been served or is
+  waiting for, over its ``weight``; the clock ``V`` is the largest start
+  tag granted;
 - a request starts at ``S = max(V, F)`` and moves ``F`` on by its prompt
   tokens over the weight; the tokens it generates are added when it ends
-  (:meth:`FairClock.charge`), so ``F`` only grows and one tenant's own
-  requests keep their arrival order;
+  (:meth:`FairClock.charge`). One that gets no seat (refused, timed out,
+  gone) hands its charge back (:meth:`FairClock.withdraw`), so clients that
+  give up do not leave their tenant in debt for work never done; a new
+  request still starts no earlier than its tenant's newest waiter (the
+  queue passes that as ``after``), so one tenant's own requests keep their
+  arrival order;
 - ``max(V, F)``: a tenant idle for a while starts at the clock, not with
   credit banked while it was away, so the scheme is work-conserving and an
   idle tenant's share goes to whoever waits, without a later burst of its
@@ -50,9 +55,9 @@ class FairClock:
         self._finish: dict[str, float] = {}
         self._forget_at = 64  # prune tenants at or below the clock once this many are kept
 
-    def start(self, share: Share) -> float:
-        """The start tag of a request for ``share`` arriving now; its prompt tokens are charged to its tenant."""
-        tag = max(self.virtual, self._finish.get(share.tenant, 0.0))
+    def start(self, share: Share, after: float = 0.0) -> float:
+        """The start tag of a request for ``share`` arriving now, no earlier than ``after``; its prompt tokens are charged."""
+        tag = max(self.virtual, self._finish.get(share.tenant, 0.0), after)
         self._finish[share.tenant] = tag + share.tokens / share.weight
         if len(self._finish) >= self._forget_at:
             self._forget()
@@ -63,14 +68,14 @@ class FairClock:
         if tag > self.virtual:
             self.virtual = tag
 
-    def withdraw(self, share: Share, tag: float) -> None:
-        """A request that got no seat (refused, timed out, displaced, gone) hands back its charge, if nothing was charged since."""
-        if self._finish.get(share.tenant) == tag + share.tokens / share.weight:
-            self._finish[share.tenant] = tag
+    def withdraw(self, share: Share) -> None:
+        """A request that got no seat (refused, timed out, displaced, gone) hands back its charge."""
+        if share.tenant in self._finish:
+            self._finish[share.tenant] -= share.tokens / share.weight
 
     def charge(self, share: Share, tokens: int) -> None:
         """``tokens`` more served to ``share``'s tenant (those a request generated, counted at its end)."""
-        if tokens > 0:
+        if tokens > 0 and share.tenant:  # no share (first come, first served): nothing to count
             self._finish[share.tenant] = max(self.virtual, self._finish.get(share.tenant, 0.0)) + tokens / share.weight
 
     def finish(self, tenant: str) -> float:

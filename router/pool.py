@@ -637,8 +637,11 @@ class Pool:
             )
         fraction = self.config.fail_fast_fraction
         max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
-        share = ticket.share if self.config.queue_order == "fair" else NO_SHARE
-        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait, share=share)
+        return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait, share=self.share_of(ticket))
+
+    def share_of(self, ticket: Ticket) -> Share:
+        """The share ``ticket`` waits in: its tenant's, or none with ``queue_order = "arrival"``."""
+        return ticket.share if self.config.queue_order == "fair" else NO_SHARE
 
     def _back_in(self, recheck_in: float | None) -> float:
         """Seconds until an endpoint may take requests again: an ejected one at its ejection's end, any other at the next health check."""

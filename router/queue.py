@@ -18,14 +18,16 @@ hand a resource to a task that will not receive it, and every value
 Failing fast: under sustained overload a bounded queue fills with requests
 that will only wait out their deadline and then fail. When the owner can say
 how fast it frees resources (its ``drain_rate()`` callback), :meth:`WaitQueue.get`
-refuses at arrival a request whose expected wait -- everyone parked as urgent
-or more, plus itself, at that rate -- is over what it may wait. The check
+refuses at arrival a request whose expected wait -- everyone parked who is
+served before it (more urgent, or as urgent and earlier in its fair share),
+plus itself, at that rate -- is over what it may wait. The check
 runs after the fast path failed and before the task parks, in the same
 synchronous step, so it changes nothing in the hand-off.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
@@ -146,6 +148,8 @@ class WaitQueue(Generic[T, K]):
         self.max_waiting = max_waiting
         self._arrivals = itertools.count()
         self.fair = FairClock()
+        # Each tenant's parked waiters, oldest first (dead ones dropped lazily): its newest bounds a new one's start tag.
+        self._parked: dict[str, collections.deque[_Waiter]] = {}
         self.hints = RetryHints()
         # Both heaps hold every parked waiter: best first by (priority,
         # start tag, arrival) for dispatch, worst first for displacement. Leaving only
@@ -193,11 +197,11 @@ class WaitQueue(Generic[T, K]):
           trio.WouldBlock: if a waiter as urgent and as early in its share
             is parked, or ``grant(ticket)`` has nothing to give.
         """
-        tag = self.fair.start(share)
+        tag = self._start(share)
         best = _peek(self._best)
         value = None if best is not None and (best.priority, best.tag) <= (priority, tag) else self._grant(ticket)
         if value is None or isinstance(value, Skip):
-            self.fair.withdraw(share, tag)
+            self.fair.withdraw(share)
             raise trio.WouldBlock
         self.fair.granted(tag)
         return value
@@ -208,8 +212,9 @@ class WaitQueue(Generic[T, K]):
         ahead = sum(count for level, count in self._by_priority.items() if level < priority)
         if priority not in self._by_priority:
             return ahead
-        if tag == math.inf:
-            return ahead + self._by_priority[priority]
+        worst = _peek(self._worst)
+        if tag == math.inf or (worst is not None and worst.priority == priority and worst.tag <= tag):
+            return ahead + self._by_priority[priority]  # everyone at this priority starts before it: one tenant, say
         return ahead + sum(1 for level, start, _, waiter in self._best if level == priority and start <= tag and waiter.alive)
 
     def expected_wait(self, priority: int, tag: float = math.inf) -> float | None:
@@ -254,12 +259,19 @@ class WaitQueue(Generic[T, K]):
             (at once) if the expected wait is over what this request may wait.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        tag = self.fair.start(share)
+        tag = self._start(share)
         try:
             return await self._get(priority, deadline, ticket, retry_after, max_wait, share, tag)
         except BaseException:
-            self.fair.withdraw(share, tag)  # no seat: its prompt was not served
+            self.fair.withdraw(share)  # no seat: its prompt was not served
             raise
+
+    def _start(self, share: Share) -> float:
+        """A new request's start tag: its tenant's share, and never before that tenant's newest waiter."""
+        parked = self._parked.get(share.tenant)
+        while parked and not parked[-1].alive:
+            parked.pop()
+        return self.fair.start(share, parked[-1].tag if parked else 0.0)
 
     async def _get(
         self, priority: int, deadline: float, ticket: K, retry_after: float, max_wait: float | None, share: Share, tag: float
@@ -292,6 +304,7 @@ class WaitQueue(Generic[T, K]):
         arrival = next(self._arrivals)
         heapq.heappush(self._best, (priority, tag, arrival, waiter))
         heapq.heappush(self._worst, (-priority, -tag, -arrival, waiter))
+        self._parked.setdefault(share.tenant, collections.deque()).append(waiter)
         self._waiting += 1
         self._by_priority[priority] = self._by_priority.get(priority, 0) + 1
         if behind:
@@ -413,6 +426,11 @@ class WaitQueue(Generic[T, K]):
         """Take a parked waiter out of the line; its heap entries go stale."""
         waiter.alive = False
         self._waiting -= 1
+        parked = self._parked[waiter.share.tenant]
+        while parked and not parked[0].alive:  # a tenant's waiters mostly leave oldest first
+            parked.popleft()
+        if not parked:
+            del self._parked[waiter.share.tenant]
         left = self._by_priority.pop(waiter.priority) - 1
         if left:
             self._by_priority[waiter.priority] = left

@@ -42,6 +42,7 @@ from .errors import (
     BadBackendReply,
     BudgetExceeded,
     Draining,
+    InvalidRequest,
 )
 from .fleet import Fleet
 from .ids import IdSource
@@ -183,13 +184,20 @@ class RequestPath:
 
     def _reserve(self, caller: Caller, ticket: Ticket, record: RequestRecord) -> Grant | None:
         """The caller's budgets, if it has any, hold what this request may cost: reserved now, or BudgetExceeded."""
-        tokens, requests = budgets_of(caller, self._fleet.config)
+        config = self._fleet.config
+        tokens, requests = budgets_of(caller, config)
+        whole = "the key's whole budget" if config.cluster is None else "this replica's share (cluster.static_share) of the key's budget"
         now = trio.current_time()
         try:
             grant = self._budgets.reserve(
-                caller.name, ticket.prompt_tokens + ticket.max_tokens, tokens_per_minute=tokens, requests_per_minute=requests, now=now
+                caller.name,
+                ticket.prompt_tokens + ticket.max_tokens,
+                tokens_per_minute=tokens,
+                requests_per_minute=requests,
+                now=now,
+                whole=whole,
             )
-        except BudgetExceeded:
+        except (BudgetExceeded, InvalidRequest):  # its answer says what is left too
             record.rate_limits = self._budgets.limits(caller.name, tokens_per_minute=tokens, requests_per_minute=requests, now=now).headers()
             raise
         if grant is not None:
@@ -268,7 +276,7 @@ class RequestPath:
                         await response.aclose()
             finally:
                 record.finish_tokens()  # what it generated, if no usage said
-                pool.queue.fair.charge(ticket.share, record.completion_tokens or 0)  # its tenant's fair share, settled
+                pool.queue.fair.charge(pool.share_of(ticket), record.completion_tokens or 0)  # its tenant's fair share, settled
                 lease.release()
 
     async def _start_call(
@@ -390,7 +398,7 @@ def budgets_of(caller: Caller, config: Config) -> tuple[int | None, int | None]:
 
 
 def _share_of(budget: int | None, share: float) -> int | None:
-    return None if budget is None else max(1, math.floor(budget * share))
+    return None if budget is None else max(1, math.floor(budget * share + 1e-9))  # 100 x 0.29 is 29, not 28.999...
 
 
 def routing_of(record: RequestRecord) -> Routing:

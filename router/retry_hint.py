@@ -47,7 +47,8 @@ class RetryHints:
         """``wait`` clamped to [floor, CEILING], times a draw in [1, 1 + SPREAD), and never past CEILING."""
         if not self.computed:
             return floor
-        base = min(max(wait, floor, 0.0), CEILING)
+        ceiling = max(CEILING, floor)  # a configured floor above 60 s is kept, unspread
+        base = min(max(wait, floor, 0.0), ceiling)
         if not math.isfinite(base):
-            return CEILING
-        return min(base * (1.0 + SPREAD * self._random.random()), max(CEILING, floor))
+            return ceiling
+        return min(base * (1.0 + SPREAD * self._random.random()), ceiling)

@@ -15,6 +15,7 @@ maps the table's gRPC status names to ``grpc.StatusCode``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import grpc
@@ -120,6 +121,6 @@ def grpc_error(error: errors.TailguardError) -> GrpcError:
     if retry_after is not None:
         metadata += (
             ("retry-after", str(whole_seconds(retry_after))),
-            ("grpc-retry-pushback-ms", str(max(0, int(retry_after * 1000)))),
+            ("grpc-retry-pushback-ms", str(max(0, math.ceil(retry_after * 1000)))),  # never sooner than told
         )
     return GrpcError(code, error.message, metadata)

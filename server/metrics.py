@@ -98,7 +98,7 @@ class Metrics:
         # Per caller (the API key's name, never the key; anonymous callers as one): bounded by the keys configured.
         self.caller_tokens = Counter(
             "tailguard_caller_tokens",
-            "Tokens served per API key name: prompt (estimated at admission) and completion (the backend's usage).",
+            "Tokens served per API key name: prompt and completion (the backend's usage; the estimate if it gave none).",
             ("caller", "kind"),
             registry=r,
         )
@@ -163,7 +163,9 @@ class Metrics:
         self.placements.count(record)
 
     def _observe_caller(self, record: RequestRecord) -> None:
-        """The caller's share: its tokens, its wait, its rejections."""
+        """The caller's share: its tokens, its wait, its rejections (a request with no valid key is nobody's)."""
+        if record.reason == "unauthenticated":
+            return
         children = self._caller_children.get(record.caller)
         if children is None:
             children = (
@@ -173,8 +175,8 @@ class Metrics:
             )
             self._caller_children[record.caller] = children
         prompt, completion, queue = children
-        if record.prompt_tokens is not None:
-            prompt.inc(record.prompt_tokens)
+        if record.prompt_tokens is not None and record.admitted_at is not None:  # served: a refused prompt cost nothing
+            prompt.inc(record.input_tokens or record.prompt_tokens)
         if record.completion_tokens:
             completion.inc(record.completion_tokens)
         if record.queue_seconds is not None:

@@ -74,6 +74,16 @@ def test_requests_per_minute_and_a_request_over_the_whole_budget() -> None:
     assert budgets.reserve("other", 10**9, tokens_per_minute=None, requests_per_minute=None, now=0.0) is None
 
 
+def test_a_refusal_waits_for_both_budgets_to_hold_it() -> None:
+    budgets = Budgets()
+    for now in range(10):  # ten requests of 100 tokens, one a second: the request budget (10) is used, the tokens (1,000) too
+        budgets.reserve("k", 100, tokens_per_minute=1000, requests_per_minute=10, now=float(now))
+    with pytest.raises(BudgetExceeded, match="requests a minute and has 0 of its 1000") as refused:
+        budgets.reserve("k", 500, tokens_per_minute=1000, requests_per_minute=10, now=10.0)
+    assert refused.value.retry_after == pytest.approx(54.0)  # five of the old requests must leave for 500 tokens, not one
+    assert budgets.reserve("k", 500, tokens_per_minute=1000, requests_per_minute=10, now=64.0) is not None
+
+
 def test_headers_are_openais_six() -> None:
     budgets = Budgets()
     grant = budgets.reserve("k", 300, tokens_per_minute=1000, requests_per_minute=10, now=5.0)
@@ -143,6 +153,17 @@ async def test_the_anonymous_budget_applies_when_auth_is_off() -> None:
             second = await client.post("/v1/chat/completions", json=body)
             assert second.status_code == 429 and second.json()["error"]["code"] == "token_budget_exceeded"
             assert 55 <= int(second.headers["retry-after"]) <= 60
+            assert second.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_a_request_over_the_whole_budget_is_a_400_that_names_it_with_the_headers() -> None:
+    async with engines_on_sockets([QUICK, QUICK]) as backends:
+        base = two_pool_config(interactive_urls=[backends.urls[0]], batch_urls=[backends.urls[1]])
+        config = dataclasses.replace(base, limits=dataclasses.replace(LimitsConfig(), anonymous_tokens_per_minute=100))
+        async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+            huge = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 500})
+            assert huge.status_code == 400 and "tokens_per_minute" in huge.json()["error"]["message"]
+            assert huge.headers["x-ratelimit-limit-tokens"] == "100" and huge.headers["x-ratelimit-remaining-tokens"] == "100"
 
 
 def test_with_cluster_each_replica_keeps_its_static_share_of_a_budget() -> None:
@@ -151,3 +172,8 @@ def test_with_cluster_each_replica_keeps_its_static_share_of_a_budget() -> None:
     assert budgets_of(metered, config) == (100_000, 3)
     shared = dataclasses.replace(config, cluster=ClusterConfig("redis://127.0.0.1:6379/0", static_share=0.25))
     assert budgets_of(metered, shared) == (25_000, 1)  # four replicas' shares add up to the budget, never past it
+    odd = dataclasses.replace(shared, cluster=ClusterConfig("redis://127.0.0.1:6379/0", static_share=0.29))
+    assert budgets_of(Caller("m", frozenset(), None, tokens_per_minute=100), odd) == (29, None)  # not 28.999...
+    keyed = '\n[[auth.keys]]\nname = "metered"\nkey_sha256 = "' + "a" * 64 + '"\ntokens_per_minute = 1000\n'
+    with pytest.raises(ConfigError, match="cluster.static_share: must be above 0 while callers have budgets"):
+        parse_config(BASE + keyed + '\n[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\nstatic_share = 0\n')

@@ -13,7 +13,7 @@ import trio.testing
 from tailguard.router.auth import Caller
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_render import render_config
-from tailguard.router.errors import QueueFull
+from tailguard.router.errors import QueueFull, QueueTimeout
 from tailguard.router.fair_share import FairClock, Share
 from tests.router_helpers import chat, router_over_engines, two_pool_config, with_digest
 from tests.test_config import BASE
@@ -36,23 +36,50 @@ def test_weights_divide_the_charge_and_a_refused_request_hands_its_charge_back()
     clock = FairClock()
     heavy = Share("heavy", weight=4.0, tokens=100)
     assert [clock.start(heavy) for _ in range(2)] == [0.0, 25.0]
-    tag = clock.start(A)
-    clock.withdraw(A, tag)
-    assert clock.finish("a") == tag  # nothing charged since: it is as if it never came
     first, second = clock.start(A), clock.start(A)
-    clock.withdraw(A, first)  # a later request was charged: its tag stays, so A's order holds
-    assert clock.finish("a") == second + 100
+    clock.withdraw(A)  # one of them got no seat: A is charged for one prompt, whichever it was
+    assert (first, second, clock.finish("a")) == (0.0, 100.0, 100.0)
+    assert clock.start(A, after=second) == 100.0  # never before A's newest waiter
 
 
-async def parked(slots: Slots, share: Share, order: list[str], name: str, *, priority: int = 0) -> None:
-    await slots.queue.get(priority, math.inf, None, retry_after=1.0, share=share)
-    order.append(name)
+async def test_waiters_that_time_out_leave_their_tenant_no_debt(autojump_clock: trio.testing.MockClock) -> None:
+    slots = Slots(0)
+    now = trio.current_time()
+
+    async def gives_up(deadline: float) -> None:
+        with pytest.raises(QueueTimeout):
+            await slots.queue.get(0, deadline, None, retry_after=1.0, share=A)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(5):  # A's clients give up one after another, oldest first, never served
+            nursery.start_soon(gives_up, now + 1 + i * 0.1)
+            await trio.testing.wait_all_tasks_blocked()
+    assert slots.queue.fair.finish("a") == 0.0
+    order: list[tuple[int, str]] = []
+    slots.capacity = 0
+    async with trio.open_nursery() as nursery:
+        for name, share in (("b0", B), ("b1", B), ("a5", A)):
+            nursery.start_soon(parked, slots, share, order, name)
+            await trio.testing.wait_all_tasks_blocked()
+        slots.capacity = 3
+        slots.queue.dispatch()
+    assert granted_order(order) == ["b0", "a5", "b1"]
+
+
+async def parked(slots: Slots, share: Share, order: list[tuple[int, str]], name: str, *, priority: int = 0) -> None:
+    """Wait for a slot; ``order`` gets (its grant's number, ``name``): Slots numbers its grants in the order it gives them."""
+    order.append((await slots.queue.get(priority, math.inf, None, retry_after=1.0, share=share), name))
+
+
+def granted_order(order: list[tuple[int, str]]) -> list[str]:
+    """The names in the order their slots were granted (tasks wake in an order of Trio's own)."""
+    return [name for _, name in sorted(order)]
 
 
 async def test_a_light_tenant_is_served_before_a_heavy_ones_backlog(autojump_clock: trio.testing.MockClock) -> None:
     slots = Slots(1)
     slots.queue.get_nowait(0, None, A)
-    order: list[str] = []
+    order: list[tuple[int, str]] = []
     async with trio.open_nursery() as nursery:
         for i in range(5):  # A's backlog: five more of its requests, queued first
             nursery.start_soon(parked, slots, A, order, f"a{i}")
@@ -64,13 +91,13 @@ async def test_a_light_tenant_is_served_before_a_heavy_ones_backlog(autojump_clo
         for _ in range(6):
             slots.release()
             await trio.testing.wait_all_tasks_blocked()
-    assert order == ["b", "a0", "a1", "a2", "a3", "a4"]
+    assert granted_order(order) == ["b", "a0", "a1", "a2", "a3", "a4"]
 
 
 async def test_without_shares_the_order_is_arrival_and_priority_still_comes_first(autojump_clock: trio.testing.MockClock) -> None:
     slots = Slots(1)
     slots.queue.get_nowait(0, None)
-    order: list[str] = []
+    order: list[tuple[int, str]] = []
     async with trio.open_nursery() as nursery:
         for name, share, priority in (("x0", Share(""), 1), ("x1", Share(""), 1), ("b", B, 1), ("urgent", A, 0)):
             nursery.start_soon(partial(parked, slots, share, order, name, priority=priority))
@@ -78,7 +105,7 @@ async def test_without_shares_the_order_is_arrival_and_priority_still_comes_firs
         for _ in range(4):
             slots.release()
             await trio.testing.wait_all_tasks_blocked()
-    assert order[0] == "urgent" and order[1:] == ["x0", "x1", "b"]
+    assert granted_order(order) == ["urgent", "x0", "x1", "b"]
 
 
 async def test_weights_three_to_one_share_the_tokens_three_to_one(autojump_clock: trio.testing.MockClock) -> None:

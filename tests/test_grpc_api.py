@@ -378,3 +378,20 @@ def test_bytes_that_are_no_request_message_are_invalid_argument_without_internal
         # a well-formed call still works on the same channel
         reply = pb_grpc.CompletionsStub(channel).Chat(pb.ChatRequest(messages=[pb.Message(role="user", content="hi")], options=pb.Options(max_tokens=4)), timeout=10)
         assert reply.content
+
+
+def test_a_budgeted_callers_answers_and_refusals_carry_the_rate_limits() -> None:
+    def make(urls: list[str]) -> Config:
+        base = config(urls)
+        return dataclasses.replace(base, limits=dataclasses.replace(base.limits, anonymous_requests_per_minute=1))
+
+    with grpc_service([QUICK, QUICK], make) as service, grpc.insecure_channel(service.grpc_target) as channel:
+        stub = pb_grpc.CompletionsStub(channel)
+        _, call = stub.Chat.with_call(chat(max_tokens=4))
+        assert dict(call.initial_metadata())["x-ratelimit-remaining-requests"] == "0"
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Chat(chat(max_tokens=4))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        trailing = dict(refused.value.trailing_metadata())
+        assert trailing["x-tailguard-error-code"] == "token_budget_exceeded" and trailing["x-ratelimit-limit-requests"] == "1"
+        assert 55_000 <= int(trailing["grpc-retry-pushback-ms"]) <= 60_000

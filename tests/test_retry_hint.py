@@ -28,6 +28,7 @@ def test_a_hint_is_the_queues_drain_time_clamped_and_spread_over_half_of_it_agai
     assert hints.for_queue(ahead=10_000, drain_rate=1.0, floor=1.0) == CEILING
     assert hints.for_queue(ahead=5, drain_rate=None, floor=3.0) == 3.0  # nothing measured: the floor as it is
     assert hints.spread(math.inf, 1.0) == CEILING
+    assert hints.for_queue(ahead=10_000, drain_rate=1.0, floor=90.0) == 90.0  # a floor over 60 s holds, unspread
 
 
 def test_whole_seconds_round_up_and_never_say_zero() -> None:

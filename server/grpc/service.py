@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -76,6 +77,7 @@ class _Call:
     trace_context: dict[str, str] | None = None  # the caller's traceparent and tracestate, if it sent them
     caller: tuple[str, str | None] = ("", None)  # its connection and credentials: whose calls the shed counts it among
     session: str | None = None  # the session header's value ([server] session_header), a placement hint
+    rate_limits: tuple[tuple[str, str], ...] = ()  # set by the Trio side: a budgeted key's x-ratelimit-* (errors carry them too)
 
     @property
     def route(self) -> str:
@@ -111,7 +113,7 @@ class _TrioSide:
         call.request_id = session.request_id
         async with session:
             request, caller = self._admit(call, session)
-            async with session.completion(request, caller) as completion:
+            async with self._limits_told(call, session), session.completion(request, caller) as completion:
                 await completion.read()  # checked and parsed once, by the core
                 response = response_message(request.kind, completion.payload, completion.routing)
                 metadata = session.routing_facts(completion.routing)
@@ -125,7 +127,7 @@ class _TrioSide:
         async with session:
             request, caller = self._admit(call, session)
             kind = request.kind
-            async with session.completion(request, caller) as completion:
+            async with self._limits_told(call, session), session.completion(request, caller) as completion:
                 await emit(_Head(routing_message(completion.routing), session.routing_facts(completion.routing)))
                 decoder = SseDecoder()
                 ended = False  # [DONE] or a finish reason seen: the answer is complete
@@ -144,6 +146,15 @@ class _TrioSide:
                 if not ended:
                     raise BadBackendReply("the backend's stream ended without [DONE] or a finish reason")
             await emit(_Timing(checked_header("server-timing", server_timing(session.record, total=True))))
+
+    @staticmethod
+    @asynccontextmanager
+    async def _limits_told(call: _Call, session: Session) -> AsyncIterator[None]:
+        """However the call ends, the asyncio side learns the key's x-ratelimit-* for its answer."""
+        try:
+            yield
+        finally:
+            call.rate_limits = session.record.rate_limits
 
     @staticmethod
     def _admit(call: _Call, session: Session) -> tuple[RouterRequest, Caller]:
@@ -283,7 +294,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             response, metadata, timing = await self._portal.call(self._trio.unary, call)
         except TailguardError as error:
             self._refused_inside(call, error)
-            await _abort(context, error, call.request_id)
+            await _abort(context, error, call.request_id, call.rate_limits)
         except ConnectionAbortedError:
             await _abort(context, _SHUTTING_DOWN, call.request_id)
         except Exception as error:  # a bug outside the session (it logs and counts the ones inside)
@@ -310,7 +321,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
                     yield chunk
         except TailguardError as error:
             self._refused_inside(call, error)
-            await _abort(context, error, call.request_id)
+            await _abort(context, error, call.request_id, call.rate_limits)
         except ConnectionAbortedError:
             await _abort(context, _SHUTTING_DOWN, call.request_id)
         except Exception as error:  # a bug outside the session
@@ -382,7 +393,9 @@ def add_completions(service: CompletionsService, server: grpc.aio.Server) -> Non
     server.add_registered_method_handlers(SERVICE_NAME, methods)
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: TailguardError, request_id: str | None = None) -> NoReturn:
+async def _abort(
+    context: grpc.aio.ServicerContext, error: TailguardError, request_id: str | None = None, extra: tuple[tuple[str, str], ...] = ()
+) -> NoReturn:
     if context.done():
         # The caller's own deadline passed or it cancelled: grpc has already
         # answered it; nothing more can be sent.
@@ -391,7 +404,7 @@ async def _abort(context: grpc.aio.ServicerContext, error: TailguardError, reque
     metadata = rendered.trailing_metadata
     if request_id:
         metadata = (*metadata, ("x-request-id", request_id))
-    await context.abort(rendered.code, rendered.details, metadata)
+    await context.abort(rendered.code, rendered.details, (*metadata, *extra))
     raise AssertionError("context.abort returned")  # pragma: no cover
 
 
