@@ -81,7 +81,7 @@ def decide(
         record.uncached_tokens = uncached(klass)
     key = prefix_key_of(request, pool.config.placement.blocks)
     record.prefix_group = prefix_group(key)
-    share = Share(caller.name, caller.weight, prompt_tokens)
+    share = Share(caller.name, caller.weight, prompt_tokens + max_tokens)  # what it may cost: settled at its end
     ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share)
     return Admitted(klass, pool, ticket, history)
 

@@ -10,9 +10,12 @@ does, because a request is no unit of GPU work:
 - each tenant has a finish tag ``F``, the tokens it has been served or is
   waiting for, over its ``weight``; the clock ``V`` is the largest start
   tag granted;
-- a request starts at ``S = max(V, F)`` and moves ``F`` on by its prompt
-  tokens over the weight; the tokens it generates are added when it ends
-  (:meth:`FairClock.charge`). One that gets no seat (refused, timed out,
+- a request starts at ``S = max(V, F)`` and moves ``F`` on by what it may
+  cost, its prompt and its max_tokens, over the weight; when it ends, the
+  max_tokens it did not generate are handed back (:meth:`FairClock.settle`).
+  Reserved at arrival, a tenant's running requests count against it while
+  they run, so a tenant holding most seats waits behind one holding few,
+  as budgets reserve (router/budgets.py). One that gets no seat (refused, timed out,
   gone) hands its charge back (:meth:`FairClock.withdraw`), so clients that
   give up do not leave their tenant in debt for work never done; a new
   request still starts no earlier than its tenant's newest waiter (the
@@ -35,7 +38,7 @@ __all__ = ["NO_SHARE", "FairClock", "Share"]
 
 @dataclass(frozen=True)
 class Share:
-    """Who a request is for and what it costs at admission: its tenant, the tenant's weight, its prompt tokens."""
+    """Who a request is for and what it may cost: its tenant, the tenant's weight, its prompt and max_tokens."""
 
     tenant: str
     weight: float = 1.0
@@ -56,7 +59,7 @@ class FairClock:
         self._forget_at = 64  # prune tenants at or below the clock once this many are kept
 
     def start(self, share: Share, after: float = 0.0) -> float:
-        """The start tag of a request for ``share`` arriving now, no earlier than ``after``; its prompt tokens are charged."""
+        """The start tag of a request for ``share`` arriving now, no earlier than ``after``; what it may cost is charged."""
         tag = max(self.virtual, self._finish.get(share.tenant, 0.0), after)
         self._finish[share.tenant] = tag + share.tokens / share.weight
         if len(self._finish) >= self._forget_at:
@@ -73,10 +76,10 @@ class FairClock:
         if share.tenant in self._finish:
             self._finish[share.tenant] -= share.tokens / share.weight
 
-    def charge(self, share: Share, tokens: int) -> None:
-        """``tokens`` more served to ``share``'s tenant (those a request generated, counted at its end)."""
-        if tokens > 0 and share.tenant:  # no share (first come, first served): nothing to count
-            self._finish[share.tenant] = max(self.virtual, self._finish.get(share.tenant, 0.0)) + tokens / share.weight
+    def settle(self, share: Share, generated: int, reserved: int) -> None:
+        """A seated request ended having generated ``generated`` of the ``reserved`` max_tokens it was charged for."""
+        if share.tenant and share.tenant in self._finish:  # no share (first come, first served): nothing to count
+            self._finish[share.tenant] += (generated - reserved) / share.weight
 
     def finish(self, tenant: str) -> float:
         """The tenant's finish tag, or the clock when it has none above it (for tests and metrics)."""

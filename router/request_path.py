@@ -276,7 +276,8 @@ class RequestPath:
                         await response.aclose()
             finally:
                 record.finish_tokens()  # what it generated, if no usage said
-                pool.queue.fair.charge(pool.share_of(ticket), record.completion_tokens or 0)  # its tenant's fair share, settled
+                # Its tenant's fair share, settled: the max_tokens it did not generate are handed back.
+                pool.queue.fair.settle(pool.share_of(ticket), record.completion_tokens or 0, ticket.max_tokens)
                 lease.release()
 
     async def _start_call(

@@ -28,8 +28,8 @@ def test_one_tenants_tags_keep_its_arrival_order_and_an_idle_one_starts_at_the_c
     assert tags == [0.0, 100.0, 200.0]
     clock.granted(tags[1])
     assert clock.start(B) == 100.0  # B was idle: it starts at the clock, with no credit banked
-    clock.charge(A, 50)  # A's first request generated 50 tokens
-    assert clock.finish("a") == 350.0 and clock.start(A) == 350.0
+    clock.settle(A, 10, 60)  # one of A's requests generated 10 of the 60 max_tokens charged for it
+    assert clock.finish("a") == 250.0 and clock.start(A) == 250.0
 
 
 def test_weights_divide_the_charge_and_a_refused_request_hands_its_charge_back() -> None:
@@ -110,15 +110,15 @@ async def test_without_shares_the_order_is_arrival_and_priority_still_comes_firs
 
 async def test_weights_three_to_one_share_the_tokens_three_to_one(autojump_clock: trio.testing.MockClock) -> None:
     slots = Slots(2)
-    heavy, light = Share("three", weight=3.0, tokens=100), Share("one", weight=1.0, tokens=100)
+    heavy, light = Share("three", weight=3.0, tokens=164), Share("one", weight=1.0, tokens=164)  # 100 prompt + 64 max_tokens
     served = {"three": 0, "one": 0}
 
     async def backlogged(share: Share) -> None:
         while True:  # bounded by the nursery's deadline below
             await slots.queue.get(0, math.inf, None, retry_after=1.0, share=share)
-            served[share.tenant] += share.tokens
+            served[share.tenant] += 100 + 50
             await trio.sleep(1.0)
-            slots.queue.fair.charge(share, 50)  # what it generated
+            slots.queue.fair.settle(share, 50, 64)  # it generated 50 of its 64
             slots.release()
 
     with trio.move_on_after(300):
