@@ -8,6 +8,8 @@ from functools import partial
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import trio.testing
 
 from tailguard.router.auth import Caller
@@ -216,3 +218,37 @@ def test_queue_order_is_read_checked_and_rendered() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config(BASE.replace("[pools.interactive]\n", '[pools.interactive]\nqueue_order = "lifo"\n', 1))
     assert "pools.interactive.queue_order" in str(raised.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(1, 500), st.floats(0.1, 5.0), st.booleans()), min_size=1, max_size=30
+    ),
+    st.integers(1, 3),
+)
+def test_each_tenant_is_served_in_its_arrival_order_whatever_the_others_do(
+    arrivals: list[tuple[str, int, float, bool]], seats: int
+) -> None:
+    """Random tenants, costs, patience and releases: no tenant's requests ever pass one another."""
+    served: list[tuple[int, str, int]] = []  # (the grant's number, tenant, arrival index)
+
+    async def main() -> None:
+        slots = Slots(seats)
+
+        async def one(index: int, tenant: str, tokens: int, patience: float) -> None:
+            with trio.move_on_after(patience):
+                granted = await slots.queue.get(0, math.inf, None, retry_after=1.0, share=Share(tenant, tokens=tokens))
+                served.append((granted, tenant, index))
+                await trio.sleep(1.0)
+                slots.release()
+
+        async with trio.open_nursery() as nursery:
+            for index, (tenant, tokens, patience, pause) in enumerate(arrivals):
+                nursery.start_soon(one, index, tenant, tokens, patience)
+                await trio.sleep(0.3 if pause else 0.0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    for tenant in "abc":
+        mine = [index for _, who, index in sorted(served) if who == tenant]
+        assert mine == sorted(mine)
