@@ -8,9 +8,9 @@ from functools import partial
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import trio.testing
 
 from tailguard.router.auth import Caller
 from tailguard.router.config import ConfigError, parse_config
