@@ -313,7 +313,7 @@ def test_cli_replays_an_access_log(tmp_path: Path) -> None:
     log = tmp_path / "tailguard.log"
     log.write_text("\n".join(lines) + "\n")
     done = subprocess.run(
-        [sys.executable, "-m", "tailguard.server", "advise", "--access-log", str(log), "--engines", "4", "--config", str(SHIPPED_CONFIG)],
+        [sys.executable, "-m", "tailguard.server", "advise", "--access-log", str(log), "--engines", "4", "--config", str(SHIPPED_CONFIG), "--keep-thresholds"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -393,7 +393,7 @@ def test_cli_no_prefix_cache_replays_unique_prompts(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text(SMALL_POOLS)
     log = _grouped_log(tmp_path / "tailguard.log")
-    args = [sys.executable, "-m", "tailguard.server", "advise", "--access-log", str(log), "--config", str(config)]
+    args = [sys.executable, "-m", "tailguard.server", "advise", "--access-log", str(log), "--config", str(config), "--keep-thresholds"]
     runs = [subprocess.run([*args, *more], cwd=ROOT, capture_output=True, text=True, timeout=120) for more in ([], ["--no-prefix-cache"])]
     assert all(done.returncode == 0 for done in runs), [done.stderr for done in runs]
     assert "32 of 48 replayed requests in 2 prefix groups" in runs[0].stdout

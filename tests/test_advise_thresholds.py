@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tailguard.advise.accesslog import write_log
-from tailguard.advise.judge import Figures, best, within
+from tailguard.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
 from tailguard.advise.planner import SHIPPED_CONFIG, main, read_access_log
 from tailguard.advise.thresholds import MAX_SETS, MAX_SHARE, MIN_SHARE, NO_CLASS, Bounds, file_bounds, nice, propose, shares, with_bounds
 from tailguard.router.admission import classify
@@ -81,6 +81,9 @@ def test_judge_prefers_safe_then_short_e2e_and_ties_to_fewer_settings() -> None:
     failing = Figures(0.9, 0.5, 0.2, 1.0, 3)
     assert best([fast_but_unfair, safe_short, safe_same, failing]) == (2, True)
     assert best([fast_but_unfair, failing]) == (0, False)  # none safe: the least miss (failures count one each)
+    # advise's own predictions must clear the bound with headroom: 1.08x is safe swept, not predicted.
+    edge, room = Figures(1.08, 0.6, 0.2, 1.0, 0), Figures(1.0, 0.7, 0.3, 1.0, 0)
+    assert best([edge, room]) == (0, True) and best([edge, room], PREDICTED_E2E_MAX) == (1, True)
     no_shorts = [Figures(1.02, math.nan, math.nan, 1.0, 0), Figures(0.95, math.nan, math.nan, 1.0, 0)]
     assert best(no_shorts) == (1, True)  # no short requests: the long E2E P99 decides
     assert within(Figures(1.1, 0.77, 0.3, 1.0, 0), Figures(1.0, 0.7, 0.5, 1.0, 0))

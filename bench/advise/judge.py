@@ -17,8 +17,11 @@ The rule: a set-up is *safe* when it is no worse than round robin, as the
 issue's targets put it (long E2E P99 <= 1.1x, short E2E P99 <= 1.1x,
 completed/s >= 0.97x, no failure beyond round robin's). Among safe ones the
 lowest short E2E P99 wins (no short requests: the lowest long E2E P99), then
-the lowest long E2E P99, then the fewer settings. If none is safe, the one
-that misses the bounds by the least.
+the lowest long E2E P99 (ratios equal to two decimals tie), then the fewer
+settings. If none is safe, the one
+that misses the bounds by the least. advise holds its predictions to
+``PREDICTED_E2E_MAX`` (1.05x) instead of 1.1x: half the slack is left for
+what a replay of part of the log gets wrong.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 E2E_MAX = 1.1  # each class's E2E P99 at most this times round robin's
+# What a prediction must clear: advise replays a window of the log, and a
+# figure near the bound lands either side of it on the whole traffic (ShareGPT,
+# 4 engines: 1.09x predicted, 1.23x swept; bench/results/trace/advise-check.md).
+PREDICTED_E2E_MAX = 1.05
 COMPLETED_MIN = 0.97  # completed/s at least this times round robin's
 WITHIN = 1.1  # "within 10%" of the best: each class's E2E P99 at most this times the best's
 
@@ -45,29 +52,33 @@ class Figures:
 
     @property
     def safe(self) -> bool:
-        shorts_ok = math.isnan(self.short_e2e) or self.short_e2e <= E2E_MAX
-        return self.long_e2e <= E2E_MAX and shorts_ok and self.completed >= COMPLETED_MIN and self.failures_beyond == 0
+        return self.safe_at(E2E_MAX)
 
-    @property
-    def miss(self) -> float:
+    def safe_at(self, e2e_max: float) -> bool:
+        """No worse than round robin, each class's E2E P99 at most ``e2e_max`` x its."""
+        shorts_ok = math.isnan(self.short_e2e) or self.short_e2e <= e2e_max
+        return self.long_e2e <= e2e_max and shorts_ok and self.completed >= COMPLETED_MIN and self.failures_beyond == 0
+
+    def miss(self, e2e_max: float = E2E_MAX) -> float:
         """How far outside the bounds (<= 1: inside), failures counting one each."""
-        over = [self.long_e2e / E2E_MAX, COMPLETED_MIN / self.completed if self.completed > 0 else math.inf]
-        over += [] if math.isnan(self.short_e2e) else [self.short_e2e / E2E_MAX]
+        over = [self.long_e2e / e2e_max, COMPLETED_MIN / self.completed if self.completed > 0 else math.inf]
+        over += [] if math.isnan(self.short_e2e) else [self.short_e2e / e2e_max]
         return max(over) + self.failures_beyond
 
     def key(self) -> tuple[float, float, int]:
+        """Ratios equal to the report's two decimals tie (then the fewer settings win)."""
         first = self.long_e2e if math.isnan(self.short_e2e) else self.short_e2e
-        return first, self.long_e2e, self.settings
+        return round(first, 2), round(self.long_e2e, 2), self.settings
 
 
-def best(figures: Sequence[Figures]) -> tuple[int, bool]:
-    """The index of the best of ``figures`` by the rule above, and whether it is safe."""
+def best(figures: Sequence[Figures], e2e_max: float = E2E_MAX) -> tuple[int, bool]:
+    """The index of the best of ``figures`` by the rule above (safe: E2E P99s at most ``e2e_max`` x), and whether it is safe."""
     if not figures:
         raise ValueError("nothing to judge")
-    safe = [i for i, f in enumerate(figures) if f.safe]
+    safe = [i for i, f in enumerate(figures) if f.safe_at(e2e_max)]
     if safe:
         return min(safe, key=lambda i: figures[i].key()), True
-    return min(range(len(figures)), key=lambda i: (figures[i].miss, figures[i].key())), False
+    return min(range(len(figures)), key=lambda i: (figures[i].miss(e2e_max), figures[i].key())), False
 
 
 def within(pick: Figures, top: Figures) -> bool:

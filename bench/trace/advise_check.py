@@ -99,6 +99,8 @@ class PointCheck:
     swept: dict[str, Figures]
     best: str
     within: bool
+    command: str = ""  # the run that measured it
+    wall_s: float = 0.0  # the point's, all of it
 
 
 def _log_of(work: Workload, requests: int, engines: int, config: Config, directory: Path) -> Path:
@@ -166,11 +168,18 @@ def _fig(f: Figures) -> str:
     return f"{_x(f.long_e2e)} / {_x(f.short_e2e)} / {_x(f.short_ttft)} / {_x(f.completed)} / {f.failures_beyond}"
 
 
-def markdown(points: Sequence[PointCheck], command: str, wall: float) -> str:
+def markdown(points: Sequence[PointCheck]) -> str:
+    commands: dict[str, list[PointCheck]] = {}
+    for p in points:
+        commands.setdefault(p.command, []).append(p)
+    runs = [
+        f"`{command}`: {', '.join(f'{p.trace} {p.engines} engines' for p in mine)}, {sum(p.wall_s for p in mine):.0f} s wall"
+        for command, mine in commands.items()
+    ]
     rows = [
         "# advise on each trace's access log, against the trace sweep",
         "",
-        f"`{command}` ({wall:.0f} s wall for the points it ran; the others kept from earlier runs of it).",
+        "Made by " + "; ".join(runs) + " (virtual time).",
         "",
         "- The log: each trace's first requests (Mooncake 600, ShareGPT 1,500) of `python -m bench trace`'s arrivals at"
         " the point, replayed through its `tailguard` set-up and written as tailguard's JSON access lines"
@@ -230,6 +239,7 @@ def _from_json(row: dict[str, Any]) -> PointCheck:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["python -m bench.trace.advise_check", *argv])
     parser = argparse.ArgumentParser(prog="python -m bench.trace.advise_check", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--traces", default="mooncake,sharegpt")
     parser.add_argument("--engines", default="2,4")
@@ -237,21 +247,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    started = time.perf_counter()
     done = []
     for trace in args.traces.split(","):
         for engines in map(int, args.engines.split(",")):
             for load in map(float, args.loads.split(",")):
+                began = time.perf_counter()
                 point = check_point(trace, engines, load, args.jobs)
+                point = dataclasses.replace(point, command=command, wall_s=time.perf_counter() - began)
                 print(f"  {trace} {engines} engines @ {load:g}: {point.pick}; within 10%: {point.within}", file=sys.stderr, flush=True)
                 done.append(point)
-    wall = time.perf_counter() - started
     path = args.out / "advise-check.json"
     kept = [_from_json(row) for row in json.loads(path.read_text())["points"]] if path.exists() else []
     fresh = {(p.trace, p.engines, p.load) for p in done}
     points = sorted([p for p in kept if (p.trace, p.engines, p.load) not in fresh] + done, key=lambda p: (p.trace, p.engines, p.load))
-    command = " ".join(["python -m bench.trace.advise_check", *argv])
-    text = markdown(points, command, wall)
+    text = markdown(points)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "advise-check.md").write_text(text)
     path.write_text(json.dumps({"points": [_as_json(p) for p in points]}, indent=1) + "\n")
