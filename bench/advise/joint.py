@@ -48,6 +48,7 @@ class Search:
     safe: bool  # the pick is no worse than round robin by judge's bounds
     runs: int  # virtual runs, all sets
     wall_s: float
+    e2e_max: float = PREDICTED_E2E_MAX  # what "safe" held the predictions to
 
     def fleet_of(self, bounds: Bounds) -> Fleet:
         return dataclasses.replace(self.fleet, base=with_bounds(self.fleet.base, bounds))
@@ -89,8 +90,10 @@ def search(
     jobs: int = 1,
     seconds: float = math.nan,
     file_advice: Advice | None = None,
+    e2e_max: float = PREDICTED_E2E_MAX,
 ) -> Search:
-    """Each proposed threshold set's layout search on ``arrivals`` (``file_advice``: the file's set's, already run)."""
+    """Each proposed threshold set's layout search on ``arrivals`` (``file_advice``: the file's set's, already run);
+    safe: E2E P99s at most ``e2e_max`` x round robin's."""
     started = time.perf_counter()
     sizes = [(a.prompt_tokens or 0, a.max_tokens or 0) for a in arrivals]
     own = file_bounds(fleet.base)
@@ -107,8 +110,8 @@ def search(
             advice = advise(mine, arrivals, seen=seen, assume_tokens=assume_tokens, jobs=jobs, seconds=seconds, layouts=layouts)
         runs += len(advice.predictions) + 1 + (advice.ideal.short_n > 0)
         found += [Judged(bounds, p, figures(p.stats, advice.shared, settings_of(bounds, own, p.candidate))) for p in advice.predictions]
-    index, safe = best([j.figures for j in found], PREDICTED_E2E_MAX)
-    return Search(fleet, tuple(sets), tuple(found), found[index], safe, runs, time.perf_counter() - started)
+    index, safe = best([j.figures for j in found], e2e_max)
+    return Search(fleet, tuple(sets), tuple(found), found[index], safe, runs, time.perf_counter() - started, e2e_max)
 
 
 def _x(value: float) -> str:
@@ -131,7 +134,7 @@ def section(result: Search) -> str:
         f"Class thresholds from this traffic: {len(result.sets)} threshold sets x their layouts, {result.runs} virtual runs"
         f" in {result.wall_s:.1f} s (wall). Judged on the log's own classes (what the running config called"
         f" {result.fleet.short_class}, and the rest) against shared round robin: safe = long and short E2E P99"
-        f" <= {PREDICTED_E2E_MAX:g}x (1.1x less headroom for the replay's error), long finished/s >= {COMPLETED_MIN:g}x,"
+        f" <= {result.e2e_max:g}x (the bound is 1.1x; advise keeps headroom for its replay's error), long finished/s >= {COMPLETED_MIN:g}x,"
         " no failure beyond round robin's; among safe ones the lowest short E2E P99 (no short requests: the lowest long E2E P99)."
     )
     rows = [
@@ -141,13 +144,13 @@ def section(result: Search) -> str:
     ]
     for bounds, share, tokens in result.sets:
         mine = [j for j in result.judged if j.bounds == bounds]
-        top = mine[best([j.figures for j in mine], PREDICTED_E2E_MAX)[0]]
+        top = mine[best([j.figures for j in mine], result.e2e_max)[0]]
         f = top.figures
         mark = (" (the file's)" if bounds == own else "") + (" **<- recommended**" if top is pick else "")
         rows.append(
             f"| {bounds.text()}{mark} | {_pct(share)} / {_pct(tokens)} "
             f"| {top.prediction.candidate.name} | {_x(f.long_e2e)} | {_x(f.short_e2e)} | {_x(f.short_ttft)} | {_x(f.completed)} "
-            f"| {f.failures_beyond} | {'yes' if f.safe_at(PREDICTED_E2E_MAX) else 'no'} |"
+            f"| {f.failures_beyond} | {'yes' if f.safe_at(result.e2e_max) else 'no'} |"
         )
     share, tokens = next((s, t) for b, s, t in result.sets if b == pick.bounds)
     verdict = (
@@ -178,7 +181,7 @@ def search_json(result: Search) -> dict[str, Any]:
             "short_ttft_vs_rr": safe(f.short_ttft),
             "completed_vs_rr": safe(f.completed),
             "failures_beyond_rr": f.failures_beyond,
-            "safe": f.safe_at(PREDICTED_E2E_MAX),
+            "safe": f.safe_at(result.e2e_max),
         }
 
     return {

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 E2E_MAX = 1.1  # each class's E2E P99 at most this times round robin's
 # What a prediction must clear: advise replays a window of the log, and a
 # figure near the bound lands either side of it on the whole traffic (ShareGPT,
-# 4 engines: 1.09x predicted, 1.23x swept; bench/results/trace/advise-check.md).
+# 4 engines: 1.09x predicted, 1.23x swept; bench/results/trace/advise-no-headroom/).
 PREDICTED_E2E_MAX = 1.05
 COMPLETED_MIN = 0.97  # completed/s at least this times round robin's
 WITHIN = 1.1  # "within 10%" of the best: each class's E2E P99 at most this times the best's

@@ -37,7 +37,7 @@ from typing import Any
 
 from tailguard.advise.accesslog import write_log
 from tailguard.advise.joint import Judged, Search, search
-from tailguard.advise.judge import Figures, best, within
+from tailguard.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
 from tailguard.advise.planner import MAX_SECONDS, advise, candidate_setup, fleet_from, read_access_log, simulate
 from tailguard.router.config import load_config
 from tailguard.router.config_types import Config, LimitsConfig
@@ -114,25 +114,27 @@ def _log_of(work: Workload, requests: int, engines: int, config: Config, directo
     return path
 
 
-def _advise(log: Path, engines: int, config: Config, jobs: int) -> Search:
+def _advise(log: Path, engines: int, config: Config, jobs: int, e2e_max: float) -> Search:
     fleet = fleet_from(config, engines)
     arrivals, _, _ = read_access_log(log, fleet.short_class, MAX_SECONDS)
     own = advise(fleet, arrivals, jobs=jobs)
-    return search(fleet, arrivals, jobs=jobs, file_advice=own)
+    return search(fleet, arrivals, jobs=jobs, file_advice=own, e2e_max=e2e_max)
 
 
 def _pick_name(pick: Judged) -> str:
     return f"{pick.bounds.text()}; {pick.prediction.candidate.name}"
 
 
-def check_point(trace: str, engines: int, load: float, jobs: int, config_path: Path = SHIPPED_CONFIG) -> PointCheck:
+def check_point(
+    trace: str, engines: int, load: float, jobs: int, config_path: Path = SHIPPED_CONFIG, e2e_max: float = PREDICTED_E2E_MAX
+) -> PointCheck:
     """Advise on the trace's log, then the sweep and the pick on the full trace."""
     config = routed_config(config_path)
     job = Job(trace, PATHS[trace], DEFAULT_REQUESTS[trace], engines, load, ROUND_ROBIN, False, 0, config_path)
     work = workload(job)
     requests = min(ADVISED[trace], len(work.arrivals))
     with tempfile.TemporaryDirectory() as folder:
-        found = _advise(_log_of(work, requests, engines, config, Path(folder)), engines, config, jobs)
+        found = _advise(_log_of(work, requests, engines, config, Path(folder)), engines, config, jobs, e2e_max)
     pick = found.pick
     setup = dataclasses.replace(candidate_setup(found.fleet_of(pick.bounds), pick.prediction.candidate), name="advise's pick")
     names = list(SETUPS)
@@ -246,13 +248,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--loads", default="0.8")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--predicted-max",
+        type=float,
+        default=PREDICTED_E2E_MAX,
+        help="the E2E P99 ratio advise holds its predictions to (default %(default)g)",
+    )
     args = parser.parse_args(argv)
     done = []
     for trace in args.traces.split(","):
         for engines in map(int, args.engines.split(",")):
             for load in map(float, args.loads.split(",")):
                 began = time.perf_counter()
-                point = check_point(trace, engines, load, args.jobs)
+                point = check_point(trace, engines, load, args.jobs, e2e_max=args.predicted_max)
                 point = dataclasses.replace(point, command=command, wall_s=time.perf_counter() - began)
                 print(f"  {trace} {engines} engines @ {load:g}: {point.pick}; within 10%: {point.within}", file=sys.stderr, flush=True)
                 done.append(point)
