@@ -28,6 +28,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "workers": ("bench.overhead.workers", "serve --workers 2 beside --workers 1 and vllm-router: req/s, CPU per request"),
     "sim-cpu": ("bench.simcheck.cpu", "the simulator's own CPU while streaming to many clients"),
     "tenants": ("bench.tenants.run", "two API keys on one small pool: fair shares vs FIFO under a burst, weighted shares backlogged"),
+    "retry": ("bench.retry.run", "the openai SDK's retries under 1.5x overload: computed Retry-After vs a fixed 1 s"),
     "sim-profile": ("bench.simcheck.profile", "the simulated engine's TTFT and ITL by concurrency, in virtual time"),
 }
 

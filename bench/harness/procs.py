@@ -68,11 +68,15 @@ _LOG_TAIL_BYTES = 4000
 
 
 async def start_simulator(
-    nursery: trio.Nursery, engines: Sequence[tuple[int, str]], time_scale: float = 1.0, log: IO[bytes] | None = None
+    nursery: trio.Nursery,
+    engines: Sequence[tuple[int, str]],
+    time_scale: float = 1.0,
+    log: IO[bytes] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> trio.Process:
-    """``python -m tailguard.sim`` with (port, profile) engines; cancelling ``nursery`` terminates it."""
+    """``python -m tailguard.sim`` with (port, profile) engines and ``extra_args``; cancelling ``nursery`` terminates it."""
     spec = ",".join(f"{port}:{profile}" for port, profile in engines)
-    command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--time-scale", f"{time_scale:g}"]
+    command = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--time-scale", f"{time_scale:g}", *extra_args]
     return await start_process(nursery, command, log)
 
 

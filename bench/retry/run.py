@@ -1,0 +1,106 @@
+"""``python -m bench retry``: the openai SDK's retries under 1.5x overload, tailguard's computed Retry-After beside a fixed 1 s.
+
+Real time on 127.0.0.1: one simulated engine (latency profile,
+``--seats`` seats) behind one tailguard pool of as many seats and a wait
+queue of ``--max-queue``, one class. Seeded Poisson arrivals at ``--load``
+times the pool's capacity for ``--warmup`` + ``--seconds`` s, each a
+logical request: one ``chat.completions.create`` of the openai SDK
+(``max_retries`` ``--max-retries``), which honours each refusal's
+``Retry-After`` and sends again. Two set-ups, the same arrivals, tailguard
+afresh for each: ``computed`` (``[timeouts] retry_after_hint = "computed"``,
+the default: the queue ahead over the measured drain rate, spread) and
+``fixed`` (every hint ``retry_after`` = 1 s, as before). Counted: the
+logical requests arriving after the warm-up; times are real seconds (the
+SDK sleeps real seconds). Writes ``bench/results/retry/NAME.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import openai
+
+from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_trio
+from bench.harness.report import code_version, write_report
+from bench.retry.measure import Result, measure
+from bench.retry.model import MAX_TOKENS, PROMPT_TOKENS, RESULTS, RETRY_AFTER_S, Options
+from bench.retry.report import render, targets
+
+DEFAULTS = Options()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = driver_parser("retry", __doc__)
+    add = parser.add_argument
+    add("--quick", action="store_true", help="smoke run of ~40 s: warm-up 2 s, 8 s counted, drain 10 s")
+    add("--seats", type=int, default=DEFAULTS.seats, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")
+    add("--max-queue", type=int, default=DEFAULTS.max_queue, help="the pool's max_queue (default %(default)s)")
+    add("--queue-timeout", type=float, default=DEFAULTS.queue_timeout_gpu, help="the class's queue_timeout, GPU s (default %(default)s)")
+    add("--load", type=float, default=DEFAULTS.load, help="the arrival rate, times the pool's capacity (default %(default)s)")
+    add("--warmup", type=float, default=None, help=f"uncounted real s of arrivals first (default {DEFAULTS.warmup:g})")
+    add("--seconds", type=float, default=None, help=f"counted real s of arrivals (default {DEFAULTS.seconds:g})")
+    add("--drain", type=float, default=None, help=f"longest real s after the last arrival (default {DEFAULTS.drain:g})")
+    add("--max-retries", type=int, default=DEFAULTS.max_retries, help="the SDK's max_retries (default %(default)s)")
+    add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
+    add_seed_arg(parser, DEFAULTS.seed, "the arrivals, the lengths and the prompts' nonces")
+    add_out_arg(parser, RESULTS)
+    add("--name", default=None, help="base name of the outputs (default retry, or retry-quick)")
+    return parser
+
+
+def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Options:
+    base = dataclasses.replace(DEFAULTS, warmup=2.0, seconds=8.0, drain=10.0) if args.quick else DEFAULTS
+    options = dataclasses.replace(
+        base, seats=args.seats, max_queue=args.max_queue, queue_timeout_gpu=args.queue_timeout, time_scale=args.time_scale,
+        load=args.load, max_retries=args.max_retries, seed=args.seed, out=args.out,
+        warmup=base.warmup if args.warmup is None else args.warmup,
+        seconds=base.seconds if args.seconds is None else args.seconds,
+        drain=base.drain if args.drain is None else args.drain,
+        name=args.name or ("retry-quick" if args.quick else "retry"),
+    )  # fmt: skip
+    if min(options.seats, options.max_queue, options.time_scale, options.load, options.seconds, options.queue_timeout_gpu) <= 0:
+        parser.error("--seats, --max-queue, --time-scale, --load, --seconds and --queue-timeout must be > 0")
+    if options.max_retries < 0 or options.warmup < 0 or options.drain < 0:
+        parser.error("--max-retries, --warmup and --drain must be >= 0")
+    return options
+
+
+def parameters(options: Options) -> dict[str, object]:
+    """What the report's parameters table says: the shape, the rates, the SDK, the windows."""
+    return {
+        "engine": f"1 simulated engine, latency profile, max_num_seqs {options.seats}, --time-scale {options.time_scale:g}",
+        "pool": f"max_concurrency {options.seats}, max_queue {options.max_queue}; one class, queue_timeout {options.queue_timeout_gpu:g} GPU s "
+        f"({options.queue_timeout_gpu * options.time_scale:g} real s)",
+        "request": f"chat, {PROMPT_TOKENS} prompt tokens, max_tokens uniform in {MAX_TOKENS[0]}..{MAX_TOKENS[1]} (seeded), ignore_eos, "
+        "not streamed, unique prompts",
+        "capacity": f"{options.capacity:.2f} req/s real (engine model, every seat busy)",
+        "arrivals": f"Poisson {options.load:g} x capacity = {options.rate:.2f} req/s real, {options.horizon:g} s",
+        "window": f"warm-up {options.warmup:g} s, counted {options.seconds:g} s, drain <= {options.drain:g} s (real)",
+        "clients": f"one openai.AsyncOpenAI (openai {openai.__version__}), max_retries {options.max_retries}, "
+        f"timeout {options.attempt_timeout:g} s an attempt; on a 429 / 5xx it sleeps exactly the Retry-After "
+        "(retry-after-ms first, then retry-after; used when 0 < it <= 120 s, no jitter added), else 0.5 s x 2^n less up to 25%",
+        "set-ups": f'computed: retry_after_hint = "computed", retry_after = {RETRY_AFTER_S:g} (the floor); '
+        f'fixed: retry_after_hint = "fixed", retry_after = {RETRY_AFTER_S:g}',
+        "seed": options.seed,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    options = options_from(parser.parse_args(argv), parser)
+    result = Result(["python", "-m", "bench", "retry", *(argv or [])], code_version(), parameters(options))
+    result.window_start, result.bin_s = options.warmup, options.bin_s
+    started = time.perf_counter()
+    done = run_trio(measure, options, result, said="the simulator and tailguard were stopped")
+    if done is None:
+        return 130
+    done.wall_s = time.perf_counter() - started
+    done.targets = targets(done.setups)
+    report = render(done)
+    print(report)
+    write_report(options.out, options.name, asdict(done), report)
+    return 0

@@ -1,0 +1,28 @@
+"""tailguard's config for a retry set-up: one pool of one engine, one class, the hint computed or fixed."""
+
+from __future__ import annotations
+
+from bench.harness.config import PoolSpec, server_table
+from bench.retry.model import RETRY_AFTER_S, Options
+
+POOL = "interactive"
+
+
+def router_config(http_port: int, grpc_port: int, engine_port: int, options: Options, *, hint: str) -> str:
+    """A config.toml: the pool's seats = the engine's, ``retry_after_hint = HINT`` over ``retry_after``, the class's deadline in real s."""
+    pool = PoolSpec(POOL, [(engine_port, options.seats)], options.seats, options.max_queue)
+    return "\n".join(
+        [
+            *server_table(http_port, grpc_port),
+            "[timeouts]",
+            f"retry_after = {RETRY_AFTER_S:g}",
+            f'retry_after_hint = "{hint}"',
+            "",
+            *pool.toml(),
+            f"[classes.{POOL}]",
+            f'pool = "{POOL}"',
+            f"queue_timeout = {options.queue_timeout_gpu * options.time_scale:g}",
+            "priority = 0",
+            "",
+        ]
+    )
