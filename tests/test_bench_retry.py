@@ -68,7 +68,7 @@ def test_summarise_counts_fates_second_rejections_and_time_to_success_in_the_win
     assert (numbers.attempts, numbers.admitted, numbers.first_rejections, numbers.second_rejections) == (7, 2, 2, 2)
     assert numbers.second_rejections_per_admitted == 1.0 and numbers.attempts_per_logical == 7 / 4
     assert (numbers.success_p50_s, numbers.success_p99_s) == (1.0, 8.0)
-    assert numbers.hints == {"1": 2, "3": 1, "4": 1}
+    assert numbers.hints == {"1": 2, "3": 1, "4": 1} and numbers.refusals == {429: 3, 503: 1}
     # the histogram is of every attempt sent in the window, whoever sent it: 8.1 is past it
     assert numbers.first_bins == [1, 1, 2, 0] and numbers.retry_bins == [0, 0, 0, 2]
 

@@ -90,11 +90,11 @@ def render(result: Result) -> str:
     rows = [
         [s.name, s.logical, s.succeeded, s.gave_up, s.errors, s.cut, f"{s.attempts_per_logical:.2f}", s.admitted, s.first_rejections,
          s.second_rejections, f"{s.second_rejections_per_admitted:.3f}", f"{s.success_p50_s:.2f}", f"{s.success_p99_s:.2f}",
-         ", ".join(f"{k} s: {v}" for k, v in s.hints.items())]
+         ", ".join(f"{k}: {v}" for k, v in s.refusals.items()), ", ".join(f"{k} s: {v}" for k, v in s.hints.items())]
         for s in result.setups
     ]  # fmt: skip
     header = ["set-up", "logical", "succeeded", "gave up", "errors", "cut", "attempts / logical", "admitted", "1st rejections",
-              "2nd rejections", "2nd rej. / admitted", "success P50 s", "success P99 s", "Retry-After given"]  # fmt: skip
+              "2nd rejections", "2nd rej. / admitted", "success P50 s", "success P99 s", "refusals by status", "Retry-After given"]  # fmt: skip
     lines += ["## Per set-up (logical requests arriving in the counted window; times real s)", "", *md_table(header, rows), ""]
     lines += ["Admitted: attempts answered 200; 2nd rejections: retried attempts refused (429 / 503). `Retry-After` goes out in whole "
               "seconds, rounded up: the last column shows where the hints' spread lands.", ""]  # fmt: skip

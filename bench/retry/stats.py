@@ -120,6 +120,7 @@ class SetupNumbers:
     success_p50_s: float
     success_p99_s: float
     hints: dict[str, int]  # Retry-After header value -> count, over the refusals
+    refusals: dict[int, int]  # status (429 queue_full, 503 queue_timeout or refused at arrival) -> count
     first_bins: list[int] = field(default_factory=list)  # first attempts per bin of the counted window
     retry_bins: list[int] = field(default_factory=list)  # retried attempts per bin
     retry_synchrony: Synchrony | None = None
@@ -144,6 +145,7 @@ def summarise(name: str, logicals: Sequence[Logical], window: tuple[float, float
         second_rejections_per_admitted=ratio(second, admitted), attempts_per_logical=ratio(len(attempts), len(counted)),
         success_p50_s=percentile(to_success, 50), success_p99_s=percentile(to_success, 99),
         hints=dict(sorted(Counter(str(a.retry_after) for a in attempts if a.status in REFUSED).items(), key=lambda kv: (len(kv[0]), kv[0]))),
+        refusals=dict(sorted(Counter(a.status for a in attempts if a.status in REFUSED).items())),
         first_bins=first, retry_bins=retried, retry_synchrony=synchrony(retried, width, lag_s),
         all_synchrony=synchrony([f + r for f, r in zip(first, retried, strict=True)], width, lag_s),
     )  # fmt: skip
