@@ -43,6 +43,9 @@ class HttpError:
             headers.append((b"allow", ", ".join(self.allow).encode()))
         if self.retry_after is not None:
             headers.append((b"retry-after", str(whole_seconds(self.retry_after)).encode()))
+            # The openai SDK reads this first and sleeps it to the millisecond: whole seconds would
+            # put every client of a spread hint back on one of two delays.
+            headers.append((b"retry-after-ms", str(max(1, math.ceil(self.retry_after * 1000))).encode()))
         if not self.retryable and (self.status >= 500 or self.status in _SDK_RETRIES):
             # E.g. a 504: the request already used its whole end-to-end budget,
             # and an automatic retry (the openai SDK retries 5xx) would double

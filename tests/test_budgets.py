@@ -153,6 +153,7 @@ async def test_the_anonymous_budget_applies_when_auth_is_off() -> None:
             second = await client.post("/v1/chat/completions", json=body)
             assert second.status_code == 429 and second.json()["error"]["code"] == "token_budget_exceeded"
             assert 55 <= int(second.headers["retry-after"]) <= 60
+            assert 54_000 < int(second.headers["retry-after-ms"]) <= 60_000  # to the millisecond, for the openai SDK
             assert second.headers["x-ratelimit-remaining-requests"] == "0"
 
 

@@ -401,8 +401,9 @@ def _deadlines_and_errors(doc: Limits, rows: Sequence[_Row]) -> list[str]:
         "## Errors, and what to do",
         "",
         "Every HTTP error body has OpenAI's shape, `{\"error\": {\"message\", \"type\",",
-        "\"param\", \"code\"}}`. gRPC carries `Retry-After` as `retry-after` (seconds) and",
-        "`grpc-retry-pushback-ms` in the trailing metadata.",
+        "\"param\", \"code\"}}`. An HTTP hint is `Retry-After` (whole seconds, rounded up) and",
+        "`retry-after-ms` (the same hint to the millisecond, which the openai SDK reads first); gRPC",
+        "carries them as `retry-after` (seconds) and `grpc-retry-pushback-ms` in the trailing metadata.",
         "",
     ]
     out += _markdown_table(
