@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tailguard.router.auth import Caller
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_render import render_config
+from tailguard.router.config_types import QueueOrder
 from tailguard.router.errors import QueueFull, QueueTimeout
 from tailguard.router.fair_share import FairClock, Share
 from tests.router_helpers import chat, router_over_engines, two_pool_config, with_digest
@@ -154,9 +155,11 @@ async def test_a_full_queue_displaces_the_waiter_furthest_past_its_share(autojum
     assert outcomes == {"a1": "full", "a2": "full", "a0": "served", "b": "served"}
 
 
-async def test_the_router_queues_each_caller_in_its_share(autojump_clock: trio.testing.MockClock) -> None:
+async def seating_order(queue_order: QueueOrder, heavy_requests: int) -> list[str]:
+    """The order a one-seat pool's requests got their seat: ``heavy_requests`` of one caller, then one of another."""
     base = two_pool_config(interactive_cap=1, interactive_timeout=60.0)
-    config = with_digest(base, "fair")
+    interactive, batch = base.pools
+    config = with_digest(base, queue_order, pools=(dataclasses.replace(interactive, queue_order=queue_order), batch))
     heavy, light = Caller("heavy", frozenset(), None), Caller("light", frozenset(), None)
     order: list[str] = []
     async with router_over_engines(config) as fleet:
@@ -169,11 +172,16 @@ async def test_the_router_queues_each_caller_in_its_share(autojump_clock: trio.t
                     await completion.read()
 
         async with trio.open_nursery() as nursery:
-            for i in range(4):
+            for i in range(heavy_requests):
                 nursery.start_soon(ask, heavy, f"heavy{i}")
                 await trio.testing.wait_all_tasks_blocked()
             nursery.start_soon(ask, light, "light")
-    assert order == ["heavy0", "light", "heavy1", "heavy2", "heavy3"]  # first come, first served would put light last
+    return order
+
+
+async def test_the_router_queues_each_caller_in_its_share(autojump_clock: trio.testing.MockClock) -> None:
+    # First come, first served would put light last.
+    assert await seating_order("fair", 4) == ["heavy0", "light", "heavy1", "heavy2", "heavy3"]
 
 
 def test_weight_is_read_checked_and_rendered() -> None:
@@ -189,26 +197,7 @@ def test_weight_is_read_checked_and_rendered() -> None:
 
 
 async def test_queue_order_arrival_serves_callers_first_come_first_served(autojump_clock: trio.testing.MockClock) -> None:
-    base = two_pool_config(interactive_cap=1, interactive_timeout=60.0)
-    interactive, batch = base.pools
-    config = with_digest(base, "fifo", pools=(dataclasses.replace(interactive, queue_order="arrival"), batch))
-    heavy, light = Caller("heavy", frozenset(), None), Caller("light", frozenset(), None)
-    order: list[str] = []
-    async with router_over_engines(config) as fleet:
-
-        async def ask(caller: Caller, request_id: str) -> None:
-            request = chat("quick?", max_tokens=8, request_id=request_id)
-            with trio.CancelScope(deadline=fleet.router.deadline_for(request)):
-                async with fleet.router.open(request, caller=caller) as completion:
-                    order.append(request_id)
-                    await completion.read()
-
-        async with trio.open_nursery() as nursery:
-            for i in range(3):
-                nursery.start_soon(ask, heavy, f"heavy{i}")
-                await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(ask, light, "light")
-    assert order == ["heavy0", "heavy1", "heavy2", "light"]
+    assert await seating_order("arrival", 3) == ["heavy0", "heavy1", "heavy2", "light"]
 
 
 def test_queue_order_is_read_checked_and_rendered() -> None:
