@@ -54,7 +54,7 @@ class Faulty:
     stream with vLLM's in-stream error, then [DONE]), ``not_json``,
     ``binary`` and ``bad_utf8`` (a stream whose second framed event is not
     JSON, then [DONE]), ``hang`` (no byte ever), ``slow`` (a stream of an
-    event every 20 ms for 10 s).
+    event every 20 ms for 10 s), ``hold`` (the same for 60 s).
     """
 
     def __init__(self, mode: str = "ok") -> None:
@@ -82,8 +82,9 @@ class Faulty:
         }.get(mode)
         if events is not None:
             return SimResponse(200, list(SSE_HEADERS), stream=_Events(events))
-        if mode == "slow":
-            return SimResponse(200, list(SSE_HEADERS), stream=_Events([_delta("tick ")] * 500, pause=0.02))
+        if mode in ("slow", "hold"):  # hold: a minute, for a test that must keep the seat however slow the machine
+            ticks = 500 if mode == "slow" else 3000
+            return SimResponse(200, list(SSE_HEADERS), stream=_Events([_delta("tick ")] * ticks, pause=0.02))
         raise AssertionError(f"unknown mode {mode!r}")
 
 

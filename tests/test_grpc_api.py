@@ -319,7 +319,7 @@ def test_calls_beyond_what_small_pools_can_hold_are_refused_on_the_asyncio_side(
 
 def test_a_caller_whose_calls_are_mostly_refused_is_shed_and_another_caller_is_not() -> None:
     """Issue 20, defect 1: a flood the router refuses anyway is refused on the asyncio side (router/shed.py), per connection."""
-    backend = Faulty("slow")
+    backend = Faulty("hold")  # the seat stays taken for the whole flood, even on a loaded machine (a 10 s stream did not)
     with front_ends([backend, Faulty()], lambda urls: config(urls, interactive_cap=1, max_queue=0), max_grpc_calls=1000) as service:
         own = [("grpc.use_local_subchannel_pool", 1)]  # a connection each (grpc shares one between channels by default)
         with grpc.insecure_channel(service.grpc_target, own) as flood, grpc.insecure_channel(service.grpc_target, own) as other:
