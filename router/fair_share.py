@@ -27,6 +27,12 @@ does, because a request is no unit of GPU work:
   own starving anyone.
 
 A single tenant, or callers without a share, get the arrival order they had.
+
+Replicas (``[cluster]``) each order their own queue; every second they
+trade what each tenant was served (router/fair_sync.py), and each adds what
+the others served a tenant to that tenant's finish tag here
+(:meth:`FairClock.absorb`), so a tenant served heavily on one replica waits
+its turn on the others too, at most a second's service behind.
 """
 
 from __future__ import annotations
@@ -51,11 +57,13 @@ NO_SHARE = Share("")
 class FairClock:
     """The tags of one queue: a finish tag per tenant that has one above the clock, and the clock."""
 
-    __slots__ = ("_finish", "_forget_at", "virtual")
+    __slots__ = ("_finish", "_forget_at", "served", "virtual")
 
     def __init__(self) -> None:
         self.virtual = 0.0  # V: the largest start tag granted a seat
         self._finish: dict[str, float] = {}
+        # Each tenant's tokens served here, over its weight, since this process began (what replicas trade).
+        self.served: dict[str, float] = {}
         self._forget_at = 64  # prune tenants at or below the clock once this many are kept
 
     def start(self, share: Share, after: float = 0.0) -> float:
@@ -66,10 +74,12 @@ class FairClock:
             self._forget()
         return tag
 
-    def granted(self, tag: float) -> None:
-        """A request with this start tag got its seat: the clock moves to it."""
+    def granted(self, tag: float, share: Share) -> None:
+        """A request with this start tag got its seat: the clock moves to it, and its tenant was served its charge."""
         if tag > self.virtual:
             self.virtual = tag
+        if share.tenant:
+            self.served[share.tenant] = self.served.get(share.tenant, 0.0) + share.tokens / share.weight
 
     def withdraw(self, share: Share) -> None:
         """A request that got no seat (refused, timed out, displaced, gone) hands back its charge."""
@@ -78,8 +88,17 @@ class FairClock:
 
     def settle(self, share: Share, generated: int, reserved: int) -> None:
         """A seated request ended having generated ``generated`` of the ``reserved`` max_tokens it was charged for."""
-        if share.tenant and share.tenant in self._finish:  # no share (first come, first served): nothing to count
-            self._finish[share.tenant] += (generated - reserved) / share.weight
+        if not share.tenant:  # no share (first come, first served): nothing to count
+            return
+        delta = (generated - reserved) / share.weight
+        self.served[share.tenant] = self.served.get(share.tenant, 0.0) + delta
+        if share.tenant in self._finish:
+            self._finish[share.tenant] += delta
+
+    def absorb(self, tenant: str, served_elsewhere: float) -> None:
+        """Another replica served ``tenant`` this much (over its weight) since the last trade: it starts later here too."""
+        if served_elsewhere > 0:
+            self._finish[tenant] = max(self.virtual, self._finish.get(tenant, 0.0)) + served_elsewhere
 
     def finish(self, tenant: str) -> float:
         """The tenant's finish tag, or the clock when it has none above it (for tests and metrics)."""

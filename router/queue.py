@@ -203,7 +203,7 @@ class WaitQueue(Generic[T, K]):
         if value is None or isinstance(value, Skip):
             self.fair.withdraw(share)
             raise trio.WouldBlock
-        self.fair.granted(tag)
+        self.fair.granted(tag, share)
         return value
 
     def ahead_of(self, priority: int, tag: float = math.inf) -> int:
@@ -282,7 +282,7 @@ class WaitQueue(Generic[T, K]):
         if not behind:
             value = self._grant(ticket)
             if value is not None and not isinstance(value, Skip):
-                self.fair.granted(tag)
+                self.fair.granted(tag, share)
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return value
 
@@ -355,7 +355,7 @@ class WaitQueue(Generic[T, K]):
                     skipped.append(heapq.heappop(self._best))
                     continue
                 self._remove(waiter)
-                self.fair.granted(waiter.tag)
+                self.fair.granted(waiter.tag, waiter.share)
                 if waiter is me:
                     return value
                 self._granted_total += 1

@@ -20,6 +20,7 @@ from .config_types import PoolConfig
 from .credentials import note_credentials
 from .discovery import Discovery
 from .endpoint import Endpoint
+from .fair_sync import FairTrade, ServiceStore
 from .fleet import Fleet
 from .health_thresholds import HealthStreaks
 from .loop_lag import LoopLag
@@ -47,6 +48,9 @@ class Upkeep:
                     cluster, ledger, self._cluster_demands, settle_after=config.timeouts.end_to_end_timeout
                 )
                 await nursery.start(self._fleet.budget.run)
+                if isinstance(ledger, ServiceStore):  # Redis: fair shares traded too (router/fair_sync.py)
+                    trade = FairTrade(cluster.replica(), ledger, lambda: {n: p.queue.fair for n, p in self._fleet.pools.items()})
+                    nursery.start_soon(trade.run)
             await nursery.start(self._loop_lag.run)  # measuring before the first probe, which asks it
             await nursery.start(self._discovery.run)  # pools' DNS names: the first answers come before started
             nursery.start_soon(

@@ -6,7 +6,10 @@ Keys, under the namespace ``NS``:
 - ``NS:want:RESOURCE`` -- a hash, replica -> "PRIORITY SINCE": the most urgent class priority
   waiting there, and when the oldest request of that priority came (wall-clock milliseconds);
 - ``NS:used:RESOURCE`` -- a hash, replica -> seats of the resource in use there (absent: none),
-  so a replica can tell a cap that is full across replicas from one held as idle blocks.
+  so a replica can tell a cap that is full across replicas from one held as idle blocks;
+- ``NS:served:POOL`` -- a hash, "REPLICA<tab>TENANT" -> the tokens that replica served the tenant
+  (over its weight) since it started: fair shares traded across replicas (``trade_service``,
+  router/fair_sync.py), kept an hour after the last trade.
 
 The script runs atomically in Redis, so grants are decided one replica at a
 time: a grant grows only by seats that no live replica holds (the grants of
@@ -33,7 +36,7 @@ lost it (a restarted Redis), here, not by coredis's retrying ``Script``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import coredis
@@ -127,6 +130,9 @@ return out
 """
 
 
+_SERVED_KEPT_MS = 3_600_000  # a pool's traded totals outlive an hour without trades by no replica
+
+
 class RedisLedger:
     """``router.cluster.LedgerStore`` on one Redis (``redis://host:port/db``).
 
@@ -157,6 +163,22 @@ class RedisLedger:
             urgent=result[3:-1:5],
             urgent_since=[ms / 1000 for ms in result[4:-1:5]],
         )
+
+    async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+        """``router.fair_sync.ServiceStore``: record this replica's totals, return the others' sums, per pool and tenant."""
+        theirs: dict[str, dict[str, float]] = {}
+        for pool, tenants in served.items():
+            key = self._prefix + "served:" + pool
+            if tenants:
+                await self._client.hset(key, {f"{replica}\t{tenant}": repr(total) for tenant, total in tenants.items()})
+                await self._client.pexpire(key, _SERVED_KEPT_MS)
+            sums: dict[str, float] = {}
+            for field, value in (await self._client.hgetall(key)).items():
+                who, _, tenant = str(field).partition("\t")
+                if who != replica:
+                    sums[tenant] = sums.get(tenant, 0.0) + float(value)
+            theirs[pool] = sums
+        return theirs
 
     async def _run_script(self, args: Sequence[str | int]) -> list[Any]:
         """The sync script by its digest; loaded first where Redis does not have it (a new or restarted one)."""

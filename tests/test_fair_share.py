@@ -29,7 +29,7 @@ def test_one_tenants_tags_keep_its_arrival_order_and_an_idle_one_starts_at_the_c
     clock = FairClock()
     tags = [clock.start(A) for _ in range(3)]
     assert tags == [0.0, 100.0, 200.0]
-    clock.granted(tags[1])
+    clock.granted(tags[1], A)
     assert clock.start(B) == 100.0  # B was idle: it starts at the clock, with no credit banked
     clock.settle(A, 10, 60)  # one of A's requests generated 10 of the 60 max_tokens charged for it
     assert clock.finish("a") == 250.0 and clock.start(A) == 250.0
