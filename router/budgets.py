@@ -19,12 +19,15 @@ names the budget, not a 429 to retry.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
+from .auth import ANONYMOUS, Caller
+from .config_types import Config
 from .errors import BudgetExceeded, InvalidRequest
 
-__all__ = ["WINDOW", "Budgets", "Grant", "RateLimits"]
+__all__ = ["WINDOW", "Budgets", "Grant", "RateLimits", "budget_name", "budgets_of"]
 
 WINDOW = 60.0  # seconds: "per minute"
 
@@ -205,3 +208,29 @@ class Budgets:
         window = self._windows.get(caller) or _Window()
         window.expire(now)
         return _limits(window, tokens_per_minute, requests_per_minute, now)
+
+
+def budgets_of(caller: Caller, config: Config) -> tuple[int | None, int | None]:
+    """The caller's (tokens, requests) a minute on this replica: its key's, or [limits]' anonymous ones when auth is off.
+
+    With ``[cluster]`` each replica keeps its ``static_share`` of them (the
+    shares add up to at most 1): strict fleet-wide whatever the ledger does,
+    though a key sending to one replica only gets that replica's share.
+    """
+    if caller is ANONYMOUS:
+        tokens, requests = config.limits.anonymous_tokens_per_minute, config.limits.anonymous_requests_per_minute
+    else:
+        tokens, requests = caller.tokens_per_minute, caller.requests_per_minute
+    if config.cluster is None:
+        return tokens, requests
+    share = config.cluster.static_share
+    return _share_of(tokens, share), _share_of(requests, share)
+
+
+def _share_of(budget: int | None, share: float) -> int | None:
+    return None if budget is None else max(1, math.floor(budget * share + 1e-9))  # 100 x 0.29 is 29, not 28.999...
+
+
+def budget_name(config: Config) -> str:
+    """What a 400 over the whole token budget calls it: under ``[cluster]``, this replica's share."""
+    return "the key's whole budget" if config.cluster is None else "this replica's share (cluster.static_share) of the key's budget"

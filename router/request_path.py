@@ -25,11 +25,11 @@ import trio
 
 from .admission import decide
 from .assemble import assemblable, assemble, events
-from .auth import ANONYMOUS, Caller
+from .auth import Caller
 from .backend import BackendClient, BackendResponse
-from .budgets import Budgets, Grant
+from .budgets import Budgets, Grant, budget_name, budgets_of
 from .cache_salt import caller_salt
-from .config_types import ClassConfig, Config
+from .config_types import ClassConfig
 from .credentials import key_refused
 from .endpoint import Endpoint
 from .errors import (
@@ -186,7 +186,7 @@ class RequestPath:
         """The caller's budgets, if it has any, hold what this request may cost: reserved now, or BudgetExceeded."""
         config = self._fleet.config
         tokens, requests = budgets_of(caller, config)
-        whole = "the key's whole budget" if config.cluster is None else "this replica's share (cluster.static_share) of the key's budget"
+        whole = budget_name(config)
         now = trio.current_time()
         try:
             grant = self._budgets.reserve(
@@ -379,27 +379,6 @@ class RequestPath:
         pool = self._fleet.pool_of(endpoint)
         if pool is not None:
             pool.queue.dispatch()
-
-
-def budgets_of(caller: Caller, config: Config) -> tuple[int | None, int | None]:
-    """The caller's (tokens, requests) a minute on this replica: its key's, or [limits]' anonymous ones when auth is off.
-
-    With ``[cluster]`` each replica keeps its ``static_share`` of them (the
-    shares add up to at most 1): strict fleet-wide whatever the ledger does,
-    though a key sending to one replica only gets that replica's share.
-    """
-    if caller is ANONYMOUS:
-        tokens, requests = config.limits.anonymous_tokens_per_minute, config.limits.anonymous_requests_per_minute
-    else:
-        tokens, requests = caller.tokens_per_minute, caller.requests_per_minute
-    if config.cluster is None:
-        return tokens, requests
-    share = config.cluster.static_share
-    return _share_of(tokens, share), _share_of(requests, share)
-
-
-def _share_of(budget: int | None, share: float) -> int | None:
-    return None if budget is None else max(1, math.floor(budget * share + 1e-9))  # 100 x 0.29 is 29, not 28.999...
 
 
 def routing_of(record: RequestRecord) -> Routing:

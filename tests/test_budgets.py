@@ -12,12 +12,11 @@ import pytest
 
 from tailguard.router import budgets as budgets_module
 from tailguard.router.auth import Caller, hash_key
-from tailguard.router.budgets import Budgets, duration
+from tailguard.router.budgets import Budgets, budgets_of, duration
 from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_render import render_config
 from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, LimitsConfig
 from tailguard.router.errors import BudgetExceeded, InvalidRequest
-from tailguard.router.request_path import budgets_of
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard
 from tests.router_helpers import two_pool_config
 from tests.sim_helpers import MODEL
