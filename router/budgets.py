@@ -27,7 +27,7 @@ from .auth import ANONYMOUS, Caller
 from .config_types import Config
 from .errors import BudgetExceeded, InvalidRequest
 
-__all__ = ["WINDOW", "Budgets", "Grant", "RateLimits", "budget_name", "budgets_of"]
+__all__ = ["WINDOW", "Budgets", "Grant", "RateLimits", "budget_name", "budgets_of", "check_whole", "whole_budgets"]
 
 WINDOW = 60.0  # seconds: "per minute"
 
@@ -137,15 +137,31 @@ class Grant:
         entry.tokens, entry.requests = cost, requests
 
 
-def _limits(window: _Window, tokens_per_minute: int | None, requests_per_minute: int | None, now: float) -> RateLimits:
+def _limits(
+    window: _Window, tokens_per_minute: int | None, requests_per_minute: int | None, now: float, elsewhere: tuple[int, int] = (0, 0)
+) -> RateLimits:
     return RateLimits(
         requests_per_minute,
-        max(0, (requests_per_minute or 0) - window.requests),
+        max(0, (requests_per_minute or 0) - window.requests - elsewhere[1]),
         window.reset_in("requests", now),
         tokens_per_minute,
-        max(0, (tokens_per_minute or 0) - window.tokens),
+        max(0, (tokens_per_minute or 0) - window.tokens - elsewhere[0]),
         window.reset_in("tokens", now),
     )
+
+
+def check_whole(tokens: int, tokens_per_minute: int | None, whole: str = "the key's whole budget") -> None:
+    """A request alone over the whole token budget could never be admitted: a 400 that names the budget.
+
+    Raises:
+      InvalidRequest: it is.
+    """
+    if tokens_per_minute is not None and tokens > tokens_per_minute:
+        raise InvalidRequest(
+            f"this request may take {tokens} tokens (its prompt and max_tokens), more than {whole} of "
+            f"{tokens_per_minute} tokens a minute (tokens_per_minute); lower max_tokens or shorten the prompt",
+            param="max_tokens",
+        )
 
 
 class Budgets:
@@ -153,6 +169,17 @@ class Budgets:
 
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
+
+    def callers(self) -> list[str]:
+        """The callers with a window here (those with a budget that have sent a request)."""
+        return list(self._windows)
+
+    def _window(self, caller: str, now: float) -> _Window:
+        window = self._windows.get(caller)
+        if window is None:
+            window = self._windows[caller] = _Window()
+        window.expire(now)
+        return window
 
     def reserve(
         self,
@@ -174,16 +201,23 @@ class Budgets:
         """
         if tokens_per_minute is None and requests_per_minute is None:
             return None
-        if tokens_per_minute is not None and tokens > tokens_per_minute:
-            raise InvalidRequest(
-                f"this request may take {tokens} tokens (its prompt and max_tokens), more than {whole} of "
-                f"{tokens_per_minute} tokens a minute (tokens_per_minute); lower max_tokens or shorten the prompt",
-                param="max_tokens",
+        check_whole(tokens, tokens_per_minute, whole)
+        over = self.shortfall(caller, tokens, tokens_per_minute=tokens_per_minute, requests_per_minute=requests_per_minute, now=now)
+        if over:
+            wait = max(w for w, _ in over)  # the window holds it when both budgets do
+            raise BudgetExceeded(
+                f"the caller {caller!r} {' and '.join(why for _, why in over)}; retry after {wait:.1f} s", retry_after=wait
             )
-        window = self._windows.get(caller)
-        if window is None:
-            window = self._windows[caller] = _Window()
-        window.expire(now)
+        return self.admit(caller, tokens, tokens_per_minute=tokens_per_minute, requests_per_minute=requests_per_minute, now=now)
+
+    def shortfall(
+        self, caller: str, tokens: int, *, tokens_per_minute: int | None, requests_per_minute: int | None, now: float
+    ) -> list[tuple[float, str]]:
+        """Why the window does not hold ``tokens`` more within these allowances, each with when it will; [] when it does.
+
+        A wait is WINDOW when the allowance is below the request itself (a replica's share, with Redis away).
+        """
+        window = self._window(caller, now)
         over: list[tuple[float, str]] = []
         if requests_per_minute is not None and window.requests + 1 > requests_per_minute:
             wait = window.wait_for(window.requests + 1 - requests_per_minute, "requests", now)
@@ -192,35 +226,70 @@ class Budgets:
             wait = window.wait_for(window.tokens + tokens - tokens_per_minute, "tokens", now)
             left = max(0, tokens_per_minute - window.tokens)
             over.append((wait, f"has {left} of its {tokens_per_minute} tokens a minute left, this request may take {tokens}"))
-        if over:
-            wait = max(w for w, _ in over)  # the window holds it when both budgets do
-            raise BudgetExceeded(
-                f"the caller {caller!r} {' and '.join(why for _, why in over)}; retry after {wait:.1f} s", retry_after=wait
-            )
+        return over
+
+    def admit(
+        self,
+        caller: str,
+        tokens: int,
+        *,
+        tokens_per_minute: int | None,
+        requests_per_minute: int | None,
+        now: float,
+        elsewhere: tuple[int, int] = (0, 0),
+    ) -> Grant:
+        """Count the request in the caller's window now (the caller checked it fits); its headers show these budgets.
+
+        ``elsewhere``: the (tokens, requests) of the budgets in use on the other replicas, for the remaining counts.
+        """
+        window = self._window(caller, now)
         entry = _Admitted(now, tokens)
         window.admitted.append(entry)
         window.tokens += tokens
         window.requests += 1
-        return Grant(window, entry, _limits(window, tokens_per_minute, requests_per_minute, now))
+        return Grant(window, entry, _limits(window, tokens_per_minute, requests_per_minute, now, elsewhere))
 
-    def limits(self, caller: str, *, tokens_per_minute: int | None, requests_per_minute: int | None, now: float) -> RateLimits:
+    def in_window(self, caller: str, now: float) -> tuple[int, int]:
+        """The (tokens, requests) the caller's window holds now: what this replica uses of its budgets."""
+        window = self._window(caller, now)
+        return window.tokens, window.requests
+
+    def wait_for(self, caller: str, over: int, count: str, now: float) -> float:
+        """Seconds until the caller's oldest admissions here leave with ``over`` of their ``count``; WINDOW if they never do."""
+        window = self._window(caller, now)
+        return window.wait_for(over, count, now) if over <= getattr(window, count) else WINDOW
+
+    def limits(
+        self,
+        caller: str,
+        *,
+        tokens_per_minute: int | None,
+        requests_per_minute: int | None,
+        now: float,
+        elsewhere: tuple[int, int] = (0, 0),
+    ) -> RateLimits:
         """The caller's budgets as they stand (for the headers of a refusal)."""
         window = self._windows.get(caller) or _Window()
         window.expire(now)
-        return _limits(window, tokens_per_minute, requests_per_minute, now)
+        return _limits(window, tokens_per_minute, requests_per_minute, now, elsewhere)
+
+
+def whole_budgets(caller: Caller, config: Config) -> tuple[int | None, int | None]:
+    """The caller's whole (tokens, requests) a minute, across every replica: its key's, or [limits]' anonymous ones."""
+    if caller is ANONYMOUS:
+        return config.limits.anonymous_tokens_per_minute, config.limits.anonymous_requests_per_minute
+    return caller.tokens_per_minute, caller.requests_per_minute
 
 
 def budgets_of(caller: Caller, config: Config) -> tuple[int | None, int | None]:
-    """The caller's (tokens, requests) a minute on this replica: its key's, or [limits]' anonymous ones when auth is off.
+    """The caller's (tokens, requests) a minute on this replica when it holds no grant of them from a ledger.
 
-    With ``[cluster]`` each replica keeps its ``static_share`` of them (the
-    shares add up to at most 1): strict fleet-wide whatever the ledger does,
-    though a key sending to one replica only gets that replica's share.
+    With ``[cluster]`` but no ledger each replica keeps its ``static_share``
+    of them (the shares add up to at most 1): strict fleet-wide, though a
+    key sending to one replica only gets that replica's share. With the
+    ledger the grants follow demand instead (router/budget_shares.py).
     """
-    if caller is ANONYMOUS:
-        tokens, requests = config.limits.anonymous_tokens_per_minute, config.limits.anonymous_requests_per_minute
-    else:
-        tokens, requests = caller.tokens_per_minute, caller.requests_per_minute
+    tokens, requests = whole_budgets(caller, config)
     if config.cluster is None:
         return tokens, requests
     share = config.cluster.static_share

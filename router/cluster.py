@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -93,6 +94,9 @@ class Want:
     since: float = 0.0
     # Seconds: as urgent a request elsewhere comes first only if it came earlier by more (clock skew, news age).
     tolerance: float = 0.0
+    # Seconds the grant outlives this replica: what it admitted still counts that long after its lease
+    # lapses (a budget over a sliding window: its last minute). 0: a dead replica's grant returns at once.
+    hold: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,13 @@ class Synced:
 class LedgerStore(Protocol):
     """The shared ledger (Redis in production, ``server.redis_ledger``)."""
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
-        """Renew the replica's lease and record its grants; returns them, per want in order."""
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
+        """Renew the replica's lease and record its grants; returns them, per want in order.
+
+        ``incarnation`` tells this process from an earlier one under the same
+        replica id (a restarted container): what the earlier one holds
+        (``Want.hold``) is not taken for the new one's.
+        """
         ...
 
 
@@ -179,6 +188,8 @@ class Demand:
     # Tells the router, after each sync, who waits for it elsewhere (None: nobody, or Redis is away).
     yielding: Callable[[Yielding | None], None] = field(default=lambda way: None, repr=False)
     oldest: float = math.inf  # when the oldest request waiting at ``best_waiting`` came (trio.current_time())
+    hold: float = 0.0  # ``Want.hold``: how long what was admitted under the grant still counts after a lease lapses
+    block: int | None = None  # spare beyond demand, in the resource's units; None: ``cluster.block``
 
 
 @dataclass
@@ -202,8 +213,10 @@ class SharedBudget:
         # here or on another replica, has ended: the end-to-end deadline (and at least the lease).
         self._settle_after = max(config.lease_ttl, settle_after)
         self.replica = config.replica()
+        self.incarnation = secrets.token_hex(4)  # this process, should a restarted one take the same replica id
         self._store = store
         self._demands = demands
+        self.sources: list[Callable[[], list[Demand]]] = []  # more resources to sync (budget_shares.BudgetShares)
         self._grants: dict[str, int] = {}
         self.mode = "starting"
         self._fallback_since: float | None = None
@@ -263,7 +276,7 @@ class SharedBudget:
         now = trio.current_time()
         if self._epoch is None:
             self._epoch = time.time() - now  # the only wall-clock read: other replicas' arrivals are on it
-        demands = self._demands()
+        demands = self._demands() + [demand for source in self.sources for demand in source()]
         self._given_back = set()  # lowered before now: the wants below carry it
         wants = []
         for demand in demands:
@@ -279,7 +292,7 @@ class SharedBudget:
         synced: Synced | None = None
         with trio.move_on_after(self.config.lease_ttl / 2):
             try:
-                synced = await self._store.sync(self.replica, self.config.lease_ttl, wants)
+                synced = await self._store.sync(self.replica, self.config.lease_ttl, wants, self.incarnation)
             except Exception as error:  # any failure of the store: fall back, never fail requests for it
                 self._failed(now, demands, f"{type(error).__name__}: {error}")
                 return
@@ -325,7 +338,8 @@ class SharedBudget:
 
     def _want(self, demand: Demand, now: float) -> Want:
         config = self.config
-        target = min(demand.cap, max(demand.in_use, demand.in_use + demand.waiting + config.block))
+        block = config.block if demand.block is None else demand.block
+        target = min(demand.cap, max(demand.in_use, demand.in_use + demand.waiting + block))
         if self.mode == "fallback" or now - self._recovered_at < 2 * config.lease_ttl:
             # Redis is back (or about to be) and the others may still run on their fallback caps,
             # which it does not count yet: claim no more than this replica's own fallback cap.
@@ -334,7 +348,14 @@ class SharedBudget:
         if self._epoch is not None and demand.best_waiting < NO_WAITER and math.isfinite(demand.oldest):
             since = max(0.0, demand.oldest + self._epoch)
         return Want(
-            demand.resource, demand.cap, target, demand.best_waiting, demand.in_use, since=since, tolerance=config.sync_interval / 2
+            demand.resource,
+            demand.cap,
+            target,
+            demand.best_waiting,
+            demand.in_use,
+            since=since,
+            tolerance=config.sync_interval / 2,
+            hold=demand.hold,
         )
 
     def _giver(self, resource: str) -> Callable[[int], None]:
@@ -362,8 +383,11 @@ class SharedBudget:
             self.mode = "fallback"
             self._fallback_since = now
             self._failures_before = self.failures - 1
-        settled = self._fallback_since is not None and now - self._fallback_since >= self._settle_after
+        away = 0.0 if self._fallback_since is None else now - self._fallback_since
         for demand in demands:
+            # What was admitted under a larger grant must be over first: requests end by the e2e
+            # deadline; a budget's admissions count for its window (``hold``) after they were made.
+            settled = away >= max(self._settle_after, demand.hold + self.config.lease_ttl)
             static = self._static(demand.cap)
             # At once: never more than the grant the ledger counted, nor the static share.
             # After the TTL every replica has fallen back: the static share itself.

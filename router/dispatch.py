@@ -202,7 +202,7 @@ class Router:
         return endpoint_statistics(endpoint, "" if endpoint.pool_name is None else endpoint.pool_name)
 
     def statistics(self) -> RouterStatistics:
-        return statistics(self._fleet, self._traffic)
+        return statistics(self._fleet, self._traffic, self._path.budgets_left())
 
     def room(self) -> int:
         """Requests all pools could hold at once, seated or waiting (``Pool.room``): beyond it a newcomer is refused, or displaces a less urgent waiter."""

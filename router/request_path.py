@@ -27,7 +27,8 @@ from .admission import decide
 from .assemble import assemblable, assemble, events
 from .auth import Caller
 from .backend import BackendClient, BackendResponse
-from .budgets import Budgets, Grant, budget_name, budgets_of
+from .budget_shares import BudgetShares
+from .budgets import Budgets, Grant, RateLimits, budget_name, budgets_of, check_whole, whole_budgets
 from .cache_salt import caller_salt
 from .config_types import ClassConfig
 from .credentials import key_refused
@@ -150,6 +151,8 @@ class RequestPath:
         self._upstream_ids = IdSource()  # the id each attempt goes to vLLM under (never the caller's)
         self._memory = ConversationMemory()  # where answered chats are warm, for classes that bound uncached tokens
         self._budgets = Budgets()  # each key's tokens and requests of the last minute
+        self._shares: BudgetShares | None = None  # with [cluster]: each key's grants of its budgets (made at first use)
+        self._budget_caps: dict[str, tuple[int | None, int | None]] = {}  # per caller: its budgets, as its last request had them
 
     def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
         """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
@@ -173,9 +176,13 @@ class RequestPath:
         if traffic.draining:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
         klass, pool, ticket, history = decide(request, caller, config, fleet.pools, record, arrival, self._memory)
-        grant = self._reserve(caller, ticket, record)
+        queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
+        if fleet.budget is None:
+            grant = self._reserve(caller, ticket, record)
+        else:
+            grant = await self._reserve_shared(caller, ticket, record, klass.priority, queue_deadline)
         try:
-            async with self._served(request, caller, record, arrival, klass, pool, ticket, history) as completion:
+            async with self._served(request, caller, record, arrival, klass, pool, ticket, history, queue_deadline) as completion:
                 yield completion
         finally:
             if grant is not None:  # what it cost: the backend's usage, or nothing when it got no seat
@@ -187,6 +194,8 @@ class RequestPath:
         config = self._fleet.config
         tokens, requests = budgets_of(caller, config)
         whole = budget_name(config)
+        if tokens is not None or requests is not None:
+            self._budget_caps[caller.name] = (tokens, requests)
         now = trio.current_time()
         try:
             grant = self._budgets.reserve(
@@ -204,6 +213,39 @@ class RequestPath:
             record.rate_limits = grant.limits.headers()
         return grant
 
+    def budgets_left(self) -> dict[str, RateLimits]:
+        """Each caller with a budget that has sent here: its budgets as they stand (fleet-wide under ``[cluster]``)."""
+        now = trio.current_time()
+        left: dict[str, RateLimits] = {}
+        for name, (tokens, requests) in self._budget_caps.items():
+            elsewhere = (0, 0) if self._shares is None else self._shares.of(name, tokens, requests).elsewhere()
+            left[name] = self._budgets.limits(name, tokens_per_minute=tokens, requests_per_minute=requests, now=now, elsewhere=elsewhere)
+        return left
+
+    async def _reserve_shared(self, caller: Caller, ticket: Ticket, record: RequestRecord, priority: int, deadline: float) -> Grant | None:
+        """``_reserve`` under ``[cluster]``: within this replica's grant of the budgets, waiting for more until ``deadline``."""
+        shared = self._fleet.budget
+        assert shared is not None
+        tokens, requests = whole_budgets(caller, self._fleet.config)
+        if tokens is None and requests is None:
+            return None
+        self._budget_caps[caller.name] = (tokens, requests)
+        if self._shares is None or self._shares.shared is not shared:
+            self._shares = BudgetShares(shared, self._budgets)
+        key = self._shares.of(caller.name, tokens, requests)
+        cost = ticket.prompt_tokens + ticket.max_tokens
+        try:
+            check_whole(cost, tokens)
+            grant = await key.reserve(cost, priority=priority, deadline=deadline)
+        except (BudgetExceeded, InvalidRequest):  # its answer says what is left too
+            now = trio.current_time()
+            record.rate_limits = self._budgets.limits(
+                caller.name, tokens_per_minute=tokens, requests_per_minute=requests, now=now, elsewhere=key.elsewhere()
+            ).headers()
+            raise
+        record.rate_limits = grant.limits.headers()
+        return grant
+
     @asynccontextmanager
     async def _served(
         self,
@@ -215,13 +257,12 @@ class RequestPath:
         pool: Pool,
         ticket: Ticket,
         history: HistoryDigests | None,
+        queue_deadline: float,
     ) -> AsyncIterator[Completion]:
         """The admitted request from its pool's queue to its answer's end: the seat, the call, the release."""
         fleet, traffic = self._fleet, self._traffic
         config = fleet.config
         trace = record.trace
-
-        queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
         async with traffic.holding(caller, fleet.budget, config.timeouts.retry_after, klass.priority, queue_deadline):
             if fleet.budget is not None and pool.in_flight >= pool.max_concurrency:
                 fleet.budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick

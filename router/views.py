@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backend_load import BackendLoad
+from .budgets import RateLimits
 from .cluster import ClusterStatus
 from .config_types import Config
 from .endpoint import Endpoint
@@ -48,6 +49,8 @@ class RouterStatistics:
     lent: dict[str, int] = field(default_factory=dict)  # per pool: its seats serving other pools' requests now
     borrowed: dict[tuple[str, str], int] = field(default_factory=dict)  # (pool, lender) -> requests seated, ever
     cluster: ClusterStatus | None = None  # [cluster]: the shared ledger's mode and this replica's grants
+    # Per caller with a budget that has sent here: what is left of it now (fleet-wide under [cluster]).
+    budgets_left: dict[str, RateLimits] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> int:
@@ -79,7 +82,7 @@ def endpoint_statistics(endpoint: Endpoint, pool: str) -> EndpointStatistics:
     )
 
 
-def statistics(fleet: Fleet, traffic: Traffic) -> RouterStatistics:
+def statistics(fleet: Fleet, traffic: Traffic, budgets_left: dict[str, RateLimits] | None = None) -> RouterStatistics:
     pools = fleet.pools
     return RouterStatistics(
         pools=tuple(pool.statistics() for pool in pools.values()),
@@ -96,6 +99,7 @@ def statistics(fleet: Fleet, traffic: Traffic) -> RouterStatistics:
         borrowed={(name, lender): n for name, pool in pools.items() for lender, n in pool.borrowed_total.items()},
         cluster=None if fleet.budget is None else fleet.budget.status(),
         backend_clients=fleet.open_clients,
+        budgets_left=budgets_left or {},
     )
 
 

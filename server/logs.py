@@ -103,6 +103,7 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "kind": record.kind,
         "stream": record.stream,
         "caller": record.caller,
+        "tenant": record.caller,  # whose fair share and budgets it counts in: the key's name ("anonymous" without auth)
         "class": record.request_class,
         "pool": record.pool,
         "endpoint": record.endpoint,

@@ -312,6 +312,17 @@ class _RouterCollector(Collector):
         for name, count in stats.caller_in_flight.items():
             callers.add_metric((name,), count)
         yield callers
+        left = _gauge(
+            "tailguard_caller_budget_remaining",
+            "What is left of each API key's budget over the last minute (tokens, requests), across the replicas under [cluster].",
+            ("caller", "budget"),
+        )
+        for name, limits in stats.budgets_left.items():
+            if limits.limit_tokens is not None:
+                left.add_metric((name, "tokens"), limits.remaining_tokens)
+            if limits.limit_requests is not None:
+                left.add_metric((name, "requests"), limits.remaining_requests)
+        yield left
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:

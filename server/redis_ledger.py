@@ -1,12 +1,16 @@
 """The shared admission ledger on Redis: one Lua script, one round trip a sync.
 
 Keys, under the namespace ``NS``:
-- ``NS:alive:REPLICA`` -- the replica's lease, set with a TTL at every sync;
+- ``NS:alive:REPLICA`` -- the replica's lease, set with a TTL at every sync; its value names the
+  process (``SharedBudget.incarnation``), so a restarted one under the same id is told apart;
 - ``NS:grant:RESOURCE`` -- a hash, replica -> seats of the resource's cap recorded as its own;
 - ``NS:want:RESOURCE`` -- a hash, replica -> "PRIORITY SINCE": the most urgent class priority
   waiting there, and when the oldest request of that priority came (wall-clock milliseconds);
 - ``NS:used:RESOURCE`` -- a hash, replica -> seats of the resource in use there (absent: none),
   so a replica can tell a cap that is full across replicas from one held as idle blocks;
+- ``NS:held:RESOURCE`` -- for resources whose use outlives a lease (``Want.hold``: a budget's
+  sliding window), a hash, "REPLICA INCARNATION" -> "GRANT UNTIL_MS": a replica's grant, counted
+  after its lease lapses until what it admitted has left the window (Redis's own clock);
 - ``NS:served:POOL`` -- a hash, "REPLICA<tab>TENANT" -> the tokens that replica served the tenant
   (over its weight) since it started: fair shares traded across replicas (``trade_service``,
   router/fair_sync.py), kept an hour after the last trade.
@@ -46,24 +50,36 @@ from coredis.retry import NoRetryPolicy
 from tailguard.router.cluster import NO_WAITER, Synced, Want
 
 _SYNC = """
-local prefix, me, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-redis.call('SET', prefix .. 'alive:' .. me, '1', 'PX', ttl)
-local alive = {}
-local function is_alive(replica)
+local prefix, me, ttl, n, me_as = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+redis.call('SET', prefix .. 'alive:' .. me, me_as, 'PX', ttl)
+local alive = {}  -- replica -> the incarnation its live lease names, or false
+local function incarnation(replica)
   if alive[replica] == nil then
-    alive[replica] = redis.call('EXISTS', prefix .. 'alive:' .. replica) == 1
+    alive[replica] = redis.call('GET', prefix .. 'alive:' .. replica) or false
   end
   return alive[replica]
+end
+local function is_alive(replica)
+  return incarnation(replica) ~= false
+end
+local now_ms = nil
+local function clock_ms()
+  if now_ms == nil then
+    local t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_ms
 end
 local no_waiter = tonumber(ARGV[#ARGV])
 local out = {}
 local contended = 0  -- 1 when a request waits on another replica: everyone syncs sooner
 for i = 0, n - 1 do
-  local base = 5 + i * 8
+  local base = 6 + i * 9
   local name = ARGV[base]
   local cap, target, urgency = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local in_use, keep = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
   local since, tolerance = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
+  local hold = tonumber(ARGV[base + 8])
   local yielding = 0
   local grants_key, wants_key, used_key = prefix .. 'grant:' .. name, prefix .. 'want:' .. name, prefix .. 'used:' .. name
   local grants = redis.call('HGETALL', grants_key)
@@ -85,6 +101,26 @@ for i = 0, n - 1 do
   for j = 1, #used, 2 do
     if used[j] ~= me and is_alive(used[j]) then
       elsewhere = elsewhere + tonumber(used[j + 1])
+    end
+  end
+  local held_key = prefix .. 'held:' .. name
+  if hold > 0 then
+    -- what replicas gone since (or earlier processes under a live id) admitted still counts until it has
+    -- left the window: their grant as last recorded, until the time recorded with it
+    local held = redis.call('HGETALL', held_key)
+    for j = 1, #held, 2 do
+      local who, as = string.match(held[j], '^(.*) (%S+)$')
+      local seats, till = string.match(held[j + 1], '^(%S+) (%S+)$')
+      if who == me and as == me_as then
+        -- this process's own: rewritten below
+      elseif who ~= nil and incarnation(who) == as then
+        -- a live replica's: its grant is counted already
+      elseif seats ~= nil and tonumber(till) > clock_ms() then
+        others = others + tonumber(seats)
+        elsewhere = elsewhere + tonumber(seats)
+      else
+        redis.call('HDEL', held_key, held[j])
+      end
     end
   end
   local wants = redis.call('HGETALL', wants_key)
@@ -109,6 +145,11 @@ for i = 0, n - 1 do
   end
   local granted = math.max(0, math.min(target, cap - others))
   redis.call('HSET', grants_key, me, granted)
+  if hold > 0 then
+    -- kept past this replica's lease: what it may admit until then leaves the window ``hold`` later
+    redis.call('HSET', held_key, me .. ' ' .. me_as, string.format('%d %.0f', granted, clock_ms() + ttl + hold))
+    redis.call('PEXPIRE', held_key, ttl + hold + 1000)
+  end
   if urgency < no_waiter then
     redis.call('HSET', wants_key, me, string.format('%d %.0f', urgency, since))
   else
@@ -147,12 +188,13 @@ class RedisLedger:
         self._prefix = namespace + ":"
         self._sha = hashlib.sha1(_SYNC.encode()).hexdigest()
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
-        args: list[str | int] = [self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants)]
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
+        args: list[str | int] = [self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants), incarnation or "-"]
         for want in wants:
             keep = want.in_use if want.keep is None else want.keep
             since, tolerance = round(want.since * 1000), round(want.tolerance * 1000)  # milliseconds: integers in Lua
-            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep, since, tolerance]
+            hold = round(want.hold * 1000)
+            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep, since, tolerance, hold]
         args.append(NO_WAITER)
         result = [int(value) for value in await self._run_script(args)]
         return Synced(

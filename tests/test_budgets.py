@@ -154,6 +154,8 @@ async def test_the_anonymous_budget_applies_when_auth_is_off() -> None:
             assert 55 <= int(second.headers["retry-after"]) <= 60
             assert 54_000 < int(second.headers["retry-after-ms"]) <= 60_000  # to the millisecond, for the openai SDK
             assert second.headers["x-ratelimit-remaining-requests"] == "0"
+            page = (await client.get("/metrics")).text
+            assert 'tailguard_caller_budget_remaining{budget="requests",caller="anonymous"} 0.0' in page
 
 
 async def test_a_request_over_the_whole_budget_is_a_400_that_names_it_with_the_headers() -> None:

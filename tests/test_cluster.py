@@ -120,9 +120,9 @@ class AdmitsDuringSync:
         self.ledger = ledger
         self.during: Callable[[], None] = lambda: None
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want]) -> Synced:
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
         self.during()
-        return await self.ledger.sync(replica, lease_ttl, wants)
+        return await self.ledger.sync(replica, lease_ttl, wants, incarnation)
 
 
 async def test_a_replica_yielding_to_a_more_urgent_waiter_keeps_the_seats_it_filled_during_the_sync(redis: RedisServer) -> None:

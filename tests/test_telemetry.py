@@ -266,6 +266,7 @@ def test_access_line_has_the_facts_and_no_prompt_unless_enabled(caplog: pytest.L
     fields = access_fields(record)
     assert fields["queue_ms"] == 250.0 and fields["ttft_ms"] == 500.0 and fields["decode_ms"] == 1500.0
     assert fields["e2e_ms"] == 2000.0 and fields["max_tokens"] == 256 and fields["max_tokens_requested"] is None
+    assert fields["tenant"] == fields["caller"] == "webapp"  # its fair share and budgets are the key's
     assert "prompt" not in fields
     assert access_fields(record, log_prompts=True)["prompt"] == "my secret prompt"
     with caplog.at_level(logging.INFO, logger="tailguard.access"):

@@ -1,0 +1,222 @@
+"""Per-key token and request budgets shared by the replicas: each admits within its grant of the ledger.
+
+Under ``[cluster]`` a key's ``tokens_per_minute`` and ``requests_per_minute``
+are two more resources of the shared ledger (router/cluster.py), beside
+seats: ``tokens:NAME`` and ``requests:NAME``, their caps the whole budgets.
+What a replica *uses* of one is what its sliding window holds (the last
+minute's admissions, settled); its grant never falls below that, and grows
+by a block (``cluster.block`` of the largest request the key has sent here)
+so a steady key needs no round trip. So the grants add up to at most the
+budget, each replica's window stays within its grant, and no 60 s admits
+more than the budget fleet-wide -- while a key that sends everything to one
+replica can use all of it, where static shares gave it a quarter of four.
+
+A request whose cost its replica's grant does not hold waits, in class
+priority order and until its queue deadline, for a sync to grant more (its
+cost is in the demand; idle replicas give their spare back). It is refused
+(429 ``token_budget_exceeded``) when the budget is full across the
+replicas, as the first sync begun after it came finds it, or at its
+deadline; its Retry-After says when the windows should hold it (exact for
+this replica's own admissions; the others' are taken as spread evenly over
+the minute).
+
+A replica that dies (kill -9) is not forgotten at its lease: what it
+admitted in its last minute was admitted, so the ledger keeps counting its
+grant (``Want.hold``) until its window would have emptied, at most 60 s
+plus the lease after its last sync; a restarted process under the same
+replica id does not inherit it. With Redis away each replica falls back to
+``min(grant, static_share)`` of each budget at once, and to its static share
+once everything admitted under a larger grant has left the window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import trio
+
+from .budgets import WINDOW, Budgets, Grant
+from .cluster import NO_WAITER, Arrivals, Demand, SharedBudget
+from .errors import BudgetExceeded, QueueFull, QueueTimeout
+from .queue import WaitQueue
+
+__all__ = ["BudgetShares", "KeyBudget"]
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """A waiter's ticket: when it came (a "full" verdict counts only from a sync begun after it) and its cost."""
+
+    came: float
+    tokens: int
+
+
+class KeyBudget:
+    """This replica's grants of one key's budgets, the requests waiting for more, and its Demands."""
+
+    def __init__(self, shared: SharedBudget, windows: Budgets, name: str) -> None:
+        self.name = name
+        self.tokens_per_minute: int | None = None
+        self.requests_per_minute: int | None = None
+        self.granted_tokens = 0
+        self.granted_requests = 0
+        self._shared = shared
+        self._windows = windows
+        self._largest = 1  # the largest cost the key has asked of this replica: the spare block's unit
+        self._waiting_tokens = 0
+        self._arrivals = Arrivals()
+        self._queue: WaitQueue[Grant | bool, _Ask] = WaitQueue(self._grant, max_waiting=1 << 30)
+
+    @property
+    def _resources(self) -> tuple[str, str]:
+        return f"tokens:{self.name}", f"requests:{self.name}"
+
+    def elsewhere(self) -> tuple[int, int]:
+        """(tokens, requests) of the budgets in use on the other replicas, as the last sync found them."""
+        tokens, requests = self._resources
+        return self._shared.in_use_elsewhere(tokens), self._shared.in_use_elsewhere(requests)
+
+    def demands(self) -> list[Demand]:
+        """The key's budgets as this replica uses them now (only those that are set)."""
+        now = trio.current_time()
+        tokens, requests = self._windows.in_window(self.name, now)
+        first = self._arrivals.first()
+        priority, oldest = (NO_WAITER, math.inf) if first is None else first
+        waiting = self._queue.waiting
+        names = self._resources
+        out: list[Demand] = []
+        if self.tokens_per_minute is not None:
+            block = self._shared.config.block * self._largest
+            out.append(
+                Demand(names[0], self.tokens_per_minute, tokens, self._waiting_tokens, priority, self._apply_tokens,
+                       oldest=oldest, hold=WINDOW, block=block)
+            )
+        if self.requests_per_minute is not None:
+            out.append(
+                Demand(names[1], self.requests_per_minute, requests, waiting, priority, self._apply_requests, oldest=oldest, hold=WINDOW)
+            )
+        return out
+
+    async def reserve(self, tokens: int, *, priority: int, deadline: float) -> Grant:
+        """Count a request that may cost ``tokens`` in this replica's window, waiting for a grant until ``deadline``.
+
+        Raises:
+          BudgetExceeded: the budget is full across the replicas (or, with
+            the ledger away, this replica's static share is), or ``deadline`` passed.
+        """
+        self._largest = max(self._largest, tokens)
+        came = trio.current_time()
+        if not self._fits(tokens, came):
+            self._shared.wake()  # ask the ledger now, not at the next tick
+        turn = self._arrivals.add(priority, came)
+        self._waiting_tokens += tokens
+        try:
+            got = await self._queue.get(priority, deadline, _Ask(came, tokens), retry_after=0.0)
+        except (QueueTimeout, QueueFull):
+            got = False
+        finally:
+            self._waiting_tokens -= tokens
+            self._arrivals.discard(turn)
+        if not isinstance(got, Grant):
+            raise self._exceeded(tokens, trio.current_time())
+        return got
+
+    def _fits(self, tokens: int, now: float) -> bool:
+        over = self._windows.shortfall(
+            self.name, tokens, tokens_per_minute=self._allowed_tokens(), requests_per_minute=self._allowed_requests(), now=now
+        )
+        return not over
+
+    def _allowed_tokens(self) -> int | None:
+        return None if self.tokens_per_minute is None else min(self.tokens_per_minute, self.granted_tokens)
+
+    def _allowed_requests(self) -> int | None:
+        return None if self.requests_per_minute is None else min(self.requests_per_minute, self.granted_requests)
+
+    def _grant(self, ask: _Ask) -> Grant | bool | None:
+        """A grant, admitted; False: refused (full across the replicas, or no ledger to ask); None: wait for a sync."""
+        now = trio.current_time()
+        if self._fits(ask.tokens, now):
+            return self._windows.admit(
+                self.name, ask.tokens, tokens_per_minute=self.tokens_per_minute, requests_per_minute=self.requests_per_minute,
+                now=now, elsewhere=self.elsewhere(),
+            )
+        shared = self._shared
+        if shared.mode != "ledger":
+            return False
+        if shared.synced_from > ask.came and self._full(ask.tokens, now):
+            return False
+        return None
+
+    def _full(self, tokens: int, now: float) -> bool:
+        """The budget holds no room for the request across the replicas (theirs as of the last sync)."""
+        here_tokens, here_requests = self._windows.in_window(self.name, now)
+        there_tokens, there_requests = self.elsewhere()
+        if self.tokens_per_minute is not None and here_tokens + there_tokens + tokens > self.tokens_per_minute:
+            return True
+        return self.requests_per_minute is not None and here_requests + there_requests + 1 > self.requests_per_minute
+
+    def _exceeded(self, tokens: int, now: float) -> BudgetExceeded:
+        """The refusal, with when the windows should hold the request: the later of its two budgets."""
+        here_tokens, here_requests = self._windows.in_window(self.name, now)
+        there_tokens, there_requests = self.elsewhere()
+        alone = self._shared.mode != "ledger"  # the static share is all there is: only this window counts
+        if alone:
+            there_tokens = there_requests = 0
+        waits: list[float] = []
+        why: list[str] = []
+        budgets = ((self.tokens_per_minute, self._allowed_tokens(), here_tokens, there_tokens, tokens, "tokens"),
+                   (self.requests_per_minute, self._allowed_requests(), here_requests, there_requests, 1, "requests"))
+        for whole, allowed, here, there, cost, count in budgets:
+            if whole is None or allowed is None:
+                continue
+            limit = allowed if alone else whole
+            over = here + there + cost - limit
+            if over <= 0:
+                continue
+            waits.append(self._wait(over, here, there, count, cost > limit, now))
+            left = max(0, limit - here - there)
+            scope = "this replica's static share (the shared ledger is unreachable)" if alone else "across the replicas"
+            why.append(f"has {left} of its {whole} {count} a minute left {scope}, this request may take {cost}")
+        wait = max(waits, default=self._shared.config.sync_interval)
+        if not why:  # it fitted by the time it gave up: the grant did not come before its queue deadline
+            why.append("got no grant of its budget from the other replicas before its queue deadline")
+        return BudgetExceeded(f"the caller {self.name!r} {' and '.join(why)}; retry after {wait:.1f} s", retry_after=wait)
+
+    def _wait(self, over: int, here: int, there: int, count: str, never: bool, now: float) -> float:
+        """Seconds until ``over`` of ``count`` leaves the windows: this one's oldest first, the others' at an even pace."""
+        if never:
+            return WINDOW
+        if over <= here:
+            return self._windows.wait_for(self.name, over, count, now)
+        return min(WINDOW, WINDOW * over / max(1, here + there))
+
+    def _apply_tokens(self, granted: int) -> None:
+        self.granted_tokens = granted
+        self._queue.dispatch()
+
+    def _apply_requests(self, granted: int) -> None:
+        self.granted_requests = granted
+        self._queue.dispatch()
+
+
+class BudgetShares:
+    """Every budgeted key's share on this replica, made at its first request; their Demands join the ledger's sync."""
+
+    def __init__(self, shared: SharedBudget, windows: Budgets) -> None:
+        self.shared = shared
+        self._windows = windows
+        self._keys: dict[str, KeyBudget] = {}
+        shared.sources.append(self.demands)
+
+    def of(self, name: str, tokens_per_minute: int | None, requests_per_minute: int | None) -> KeyBudget:
+        """Key ``name``'s share (a reload may change its budgets: they are taken from each request's caller)."""
+        key = self._keys.get(name)
+        if key is None:
+            key = self._keys[name] = KeyBudget(self.shared, self._windows, name)
+        key.tokens_per_minute, key.requests_per_minute = tokens_per_minute, requests_per_minute
+        return key
+
+    def demands(self) -> list[Demand]:
+        return [demand for key in self._keys.values() for demand in key.demands()]

@@ -1,0 +1,185 @@
+"""Token and request budgets shared through the ledger: grants follow demand, never add up past a budget, outlive a dead replica."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
+
+import pytest
+import trio
+import trio.testing
+
+from tailguard.router.auth import Caller
+from tailguard.router.budget_shares import BudgetShares
+from tailguard.router.budgets import Budgets
+from tailguard.router.cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, Want
+from tailguard.router.config_types import ClusterConfig
+from tailguard.router.dispatch import Router
+from tailguard.router.errors import BudgetExceeded
+from tailguard.server.metrics import Metrics
+from tailguard.server.redis_ledger import RedisLedger
+from tests.redis_helpers import RedisServer, redis_server
+from tests.router_helpers import chat, two_pool_config
+from tests.test_cluster import shared_engines
+
+CAP = 10
+TTL = 0.4  # real seconds: Redis expires leases on its own clock
+HOLD = 1.0  # how long a dead replica's grant still counts (a budget's window; 60 s in the router)
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+class Holder:
+    """One replica's view of one resource whose use outlives its lease (a budget's window)."""
+
+    def __init__(self, name: str, ledger: LedgerStore) -> None:
+        self.in_use = 0
+        self.granted = 0
+        self.budget = SharedBudget(ClusterConfig(redis_url="", replica_id=name, lease_ttl=TTL, block=0), ledger, self.demands)
+
+    def demands(self) -> list[Demand]:
+        return [Demand("tokens:k", CAP, self.in_use, 0, NO_WAITER, self._apply, hold=HOLD)]
+
+    def _apply(self, granted: int) -> None:
+        self.granted = granted
+
+    async def need(self, in_use: int) -> int:
+        self.in_use = in_use
+        await self.budget.sync_once()
+        return self.granted
+
+
+async def test_a_dead_replicas_budget_grant_counts_until_what_it_admitted_has_left_the_window(redis: RedisServer) -> None:
+    """Seats return at the lease; a budget's grant only once its window is over, or the next minute admits it twice."""
+    async with RedisLedger(redis.url, "b1") as ledger:
+        dead, alive = Holder("dead", ledger), Holder("alive", ledger)
+        assert await dead.need(8) == 8  # then it stops syncing, as after kill -9
+        assert await alive.need(CAP) == 2
+        await trio.sleep(TTL * 1.5)  # its lease has lapsed: still counted
+        assert await alive.need(CAP) == 2
+        started = trio.current_time()
+        with trio.fail_after(5 * (TTL + HOLD)):
+            while await alive.need(CAP) < CAP:
+                await trio.sleep(0.05)
+        assert trio.current_time() - started <= TTL + HOLD  # the lease and the window after its last sync, no more
+        assert await ledger.grants("tokens:k") == {"alive": CAP}
+
+
+async def test_a_process_restarted_under_the_same_replica_id_does_not_inherit_what_the_last_one_admitted(redis: RedisServer) -> None:
+    async with RedisLedger(redis.url, "b2") as ledger:
+        first = Holder("pod-0", ledger)
+        assert await first.need(8) == 8  # killed; its container starts again with the same host name and pid
+        again = Holder("pod-0", ledger)
+        assert again.budget.incarnation != first.budget.incarnation
+        assert await again.need(CAP) == 2  # the earlier process's 8 still count, though the id lives
+        assert await again.need(CAP) == 2
+
+
+def sharing_routers(redis: RedisServer, namespace: str) -> tuple[list[Router], dict[str, object]]:
+    """Two replicas on one ledger, one engine behind both; budgets come with each request's caller."""
+    base = two_pool_config(interactive_cap=8)
+    engines, transports = shared_engines()
+    routers = [
+        Router(
+            dataclasses.replace(
+                base, cluster=ClusterConfig(redis.url, namespace=namespace, replica_id=name, lease_ttl=1.0, sync_interval=0.02, block=1)
+            ),
+            transport_factory=lambda endpoint: transports[endpoint.url],
+            seed=0,
+        )
+        for name in ("a", "b")
+    ]
+    return routers, dict(engines)
+
+
+async def ask(router: Router, caller: Caller, i: int, max_tokens: int) -> str:
+    """One request of the caller: "ok", or the refusal's message."""
+    try:
+        async with router.open(chat(f"question {i}", max_tokens=max_tokens, request_id=f"q{i}"), caller=caller) as completion:
+            await completion.read()
+        return "ok"
+    except BudgetExceeded as refusal:
+        return f"429 {refusal.retry_after:.1f} {refusal}"
+
+
+async def test_a_key_sending_to_one_replica_gets_its_whole_budget_and_the_replicas_together_never_more(redis: RedisServer) -> None:
+    """Static shares gave one replica half of the budget; the ledger gives the whole of it to where it is asked."""
+    routers, engines = sharing_routers(redis, "b3")
+    caller = Caller("metered", frozenset(), None, tokens_per_minute=1_000)
+    async with RedisLedger(redis.url, "b3") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)  # type: ignore[attr-defined]
+        for router in routers:
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+        on_a = [await ask(routers[0], caller, i, 90) for i in range(12)]
+        on_b = [await ask(routers[1], caller, 100 + i, 90) for i in range(3)]
+        grants = await ledger.grants("tokens:metered")
+        nursery.cancel_scope.cancel()
+    served = on_a.count("ok")
+    assert 6 <= served <= 10, on_a  # each may take ~100 tokens: more than half the budget (static share), never past it
+    assert all(outcome.startswith("429") for outcome in on_a[served:]), on_a  # once full, it stays full: a minute's window
+    assert all(outcome.startswith("429") and "across the replicas" in outcome for outcome in on_b), on_b
+    assert all(0 < float(outcome.split()[1]) <= 60 for outcome in on_a[served:] + on_b)  # when the windows hold it
+    assert sum(grants.values()) <= 1_000
+
+
+async def test_a_request_over_its_replicas_grant_waits_for_the_next_sync_and_is_served(redis: RedisServer) -> None:
+    """b holds no grant of the key until it is asked: its first request waits one round trip, not a 429."""
+    routers, engines = sharing_routers(redis, "b4")
+    caller = Caller("metered", frozenset(), None, tokens_per_minute=10_000, requests_per_minute=20)
+    async with RedisLedger(redis.url, "b4") as ledger, trio.open_nursery() as nursery:
+        for engine in engines.values():
+            await nursery.start(engine.run)  # type: ignore[attr-defined]
+        for router in routers:
+            await nursery.start(functools.partial(router.run, ledger=ledger))
+        first = [await ask(routers[0], caller, i, 16) for i in range(3)]
+        async with trio.open_nursery() as both:  # both replicas at once, more than a block each
+            outcomes: list[str] = []
+
+            async def one(router: Router, i: int) -> None:
+                outcomes.append(await ask(router, caller, i, 16))
+
+            for i in range(14):
+                both.start_soon(one, routers[i % 2], 10 + i)
+        requests = await ledger.grants("requests:metered")
+        await trio.sleep(0.2)  # both have synced since: each knows the other's window
+        page = Metrics(routers[0]).render().decode()
+        nursery.cancel_scope.cancel()
+    assert 'tailguard_caller_budget_remaining{budget="requests",caller="metered"} 3.0' in page  # 20 less 17, fleet-wide
+    assert first == ["ok"] * 3
+    assert outcomes.count("ok") == 14, outcomes  # 17 of 20 requests: all served, none refused for want of a sync
+    assert sum(requests.values()) <= 20
+
+
+class Unreachable:
+    """A ledger store whose Redis is away: every sync fails."""
+
+    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
+        raise ConnectionError("Redis is away")
+
+
+async def test_with_the_ledger_away_a_key_gets_its_static_share_once_the_window_is_over(autojump_clock: trio.testing.MockClock) -> None:
+    """At once no more than the grant the ledger counted (none here); after a window and a lease, the static share."""
+    config = ClusterConfig(redis_url="", replica_id="alone", lease_ttl=2.0, static_share=0.25)
+    windows = Budgets()
+    shared = SharedBudget(config, Unreachable(), list)
+    key = BudgetShares(shared, windows).of("metered", 1_000, None)
+    await shared.sync_once()
+    assert shared.mode == "fallback" and key.granted_tokens == 0
+    with pytest.raises(BudgetExceeded, match="static share"):
+        await key.reserve(100, priority=0, deadline=trio.current_time() + 1.0)
+    await trio.sleep(62.0)  # the window and the lease: nothing admitted under a larger grant can still count
+    await shared.sync_once()
+    assert key.granted_tokens == 250
+    grants = [await key.reserve(100, priority=0, deadline=trio.current_time() + 1.0) for _ in range(2)]
+    with pytest.raises(BudgetExceeded, match=r"has 50 of its 1000 tokens a minute left this replica's static share") as refused:
+        await key.reserve(100, priority=0, deadline=trio.current_time() + 1.0)
+    assert refused.value.retry_after == pytest.approx(60.0)  # the first of the two leaves the window then
+    grants[0].settle(20, served=True)  # it cost 20, not 100: 80 come back at once
+    await key.reserve(100, priority=0, deadline=trio.current_time() + 1.0)
+    assert windows.in_window("metered", trio.current_time()) == (220, 3)
