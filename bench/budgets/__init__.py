@@ -1,0 +1,1 @@
+"""``python -m bench budgets``: one token budget shared by four tailguard replicas on one Redis (issue 24)."""
