@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.budgets.model import Options, Sent, phases
-from bench.budgets.numbers import bin_rows, phase_rows, verdict
+from bench.budgets.numbers import answer_times, bin_rows, phase_rows, retry_after, verdict
 from bench.budgets.windows import Event, binned, per_minute, sliding_max, static_share_rate, stepped_sums, within_target
 
 
@@ -78,6 +78,7 @@ def test_verdict_and_tables_on_a_run_at_the_bound_and_one_token_past_it() -> Non
     v = verdict(run, o.budget, until=o.duration)
     assert (v.most, v.largest, v.bound, v.met) == (11_000, 1_000, 11_000, True)
     assert v.most_with_unanswered == 12_000  # the unanswered one at its reservation
+    assert retry_after(run)["refused"] == 1 and answer_times(run) == {"min_s": 1.0, "p50_s": 1.0, "max_s": 1.0}
     run.append(sent(13, "r0", 58.0, tokens=1))
     assert not verdict(run, o.budget, until=o.duration).met
     bins = bin_rows(o, run)

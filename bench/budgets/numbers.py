@@ -1,8 +1,9 @@
 """A run's numbers from its requests: the fleet's most tokens in a minute against the target, per phase, per 10 s, the 429s.
 
 "Admitted" is what the client saw: each 200's usage, at the time it was
-sent (the router counts a request at its admission, milliseconds after; the
-target's one largest request of slack covers more than that). A request
+sent (the router counts a request at its admission: milliseconds after, or
+as late as the class's queue_timeout for one that waited for a grant; the
+report's answer times show how long the 200s waited). A request
 that got no answer (its replica killed under it, or the run's bound) may
 have been admitted too: the upper figure counts each at its reservation.
 """
@@ -127,6 +128,14 @@ def retry_after(sent: Sequence[Sent]) -> dict[str, Any]:
             "p90_s": percentile(values, 90), "max_s": values[-1]}
 
 
+def answer_times(sent: Sequence[Sent]) -> dict[str, float]:
+    """The 200s' time to answer, s: every request is the same size, so what the slowest spent beyond the fastest it waited (for a seat, or a grant)."""
+    values = sorted(s.ended - s.sent for s in sent if s.status == 200)
+    if not values:
+        return {}
+    return {"min_s": round(values[0], 3), "p50_s": round(percentile(values, 50), 3), "max_s": round(values[-1], 3)}
+
+
 def mode_changes(health: dict[str, Trail], events: dict[str, float]) -> dict[str, dict[str, float | None]]:
     """Per replica: s after Redis stopped until it said fallback, and after Redis resumed until it said ledger again."""
     found: dict[str, dict[str, float | None]] = {}
@@ -156,6 +165,7 @@ def summarise(o: Options, driven: Driven) -> dict[str, Any]:
         "phases": phase_rows(o, sent),
         "bins": bin_rows(o, sent),
         "retry_after": retry_after(sent),
+        "answer_times": answer_times(sent),
         "mode_changes": mode_changes(driven.health, driven.events),
         "events": {k: round(v, 2) for k, v in driven.events.items()},
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from bench.budgets.model import Result
 from bench.harness.report import Target, md_table, targets_table
 
@@ -67,7 +69,8 @@ def render(result: Result) -> str:
         "",
         *md_table(["outcome", "requests"], s["outcomes"].items()),
         "",
-        f"Budget 429s: {s['retry_after']}",
+        f"Budget 429s (token_budget_exceeded): {_seconds(s['retry_after'])}. "
+        f"The 200s' time to answer (all of one size; beyond the fastest, a wait): {_seconds(s['answer_times'])}.",
         "",
         "## Cluster mode (/health every 0.25 s)",
         "",
@@ -89,3 +92,8 @@ def _cell(value: float | None) -> str:
 
 def _loads(averages: dict[str, list[float]]) -> str:
     return "; ".join(f"{when} " + " ".join(f"{x:.2f}" for x in values) for when, values in averages.items())
+
+
+def _seconds(figures: dict[str, Any]) -> str:
+    """``{"p50_s": 1.5, "refused": 3}`` as ``p50 1.5 s, refused 3``."""
+    return ", ".join(f"{k.removesuffix('_s')} {v:g} s" if k.endswith("_s") else f"{k.replace('_', ' ')} {v}" for k, v in figures.items()) or "none"
