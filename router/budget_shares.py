@@ -17,8 +17,8 @@ cost is in the demand; idle replicas give their spare back). It is refused
 (429 ``token_budget_exceeded``) when the budget is full across the
 replicas, as the first sync begun after it came finds it, or at its
 deadline; its Retry-After says when the windows should hold it (exact for
-this replica's own admissions; the others' are taken as spread evenly over
-the minute).
+this replica's own admissions; the others' taken as come evenly since the
+oldest of them, which each sync tells).
 
 A replica that dies (kill -9) is not forgotten at its lease: what it
 admitted in its last minute was admitted, so the ledger keeps counting its
@@ -85,16 +85,19 @@ class KeyBudget:
         priority, oldest = (NO_WAITER, math.inf) if first is None else first
         waiting = self._queue.waiting
         names = self._resources
+        first_admitted = self._windows.oldest(self.name, now)
+        since = math.inf if first_admitted is None else first_admitted
         out: list[Demand] = []
         if self.tokens_per_minute is not None:
             block = self._shared.config.block * self._largest
             out.append(
                 Demand(names[0], self.tokens_per_minute, tokens, self._waiting_tokens, priority, self._apply_tokens,
-                       oldest=oldest, hold=WINDOW, block=block)
+                       oldest=oldest, hold=WINDOW, block=block, used_since=since)
             )
         if self.requests_per_minute is not None:
             out.append(
-                Demand(names[1], self.requests_per_minute, requests, waiting, priority, self._apply_requests, oldest=oldest, hold=WINDOW)
+                Demand(names[1], self.requests_per_minute, requests, waiting, priority, self._apply_requests,
+                       oldest=oldest, hold=WINDOW, used_since=since)
             )
         return out
 
@@ -175,7 +178,8 @@ class KeyBudget:
             over = here + there + cost - limit
             if over <= 0:
                 continue
-            waits.append(self._wait(over, here, there, count, cost > limit, now))
+            resource = self._resources[0 if count == "tokens" else 1]
+            waits.append(self._wait(over, resource, here, there, count, cost > limit, now))
             left = max(0, limit - here - there)
             scope = "this replica's static share (the shared ledger is unreachable)" if alone else "across the replicas"
             why.append(f"has {left} of its {whole} {count} a minute left {scope}, this request may take {cost}")
@@ -184,13 +188,23 @@ class KeyBudget:
             why.append("got no grant of its budget from the other replicas before its queue deadline")
         return BudgetExceeded(f"the caller {self.name!r} {' and '.join(why)}; retry after {wait:.1f} s", retry_after=wait)
 
-    def _wait(self, over: int, here: int, there: int, count: str, never: bool, now: float) -> float:
-        """Seconds until ``over`` of ``count`` leaves the windows: this one's oldest first, the others' at an even pace."""
+    def _wait(self, over: int, resource: str, here: int, there: int, count: str, never: bool, now: float) -> float:
+        """Seconds until ``over`` of ``count`` leaves the windows: this one's oldest first, then the others'.
+
+        The others' windows are known by their sums and the age of their
+        oldest admission (each sync says): what they hold is taken to have
+        come evenly since then, so it leaves evenly from a minute after it.
+        """
         if never:
             return WINDOW
         if over <= here:
             return self._windows.wait_for(self.name, over, count, now)
-        return min(WINDOW, WINDOW * over / max(1, here + there))
+        first = self._shared.in_use_elsewhere_since(resource)
+        if first is None or there <= 0:
+            return WINDOW  # the others said nothing of their windows' ages: the longest they can take
+        share = (over - here) / there  # of the others' use, after all of this replica's has left
+        theirs = first + WINDOW + share * max(0.0, now - first) - now
+        return min(WINDOW, max(self._windows.reset_in(self.name, count, now), theirs, 0.0))
 
     def _apply_tokens(self, granted: int) -> None:
         self.granted_tokens = granted

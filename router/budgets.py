@@ -254,6 +254,15 @@ class Budgets:
         window = self._window(caller, now)
         return window.tokens, window.requests
 
+    def oldest(self, caller: str, now: float) -> float | None:
+        """When the oldest admission still in the caller's window here was made; None: the window is empty."""
+        window = self._window(caller, now)
+        return window.admitted[0].at if window.admitted else None
+
+    def reset_in(self, caller: str, count: str, now: float) -> float:
+        """Seconds until none of ``count`` is left in the caller's window here."""
+        return self._window(caller, now).reset_in(count, now)
+
     def wait_for(self, caller: str, over: int, count: str, now: float) -> float:
         """Seconds until the caller's oldest admissions here leave with ``over`` of their ``count``; WINDOW if they never do."""
         window = self._window(caller, now)

@@ -97,6 +97,9 @@ class Want:
     # Seconds the grant outlives this replica: what it admitted still counts that long after its lease
     # lapses (a budget over a sliding window: its last minute). 0: a dead replica's grant returns at once.
     hold: float = 0.0
+    # When the oldest use still counted here began (wall-clock seconds; 0: none): a window's age, so the
+    # others can tell when it will have room again (router/budget_shares.py).
+    used_since: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class Synced:
     urgent: list[int] = field(default_factory=list)
     # Per want: when the oldest of those most urgent requests came (wall-clock seconds).
     urgent_since: list[float] = field(default_factory=list)
+    # Per want: the oldest ``used_since`` on the other live replicas (wall-clock seconds; 0: none said).
+    elsewhere_since: list[float] = field(default_factory=list)
 
 
 class LedgerStore(Protocol):
@@ -190,6 +195,7 @@ class Demand:
     oldest: float = math.inf  # when the oldest request waiting at ``best_waiting`` came (trio.current_time())
     hold: float = 0.0  # ``Want.hold``: how long what was admitted under the grant still counts after a lease lapses
     block: int | None = None  # spare beyond demand, in the resource's units; None: ``cluster.block``
+    used_since: float = math.inf  # ``Want.used_since``, on trio.current_time(); inf: none
 
 
 @dataclass
@@ -229,6 +235,7 @@ class SharedBudget:
         self._short = False  # a request waits here for seats the last sync did not grant
         self.synced_from = -math.inf  # when the last sync that the ledger answered began
         self._elsewhere: dict[str, int] = {}  # per resource: seats in use on the other replicas, at the last sync
+        self._elsewhere_since: dict[str, float] = {}  # per resource: since when the oldest of those is in use (trio time)
         self._yielding: set[str] = set()  # resources a more urgent request waits for elsewhere, at the last sync
         self._given_back: set[str] = set()  # resources whose grant a freed seat lowered since this sync began
         self._keys: dict[str, KeySeats] = {}
@@ -246,6 +253,10 @@ class SharedBudget:
     def in_use_elsewhere(self, resource: str) -> int:
         """Seats of ``resource`` in use on the other live replicas, as the last sync found them."""
         return self._elsewhere.get(resource, 0)
+
+    def in_use_elsewhere_since(self, resource: str) -> float | None:
+        """Since when (``trio.current_time()``) the oldest use of ``resource`` on the other replicas counts; None: not said."""
+        return self._elsewhere_since.get(resource)
 
     def granted(self, resource: str, cap: int) -> int:
         """Seats of ``resource`` this replica may use now (0 until the first sync or fallback)."""
@@ -321,10 +332,15 @@ class SharedBudget:
         # News of the other's arrival is up to a sync old and their clocks may differ a little: within
         # this much, a request here counts as first (it takes the seat at once, no round trip).
         tolerance = self.config.sync_interval / 2
-        for demand, seats, elsewhere, best, since in zip(
-            demands, synced.grants, synced.elsewhere or [0] * len(demands), urgent, urgent_since
+        elsewhere_since = synced.elsewhere_since or [0.0] * len(demands)
+        for demand, seats, elsewhere, best, since, used_since in zip(
+            demands, synced.grants, synced.elsewhere or [0] * len(demands), urgent, urgent_since, elsewhere_since
         ):
             self._elsewhere[demand.resource] = elsewhere
+            if used_since > 0:
+                self._elsewhere_since[demand.resource] = used_since - (self._epoch or 0.0)
+            else:
+                self._elsewhere_since.pop(demand.resource, None)
             self._short |= demand.waiting > 0 and seats < min(demand.cap, demand.in_use + demand.waiting)
             if demand.resource in self._given_back:
                 # A seat freed during the round trip went back: the answer, sent before, must not hand it out again.
@@ -356,6 +372,7 @@ class SharedBudget:
             since=since,
             tolerance=config.sync_interval / 2,
             hold=demand.hold,
+            used_since=0.0 if self._epoch is None or not math.isfinite(demand.used_since) else demand.used_since + self._epoch,
         )
 
     def _giver(self, resource: str) -> Callable[[int], None]:

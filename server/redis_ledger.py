@@ -6,8 +6,9 @@ Keys, under the namespace ``NS``:
 - ``NS:grant:RESOURCE`` -- a hash, replica -> seats of the resource's cap recorded as its own;
 - ``NS:want:RESOURCE`` -- a hash, replica -> "PRIORITY SINCE": the most urgent class priority
   waiting there, and when the oldest request of that priority came (wall-clock milliseconds);
-- ``NS:used:RESOURCE`` -- a hash, replica -> seats of the resource in use there (absent: none),
-  so a replica can tell a cap that is full across replicas from one held as idle blocks;
+- ``NS:used:RESOURCE`` -- a hash, replica -> "USED SINCE_MS": what of the resource is in use there
+  (absent: none), so a replica can tell a cap that is full across replicas from one held as idle
+  blocks, and since when the oldest of it counts (0: not said; a budget's window says it);
 - ``NS:held:RESOURCE`` -- for resources whose use outlives a lease (``Want.hold``: a budget's
   sliding window), a hash, "REPLICA INCARNATION" -> "GRANT UNTIL_MS": a replica's grant, counted
   after its lease lapses until what it admitted has left the window (Redis's own clock);
@@ -50,6 +51,8 @@ from coredis.retry import NoRetryPolicy
 from tailguard.router.cluster import NO_WAITER, Synced, Want
 
 _SYNC = """
+-- Redis 3.2 and 4 replicate a script by its effects only when asked: it reads TIME before writing
+if redis.replicate_commands then redis.replicate_commands() end
 local prefix, me, ttl, n, me_as = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 redis.call('SET', prefix .. 'alive:' .. me, me_as, 'PX', ttl)
 local alive = {}  -- replica -> the incarnation its live lease names, or false
@@ -74,12 +77,12 @@ local no_waiter = tonumber(ARGV[#ARGV])
 local out = {}
 local contended = 0  -- 1 when a request waits on another replica: everyone syncs sooner
 for i = 0, n - 1 do
-  local base = 6 + i * 9
+  local base = 6 + i * 10
   local name = ARGV[base]
   local cap, target, urgency = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local in_use, keep = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
   local since, tolerance = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
-  local hold = tonumber(ARGV[base + 8])
+  local hold, used_since = tonumber(ARGV[base + 8]), tonumber(ARGV[base + 9])
   local yielding = 0
   local grants_key, wants_key, used_key = prefix .. 'grant:' .. name, prefix .. 'want:' .. name, prefix .. 'used:' .. name
   local grants = redis.call('HGETALL', grants_key)
@@ -97,10 +100,15 @@ for i = 0, n - 1 do
     end
   end
   local used = redis.call('HGETALL', used_key)
-  local elsewhere = 0
+  local elsewhere, elsewhere_since = 0, 0  -- in use on the others, and since when the oldest of it (0: not said)
+  local function older(first)
+    if first > 0 and (elsewhere_since == 0 or first < elsewhere_since) then elsewhere_since = first end
+  end
   for j = 1, #used, 2 do
     if used[j] ~= me and is_alive(used[j]) then
-      elsewhere = elsewhere + tonumber(used[j + 1])
+      local count, first = string.match(used[j + 1], '^(%S+) ?(%S*)$')
+      elsewhere = elsewhere + tonumber(count)
+      older(tonumber(first) or 0)
     end
   end
   local held_key = prefix .. 'held:' .. name
@@ -118,6 +126,7 @@ for i = 0, n - 1 do
       elseif seats ~= nil and tonumber(till) > clock_ms() then
         others = others + tonumber(seats)
         elsewhere = elsewhere + tonumber(seats)
+        older(tonumber(till) - ttl - hold)  -- its last sync: what it admitted is taken as that young
       else
         redis.call('HDEL', held_key, held[j])
       end
@@ -156,7 +165,7 @@ for i = 0, n - 1 do
     redis.call('HDEL', wants_key, me)
   end
   if in_use > 0 then
-    redis.call('HSET', used_key, me, in_use)
+    redis.call('HSET', used_key, me, string.format('%d %.0f', in_use, used_since))
   else
     redis.call('HDEL', used_key, me)
   end
@@ -165,6 +174,7 @@ for i = 0, n - 1 do
   out[#out + 1] = yielding
   out[#out + 1] = urgent
   out[#out + 1] = urgent_since
+  out[#out + 1] = elsewhere_since
 end
 out[#out + 1] = contended
 return out
@@ -193,17 +203,18 @@ class RedisLedger:
         for want in wants:
             keep = want.in_use if want.keep is None else want.keep
             since, tolerance = round(want.since * 1000), round(want.tolerance * 1000)  # milliseconds: integers in Lua
-            hold = round(want.hold * 1000)
-            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep, since, tolerance, hold]
+            hold, used_since = round(want.hold * 1000), round(want.used_since * 1000)
+            args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep, since, tolerance, hold, used_since]
         args.append(NO_WAITER)
         result = [int(value) for value in await self._run_script(args)]
         return Synced(
-            grants=result[:-1:5],
+            grants=result[:-1:6],
             contended=bool(result[-1]),
-            elsewhere=result[1:-1:5],
-            yielding=[bool(y) for y in result[2:-1:5]],
-            urgent=result[3:-1:5],
-            urgent_since=[ms / 1000 for ms in result[4:-1:5]],
+            elsewhere=result[1:-1:6],
+            yielding=[bool(y) for y in result[2:-1:6]],
+            urgent=result[3:-1:6],
+            urgent_since=[ms / 1000 for ms in result[4:-1:6]],
+            elsewhere_since=[ms / 1000 for ms in result[5:-1:6]],
         )
 
     async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
