@@ -146,6 +146,12 @@ def parse_config(
             "cluster.static_share",
             f"must be above 0 while callers have budgets ({', '.join(budgeted)}): each replica keeps that share of them",
         )
+    if cluster is not None and rebalance.seat_step < 1:
+        root.table("rebalance").report(
+            "rebalance.seat_step",
+            f"must be 1 under [cluster], got {rebalance.seat_step:g}: an engine's seats split between pools are not shared"
+            " through the ledger (each replica would cap its share alone), so move whole engines there",
+        )
     discovery = read_discovery(root.table("discovery"))
     tracing = read_tracing(root.table("tracing"))
     root.finish()

@@ -133,6 +133,7 @@ def _render_moves(config: Config) -> list[str]:
             ("hold_time", _seconds(rebalance.hold_time)),
             ("threshold", f"{rebalance.threshold:g} utilisation"),
             ("cooldown", _seconds(rebalance.cooldown)),
+            ("seat_step", "whole engines" if rebalance.seat_step >= 1 else f"{rebalance.seat_step:g} of an engine's seats a move"),
         ])
     if any(pool.endpoints_dns for pool in config.pools):
         discovery = config.discovery

@@ -281,8 +281,11 @@ def read_rebalance(table: Table) -> RebalanceConfig:
     cooldown = table.number("cooldown", default.cooldown, minimum=0.0, inclusive=True)
     if table.ok("interval", "hold_time") and hold < interval:
         table.problem("hold_time", f"{hold:g} s must be at least {table.key('interval')} {interval:g} s")
+    step = table.number("seat_step", default.seat_step, minimum=0.0)
+    if table.ok("seat_step") and step > 1:
+        table.problem("seat_step", f"must be at most 1 (a share of one engine's seats; 1 moves whole engines), got {step:g}")
     table.finish()
-    return RebalanceConfig(interval=interval, hold_time=hold, threshold=threshold, cooldown=cooldown)
+    return RebalanceConfig(interval=interval, hold_time=hold, threshold=threshold, cooldown=cooldown, seat_step=step)
 
 
 

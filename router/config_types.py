@@ -7,6 +7,7 @@ Durations are seconds (``*_timeout``); sizes are tokens unless named bytes.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -208,12 +209,22 @@ class RebalanceConfig:
     it takes no new requests of its old pool, finishes its running ones,
     then joins. No move within ``cooldown`` of the last, and none that the
     reverse move would undo at once: assignments do not flap.
+
+    ``seat_step`` below 1 moves seats, not whole engines: a move takes
+    ``ceil(seat_step x the engine's cap)`` seats of one movable engine into a
+    share of it serving the busy pool (router/seat_shares.py), so a split of
+    2 or 4 engines can be 1.2 : 2.8.
     """
 
     interval: float = 1.0  # seconds between looks at the pools' demand
     hold_time: float = 30.0  # an imbalance must last this long before a move
     threshold: float = 0.3  # utilisation difference that counts as imbalance
     cooldown: float = 60.0  # seconds after a move before the next
+    seat_step: float = 1.0  # share of an engine's seats one move takes, in (0, 1]; 1: the whole engine
+
+    def step_seats(self, engine_cap: int) -> int:
+        """Seats one move takes of an engine of ``engine_cap`` seats (at least one)."""
+        return max(1, math.ceil(round(self.seat_step * engine_cap, 9)))  # 0.1 x 30 is 3, not 4
 
 
 @dataclass(frozen=True)

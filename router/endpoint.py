@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import trio
 
@@ -22,6 +22,9 @@ from .config_types import BackendAccess, EndpointConfig, ServerConfig, TimeoutsC
 from .lean_transport import ConnectorTransport
 from .lend_budget import FirstTokenWatch
 from .policies import url_seed
+
+if TYPE_CHECKING:
+    from .seat_shares import SeatSplit
 
 
 class Closable(Protocol):
@@ -50,6 +53,12 @@ class Endpoint:
     A client replaced by a reload (a new cap means a new connection pool) is
     handed to ``closer`` as soon as the last seat that holds it is released,
     so a reload never leaves connections behind.
+
+    A *share* (``engine`` set) is seats of another endpoint's engine serving
+    another pool (router/seat_shares.py): it uses the engine's clients, is
+    never probed, and is usable only while the engine is healthy, accepts
+    tailguard's key and is not ejected. ``split`` is set on the engine and
+    its shares while the engine's seats are split.
     """
 
     def __init__(
@@ -61,8 +70,11 @@ class Endpoint:
         closer: Closer,
         max_body_bytes: int = ServerConfig.max_backend_body_bytes,
         keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
+        engine: Endpoint | None = None,
     ) -> None:
         self.url = config.url
+        self.engine = engine  # a share: the endpoint whose engine's seats it holds
+        self.split: SeatSplit | None = None  # the engine's seats split between pools (rebalancing's seat moves)
         self.rendezvous_seed = url_seed(config.url)  # prefix affinity's weight of it for a key: router/policies.py
         self.max_concurrency = config.max_concurrency
         self.movable = config.movable
@@ -118,9 +130,13 @@ class Endpoint:
         self._max_body_bytes = max_body_bytes
         self._keep_alive_timeout = keep_alive_timeout
         self.retired = False  # left the config; kept only while seats still hold it
-        self.client = self._new_client(config.max_concurrency, config.access)
+        if engine is None:
+            self.client = self._new_client(config.max_concurrency, config.access)
+            self.probe = self._new_probe(config.access)
+        else:  # a share: the engine's connections (its cap bounds both), closed by the engine
+            self.client, self.probe = engine.client, engine.probe
+            self.max_model_len = engine.max_model_len
         self._client_closed = False
-        self.probe = self._new_probe(config.access)
         self._replaced: set[BackendClient] = set()  # old clients that seats still hold
 
     def _new_client(self, max_concurrency: int, access: BackendAccess) -> BackendClient:
@@ -144,7 +160,7 @@ class Endpoint:
         endpoint's before it changes any, so a failure leaves all as they were.
         """
         reopen = self.retired and self._client_closed
-        resize = config.max_concurrency != self.max_concurrency
+        resize = config.max_concurrency != (self.max_concurrency if self.split is None else self.split.cap)  # a split's: the engine's
         rekey = config.access != self.access  # a rotated key or a new CA: new connections carry it
         client = self._new_client(config.max_concurrency, config.access) if reopen or resize or rekey else None
         return Clients(client, self._new_probe(config.access) if reopen or rekey else None)
@@ -184,14 +200,31 @@ class Endpoint:
                 self._idle = trio.Event()
             await self._idle.wait()
 
+    def new_share(self) -> Endpoint:
+        """A share of this engine's seats, with none yet (``SeatSplit`` gives it some)."""
+        return Endpoint(
+            EndpointConfig(self.url, 0, access=self.access),
+            connect_timeout=self._connect_timeout,
+            transport=self._transport,
+            closer=self._closer,
+            max_body_bytes=self._max_body_bytes,
+            keep_alive_timeout=self._keep_alive_timeout,
+            engine=self,
+        )
+
     def seat_freed(self) -> None:
-        """One of its requests ended (``in_flight`` already lowered)."""
+        """One of its requests ended (``in_flight`` already lowered); with its seats split, the other pools may use the seat."""
         if not self.in_flight and self._idle is not None:
             self._idle.set()
             self._idle = None
+        if self.split is not None:
+            self.split.freed(self)
 
     def lease_ended(self, client: BackendClient) -> None:
         """A seat holding ``client`` was released: close the client if it was replaced and is idle."""
+        if self.engine is not None:  # a share's client is its engine's: the engine closes it
+            self.engine.lease_ended(client)
+            return
         client.leases -= 1
         if client.leases:
             return
@@ -234,7 +267,9 @@ class Endpoint:
     @property
     def usable(self) -> bool:
         """Healthy, long enough for its pool, accepting tailguard's key, not ejected: may take new requests when it has room."""
-        return self.healthy and self.fits_context and self.auth_failure is None and (self.ejected_until is None or not self.ejected)
+        own = self.healthy and self.fits_context and self.auth_failure is None and (self.ejected_until is None or not self.ejected)
+        engine = self.engine
+        return own and (engine is None or (engine.healthy and engine.auth_failure is None and not engine.ejected))
 
     @property
     def seats(self) -> int:
@@ -242,6 +277,8 @@ class Endpoint:
         seats = self.max_concurrency if self.granted is None else min(self.max_concurrency, self.granted)
         if self.half_open:
             seats = min(seats, 1)
+        if self.split is not None:  # the engine's seats split between pools: what the others leave it
+            seats = min(seats, self.split.room_for(self))
         # No clock read here (metrics read it from another thread): the spell's own timer ends it.
         return seats if self.busy_until == -math.inf else min(seats, self.busy_cap)
 

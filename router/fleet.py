@@ -3,6 +3,8 @@
 Every change is all or nothing: whatever can fail (new endpoints and their
 clients) is built first, then a swap that changes plain fields only. The
 request path reads ``pools`` and ``endpoints``; nothing else writes them.
+``endpoints`` holds each engine's own endpoint; its shares
+(router/seat_shares.py) are in their pools' lists only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .endpoint import Clients, Closable, Endpoint
 from .model_len import context_fits
 from .pool import Pool
 from .rebalance import MoveChoice, Rebalancer
+from .seat_shares import SeatSplit
 
 if TYPE_CHECKING:
     from .cluster import SharedBudget
@@ -63,6 +66,8 @@ class Fleet:
         pools_built = {p.name: Pool(p, pool_of=self.pool_of, rng=self._rng) for p in config.pools if p.name not in self.pools}
 
         # -- the swap: nothing below raises ------------------------------------
+        for endpoint in self.endpoints.values():  # the file's caps and assignment stand again
+            self._drop_shares(endpoint)
         endpoints: dict[str, Endpoint] = {}
         for pool_config in config.pools:
             for endpoint_config in wanted[pool_config.name]:
@@ -125,6 +130,7 @@ class Fleet:
 
     def _retire(self, endpoint: Endpoint) -> None:
         """Out of every pool: running requests finish (and hold its seats), nobody new."""
+        self._drop_shares(endpoint)
         endpoint.retire()
         if endpoint.in_flight:
             self.retired[endpoint.url] = endpoint
@@ -185,7 +191,7 @@ class Fleet:
             return  # a reload removed the pool meanwhile
         config = self.config
         static = {e.url for p in config.pools for e in p.endpoints}
-        current = {e.url: e for e in pool.endpoints if e.url not in static}  # its endpoints from DNS now
+        current = {e.url: e for e in pool.endpoints if e.url not in static and e.engine is None}  # its endpoints from DNS now (no share)
         sources = {source.key: source for source in pool.config.endpoints_dns}
         wanted: dict[str, EndpointConfig] = {}
         kept: list[Found] = []
@@ -221,6 +227,7 @@ class Fleet:
         added = [self._take(c, built, clients, config) for c in changed if c.url not in current]
         for c in changed:
             if c.url in current:
+                self._drop_shares(current[c.url])  # the new cap is all its own, as a reload would have it
                 self._take(c, built, clients, config)  # a new per-endpoint cap
         for endpoint in gone:
             del self.endpoints[endpoint.url]
@@ -245,9 +252,11 @@ class Fleet:
             if endpoint is not None:
                 news = value != endpoint.max_model_len
                 endpoint.max_model_len = value
-                pool = self.pool_of(endpoint)
-                if pool is not None:
-                    self.gate(endpoint, pool.config, news=news)
+                for member in [endpoint] if endpoint.split is None else endpoint.split.members:
+                    member.max_model_len = value
+                    pool = self.pool_of(member)
+                    if pool is not None:
+                        self.gate(member, pool.config, news=news)
 
     def gate(self, endpoint: Endpoint, pool: PoolConfig, *, news: bool = False) -> None:
         """Let ``endpoint`` take ``pool``'s requests only if its context length is known to fit.
@@ -296,10 +305,79 @@ class Fleet:
         target.endpoints = [*target.endpoints, endpoint]
         target.cap_moved += endpoint.max_concurrency
         endpoint.pool_name = target.name
+        split = endpoint.split
+        share = None if split is None else split.share_in(target.name)
+        if split is not None and share is not None:  # its seats already there join it: one endpoint of the engine a pool
+            target.endpoints = [e for e in target.endpoints if e is not share]
+            split.drop(share)
         self.moving.pop(endpoint.url, None)
         self.moves[(source, target.name)] += 1
         log.info("rebalancing: endpoint %s joined pool %s (from %s)", endpoint.url, target.name, source)
         target.queue.dispatch()
+
+    def move_seats(self, choice: MoveChoice) -> None:
+        """Move ``choice.seats`` seats of an engine between the pools it serves (``MoveChoice`` says which way).
+
+        The caps change now; the engine's running requests keep their seats,
+        and the moved seats become usable only as the engine's requests fall
+        within what the caps leave (``SeatSplit.room_for``).
+        """
+        endpoint, source, target, seats = choice.endpoint, choice.source, choice.target, choice.seats or 0
+        engine = endpoint.engine or endpoint
+        split = engine.split or SeatSplit(engine, self._wake)
+        engine.split = split
+        if endpoint.engine is None:  # the engine's own endpoint gives seats to its share in ``target``
+            share = split.share_in(target.name)
+            if share is None:
+                share = engine.new_share()
+                share.split, share.pool_name = split, target.name
+                split.shares.append(share)
+                self.gate(share, target.config)
+                target.endpoints = [*target.endpoints, share]
+            engine.max_concurrency -= seats
+            share.max_concurrency += seats
+        else:  # a share gives seats back to its engine
+            endpoint.max_concurrency -= seats
+            engine.max_concurrency += seats
+            if not endpoint.max_concurrency:
+                source.endpoints = [e for e in source.endpoints if e is not endpoint]
+                split.drop(endpoint)
+        source.cap_moved -= seats
+        target.cap_moved += seats
+        self.moves[(source.name, target.name)] += 1
+        log.info(
+            "rebalancing: %d seats of endpoint %s leave pool %s (utilisation %.2f) for pool %s (%.2f);"
+            " %d requests still run on the engine; its seats now %s",
+            seats, engine.url, source.name, choice.source_utilisation, target.name, choice.target_utilisation,
+            sum(m.in_flight for m in split.members), _seats_by_pool(split),
+        )  # fmt: skip
+        target.queue.dispatch()
+
+    def _drop_shares(self, engine: Endpoint) -> None:
+        """Every share of ``engine`` leaves its pool, its seats back with the engine (its running requests finish)."""
+        split = engine.split
+        if split is None:
+            return
+        home = self.pool_of(engine)
+        for share in split.serving:
+            pool = self.pool_of(share)
+            seats = split.drop(share)
+            if pool is not None:
+                pool.endpoints = [e for e in pool.endpoints if e is not share]
+                pool.cap_moved -= seats
+            if home is not None:
+                home.cap_moved += seats
+
+    def _wake(self, endpoint: Endpoint) -> None:
+        """A seat of ``endpoint``'s engine freed: the waiters of the pool it serves may use it."""
+        pool = self.pool_of(endpoint)
+        if pool is not None:
+            pool.queue.dispatch()
+
+
+def _seats_by_pool(split: SeatSplit) -> str:
+    """``interactive 8, batch 24``: each pool's cap on one engine, for the log."""
+    return ", ".join(f"{m.pool_name} {m.max_concurrency}" for m in split.members if m.pool_name is not None) or "none"
 
 
 def _link_lenders(config: Config, pools: Mapping[str, Pool]) -> None:

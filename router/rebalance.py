@@ -23,11 +23,21 @@ seconds, then the least busy. Its cached
 prefixes are the ones the donor loses least by (prefix affinity sends
 those keys to their next engine), and its running requests finish soonest.
 
-This module decides; the router (``router.dispatch``) carries a move out:
+With ``seat_step`` below 1 a move takes ``ceil(seat_step x cap)`` seats of
+one movable engine, not all of it (router/seat_shares.py): the engine keeps
+serving its pool with the rest, and a share of it serves the busier pool;
+the next move the same way grows that share, and a move back shrinks it
+first (the seats go home) before any other endpoint is split. A move that
+would leave the engine no seat of its own moves it whole. Hysteresis and
+the projection are the same, by the seats actually moved: a step small
+enough not to overshoot is made where a whole engine would flap.
+
+This module decides; the router (``router.fleet``) carries a move out:
 the endpoint leaves its pool at once (no new requests of that pool), its
 running requests finish and still count against its cap, and only when it
-is idle does it join the new pool. A reload puts every endpoint back where
-the file says.
+is idle does it join the new pool. Seats move at once in the books, and
+reach the share only as the engine's running requests fall within its
+lowered cap. A reload puts every endpoint back where the file says.
 """
 
 from __future__ import annotations
@@ -45,13 +55,19 @@ from .pool import Pool
 
 @dataclass(frozen=True)
 class MoveChoice:
-    """One endpoint to move, and why (for the log)."""
+    """One endpoint, or some of its seats, to move, and why (for the log).
+
+    ``seats`` None: the whole endpoint. Else that many seats: of an engine's
+    own endpoint into its share in ``target`` (made if need be), or of a
+    share (``endpoint.engine`` set) back to its engine's pool, ``target``.
+    """
 
     endpoint: Endpoint
     source: Pool
     target: Pool
     source_utilisation: float
     target_utilisation: float
+    seats: int | None = None
 
 
 def demand(pools: Mapping[str, Pool], config: Config) -> dict[str, float]:
@@ -86,18 +102,19 @@ class Warmth:
     """Each endpoint's home placements over a recent window: snapshots of the counts, one a look."""
 
     def __init__(self) -> None:
-        self._snapshots: collections.deque[tuple[float, dict[str, int]]] = collections.deque()
+        # By endpoint, not URL: an engine's own endpoint and its share (router/seat_shares.py) are counted apart.
+        self._snapshots: collections.deque[tuple[float, dict[Endpoint, int]]] = collections.deque()
 
     def look(self, now: float, endpoints: Iterable[Endpoint]) -> None:
         """Note the counts now; forget snapshots older than HOME_WINDOW but the newest such (the window's start)."""
-        self._snapshots.append((now, {e.url: e.home_placements for e in endpoints}))
+        self._snapshots.append((now, {e: e.home_placements for e in endpoints}))
         while len(self._snapshots) > 1 and self._snapshots[1][0] <= now - HOME_WINDOW:
             self._snapshots.popleft()
 
     def recent(self, endpoint: Endpoint) -> int:
         """Home placements on ``endpoint`` since the window began (all of them, for one seen first in it)."""
         start = self._snapshots[0][1] if self._snapshots else {}
-        return endpoint.home_placements - start.get(endpoint.url, 0)
+        return endpoint.home_placements - start.get(endpoint, 0)
 
 
 class Rebalancer:
@@ -145,20 +162,57 @@ class Rebalancer:
 def _best_move(
     target: Pool, source: Pool, wanted: Mapping[str, float], settings: RebalanceConfig, warmth: Warmth
 ) -> MoveChoice | None:
-    """The movable endpoint of ``source`` whose move helps ``target`` without flapping, coldest cache first, or None."""
-    if len(source.endpoints) < 2 or not set(target.config.models) <= set(source.config.models):
-        return None  # never empty a pool; never move an engine to a pool whose models it does not serve
-    movable: Sequence[Endpoint] = [
-        e for e in source.endpoints if e.movable and e.usable and context_fits(e.max_model_len, target.config)
-    ]  # a move into a pool whose max_model_len the engine does not reach would only idle it there
-    # The coldest cache for the donor loses it least; then the least busy, which finishes soonest.
-    for endpoint in sorted(movable, key=lambda e: (warmth.recent(e), e.in_flight, e.url)):
-        seats = endpoint.max_concurrency
+    """What of ``source`` moves to help ``target`` without flapping, or None.
+
+    Seats of a share going home first, then the movable endpoints, coldest
+    cache first (those already sharing with ``target`` before the others).
+    """
+
+    def choice(endpoint: Endpoint, seats: int, whole: bool) -> MoveChoice | None:
         target_after = _ratio(wanted[target.name], target.seats + seats)
         source_after = _ratio(wanted[source.name], source.seats - seats)
         if source_after - target_after > settings.threshold:
-            continue  # the move would be undone at once: that is a flap
-        return MoveChoice(
-            endpoint, source, target, _ratio(wanted[source.name], source.seats), _ratio(wanted[target.name], target.seats)
-        )
+            return None  # the move would be undone at once: that is a flap
+        used = _ratio(wanted[source.name], source.seats), _ratio(wanted[target.name], target.seats)
+        return MoveChoice(endpoint, source, target, *used, seats=None if whole else seats)
+
+    for share in source.endpoints:
+        engine = share.engine
+        if engine is not None and engine.pool_name == target.name and share.usable:
+            seats = min(share.max_concurrency, settings.step_seats(_engine_cap(engine)))
+            if seats < share.max_concurrency or len(source.endpoints) > 1:  # never empty a pool
+                found = choice(share, seats, whole=False)
+                if found is not None:
+                    return found
+    if not set(target.config.models) <= set(source.config.models):
+        return None  # never move an engine to a pool whose models it does not serve
+    movable: Sequence[Endpoint] = [
+        e for e in source.endpoints if e.movable and e.usable and context_fits(e.max_model_len, target.config)
+    ]  # a move into a pool whose max_model_len the engine does not reach would only idle it there
+    # Sharing with the target already, then the coldest cache for the donor (it loses it least), then the least busy.
+    for endpoint in sorted(movable, key=lambda e: (_shares_with(e, target) is None, warmth.recent(e), e.in_flight, e.url)):
+        step = settings.step_seats(_engine_cap(endpoint))
+        if step < endpoint.max_concurrency:
+            found = choice(endpoint, step, whole=False)
+        elif len(source.endpoints) > 1 and all(share.pool_name == target.name for share in _serving(endpoint)):
+            found = choice(endpoint, endpoint.max_concurrency, whole=True)  # never empty a pool
+        else:
+            continue
+        if found is not None:
+            return found
     return None
+
+
+def _engine_cap(endpoint: Endpoint) -> int:
+    """The seats of ``endpoint``'s engine, split between pools or not."""
+    return endpoint.max_concurrency if endpoint.split is None else endpoint.split.cap
+
+
+def _serving(endpoint: Endpoint) -> list[Endpoint]:
+    """The shares of ``endpoint``'s engine serving a pool now."""
+    return [] if endpoint.split is None else endpoint.split.serving
+
+
+def _shares_with(endpoint: Endpoint, pool: Pool) -> Endpoint | None:
+    """The share of ``endpoint``'s engine serving ``pool``, if any."""
+    return None if endpoint.split is None else endpoint.split.share_in(pool.name)

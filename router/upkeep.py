@@ -120,6 +120,9 @@ class Upkeep:
         if choice is None:
             return
         fleet.rebalancer.moved(now)
+        if choice.seats is not None:  # seats of an engine, not the engine: at once (router/seat_shares.py)
+            fleet.move_seats(choice)
+            return
         epoch = fleet.start_move(choice)
         nursery.start_soon(fleet.finish_move, choice.endpoint, choice.source.name, choice.target, epoch)
 
