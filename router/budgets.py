@@ -169,6 +169,7 @@ class Budgets:
 
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
+        self.latest = 0.0  # the newest time a window was looked at (trio.current_time())
 
     def callers(self) -> list[str]:
         """The callers with a window here (those with a budget that have sent a request)."""
@@ -179,6 +180,7 @@ class Budgets:
         if window is None:
             window = self._windows[caller] = _Window()
         window.expire(now)
+        self.latest = max(self.latest, now)
         return window
 
     def reserve(
@@ -276,10 +278,16 @@ class Budgets:
         requests_per_minute: int | None,
         now: float,
         elsewhere: tuple[int, int] = (0, 0),
+        expire: bool = True,
     ) -> RateLimits:
-        """The caller's budgets as they stand (for the headers of a refusal)."""
+        """The caller's budgets as they stand (for the headers of a refusal).
+
+        ``expire=False`` reads the sums as the last request left them, changing
+        nothing: for a reader on another thread than the event loop's.
+        """
         window = self._windows.get(caller) or _Window()
-        window.expire(now)
+        if expire:
+            window.expire(now)
         return _limits(window, tokens_per_minute, requests_per_minute, now, elsewhere)
 
 

@@ -215,11 +215,16 @@ class RequestPath:
 
     def budgets_left(self) -> dict[str, RateLimits]:
         """Each caller with a budget that has sent here: its budgets as they stand (fleet-wide under ``[cluster]``)."""
-        now = trio.current_time()
+        try:
+            now, in_loop = trio.current_time(), True
+        except RuntimeError:  # read on another thread (a metrics render outside the event loop): as the last request left it
+            now, in_loop = self._budgets.latest, False
         left: dict[str, RateLimits] = {}
-        for name, (tokens, requests) in self._budget_caps.items():
+        for name, (tokens, requests) in list(self._budget_caps.items()):
             elsewhere = (0, 0) if self._shares is None else self._shares.of(name, tokens, requests).elsewhere()
-            left[name] = self._budgets.limits(name, tokens_per_minute=tokens, requests_per_minute=requests, now=now, elsewhere=elsewhere)
+            left[name] = self._budgets.limits(
+                name, tokens_per_minute=tokens, requests_per_minute=requests, now=now, elsewhere=elsewhere, expire=in_loop
+            )
         return left
 
     async def _reserve_shared(self, caller: Caller, ticket: Ticket, record: RequestRecord, priority: int, deadline: float) -> Grant | None:
