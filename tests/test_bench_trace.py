@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,7 +13,7 @@ from bench.trace.load import Thresholds, fits, mooncake, pairs_capacity, sharegp
 from bench.trace.report import checks, class_row, ratio
 from bench.trace.run import main
 from bench.trace.samples import ATTRIBUTION, MOONCAKE, SHAREGPT, read_mooncake, read_pairs
-from bench.trace.setups import SETUPS, SHIPPED_CONFIG, default_split
+from bench.trace.setups import DEFAULT_SETUPS, SETUPS, SHIPPED_CONFIG, default_split
 from tailguard.router.config import load_config
 from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.fleet import ClassStats
@@ -86,9 +87,17 @@ def test_every_setup_builds_on_the_default_split() -> None:
         "tailguard": "tailguard 1:3",
         "tailguard-latency": "tailguard 1:3, latency-tuned interactive",
         "tailguard-shared": "tailguard shared",
+        "tailguard-moves": "tailguard 1:3, moves",
+        "tailguard-shares": "tailguard 1:3, seat shares 0.25",
     }
     shipped = SETUPS["tailguard"](4, (1, 3), config)
     assert shipped.config is not None
+    for key, step in (("tailguard-moves", 1.0), ("tailguard-shares", 0.25)):
+        moving = SETUPS[key](4, (1, 3), config).config
+        assert moving is not None and moving.rebalance.seat_step == step and moving.rebalance.hold_time < config.rebalance.hold_time
+        assert all(p.rebalance == "auto" and all(e.movable for e in p.endpoints) for p in moving.pools)
+        unmoved = tuple(dataclasses.replace(p, endpoints=tuple(dataclasses.replace(e, movable=False) for e in p.endpoints)) for p in moving.pools)
+        assert unmoved == shipped.config.pools  # otherwise the shipped set-up's pools: profiles, seats, lend rules
     assert {profile for _, profile in shipped.engines} == {pool.simulate_profile for pool in config.pools}
     latency = SETUPS["tailguard-latency"](4, (1, 3), config)
     assert latency.config is not None and dict(latency.engines) == {
@@ -133,8 +142,8 @@ def test_a_tiny_grid_runs_end_to_end(tmp_path: Path) -> None:
     assert "### mooncake, 2 engines, load 0.8" in text and "### sharegpt, 2 engines, load 0.8" in text
     assert "No short requests at these thresholds" in text and "**tailguard shared** targets" in text
     data = json.loads((tmp_path / "trace.json").read_text())
-    assert [(p["trace"], set(p["classes"])) for p in data["points"]] == [("mooncake", set(SETUPS)), ("sharegpt", set(SETUPS))]
+    assert [(p["trace"], set(p["classes"])) for p in data["points"]] == [("mooncake", set(DEFAULT_SETUPS)), ("sharegpt", set(DEFAULT_SETUPS))]
     sharegpt_point = data["points"][1]
     assert sum(c["n"] for c in sharegpt_point["classes"]["rr"]) == 40 == sharegpt_point["requests"]
     assert {c["what"] for c in sharegpt_point["targets"]["tailguard-shared"]} >= {"no worse: completed/s", "better: short TTFT P99"}
-    assert set(sharegpt_point["targets"]) == set(SETUPS) - {"rr", "split"}
+    assert set(sharegpt_point["targets"]) == set(DEFAULT_SETUPS) - {"rr", "split"}

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.sim.virtual.fleet import ClassStats
+from tailguard.sim.virtual.rebalancing import Rebalancing
 
 E2E_P99_MAX = 1.1
 COMPLETED_MIN = 0.97
@@ -126,6 +127,7 @@ class PointReport:
     names: dict[str, str]  # key -> the set-up's display name
     classes: dict[str, list[ClassStats]]  # key -> per-class stats
     prefix_hit_rates: dict[str, float]  # key -> cached prompt tokens over prompt tokens looked up, all engines
+    rebalancing: dict[str, Rebalancing] = field(default_factory=dict)  # key -> what rebalancing did, for set-ups that rebalance
 
     def title(self) -> str:
         return f"{self.trace}, {self.engines} engines, load {self.load:g}"
@@ -148,6 +150,9 @@ def point_section(point: PointReport, rr: str, split: str) -> list[str]:
                 lines.append(class_row(point.names[key], cls, by_kind[rr][cls.kind], by_kind[split][cls.kind]))
     hits = ", ".join(f"{point.names[key]} {_x(rate)}" for key, rate in point.prefix_hit_rates.items())
     lines += ["", f"Prefix-cache hit rate (the engines' own, vLLM's two counters): {hits}."]
+    if point.rebalancing:
+        moved = "; ".join(f"{point.names[key]}: {books.text()}" for key, books in point.rebalancing.items())
+        lines += ["", f"Rebalancing (moves made; each pool's seats at the end): {moved}."]
     if not point.short:
         lines += ["", "No short requests at these thresholds: the short-class targets do not apply."]
     lines.append("")
@@ -181,6 +186,23 @@ def headline(points: Sequence[PointReport], rr: str, split: str) -> list[str]:
                 f" {_x(ratio(completed(stats), completed(point.classes[rr])))} | {beyond:.0f} | {met} |"
             )
     return lines
+
+
+def rebalancing_table(points: Sequence[PointReport]) -> list[str]:
+    """One row per point and set-up that rebalances: its moves and each pool's seats at the end (none: no such set-up)."""
+    rows = [
+        f"| {point.trace} | {point.engines} | {point.load:g} | {point.names[key]} | {books.whole_moves} | {books.seat_moves} |"
+        f" {books.draining} | {' : '.join(f'{name} {seats}' for name, seats in books.pool_seats.items())} |"
+        for point in points
+        for key, books in point.rebalancing.items()
+    ]
+    if not rows:
+        return []
+    return [
+        "| trace | engines | load | set-up | whole-engine moves | seat moves | draining at the end | seats per pool at the end |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def json_safe(value: Any) -> Any:

@@ -4,7 +4,7 @@ Each point (trace, engines, load, set-up) runs in its own process
 (``--jobs``), building its arrivals there (they are deterministic, and a
 Mooncake schedule's prompt text is tens of MB to pickle); the report puts
 every set-up of a trace x engines x load side by side. Results go to
-``bench/results/trace/trace.md`` and ``trace.json``.
+``bench/results/trace/NAME.md`` and ``NAME.json`` (``--name``, default trace).
 """
 
 from __future__ import annotations
@@ -25,9 +25,20 @@ from tailguard.router.config_types import Config, LendConfig
 from tailguard.sim.virtual.fleet import Point, PointResult, run_point
 
 from .load import CONTEXT, Workload, mooncake, sharegpt, thresholds
-from .report import PointReport, checks, headline, json_safe, point_section
+from .report import PointReport, checks, headline, json_safe, point_section, rebalancing_table
 from .samples import MOONCAKE, SHAREGPT, read_mooncake, read_pairs
-from .setups import BASELINES, HAND_SPLIT, ROUND_ROBIN, SETUPS, SHIPPED_CONFIG, default_split
+from .setups import (
+    BASELINES,
+    COOLDOWN,
+    DEFAULT_SETUPS,
+    HAND_SPLIT,
+    HOLD_TIME,
+    ROUND_ROBIN,
+    SEAT_STEP,
+    SETUPS,
+    SHIPPED_CONFIG,
+    default_split,
+)
 
 TRACES = ("mooncake", "sharegpt")
 DEFAULT_REQUESTS = {"mooncake": 1200, "sharegpt": 10_000}  # the default grid: ~2.5 min on one core
@@ -85,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traces", default=",".join(TRACES), help="comma-separated, of %(default)s")
     parser.add_argument("--engines", default="2,4", help="fleet sizes (default %(default)s); the hand split is 1:1 at 2, 1:3 at 4")
     parser.add_argument("--loads", default="0.6,0.8,0.9", help="fractions of the fleet's modelled capacity (default %(default)s)")
-    parser.add_argument("--setups", default=",".join(SETUPS), help=f"of {', '.join(SETUPS)}; {' and '.join(BASELINES)} always run (default all)")
+    parser.add_argument(
+        "--setups", default=",".join(DEFAULT_SETUPS), help=f"of {', '.join(SETUPS)}; {' and '.join(BASELINES)} always run (default %(default)s)"
+    )
     parser.add_argument("--requests", type=int, help=f"requests per point (default {DEFAULT_REQUESTS})")
     parser.add_argument("--trace", type=Path, default=MOONCAKE, help="the Mooncake trace file (default: the committed first 1,200 lines)")
     parser.add_argument("--pairs", type=Path, default=SHAREGPT, help="the ShareGPT (prompt, output) CSV (default: the committed one)")
@@ -94,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="processes (default %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="trace", help="the results' file name in --out, without .md / .json (default %(default)s)")
     return parser
 
 
@@ -134,6 +148,7 @@ def reports(jobs: Sequence[Job], results: dict[Job, PointResult]) -> list[PointR
                 {job.setup: results[job].setup for job in group},
                 {job.setup: results[job].classes for job in group},
                 {job.setup: results[job].prefix_hit_rate for job in group},
+                {job.setup: moved for job in group if (moved := results[job].rebalancing) is not None},
             )
         )
     return out
@@ -152,6 +167,20 @@ def lend_summary(config: Config) -> str:
         changed = {k: v for k, v in dataclasses.asdict(pool.lend).items() if v != default[k]}
         rules.append(f"{pool.name}: " + (", ".join(f"{k} = {v!r}" for k, v in changed.items()) or "lends nothing"))
     return "; ".join(rules)
+
+
+def rebalancing_note(config: Config, setups: Sequence[str]) -> list[str]:
+    """The header's line on the set-ups that rebalance, when the run has one."""
+    if not {"tailguard-moves", "tailguard-shares"} & set(setups):
+        return []
+    shipped = config.rebalance
+    return [
+        "- tailguard moves / seat shares: tailguard as above, both pools `rebalance = \"auto\"` and every endpoint movable; the"
+        " router's own rebalancing turn (`Router.rebalance_turn`) runs every `interval` s of virtual time, as `Router.run` would."
+        f" `[rebalance]` as the file's (interval {shipped.interval:g} s, threshold {shipped.threshold:g}) but hold_time"
+        f" {HOLD_TIME:g} s and cooldown {COOLDOWN:g} s (the file's {shipped.hold_time:g} / {shipped.cooldown:g} s would allow a"
+        f" move or two in a point's 110 to 560 s); moves: seat_step 1 (whole engines), seat shares: seat_step {SEAT_STEP:g}."
+    ]
 
 
 def header(args: argparse.Namespace, argv: Sequence[str], wall: float) -> list[str]:
@@ -178,6 +207,7 @@ def header(args: argparse.Namespace, argv: Sequence[str], wall: float) -> list[s
         f" ({lend_summary(config)}); the same with latency-tuned interactive engines (64 seats, 2,048-token steps);"
         " tailguard shared: one pool of every throughput engine, short requests queued first."
         " Routed set-ups' input cap is raised to the context.",
+        *rebalancing_note(config, args.setups.split(",")),
         "- Percentiles over ok answers (nearest rank), ms; completed/s = ok answers over the schedule's span.",
         "- Repeatability: every point repeats exactly for its `--seed` (the arrivals, and the order Trio wakes same-instant"
         " tasks in: `seed_trio_scheduler`). That order is still a draw: unseeded, tailguard shared at Mooncake, 2 engines,"
@@ -204,15 +234,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run_all(jobs, args.jobs)
     points = reports(jobs, results)
     wall = time.perf_counter() - started
-    lines = [*header(args, argv, wall), "## Against round robin", "", *headline(points, ROUND_ROBIN, HAND_SPLIT), "", "## Per point", ""]
+    lines = [*header(args, argv, wall), "## Against round robin", "", *headline(points, ROUND_ROBIN, HAND_SPLIT), ""]
+    moved = rebalancing_table(points)
+    if moved:
+        lines += ["## Rebalancing", "", *moved, ""]
+    lines += ["## Per point", ""]
     for point in points:
         lines += point_section(point, ROUND_ROBIN, HAND_SPLIT)
     text = "\n".join(lines)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "trace.md").write_text(text)
+    (args.out / f"{args.name}.md").write_text(text)
     data = {"argv": argv, "wall_s": wall, "points": [point_data(point) for point in points]}
-    (args.out / "trace.json").write_text(json.dumps(json_safe(data), indent=1, default=str) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(json_safe(data), indent=1, default=str) + "\n")
     return 0
 
 

@@ -3,7 +3,8 @@
 A set-up is a factory ``(engines, split, config) -> Setup``: ``split`` is
 the hand split's (interactive, batch) engines and ``config`` the file whose
 classes and lend rules tailguard follows (the shipped ``config.toml`` by
-default). Add a candidate by adding an entry to ``SETUPS``. Every routed
+default). Add a candidate by adding an entry to ``SETUPS`` (and to
+``DEFAULT_SETUPS`` if a plain run should have it). Every routed
 set-up has its input cap raised to the engines' context, so the router
 refuses what the engines would, no more.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tailguard.router.config import load_config
-from tailguard.router.config_types import Config, LendConfig, LimitsConfig
+from tailguard.router.config_types import Config, LendConfig, LimitsConfig, RebalanceConfig
 from tailguard.sim.virtual.fleet import SEATS, Setup, disaggregated, priority, shared, split_direct
 
 from .load import CONTEXT, thresholds
@@ -105,6 +106,41 @@ def _tailguard_latency(engines: int, split: tuple[int, int], config: Config) -> 
     return dataclasses.replace(setup, name=f"{setup.name}, latency-tuned interactive")
 
 
+# [rebalance] for a trace's span: a point replays 110 to 560 s of traffic, so the shipped hold_time 30 s and
+# cooldown 60 s would allow one or two moves at most. A sixth of each (5 s, 10 s; interval and threshold as
+# shipped) lets a point make the ~10 moves the shipped values make in an hour-long run of the same traffic.
+HOLD_TIME = 5.0
+COOLDOWN = 10.0
+SEAT_STEP = 0.25
+
+
+def rebalancing(setup: Setup, settings: RebalanceConfig, *, name: str) -> Setup:
+    """``setup`` with every pool ``rebalance = "auto"``, every endpoint movable, and ``settings`` as its ``[rebalance]``."""
+    assert setup.config is not None
+    pools = tuple(
+        dataclasses.replace(pool, rebalance="auto", endpoints=tuple(dataclasses.replace(e, movable=True) for e in pool.endpoints))
+        for pool in setup.config.pools
+    )
+    return dataclasses.replace(setup, name=name, config=dataclasses.replace(setup.config, pools=pools, rebalance=settings))
+
+
+def _trace_rebalance(config: Config, seat_step: float) -> RebalanceConfig:
+    """``config``'s ``[rebalance]`` with hold_time and cooldown scaled to a trace's span, moving ``seat_step`` of an engine."""
+    return dataclasses.replace(config.rebalance, hold_time=HOLD_TIME, cooldown=COOLDOWN, seat_step=seat_step)
+
+
+def _tailguard_moves(engines: int, split: tuple[int, int], config: Config) -> Setup:
+    """The shipped set-up, its engines movable between the pools as whole engines."""
+    setup = _tailguard(engines, split, config)
+    return rebalancing(setup, _trace_rebalance(config, 1.0), name=f"{setup.name}, moves")
+
+
+def _tailguard_shares(engines: int, split: tuple[int, int], config: Config) -> Setup:
+    """The same, moving a quarter of an engine's seats at a time (seat shares)."""
+    setup = _tailguard(engines, split, config)
+    return rebalancing(setup, _trace_rebalance(config, SEAT_STEP), name=f"{setup.name}, seat shares {SEAT_STEP:g}")
+
+
 def _tailguard_shared(engines: int, split: tuple[int, int], config: Config) -> Setup:
     return routed_like(priority(engines), config, name="tailguard shared")
 
@@ -116,5 +152,8 @@ SETUPS: dict[str, SetupFactory] = {
     "tailguard": _tailguard,  # the hand split's engines as tailguard's pools, tuned and lending as the config says
     "tailguard-latency": _tailguard_latency,  # the same, its interactive engines latency-tuned
     "tailguard-shared": _tailguard_shared,  # one pool of every engine, short requests queued first
+    "tailguard-moves": _tailguard_moves,  # tailguard, its engines moved whole between the pools by rebalancing
+    "tailguard-shares": _tailguard_shares,  # tailguard, a quarter of an engine's seats moved at a time
 }
 BASELINES = (ROUND_ROBIN, HAND_SPLIT)  # every run has them: the ratios are against them
+DEFAULT_SETUPS = (ROUND_ROBIN, HAND_SPLIT, "tailguard", "tailguard-latency", "tailguard-shared")  # a plain run's (trace.md)

@@ -69,6 +69,7 @@ from ..tokens import chat_prompt_key, count_chat_tokens
 from .clock import Timeline
 from .engine import SweepEngine, SweepSequence
 from .mix import CLASSES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, percentile, unique_body_for, unique_payload
+from .rebalancing import RebalanceLoop, Rebalancing, rebalances
 
 MAX_TOKENS = {"short": SHORT_MAX_TOKENS, "long": LONG_MAX_TOKENS}
 E2E_TIMEOUT = TimeoutsConfig().end_to_end_timeout  # 120 s: every set-up's caller gives up here
@@ -395,14 +396,16 @@ class Fleet:
     timeline: Timeline
     engines: dict[str, SweepEngine]
     target: _Direct | _Routed
+    rebalancing: RebalanceLoop | None = None  # when the set-up rebalances (``rebalancing.rebalances``)
 
 
 @asynccontextmanager
 async def open_fleet(setup: Setup, seed: int, clock: trio.testing.MockClock) -> AsyncIterator[Fleet]:
-    """Start the set-up's timeline and engines (and its router) in this Trio run; stop them on exit."""
+    """Start the set-up's timeline and engines (and its router, rebalancing if it can move anything) in this Trio run; stop them on exit."""
     timeline = Timeline(clock)
     engines = {url: SweepEngine(PROFILES[profile], timeline, name=url) for url, profile in setup.engines}
     target: _Direct | _Routed
+    router: Router | None = None
     if setup.config is not None:
         router = Router(setup.config, transport_factory=lambda _: canned_transport(_unplugged), seed=seed)
         await plug_engines(router, engines)
@@ -412,8 +415,12 @@ async def open_fleet(setup: Setup, seed: int, clock: trio.testing.MockClock) -> 
         target = _Direct({kind: tuple(engines[url] for url in urls) for kind, urls in setup.direct.items()}, seed)
     async with trio.open_nursery() as nursery:
         await nursery.start(timeline.run)
+        loop = None
+        if router is not None and setup.config is not None and rebalances(setup.config):
+            loop = RebalanceLoop(router, setup.config.rebalance.interval)
+            nursery.start_soon(loop.run, nursery)
         try:
-            yield Fleet(timeline, engines, target)
+            yield Fleet(timeline, engines, target, loop)
         finally:
             nursery.cancel_scope.cancel()
             with trio.CancelScope(shield=True):
@@ -492,6 +499,7 @@ class PointResult:
     classes: list[ClassStats] = field(default_factory=list)
     prefix_cache_queries: int = 0  # prompt tokens looked up, all engines (vllm:prefix_cache_queries)
     prefix_cache_hits: int = 0  # of them, found cached
+    rebalancing: Rebalancing | None = None  # what rebalancing did, when the set-up rebalances
 
     def stats(self, kind: str) -> ClassStats | None:
         return next((c for c in self.classes if c.kind == kind), None)
@@ -599,6 +607,7 @@ async def _run_point(point: Point, clock: trio.testing.MockClock) -> PointResult
     async with open_fleet(point.setup, point.seed, clock) as fleet:
         books = await play(fleet, arrivals, point.setup.kinds, point.warmup + point.seconds)
         engine_stats = [e.statistics() for e in fleet.engines.values()]
+        moved = None if fleet.rebalancing is None else fleet.rebalancing.result()
     records = books.records
     return PointResult(
         setup=point.setup.name,
@@ -616,6 +625,7 @@ async def _run_point(point: Point, clock: trio.testing.MockClock) -> PointResult
         classes=[summarize(records, kind, point.seconds) for kind in point.setup.kinds],
         prefix_cache_queries=sum(s.prefix_cache_queries for s in engine_stats),
         prefix_cache_hits=sum(s.prefix_cache_hits for s in engine_stats),
+        rebalancing=moved,
     )
 
 
