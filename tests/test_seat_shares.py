@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from tailguard.router.config import ConfigError, parse_config, render_config
-from tailguard.router.config_types import Config, RebalanceConfig
+from tailguard.router.config_types import Config, LendConfig, RebalanceConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.endpoint import Endpoint
 from tailguard.server.metrics import Metrics
@@ -220,4 +220,20 @@ async def test_a_step_that_would_leave_the_engine_no_seat_moves_it_whole_and_its
         await trio.sleep(40.0)
         assert fleet.router.endpoint(SPARE_URL).split is None  # the merged share's requests ended
         assert fleet.engine(SPARE_URL).statistics().max_running_seen <= CAP
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_pool_that_lends_to_the_busy_one_moves_no_seat_share(autojump_clock: trio.testing.MockClock) -> None:
+    """Lending already gives the busy pool the spare seats, bounded by what a borrowed request may stall: no share."""
+    config = split_config()
+    interactive, batch = config.pools
+    lending = with_digest(config, "split-lending", pools=(interactive, dataclasses.replace(batch, lend=LendConfig(to=("interactive",)))))
+    async with router_over_engines(lending) as fleet, trio.open_nursery() as nursery:
+        await nursery.start(fleet.router.run)
+        served: list[str] = []
+        nursery.start_soon(interactive_load, fleet.router, 30.0, 3 * CAP, served)
+        await trio.sleep(31.0)  # past hold_time many times over, the imbalance all along
+        stats = fleet.router.statistics()
+        assert stats.moves == {} and stats.pool("batch").max_concurrency == CAP  # one batch engine: no whole move either
+        assert BATCH_URL in served  # the interactive requests borrowed its seats instead
         nursery.cancel_scope.cancel()
