@@ -343,7 +343,7 @@ class PlacementConfig:
     mode: PlacementMode = "prefix_affinity"
     # The bound: an endpoint may take a keyed request while its load after it
     # stays within ceil(load_factor x the pool's mean); >= 1.
-    load_factor: float = 1.25
+    load_factor: float = 1.1
     blocks: int = 16  # leading 16-token blocks of the prompt the key covers
     # "caller": the body sent to vLLM carries a cache_salt digest of the caller's
     # identity, so callers never share cached prefixes (nor time their hits).

@@ -148,7 +148,7 @@ class PrefixAffinity:
 
     HOT_WINDOW = 256
 
-    def __init__(self, rng: random.Random, *, c: float = 1.25, remember: int = 65_536) -> None:
+    def __init__(self, rng: random.Random, *, c: float = 1.1, remember: int = 65_536) -> None:
         if c < 1:
             raise ValueError(f"the load bound factor must be at least 1, not {c}")
         self.c = c

@@ -41,13 +41,13 @@ def test_every_pool_places_by_prefix_affinity_unless_told_otherwise() -> None:
     config = parse_config(BASE)
     for each in config.pools:
         assert (each.placement.mode, each.placement.load_factor, each.placement.blocks, each.placement.cache_salt) == (
-            "prefix_affinity", 1.25, 16, "none",
+            "prefix_affinity", 1.1, 16, "none",
         )
     text = pool('placement = "least_loaded"\naffinity_load_factor = 2\naffinity_blocks = 4\ncache_salt = "caller"')
     placement = parse_config(text).pool("interactive").placement
     assert (placement.mode, placement.load_factor, placement.blocks, placement.cache_salt) == ("least_loaded", 2.0, 4, "caller")
     assert rendered(BASE, "placement") == [
-        "prefix_affinity (affinity_load_factor 1.25, affinity_blocks 16: the key covers 256 leading tokens)"
+        "prefix_affinity (affinity_load_factor 1.1, affinity_blocks 16: the key covers 256 leading tokens)"
     ] * 2
     assert rendered(text, "placement")[0] == "least_loaded (load alone); cache_salt caller (callers share no cached prefix)"
 
