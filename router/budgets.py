@@ -171,10 +171,6 @@ class Budgets:
         self._windows: dict[str, _Window] = {}
         self.latest = 0.0  # the newest time a window was looked at (trio.current_time())
 
-    def callers(self) -> list[str]:
-        """The callers with a window here (those with a budget that have sent a request)."""
-        return list(self._windows)
-
     def _window(self, caller: str, now: float) -> _Window:
         window = self._windows.get(caller)
         if window is None:

@@ -27,8 +27,8 @@ from .admission import decide
 from .assemble import assemblable, assemble, events
 from .auth import Caller
 from .backend import BackendClient, BackendResponse
-from .budget_shares import BudgetShares
-from .budgets import Budgets, Grant, RateLimits, budget_name, budgets_of, check_whole, whole_budgets
+from .budget_gate import BudgetGate
+from .budgets import RateLimits
 from .cache_salt import caller_salt
 from .config_types import ClassConfig
 from .credentials import key_refused
@@ -41,9 +41,7 @@ from .errors import (
     BackendTimeout,
     BackendUnavailable,
     BadBackendReply,
-    BudgetExceeded,
     Draining,
-    InvalidRequest,
 )
 from .fleet import Fleet
 from .ids import IdSource
@@ -150,9 +148,7 @@ class RequestPath:
         self._traffic = traffic
         self._upstream_ids = IdSource()  # the id each attempt goes to vLLM under (never the caller's)
         self._memory = ConversationMemory()  # where answered chats are warm, for classes that bound uncached tokens
-        self._budgets = Budgets()  # each key's tokens and requests of the last minute
-        self._shares: BudgetShares | None = None  # with [cluster]: each key's grants of its budgets (made at first use)
-        self._budget_caps: dict[str, tuple[int | None, int | None]] = {}  # per caller: its budgets, as its last request had them
+        self._budgets = BudgetGate()  # each key's tokens and requests of the last minute, here or fleet-wide
 
     def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
         """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
@@ -177,10 +173,9 @@ class RequestPath:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
         klass, pool, ticket, history = decide(request, caller, config, fleet.pools, record, arrival, self._memory)
         queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
-        if fleet.budget is None:
-            grant = self._reserve(caller, ticket, record)
-        else:
-            grant = await self._reserve_shared(caller, ticket, record, klass.priority, queue_deadline)
+        grant = await self._budgets.reserve(
+            caller, ticket.prompt_tokens + ticket.max_tokens, record, config, fleet.budget, priority=klass.priority, deadline=queue_deadline
+        )
         try:
             async with self._served(request, caller, record, arrival, klass, pool, ticket, history, queue_deadline) as completion:
                 yield completion
@@ -189,67 +184,9 @@ class RequestPath:
                 served = record.admitted_at is not None
                 grant.settle((record.input_tokens or ticket.prompt_tokens) + (record.completion_tokens or 0), served=served)
 
-    def _reserve(self, caller: Caller, ticket: Ticket, record: RequestRecord) -> Grant | None:
-        """The caller's budgets, if it has any, hold what this request may cost: reserved now, or BudgetExceeded."""
-        config = self._fleet.config
-        tokens, requests = budgets_of(caller, config)
-        whole = budget_name(config)
-        if tokens is not None or requests is not None:
-            self._budget_caps[caller.name] = (tokens, requests)
-        now = trio.current_time()
-        try:
-            grant = self._budgets.reserve(
-                caller.name,
-                ticket.prompt_tokens + ticket.max_tokens,
-                tokens_per_minute=tokens,
-                requests_per_minute=requests,
-                now=now,
-                whole=whole,
-            )
-        except (BudgetExceeded, InvalidRequest):  # its answer says what is left too
-            record.rate_limits = self._budgets.limits(caller.name, tokens_per_minute=tokens, requests_per_minute=requests, now=now).headers()
-            raise
-        if grant is not None:
-            record.rate_limits = grant.limits.headers()
-        return grant
-
     def budgets_left(self) -> dict[str, RateLimits]:
-        """Each caller with a budget that has sent here: its budgets as they stand (fleet-wide under ``[cluster]``)."""
-        try:
-            now, in_loop = trio.current_time(), True
-        except RuntimeError:  # read on another thread (a metrics render outside the event loop): as the last request left it
-            now, in_loop = self._budgets.latest, False
-        left: dict[str, RateLimits] = {}
-        for name, (tokens, requests) in list(self._budget_caps.items()):
-            elsewhere = (0, 0) if self._shares is None else self._shares.of(name, tokens, requests).elsewhere()
-            left[name] = self._budgets.limits(
-                name, tokens_per_minute=tokens, requests_per_minute=requests, now=now, elsewhere=elsewhere, expire=in_loop
-            )
-        return left
-
-    async def _reserve_shared(self, caller: Caller, ticket: Ticket, record: RequestRecord, priority: int, deadline: float) -> Grant | None:
-        """``_reserve`` under ``[cluster]``: within this replica's grant of the budgets, waiting for more until ``deadline``."""
-        shared = self._fleet.budget
-        assert shared is not None
-        tokens, requests = whole_budgets(caller, self._fleet.config)
-        if tokens is None and requests is None:
-            return None
-        self._budget_caps[caller.name] = (tokens, requests)
-        if self._shares is None or self._shares.shared is not shared:
-            self._shares = BudgetShares(shared, self._budgets)
-        key = self._shares.of(caller.name, tokens, requests)
-        cost = ticket.prompt_tokens + ticket.max_tokens
-        try:
-            check_whole(cost, tokens)
-            grant = await key.reserve(cost, priority=priority, deadline=deadline)
-        except (BudgetExceeded, InvalidRequest):  # its answer says what is left too
-            now = trio.current_time()
-            record.rate_limits = self._budgets.limits(
-                caller.name, tokens_per_minute=tokens, requests_per_minute=requests, now=now, elsewhere=key.elsewhere()
-            ).headers()
-            raise
-        record.rate_limits = grant.limits.headers()
-        return grant
+        """Each caller with a budget that has sent here: what is left of it (``BudgetGate.left``)."""
+        return self._budgets.left()
 
     @asynccontextmanager
     async def _served(

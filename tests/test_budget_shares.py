@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 
@@ -19,9 +18,10 @@ from tailguard.router.dispatch import Router
 from tailguard.router.errors import BudgetExceeded
 from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
+from tailguard.sim import Engine
 from tests.redis_helpers import RedisServer, redis_server
 from tests.router_helpers import chat, two_pool_config
-from tests.test_cluster import shared_engines
+from tests.test_cluster import cluster_routers, shared_engines
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock
@@ -80,21 +80,11 @@ async def test_a_process_restarted_under_the_same_replica_id_does_not_inherit_wh
         assert await again.need(CAP) == 2
 
 
-def sharing_routers(redis: RedisServer, namespace: str) -> tuple[list[Router], dict[str, object]]:
-    """Two replicas on one ledger, one engine behind both; budgets come with each request's caller."""
-    base = two_pool_config(interactive_cap=8)
+def sharing_routers(redis: RedisServer, namespace: str, replicas: int = 2, cap: int = 8) -> tuple[list[Router], dict[str, Engine]]:
+    """Replicas on one ledger, one engine behind them all; budgets come with each request's caller."""
     engines, transports = shared_engines()
-    routers = [
-        Router(
-            dataclasses.replace(
-                base, cluster=ClusterConfig(redis.url, namespace=namespace, replica_id=name, lease_ttl=1.0, sync_interval=0.02, block=1)
-            ),
-            transport_factory=lambda endpoint: transports[endpoint.url],
-            seed=0,
-        )
-        for name in ("a", "b")
-    ]
-    return routers, dict(engines)
+    names = [f"r{i}" for i in range(replicas)]
+    return cluster_routers(redis, namespace, two_pool_config(interactive_cap=cap), names, transports, block=1), engines
 
 
 async def ask(router: Router, caller: Caller, i: int, max_tokens: int) -> str:
@@ -113,7 +103,7 @@ async def test_a_key_sending_to_one_replica_gets_its_whole_budget_and_the_replic
     caller = Caller("metered", frozenset(), None, tokens_per_minute=1_000)
     async with RedisLedger(redis.url, "b3") as ledger, trio.open_nursery() as nursery:
         for engine in engines.values():
-            await nursery.start(engine.run)  # type: ignore[attr-defined]
+            await nursery.start(engine.run)
         for router in routers:
             await nursery.start(functools.partial(router.run, ledger=ledger))
         on_a = [await ask(routers[0], caller, i, 90) for i in range(12)]
@@ -134,7 +124,7 @@ async def test_a_request_over_its_replicas_grant_waits_for_the_next_sync_and_is_
     caller = Caller("metered", frozenset(), None, tokens_per_minute=10_000, requests_per_minute=20)
     async with RedisLedger(redis.url, "b4") as ledger, trio.open_nursery() as nursery:
         for engine in engines.values():
-            await nursery.start(engine.run)  # type: ignore[attr-defined]
+            await nursery.start(engine.run)
         for router in routers:
             await nursery.start(functools.partial(router.run, ledger=ledger))
         first = [await ask(routers[0], caller, i, 16) for i in range(3)]
@@ -187,13 +177,7 @@ async def test_with_the_ledger_away_a_key_gets_its_static_share_once_the_window_
 
 async def test_four_replicas_called_unevenly_at_once_admit_no_more_than_the_budget_between_them(redis: RedisServer) -> None:
     """Most requests on one replica, all at once: together they use the budget nearly whole, never past it."""
-    base = two_pool_config(interactive_cap=16)
-    engines, transports = shared_engines()
-    cluster = functools.partial(ClusterConfig, redis.url, namespace="b5", lease_ttl=1.0, sync_interval=0.02, block=1)
-    routers = [
-        Router(dataclasses.replace(base, cluster=cluster(replica_id=f"r{i}")), transport_factory=lambda e: transports[e.url], seed=0)
-        for i in range(4)
-    ]
+    routers, engines = sharing_routers(redis, "b5", replicas=4, cap=16)
     caller = Caller("metered", frozenset(), None, tokens_per_minute=3_000)
     used: list[int] = []
     refused: list[float] = []

@@ -1,0 +1,91 @@
+"""A request's token and request budgets at admission: this process's windows alone, or its grants of the ledger's.
+
+The request path asks one thing -- may this request cost this much for its
+caller now -- and the answer must be the same in shape whether the budgets
+are this process's (no ``[cluster]``, or ``[cluster]`` with no ledger: each
+replica its static share) or the fleet's, shared through the ledger
+(router/budget_shares.py). Either way the caller's ``x-ratelimit-*``
+headers are put on the request's record, on success and on refusal, and
+/metrics reads what is left of each budget from here.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from .auth import Caller
+from .budget_shares import BudgetShares, KeyBudget
+from .budgets import Budgets, Grant, RateLimits, budget_name, budgets_of, check_whole, whole_budgets
+from .cluster import SharedBudget
+from .config_types import Config
+from .errors import BudgetExceeded, InvalidRequest
+from .telemetry import RequestRecord
+
+__all__ = ["BudgetGate"]
+
+
+class BudgetGate:
+    """Every budgeted caller's window here, its share of the ledger's grants under ``[cluster]``, and its budgets as last seen."""
+
+    def __init__(self) -> None:
+        self._windows = Budgets()  # each caller's tokens and requests of the last minute, admitted here
+        self._shares: BudgetShares | None = None  # with the ledger: each key's grants of its budgets (made at first use)
+        self._caps: dict[str, tuple[int | None, int | None]] = {}  # per caller: its budgets, as its last request had them
+
+    async def reserve(
+        self, caller: Caller, tokens: int, record: RequestRecord, config: Config, shared: SharedBudget | None, *, priority: int, deadline: float
+    ) -> Grant | None:
+        """Hold what the request may cost (``tokens``) in the caller's budgets; None when it has none.
+
+        With ``shared`` (the ledger), the request waits for a grant until
+        ``deadline``, in ``priority`` order (router/budget_shares.py).
+
+        Raises:
+          InvalidRequest: the request alone is over the whole token budget.
+          BudgetExceeded: the budget does not hold it now; ``retry_after`` says when it will.
+        """
+        per_minute = budgets_of(caller, config) if shared is None else whole_budgets(caller, config)
+        if per_minute == (None, None):
+            return None
+        self._caps[caller.name] = per_minute
+        key = None if shared is None else self._share_of(shared, caller.name, per_minute)
+        try:
+            if key is None:
+                grant = self._windows.reserve(
+                    caller.name, tokens, tokens_per_minute=per_minute[0], requests_per_minute=per_minute[1], now=trio.current_time(),
+                    whole=budget_name(config),
+                )
+                assert grant is not None  # the caller has a budget
+            else:
+                check_whole(tokens, per_minute[0])
+                grant = await key.reserve(tokens, priority=priority, deadline=deadline)
+        except (BudgetExceeded, InvalidRequest):  # its answer says what is left too
+            record.rate_limits = self._limits(caller.name, per_minute, key, trio.current_time()).headers()
+            raise
+        record.rate_limits = grant.limits.headers()
+        return grant
+
+    def left(self) -> dict[str, RateLimits]:
+        """Each caller with a budget that has sent here: its budgets as they stand (fleet-wide under the ledger)."""
+        try:
+            now, in_loop = trio.current_time(), True
+        except RuntimeError:  # read on another thread (a metrics render outside the event loop): as the last request left it
+            now, in_loop = self._windows.latest, False
+        shares = self._shares
+        return {
+            name: self._limits(name, per_minute, None if shares is None else shares.of(name, *per_minute), now, expire=in_loop)
+            for name, per_minute in list(self._caps.items())
+        }
+
+    def _share_of(self, shared: SharedBudget, name: str, per_minute: tuple[int | None, int | None]) -> KeyBudget:
+        if self._shares is None or self._shares.shared is not shared:
+            self._shares = BudgetShares(shared, self._windows)
+        return self._shares.of(name, *per_minute)
+
+    def _limits(
+        self, name: str, per_minute: tuple[int | None, int | None], key: KeyBudget | None, now: float, *, expire: bool = True
+    ) -> RateLimits:
+        elsewhere = (0, 0) if key is None else key.elsewhere()
+        return self._windows.limits(
+            name, tokens_per_minute=per_minute[0], requests_per_minute=per_minute[1], now=now, elsewhere=elsewhere, expire=expire
+        )
