@@ -16,7 +16,7 @@ from .auth import Caller
 from .config_types import ClassConfig, Config
 from .errors import Forbidden, InvalidRequest, ModelNotFound
 from .fair_share import Share
-from .limits import check_context, check_prompt, effective_max_tokens, estimate_prompt_tokens
+from .limits import check_context, check_prompt, check_sequences, effective_max_tokens, estimate_prompt_tokens
 from .policies import rendezvous_order
 from .pool import Pool, Ticket
 from .prefix_key import prefix_group, prefix_key_of
@@ -54,6 +54,8 @@ def decide(
     check_prompt(prompt_tokens, config.limits)
     max_tokens, clamped = effective_max_tokens(request.max_tokens, config.limits)
     record.max_tokens, record.clamped = max_tokens, clamped
+    sequences = check_sequences(request.sequences, config.limits)
+    output_tokens = max_tokens * sequences  # each of the n choices may generate max_tokens
     history = uncached = None
     if memory is not None and any(k.prompt_bound == "uncached" for k in config.classes):
         history = history_digests(request.messages)
@@ -65,7 +67,7 @@ def decide(
             raise Forbidden(f"the caller {caller.name!r} may not force the class {request.forced_class!r}", param="class")
         klass = forced(request.forced_class, config.classes)
     else:
-        klass = classify(prompt_tokens, max_tokens, config.classes, uncached)
+        klass = classify(prompt_tokens, output_tokens, config.classes, uncached)
     pool = pools[klass.pool]
     record.request_class, record.pool = klass.name, pool.name
     model = request.model or pool.config.models[0]
@@ -76,13 +78,14 @@ def decide(
             param="model",
         )
     check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
+    check_seatable(sequences, pool, klass)
     record.model = model
     if uncached is not None and klass.prompt_bound == "uncached":
         record.uncached_tokens = uncached(klass)
     key = prefix_key_of(request, pool.config.placement.blocks)
     record.prefix_group = prefix_group(key)
-    share = Share(caller.name, caller.weight, prompt_tokens + max_tokens)  # what it may cost: settled at its end
-    ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share)
+    share = Share(caller.name, caller.weight, prompt_tokens + output_tokens)  # what it may cost: settled at its end
+    ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share, sequences)
     return Admitted(klass, pool, ticket, history)
 
 
@@ -106,11 +109,33 @@ def expected_uncached(request: RouterRequest, prompt_tokens: int, warm: Warm, po
     return uncached_tokens(prompt_tokens, warm)
 
 
+def check_seatable(sequences: int, pool: Pool, klass: ClassConfig) -> None:
+    """Raise InvalidRequest (param ``n``) for a request of more sequences than its pool could ever run at once.
+
+    Its seats are taken together on one engine (vLLM batches a request's
+    choices on the engine it was sent to), so the largest engine's cap and
+    the class's seat limit and the pool's configured cap bound it; a pool
+    with no endpoint yet is left to answer for itself.
+    """
+    if sequences == 1:
+        return
+    largest = max((e.max_concurrency for e in pool.endpoints), default=None)
+    limit = pool.config.class_limit(klass.name)
+    most = min(x for x in (largest, limit, pool.config.max_concurrency) if x is not None)
+    if sequences > most:
+        raise InvalidRequest(
+            f"n = {sequences} asks for more sequences at once than pool {pool.name!r} runs for one request ({most}): "
+            "each choice is a sequence of its own on the engine; ask for fewer choices, or send several requests",
+            param="n",
+        )
+
+
 def classify(
     prompt_tokens: int, max_tokens: int, classes: Sequence[ClassConfig], uncached: Callable[[ClassConfig], int] | None = None
 ) -> ClassConfig:
     """The first class whose thresholds admit both sizes (config validation
-    guarantees the last class is a catch-all).
+    guarantees the last class is a catch-all). ``max_tokens`` is the whole
+    request's output: n choices of max_tokens each.
 
     ``uncached`` gives, for a class with ``prompt_bound = "uncached"``, the
     prompt tokens it is expected to prefill; without it every token counts.

@@ -158,7 +158,7 @@ def check_whole(tokens: int, tokens_per_minute: int | None, whole: str = "the ke
     """
     if tokens_per_minute is not None and tokens > tokens_per_minute:
         raise InvalidRequest(
-            f"this request may take {tokens} tokens (its prompt and max_tokens), more than {whole} of "
+            f"this request may take {tokens} tokens (its prompt, and max_tokens for each of its n choices), more than {whole} of "
             f"{tokens_per_minute} tokens a minute (tokens_per_minute); lower max_tokens or shorten the prompt",
             param="max_tokens",
         )

@@ -46,6 +46,7 @@ class Limits:
     default_max_tokens: int
     output_cap_tokens: int
     over_cap: OverCapMode
+    max_n: int
     estimate: EstimateConfig
     end_to_end_timeout: float
     classes: tuple[ClassLimits, ...]
@@ -63,6 +64,7 @@ def limits_of(config: Config) -> Limits:
         default_max_tokens=limits.default_max_tokens,
         output_cap_tokens=limits.output_cap_tokens,
         over_cap=limits.over_cap,
+        max_n=limits.max_n,
         estimate=config.estimate,
         end_to_end_timeout=config.timeouts.end_to_end_timeout,
         classes=tuple(

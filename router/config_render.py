@@ -82,6 +82,7 @@ def _render_request_rules(config: Config) -> list[str]:
         ("input_cap_tokens", str(limits.input_cap_tokens)),
         ("default_max_tokens", str(limits.default_max_tokens)),
         ("output_cap_tokens", f"{limits.output_cap_tokens} (over the cap: {limits.over_cap})"),
+        ("max_n", f"{limits.max_n} sequences a request (n), each a seat"),
     ])
     lines += _section("timeouts", [
         ("connect_timeout", _seconds(timeouts.connect_timeout)),

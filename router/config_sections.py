@@ -178,6 +178,7 @@ def read_limits(table: Table) -> LimitsConfig:
     default_max = table.integer("default_max_tokens", default.default_max_tokens, minimum=1)
     output_cap = table.integer("output_cap_tokens", default.output_cap_tokens, minimum=1)
     over_cap = table.choice("over_cap", _OVER_CAP_MODES, default.over_cap)
+    max_n = table.integer("max_n", default.max_n, minimum=1)
     anonymous_tokens = table.optional_integer("anonymous_tokens_per_minute", minimum=1)
     anonymous_requests = table.optional_integer("anonymous_requests_per_minute", minimum=1)
     if table.ok("default_max_tokens", "output_cap_tokens") and default_max > output_cap:
@@ -192,6 +193,7 @@ def read_limits(table: Table) -> LimitsConfig:
         default_max_tokens=default_max,
         output_cap_tokens=output_cap,
         over_cap=over_cap,
+        max_n=max_n,
         anonymous_tokens_per_minute=anonymous_tokens,
         anonymous_requests_per_minute=anonymous_requests,
     )

@@ -97,6 +97,9 @@ class LimitsConfig:
     default_max_tokens: int = 256  # when the request sets none
     output_cap_tokens: int = 1024  # max_tokens above this is clamped or rejected
     over_cap: OverCapMode = "clamp"
+    # The most sequences one request may ask the engine to run (``n``; ``best_of`` where an engine takes it):
+    # each is a seat and max_tokens of output, counted as such (router/admission.py); above it -> 400.
+    max_n: int = 8
     # The budgets of callers without a key (auth off): tokens (estimated prompt + max_tokens, reserved at
     # admission, settled to the real usage) and requests admitted in any 60 s (router/budgets.py). None: none.
     anonymous_tokens_per_minute: int | None = None

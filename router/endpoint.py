@@ -274,9 +274,12 @@ class Endpoint:
     @property
     def seats(self) -> int:
         """Its cap here: all of it, or this replica's grant of it in a cluster, lowered for a moment after a busy answer."""
+        seats = self._cap()
+        return min(seats, 1) if self.half_open else seats
+
+    def _cap(self) -> int:
+        """``seats`` but for a half-open trial's one request."""
         seats = self.max_concurrency if self.granted is None else min(self.max_concurrency, self.granted)
-        if self.half_open:
-            seats = min(seats, 1)
         if self.split is not None:  # the engine's seats split between pools: what the others leave it
             seats = min(seats, self.split.room_for(self))
         # No clock read here (metrics read it from another thread): the spell's own timer ends it.
@@ -299,6 +302,18 @@ class Endpoint:
     @property
     def has_room(self) -> bool:
         return self.in_flight < self.seats and self.usable
+
+    def room_for(self, need: int) -> bool:
+        """Usable, with ``need`` seats free for one request (its n sequences).
+
+        Half open, it takes one request at a time, whatever its size; else the
+        request's sequences must all fit under its cap.
+        """
+        if need == 1:
+            return self.has_room
+        if self.half_open:
+            return not self.in_flight and self.usable and need <= self._cap()
+        return self.in_flight + need <= self.seats and self.usable
 
     @property
     def outcomes(self) -> int:

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 
 from .config_types import EstimateConfig, LimitsConfig
-from .errors import MaxTokensTooLarge, PromptTooLong
+from .errors import InvalidRequest, MaxTokensTooLarge, PromptTooLong
 from .request import RouterRequest
 
 _CJK = re.compile(
@@ -136,6 +136,17 @@ def effective_max_tokens(requested: int | None, limits: LimitsConfig) -> tuple[i
             param="max_tokens",
         )
     return limits.output_cap_tokens, True
+
+
+def check_sequences(sequences: int, limits: LimitsConfig) -> int:
+    """``sequences`` (a request's ``n``), or InvalidRequest when it is over ``limits.max_n``."""
+    if sequences > limits.max_n:
+        raise InvalidRequest(
+            f"n = {sequences} is over this service's limit of {limits.max_n} choices a request (limits.max_n); "
+            "each choice runs as a sequence of its own: ask for fewer, or send several requests",
+            param="n",
+        )
+    return sequences
 
 
 def check_context(prompt_tokens: int, max_tokens: int, max_model_len: int, pool: str) -> None:

@@ -42,19 +42,22 @@ class EndpointPolicy(Protocol):
     """How a pool picks an endpoint for a seat."""
 
     def choose(
-        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
+        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = (), need: int = 1
     ) -> Placement | None:
         """Where the seat goes among ``endpoints`` (the pool's) with room, none of ``exclude``; or None.
 
         ``key`` is the request's prefix key (None without one); ``borrowed``:
         the seat serves another pool's request (lent); ``exclude``: the
-        endpoints a retry was already tried on.
+        endpoints a retry was already tried on; ``need``: the seats the
+        request takes together (its n sequences).
         """
         ...
 
 
-def with_room(endpoints: Sequence[Endpoint], exclude: Collection[Endpoint]) -> list[Endpoint]:
-    """The endpoints that may take a seat now (usable, under their caps), those of ``exclude`` left out."""
+def with_room(endpoints: Sequence[Endpoint], exclude: Collection[Endpoint], need: int = 1) -> list[Endpoint]:
+    """The endpoints that may take ``need`` seats now (usable, under their caps with them), those of ``exclude`` left out."""
+    if need != 1:
+        return [e for e in endpoints if e.room_for(need) and e not in exclude]
     if exclude:
         return [e for e in endpoints if e.has_room and e not in exclude]
     return [e for e in endpoints if e.has_room]
@@ -75,9 +78,9 @@ class LeastLoaded:
         self._rng = rng
 
     def choose(
-        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
+        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = (), need: int = 1
     ) -> Placement | None:
-        endpoint = self.pick(with_room(endpoints, exclude), borrowed=borrowed)
+        endpoint = self.pick(with_room(endpoints, exclude, need), borrowed=borrowed)
         return None if endpoint is None else Placement(endpoint, "borrowed" if borrowed else "least_loaded")
 
     def pick(self, candidates: Sequence[Endpoint], *, borrowed: bool) -> Endpoint | None:
@@ -161,15 +164,15 @@ class PrefixAffinity:
         self._recent_counts: Counter[bytes] = Counter()
 
     def choose(
-        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = ()
+        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = (), need: int = 1
     ) -> Placement | None:
         if key is None:
-            endpoint = self._fallback.pick(with_room(endpoints, exclude), borrowed=borrowed)
+            endpoint = self._fallback.pick(with_room(endpoints, exclude, need), borrowed=borrowed)
             return None if endpoint is None else Placement(endpoint, "borrowed" if borrowed else "no_key")
-        return self.place(endpoints, key, exclude, borrowed=borrowed)
+        return self.place(endpoints, key, exclude, borrowed=borrowed, need=need)
 
     def place(
-        self, endpoints: Sequence[Endpoint], key: bytes, exclude: Collection[Endpoint] = (), *, borrowed: bool = False
+        self, endpoints: Sequence[Endpoint], key: bytes, exclude: Collection[Endpoint] = (), *, borrowed: bool = False, need: int = 1
     ) -> Placement | None:
         """The key's home if it has room, the lending rule allows it and it is within the load bound, else the first such in rendezvous order; or None.
 
@@ -192,7 +195,7 @@ class PrefixAffinity:
             if weight > home_weight:
                 home_weight, home_url = weight, e.url
             placed_usable = placed_usable or e.url == placed
-            if e.in_flight < e.seats and e not in exclude:  # has_room, usable already known
+            if (e.in_flight < e.seats if need == 1 else e.room_for(need)) and e not in exclude:  # room, usable already known
                 ranked.append((weight, e.url, e, e.placement_load))
         if placed_usable:
             home_url = placed  # while its endpoint is away the rendezvous order decides; it comes back with it
@@ -205,10 +208,10 @@ class PrefixAffinity:
             endpoint = max((r for r in ranked if r[3] == least), key=_rank)[2]
             return Placement(endpoint, "borrowed" if borrowed else "hot_key")
         c = self.c if known else 1.0  # a key new here is most likely cached nowhere: keep level
-        bound = math.ceil(c * (sum(r[3] for r in ranked) + 1) / len(ranked))  # self.bound, loads read once
-        # The home if eligible (load + 1 <= bound), else the first eligible in rendezvous order.
+        bound = math.ceil(c * (sum(r[3] for r in ranked) + need) / len(ranked))  # self.bound, loads read once
+        # The home if eligible (load + need <= bound), else the first eligible in rendezvous order.
         # For c >= 1 the least loaded always is ("or" guards rounding).
-        eligible = [r for r in ranked if r[3] < bound] or ranked
+        eligible = [r for r in ranked if r[3] + need <= bound] or ranked
         endpoint = next((r[2] for r in eligible if r[1] == home_url), None) or max(eligible, key=_rank)[2]
         if known:
             self._placed.move_to_end(key)

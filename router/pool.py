@@ -63,6 +63,13 @@ class Ticket:
     prefix_key: bytes | None = None  # router/prefix_key.py, computed once at admission: where its prefix is cached
     # The tenant it is for (the caller's name) and its weight: its fair share of the queue (router/fair_share.py).
     share: Share = NO_SHARE
+    # The sequences the engine runs for it (``n``): the seats it takes, together, on one endpoint.
+    sequences: int = 1
+
+    @property
+    def output_tokens(self) -> int:
+        """The most it may generate: max_tokens for each of its sequences."""
+        return self.max_tokens * self.sequences
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,7 @@ class SeatTime:
 
 
 class Lease:
-    """One seat on one endpoint of one pool; ``release`` is idempotent.
+    """A request's seats on one endpoint of one pool (``seats``: one per sequence, n); ``release`` is idempotent.
 
     ``pool`` is the pool whose seat it is. A borrowed seat (``borrower`` set)
     belongs to a lender pool and serves a request of ``borrower``'s.
@@ -124,7 +131,7 @@ class Lease:
 
     __slots__ = (
         "pool", "endpoint", "client", "granted_at", "request_class", "borrower", "prefix_key", "placement", "prefilling",
-        "prefill_tokens", "_released",
+        "prefill_tokens", "seats", "_released",
     )
 
     def __init__(
@@ -135,8 +142,10 @@ class Lease:
         borrower: Pool | None = None,
         prefix_key: bytes | None = None,
         placement: PlacementKind = "least_loaded",
+        seats: int = 1,
     ) -> None:
         self.pool = pool
+        self.seats = seats
         self.endpoint = endpoint
         self.request_class = request_class
         self.borrower = borrower
@@ -185,11 +194,12 @@ class Lease:
         endpoint = to.endpoint
         self.placement = to.kind
         old = self.endpoint
-        old.in_flight -= 1
-        endpoint.in_flight += 1
+        seats = self.seats
+        old.in_flight -= seats
+        endpoint.in_flight += seats
         if self.borrower is not None:
-            old.borrowed -= 1
-            endpoint.borrowed += 1
+            old.borrowed -= seats
+            endpoint.borrowed += seats
         if self.prefilling:  # the next endpoint prefills it afresh
             old.borrowed_prefilling -= 1
             endpoint.borrowed_prefilling += 1
@@ -211,11 +221,12 @@ class Lease:
             return
         self._released = True
         pool = self.pool
-        pool.in_flight -= 1
+        seats = self.seats
+        pool.in_flight -= seats
         pool.seat_ended(self)
-        self.endpoint.in_flight -= 1
+        self.endpoint.in_flight -= seats
         if self.borrower is not None:
-            self.endpoint.borrowed -= 1
+            self.endpoint.borrowed -= seats
         if self.prefilling:
             self.prefilling = False
             self.endpoint.borrowed_prefilling -= 1
@@ -366,7 +377,9 @@ class Pool:
         exclude = tried if lease.endpoint in tried else [*tried, lease.endpoint]
         if lease.borrower is not None:
             exclude = [*exclude, *self._closed_to_borrowers()]
-        return self.policy.choose(self.endpoints, lease.prefix_key, borrowed=lease.borrower is not None, exclude=exclude)
+        return self.policy.choose(
+            self.endpoints, lease.prefix_key, borrowed=lease.borrower is not None, exclude=exclude, need=lease.seats
+        )
 
     def own_idle(self) -> bool:
         """No request of this pool's own holds a seat, nor held one in the last 30-60 s (``RecentPeak``).
@@ -498,46 +511,53 @@ class Pool:
             return False
         own = self.in_flight - self.lent
         keep = max(lend.reserve, self.own_peak.peak(trio.current_time()) - own)
-        if self.in_flight + 1 + keep > self.seats:
+        need = ticket.sequences
+        if self.in_flight + need + keep > self.seats:
             return False
         closed = self._closed_to_borrowers()
-        candidates = [e for e in self.endpoints if e.has_room and e not in closed]
+        candidates = [e for e in self.endpoints if e.room_for(need) and e not in closed]
         if not candidates:
             return False
         most = max(e.borrowed for e in candidates)
         packed = [e for e in candidates if e.borrowed == most]
-        if min((e.in_flight + 1 + keep) / e.seats for e in packed) < theirs:
+        if min((e.in_flight + need + keep) / e.seats for e in packed) < theirs:
             return True
         my_backlog = min(e.prefill_backlog for e in packed)
         their_backlog = min(e.prefill_backlog for e in borrower.endpoints if e.has_room)
         return my_backlog + ticket.prompt_tokens < their_backlog
 
     def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
-        """A seat on an endpoint of this pool with room (its ``policy`` picks which), within the pool's and the class's caps."""
-        if self.in_flight >= self.max_concurrency:
+        """Seats on an endpoint of this pool with room (its ``policy`` picks which), within the pool's and the class's caps.
+
+        A request of n sequences takes n seats on one endpoint, together:
+        None until that many are free (the queue keeps its place, so the
+        smaller requests behind it do not pass it for ever).
+        """
+        need = ticket.sequences
+        if self.in_flight + need > self.max_concurrency:
             return None
         if self._serving_up_to is not None and not self._serving_up_to.before(ticket.priority, ticket.arrived):
             # A freed seat a request on another replica comes first for; the queue is in (priority, arrival)
             # order, so everyone behind this ticket comes later too: none of them gets it.
             return None
         limit = self.config.class_limit(ticket.request_class)
-        if limit is not None and self.class_in_flight.get(ticket.request_class, 0) >= limit:
+        if limit is not None and self.class_in_flight.get(ticket.request_class, 0) + need > limit:
             return SKIP
         exclude = self._closed_to_borrowers() if borrower is not None else ()
-        placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude)
+        placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude, need=need)
         if placement is None:
             return None
         endpoint = placement.endpoint
         if placement.kind == "home":
             endpoint.home_placements += 1
-        self.in_flight += 1
-        self.class_in_flight[ticket.request_class] = self.class_in_flight.get(ticket.request_class, 0) + 1
-        endpoint.in_flight += 1
+        self.in_flight += need
+        self.class_in_flight[ticket.request_class] = self.class_in_flight.get(ticket.request_class, 0) + need
+        endpoint.in_flight += need
         if borrower is not None:
-            endpoint.borrowed += 1
+            endpoint.borrowed += need
         else:
             self.own_peak.observe(self.in_flight - self.lent, trio.current_time())
-        return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind)
+        return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind, need)
 
     def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:
         """An idle seat of this pool for another pool's request, under ``config.lend``'s rules.
@@ -554,7 +574,7 @@ class Pool:
             return refused
         lease = self._seat(ticket, borrower)
         if isinstance(lease, Lease):
-            self.lent += 1
+            self.lent += lease.seats
         return lease
 
     def _refusal(self, ticket: Ticket, borrower: Pool) -> Skip | None | Literal[False]:
@@ -562,7 +582,7 @@ class Pool:
         lend = self.config.lend
         if self.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats):
             return None
-        if self.in_flight + lend.reserve >= self.seats:
+        if self.in_flight + ticket.sequences + lend.reserve > self.seats:
             return None
         return False if self.would_lend(ticket, borrower) else SKIP
 
@@ -580,7 +600,7 @@ class Pool:
                 and not self.own_idle()
                 and not self.outweighed_by(borrower)
             )
-            or (lend.max_output_tokens is not None and ticket.max_tokens > lend.max_output_tokens)
+            or (lend.max_output_tokens is not None and ticket.output_tokens > lend.max_output_tokens)
             or ticket.prompt_tokens + ticket.max_tokens > self.config.max_model_len
         )
 
@@ -603,14 +623,14 @@ class Pool:
         return theirs is None or theirs - mine > margin
 
     def seat_ended(self, lease: Lease) -> None:
-        """Book-keeping of a released seat: its class's count, and the lent count."""
-        left = self.class_in_flight.get(lease.request_class, 0) - 1
+        """Book-keeping of a released lease's seats: its class's count, and the lent count."""
+        left = self.class_in_flight.get(lease.request_class, 0) - lease.seats
         if left > 0:
             self.class_in_flight[lease.request_class] = left
         else:
             self.class_in_flight.pop(lease.request_class, None)
         if lease.borrower is not None:
-            self.lent -= 1
+            self.lent -= lease.seats
 
     async def admit(
         self, priority: int, deadline: float, ticket: Ticket, *, retry_after: float, recheck_in: float | None = None
@@ -661,6 +681,11 @@ class Pool:
             return None
         priority, since, ticket = first
         return priority, min(ticket.arrived, since) if math.isfinite(ticket.arrived) else since
+
+    def waiting_seats(self) -> int:
+        """[cluster] Seats the waiting requests want: one each, and all of the first one's (its n sequences are seated together)."""
+        first = self.queue.first()
+        return self.queue.waiting + (0 if first is None else first[2].sequences - 1)
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(

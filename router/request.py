@@ -70,6 +70,7 @@ class RouterRequest:
                     f"max_tokens must be between 1 and {MAX_TOKENS_CEILING - 1}, got {self.max_tokens}",
                     param="max_tokens",
                 )
+        _check_sequences(self.params)
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise InvalidRequest("model must be a non-empty string", param="model")
         if not isinstance(self.request_id, str) or not is_valid_request_id(self.request_id):
@@ -87,6 +88,20 @@ class RouterRequest:
         if prompt and isinstance(prompt[0], str):
             return [str(p) for p in prompt]
         return []
+
+    @property
+    def sequences(self) -> int:
+        """The sequences the engine runs for it at once: ``n`` (and ``best_of``, where an engine still takes it).
+
+        vLLM runs each of the ``n`` choices as a sequence of its own in its
+        batch (a seat of ``--max-num-seqs``, and ``max_tokens`` of output
+        each); an older engine's ``best_of`` runs that many and returns
+        ``n``. Beam search's width is ``n`` too. Checked at construction.
+        """
+        params = self.params
+        if "n" not in params and "best_of" not in params:
+            return 1
+        return max(_whole(params.get("n")), _whole(params.get("best_of")))
 
     def prompt_token_ids(self) -> int:
         """How many token ids the prompt gives directly (a list of ints), else 0."""
@@ -133,6 +148,27 @@ def _check_messages(messages: object) -> None:
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise InvalidRequest(f"messages[{index}].content must be a string or a list of parts", param="messages")
+
+
+# Parameters that make the engine run several sequences for one request (RouterRequest.sequences).
+_SEQUENCE_PARAMS = ("n", "best_of")
+
+
+def _whole(value: object) -> int:
+    """A checked sequence count, or 1 where the field is absent (None)."""
+    return value if isinstance(value, int) else 1
+
+
+def _check_sequences(params: Mapping[str, Any]) -> None:
+    """``n`` and ``best_of`` are whole numbers from 1 (null: the engine's default, 1): they decide the seats a request takes."""
+    for name in _SEQUENCE_PARAMS:
+        value = params.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequest(f"{name} must be an integer", param=name)
+        if not 1 <= value < MAX_TOKENS_CEILING:
+            raise InvalidRequest(f"{name} must be at least 1, got {value}", param=name)
 
 
 def _check_prompt(prompt: object) -> None:

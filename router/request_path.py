@@ -174,7 +174,7 @@ class RequestPath:
         klass, pool, ticket, history = decide(request, caller, config, fleet.pools, record, arrival, self._memory)
         queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
         grant = await self._budgets.reserve(
-            caller, ticket.prompt_tokens + ticket.max_tokens, record, config, fleet.budget, priority=klass.priority, deadline=queue_deadline
+            caller, ticket.prompt_tokens + ticket.output_tokens, record, config, fleet.budget, priority=klass.priority, deadline=queue_deadline
         )
         try:
             async with self._served(request, caller, record, arrival, klass, pool, ticket, history, queue_deadline) as completion:
@@ -260,7 +260,7 @@ class RequestPath:
             finally:
                 record.finish_tokens()  # what it generated, if no usage said
                 # Its tenant's fair share, settled: the max_tokens it did not generate are handed back.
-                pool.queue.fair.settle(pool.share_of(ticket), record.completion_tokens or 0, ticket.max_tokens)
+                pool.queue.fair.settle(pool.share_of(ticket), record.completion_tokens or 0, ticket.output_tokens)
                 lease.release()
 
     async def _start_call(

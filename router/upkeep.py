@@ -69,7 +69,7 @@ class Upkeep:
         for pool in self._fleet.pools.values():
             first = pool.first_waiting()  # the most urgent waiting, the oldest of its class priority
             urgent, oldest = (NO_WAITER, math.inf) if first is None else first
-            waiting = pool.queue.waiting
+            waiting = pool.waiting_seats()
             demands.append(
                 Demand(
                     f"pool:{pool.name}",

@@ -169,9 +169,10 @@ async def _refuse_everything(method: str, path: str, headers: Mapping[str, str],
 async def test_backend_failures_map_to_502_503_and_4xx_passes_through() -> None:
     async with engines_on_sockets([QUICK, _refuse_everything]) as backends:
         async with tailguard(config_for(backends.urls)) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            # vLLM's own 400 (here: n=2 is passed through untouched, and refused) comes back as is.
-            passed = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8, "n": 2})
-            assert passed.status_code == 400 and "n=1" in passed.json()["error"]["message"]
+            # vLLM's own 400 (here: stream_options without stream is passed through untouched, and refused) comes back as is.
+            body = {"messages": MESSAGES, "max_tokens": 8, "stream_options": {"include_usage": True}}
+            passed = await client.post("/v1/chat/completions", json=body)
+            assert passed.status_code == 400 and "stream=True" in passed.json()["error"]["message"]
             # A 5xx from the batch pool's only endpoint: 502, and one failure takes nothing out...
             failed = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 500})
             assert failed.status_code == 502 and failed.json()["error"]["code"] == "upstream_error"

@@ -74,7 +74,7 @@ async def test_completion_prompt_forms_and_token_rule(autojump_clock: trio.testi
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(), 400, "at least 1"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}).encode(), 400, "integer"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), 400, "boolean"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), 400, "n=1"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 0}).encode(), 400, "n must be at least 1"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}).encode(), 400, "maximum context length is 4096"),
         (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).encode(), 404, "does not exist"),
     ],

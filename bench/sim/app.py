@@ -122,31 +122,54 @@ class _Parsed:
     ignore_eos: bool
     priority: int
     cache_salt: str | None
+    n: int
+
+
+class _Choice:
+    """One of a stream's choices: its sequence, the tokens sent, and its event bytes around a token."""
+
+    __slots__ = ("sequence", "index", "seen", "closed", "prefix", "suffix")
+
+    def __init__(self, sequence: Sequence, index: int, head: str, *, chat: bool) -> None:
+        self.sequence = sequence
+        self.index = index
+        self.seen = 0
+        self.closed = False  # its finish reason was sent
+        if chat:
+            self.prefix = f'data: {head},"choices":[{{"index":{index},"delta":{{"content":'.encode()
+            self.suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        else:
+            self.prefix = f'data: {head},"choices":[{{"index":{index},"text":'.encode()
+            self.suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    @property
+    def ready(self) -> bool:
+        """It has tokens not sent yet, or an end not told yet."""
+        sequence = self.sequence
+        return len(sequence.token_ids) > self.seen or (sequence.finished and not self.closed)
 
 
 class TokenStream:
-    """SSE bytes of one streaming request; closing it early aborts the sequence."""
+    """SSE bytes of one streaming request (each of its ``n`` choices' events by index); closing it early aborts them."""
 
-    def __init__(self, engine: Engine, sequence: Sequence, *, chat: bool, model: str, include_usage: bool) -> None:
+    def __init__(self, engine: Engine, sequences: list[Sequence], *, chat: bool, model: str, include_usage: bool) -> None:
         self._engine = engine
-        self._sequence = sequence
+        self._sequences = sequences
         self._include_usage = include_usage
-        self._seen = 0
         self._done = False
         head = {
-            "id": ("chatcmpl-" if chat else "cmpl-") + sequence.request_id,
+            "id": ("chatcmpl-" if chat else "cmpl-") + sequences[0].request_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()),
             "model": model,
         }
         self._head = json.dumps(head, separators=(",", ":"))[:-1]  # without the closing brace
+        self._choices = [_Choice(sequence, index, self._head, chat=chat) for index, sequence in enumerate(sequences)]
         if chat:
-            self._token_prefix = f'data: {self._head},"choices":[{{"index":0,"delta":{{"content":'.encode()
-            self._token_suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-            self._pending = self._event({"choices": [_chat_choice({"role": "assistant", "content": ""}, None)]})
+            self._pending = b"".join(
+                self._event({"choices": [_chat_choice({"role": "assistant", "content": ""}, None, index)]}) for index in range(len(sequences))
+            )
         else:
-            self._token_prefix = f'data: {self._head},"choices":[{{"index":0,"text":'.encode()
-            self._token_suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
             self._pending = b""
         self._chat = chat
 
@@ -156,72 +179,84 @@ class TokenStream:
     async def __anext__(self) -> bytes:
         if self._done:
             raise StopAsyncIteration
-        sequence = self._sequence
-        await sequence.wait_for_tokens(self._seen)
+        choices = self._choices
+        waiting = next((c for c in choices if not c.closed), None)
+        if waiting is not None and not any(c.ready for c in choices):
+            await waiting.sequence.wait_for_tokens(waiting.seen)
+        out = self._pending
+        self._pending = b""
+        for choice in choices:
+            out += self._fresh(choice)
+        if all(c.closed for c in choices):
+            self._done = True
+            if not any(c.sequence.finish_reason == "abort" for c in choices):
+                out += self._closing()
+        return out
+
+    def _fresh(self, choice: _Choice) -> bytes:
+        """One choice's new tokens as events, the last with its finish reason once it ended."""
+        sequence = choice.sequence
         ids = sequence.token_ids
-        fresh = ids[self._seen :]
-        self._seen = len(ids)
-        prefix, suffix = self._token_prefix, self._token_suffix
+        fresh = ids[choice.seen :]
+        choice.seen = len(ids)
+        prefix, suffix = choice.prefix, choice.suffix
         finished = sequence.finished and sequence.finish_reason != "abort"
         # As vLLM does, the last token's chunk carries the finish reason.
         last = fresh[-1:] if finished else []
         body = fresh[: len(fresh) - len(last)]
         # vLLM sends a chat stream's role chunk with the first output, after
         # the prefill: the first byte of a stream marks its first token.
-        out = self._pending + b"".join(prefix + TOKEN_JSON[i] + suffix for i in body)
-        self._pending = b""
+        out = b"".join(prefix + TOKEN_JSON[i] + suffix for i in body)
         if last:
             reason = json.dumps(sequence.finish_reason).encode()
             out += prefix + TOKEN_JSON[last[0]] + suffix.replace(b'"finish_reason":null', b'"finish_reason":' + reason)
-        if sequence.finished:
-            self._done = True
-            out += self._closing(reason_sent=bool(last))
+        if sequence.finished and not choice.closed:
+            choice.closed = True
+            if not last and sequence.finish_reason != "abort":  # finished without a new token: the reason goes alone
+                out += self._event({"choices": [self._reason_choice(choice.index, sequence.finish_reason)]})
         return out
+
+    def _reason_choice(self, index: int, reason: str | None) -> dict[str, Any]:
+        if self._chat:
+            return _chat_choice({}, reason, index)
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
 
     async def aclose(self) -> None:
         """Stop reading: a sequence still in the engine is aborted at once."""
         self._done = True
-        self._engine.abort(self._sequence)
+        for sequence in self._sequences:
+            self._engine.abort(sequence)
 
     def _event(self, fields: Mapping[str, Any]) -> bytes:
         return f"data: {self._head},{json.dumps(fields, separators=(',', ':'))[1:]}\n\n".encode()
 
-    def _closing(self, *, reason_sent: bool) -> bytes:
-        sequence = self._sequence
-        reason = sequence.finish_reason
-        if reason == "abort":
-            return b""  # nobody is listening
+    def _closing(self) -> bytes:
         out = b""
-        if not reason_sent:  # finished without a new token: the reason goes alone
-            if self._chat:
-                choice = _chat_choice({}, reason)
-            else:
-                choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
-            out = self._event({"choices": [choice]})
         if self._include_usage:
-            out += self._event({"choices": [], "usage": _usage(sequence, cache_details=self._engine.params.prefix_caching)})
+            out += self._event({"choices": [], "usage": _usage(self._sequences, cache_details=self._engine.params.prefix_caching)})
         return out + b"data: [DONE]\n\n"
 
 
-def _chat_choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _chat_choice(delta: dict[str, Any], finish_reason: str | None, index: int = 0) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
-def _usage(sequence: Sequence, *, cache_details: bool) -> dict[str, Any]:
-    """The response's usage; ``prompt_tokens_details`` only with prefix caching on and a hit.
+def _usage(sequences: list[Sequence], *, cache_details: bool) -> dict[str, Any]:
+    """The response's usage: the prompt once, every choice's output; ``prompt_tokens_details`` only with prefix caching on and a hit.
 
     vLLM sends it with ``--enable-prompt-tokens-details`` and only when
     ``num_cached_tokens`` is nonzero (``if self.enable_prompt_tokens_details
     and final_res.num_cached_tokens`` in its serving code).
     """
-    completion = len(sequence.token_ids)
+    first = sequences[0]
+    completion = sum(len(sequence.token_ids) for sequence in sequences)
     usage: dict[str, Any] = {
-        "prompt_tokens": sequence.prompt_tokens,
+        "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,
-        "total_tokens": sequence.prompt_tokens + completion,
+        "total_tokens": first.prompt_tokens + completion,
     }
-    if cache_details and sequence.cached_tokens:
-        usage["prompt_tokens_details"] = {"cached_tokens": sequence.cached_tokens}
+    if cache_details and first.cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": first.cached_tokens}
     return usage
 
 
@@ -290,21 +325,26 @@ class SimApp:
         traceparent = headers.get("traceparent")
         if traceparent is not None:
             self.traceparents.append(traceparent)
+        sequences: list[Sequence] = []
         try:
-            sequence = self.engine.submit(
-                parsed.prompt_tokens,
-                parsed.max_tokens,
-                prompt_key=parsed.prompt_key,
-                seed=parsed.seed,
-                min_tokens=parsed.min_tokens,
-                ignore_eos=parsed.ignore_eos,
-                request_id=request_id,
-                priority=parsed.priority,
-                cache_salt=parsed.cache_salt,
-            )
+            for choice in range(parsed.n):  # vLLM fans a request of n choices out into n sequences
+                sequences.append(self.engine.submit(
+                    parsed.prompt_tokens,
+                    parsed.max_tokens,
+                    prompt_key=parsed.prompt_key,
+                    seed=parsed.seed,
+                    min_tokens=parsed.min_tokens,
+                    ignore_eos=parsed.ignore_eos,
+                    request_id=request_id if not choice else f"{request_id}_{choice}",
+                    priority=parsed.priority,
+                    cache_salt=parsed.cache_salt,
+                    choice=choice,
+                ))
         except EngineRequestError as error:
+            self._abort(sequences)
             raise ApiError(400, str(error)) from None
         except EngineQueueFull as error:
+            self._abort(sequences)
             raise ApiError(
                 503,
                 f"The engine's queue is full: {error.in_flight} requests are in flight and "
@@ -313,34 +353,41 @@ class SimApp:
             ) from None
         echo = [("x-request-id", request_id)]
         if parsed.stream:
-            stream = TokenStream(self.engine, sequence, chat=chat, model=self.model, include_usage=parsed.include_usage)
+            stream = TokenStream(self.engine, sequences, chat=chat, model=self.model, include_usage=parsed.include_usage)
             return SimResponse(200, [*SSE_HEADERS, *echo], stream=stream)
         try:
-            await sequence.wait_finished()
+            for sequence in sequences:
+                await sequence.wait_finished()
         finally:
             # The caller went away (its cancel scope fired): free the GPU.
-            self.engine.abort(sequence)
-        return SimResponse.json(200, self._completion_body(chat, sequence), echo)
+            self._abort(sequences)
+        return SimResponse.json(200, self._completion_body(chat, sequences), echo)
 
-    def _completion_body(self, chat: bool, sequence: Sequence) -> dict[str, Any]:
-        text = detokenize(sequence.token_ids)
-        reason = sequence.finish_reason
-        if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    def _abort(self, sequences: list[Sequence]) -> None:
+        for sequence in sequences:
+            self.engine.abort(sequence)
+
+    def _completion_body(self, chat: bool, sequences: list[Sequence]) -> dict[str, Any]:
+        choices: list[dict[str, Any]] = []
+        for index, sequence in enumerate(sequences):
+            text = detokenize(sequence.token_ids)
+            reason = sequence.finish_reason
+            if chat:
+                choices.append({
+                    "index": index,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                })
+            else:
+                choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
         return {
-            "id": ("chatcmpl-" if chat else "cmpl-") + sequence.request_id,
+            "id": ("chatcmpl-" if chat else "cmpl-") + sequences[0].request_id,
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
             "model": self.model,
-            "choices": [choice],
-            "usage": _usage(sequence, cache_details=self.engine.params.prefix_caching),
+            "choices": choices,
+            "usage": _usage(sequences, cache_details=self.engine.params.prefix_caching),
         }
 
     def _parse(self, chat: bool, request: dict[str, Any]) -> _Parsed:
@@ -366,8 +413,8 @@ class SimApp:
             max_tokens = _optional_int(request, "max_tokens")
         _check_lengths(self.engine.params.max_model_len, prompt_tokens, max_tokens, exact=exact)
         n = _optional_int(request, "n")
-        if n not in (None, 1):
-            raise ApiError(400, "the simulator supports n=1 only", param="n")
+        if n is not None and n < 1:  # vLLM's SamplingParams check
+            raise _validation_error(f"n must be at least 1, got {n}.", "n")
         stream = _optional_bool(request, "stream")
         options = request.get("stream_options") or {}
         if not isinstance(options, dict):
@@ -390,6 +437,7 @@ class SimApp:
             ignore_eos=_optional_bool(request, "ignore_eos"),
             priority=priority,
             cache_salt=_optional_str(request, "cache_salt"),
+            n=n or 1,
         )
 
     def _models(self) -> dict[str, Any]:

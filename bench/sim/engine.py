@@ -264,8 +264,12 @@ class Engine:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        choice: int = 0,
     ) -> Sequence:
         """Queue a request; returns its sequence. ``max_tokens=None`` fills the context.
+
+        ``choice`` is the sequence's index among a request's ``n`` (vLLM runs
+        each choice as a sequence of its own): the same prompt, its own output.
 
         ``priority`` orders the queue under the priority policy and is ignored
         under fcfs, as vLLM V1 ignores it. Raises EngineRequestError when
@@ -297,7 +301,7 @@ class Engine:
             )
         if min_tokens < 0 or min_tokens > max_tokens:
             raise EngineRequestError(f"min_tokens must be in [0, max_tokens], got {min_tokens}")
-        rng = output_rng(self.seed if seed is None else seed, prompt_key)
+        rng = output_rng(self.seed if seed is None else seed, prompt_key if not choice else f"{prompt_key}#{choice}")
         sequence = Sequence(
             request_id if request_id is not None else f"{self.name}-{next(self._ids)}",
             prompt_tokens,

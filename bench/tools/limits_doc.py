@@ -341,6 +341,9 @@ def _answer_length(doc: Limits) -> list[str]:
             "  **rejected**: HTTP 400, `code` `max_tokens_too_large`.",
         ]
     out += [
+        f"- `n` (choices) is at most **{doc.max_n}**. Each choice is a sequence of its own on",
+        "  the engine: the request takes `n` seats, and `n` x `max_tokens` counts as its",
+        "  answer length for its class and against a token budget.",
         "- The response reports the effective value in the `x-tailguard-max-tokens`",
         "  header (gRPC: metadata and `Routing.max_tokens`), and the class it fell in",
         "  in `x-tailguard-class`.",
