@@ -76,10 +76,10 @@ class Fleet:
         for url, endpoint in self.endpoints.items():
             if url not in endpoints:
                 self._retire(endpoint)
-        for pool in self.pools.values():
-            if pool.name not in pools:
-                pool.removed = True
-                pool.reconfigure(pool.config, [])  # removed: its waiters time out
+        gone = [pool for pool in self.pools.values() if pool.name not in pools]
+        for pool in gone:
+            pool.removed = True
+            pool.reconfigure(pool.config, [])
         _link_lenders(config, pools)
         for pool_config in config.pools:
             for endpoint_config in wanted[pool_config.name]:  # before any waiter is seated on it
@@ -95,6 +95,10 @@ class Fleet:
         self.rebalancer.reset()
         self.discovered = discovered
         self.config = config
+        # Waiters of a pool removed or left with no endpoint go where their class goes now, or fail at once
+        # (an emptied pool answers no_backend, unless a lender would take them): they are decided again.
+        for pool in [*gone, *(p for p in pools.values() if not p.endpoints)]:
+            pool.reroute_waiters()
 
     def pool_of(self, endpoint: Endpoint) -> Pool | None:
         """The pool ``endpoint`` serves now (None: retired, or on a rebalancing move)."""

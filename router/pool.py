@@ -49,6 +49,14 @@ from .queue import SKIP, Skip, WaitQueue, WaitQueueStatistics
 from .retry_hint import whole_seconds
 
 
+class Rerouted(Exception):
+    """A reload removed the pool a request waited in, or left it no endpoint: decide the request again.
+
+    Never reaches a caller: the request path admits it anew under the config
+    in force (``RequestPath._seat``), its queue deadline unchanged.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class Ticket:
     """What a request asks a pool for: enough to judge class seat limits and lending."""
@@ -335,6 +343,10 @@ class Pool:
         if endpoint.yielding is not None and endpoint.granted is not None and endpoint.in_flight < endpoint.granted:
             endpoint.granted = endpoint.in_flight
             endpoint.yielding.give_back(endpoint.in_flight)
+
+    def reroute_waiters(self) -> int:
+        """Send every request waiting here back to be decided again (``Rerouted``): the pool was removed or emptied."""
+        return self.queue.evict_all(Rerouted)
 
     def reconfigure(self, config: PoolConfig, endpoints: list[Endpoint]) -> None:
         """Adopt a new config and endpoint set (a reload: moves are undone); waiters get any room it opens."""

@@ -365,6 +365,20 @@ class WaitQueue(Generic[T, K]):
             for entry in skipped:
                 heapq.heappush(self._best, entry)
 
+    @trio.lowlevel.enable_ki_protection
+    def evict_all(self, error: Callable[[], BaseException]) -> int:
+        """Wake every parked waiter with ``error()`` (each its own instance) instead of a resource; returns how many.
+
+        The owner's way to say that what they wait for is gone (a reload
+        removed it): they leave the line now, not at their deadlines.
+        """
+        evicted = 0
+        while (waiter := _peek(self._best)) is not None:
+            self._remove(waiter)  # its fair-share charge is handed back as ``get`` raises
+            trio.lowlevel.reschedule(waiter.task, outcome.Error(error()))
+            evicted += 1
+        return evicted
+
     def statistics(self) -> WaitQueueStatistics:
         """Return a snapshot of the queue's size and counters."""
         return WaitQueueStatistics(

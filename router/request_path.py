@@ -23,14 +23,13 @@ from typing import Any
 
 import trio
 
-from .admission import decide
+from .admission import Admitted, decide
 from .assemble import assemblable, assemble, events
 from .auth import Caller
 from .backend import BackendClient, BackendResponse
 from .budget_gate import BudgetGate
 from .budgets import RateLimits
 from .cache_salt import caller_salt
-from .config_types import ClassConfig
 from .credentials import key_refused
 from .endpoint import Endpoint
 from .errors import (
@@ -47,8 +46,8 @@ from .fleet import Fleet
 from .ids import IdSource
 from .outlier import record_success, report_failure
 from .policies import Placement
-from .pool import Lease, Pool, Ticket
-from .prefix_memory import ConversationMemory, HistoryDigests
+from .pool import Lease, Pool, Rerouted
+from .prefix_memory import ConversationMemory
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
 from .traffic import Traffic
@@ -171,13 +170,14 @@ class RequestPath:
         traffic.requests_total += 1
         if traffic.draining:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
-        klass, pool, ticket, history = decide(request, caller, config, fleet.pools, record, arrival, self._memory)
+        admitted = decide(request, caller, config, fleet.pools, record, arrival, self._memory)
+        klass, ticket = admitted.klass, admitted.ticket
         queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
         grant = await self._budgets.reserve(
             caller, ticket.prompt_tokens + ticket.output_tokens, record, config, fleet.budget, priority=klass.priority, deadline=queue_deadline
         )
         try:
-            async with self._served(request, caller, record, arrival, klass, pool, ticket, history, queue_deadline) as completion:
+            async with self._served(request, caller, record, arrival, admitted, queue_deadline) as completion:
                 yield completion
         finally:
             if grant is not None:  # what it cost: the backend's usage, or nothing when it got no seat
@@ -195,33 +195,23 @@ class RequestPath:
         caller: Caller,
         record: RequestRecord,
         arrival: float,
-        klass: ClassConfig,
-        pool: Pool,
-        ticket: Ticket,
-        history: HistoryDigests | None,
+        admitted: Admitted,
         queue_deadline: float,
     ) -> AsyncIterator[Completion]:
         """The admitted request from its pool's queue to its answer's end: the seat, the call, the release."""
         fleet, traffic = self._fleet, self._traffic
-        config = fleet.config
         trace = record.trace
-        async with traffic.holding(caller, fleet.budget, config.timeouts.retry_after, klass.priority, queue_deadline):
-            if fleet.budget is not None and pool.in_flight >= pool.max_concurrency:
-                fleet.budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
+        async with traffic.holding(caller, fleet.budget, fleet.config.timeouts.retry_after, admitted.klass.priority, queue_deadline):
             if trace is not None:
                 trace.queued()
             try:
-                lease = await pool.admit(
-                    klass.priority,
-                    queue_deadline,
-                    ticket,
-                    retry_after=config.timeouts.retry_after,
-                    recheck_in=config.timeouts.health_check_interval,
-                )
+                admitted, lease = await self._seat(request, caller, record, arrival, admitted, queue_deadline)
             except BaseException:
                 # The access log's queue_ms of a refusal or a queue_timeout: never past the deadline it waited for.
                 record.left_queue_at = min(trio.current_time(), queue_deadline)
                 raise
+            klass, pool, ticket, history = admitted
+            config = fleet.config
             # When the seat was granted, not when this task ran again: on a busy host the
             # event loop's own delay is no wait for a seat (and no reason to move a GPU).
             record.left_queue_at = record.admitted_at = lease.granted_at
@@ -262,6 +252,36 @@ class RequestPath:
                 # Its tenant's fair share, settled: the max_tokens it did not generate are handed back.
                 pool.queue.fair.settle(pool.share_of(ticket), record.completion_tokens or 0, ticket.output_tokens)
                 lease.release()
+
+    async def _seat(
+        self, request: RouterRequest, caller: Caller, record: RequestRecord, arrival: float, admitted: Admitted, queue_deadline: float
+    ) -> tuple[Admitted, Lease]:
+        """A lease in the admitted pool, waiting in its queue until ``queue_deadline`` (``Pool.admit`` says what it raises).
+
+        A reload that removes the pool, or leaves it no endpoint, while the
+        request waits there sends it back here (``Rerouted``): it is decided
+        again under the config in force now -- the pool its class goes to
+        now, or at once the error that pool answers -- with its queue
+        deadline unchanged.
+        """
+        fleet = self._fleet
+        while True:
+            config = fleet.config
+            pool = admitted.pool
+            if fleet.budget is not None and pool.in_flight >= pool.max_concurrency:
+                fleet.budget.wake()  # this replica's share is used up: ask the ledger now, not at the next tick
+            try:
+                lease = await pool.admit(
+                    admitted.klass.priority,
+                    queue_deadline,
+                    admitted.ticket,
+                    retry_after=config.timeouts.retry_after,
+                    recheck_in=config.timeouts.health_check_interval,
+                )
+            except Rerouted:
+                admitted = decide(request, caller, fleet.config, fleet.pools, record, arrival, self._memory)
+                continue
+            return admitted, lease
 
     async def _start_call(
         self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], record: RequestRecord, hung_at: float, *, stream: bool
