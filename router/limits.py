@@ -107,6 +107,8 @@ def _value_tokens(value: object, estimate: EstimateConfig) -> int:
     """A string as text; anything else as the JSON text a template's ``tojson`` prints."""
     if isinstance(value, str):
         return estimate_text_tokens(value, estimate)
+    if isinstance(value, (int, float)):  # a number's JSON text is as long as its str() (a bool's too): no encoder call
+        return math.ceil(len(str(value)) / estimate.chars_per_token)
     return estimate_text_tokens(_TO_JSON(value), estimate)
 
 

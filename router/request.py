@@ -27,6 +27,21 @@ MAX_TOKENS_CEILING = 1 << 31
 # interpreter's recursion limit, which RecursionError would turn into a 500.
 MAX_JSON_DEPTH = 100
 
+# The most work a body may cause (issue 32: 100,000 one-letter messages or empty
+# text parts in 3 MB cost the event loop 0.2-0.5 s, five a second held the
+# router at 97% CPU). Every check after decoding stops at these, with a 400:
+# messages in a chat; content parts in all its messages together; JSON values
+# in everything forwarded (each element of every object and list, a prompt of
+# token ids aside: it is checked by length and range at C speed). Real
+# requests stay far under them (an agent's long session: hundreds of
+# messages; a large tool schema: thousands of values).
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 4096
+MAX_JSON_VALUES = 16_384
+
+# Body fields the router reads as hints (router/prefix_key.py) that OpenAI defines as strings.
+_STRING_HINTS = ("prompt_cache_key", "user")
+
 # Integers the router forwards must fit 64 bits: what a backend's JSON parser
 # and every OpenAI field (seeds, token ids, counts) can hold.
 _INT_BOUND = 1 << 64
@@ -140,14 +155,30 @@ def message_text(message: Mapping[str, Any]) -> str:
 def _check_messages(messages: object) -> None:
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise InvalidRequest("messages must be a non-empty list of messages", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidRequest(
+            f"messages holds {len(messages)} messages, more than the {MAX_MESSAGES} one request may hold; "
+            "summarize or drop the oldest turns",
+            param="messages",
+        )
+    parts = 0
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise InvalidRequest(f"messages[{index}] must be an object", param="messages")
-        if not isinstance(message.get("role"), str):
-            raise InvalidRequest(f"messages[{index}].role must be a string", param="messages")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequest(f"messages[{index}].role must be a non-empty string", param="messages")
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise InvalidRequest(f"messages[{index}].content must be a string or a list of parts", param="messages")
+        if isinstance(content, list):
+            parts += len(content)
+            if parts > MAX_CONTENT_PARTS:
+                raise InvalidRequest(
+                    f"the messages hold more than {MAX_CONTENT_PARTS} content parts in all (at messages[{index}]); "
+                    "join adjacent text parts",
+                    param="messages",
+                )
 
 
 # Parameters that make the engine run several sequences for one request (RouterRequest.sequences).
@@ -193,17 +224,51 @@ def _check_forwardable(request: RouterRequest) -> None:
     (``str.isascii`` is O(1)): cheaper than one ``json.dumps(...).encode()``
     attempt, and it can say which field is wrong.
     """
+    for hint in _STRING_HINTS:
+        value = request.params.get(hint)
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequest(f"{hint} must be a string", param=hint)
+    budget = _Budget(MAX_JSON_VALUES)
+    prompt = request.prompt
+    if request.prompt_token_ids():  # checked as a list of ints already: only their range is left
+        assert isinstance(prompt, Sequence)
+        if not (-_INT_BOUND < min(prompt) and max(prompt) < _INT_BOUND):  # type: ignore[operator]
+            raise InvalidRequest("prompt holds an integer out of range (over 64 bits)", param="prompt")
+        prompt = None
     try:
-        for name, value in (("model", request.model), ("messages", request.messages), ("prompt", request.prompt)):
+        for name, value in (("model", request.model), ("messages", request.messages), ("prompt", prompt)):
             try:
-                _check_json(value, 2)
+                _check_json(value, 2, budget)
             except _Unfit as unfit:
                 unfit.path.append(name)
                 raise
-        _check_json(dict(request.params), 1)
+        _check_json(dict(request.params), 1, budget)
     except _Unfit as unfit:
         where = _field_path(unfit.path)
         raise InvalidRequest(f"{where} {unfit.problem}", param=where) from None
+    except _OverBudget:
+        raise InvalidRequest(
+            f"the request holds more than {MAX_JSON_VALUES} JSON values (objects, lists and their elements); "
+            "send less structure in one request",
+        ) from None
+
+
+class _Budget:
+    """JSON values the forwardability check may still walk (``MAX_JSON_VALUES``): it stops, refused, past them."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def spend(self, values: int) -> None:
+        self.left -= values
+        if self.left < 0:
+            raise _OverBudget
+
+
+class _OverBudget(Exception):
+    """The body holds more values than one request may (no path: the whole body is the problem)."""
 
 
 class _Unfit(Exception):
@@ -215,10 +280,11 @@ class _Unfit(Exception):
         self.path: list[str | int] = []
 
 
-def _check_json(value: object, level: int) -> None:
-    """Raise _Unfit for the first part of ``value`` that is not forwardable JSON.
+def _check_json(value: object, level: int, budget: _Budget) -> None:
+    """Raise _Unfit for the first part of ``value`` that is not forwardable JSON, _OverBudget past ``budget``'s values.
 
-    ``level`` is the nesting level ``value`` would have as a container.
+    ``level`` is the nesting level ``value`` would have as a container. A
+    container spends its length before its elements are looked at.
     """
     if isinstance(value, str):
         if not value.isascii():
@@ -229,21 +295,23 @@ def _check_json(value: object, level: int) -> None:
     elif isinstance(value, dict):
         if level > MAX_JSON_DEPTH:
             raise _Unfit(f"is nested too deeply (at most {MAX_JSON_DEPTH} levels of objects and lists)")
+        budget.spend(len(value))
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _Unfit("has a key that is not a string")
             try:
-                _check_json(key, level)
-                _check_json(item, level + 1)
+                _check_json(key, level, budget)
+                _check_json(item, level + 1, budget)
             except _Unfit as unfit:
                 unfit.path.append(key)
                 raise
     elif isinstance(value, (list, tuple)):
         if level > MAX_JSON_DEPTH:
             raise _Unfit(f"is nested too deeply (at most {MAX_JSON_DEPTH} levels of objects and lists)")
+        budget.spend(len(value))
         for index, item in enumerate(value):
             try:
-                _check_json(item, level + 1)
+                _check_json(item, level + 1, budget)
             except _Unfit as unfit:
                 unfit.path.append(index)
                 raise

@@ -318,3 +318,58 @@ async def test_a_request_the_http_parser_refuses_has_its_access_log_line(caplog:
     fields = line.fields  # type: ignore[attr-defined]
     assert (fields["status"], fields["outcome"], fields["reason"]) == (400, "rejected", "invalid_request")
     assert "malformed HTTP request" in fields["error"] and not recorder.received
+
+
+# -- the work a body may cause: messages, content parts, JSON values (issue 32) ---
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "a"}] * 100_000}, "more than the 4096", "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 100_000}]}, "4096 content parts", "messages"),
+        ({"messages": [USER], "tools": [{"a": {"b": [1, 2]}}] * 15_000}, "16384 JSON values", None),
+        ({"messages": [USER], "allowed_token_ids": list(range(20_000))}, "16384 JSON values", None),
+    ],
+    ids=["100k messages", "100k empty parts", "60k values of tools", "20k values of a list"],
+)
+def test_bodies_that_cost_more_than_any_real_request_are_refused(payload: dict[str, object], needle: str, param: str | None) -> None:
+    with pytest.raises(InvalidRequest, match=needle) as refused:
+        parse(json.dumps({"max_tokens": 8, **payload}).encode())
+    assert refused.value.param == param
+
+
+def test_the_bounds_leave_real_requests_alone() -> None:
+    """A long agent session, a large tool schema and a long prompt of token ids are served."""
+    session = [{"role": "user" if i % 2 else "assistant", "content": f"turn {i}"} for i in range(2000)]
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(200)]
+    assert len(parse(chat_body(messages=session, tools=tools)).messages or ()) == 2000
+    ids = parse(json.dumps({"prompt": list(range(100_000)), "max_tokens": 8}).encode(), "completion")
+    assert ids.prompt_token_ids() == 100_000
+    with pytest.raises(InvalidRequest, match="over 64 bits") as huge:
+        parse(json.dumps({"prompt": [1, 2, 1 << 70], "max_tokens": 8}).encode(), "completion")
+    assert huge.value.param == "prompt"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": [{"role": "", "content": "hi"}]}, "messages"),
+        ({"prompt_cache_key": 12345}, "prompt_cache_key"),
+        ({"user": {"id": "u-1"}}, "user"),
+    ],
+    ids=["empty role", "numeric prompt_cache_key", "object user"],
+)
+def test_fields_the_router_reads_must_have_their_types(fields: dict[str, object], param: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse(chat_body(**fields))
+    assert refused.value.param == param
+
+
+async def test_http_a_repeated_class_header_is_refused_not_guessed() -> None:
+    async with router_with_recorder() as (url, recorder):
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        head += b"x-tailguard-class: interactive\r\nx-tailguard-class: batch\r\n"
+        status, _, content = await raw_request(url, head, json.dumps({"messages": [USER], "max_tokens": 4}).encode())
+        assert status == 400 and json.loads(content)["error"]["param"] == "x-tailguard-class"
+        assert recorder.received == []

@@ -42,6 +42,9 @@ from .openai_wire import parse_completion_body
 
 log = logging.getLogger("tailguard.http")
 
+_CLASS_HEADER = "x-tailguard-class"
+_REPEATED = "\x00repeated"  # a header value no client can send (NUL): the header came more than once
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -128,6 +131,8 @@ class HttpApi:
             ) or ""
         kind = _COMPLETION_PATHS.get(path)
         if kind is not None and method == "POST":
+            if _CLASS_HEADER in headers and sum(k.lower() == b"x-tailguard-class" for k, _ in scope["headers"]) > 1:
+                headers[_CLASS_HEADER] = _REPEATED  # which one is meant depends on the proxy: refused, never guessed
             await self._completion(kind, path, headers, receive, send)
             return
         request_id, refused = self._sessions.request_id(headers.get("x-request-id"))
@@ -201,12 +206,14 @@ class HttpApi:
         try:
             async with session:
                 caller = session.authenticate(headers.get("authorization"))
+                if headers.get(_CLASS_HEADER) is _REPEATED:
+                    raise InvalidRequest("x-tailguard-class was sent more than once; send it once", param=_CLASS_HEADER)
                 body = await self._read_body(headers, receive)
                 request = parse_completion_body(
                     kind,
                     body,
                     request_id=session.request_id,
-                    forced_class=headers.get("x-tailguard-class"),
+                    forced_class=headers.get(_CLASS_HEADER),
                     caller=caller.name,
                     session=_session(headers, self._router.config.server.session_header),
                 )
