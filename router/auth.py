@@ -78,10 +78,13 @@ class Authenticator:
             )
             for key in auth.keys
         }
+        # Every caller a request may be now: the keys' names, or the anonymous caller when auth is off.
+        self.names = frozenset(caller.name for caller in self._callers.values()) or frozenset((ANONYMOUS.name,))
 
     @property
     def enabled(self) -> bool:
         return bool(self._callers)
+
 
     def authenticate(self, authorization: str | None) -> Caller:
         """The caller whose key ``Authorization: Bearer <key>`` carries.

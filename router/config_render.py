@@ -111,6 +111,8 @@ def _render_observability(config: Config) -> list[str]:
     lines += _section("metrics", [
         ("backend_scrape_interval", _seconds_or_off(metrics.backend_scrape_interval)),
         ("duplicate_request_id_window", _seconds_or_off(metrics.duplicate_request_id_window)),
+        ("caller_series", f"{metrics.caller_series} callers by name, the rest as caller=\"(other)\""),
+        ("token_env", "none (GET /metrics is open)" if metrics.token_env is None else f"{metrics.token_env} (value not shown)"),
     ])
     tracing = config.tracing
     if tracing.enabled:  # off (the default) is not shown, as rebalance and discovery without their pools

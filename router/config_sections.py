@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import get_args
 from urllib.parse import urlsplit
 
-from .config_table import Table, join_key, kind
+from .config_keys import env_digest
+from .config_table import ENV_NAME, Table, join_key, kind
 from .config_types import (
     ClusterConfig,
     DiscoveryConfig,
@@ -233,7 +234,8 @@ def read_logging(table: Table) -> LoggingConfig:
     )
 
 
-def read_metrics(table: Table) -> MetricsConfig:
+def read_metrics(table: Table, environ: Mapping[str, str]) -> MetricsConfig:
+    """``[metrics]``; ``token_env`` is resolved from ``environ`` now (a variable not set refuses the file)."""
     default = MetricsConfig()
     scrape = table.number(
         "backend_scrape_interval", default.backend_scrape_interval, minimum=0.0, inclusive=True
@@ -244,8 +246,22 @@ def read_metrics(table: Table) -> MetricsConfig:
         minimum=0.0,
         inclusive=True,
     )
+    caller_series = table.integer("caller_series", default.caller_series, minimum=0)
+    token_env = table.optional_string("token_env")
+    token_sha256 = None
+    if token_env is not None and table.ok("token_env"):
+        if ENV_NAME.fullmatch(token_env):
+            token_sha256 = env_digest(table, "token_env", token_env, environ)
+        else:
+            table.problem("token_env", f"must be the name of an environment variable ({ENV_NAME.pattern}), got {json.dumps(token_env)}")
     table.finish()
-    return MetricsConfig(backend_scrape_interval=scrape, duplicate_request_id_window=window)
+    return MetricsConfig(
+        backend_scrape_interval=scrape,
+        duplicate_request_id_window=window,
+        caller_series=caller_series,
+        token_env=token_env,
+        token_sha256=token_sha256,
+    )
 
 
 def read_cluster(table: Table, present: bool) -> ClusterConfig | None:

@@ -175,6 +175,12 @@ class MetricsConfig:
     backend_scrape_interval: float = 5.0  # seconds between scrapes of vLLM /metrics; 0 = off
     # seconds: a caller-supplied x-request-id seen again within it counts as a retry; 0 = off
     duplicate_request_id_window: float = 10.0
+    # Callers with tailguard_caller_* series of their own (the busiest); the rest are summed as one.
+    caller_series: int = 100
+    # GET /metrics needs "Authorization: Bearer <token>" of this digest (the token read from
+    # the environment variable token_env); None: /metrics is open, as before.
+    token_env: str | None = None
+    token_sha256: str | None = field(default=None, repr=False)  # as ApiKeyConfig.sha256: no credential material in a logged config
 
 
 @dataclass(frozen=True)
