@@ -52,6 +52,7 @@ def _render_server(server: ServerConfig) -> list[str]:
     return _section("server", [
         ("http_listen", host_port(server.http_host, server.http_port)),
         ("grpc_listen", host_port(server.grpc_host, server.grpc_port)),
+        ("metrics_listen", "none (GET /metrics on http_listen)" if server.metrics_listen is None else host_port(*server.metrics_listen)),
         ("grpc_max_calls", str(server.grpc_max_calls)),
         ("max_body_bytes", f"{server.max_body_bytes} ({server.max_body_bytes / 2**20:g} MiB)"),
         ("max_backend_body_bytes",

@@ -43,6 +43,7 @@ def read_server(table: Table) -> ServerConfig:
     default = ServerConfig()
     http_host, http_port = _listen(table, "http_listen", default.http_host, default.http_port)
     grpc_host, grpc_port = _listen(table, "grpc_listen", default.grpc_host, default.grpc_port)
+    metrics_listen = _read_metrics_listen(table, ((http_host, http_port), (grpc_host, grpc_port)))
     max_body_bytes = table.integer("max_body_bytes", default.max_body_bytes, minimum=1)
     grpc_max_calls = table.integer("grpc_max_calls", default.grpc_max_calls, minimum=1)
     max_backend_body_bytes = table.integer(
@@ -82,7 +83,19 @@ def read_server(table: Table) -> ServerConfig:
         http_tls=http_tls,
         grpc_tls=grpc_tls,
         session_header=session_header,
+        metrics_listen=metrics_listen,
     )
+
+
+def _read_metrics_listen(table: Table, taken: tuple[tuple[str, int], ...]) -> tuple[str, int] | None:
+    """``metrics_listen``: absent, /metrics is served on the HTTP API's listener; a port of its own may not be another listener's."""
+    if not table.has("metrics_listen"):
+        table.optional_string("metrics_listen")  # known, absent
+        return None
+    host, port = _listen(table, "metrics_listen", "127.0.0.1", 0)
+    if table.ok("metrics_listen") and port != 0 and any(port == other_port for _, other_port in taken):
+        table.problem("metrics_listen", f"must not be the port of http_listen or grpc_listen, got {host_port(host, port)}")
+    return host, port
 
 
 def _read_session_header(table: Table, default: str) -> str:

@@ -75,6 +75,9 @@ class ServerConfig:
     # each differ (web apps over HTTP, internal services over gRPC, often mTLS).
     http_tls: TlsConfig | None = None
     grpc_tls: TlsConfig | None = None
+    # A listener of its own for GET /metrics (host, port), which the API's listener then no
+    # longer serves: Prometheus reaches it, the API's callers need not. None: /metrics is on the API's.
+    metrics_listen: tuple[str, int] | None = None
     # The request header (and gRPC metadata key) whose value pins a conversation's
     # prefix key (router/prefix_key.py), lower case; "" reads none. Takes effect on reload.
     session_header: str = "x-session-id"
