@@ -86,7 +86,6 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self._callers)
 
-
     def authenticate(self, authorization: str | None) -> Caller:
         """The caller whose key ``Authorization: Bearer <key>`` carries.
 

@@ -97,6 +97,7 @@ class HttpApi:
         self._max_body_bytes = max_body_bytes
         self._metrics = metrics
         self.serves = serves
+        self._completion_paths = {} if serves == "metrics" else _COMPLETION_PATHS
         # OpenAI's model objects carry a Unix time; this process's start is the honest one.
         self._created = int(time.time())
         self._sessions = Sessions(
@@ -134,8 +135,8 @@ class HttpApi:
             headers["authorization"] = one_authorization(
                 [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"]
             ) or ""
-        kind = _COMPLETION_PATHS.get(path)
-        if kind is not None and method == "POST" and self.serves != "metrics":
+        kind = self._completion_paths.get(path)
+        if kind is not None and method == "POST":
             await self._completion(kind, path, headers, receive, send)
             return
         request_id, refused = self._sessions.request_id(headers.get("x-request-id"))
