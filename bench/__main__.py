@@ -29,6 +29,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "sim-cpu": ("bench.simcheck.cpu", "the simulator's own CPU while streaming to many clients"),
     "tenants": ("bench.tenants.run", "two API keys on one small pool: fair shares vs FIFO under a burst, weighted shares backlogged"),
     "retry": ("bench.retry.run", "the openai SDK's retries under 1.5x overload: computed Retry-After vs a fixed 1 s"),
+    "cardinality": ("bench.tenants.cardinality", "API keys rotated by reloads: /metrics size and lines, RSS after an idle minute"),
     "budgets": ("bench.budgets.run", "one key's token budget shared by 4 replicas on Redis: any minute, kill -9, Redis stopped"),
     "sim-profile": ("bench.simcheck.profile", "the simulated engine's TTFT and ITL by concurrency, in virtual time"),
 }

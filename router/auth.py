@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import hmac
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from .config_types import AuthConfig
 from .errors import Unauthenticated
 
-__all__ = ["ANONYMOUS", "Authenticator", "Caller", "hash_key", "one_authorization"]
+__all__ = ["ANONYMOUS", "Authenticator", "Caller", "bearer", "check_token", "hash_key", "one_authorization"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class Authenticator:
             )
             for key in auth.keys
         }
+        # Every caller a request may be now: the keys' names, or the anonymous caller when auth is off.
+        self.names = frozenset(caller.name for caller in self._callers.values()) or frozenset((ANONYMOUS.name,))
 
     @property
     def enabled(self) -> bool:
@@ -93,19 +96,37 @@ class Authenticator:
         """
         if not self._callers:
             return ANONYMOUS
-        if isinstance(authorization, _Ambiguous):
-            raise Unauthenticated(f"ambiguous credentials: the request sent {authorization} of Authorization; send exactly one")
-        if authorization is None or not authorization.strip():
-            raise Unauthenticated("missing API key: send Authorization: Bearer <key>")
-        parts = authorization.split()
-        if len(parts) != 2 or parts[0].lower() != "bearer":
-            raise Unauthenticated(
-                "malformed Authorization header: expected Authorization: Bearer <key>"
-            )
-        caller = self._callers.get(hash_key(parts[1]))
+        caller = self._callers.get(hash_key(bearer(authorization, "API key", "<key>")))
         if caller is None:
             raise Unauthenticated("unknown API key")
         return caller
+
+
+def bearer(authorization: str | None, what: str, placeholder: str) -> str:
+    """The token of ``Authorization: Bearer <token>`` (scheme in any case).
+
+    Raises :exc:`Unauthenticated`, naming ``what`` is missing and how to send
+    it (``placeholder``), when the header is missing, sent more than once
+    (:func:`one_authorization`) or not of that shape; never quoting it.
+    """
+    if isinstance(authorization, _Ambiguous):
+        raise Unauthenticated(f"ambiguous credentials: the request sent {authorization} of Authorization; send exactly one")
+    if authorization is None or not authorization.strip():
+        raise Unauthenticated(f"missing {what}: send Authorization: Bearer {placeholder}")
+    parts = authorization.split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        raise Unauthenticated(f"malformed Authorization header: expected Authorization: Bearer {placeholder}")
+    return parts[1]
+
+
+def check_token(authorization: str | None, sha256: str) -> None:
+    """Pass a request whose ``Authorization: Bearer <token>`` carries the token of digest ``sha256`` (GET /metrics).
+
+    Raises :exc:`Unauthenticated` otherwise (the digests compared in constant time).
+    """
+    token = bearer(authorization, "metrics token", "<metrics token>")
+    if not hmac.compare_digest(hash_key(token), sha256):
+        raise Unauthenticated("wrong metrics token (metrics.token_env)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

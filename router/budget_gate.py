@@ -11,6 +11,8 @@ headers are put on the request's record, on success and on refusal, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from .auth import Caller
@@ -76,6 +78,21 @@ class BudgetGate:
             name: self._limits(name, per_minute, None if shares is None else shares.of(name, *per_minute), now, expire=in_loop)
             for name, per_minute in list(self._caps.items())
         }
+
+    def forget(self, now: float, keep: Callable[[str], bool]) -> None:
+        """Drop the windows that emptied and those of callers ``keep`` refuses (a key a reload removed), and their budgets as last seen.
+
+        A key with nothing admitted here in the last minute has its whole
+        budget left here: /metrics stops showing it until it sends again.
+        """
+        self._windows.forget(now, keep)
+        for name in [name for name in self._caps if name not in self._windows]:
+            del self._caps[name]
+
+    @property
+    def callers(self) -> int:
+        """Callers whose budgets are kept here now (a window of the last minute)."""
+        return len(self._windows)
 
     def _share_of(self, shared: SharedBudget, name: str, per_minute: tuple[int | None, int | None]) -> KeyBudget:
         if self._shares is None or self._shares.shared is not shared:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .auth import ANONYMOUS, Caller
@@ -114,6 +115,9 @@ class _Window:
         return 0.0 if last is None else last.at + WINDOW - now
 
 
+_NO_WINDOW = _Window()  # what a caller with no window reads: never admitted to (only Budgets.admit appends, to a kept one)
+
+
 class Grant:
     """One admitted request's reservation; :meth:`settle` once, at its end."""
 
@@ -165,19 +169,51 @@ def check_whole(tokens: int, tokens_per_minute: int | None, whole: str = "the ke
 
 
 class Budgets:
-    """Every budgeted key's window, by caller name (as many as the keys configured, and the anonymous caller)."""
+    """Every budgeted key's window, by caller name: only those that admitted a request in the last minute.
+
+    An empty window says no more than no window does, so reading one never
+    makes one and :meth:`forget` drops those that emptied: what is kept
+    follows the keys in use, not every key ever seen. A :class:`Grant` holds
+    its own window, so a request admitted before its window was dropped
+    still settles (into a window no longer counted, as a minute-old one is).
+    """
 
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
         self.latest = 0.0  # the newest time a window was looked at (trio.current_time())
 
     def _window(self, caller: str, now: float) -> _Window:
+        """The caller's window, made if it has none (only an admission makes one)."""
         window = self._windows.get(caller)
         if window is None:
             window = self._windows[caller] = _Window()
         window.expire(now)
         self.latest = max(self.latest, now)
         return window
+
+    def _peek(self, caller: str, now: float) -> _Window:
+        """The caller's window to read (an empty one, not kept, when it has none)."""
+        window = self._windows.get(caller)
+        if window is None:
+            return _NO_WINDOW
+        window.expire(now)
+        self.latest = max(self.latest, now)
+        return window
+
+    def forget(self, now: float, keep: Callable[[str], bool]) -> None:
+        """Drop the windows that hold nothing any more, and those of callers ``keep`` refuses (a key a reload removed)."""
+        for caller, window in list(self._windows.items()):
+            window.expire(now)
+            if not window.admitted or not keep(caller):
+                del self._windows[caller]
+
+    def __contains__(self, caller: str) -> bool:
+        """Whether the caller has a window here (it admitted a request in the last minute)."""
+        return caller in self._windows
+
+    def __len__(self) -> int:
+        """The windows kept now."""
+        return len(self._windows)
 
     def reserve(
         self,
@@ -215,7 +251,7 @@ class Budgets:
 
         A wait is WINDOW when the allowance is below the request itself (a replica's share, with Redis away).
         """
-        window = self._window(caller, now)
+        window = self._peek(caller, now)
         over: list[tuple[float, str]] = []
         if requests_per_minute is not None and window.requests + 1 > requests_per_minute:
             wait = window.wait_for(window.requests + 1 - requests_per_minute, "requests", now)
@@ -249,21 +285,21 @@ class Budgets:
 
     def in_window(self, caller: str, now: float) -> tuple[int, int]:
         """The (tokens, requests) the caller's window holds now: what this replica uses of its budgets."""
-        window = self._window(caller, now)
+        window = self._peek(caller, now)
         return window.tokens, window.requests
 
     def oldest(self, caller: str, now: float) -> float | None:
         """When the oldest admission still in the caller's window here was made; None: the window is empty."""
-        window = self._window(caller, now)
+        window = self._peek(caller, now)
         return window.admitted[0].at if window.admitted else None
 
     def reset_in(self, caller: str, count: str, now: float) -> float:
         """Seconds until none of ``count`` is left in the caller's window here."""
-        return self._window(caller, now).reset_in(count, now)
+        return self._peek(caller, now).reset_in(count, now)
 
     def wait_for(self, caller: str, over: int, count: str, now: float) -> float:
         """Seconds until the caller's oldest admissions here leave with ``over`` of their ``count``; WINDOW if they never do."""
-        window = self._window(caller, now)
+        window = self._peek(caller, now)
         return window.wait_for(over, count, now) if over <= getattr(window, count) else WINDOW
 
     def limits(
@@ -281,7 +317,7 @@ class Budgets:
         ``expire=False`` reads the sums as the last request left them, changing
         nothing: for a reader on another thread than the event loop's.
         """
-        window = self._windows.get(caller) or _Window()
+        window = self._windows.get(caller) or _NO_WINDOW
         if expire:
             window.expire(now)
         return _limits(window, tokens_per_minute, requests_per_minute, now, elsewhere)

@@ -135,7 +135,7 @@ def parse_config(
         environ=environ,
     )
     logging_config = read_logging(root.table("logging"))
-    metrics = read_metrics(root.table("metrics"))
+    metrics = read_metrics(root.table("metrics"), environ)
     rebalance = read_rebalance(root.table("rebalance"))
     cluster = read_cluster(root.table("cluster"), present=root.has("cluster"))
     budgeted = [k.name for k in auth.keys if k.tokens_per_minute or k.requests_per_minute]
@@ -164,7 +164,7 @@ def parse_config(
         timeouts=timeouts,
         pools=pools,
         classes=classes,
-        digest=_digest(text, auth, pools),
+        digest=_digest(text, auth, pools, metrics.token_sha256),
         auth=auth,
         logging=logging_config,
         metrics=metrics,
@@ -176,14 +176,14 @@ def parse_config(
     )
 
 
-def _digest(text: str, auth: AuthConfig, pools: Sequence[PoolConfig] = ()) -> str:
+def _digest(text: str, auth: AuthConfig, pools: Sequence[PoolConfig] = (), metrics_token: str | None = None) -> str:
     """A short hash of the text and of the keys it resolved from outside itself.
 
     The keys go in as their digests, names and rights (never a key, and not the
     keys file's text), so rotating a key in the keys file or the environment
     changes the digest and a reload applies it; the backend keys
-    (``api_key_env``) likewise, as their digests. Without either this is the
-    hash of the text alone.
+    (``api_key_env``) and the /metrics token (``metrics.token_env``) likewise,
+    as their digests. Without any this is the hash of the text alone.
     """
     digest = hashlib.sha256(text.encode("utf-8"))
     for key in auth.keys:
@@ -193,6 +193,8 @@ def _digest(text: str, auth: AuthConfig, pools: Sequence[PoolConfig] = ()) -> st
         for access in {pool.access, *(e.access for e in pool.endpoints), *(s.access for s in pool.endpoints_dns)}:
             if access.api_key is not None:
                 digest.update(f"\0{pool.name}\0{access.api_key_env}\0{hash_key(access.api_key)}".encode())
+    if metrics_token is not None:
+        digest.update(f"\0metrics\0{metrics_token}".encode())
     return digest.hexdigest()[:16]
 
 

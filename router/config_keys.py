@@ -199,12 +199,17 @@ def _read_key_digest(
                 " the value is not shown, in case it is the key itself",
             )
             return source, None
-        from_env = environ.get(value)
-        if from_env is None:
-            table.problem(source, f"environment variable {value} is not set")
-            return source, None
-        return source, _key_digest(table, source, from_env, f"environment variable {value}")
+        return source, env_digest(table, source, value, environ)
     return source, _key_digest(table, source, value, "the key")
+
+
+def env_digest(table: Table, source: str, variable: str, environ: Mapping[str, str]) -> str | None:
+    """The digest of the secret in the environment variable ``variable`` (named by the key ``source``), or a problem and None."""
+    from_env = environ.get(variable)
+    if from_env is None:
+        table.problem(source, f"environment variable {variable} is not set")
+        return None
+    return _key_digest(table, source, from_env, f"environment variable {variable}")
 
 
 def _key_digest(table: Table, source: str, key: str, what: str) -> str | None:

@@ -52,6 +52,7 @@ def _render_server(server: ServerConfig) -> list[str]:
     return _section("server", [
         ("http_listen", host_port(server.http_host, server.http_port)),
         ("grpc_listen", host_port(server.grpc_host, server.grpc_port)),
+        ("metrics_listen", "none (GET /metrics on http_listen)" if server.metrics_listen is None else host_port(*server.metrics_listen)),
         ("grpc_max_calls", str(server.grpc_max_calls)),
         ("max_body_bytes", f"{server.max_body_bytes} ({server.max_body_bytes / 2**20:g} MiB)"),
         ("max_backend_body_bytes",
@@ -112,6 +113,8 @@ def _render_observability(config: Config) -> list[str]:
     lines += _section("metrics", [
         ("backend_scrape_interval", _seconds_or_off(metrics.backend_scrape_interval)),
         ("duplicate_request_id_window", _seconds_or_off(metrics.duplicate_request_id_window)),
+        ("caller_series", f"{metrics.caller_series} callers by name, the rest as caller=\"(other)\""),
+        ("token_env", "none (GET /metrics is open)" if metrics.token_env is None else f"{metrics.token_env} (value not shown)"),
     ])
     tracing = config.tracing
     if tracing.enabled:  # off (the default) is not shown, as rebalance and discovery without their pools

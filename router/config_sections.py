@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import get_args
 from urllib.parse import urlsplit
 
-from .config_table import Table, join_key, kind
+from .config_keys import env_digest
+from .config_table import ENV_NAME, Table, join_key, kind
 from .config_types import (
     ClusterConfig,
     DiscoveryConfig,
@@ -42,6 +43,7 @@ def read_server(table: Table) -> ServerConfig:
     default = ServerConfig()
     http_host, http_port = _listen(table, "http_listen", default.http_host, default.http_port)
     grpc_host, grpc_port = _listen(table, "grpc_listen", default.grpc_host, default.grpc_port)
+    metrics_listen = _read_metrics_listen(table, ((http_host, http_port), (grpc_host, grpc_port)))
     max_body_bytes = table.integer("max_body_bytes", default.max_body_bytes, minimum=1)
     grpc_max_calls = table.integer("grpc_max_calls", default.grpc_max_calls, minimum=1)
     max_backend_body_bytes = table.integer(
@@ -81,7 +83,19 @@ def read_server(table: Table) -> ServerConfig:
         http_tls=http_tls,
         grpc_tls=grpc_tls,
         session_header=session_header,
+        metrics_listen=metrics_listen,
     )
+
+
+def _read_metrics_listen(table: Table, taken: tuple[tuple[str, int], ...]) -> tuple[str, int] | None:
+    """``metrics_listen``: absent, /metrics is served on the HTTP API's listener; a port of its own may not be another listener's."""
+    if not table.has("metrics_listen"):
+        table.optional_string("metrics_listen")  # known, absent
+        return None
+    host, port = _listen(table, "metrics_listen", "127.0.0.1", 0)
+    if table.ok("metrics_listen") and port != 0 and any(port == other_port for _, other_port in taken):
+        table.problem("metrics_listen", f"must not be the port of http_listen or grpc_listen, got {host_port(host, port)}")
+    return host, port
 
 
 def _read_session_header(table: Table, default: str) -> str:
@@ -235,7 +249,8 @@ def read_logging(table: Table) -> LoggingConfig:
     )
 
 
-def read_metrics(table: Table) -> MetricsConfig:
+def read_metrics(table: Table, environ: Mapping[str, str]) -> MetricsConfig:
+    """``[metrics]``; ``token_env`` is resolved from ``environ`` now (a variable not set refuses the file)."""
     default = MetricsConfig()
     scrape = table.number(
         "backend_scrape_interval", default.backend_scrape_interval, minimum=0.0, inclusive=True
@@ -246,8 +261,22 @@ def read_metrics(table: Table) -> MetricsConfig:
         minimum=0.0,
         inclusive=True,
     )
+    caller_series = table.integer("caller_series", default.caller_series, minimum=0)
+    token_env = table.optional_string("token_env")
+    token_sha256 = None
+    if token_env is not None and table.ok("token_env"):
+        if ENV_NAME.fullmatch(token_env):
+            token_sha256 = env_digest(table, "token_env", token_env, environ)
+        else:
+            table.problem("token_env", f"must be the name of an environment variable ({ENV_NAME.pattern}), got {json.dumps(token_env)}")
     table.finish()
-    return MetricsConfig(backend_scrape_interval=scrape, duplicate_request_id_window=window)
+    return MetricsConfig(
+        backend_scrape_interval=scrape,
+        duplicate_request_id_window=window,
+        caller_series=caller_series,
+        token_env=token_env,
+        token_sha256=token_sha256,
+    )
 
 
 def read_cluster(table: Table, present: bool) -> ClusterConfig | None:

@@ -75,6 +75,9 @@ class ServerConfig:
     # each differ (web apps over HTTP, internal services over gRPC, often mTLS).
     http_tls: TlsConfig | None = None
     grpc_tls: TlsConfig | None = None
+    # A listener of its own for GET /metrics (host, port), which the API's listener then no
+    # longer serves: Prometheus reaches it, the API's callers need not. None: /metrics is on the API's.
+    metrics_listen: tuple[str, int] | None = None
     # The request header (and gRPC metadata key) whose value pins a conversation's
     # prefix key (router/prefix_key.py), lower case; "" reads none. Takes effect on reload.
     session_header: str = "x-session-id"
@@ -178,6 +181,12 @@ class MetricsConfig:
     backend_scrape_interval: float = 5.0  # seconds between scrapes of vLLM /metrics; 0 = off
     # seconds: a caller-supplied x-request-id seen again within it counts as a retry; 0 = off
     duplicate_request_id_window: float = 10.0
+    # Callers with tailguard_caller_* series of their own (the busiest); the rest are summed as one.
+    caller_series: int = 100
+    # GET /metrics needs "Authorization: Bearer <token>" of this digest (the token read from
+    # the environment variable token_env); None: /metrics is open, as before.
+    token_env: str | None = None
+    token_sha256: str | None = field(default=None, repr=False)  # as ApiKeyConfig.sha256: no credential material in a logged config
 
 
 @dataclass(frozen=True)

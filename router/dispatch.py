@@ -52,7 +52,7 @@ class Router:
         self._authenticator = Authenticator(config.auth)
         self.loop_lag = LoopLag()  # how late this loop runs: verdicts about engines discount its stalls (read-only outside)
         self.discovery = Discovery(self)
-        self._upkeep = Upkeep(fleet, self.loop_lag, self.discovery)
+        self._upkeep = Upkeep(fleet, self.loop_lag, self.discovery, lambda: self._path.forget_idle(self.caller_names))
         self.apply(config)
 
     @property
@@ -122,6 +122,16 @@ class Router:
         """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
         return self._path.deadline_for(request, arrival)
 
+    @property
+    def caller_names(self) -> frozenset[str]:
+        """Every caller a request may be now: the keys' names, or "anonymous" when auth is off."""
+        return self._authenticator.names
+
+    @property
+    def caller_in_flight(self) -> Mapping[str, int]:
+        """Callers with requests queued or running now, and how many (read-only)."""
+        return self._traffic.caller_in_flight
+
     def open(
         self,
         request: RouterRequest,
@@ -143,7 +153,7 @@ class Router:
     async def run(self, *, ledger: LedgerStore | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Background work, forever: health checks (``healthy`` is set only from
         here), backend load scrapes, closing clients that reloads retired,
-        rebalancing, and -- with ``[cluster]`` and a ``ledger`` -- keeping this
+        rebalancing, forgetting per-caller state that can no longer matter, and -- with ``[cluster]`` and a ``ledger`` -- keeping this
         replica's share of every cap in step with the others (the first sync,
         or the fallback, happens before ``started``).
 
@@ -202,7 +212,7 @@ class Router:
         return endpoint_statistics(endpoint, "" if endpoint.pool_name is None else endpoint.pool_name)
 
     def statistics(self) -> RouterStatistics:
-        return statistics(self._fleet, self._traffic, self._path.budgets_left())
+        return statistics(self._fleet, self._traffic, self._path.budgets_left(), budget_callers=self._path.budget_callers)
 
     def room(self) -> int:
         """Requests all pools could hold at once, seated or waiting (``Pool.room``): beyond it a newcomer is refused, or displaces a less urgent waiter."""

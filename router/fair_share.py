@@ -37,9 +37,10 @@ its turn on the others too, at most a second's service behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["NO_SHARE", "FairClock", "Share"]
+__all__ = ["NO_SHARE", "FairClock", "FairStatistics", "Share"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,15 @@ class Share:
 
 
 NO_SHARE = Share("")
+
+
+@dataclass(frozen=True)
+class FairStatistics:
+    """A queue's fair clock: where it stands, and how many tenants it keeps a finish tag or a served total of."""
+
+    virtual: float
+    tagged: int
+    served: int
 
 
 class FairClock:
@@ -103,6 +113,28 @@ class FairClock:
     def finish(self, tenant: str) -> float:
         """The tenant's finish tag, or the clock when it has none above it (for tests and metrics)."""
         return max(self.virtual, self._finish.get(tenant, 0.0))
+
+    def forget(self, keep: Callable[[str], bool], *, idle: bool) -> None:
+        """Drop what orders nothing any more: the tags and served totals of tenants ``keep`` refuses
+        (keys a reload removed), and, when the queue is ``idle`` (no waiter and no seat held), every tag.
+
+        Idle, a busy period is over: as start-time fair queuing does at the
+        end of one, the clock moves to the largest finish tag, so every
+        tenant starts the next level with the others (what they were charged
+        was served, and nothing runs that a settle could still hand back).
+        """
+        if idle and self._finish:
+            self.virtual = max(self.virtual, *self._finish.values())
+            self._finish = {}
+            self._forget_at = 64
+        elif self._finish:
+            self._finish = {tenant: tag for tenant, tag in self._finish.items() if tag > self.virtual and keep(tenant)}
+            self._forget_at = max(64, 2 * len(self._finish))
+        for tenant in [tenant for tenant in self.served if not keep(tenant)]:
+            del self.served[tenant]
+
+    def statistics(self) -> FairStatistics:
+        return FairStatistics(self.virtual, len(self._finish), len(self.served))
 
     def _forget(self) -> None:
         """Drop tenants at or below the clock (they start there anyway), keeping the table as small as who is ahead of it."""

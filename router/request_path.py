@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Container, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,6 +187,30 @@ class RequestPath:
     def budgets_left(self) -> dict[str, RateLimits]:
         """Each caller with a budget that has sent here: what is left of it (``BudgetGate.left``)."""
         return self._budgets.left()
+
+    @property
+    def budget_callers(self) -> int:
+        """Callers whose budget windows are kept now (``BudgetGate.callers``)."""
+        return self._budgets.callers
+
+    def forget_idle(self, known: Container[str]) -> None:
+        """Drop per-caller state that can no longer matter (the router's upkeep runs this every few seconds).
+
+        A caller not ``known`` (its key gone in a reload) loses everything
+        once its last request has ended; every caller loses its budget
+        window a minute after its last admission (it would be empty), and a
+        pool's fair clock forgets every tag when the pool is idle
+        (``FairClock.forget``). So what is kept follows the callers in use,
+        not every key ever seen.
+        """
+        in_flight = self._traffic.caller_in_flight
+
+        def keep(name: str) -> bool:
+            return name in known or name in in_flight
+
+        self._budgets.forget(trio.current_time(), keep)
+        for pool in self._fleet.pools.values():
+            pool.queue.fair.forget(keep, idle=pool.in_flight == 0 and pool.queue.waiting == 0)
 
     @asynccontextmanager
     async def _served(

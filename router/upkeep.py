@@ -28,14 +28,20 @@ from .pool import Pool
 
 log = logging.getLogger("tailguard.router")
 
+# Seconds between looks for per-caller state that can no longer matter
+# (``RequestPath.forget_idle``): a budget window is empty a minute after its
+# last admission and goes within this much more.
+FORGET_INTERVAL = 5.0
+
 
 class Upkeep:
     """Runs the loops over ``fleet``, under the file in force at each turn (``fleet.config``)."""
 
-    def __init__(self, fleet: Fleet, loop_lag: LoopLag, discovery: Discovery) -> None:
+    def __init__(self, fleet: Fleet, loop_lag: LoopLag, discovery: Discovery, forget_idle: Callable[[], None]) -> None:
         self._fleet = fleet
         self._loop_lag = loop_lag
         self._discovery = discovery
+        self._forget_idle = forget_idle  # per-caller state that can no longer matter goes
         self._health_streaks = HealthStreaks()  # probe results in a row, against each pool's thresholds
 
     async def run(self, ledger: LedgerStore | None, task_status: trio.TaskStatus[None]) -> None:
@@ -59,7 +65,11 @@ class Upkeep:
             nursery.start_soon(_forever, "backend load scrape", self._scrape_loads, self._scrape_interval)
             nursery.start_soon(self._close_retired_forever)
             nursery.start_soon(self._rebalance_forever, nursery)
+            nursery.start_soon(_forever, "forgetting idle callers", self._forget_turn, lambda: FORGET_INTERVAL)
             task_status.started()
+
+    async def _forget_turn(self) -> None:
+        self._forget_idle()
 
     # -- the shared budget ([cluster]) -----------------------------------------
 

@@ -34,6 +34,16 @@ class EndpointStatistics:
 
 
 @dataclass(frozen=True)
+class KeptPerCaller:
+    """What the router keeps per caller now: each follows the callers in use, never every key ever seen."""
+
+    in_flight: int  # callers with a request queued or running
+    budget_windows: int  # callers with a budget window of the last minute
+    fair_tags: int  # finish tags in the pools' fair clocks (a tenant may have one in each pool)
+    fair_served: int  # served totals in the pools' fair clocks (what [cluster] replicas trade)
+
+
+@dataclass(frozen=True)
 class RouterStatistics:
     pools: tuple[PoolStatistics, ...]
     endpoints: tuple[EndpointStatistics, ...]
@@ -51,6 +61,7 @@ class RouterStatistics:
     cluster: ClusterStatus | None = None  # [cluster]: the shared ledger's mode and this replica's grants
     # Per caller with a budget that has sent here: what is left of it now (fleet-wide under [cluster]).
     budgets_left: dict[str, RateLimits] = field(default_factory=dict)
+    kept: KeptPerCaller = KeptPerCaller(0, 0, 0, 0)
 
     @property
     def in_flight(self) -> int:
@@ -82,8 +93,11 @@ def endpoint_statistics(endpoint: Endpoint, pool: str) -> EndpointStatistics:
     )
 
 
-def statistics(fleet: Fleet, traffic: Traffic, budgets_left: dict[str, RateLimits] | None = None) -> RouterStatistics:
+def statistics(
+    fleet: Fleet, traffic: Traffic, budgets_left: dict[str, RateLimits] | None = None, *, budget_callers: int = 0
+) -> RouterStatistics:
     pools = fleet.pools
+    fair = [pool.queue.fair.statistics() for pool in pools.values()]
     return RouterStatistics(
         pools=tuple(pool.statistics() for pool in pools.values()),
         endpoints=tuple(endpoint_statistics(e, pool.name) for pool in pools.values() for e in pool.endpoints),
@@ -100,6 +114,9 @@ def statistics(fleet: Fleet, traffic: Traffic, budgets_left: dict[str, RateLimit
         cluster=None if fleet.budget is None else fleet.budget.status(),
         backend_clients=fleet.open_clients,
         budgets_left=budgets_left or {},
+        kept=KeptPerCaller(
+            len(traffic.caller_in_flight), budget_callers, sum(f.tagged for f in fair), sum(f.served for f in fair)
+        ),
     )
 
 

@@ -74,6 +74,7 @@ class Running:
     metrics: Metrics
     drain: trio.Event
     grpc_port: int | None = None
+    metrics_url: str | None = None  # [server] metrics_listen's, when /metrics has a listener of its own
 
 
 class ListenersTls:
@@ -162,6 +163,7 @@ async def serve(
         router, config = await _start_router(nursery, config, ledger)
         services = await _start_services(nursery, router, config, fleet, tls)
         reloader = await _start_reloads(nursery, services, config, config_path, prepare, drain, shutdown)
+        metrics_listen = config.server.metrics_listen
         app = HttpApi(
             router,
             max_body_bytes=config.server.max_body_bytes,
@@ -170,13 +172,21 @@ async def serve(
             repeated_ids=services.repeated_ids,
             access_log=services.access_log,
             tracing=services.tracing,
+            serves="all" if metrics_listen is None else "api",
         )
         await nursery.start(app.run)  # background work: cancelled once the servers below are done
         # The HTTP server returns once the shutdown trigger fired and its
         # in-flight requests finished (or its grace period passed); the rest
         # of the nursery is background work, cancelled after it.
         async with contextlib.AsyncExitStack() as front_stack, trio.open_nursery() as front:
-            address = await _serve_http_ports(front, app, config.server, tls, http_port, worker, shutdown)
+            port = config.server.http_port if http_port is None else http_port
+            address = await _serve_http_ports(
+                front, app, (config.server.http_host, port), "server.http_listen", config.server, tls.http, worker, shutdown
+            )
+            metrics_url = None
+            if metrics_listen is not None:  # plain HTTP, /metrics alone: Prometheus's port, not the callers'
+                scrape = HttpApi(router, max_body_bytes=1024, telemetry=services.telemetry, metrics=services.metrics, serves="metrics")
+                metrics_url = await _serve_http_ports(front, scrape, metrics_listen, "server.metrics_listen", config.server, None, worker, shutdown)
             bound_grpc: int | None = None
             if grpc:
                 asyncio_host = await front_stack.enter_async_context(open_asyncio_host())
@@ -184,7 +194,7 @@ async def serve(
                 bound_grpc = await _serve_grpc_port(front, asyncio_host, listen, services, config.server, tls, worker, shutdown)
             _tune_gc()
             _return_big_buffers()
-            task_status.started(Running(router, address, reloader, services.metrics, drain, bound_grpc))
+            task_status.started(Running(router, address, reloader, services.metrics, drain, bound_grpc, metrics_url))
         nursery.cancel_scope.cancel()
     await router.aclose()
     services.metrics.close()
@@ -312,37 +322,40 @@ async def _start_reloads(
 async def _serve_http_ports(
     front: trio.Nursery,
     app: HttpApi,
+    listen: tuple[str, int],
+    key: str,
     server: ServerConfig,
-    tls: ListenersTls,
-    http_port: int | None,
+    tls: ServerTls | None,
     worker: WorkerRole | None,
     shutdown: trio.Event,
 ) -> str:
-    """The HTTP port (shared with the other workers, if any) and a worker's own; returns the shared one's URL."""
+    """An HTTP port (shared with the other workers, if any) and a worker's own; returns the shared one's URL.
+
+    ``key`` names the address in a bind's error (``server.http_listen``, ``server.metrics_listen``).
+    """
     settings = HttpSettings.from_config(server, grace_timeout=_HTTP_GRACE_SECONDS)
     if worker is not None:
         settings = dataclasses.replace(settings, reuse_port=True)
-    port = server.http_port if http_port is None else http_port
+    host, port = listen
     binds = await _bound(
-        server.http_host, port, "server.http_listen",
+        host, port, key,
         front.start(functools.partial(
-            serve_http, app, server.http_host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls.http,
-            on_refusal=app.refused,
+            serve_http, app, host, port, settings=settings, shutdown_trigger=shutdown.wait, tls=tls, on_refusal=app.refused,
         )),
     )
     if worker is not None:  # this worker alone answers here: Prometheus scrapes each worker
         own = await _bound(
-            server.http_host, worker.own_port(port), f"worker {worker.index}'s own port: server.http_listen's + {1 + worker.index}",
+            host, worker.own_port(port), f"worker {worker.index}'s own port: {key}'s + {1 + worker.index}",
             front.start(
                 functools.partial(
-                    serve_http, app, server.http_host, worker.own_port(port), settings=HttpSettings.from_config(
+                    serve_http, app, host, worker.own_port(port), settings=HttpSettings.from_config(
                         server, grace_timeout=_HTTP_GRACE_SECONDS
-                    ), shutdown_trigger=shutdown.wait, tls=tls.http, on_refusal=app.refused,
+                    ), shutdown_trigger=shutdown.wait, tls=tls, on_refusal=app.refused,
                 )
             ),
         )
-        log.info("worker %d of %d: its own metrics and API on %s", worker.index, worker.count, own[0])
-    log.info("tailguard listening on %s", binds[0])
+        log.info("worker %d of %d: its own %s on %s", worker.index, worker.count, "metrics" if app.serves == "metrics" else "metrics and API", own[0])
+    log.info("tailguard %s on %s", "serves /metrics" if app.serves == "metrics" else "listening", binds[0])
     return binds[0]
 
 

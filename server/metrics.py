@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from tailguard.router.dispatch import Router, RouterStatistics
 from tailguard.router.loop_lag import LoopLag
 from tailguard.router.telemetry import RequestRecord
+from tailguard.server.caller_series import CallerSeries
 from tailguard.server.placement_metrics import PlacementCounts
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -95,28 +96,15 @@ class Metrics:
             "Caller-supplied x-request-ids seen again within the window: client retries.",
             registry=r,
         )
-        # Per caller (the API key's name, never the key; anonymous callers as one): bounded by the keys configured.
-        self.caller_tokens = Counter(
-            "tailguard_caller_tokens",
-            "Tokens served per API key name: prompt and completion (the backend's usage; the estimate if it gave none).",
-            ("caller", "kind"),
-            registry=r,
+        # Per caller (the API key's name, never the key; anonymous callers as one): at most
+        # [metrics] caller_series of them by name, the rest as one (server/caller_series.py).
+        self.callers = CallerSeries(
+            SECONDS_BUCKETS, lambda: router.config.metrics.caller_series, lambda: router.caller_names, lambda: router.caller_in_flight
         )
-        self.caller_queue = Histogram(
-            "tailguard_caller_queue_seconds",
-            "Arrival to admission per API key name: the wait its fair share gave it.",
-            ("caller",),
-            buckets=SECONDS_BUCKETS,
-            registry=r,
-        )
-        self.caller_rejections = Counter(
-            "tailguard_caller_rejections", "Requests that did not end well per API key name, by reason.", ("caller", "reason"), registry=r
-        )
-        self._caller_children: dict[str, tuple[Any, Any, Any]] = {}
         for result in ("ok", "failed"):
             self.reloads.labels(result)
         self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
-        r.register(_RouterCollector(router))
+        r.register(_RouterCollector(router, self.callers))
         r.register(_LoopLagCollector(router.loop_lag))
         self.placements = PlacementCounts(lambda: (endpoint.url for endpoint in router.endpoints))
         r.register(self.placements)
@@ -164,25 +152,8 @@ class Metrics:
 
     def _observe_caller(self, record: RequestRecord) -> None:
         """The caller's share: its tokens, its wait, its rejections (a request with no valid key is nobody's)."""
-        if record.reason == "unauthenticated":
-            return
-        children = self._caller_children.get(record.caller)
-        if children is None:
-            children = (
-                self.caller_tokens.labels(record.caller, "prompt"),
-                self.caller_tokens.labels(record.caller, "completion"),
-                self.caller_queue.labels(record.caller),
-            )
-            self._caller_children[record.caller] = children
-        prompt, completion, queue = children
-        if record.prompt_tokens is not None and record.admitted_at is not None:  # served: a refused prompt cost nothing
-            prompt.inc(record.input_tokens or record.prompt_tokens)
-        if record.completion_tokens:
-            completion.inc(record.completion_tokens)
-        if record.queue_seconds is not None:
-            queue.observe(record.queue_seconds)
-        if record.reason is not None:
-            self.caller_rejections.labels(record.caller, record.reason).inc()
+        if record.reason != "unauthenticated":
+            self.callers.observe(record)
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels("ok" if ok else "failed").inc()
@@ -282,8 +253,9 @@ class _LoopLagCollector(Collector):
 class _RouterCollector(Collector):
     """Gauges read from the router at scrape time."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, callers: CallerSeries) -> None:
         self._router = router
+        self._callers = callers
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # label sets change with the config: describe nothing, collect all
@@ -308,21 +280,7 @@ class _RouterCollector(Collector):
         clients = _gauge("tailguard_backend_clients", "Open HTTP clients to backends (retired ones still closing included).", ())
         clients.add_metric((), stats.backend_clients)
         yield clients
-        callers = _gauge("tailguard_caller_in_flight", "Requests in flight (queued or running) per API key name.", ("caller",))
-        for name, count in stats.caller_in_flight.items():
-            callers.add_metric((name,), count)
-        yield callers
-        left = _gauge(
-            "tailguard_caller_budget_remaining",
-            "What is left of each API key's budget over the last minute (tokens, requests), across the replicas under [cluster].",
-            ("caller", "budget"),
-        )
-        for name, limits in stats.budgets_left.items():
-            if limits.limit_tokens is not None:
-                left.add_metric((name, "tokens"), limits.remaining_tokens)
-            if limits.limit_requests is not None:
-                left.add_metric((name, "requests"), limits.remaining_requests)
-        yield left
+        yield from self._callers.collect(stats.caller_in_flight, stats.budgets_left)
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:

@@ -38,6 +38,7 @@ Resolve = Callable[[Config], Awaitable[Config]]
 RESTART_ONLY: dict[str, Callable[[Config], object]] = {
     "server.http_listen": lambda c: (c.server.http_host, c.server.http_port),
     "server.grpc_listen": lambda c: (c.server.grpc_host, c.server.grpc_port),
+    "server.metrics_listen": lambda c: c.server.metrics_listen,
     "server.workers": lambda c: c.server.workers,
     "server.grpc_max_calls": lambda c: c.server.grpc_max_calls,
     "server.max_body_bytes": lambda c: c.server.max_body_bytes,
@@ -74,7 +75,7 @@ def without_restart_only(new: Config, running: Config) -> Config:
 
 
 _RESTART_ONLY_SERVER_FIELDS = (
-    "http_host", "http_port", "grpc_host", "grpc_port", "workers", "grpc_max_calls", "max_body_bytes",
+    "http_host", "http_port", "grpc_host", "grpc_port", "metrics_listen", "workers", "grpc_max_calls", "max_body_bytes",
     "max_header_bytes", "header_timeout", "body_timeout", "keep_alive_timeout",
     "write_timeout", "max_connections",
 )

@@ -197,8 +197,8 @@ def test_probes_ready_on_health_alive_while_draining(config: Config) -> None:
     assert container_port(deployment, readiness["port"]) == config.server.http_port
     # /health answers 503 while draining: a liveness probe there would kill a draining pod.
     liveness = tailguard["livenessProbe"]["httpGet"]
-    assert liveness["path"] != "/health"
-    assert container_port(deployment, liveness["port"]) == config.server.http_port
+    assert liveness["path"] == "/metrics" and config.server.metrics_listen is not None
+    assert container_port(deployment, liveness["port"]) == config.server.metrics_listen[1]  # where /metrics is served
     assert tailguard["livenessProbe"]["failureThreshold"] * tailguard["livenessProbe"]["periodSeconds"] >= 30
 
 
@@ -227,7 +227,20 @@ def test_prometheus_scrapes_the_metrics_ports(config: Config) -> None:
         assert annotations["prometheus.io/path"] == "/metrics", name
         assert container_port(deployment, int(annotations["prometheus.io/port"])), name
     tailguard = one("Deployment", "tailguard")["spec"]["template"]["metadata"]["annotations"]
-    assert int(tailguard["prometheus.io/port"]) == config.server.http_port
+    assert config.server.metrics_listen is not None
+    assert int(tailguard["prometheus.io/port"]) == config.server.metrics_listen[1]
+
+
+def test_metrics_are_on_a_port_of_their_own_that_no_service_exposes(config: Config) -> None:
+    """/metrics names every tenant and its usage: the callers' Service reaches the API, never the metrics port."""
+    assert config.server.metrics_listen is not None, "the API's port would serve /metrics to every caller"
+    deployment = one("Deployment", "tailguard")
+    metrics_port = config.server.metrics_listen[1]
+    assert metrics_port not in (config.server.http_port, config.server.grpc_port)
+    for service in objects("Service").values():
+        if selected_deployment(service)["metadata"]["name"] == "tailguard":
+            for port in service["spec"]["ports"]:
+                assert container_port(deployment, port["targetPort"]) != metrics_port, service["metadata"]["name"]
 
 
 def test_redis_never_evicts_a_lease() -> None:

@@ -37,6 +37,8 @@ class Observed:
         record = self.telemetry.start(request.request_id, "http")
         error: errors.TailguardError | None = None
         kwargs = {} if caller is None else {"caller": caller}
+        if caller is not None:  # as the session names it
+            record.caller = caller.name
         try:
             with trio.CancelScope(deadline=self.router.deadline_for(request, record.arrival)) as scope:
                 async with self.router.open(request, arrival=record.arrival, record=record, **kwargs) as completion:

@@ -18,11 +18,11 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from tailguard.router.auth import one_authorization
+from tailguard.router.auth import check_token, one_authorization
 from tailguard.router.config import limits_document
 from tailguard.router.dispatch import Completion, Router
 from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, InvalidRequest, ModelNotFound, TailguardError
@@ -59,6 +59,8 @@ _ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/models": ("GET",),
     "/v1/limits": ("GET",),
 }
+# Which routes a listener has: all, the API's without /metrics, or /metrics alone ([server] metrics_listen).
+Serves = Literal["all", "api", "metrics"]
 _MODEL_PATH = "/v1/models/"  # + a model id, which may itself hold slashes ("org/name")
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream")
@@ -73,9 +75,13 @@ class HttpApi:
     (so the openai SDK raises ``NotFoundError``, as it would against OpenAI);
     a route asked with a method it does not take is a 405 with ``Allow``.
     With API keys configured, every ``/v1/`` route needs ``Authorization:
-    Bearer <key>``; ``/health`` and ``/metrics`` stay open for load balancers
-    and Prometheus. ``tracing`` gives the tracer of each completion request
-    (None: not traced); a ``traceparent`` header makes its trace a child.
+    Bearer <key>``; ``/health`` stays open for load balancers, and
+    ``/metrics`` too unless ``[metrics] token_env`` sets a token for it.
+    ``serves`` says which routes this listener has: all of them, the API's
+    without ``/metrics`` (``[server] metrics_listen`` gives it a listener of
+    its own), or ``/metrics`` alone (that listener). ``tracing`` gives the
+    tracer of each completion request (None: not traced); a ``traceparent``
+    header makes its trace a child.
     """
 
     def __init__(
@@ -88,10 +94,13 @@ class HttpApi:
         repeated_ids: RepeatedIds | None = None,
         access_log: AccessLog | None = None,
         tracing: Callable[[], Tracing | None] | None = None,
+        serves: Serves = "all",
     ) -> None:
         self._router = router
         self._max_body_bytes = max_body_bytes
         self._metrics = metrics
+        self.serves = serves
+        self._completion_paths = {} if serves == "metrics" else _COMPLETION_PATHS
         # OpenAI's model objects carry a Unix time; this process's start is the honest one.
         self._created = int(time.time())
         self._sessions = Sessions(
@@ -129,7 +138,7 @@ class HttpApi:
             headers["authorization"] = one_authorization(
                 [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"]
             ) or ""
-        kind = _COMPLETION_PATHS.get(path)
+        kind = self._completion_paths.get(path)
         if kind is not None and method == "POST":
             if _CLASS_HEADER in headers and sum(k.lower() == b"x-tailguard-class" for k, _ in scope["headers"]) > 1:
                 headers[_CLASS_HEADER] = _REPEATED  # which one is meant depends on the proxy: refused, never guessed
@@ -161,6 +170,13 @@ class HttpApi:
             await _send_json(send, 503 if health["status"] == "unavailable" else 200, health, request_id)
             return
         if path == "/metrics" and self._metrics is not None:
+            token = self._router.config.metrics.token_sha256
+            try:
+                if token is not None:
+                    check_token(headers.get("authorization"), token)
+            except TailguardError as error:
+                await _send_error(send, http_error(error), request_id)
+                return
             body = self._metrics.render()
             headers_out = [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]
             await send({"type": "http.response.start", "status": 200, "headers": headers_out})
@@ -187,7 +203,9 @@ class HttpApi:
 
     def _methods(self, path: str) -> tuple[str, ...] | None:
         """The methods ``path`` takes, or None when no route serves it."""
-        if path == "/metrics" and self._metrics is None:
+        if path == "/metrics" and (self._metrics is None or self.serves == "api"):
+            return None
+        if self.serves == "metrics" and path != "/metrics":
             return None
         if path.startswith(_MODEL_PATH):
             return ("GET",)
