@@ -31,6 +31,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "retry": ("bench.retry.run", "the openai SDK's retries under 1.5x overload: computed Retry-After vs a fixed 1 s"),
     "budgets": ("bench.budgets.run", "one key's token budget shared by 4 replicas on Redis: any minute, kill -9, Redis stopped"),
     "sim-profile": ("bench.simcheck.profile", "the simulated engine's TTFT and ITL by concurrency, in virtual time"),
+    "half-dead": ("bench.health.run", "a half-dead engine (/health fine, work hung) per health_check, in virtual time: requests that pay the deadline, probes' cost"),
 }
 
 
