@@ -111,9 +111,9 @@ class Endpoint:
         self.probe_verdict = trio.Event()
         self.probe_refused = False  # a completion probe was answered 4xx (not 401/403): warned once
         self.work_unproven = False  # a completion probe failed, none passed since: health_check "auto" asks with one again
-        # Calls waiting for their first byte here (a share's wait on its engine): cancelled at
-        # once when a probe finds the engine silent (``stop_waiting``), to be tried elsewhere.
-        self._awaiting: set[trio.CancelScope] = set()
+        # Calls waiting for their first byte here (a share's wait on its engine), and since when:
+        # cancelled at once when a probe finds the engine silent (``stop_waiting``), to be tried elsewhere.
+        self._awaiting: dict[trio.CancelScope, float] = {}
         # Context length: what GET /v1/models said last (None: not asked, or no
         # answer), and whether that is enough for its pool (router/model_len.py).
         self.max_model_len: int | None = None
@@ -217,17 +217,16 @@ class Endpoint:
         """A scope around a call's wait for its first byte, cancelled if the engine is found silent meanwhile."""
         engine = self.engine or self
         scope = trio.CancelScope()
-        engine._awaiting.add(scope)
+        engine._awaiting[scope] = trio.current_time()
         try:
             with scope:
                 yield scope
         finally:
-            engine._awaiting.discard(scope)
+            del engine._awaiting[scope]
 
-    @property
-    def owes_answers(self) -> bool:
-        """Some call here waits for its first byte."""
-        return bool(self._awaiting)
+    def waiting_since(self) -> float:
+        """When the oldest call still waiting for its first byte here was sent (inf: none waits)."""
+        return min(self._awaiting.values(), default=math.inf)
 
     def stop_waiting(self) -> int:
         """The engine was found silent: every call still waiting for its first byte here gives up (returns how many)."""

@@ -39,8 +39,9 @@ class Upkeep:
         self._discovery = discovery
         self._health_streaks = HealthStreaks()  # probe results in a row, against each pool's thresholds
         self._newcomers = trio.Event()  # set when endpoints no probe has judged may exist (``newcomers``)
-        # What each engine had sent when its last probe began ("auto" reads it).
-        self._last_turn: weakref.WeakKeyDictionary[Endpoint, tuple[BackendClient, int]] = weakref.WeakKeyDictionary()
+        # When each endpoint's last probe began, and what its engine had sent by then ("auto" reads it).
+        # (The client by a weak reference: a reload's replaced client must not live on here.)
+        self._last_turn: weakref.WeakKeyDictionary[Endpoint, tuple[float, weakref.ref[BackendClient], int]] = weakref.WeakKeyDictionary()
 
     async def run(self, ledger: LedgerStore | None, task_status: trio.TaskStatus[None]) -> None:
         """Every loop, forever (``Router.run`` says which); started once the first of each is done, and every
@@ -218,8 +219,8 @@ class Upkeep:
 
         The probe is ``GET /health``, or a one-token completion: always
         (``health_check = "completion"``), or (``"auto"``) in a turn where a
-        call waits for its first byte and the engine sent no byte since the
-        last turn -- what a half-dead engine (``/health`` fine, work hung)
+        call has waited a whole turn for its first byte and the engine sent no
+        byte meanwhile -- what a half-dead engine (``/health`` fine, work hung)
         looks like; an engine that answers, or owes nothing, costs no completion.
 
         Two misses count at once, whatever ``unhealthy_threshold`` says: a
@@ -239,7 +240,7 @@ class Upkeep:
         started = trio.current_time()
         client, heard = endpoint.client, endpoint.client.heard
         completion = pool is not None and self._completion_probe(endpoint, pool.config.health_check)
-        self._last_turn[endpoint] = (client, heard)
+        self._last_turn[endpoint] = (started, weakref.ref(client), heard)
         with trio.move_on_after(timeout):
             answer: Answer = None
             try:
@@ -283,9 +284,9 @@ class Upkeep:
 
     def _completion_probe(self, endpoint: Endpoint, kind: HealthCheckKind) -> bool:
         """Whether this turn's probe of ``endpoint`` is a completion: always, never, or ("auto") while a call
-        waits for its first byte there and the engine sent nothing since the last turn, and a seat of its
-        cap is free for the probe -- and, once one failed, until one passes (``/health`` never proves
-        that work gets done)."""
+        sent before the last turn still waits for its first byte there, the engine sent nothing since
+        that turn, and a seat of its cap is free for the probe -- and, once one failed, until one passes
+        (``/health`` never proves that work gets done)."""
         if kind != "auto":
             return kind == "completion"
         if endpoint.work_unproven:
@@ -293,7 +294,10 @@ class Upkeep:
         if endpoint.in_flight >= endpoint.seats:  # never one more than its cap (and vLLM would queue it)
             return False
         last = self._last_turn.get(endpoint)
-        return last is not None and endpoint.owes_answers and endpoint.client is last[0] and last[0].heard == last[1]
+        if last is None:
+            return False
+        at, client, heard = last
+        return endpoint.waiting_since() <= at and endpoint.client is client() and endpoint.client.heard == heard
 
     def _judge(self, endpoint: Endpoint, passed: bool | None, *, at_once: str | None = None) -> None:
         """The endpoint's state after a probe that ``passed`` (None: no verdict); ``at_once``: why a miss needs no threshold."""
