@@ -16,6 +16,7 @@ import trio.testing
 from tailguard.router import errors
 from tailguard.router.config_types import Config, PlacementConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
+from tailguard.router.request import RouterRequest
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config
 
@@ -51,6 +52,13 @@ def sick(url: str, *, health: bool = False, calls: list[str] | None = None) -> W
         return canned_transport(handle)
 
     return wrap
+
+
+async def timed(router: Router, request: RouterRequest, took: list[float]) -> None:
+    """Run ``request`` to its end; how long it took goes into ``took``."""
+    start = trio.current_time()
+    await run_to_end(router, request)
+    took.append(trio.current_time() - start)
 
 
 def state(router: Router, url: str) -> str:
@@ -99,17 +107,11 @@ async def test_a_black_holed_engine_takes_no_stream_before_its_first_probe(autoj
     async with router_over_engines(config(least_loaded=True), wrap=sick(SECOND, calls=calls), probe=False) as fleet:
         router = fleet.router
         took: list[float] = []
-
-        async def stream(i: int) -> None:
-            start = trio.current_time()
-            await run_to_end(router, chat(f"question {i}", stream=True, request_id=f"s{i}"))
-            took.append(trio.current_time() - start)
-
         async with trio.open_nursery() as nursery:
             await nursery.start(router.run)
             async with trio.open_nursery() as streams:
                 for i in range(20):
-                    streams.start_soon(stream, i)
+                    streams.start_soon(timed, router, chat(f"question {i}", stream=True, request_id=f"s{i}"), took)
             await trio.sleep(router.config.timeouts.health_check_timeout)
             assert state(router, SECOND) == "down"  # its first probe timed out, the engine silent
             nursery.cancel_scope.cancel()
@@ -145,15 +147,9 @@ async def test_a_probe_that_times_out_marks_a_silent_engine_down_at_once_and_its
     async with router_over_engines(config(least_loaded=True), wrap=sick(SECOND, calls=calls)) as fleet:
         router = fleet.router
         took: list[float] = []
-
-        async def stream(i: int) -> None:
-            start = trio.current_time()
-            await run_to_end(router, chat(f"question {i}", stream=True, request_id=f"s{i}"))
-            took.append(trio.current_time() - start)
-
         async with trio.open_nursery() as nursery:
             for i in range(6):
-                nursery.start_soon(stream, i)
+                nursery.start_soon(timed, router, chat(f"question {i}", stream=True, request_id=f"s{i}"), took)
             await trio.testing.wait_all_tasks_blocked()
             assert calls  # some wait on the silent engine
             await router.check_health()
@@ -172,17 +168,11 @@ async def test_a_half_dead_engine_costs_no_unary_request_its_deadline_under_the_
         router = fleet.router
         assert router.config.pool("interactive").health_check == "auto"  # the default
         took: list[float] = []
-
-        async def unary(i: int) -> None:
-            start = trio.current_time()
-            await run_to_end(router, chat(f"question {i}", request_id=f"u{i}"))
-            took.append(trio.current_time() - start)
-
         async with trio.open_nursery() as nursery:
             await nursery.start(router.run)
             async with trio.open_nursery() as requests:
                 for i in range(60):  # 2 a second for 30 s
-                    requests.start_soon(unary, i)
+                    requests.start_soon(timed, router, chat(f"question {i}", request_id=f"u{i}"), took)
                     await trio.sleep(0.5)
             nursery.cancel_scope.cancel()
         interval = router.config.timeouts.health_check_interval
