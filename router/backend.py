@@ -6,6 +6,13 @@ costs O(1) a request, where httpcore's scans every connection on each request
 and release); probes and scrapes use an httpx client of their own. httpx's
 exceptions are mapped here, at the boundary, into the router's error tree.
 
+Callers never read an engine's address: the router's messages say "the
+backend", and the URL and what the transport said go in the error's
+``endpoint`` and ``detail``, for the logs. Every word of an engine passed
+on -- an error body's fields, a relayed stream's bytes -- is first cleared
+of the pool's own key (router/redaction.py), which an engine or a proxy may
+echo from the ``Authorization`` header it was sent.
+
 A reply is trusted only as far as it is checked: a status that is neither
 2xx, 4xx nor 5xx, a 2xx that is not the JSON or SSE asked for, a body over
 its cap, a stream event that is not JSON, a stream that ends without
@@ -22,19 +29,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, Final, Literal, cast
 
 import httpx
 
-from .backend_events import EventFilter, first_error_event
+from .backend_events import EventFilter, first_error_event, stream_ended
 from .config_types import BackendAccess, ServerConfig, TimeoutsConfig
 from .errors import BackendAuthFailed, BackendBusy, BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 from .httpx_transport import BackendBody, BackendTransport
 from .lean_transport import ConnectorTransport, LeanTransport
+from .redaction import Redactor
 
 ERROR_BODY_LIMIT = 64 * 1024
 # vLLM's /metrics is ~100 KB; a URL that serves something else must not make
@@ -42,13 +49,15 @@ ERROR_BODY_LIMIT = 64 * 1024
 METRICS_BODY_LIMIT = 4 * 1024 * 1024
 
 _END_WINDOW = 256  # bytes of the relayed chunk before the last that may hold the end event's start
-_FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
 # What the router asks of every backend: no compression (a relayed stream is
 # bytes as they come), its own content types.
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 # Statuses that mean the engine refused tailguard's own key (vLLM --api-key answers 401).
 _AUTH_STATUSES = (401, 403)
 _NO_ACCESS = BackendAccess()  # no key, the system's CA roots
+# A probe's answer when the engine's host refused the connection: nothing listens on its port.
+REFUSED: Final = "refused"
+Answer = int | Literal["refused"] | None  # a status, a refused connection, or no answer
 
 
 def tls_context(url: str, access: BackendAccess) -> ssl.SSLContext | None:
@@ -73,10 +82,13 @@ class BackendResponse:
     running.
     """
 
-    def __init__(self, response: httpx.Response, client: BackendClient, url: str, *, stream: bool, max_body_bytes: int) -> None:
+    def __init__(
+        self, response: httpx.Response, client: BackendClient, url: str, *, stream: bool, max_body_bytes: int, redactor: Redactor
+    ) -> None:
         self._response = response
         self._client = client
         self._url = url
+        self._redactor = redactor
         self.max_body_bytes = max_body_bytes  # the read cap (an assembled answer has it too)
         self.payload: dict[str, Any] | None = None  # the parsed body, once ``read``
         self._body: bytes | None = None
@@ -101,6 +113,7 @@ class BackendResponse:
         with self._errors_mapped():
             async for chunk in self._iterator:
                 if chunk:
+                    self._client.heard += 1
                     self._first = chunk
                     return
         self._first = b""
@@ -139,7 +152,11 @@ class BackendResponse:
         bytes were relayed first), BadBackendReply when an event's data is not
         a JSON object (nor ``[DONE]``; the events before it relayed) or the
         stream ended without ``[DONE]`` or a finish reason, BackendUnavailable
-        when the connection broke.
+        when the connection broke. Whether it ended is read from the events'
+        data, as the gRPC front end's decoder reads it: bytes outside any
+        ``data:`` line that merely end in ``data: [DONE]`` are no end.
+        A chunk that holds the pool's backend key is relayed with it
+        redacted (with or without ``check``: both wires relay these bytes).
         """
         # The verdict comes from the stream's end, whatever its reads' sizes: the
         # last relayed chunk holds the last whole event, which must be [DONE] (or,
@@ -149,20 +166,27 @@ class BackendResponse:
         error_event: bytes | None = None
         last = previous = b""
         events = EventFilter(drop_usage=drop_usage, check=check)
+        redact = self._redactor.data if self._redactor else None
         first, self._first = self._first, None
         if first:
             on_chunk(first)
             relayed = events.feed(first)
             if relayed:
+                if redact is not None:
+                    relayed = redact(relayed)
                 last = relayed
                 error_event = first_error_event(relayed)
                 yield relayed
         if events.refused is None:
             with self._errors_mapped():
+                client = self._client
                 async for chunk in self._iterator:
+                    client.heard += 1
                     on_chunk(chunk)
                     relayed = events.feed(chunk)
                     if relayed:
+                        if redact is not None:
+                            relayed = redact(relayed)
                         previous, last = last, relayed
                         if error_event is None and b'"error"' in relayed:
                             error_event = first_error_event(relayed)
@@ -171,17 +195,19 @@ class BackendResponse:
                         break
                     if interval:
                         await self._body_stream.pause(interval)
+        url = self._url
         if error_event is not None:  # the caller has the backend's own word (gRPC stops at it too)
-            raise BackendStreamError(f"the backend {self._url} reported an error in its stream: {_event_message(error_event)}")
+            raise BackendStreamError(f"the backend reported an error in its stream: {_event_message(error_event)}", endpoint=url)
         if events.refused is not None:
-            raise BadBackendReply(f"the backend {self._url} sent a stream event that {events.refused}")
+            raise BadBackendReply(f"the backend sent a stream event that {self._redactor.text(events.refused)}", endpoint=url)
         held = events.flush()
         if held:
+            if redact is not None:
+                held = redact(held)
             previous, last = last, held
             yield held
-        end = previous[-_END_WINDOW:] + last
-        if not end.rstrip().endswith(b"data: [DONE]") and _FINISH_REASON.search(end) is None:
-            raise BadBackendReply(f"the backend {self._url} ended its stream without [DONE] or a finish reason")
+        if not stream_ended(previous[-_END_WINDOW:] + last):
+            raise BadBackendReply("the backend ended its stream without [DONE] or a finish reason", endpoint=url)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -199,9 +225,13 @@ class BackendResponse:
         try:
             yield
         except httpx.DecodingError as error:
-            raise BadBackendReply(f"the backend {self._url} sent a body that does not decode: {_describe(error)}") from None
+            raise BadBackendReply(
+                f"the backend sent a body that does not decode ({type(error).__name__})", endpoint=self._url, detail=_describe(error)
+            ) from None
         except httpx.TransportError as error:
-            raise BackendUnavailable(f"the backend {self._url} broke the response: {_describe(error)}") from None
+            raise BackendUnavailable(
+                f"the backend broke the response ({type(error).__name__})", endpoint=self._url, detail=_describe(error)
+            ) from None
 
     async def _read_all(self) -> bytes:
         # Chunks joined once: a growing buffer would reallocate and copy a big
@@ -211,10 +241,11 @@ class BackendResponse:
         self._first = None
         with self._errors_mapped():
             async for chunk in self._iterator:
+                self._client.heard += 1
                 size += len(chunk)
                 if size > self.max_body_bytes:
                     raise BadBackendReply(
-                        f"the backend {self._url} sent a body over {self.max_body_bytes} bytes (server.max_backend_body_bytes)"
+                        f"the backend sent a body over {self.max_body_bytes} bytes (server.max_backend_body_bytes)", endpoint=self._url
                     )
                 chunks.append(chunk)
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -225,7 +256,7 @@ class BackendResponse:
             payload = None
         problem = _not_a_completion(payload)
         if problem is not None:
-            raise BadBackendReply(f"the backend {self._url} answered 200 with a body that is not a completion: {problem}")
+            raise BadBackendReply(f"the backend answered 200 with a body that is not a completion: {problem}", endpoint=self._url)
         self.payload = payload
         return body
 
@@ -260,8 +291,12 @@ class BackendClient:
         self.url = url
         self.leases = 0
         self.in_flight = 0
+        # Reads that brought bytes from the engine, ever: a health probe that timed out while
+        # this grew waited behind work the engine was doing, not on a dead engine.
+        self.heard = 0
         self.max_body_bytes = max_body_bytes
         self._headers = {**_HEADERS, **access.authorization}  # tailguard's own key, never a caller's
+        self._redactor = Redactor(access.api_key)  # that key, out of whatever the engine says back
         self._transport: BackendTransport = backend_transport if backend_transport is not None else LeanTransport(  # over TCP or a connector
             url,
             connect_timeout=connect_timeout,
@@ -291,19 +326,22 @@ class BackendClient:
             response = await self._transport.post(path, content, {**self._headers, **headers})
         except httpx.TransportError as error:
             self.in_flight -= 1
-            raise BackendUnavailable(f"the backend {self.url} could not be reached: {_describe(error)}") from None
+            raise BackendUnavailable(
+                f"the backend could not be reached ({type(error).__name__})", endpoint=self.url, detail=_describe(error)
+            ) from None
         except BaseException:
             self.in_flight -= 1
             raise
-        opened = BackendResponse(response, self, self.url, stream=stream, max_body_bytes=self.max_body_bytes)
+        opened = BackendResponse(response, self, self.url, stream=stream, max_body_bytes=self.max_body_bytes, redactor=self._redactor)
         try:
             status = response.status_code
             if not 200 <= status < 300:
-                await _raise_for_status(response, self.url)
+                await _raise_for_status(response, self.url, self._redactor)
             content_type = response.headers.get("content-type", "")
             expected = "text/event-stream" if stream else "application/json"
             if not content_type.lower().startswith(expected):
-                raise BadBackendReply(f"the backend {self.url} answered {status} with content-type {content_type[:80]!r}, not {expected}")
+                shown = self._redactor.text(content_type[:80])
+                raise BadBackendReply(f"the backend answered {status} with content-type {shown!r}, not {expected}", endpoint=self.url)
         except BaseException:
             await opened.aclose()
             raise
@@ -347,20 +385,25 @@ class BackendProbe:
             base_url=url, limits=httpx.Limits(max_connections=2), timeout=timeout, transport=transport, verify=tls
         )
 
-    async def health(self) -> bool:
-        """Whether ``GET /health`` answers 200 (vLLM's readiness probe)."""
-        return await self.status("GET", "/health") == 200
+    async def health(self) -> Answer:
+        """What ``GET /health`` (vLLM's readiness probe) answers: 200 when healthy."""
+        return await self.answer("GET", "/health")
 
-    async def completes(self, model: str) -> int | None:
-        """The status a one-token completion answers (None: no answer): the probe that
-        catches an engine whose /health is fine but whose scheduler hangs, and
-        one that refuses tailguard's key (401)."""
+    async def completes(self, model: str) -> Answer:
+        """What a one-token completion answers: the probe that catches an engine whose
+        /health is fine but whose scheduler hangs, and one that refuses tailguard's key (401)."""
         body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-        return await self.status("POST", "/v1/completions", body)
+        return await self.answer("POST", "/v1/completions", body)
 
     async def status(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> int | None:
-        """The status the endpoint answers, or None when it does not; its body is read only
-        up to ``ERROR_BODY_LIMIT`` (a sick engine may answer with a huge one, on every probe)."""
+        """The status the endpoint answers, or None when it does not (a refused connection included)."""
+        answer = await self.answer(method, path, body)
+        return None if answer == REFUSED else answer
+
+    async def answer(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Answer:
+        """The status the endpoint answers, ``REFUSED`` when its host refused the connection, or None
+        for any other failure; its body is read only up to ``ERROR_BODY_LIMIT`` (a sick engine may
+        answer with a huge one, on every probe)."""
         if self._probe.is_closed:  # a reload retired the endpoint under this probe
             return None
         headers = self._v1_headers if path.startswith("/v1") else {"accept-encoding": "identity"}
@@ -368,6 +411,8 @@ class BackendProbe:
             async with self._probe.stream(method, path, json=body, headers=headers) as response:
                 await _read_capped(response, ERROR_BODY_LIMIT)  # read to keep the connection, never more
                 return response.status_code
+        except httpx.ConnectError as error:
+            return REFUSED if _refused(error) else None
         except httpx.HTTPError:
             return None
 
@@ -448,7 +493,8 @@ def _not_a_completion(payload: object) -> str | None:
 
 
 def _event_message(event: bytes) -> str:
-    message, _, _, _ = _error_fields(event.split(b"\n", 1)[0], 500)
+    """The message of an error event's data (relayed bytes: already redacted)."""
+    message, _, _, _ = _error_fields(event.split(b"\n", 1)[0], 500, Redactor(None))
     return message
 
 
@@ -462,7 +508,7 @@ async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
     return bytes(body)
 
 
-async def _raise_for_status(response: httpx.Response, url: str) -> None:
+async def _raise_for_status(response: httpx.Response, url: str, redactor: Redactor) -> None:
     status = response.status_code
     raw = b""
     try:
@@ -473,20 +519,20 @@ async def _raise_for_status(response: httpx.Response, url: str) -> None:
                 break  # the rest is never read: closing the response drops it
     except (httpx.TransportError, httpx.DecodingError):
         pass
-    message, error_type, code, param = _error_fields(raw, status)
+    message, error_type, code, param = _error_fields(raw, status, redactor)
     if status in _AUTH_STATUSES:  # tailguard's own key, never the caller's: not theirs to fix
         raise BackendAuthFailed(
-            f"the backend {url} refused tailguard's credentials ({status}: {message}); check the pool's api_key_env", status=status
+            f"the backend refused tailguard's credentials ({status}: {message}); check the pool's api_key_env", status=status, endpoint=url
         )
     if 400 <= status < 500:
-        raise BackendRejected(message, status=status, error_type=error_type, code=code, param=param)
+        raise BackendRejected(message, status=status, error_type=error_type, code=code, param=param, endpoint=url)
     if status == 503:  # vLLM's own queue is full: busy, not broken
         hint = _retry_after(response.headers.get("retry-after"))
-        raise BackendBusy(f"the backend {url} is busy (503: {message})", retry_after=1.0 if hint is None else hint)
+        raise BackendBusy(f"the backend is busy (503: {message})", retry_after=1.0 if hint is None else hint, endpoint=url)
 
     if status >= 500:
-        raise BackendUnavailable(f"the backend {url} failed with {status}: {message}")
-    raise BadBackendReply(f"the backend {url} answered {status}, not a completion")
+        raise BackendUnavailable(f"the backend failed with {status}: {message}", endpoint=url)
+    raise BadBackendReply(f"the backend answered {status}, not a completion", endpoint=url)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -500,26 +546,45 @@ def _retry_after(value: str | None) -> float | None:
     return seconds if 0 <= seconds <= 3600 and math.isfinite(seconds) else None
 
 
-def _error_fields(raw: bytes, status: int) -> tuple[str, str | None, str | None, str | None]:
-    """Message, type, code and param of an OpenAI- or vLLM-shaped error body."""
+def _error_fields(raw: bytes, status: int, redactor: Redactor) -> tuple[str, str | None, str | None, str | None]:
+    """Message, type, code and param of an OpenAI- or vLLM-shaped error body, each cleared of the
+    pool's key before it is cut to size (a cut must not leave half a key)."""
     try:
         payload = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        text = raw.decode("utf-8", "replace").strip()
+        text = redactor.text(raw.decode("utf-8", "replace").strip())
         return (text[:500] or f"HTTP {status}"), None, None, None
     error = payload.get("error", payload) if isinstance(payload, dict) else {}
     if isinstance(error, str):
-        return error[:500], None, None, None
+        return redactor.text(error)[:500], None, None, None
     if not isinstance(error, dict):
         return f"HTTP {status}", None, None, None
     code = error.get("code")
     param = error.get("param")
     return (
-        str(error.get("message") or f"HTTP {status}")[:2000],
-        str(error["type"])[:200] if error.get("type") else None,
-        str(code)[:200] if code is not None and not isinstance(code, int) else None,
-        str(param)[:200] if param is not None else None,
+        redactor.text(str(error.get("message") or f"HTTP {status}"))[:2000],
+        redactor.text(str(error["type"]))[:200] if error.get("type") else None,
+        redactor.text(str(code))[:200] if code is not None and not isinstance(code, int) else None,
+        redactor.text(str(param))[:200] if param is not None else None,
     )
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether a connect error comes from a refused connection (ECONNREFUSED), anywhere in its
+    causes: httpcore wraps the OS's error in its own, and anyio's attempts in a group."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(cause for cause in (current.__cause__, current.__context__) if cause is not None)
+    return False
 
 
 def _describe(error: httpx.HTTPError) -> str:

@@ -8,6 +8,7 @@ import re
 _ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*"error"\s*:.*)')
 _EVENT_END = re.compile(rb"\r?\n\r?\n")  # an SSE event ends with a blank line
 _DONE = b"[DONE]"
+_FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
 _JSON = json.JSONDecoder()  # stateless; its raw_decode parses an event where it lies in a chunk
 # An unfinished event kept back at most (a backend that never ends one is refused
 # past it); the gRPC front end's SSE decoder refuses an event over the same size.
@@ -140,13 +141,31 @@ def _first_bad_event(chunk: bytes) -> tuple[int, str] | None:
     return None
 
 
-def _event_problem(event: bytes) -> str | None:
-    """Why one event's data is refused, read as ``server/grpc/sse.py`` reads it; None when it passes."""
+def _event_data(event: bytes) -> bytes | None:
+    """One event's data as ``server/grpc/sse.py`` reads it: its ``data:`` lines joined by newlines (None: it has none)."""
     lines = (line[:-1] if line.endswith(b"\r") else line for line in event.split(b"\n"))
     data = [line[6:] if line.startswith(b"data: ") else line[5:] for line in lines if line.startswith(b"data:")]
     if not data:
         return None
-    value = data[0] if len(data) == 1 else b"\n".join(data)
+    return data[0] if len(data) == 1 else b"\n".join(data)
+
+
+def stream_ended(end: bytes) -> bool:
+    """Whether a stream whose last bytes are ``end`` ended as a completion, read from the events' data
+    as the gRPC front end reads it: the last event with data is ``[DONE]``, or some event's data there
+    holds a finish reason. Bytes outside any ``data:`` line count for nothing (``xyz data: [DONE]`` is
+    one line, of no data)."""
+    data = [value for event in _EVENT_END.split(end) if (value := _event_data(event)) is not None]
+    if data and data[-1] == _DONE:
+        return True
+    return any(_FINISH_REASON.search(value) is not None for value in data)
+
+
+def _event_problem(event: bytes) -> str | None:
+    """Why one event's data is refused, read as ``server/grpc/sse.py`` reads it; None when it passes."""
+    value = _event_data(event)
+    if value is None:
+        return None
     if value == _DONE:
         return None
     try:

@@ -17,7 +17,7 @@ OverCapMode = Literal["clamp", "reject"]
 SimulateProfile = Literal["latency", "throughput", "instant"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LogFormat = Literal["json", "text"]
-HealthCheckKind = Literal["http", "completion"]
+HealthCheckKind = Literal["auto", "http", "completion"]
 
 
 @dataclass(frozen=True)
@@ -424,9 +424,12 @@ class PoolConfig:
     # elsewhere once. (vLLM sends a non-streaming body only when generation
     # ends: the end-to-end deadline bounds those.)
     first_byte_timeout: float = 60.0
-    # "http": GET /health; "completion": a one-token completion, which also
-    # catches an engine that answers /health but hangs on work.
-    health_check: HealthCheckKind = "http"
+    # "http": GET /health; "completion": a one-token completion every turn,
+    # which also catches an engine that answers /health but hangs on work;
+    # "auto": GET /health, and the completion only in a turn where a call has
+    # waited a whole interval for its first byte and the engine sent nothing
+    # meanwhile (router/upkeep.py; docs/operations.md has the costs).
+    health_check: HealthCheckKind = "auto"
     # Probes in a row that must fail before an endpoint is marked down, and
     # pass before it is up again (Envoy's unhealthy_threshold / healthy_threshold).
     unhealthy_threshold: int = 3

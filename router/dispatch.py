@@ -80,6 +80,7 @@ class Router:
         self._fleet.apply(config)
         self._authenticator = Authenticator(config.auth)
         self.discovery.wake()  # a reload resolves the pools' DNS names again at once
+        self._upkeep.newcomers()  # a new endpoint is unknown, and probed at once
 
     def replace_discovered(self, pool_name: str, found: Sequence[Found]) -> None:
         """One pool's endpoints from DNS are now ``found`` (router/discovery.py calls this each round).
@@ -92,6 +93,7 @@ class Router:
         so it holds through the change. All or nothing, like ``apply``.
         """
         self._fleet.replace_discovered(pool_name, found)
+        self._upkeep.newcomers()
 
     def note_model_lens(self, reported: Mapping[str, int | None]) -> None:
         """What endpoints just reported in GET /v1/models (a reload's round of asking); kept for endpoints to come."""
@@ -168,6 +170,15 @@ class Router:
 
     async def check_health(self) -> None:
         """Probe every endpoint once, concurrently; wake waiters on recovery.
+
+        An endpoint is unknown, and takes no request, until a probe has
+        passed (requests to a pool with none judged yet wait for the verdict,
+        within their queue deadline): ``tailguard serve`` runs this once
+        before it listens, and a test that sends at once awaits it first.
+        A refused connection, and a probe that timed out while this loop
+        was on time and the engine sent nothing, mark an endpoint down at
+        once (the engine's calls still waiting for a first byte are then
+        tried elsewhere); other misses count towards the threshold.
 
         A pool's ``health_check`` picks the probe: ``GET /health``, or a
         one-token completion, which also proves the engine can work (and so

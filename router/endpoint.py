@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import trio
@@ -45,7 +46,9 @@ class Endpoint:
     """One inference server: its cap, its load, its health, its HTTP client.
 
     Two verdicts decide whether it gets new requests. ``healthy`` is the
-    active health check's (only it sets it). ``ejected_until`` is outlier
+    active health check's (only it sets it): an endpoint starts unknown
+    (``probed`` False, not healthy) and takes nothing until a probe has
+    passed -- an engine nobody has heard from is not up. ``ejected_until`` is outlier
     detection's, from live traffic: ``consecutive_failures`` failed requests
     in a row take it out for a while (router/outlier.py); the
     time out ends by itself.
@@ -101,7 +104,16 @@ class Endpoint:
         # (rebalancing moves the coldest; the count of a recent window is the rebalancer's).
         self.home_placements = 0
         self._idle: trio.Event | None = None  # set when in_flight falls to 0 (a move waits on it)
-        self.healthy = True
+        # The health check's verdict. An engine is unknown until its first probe gives one (a
+        # share follows its engine's: never probed itself); ``probe_verdict`` is set then.
+        self.healthy = engine is not None
+        self.probed = engine is not None
+        self.probe_verdict = trio.Event()
+        self.probe_refused = False  # a completion probe was answered 4xx (not 401/403): warned once
+        self.work_unproven = False  # a completion probe failed, none passed since: health_check "auto" asks with one again
+        # Calls waiting for their first byte here (a share's wait on its engine), and since when:
+        # cancelled at once when a probe finds the engine silent (``stop_waiting``), to be tried elsewhere.
+        self._awaiting: dict[trio.CancelScope, float] = {}
         # Context length: what GET /v1/models said last (None: not asked, or no
         # answer), and whether that is enough for its pool (router/model_len.py).
         self.max_model_len: int | None = None
@@ -193,6 +205,36 @@ class Endpoint:
         self.movable = config.movable
         self._max_body_bytes = self.client.max_body_bytes = max_body_bytes
 
+    def judged(self, healthy: bool) -> None:
+        """A probe's verdict: the health check's state, and no longer unknown."""
+        self.healthy = healthy
+        if not self.probed:
+            self.probed = True
+            self.probe_verdict.set()
+
+    @contextmanager
+    def awaiting_answer(self) -> Iterator[trio.CancelScope]:
+        """A scope around a call's wait for its first byte, cancelled if the engine is found silent meanwhile."""
+        engine = self.engine or self
+        scope = trio.CancelScope()
+        engine._awaiting[scope] = trio.current_time()
+        try:
+            with scope:
+                yield scope
+        finally:
+            del engine._awaiting[scope]
+
+    def waiting_since(self) -> float:
+        """When the oldest call still waiting for its first byte here was sent (inf: none waits)."""
+        return min(self._awaiting.values(), default=math.inf)
+
+    def stop_waiting(self) -> int:
+        """The engine was found silent: every call still waiting for its first byte here gives up (returns how many)."""
+        waiting = list(self._awaiting)
+        for scope in waiting:
+            scope.cancel()
+        return len(waiting)
+
     async def wait_idle(self) -> None:
         """Return once no request runs here (at once if none does)."""
         while self.in_flight:
@@ -263,6 +305,11 @@ class Endpoint:
         self.ejection_ended_at = until
         self.half_open = True  # back on trial: one request at a time until one succeeds
         return False
+
+    @property
+    def unknown(self) -> bool:
+        """No probe has given a verdict on its engine yet (requests wait for one: ``Pool.admit``)."""
+        return not (self.engine or self).probed
 
     @property
     def usable(self) -> bool:

@@ -54,6 +54,11 @@ class TailguardError(Exception):
         self.message = message
         self.param = param
 
+    @property
+    def log_text(self) -> str:
+        """What the logs say of it: the caller's message, and what only the operator may read."""
+        return self.message
+
 
 class RequestRejected(TailguardError):
     """The request itself is wrong; the same request will fail again."""
@@ -133,7 +138,24 @@ class DeadlineExceeded(TailguardError):
 
 
 class BackendError(TailguardError):
-    """The inference server failed the request."""
+    """The inference server failed the request.
+
+    ``message`` goes to the caller: it never names the engine's address
+    (an internal URL), and any words of the engine in it went through the
+    pool's key redaction (router/redaction.py). ``endpoint`` (the engine's
+    URL) and ``detail`` (what the transport said, addresses included) are
+    for the logs only: ``log_text`` joins them.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, endpoint: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.endpoint = endpoint
+        self.detail = detail
+
+    @property
+    def log_text(self) -> str:
+        where = ", ".join(part for part in (self.endpoint, self.detail) if part)
+        return f"{self.message} [{where}]" if where else self.message
 
 
 class BackendRejected(BackendError):
@@ -147,8 +169,9 @@ class BackendRejected(BackendError):
         error_type: str | None = None,
         code: str | None = None,
         param: str | None = None,
+        endpoint: str | None = None,
     ) -> None:
-        super().__init__(message, param=param)
+        super().__init__(message, param=param, endpoint=endpoint)
         self.status = status
         self.error_type = error_type
         self.code = code
@@ -162,8 +185,8 @@ class BackendUnavailable(BackendError):
     relayed, it ends the answer.
     """
 
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, retry_after: float = 1.0, endpoint: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint, detail=detail)
         self.retry_after = retry_after
 
 
@@ -192,8 +215,8 @@ class BackendAuthFailed(BackendError):
     endpoint is taken out until it accepts the key again.
     """
 
-    def __init__(self, message: str, *, status: int = 401, retry_after: float = 1.0) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, status: int = 401, retry_after: float = 1.0, endpoint: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint)
         self.status = status
         self.retry_after = retry_after
 
@@ -206,8 +229,8 @@ class BadBackendReply(BackendError):
     whose content encoding does not decode. Answered as 502.
     """
 
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, retry_after: float = 1.0, endpoint: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint, detail=detail)
         self.retry_after = retry_after
 
 

@@ -33,6 +33,10 @@ class HealthStreaks:
         self._streaks[endpoint] = streak
         return healthy
 
+    def forget(self, endpoint: object) -> None:
+        """Drop the endpoint's run: a verdict that needs no run (its first, or a miss that counts at once) was given."""
+        self._streaks.pop(endpoint, None)
+
     def streak(self, endpoint: object) -> int:
         """Probes in a row that disagree with the endpoint's state (0: none)."""
         return self._streaks.get(endpoint, 0)

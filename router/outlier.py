@@ -76,7 +76,7 @@ def report_failure(pool: Pool, endpoint: Endpoint, error: BackendError) -> None:
             why = f"{in_a_row} failures in a row"
         else:
             why = f"{failed} of its last {min(seen, outlier.failure_window)} requests failed"
-        log.warning("endpoint %s ejected from pool %s for %g s: %s (last: %s)", endpoint.url, pool.name, seconds, why, error.message)
+        log.warning("endpoint %s ejected from pool %s for %g s: %s (last: %s)", endpoint.url, pool.name, seconds, why, error.log_text)
 
 
 def _failure_percentage_over(pool: Pool, endpoint: Endpoint) -> bool:

@@ -658,10 +658,17 @@ class Pool:
         QueueFull when the queue is at its bound, QueueTimeout at the
         deadline -- or at once, when the pool's drain rate says no seat
         would come within ``fail_fast_fraction`` of the time left to it.
+        Endpoints no probe has judged yet (a start, a reload, a new DNS
+        address) are waited for, until ``deadline``: their verdict is due
+        within a health check timeout, and a 503 now would be wrong if they pass.
         """
-        if not self.healthy and not any(lender.healthy and lender.would_lend(ticket, self) for lender in self.lenders):
+        if not self.healthy and not self._lender_takes(ticket):
+            await self._first_verdicts(deadline)
+        if not self.healthy and not self._lender_takes(ticket):
             # Where the router knows why (an engine refusing tailguard's key), the caller's message says so.
             why = "; ".join(sorted({e.auth_failure for e in self.endpoints if e.auth_failure is not None}))
+            if any(e.unknown for e in self.endpoints):
+                why = "; ".join(filter(None, (why, "no health check has answered yet")))
             hint = self.queue.hints.spread(self._back_in(recheck_in), retry_after)
             raise NoBackend(
                 f"pool {self.name!r} has no healthy endpoint{f' ({why})' if why else ''}; retry after {whole_seconds(hint)} s",
@@ -670,6 +677,18 @@ class Pool:
         fraction = self.config.fail_fast_fraction
         max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
         return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait, share=self.share_of(ticket))
+
+    def _lender_takes(self, ticket: Ticket) -> bool:
+        return any(lender.healthy and lender.would_lend(ticket, self) for lender in self.lenders)
+
+    async def _first_verdicts(self, deadline: float) -> None:
+        """Wait until none of the pool's endpoints is unknown (no probe has judged it yet), or a usable one came, or ``deadline``."""
+        with trio.move_on_at(deadline):
+            while not self.healthy:
+                unknown = next((e for e in self.endpoints if e.unknown), None)
+                if unknown is None:
+                    return
+                await (unknown.engine or unknown).probe_verdict.wait()
 
     def share_of(self, ticket: Ticket) -> Share:
         """The share ``ticket`` waits in: its tenant's, or none with ``queue_order = "arrival"``."""

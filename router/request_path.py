@@ -346,7 +346,7 @@ class RequestPath:
                 if trace is not None:
                     headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
                 try:
-                    response = await _first_byte(lease.client, path, body, headers, stream=stream, timeout=timeout)
+                    response = await _first_byte(lease.client, endpoint, path, body, headers, stream=stream, timeout=timeout)
                     lease.first_byte(stream=stream)  # LendConfig.prefills and ttft_budget
                     return response
                 except BackendRejected as error:
@@ -371,7 +371,7 @@ class RequestPath:
                             retry_to = pool.retry_endpoint(lease, tried)
                     if retry_to is None:
                         raise
-                    log.info("request %s: %s; trying again on %s", request.request_id, error.message, retry_to.endpoint.url)
+                    log.info("request %s: %s; trying again on %s", request.request_id, error.log_text, retry_to.endpoint.url)
                     self._traffic.retries[pool.name] += 1
                     lease.move(retry_to)
         except trio.Cancelled:
@@ -379,7 +379,7 @@ class RequestPath:
             # caller leaving, nor a caller's shorter gRPC deadline): the
             # endpoint failed this request, as a hung one does.
             if trio.current_time() >= hung_at:
-                report_failure(pool, lease.endpoint, BackendTimeout(f"the backend {lease.endpoint.url} did not answer in time"))
+                report_failure(pool, lease.endpoint, BackendTimeout("the backend did not answer in time", endpoint=lease.endpoint.url))
             raise
 
     def _busy(self, endpoint: Endpoint, error: BackendBusy) -> None:
@@ -469,14 +469,21 @@ def _asked_as_stream(serving: Pool, lease: Lease) -> bool:
 
 
 async def _first_byte(
-    client: BackendClient, path: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool, timeout: float
+    client: BackendClient, endpoint: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool, timeout: float
 ) -> BackendResponse:
-    """Open the call and wait for the first byte of its body, at most ``timeout`` s."""
-    if timeout == math.inf:  # no scope of its own: the request's deadline bounds it
-        return await _open_started(client, path, body, headers, stream=stream)
-    with trio.move_on_after(timeout):
-        return await _open_started(client, path, body, headers, stream=stream)
-    raise BackendTimeout(f"the backend {client.url} sent no first byte within {timeout:g} s")
+    """Open the call and wait for the first byte of its body, at most ``timeout`` s.
+
+    Raises BackendTimeout past ``timeout``, and BackendUnavailable as soon
+    as a health probe finds the engine silent meanwhile (``Endpoint.stop_waiting``):
+    nothing reached the caller, so the call is tried elsewhere.
+    """
+    with endpoint.awaiting_answer():
+        if timeout == math.inf:  # no scope of its own: the request's deadline bounds it
+            return await _open_started(client, path, body, headers, stream=stream)
+        with trio.move_on_after(timeout):
+            return await _open_started(client, path, body, headers, stream=stream)
+        raise BackendTimeout(f"the backend sent no first byte within {timeout:g} s", endpoint=client.url)
+    raise BackendUnavailable("the backend went silent (its health check timed out) before it answered", endpoint=client.url)
 
 
 async def _open_started(

@@ -212,13 +212,14 @@ class Session:
     the record (see the module's docstring).
     """
 
-    __slots__ = ("_owner", "record", "client_gone", "stalled", "_scope", "_refused")
+    __slots__ = ("_owner", "record", "client_gone", "stalled", "_left_at", "_scope", "_refused")
 
     def __init__(self, owner: Sessions, record: RequestRecord, refused: TailguardError | None = None) -> None:
         self._owner = owner
         self.record = record
         self.client_gone = False
         self.stalled = False  # gone because it stopped reading and a write to it timed out (tailguard cut it)
+        self._left_at = float("inf")  # when the front end said the caller went (``left``)
         self._scope: trio.CancelScope | None = None
         self._refused = refused
 
@@ -262,6 +263,7 @@ class Session:
         """
         if not self.client_gone:
             self.stalled = stalled
+            self._left_at = trio.current_time()
         self.client_gone = True
         if self._scope is not None:
             self._scope.cancel()
@@ -289,7 +291,9 @@ class Session:
             finally:
                 self._scope = None
         if scope.cancelled_caught and not done:
-            if self.client_gone:
+            # The deadline cut the request, whatever the front end says after: a write it cancelled
+            # (to a caller that was not reading) reports the connection cut -- tailguard's own doing.
+            if self.client_gone and self._left_at < scope.deadline:
                 raise ClientLeft
             raise DeadlineExceeded("the request did not finish within its end-to-end deadline")
 

@@ -247,7 +247,7 @@ class Telemetry:
             record.finished_at = trio.current_time()
         record.outcome, record.reason = outcome_of(error, client_gone=client_gone, ending=ending)
         record.status = status_of(record.api, error, client_gone=client_gone, ending=ending) if status is None else status
-        record.error = None if error is None else error.message
+        record.error = None if error is None else error.log_text  # the engine's URL too, never the caller's to read
         record.finish_tokens()
         for sink in self._sinks:
             try:

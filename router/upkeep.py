@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections.abc import Awaitable, Callable
 
 import trio
 
-from .backend import ModelLenUnknown
+from .backend import REFUSED, Answer, BackendClient, ModelLenUnknown
 from .backend_load import scrape
 from .cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Yielding
-from .config_types import PoolConfig
+from .config_types import HealthCheckKind, PoolConfig
 from .credentials import note_credentials
 from .discovery import Discovery
 from .endpoint import Endpoint
@@ -43,9 +44,14 @@ class Upkeep:
         self._discovery = discovery
         self._forget_idle = forget_idle  # per-caller state that can no longer matter goes
         self._health_streaks = HealthStreaks()  # probe results in a row, against each pool's thresholds
+        self._newcomers = trio.Event()  # set when endpoints no probe has judged may exist (``newcomers``)
+        # When each endpoint's last probe began, and what its engine had sent by then ("auto" reads it).
+        # (The client by a weak reference: a reload's replaced client must not live on here.)
+        self._last_turn: weakref.WeakKeyDictionary[Endpoint, tuple[float, weakref.ref[BackendClient], int]] = weakref.WeakKeyDictionary()
 
     async def run(self, ledger: LedgerStore | None, task_status: trio.TaskStatus[None]) -> None:
-        """Every loop, forever (``Router.run`` says which); started once the first of each is done."""
+        """Every loop, forever (``Router.run`` says which); started once the first of each is done, and every
+        endpoint known then (DNS's too) had its first probe: none is unknown once the process says it is ready."""
         async with trio.open_nursery() as nursery:
             config = self._fleet.config
             cluster = config.cluster
@@ -59,9 +65,11 @@ class Upkeep:
                     nursery.start_soon(trade.run)
             await nursery.start(self._loop_lag.run)  # measuring before the first probe, which asks it
             await nursery.start(self._discovery.run)  # pools' DNS names: the first answers come before started
+            await self.probe_unknown()  # and every endpoint known then has had its first probe
             nursery.start_soon(
                 _forever, "health check", self.check_health, lambda: self._fleet.config.timeouts.health_check_interval
             )
+            nursery.start_soon(self._probe_newcomers_forever)
             nursery.start_soon(_forever, "backend load scrape", self._scrape_loads, self._scrape_interval)
             nursery.start_soon(self._close_retired_forever)
             nursery.start_soon(self._rebalance_forever, nursery)
@@ -188,27 +196,79 @@ class Upkeep:
         for endpoint in list(fleet.endpoints.values()):
             await endpoint.client.expire_idle()  # a pool that went quiet keeps no idle connections
 
+    def newcomers(self) -> None:
+        """Endpoints may have joined (a reload, DNS): probe the unknown ones now, not at the next turn."""
+        self._newcomers.set()
+
+    async def _probe_newcomers_forever(self) -> None:
+        """An endpoint that joined takes requests once a probe passes: its first probe runs at once, and
+        requests wait for its verdict (``Pool.admit``), never a whole health check interval."""
+        while True:
+            await self._newcomers.wait()
+            self._newcomers = trio.Event()
+            try:
+                await self.probe_unknown()
+            except Exception:  # a bad turn must not end the newcomers' probes
+                log.exception("probing new endpoints failed")
+
+    async def probe_unknown(self) -> None:
+        """Probe every endpoint no probe has judged yet, concurrently; offer their pools' seats to the waiters."""
+        fleet = self._fleet
+        unknown = [e for e in fleet.endpoints.values() if not e.probed]
+        if not unknown:
+            return
+        timeout = fleet.config.timeouts.health_check_timeout
+        async with trio.open_nursery() as nursery:
+            for endpoint in unknown:
+                nursery.start_soon(self._probe, endpoint, timeout)
+        for pool in fleet.pools.values():
+            pool.queue.dispatch()
+
     async def _probe(self, endpoint: Endpoint, timeout: float) -> None:
-        """One probe of ``endpoint``, judged against its pool's thresholds; a stall of this loop is no verdict."""
+        """One probe of ``endpoint``, judged against its pool's thresholds; a stall of this loop is no verdict.
+
+        The probe is ``GET /health``, or a one-token completion: always
+        (``health_check = "completion"``), or (``"auto"``) in a turn where a
+        call has waited a whole turn for its first byte and the engine sent no
+        byte meanwhile -- what a half-dead engine (``/health`` fine, work hung)
+        looks like; an engine that answers, or owes nothing, costs no completion.
+
+        Two misses count at once, whatever ``unhealthy_threshold`` says: a
+        refused connection (nothing listens on the engine's port: an answer,
+        which no lost packet or stall of this loop can fake), and a probe
+        that timed out while this loop was on time and the engine sent no
+        byte on any call (silent: a black hole, or a half-dead engine). A
+        silent engine's calls still waiting for their first byte give up then
+        and are tried elsewhere. A probe that timed out while the engine was
+        sending bytes elsewhere is a miss like any other (busy, not dead); a
+        completion probe that did so while the endpoint ran its full cap
+        waited in vLLM's own queue, and is no verdict; and one that timed out
+        at the full cap with the engine silent is a miss (the probe may have
+        waited for a seat there).
+        """
         pool = self._fleet.pool_of(endpoint)
-        completion = pool is not None and pool.config.health_check == "completion"
         started = trio.current_time()
+        client, heard = endpoint.client, endpoint.client.heard
+        completion = pool is not None and self._completion_probe(endpoint, pool.config.health_check)
+        self._last_turn[endpoint] = (started, weakref.ref(client), heard)
         with trio.move_on_after(timeout):
+            answer: Answer = None
             try:
                 if pool is not None and completion:
-                    status = await endpoint.probe.completes(pool.config.models[0])
-                    healthy = status == 200
-                    note_credentials(endpoint, status)
+                    answer = await endpoint.probe.completes(pool.config.models[0])
+                    note_credentials(endpoint, None if answer == REFUSED else answer)
                 else:
-                    healthy = await endpoint.probe.health()
+                    answer = await endpoint.probe.health()
             except Exception:  # one broken probe must not stop the others
                 if endpoint.retired:
                     return  # a reload took it out (and closed its probe) meanwhile
                 log.exception("endpoint %s: its health probe failed", endpoint.url)
-                healthy = False
-            if healthy and completion:
+            passed = _completion_verdict(endpoint, answer) if completion else answer == 200
+            if completion and passed is not None:
+                endpoint.work_unproven = not passed
+            if passed and completion:
                 endpoint.end_ejection()
-            self._judge(endpoint, healthy)
+            self._judge(endpoint, passed, at_once="its connection was refused" if answer == REFUSED else None)
             return
         loop_lag = self._loop_lag
         if loop_lag.excuses(started, timeout):
@@ -217,23 +277,68 @@ class Upkeep:
                 endpoint.url, timeout, loop_lag.stalled_since(started),
             )  # fmt: skip
             return
+        busy = endpoint.client is not client or client.heard != heard
+        full = completion and endpoint.in_flight >= endpoint.seats
+        if busy and full:
+            log.info("endpoint %s: its completion probe waited %.1f s behind its full cap: not counted", endpoint.url, timeout)
+            return
+        silent = not busy and not full
+        endpoint.work_unproven = endpoint.work_unproven or completion
         if endpoint.healthy:
-            log.warning("endpoint %s did not answer its health check in %.1f s", endpoint.url, timeout)
-        self._judge(endpoint, False)
+            log.warning("endpoint %s did not answer its health check in %.1f s%s", endpoint.url, timeout, "" if silent else " (busy)")
+        self._judge(endpoint, False, at_once=f"it sent nothing for {timeout:g} s" if silent else None)
+        if silent and not endpoint.healthy:
+            given_up = endpoint.stop_waiting()
+            if given_up:
+                log.warning("endpoint %s is silent: %d calls waiting for its first byte are tried elsewhere", endpoint.url, given_up)
 
-    def _judge(self, endpoint: Endpoint, passed: bool | None) -> None:
+    def _completion_probe(self, endpoint: Endpoint, kind: HealthCheckKind) -> bool:
+        """Whether this turn's probe of ``endpoint`` is a completion: always, never, or ("auto") while a call
+        sent before the last turn still waits for its first byte there, the engine sent nothing since
+        that turn, and a seat of its cap is free for the probe -- and, once one failed, until one passes
+        (``/health`` never proves that work gets done)."""
+        if kind != "auto":
+            return kind == "completion"
+        if endpoint.work_unproven:
+            return True
+        if endpoint.in_flight >= endpoint.seats:  # never one more than its cap (and vLLM would queue it)
+            return False
+        last = self._last_turn.get(endpoint)
+        if last is None:
+            return False
+        at, client, heard = last
+        return endpoint.waiting_since() <= at and endpoint.client is client() and endpoint.client.heard == heard
+
+    def _judge(self, endpoint: Endpoint, passed: bool | None, *, at_once: str | None = None) -> None:
+        """The endpoint's state after a probe that ``passed`` (None: no verdict); ``at_once``: why a miss needs no threshold."""
         pool = self._fleet.pool_of(endpoint)
         config = pool.config if pool is not None else None  # None: a reload took it out meanwhile
         down_at = PoolConfig.unhealthy_threshold if config is None else config.unhealthy_threshold
         up_at = PoolConfig.healthy_threshold if config is None else config.healthy_threshold
-        was = endpoint.healthy
+        was, known = endpoint.healthy, endpoint.probed
         streaks = self._health_streaks
-        endpoint.healthy = healthy = streaks.judge(endpoint, was, passed, unhealthy_threshold=down_at, healthy_threshold=up_at)
-        if healthy and not was:
+        if passed is None:
+            return
+        if not known or (at_once is not None and not passed):
+            # The first verdict stands alone (one pass brings up an engine never seen: Envoy's start-up rule).
+            streaks.forget(endpoint)
+            endpoint.judged(passed)
+        else:
+            endpoint.judged(streaks.judge(endpoint, was, passed, unhealthy_threshold=down_at, healthy_threshold=up_at))
+        healthy = endpoint.healthy
+        if not known:
+            if healthy:
+                log.info("endpoint %s passed its first health check: up", endpoint.url)
+            else:
+                log.warning("endpoint %s failed its first health check%s: down", endpoint.url, f" ({at_once})" if at_once else "")
+        elif healthy and not was:
             log.info("endpoint %s is healthy again", endpoint.url)
         elif was and not healthy:
-            log.warning("endpoint %s failed its health check %d times in a row: down", endpoint.url, down_at)
-        elif passed is False and was:
+            if at_once is not None:
+                log.warning("endpoint %s failed its health check (%s): down at once", endpoint.url, at_once)
+            else:
+                log.warning("endpoint %s failed its health check %d times in a row: down", endpoint.url, down_at)
+        elif not passed and was:
             log.info("endpoint %s failed its health check (%d in a row; down at %d)", endpoint.url, streaks.streak(endpoint), down_at)
 
     async def _ask_unverified(self, timeout: float) -> None:
@@ -274,6 +379,24 @@ class Upkeep:
                     continue
                 if endpoint.auth_failure is not None or not endpoint.credentials_checked:
                     nursery.start_soon(ask, endpoint)
+
+
+def _completion_verdict(endpoint: Endpoint, answer: Answer) -> bool | None:
+    """What a completion probe's answer says of the engine: 200 passed; 503 is vLLM's queue full (busy,
+    no verdict); another 4xx came from a server that works but refuses the probe itself (a proxy that
+    allows chat only, a model name it does not serve): passed, with a warning, rather than a pool taken
+    down by its probe; 401/403 (the key) and anything else failed."""
+    if answer == 503:
+        return None
+    if isinstance(answer, int) and 400 <= answer < 500 and answer not in (401, 403):
+        if not endpoint.probe_refused:
+            log.warning(
+                "endpoint %s answers the completion probe with %d: it cannot tell a hung engine from a working one"
+                " (check the pool's models, or set health_check = \"http\")", endpoint.url, answer,
+            )  # fmt: skip
+        endpoint.probe_refused = True
+        return True
+    return answer == 200
 
 
 def _endpoint_grant(endpoint: Endpoint, pool: Pool) -> Callable[[int], None]:

@@ -169,7 +169,10 @@ def models(config: Config) -> list[str]:
 
 
 def _state(endpoint: Endpoint) -> str:
-    """An endpoint's state for /health: up, down (health check, or its key refused), unverified (its context length) or ejected (outlier detection)."""
+    """An endpoint's state for /health: unknown (no probe has judged it yet: it takes nothing), up, down
+    (health check, or its key refused), unverified (its context length) or ejected (outlier detection)."""
+    if endpoint.unknown:
+        return "unknown"
     if not endpoint.healthy or endpoint.auth_failure is not None:
         return "down"
 

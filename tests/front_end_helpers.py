@@ -5,8 +5,10 @@ asyncio loop on one more thread) runs in a thread of its own, as in ``grpc_helpe
 synchronous code using httpx and the generated gRPC clients. Unlike
 ``server.app.serve`` the pieces are put together here, so a test can read
 every finished record, set the cap on open gRPC calls, and plant a failing
-telemetry sink. No background health checks run: an endpoint stays in its
-pool whatever it does (outlier detection never ejects a pool's only one).
+telemetry sink. One health check runs before the front ends listen (an
+endpoint takes requests once a probe has passed), none after: an endpoint
+stays in its pool whatever it does (outlier detection never ejects a pool's
+only one), even the port nobody listens on once that probe has passed.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class Faulty:
     ``cut`` (a stream that ends cleanly without [DONE]), ``error_event`` (a
     stream with vLLM's in-stream error, then [DONE]), ``not_json``,
     ``binary`` and ``bad_utf8`` (a stream whose second framed event is not
-    JSON, then [DONE]), ``hang`` (no byte ever), ``slow`` (a stream of an
+    JSON, then [DONE]), ``junk_then_done`` (bytes outside any ``data:`` line
+    run into ``data: [DONE]``: one line, no data), ``hang`` (no byte ever), ``slow`` (a stream of an
     event every 20 ms for 10 s), ``hold`` (the same for 60 s).
     """
 
@@ -79,6 +82,7 @@ class Faulty:
             "not_json": [_delta("Hello"), b"data: {not json\n\n", _delta(" there", "stop"), b"data: [DONE]\n\n"],
             "binary": [_delta("Hello"), b"data: \x00\x9c\xff\x01\x89PNG\r\n\n", _delta(" there", "stop"), b"data: [DONE]\n\n"],
             "bad_utf8": [_delta("Hello"), _delta("caf\xe9").replace(b"caf\\u00e9", b"caf\xe9"), _delta(" there", "stop"), b"data: [DONE]\n\n"],
+            "junk_then_done": [_delta("Hello"), b"<junk>", b"data: [DONE]\n\n"],
         }.get(mode)
         if events is not None:
             return SimResponse(200, list(SSE_HEADERS), stream=_Events(events))
@@ -150,7 +154,7 @@ def front_ends(
     *,
     max_grpc_calls: int = MAX_CONCURRENT_CALLS,
 ) -> Iterator[FrontEnds]:
-    """Backends on free ports (``None``: a port nothing listens on), the router, both front ends.
+    """Backends on free ports (``None``: a port nothing listens on after the first probe), the router, both front ends.
 
     ``make_config`` gets the backends' URLs in order.
     """
@@ -159,17 +163,21 @@ def front_ends(
         shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
             urls = []
-            for backend in backends:
-                if backend is None:
-                    with trio.socket.socket() as closed:
-                        await closed.bind(("127.0.0.1", 0))
-                        urls.append(f"http://127.0.0.1:{closed.getsockname()[1]}")
-                else:
-                    await nursery.start(backend.engine.run)
-                    port = await nursery.start(serve_sim, backend.handle, "127.0.0.1", 0)
+            async with trio.open_nursery() as gone:  # a None backend: up for the one probe, then nobody listens
+                for backend in backends:
+                    engine_nursery, server = (gone, Faulty()) if backend is None else (nursery, backend)
+                    await engine_nursery.start(server.engine.run)
+                    port = await engine_nursery.start(serve_sim, server.handle, "127.0.0.1", 0)
                     urls.append(f"http://127.0.0.1:{port}")
-            config = make_config(urls)
-            router = Router(config)
+                config = make_config(urls)
+                router = Router(config)
+                modes = [(backend, backend.mode) for backend in backends if backend is not None]
+                for backend, _ in modes:  # found well by the probe, failing as asked after it
+                    backend.mode = "ok"
+                await router.check_health()  # endpoints take requests once a probe has passed
+                for backend, mode in modes:
+                    backend.mode = mode
+                gone.cancel_scope.cancel()
             metrics = Metrics(router)
             telemetry = Telemetry([metrics.observe, _planted_failure])
             http = HttpApi(router, max_body_bytes=config.server.max_body_bytes, telemetry=telemetry, metrics=metrics)

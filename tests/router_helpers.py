@@ -29,6 +29,7 @@ from tailguard.router.dispatch import Router
 from tailguard.router.lean_transport import ConnectorTransport
 from tailguard.router.request import RouterRequest
 from tailguard.sim import PROFILES, Engine, EngineParams, SimApp
+from tailguard.sim.canned import canned_transport
 from tailguard.sim.memory import memory_connector
 from tests.sim_helpers import MODEL
 
@@ -90,11 +91,15 @@ async def router_over_engines(
     params: dict[str, EngineParams] | None = None,
     extra_urls: Iterable[str] = (),
     wrap: Callable[[str, httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None,
+    *,
+    probe: bool = True,
 ) -> AsyncIterator[Fleet]:
-    """A Router whose endpoints are in-process engines (latency profile unless given).
+    """A Router whose endpoints are in-process engines (latency profile unless given), each probed once
+    (``probe=False``: none is, and every endpoint is unknown: it takes no request until a probe passes).
 
     ``wrap(url, transport)`` puts a test's transport in front of an engine's
     (to see or refuse its calls): the router's transport seam, not a swap.
+    It applies once the first probe passed, unless ``probe`` is False.
     """
     params = params or {}
     urls = {e.url for p in config.pools for e in p.endpoints} | set(extra_urls)
@@ -105,18 +110,33 @@ async def router_over_engines(
         transports: dict[str, httpx.AsyncBaseTransport] = {
             url: ConnectorTransport(memory_connector(SimApp(engine, model=MODEL).handle, nursery)) for url, engine in engines.items()
         }
+        probing = probe
         if wrap is not None:
-            transports = {url: wrap(url, transport) for url, transport in transports.items()}
+            wrapped = {url: wrap(url, transport) for url, transport in transports.items()}
+            # The wrap applies from the first probe on (the engine found well first, failing later) ...
+            transports = {url: _switch(lambda: probing, transports[url], wrapped[url]) for url in transports}
 
         def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
             return transports[endpoint.url]
 
         router = Router(config, transport_factory=transport_for, seed=0)
+        if probe:
+            await router.check_health()  # endpoints take requests once a probe has passed
+            probing = False
         try:
             yield Fleet(engines, router)
         finally:
             await router.aclose()
             nursery.cancel_scope.cancel()
+
+
+def _switch(before: Callable[[], bool], first: httpx.AsyncBaseTransport, then: httpx.AsyncBaseTransport) -> ConnectorTransport:
+    """``first`` while ``before()``, ``then`` after: a wrapped engine that passed its first probe."""
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        return await (first if before() else then).handle_async_request(request)
+
+    return canned_transport(handle)
 
 
 def chat(text: str = "What is the capital of France?", *, max_tokens: int | None = 16, stream: bool = False, request_id: str = "r", **kwargs: object) -> RouterRequest:

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.backend import BackendClient, BackendProbe, BackendResponse
+from tailguard.router.backend import REFUSED, BackendClient, BackendProbe, BackendResponse
 from tailguard.router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 from tailguard.router.lean_transport import ConnectorTransport, LeanTransport
 from tailguard.sim import PROFILES, Engine, SimApp
@@ -69,6 +69,24 @@ async def test_refused_connection_is_unavailable() -> None:
     assert not await probe.health()
     await backend.aclose()
     await probe.aclose()
+
+
+async def test_a_probe_tells_a_refused_connection_from_no_answer_over_real_sockets() -> None:
+    """Issue 32: a refused connection (nothing listens) marks an endpoint down at once; any other failure is a miss."""
+    with trio.socket.socket() as closed:
+        await closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: the kernel refuses every connection
+        probe = BackendProbe(f"http://127.0.0.1:{port}", connect_timeout=1.0)
+        assert await probe.health() == REFUSED and await probe.status("GET", "/health") is None
+        await probe.aclose()
+    with trio.socket.socket() as deaf:
+        await deaf.bind(("127.0.0.1", 0))
+        deaf.listen(8)  # accepts (the kernel's backlog) and never answers: a black hole
+        probe = BackendProbe(f"http://127.0.0.1:{deaf.getsockname()[1]}", connect_timeout=1.0)
+        with trio.move_on_after(0.5) as waited:
+            await probe.health()
+        assert waited.cancelled_caught
+        await probe.aclose()
 
 
 async def test_calls_up_to_the_cap_run_at_once_and_are_counted(autojump_clock: trio.testing.MockClock) -> None:
@@ -233,7 +251,7 @@ async def test_a_probe_reads_a_huge_answer_only_up_to_its_cap() -> None:
         return httpx.Response(500, headers={"content-type": "application/json"}, content=bodies[-1])
 
     probe = BackendProbe("http://gpu-0:8000", connect_timeout=1.0, transport=canned_transport(handler))
-    assert await probe.completes("m") == 500 and not await probe.health()
+    assert await probe.completes("m") == 500 and await probe.health() == 500
     assert [b.sent for b in bodies] == [2, 2]  # 64 KiB each, then the response was closed
     await probe.aclose()
 

@@ -68,6 +68,7 @@ async def test_a_handlers_error_comes_out_of_the_request() -> None:
         raise httpx.ConnectError("refused", request=request)
 
     backend = BackendClient("http://gpu-0:8000", max_concurrency=1, connect_timeout=1.0, transport=canned_transport(refuse))
-    with pytest.raises(BackendUnavailable, match="refused"):
+    with pytest.raises(BackendUnavailable, match="could not be reached") as caught:
         await backend.open("/v1/completions", {"prompt": "x"}, {}, stream=False)
+    assert caught.value.detail is not None and "refused" in caught.value.detail  # for the logs; the caller's message names no address
     await backend.aclose()

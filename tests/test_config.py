@@ -1014,7 +1014,7 @@ def test_hardening_keys_have_defaults_and_are_checked() -> None:
     config = parse_config(BASE)
     assert config.server.grpc_max_calls == 1000 and config.server.max_backend_body_bytes == 16 * 1024 * 1024
     pool = config.pools[0]
-    assert (pool.first_byte_timeout, pool.health_check, pool.outlier_detection.consecutive_failures) == (60.0, "http", 5)
+    assert (pool.first_byte_timeout, pool.health_check, pool.outlier_detection.consecutive_failures) == (60.0, "auto", 5)
     with pytest.raises(ConfigError) as refused:
         parse_config("[server]\ngrpc_max_calls = 0\n" + BASE)
     assert "server.grpc_max_calls: must be an integer >= 1, got 0" in refused.value.problems
@@ -1025,7 +1025,7 @@ def test_hardening_keys_have_defaults_and_are_checked() -> None:
     problems = "\n".join(refused.value.problems)
     assert f"pools.{name}.outlier_detection.consecutive_failures: must be an integer >= 2, got 1" in problems
     assert f"pools.{name}.outlier_detection.max_ejection_percent: must be at most 100, got 120" in problems
-    assert f'pools.{name}.health_check: must be one of "http", "completion", got "tcp"' in problems
+    assert f'pools.{name}.health_check: must be one of "auto", "http", "completion", got "tcp"' in problems
 
 
 def test_http_server_lean_is_accepted_with_no_effect_and_any_other_server_is_refused() -> None:

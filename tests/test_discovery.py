@@ -31,6 +31,7 @@ from tailguard.router.errors import QueueTimeout
 from tailguard.router.pool import Ticket
 from tailguard.server.app import Running
 from tailguard.sim import Engine, SimApp
+from tailguard.sim.canned import canned_transport
 from tailguard.sim.http import serve as serve_sim
 from tests.http_helpers import QUICK, eventually, tailguard
 from tests.sim_helpers import MODEL
@@ -275,9 +276,10 @@ async def test_a_reload_resolves_again_at_once_and_applies_a_new_cap(tmp_path: P
 async def test_an_address_back_before_its_requests_end_keeps_their_seats(autojump_clock: trio.testing.MockClock) -> None:
     config = parse_config(toml(5353, 8000, cap=2, pool_cap=3))
     source = config.pool("latency").endpoints_dns[0]
-    router = Router(config)
+    router = Router(config, transport_factory=lambda _: canned_transport(lambda request: httpx.Response(200)))  # pods that pass their probes
     pool = router.pool("latency")
     router.replace_discovered("latency", [(source, "127.0.0.2"), (source, "127.0.0.3")])
+    await router.check_health()  # a new address takes requests once a probe has passed
     ticket = Ticket("chat", MODEL, 10, 10)
     leases = [await pool.admit(0, trio.current_time() + 1, ticket, retry_after=1) for _ in range(3)]
     endpoint = router.endpoint("http://127.0.0.2:8000")

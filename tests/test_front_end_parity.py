@@ -80,6 +80,8 @@ CASES = [
     Case("stream_event_not_json", "not_json", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
     Case("stream_event_binary", "binary", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
     Case("stream_event_bad_utf8", "bad_utf8", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
+    # Bytes outside any data: line ending in "data: [DONE]": HTTP relayed it as a 200 logged ok, gRPC refused it (issue 32).
+    Case("stream_junk_then_done", "junk_then_done", True, ("backend_error", "bad_backend_reply"), error=errors.BadBackendReply),
     Case("hung_answer", "hang", False, ("timeout", "e2e_timeout"), error=errors.DeadlineExceeded),
     Case("first_byte_timeout_stream", "hang", True, ("backend_error", "backend_timeout"), error=errors.BackendTimeout),
     Case("exception_in_a_sink", "ok", False, ("ok", None)),

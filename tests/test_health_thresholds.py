@@ -17,7 +17,7 @@ from tests.router_helpers import INTERACTIVE_URL, two_pool_config
 
 
 class Engine:
-    """/health by mode: "ok" answers 200, "refuse" fails to connect, "hang" never answers."""
+    """/health by mode: "ok" answers 200, "fail" answers 503, "refuse" is refused, "reset" fails to connect otherwise, "hang" never answers."""
 
     def __init__(self) -> None:
         self.mode = "ok"
@@ -26,7 +26,11 @@ class Engine:
     async def handle(self, request: httpx.Request) -> httpx.Response:
         self.probes += 1
         if self.mode == "refuse":
-            raise httpx.ConnectError("connection refused", request=request)
+            raise httpx.ConnectError("connection refused", request=request) from ConnectionRefusedError(111, "Connection refused")
+        if self.mode == "reset":
+            raise httpx.ConnectError("connection reset", request=request) from ConnectionResetError(104, "Connection reset by peer")
+        if self.mode == "fail":
+            return httpx.Response(503)
         if self.mode == "hang":
             await trio.sleep_forever()
         return httpx.Response(200)
@@ -36,7 +40,8 @@ def config_with(unhealthy: int | None = None, healthy: int | None = None) -> Con
     config = two_pool_config()
     interactive = config.pools[0]
     changes = {k: v for k, v in (("unhealthy_threshold", unhealthy), ("healthy_threshold", healthy)) if v is not None}
-    return dataclasses.replace(config, pools=(dataclasses.replace(interactive, **changes), *config.pools[1:]))
+    pools = tuple(dataclasses.replace(pool, health_check="http") for pool in (dataclasses.replace(interactive, **changes), *config.pools[1:]))
+    return dataclasses.replace(config, pools=pools)
 
 
 def router_over(engine: Engine, config: Config) -> Router:
@@ -56,13 +61,15 @@ async def test_an_endpoint_goes_down_after_unhealthy_threshold_failures_in_a_row
     engine = Engine()
     router = router_over(engine, config_with())  # the defaults: 3 and 1
     assert (router.config.pools[0].unhealthy_threshold, router.config.pools[0].healthy_threshold) == (3, 1)
-    engine.mode = "refuse"
+    await router.check_health()
+    assert state(router) == "up"
+    engine.mode = "fail"  # an answer that is not 200 (a refusal or a silent timeout would count at once)
     await router.check_health()
     await router.check_health()
     assert state(router) == "up"  # two misses are no verdict
     engine.mode = "ok"
     await router.check_health()  # a pass breaks the run
-    engine.mode = "refuse"
+    engine.mode = "reset"
     for _ in range(2):
         await router.check_health()
     assert state(router) == "up"
@@ -74,16 +81,32 @@ async def test_an_endpoint_goes_down_after_unhealthy_threshold_failures_in_a_row
     await router.aclose()
 
 
+async def test_a_refused_connection_marks_an_endpoint_down_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    """Issue 32: nothing listens on the engine's port -- an answer no lost packet or stall fakes -- so one is enough."""
+    engine = Engine()
+    router = router_over(engine, config_with())  # unhealthy_threshold 3
+    await router.check_health()
+    engine.mode = "refuse"
+    await router.check_health()
+    assert state(router) == "down"
+    engine.mode = "ok"
+    await router.check_health()
+    assert state(router) == "up"
+    await router.aclose()
+
+
 async def test_healthy_threshold_needs_that_many_passes_in_a_row(autojump_clock: trio.testing.MockClock) -> None:
     engine = Engine()
     router = router_over(engine, config_with(unhealthy=1, healthy=2))
-    engine.mode = "hang"  # timeouts count as failures while the loop is on time
+    await router.check_health()
+    assert state(router) == "up"  # an endpoint never seen needs one pass, whatever healthy_threshold says (Envoy's start-up rule)
+    engine.mode = "fail"
     await router.check_health()
     assert state(router) == "down"
     engine.mode = "ok"
     await router.check_health()
     assert state(router) == "down"
-    engine.mode = "refuse"
+    engine.mode = "fail"
     await router.check_health()  # resets the run of passes
     engine.mode = "ok"
     await router.check_health()
@@ -97,6 +120,7 @@ async def test_a_probe_that_timed_out_while_the_loop_stalled_is_not_counted(auto
     """The loop stalls (virtual time jumps with nothing run) across the probe's deadline: no verdict on the engine."""
     engine = Engine()
     router = router_over(engine, config_with(unhealthy=1))
+    await router.check_health()
     engine.mode = "hang"
     timeout = router.config.timeouts.health_check_timeout
     async with trio.open_nursery() as nursery:

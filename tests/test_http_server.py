@@ -445,6 +445,21 @@ async def test_a_caller_that_never_reads_loses_its_seat_at_the_deadline() -> Non
             assert await closed_by_server(sock)
 
 
+async def test_a_caller_that_never_reads_is_logged_as_tailguards_timeout_at_the_deadline(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 32: the deadline cancelled a write to a caller that did not read, the cut connection looked
+    like the caller leaving, and the request was logged 499 client_cancelled: it is tailguard's e2e timeout."""
+    async with engines_on_sockets([_endless_backend, _endless_backend]) as backends, tailguard(_config(backends.urls, deadline=1.5)) as running:
+        port = int(running.http_url.rsplit(":", 1)[1])
+        with caplog.at_level(logging.INFO, logger="tailguard.access"), await connect(port, receive_buffer=SMALL_BUFFER) as sock:
+            await sock.send(post("/v1/chat/completions", STREAM, b"content-type: application/json\r\n"))
+            await eventually(lambda: running.router.statistics().open_requests == 1)
+            await eventually(lambda: running.router.statistics().open_requests == 0, timeout=3.0)
+            await eventually(lambda: any(r.name == "tailguard.access" for r in caplog.records))
+    [line] = [r for r in caplog.records if r.name == "tailguard.access"]
+    fields = line.fields  # type: ignore[attr-defined]
+    assert (fields["outcome"], fields["reason"]) == ("timeout", "e2e_timeout"), fields
+
+
 async def test_a_caller_cut_for_not_reading_is_logged_as_stalled_not_as_one_who_left(caplog: pytest.LogCaptureFixture) -> None:
     """Issue 20: a caller tailguard cut (a write that could not complete in server.write_timeout) was logged 499 client_cancelled."""
     async with engines_on_sockets([_endless_backend, _endless_backend]) as backends:

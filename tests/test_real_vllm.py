@@ -65,14 +65,26 @@ def config(urls: tuple[str, ...] = (A,), *, pool_extra: str = "", environ: Mappi
 
 
 @asynccontextmanager
-async def router_over(handlers: Mapping[str, Handler | SimApp], cfg: Config) -> AsyncIterator[Router]:
-    """A Router whose endpoints answer through ``handlers`` (an httpx handler, or a simulated engine's API)."""
+async def router_over(handlers: Mapping[str, Handler | SimApp], cfg: Config, *, found_well: bool = True) -> AsyncIterator[Router]:
+    """A Router whose endpoints answer through ``handlers`` (an httpx handler, or a simulated engine's API), probed once:
+    ``found_well``, that first probe gets 200 everywhere (the handlers fail later if at all); else the handlers answer it."""
+
+    probing = found_well  # endpoints start unknown: a probe must pass first
 
     def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
         handler = handlers[endpoint.url]
-        return sim_canned_transport(handler) if isinstance(handler, SimApp) else canned_transport(handler)
+        answer = sim_canned_transport(handler) if isinstance(handler, SimApp) else canned_transport(handler)
+
+        async def handle(request: httpx.Request) -> httpx.Response:
+            if probing:
+                return httpx.Response(200, json={"object": "list", "data": []})
+            return await answer.handle_async_request(request)
+
+        return canned_transport(handle)
 
     router = Router(cfg, transport_factory=transport_for, seed=0)
+    await router.check_health()  # endpoints take requests once a probe has passed
+    probing = False
     try:
         yield router
     finally:
@@ -173,7 +185,7 @@ async def test_a_refused_key_is_502_upstream_auth_the_endpoint_down_with_its_rea
 
 
 async def test_a_missing_key_is_found_by_the_health_check_before_any_request(autojump_clock: trio.testing.MockClock) -> None:
-    async with engines("sk-engine", None) as [guarded, open_one], router_over({A: guarded, B: open_one}, config((A, B))) as router:
+    async with engines("sk-engine", None) as [guarded, open_one], router_over({A: guarded, B: open_one}, config((A, B)), found_well=False) as router:
         assert router.health()["status"] == "ready"
         await router.check_health()
         health = router.health()["pools"]["main"]
@@ -441,7 +453,7 @@ async def test_a_reload_with_the_rotated_key_brings_the_endpoint_back(autojump_c
     old = config(pool_extra='api_key_env = "VLLM_KEY"', environ={"VLLM_KEY": "sk-old"})
     new = config(pool_extra='api_key_env = "VLLM_KEY"', environ={"VLLM_KEY": "sk-new"})
     assert new.digest != old.digest  # the same text: a reload sees the rotation all the same
-    async with engines("sk-new") as [app], router_over({A: app}, old) as router:
+    async with engines("sk-new") as [app], router_over({A: app}, old, found_well=False) as router:
         await router.check_health()
         assert router.health()["pools"]["main"]["endpoints"][A] == "down"
         router.apply(new)

@@ -66,7 +66,7 @@ async def traced_http(
 ) -> AsyncIterator[Traced]:
     """Two engines (interactive, batch) on sockets, a router and its HTTP front end, traced in memory.
 
-    ``interactive_up=False``: the interactive pool's endpoint is a port nothing listens on.
+    ``interactive_up=False``: the interactive pool's endpoint is a port nothing listens on (once its first probe passed).
     """
     exporter = InMemorySpanExporter()
     tracing = Tracing(TracingConfig(enabled=True, sample_ratio=sample_ratio), processor=SimpleSpanProcessor(exporter))
@@ -74,20 +74,17 @@ async def traced_http(
     async with trio.open_nursery() as nursery:
         urls: list[str] = []
         sims: list[SimApp | None] = []
-        for up in (interactive_up, True):
-            if up:
+        async with trio.open_nursery() as gone:  # a pool "not up": up for its first probe, then nobody listens
+            for up in (interactive_up, True):
                 engine = Engine(QUICK)
-                await nursery.start(engine.run)
+                await (nursery if up else gone).start(engine.run)
                 sim = SimApp(engine, model=MODEL)
-                port = await nursery.start(serve_sim, sim.handle, "127.0.0.1", 0)
-                sims.append(sim)
-            else:
-                with trio.socket.socket() as closed:
-                    await closed.bind(("127.0.0.1", 0))
-                    port = closed.getsockname()[1]
-                sims.append(None)
-            urls.append(f"http://127.0.0.1:{port}")
-        router = Router(two_pool_config(interactive_urls=[urls[0]], batch_urls=[urls[1]]))
+                port = await (nursery if up else gone).start(serve_sim, sim.handle, "127.0.0.1", 0)
+                sims.append(sim if up else None)
+                urls.append(f"http://127.0.0.1:{port}")
+            router = Router(two_pool_config(interactive_urls=[urls[0]], batch_urls=[urls[1]]))
+            await router.check_health()  # endpoints take requests once a probe has passed
+            gone.cancel_scope.cancel()
         telemetry = Telemetry([records.append] if records is not None else [])
         app = HttpApi(router, max_body_bytes=1 << 20, telemetry=telemetry, tracing=lambda: tracing)
         await nursery.start(app.run)

@@ -288,6 +288,7 @@ class EngineClient:
         self.url = engine.name
         self.leases = 0
         self.max_body_bytes = 0
+        self.heard = 0  # what a health probe reads (none runs once the engines are plugged)
 
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> EngineResponse:
         """Submit the body's prompt; raises BackendRejected (400) when the engine refuses it."""
@@ -408,6 +409,7 @@ async def open_fleet(setup: Setup, seed: int, clock: trio.testing.MockClock) -> 
     router: Router | None = None
     if setup.config is not None:
         router = Router(setup.config, transport_factory=lambda _: canned_transport(_unplugged), seed=seed)
+        await router.check_health()  # an endpoint takes requests once a probe has passed
         await plug_engines(router, engines)
         target = _Routed(router, seed)
     else:
@@ -428,6 +430,9 @@ async def open_fleet(setup: Setup, seed: int, clock: trio.testing.MockClock) -> 
 
 
 def _unplugged(request: httpx.Request) -> httpx.Response:
+    """The probes' answers (every engine of a sweep is well); a completion never comes this way."""
+    if request.method == "GET" and request.url.path in ("/health", "/v1/models"):
+        return httpx.Response(200, json={"object": "list", "data": []})
     raise AssertionError("the sweep's router calls its engines in-process, never over httpx")
 
 
