@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tailguard.router.config_types import Config, TimeoutsConfig
+from tailguard.server.grpc.gate import FLOOR
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from tests.front_end_helpers import Faulty, front_ends
@@ -431,3 +432,42 @@ def test_a_flood_on_one_channel_is_answered_in_tailguards_words_and_counted() ->
             for index in range(400):
                 assert service.record(f"flood-{index}").api == "grpc"  # its access-log line and metrics
             assert elapsed < 10.0, elapsed
+
+
+def test_a_cold_gate_lets_its_floor_open_at_once_and_grows_while_no_call_waits_in_grpc() -> None:
+    """Issue 32, item 2: the gate is measured (server/grpc/gate.py), not a fixed 1,000 a burst can swamp the loop with.
+
+    A burst of 150 streams meets a gate at its floor: the rest hear
+    server_busy at once. While the gate binds (the refused calls are retried)
+    and grpc holds no call waiting to be picked up, it grows until all are in.
+    """
+    backend = Faulty("hold")
+    with front_ends([backend, Faulty()], lambda urls: config(urls, interactive_cap=200, max_queue=0), max_grpc_calls=1000) as service:
+        with grpc.insecure_channel(service.grpc_target) as channel:
+            stub = pb_grpc.CompletionsStub(channel)
+            opened: list[grpc.Future] = []
+
+            def burst(count: int) -> tuple[int, list[str]]:
+                calls = [stub.ChatStream(chat(max_tokens=8), timeout=60) for _ in range(count)]
+                admitted, refused = 0, []
+                for call in calls:
+                    try:
+                        next(call)
+                        admitted += 1
+                        opened.append(call)
+                    except grpc.RpcError as error:
+                        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+                        refused.append(error.details())
+                return admitted, refused
+
+            admitted, refused = burst(150)
+            assert FLOOR <= admitted < 100, admitted
+            assert all("all its gate lets open now" in details for details in refused), refused[:1]
+            deadline = time.monotonic() + 10.0
+            while admitted < 150 and time.monotonic() < deadline:
+                time.sleep(0.25)  # a tick of the gate
+                admitted += burst(150 - admitted)[0]
+            assert admitted == 150
+            for call in opened:
+                call.cancel()
+            wait_for(lambda: service.router.statistics().in_flight == 0)
