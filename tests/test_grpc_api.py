@@ -13,7 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tailguard.router.config_types import Config, TimeoutsConfig
+from tailguard.router.auth import hash_key
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config, TimeoutsConfig
 from tailguard.server.grpc.gate import FLOOR
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
@@ -471,3 +472,40 @@ def test_a_cold_gate_lets_its_floor_open_at_once_and_grows_while_no_call_waits_i
             for call in opened:
                 call.cancel()
             wait_for(lambda: service.router.statistics().in_flight == 0)
+
+
+@pytest.mark.parametrize("keys", [False, True], ids=["auth off", "auth on"])
+def test_the_shed_counts_a_caller_whatever_authorization_value_it_sends(keys: bool) -> None:
+    """Issue 32, item 9: the shed keys on the key's name (or, without one, the connection), never on the raw header.
+
+    Before, each call with a value of its own was a caller of its own to the
+    shed: a flood that sent a new ``Authorization`` with every call was never
+    shed (0 of 320 here). Auth off, the header means nothing; auth on, one key
+    spelled several ways is still one caller.
+    """
+    backend = Faulty("hold")
+
+    def make(urls: list[str]) -> Config:
+        base = config(urls, interactive_cap=1, max_queue=0)
+        return dataclasses.replace(base, auth=AuthConfig(keys=(ApiKeyConfig("flooder", hash_key("k-1")), ApiKeyConfig("other", hash_key("k-2")))) if keys else base.auth)
+
+    spellings = ("Bearer k-1", "bearer k-1", "BEARER  k-1", "Bearer k-1 ")
+    with front_ends([backend, Faulty()], make, max_grpc_calls=1000) as service:
+        with grpc.insecure_channel(service.grpc_target) as channel:
+            holder = pb_grpc.CompletionsStub(channel).ChatStream(chat(max_tokens=8), metadata=[("authorization", "Bearer k-2")], timeout=30)
+            next(holder)  # the one interactive seat is taken, and nothing may wait
+            stub = pb_grpc.CompletionsStub(channel)
+            details: list[str] = []
+            for wave in range(8):  # 8 waves of 40 calls, each answered before the next: never over the gate
+                futures = [
+                    stub.Chat.future(chat(max_tokens=2), metadata=[("authorization", spellings[i % 4] if keys else f"Bearer {wave}-{i}")], timeout=30)
+                    for i in range(40)
+                ]
+                for future in futures:
+                    with pytest.raises(grpc.RpcError) as refused:
+                        future.result()
+                    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    details.append(refused.value.details())
+            shed = [d for d in details if d.startswith("tailguard sheds")]
+            assert len(shed) > 100, details[-1]
+            holder.cancel()
