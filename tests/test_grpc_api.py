@@ -509,3 +509,30 @@ def test_the_shed_counts_a_caller_whatever_authorization_value_it_sends(keys: bo
             shed = [d for d in details if d.startswith("tailguard sheds")]
             assert len(shed) > 100, details[-1]
             holder.cancel()
+
+
+def _with_extra(**extra: object) -> pb.ChatRequest:
+    request = chat(max_tokens=4)
+    request.options.extra.update(extra)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        (chat(max_tokens=4, temperature=1e300), "options.temperature is out of range: a float field holds finite numbers up to"),
+        (chat(max_tokens=4, top_p=float("nan")), "options.top_p is out of range"),
+        (_with_extra(temperature=float("inf")), "options.extra.temperature is not a finite number"),
+        (_with_extra(logit_bias={"50256": float("-inf")}), "options.extra.logit_bias[\"50256\"] is not a finite number"),
+    ],
+)
+def test_a_number_out_of_a_fields_range_is_invalid_argument_naming_the_field(stub: pb_grpc.CompletionsStub, request_: pb.ChatRequest, needle: str) -> None:
+    """Issue 32, item 10: not "an integer out of range" (a Struct's 1e300 was made a 301-digit integer), nor INTERNAL (infinity in a Struct)."""
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Chat(request_)
+    assert (caught.value.code(), caught.value.details()[: len(needle)]) == (grpc.StatusCode.INVALID_ARGUMENT, needle)
+
+
+def test_a_large_double_in_extra_goes_on_as_a_float_as_over_http(stub: pb_grpc.CompletionsStub) -> None:
+    """1e300 is a double like any other: only doubles that are integers exactly go to the engine as integers."""
+    assert stub.Chat(_with_extra(temperature=1e300, min_tokens=2.0)).usage.completion_tokens == 4
