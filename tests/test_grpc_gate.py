@@ -11,9 +11,10 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from tailguard.server.grpc.gate import BACKOFF, FLOOR, GROWTH, MIN_BACKLOG, WAIT_TARGET, Backlog, CallGate
+from tailguard.server.grpc.gate import BACKOFF, BURST_CALLS, FLOOR, GROWTH, MIN_BACKLOG, WAIT_TARGET, Backlog, CallGate, follow_grpc
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.malloc import trimmer
 
 
 def test_the_gate_starts_at_its_floor_and_grows_only_while_it_binds_and_nothing_waits() -> None:
@@ -126,3 +127,33 @@ def test_grpc_core_says_which_calls_wait_to_be_picked_up() -> None:
         for call in held + waiting:
             assert call.result().content == "ok"
         _eventually(lambda: backlog.waiting(0) == 0)
+
+
+def test_after_a_burst_the_idle_front_end_returns_freed_memory_once() -> None:
+    """RSS after a gRPC flood (issue 32, item 10): once idle after BURST_CALLS calls, the allocator's free pages go back (server/malloc.py)."""
+    released: list[float] = []
+    state = {"open": 0, "picked": 0}
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        follow = loop.create_task(
+            follow_grpc(CallGate(1000), Backlog(None), lambda: state["open"], lambda: 0, lambda: state["picked"], lambda: released.append(loop.time()))
+        )
+        await asyncio.sleep(0.01)  # it has started, with no call picked up yet
+        state["open"], state["picked"] = 10, BURST_CALLS - 1  # a burst, still under way
+        await asyncio.sleep(0.3)
+        state["open"] = 0  # idle, one call short of a burst
+        await asyncio.sleep(1.2)
+        assert released == []
+        state["open"], state["picked"] = 1, BURST_CALLS + 1
+        await asyncio.sleep(0.3)
+        state["open"] = 0
+        await asyncio.sleep(2.5)  # idle: once, not every idle second
+        follow.cancel()
+
+    asyncio.run(run())
+    assert len(released) == 1
+
+
+def test_returning_freed_memory_is_safe_to_call() -> None:
+    trimmer()()

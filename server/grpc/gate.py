@@ -71,6 +71,9 @@ GROWTH = 1.25  # per tick while the gate binds and nothing waits: x2.4 a second
 BACKOFF = 0.8  # of the calls open, per tick while calls wait too long
 TICK_SECONDS = 0.25  # one look at grpc's counts (~0.35 ms of the loop each)
 IDLE_SECONDS = 1.0  # how often an idle front end looks whether calls are open again
+# Calls picked up since the front end was last idle that make a burst: once it is idle again,
+# the allocator's free pages go back to the system (server/malloc.py).
+BURST_CALLS = 1000
 
 
 @dataclass(frozen=True)
@@ -171,21 +174,34 @@ class Backlog:
         return max(0, held - inside)
 
 
-async def follow_grpc(gate: CallGate, backlog: Backlog, open_calls: Callable[[], int], inside: Callable[[], int], picked: Callable[[], int]) -> NoReturn:
+async def follow_grpc(
+    gate: CallGate,
+    backlog: Backlog,
+    open_calls: Callable[[], int],
+    inside: Callable[[], int],
+    picked: Callable[[], int],
+    after_burst: Callable[[], None] = lambda: None,
+) -> NoReturn:
     """On the asyncio loop, until cancelled: each tick while calls are open, tell the gate what waits in grpc.
 
     ``open_calls``: completion calls open; ``inside``: calls inside any of
     tailguard's handlers (open or being refused); ``picked``: calls picked up
-    so far (a running count).
+    so far (a running count). ``after_burst`` runs once the front end is idle
+    after ``BURST_CALLS`` or more calls.
     """
     loop = asyncio.get_running_loop()
     last_at, last_picked = loop.time(), picked()
+    burst_from = last_picked
     while True:
         await asyncio.sleep(TICK_SECONDS if open_calls() else IDLE_SECONDS)
         now, now_picked = loop.time(), picked()
         rate = (now_picked - last_picked) / max(now - last_at, 1e-3)
         last_at, last_picked = now, now_picked
         if not open_calls():
+            if now_picked - burst_from >= BURST_CALLS and rate == 0:
+                after_burst()
+            if rate == 0:
+                burst_from = now_picked
             continue
         waiting = backlog.waiting(inside())
         gate.tick(0 if waiting is None else waiting, rate, open_calls())  # no measure: nothing seen waiting

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # imported only while [tracing] is on
     from tailguard.router.tracing import Tracing
 
 from ..errors_map import grpc_error
+from ..malloc import trimmer
 from ..timing import server_timing
 from .bridge import TrioPortal
 from .gate import Backlog, CallGate, GateStatistics, follow_grpc
@@ -197,6 +198,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         self._picked = 0  # completion calls picked up so far
         self._room: int | None = None  # what the pools can seat and queue (Router.room), as the Trio side last said
         self._gate = CallGate(max_calls)
+        self._release_memory = trimmer()  # after a burst of calls (server/malloc.py)
         self._shed = AdaptiveShed()  # asyncio side only
         self._ids = IdSource()  # refused calls' ids (asyncio side only; the Trio side has its own)
         sessions = Sessions(
@@ -319,7 +321,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
 
     async def follow(self, backlog: Backlog) -> NoReturn:
         """On the asyncio side, until cancelled: the gate follows what waits in grpc (``server.grpc.gate``)."""
-        await follow_grpc(self._gate, backlog, lambda: self._open, lambda: self._inside, lambda: self._picked)
+        await follow_grpc(self._gate, backlog, lambda: self._open, lambda: self._inside, lambda: self._picked, self._release_memory)
 
     def gate_statistics(self) -> GateStatistics:
         return self._gate.statistics()
