@@ -107,6 +107,25 @@ def pending_bound(max_calls: int) -> int:
     return max(10 * max_calls, 10_000)
 
 
+def server_options(max_calls: int) -> list[tuple[str, int]]:
+    """grpc core's options for the front end's transport (see the module's docstring); ``bench.chaos``'s floor uses them too."""
+    pending = pending_bound(max_calls)
+    return [
+        # Calls core holds that the process has not picked up yet: beyond the
+        # bound core answers them itself, so it is far above what the streams
+        # of a few connections can bring.
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", pending),
+        # Streams on one connection: the cap, and as many again refused at
+        # once; a client queues the rest itself, where they cost nothing here.
+        ("grpc.max_concurrent_streams", streams_bound(max_calls)),
+        # With it on (grpc's default) a stream answered but not yet let go of
+        # by Python still counts against that limit, so a client that keeps to
+        # it is refused anyway (REFUSED_STREAM: UNAVAILABLE, unseen here).
+        ("grpc.http.overload_protection", 0),
+    ]
+
+
 # -- the server's lifecycle ----------------------------------------------------------
 
 
@@ -194,25 +213,8 @@ class GrpcServer:
         self._health = HealthServicer()
 
     async def start(self, host: str, port: int) -> int:
-        pending = pending_bound(self._max_calls)
         servers_before = Backlog.server_ids()
-        server = grpc.aio.server(
-            options=[
-                # Calls core holds that the process has not picked up yet: beyond
-                # the bound core cancels them (CANCELLED, silently), so it is far
-                # above what the asyncio side picks up and refuses in time.
-                ("grpc.server.max_pending_requests", pending),
-                ("grpc.server.max_pending_requests_hard_limit", pending),
-                # Streams on one connection: the cap, and as many again refused at
-                # once; a client queues the rest itself, where they cost nothing here.
-                ("grpc.max_concurrent_streams", streams_bound(self._max_calls)),
-                # With it on (grpc's default) a stream answered but not yet let go of
-                # by Python still counts against that limit, so a client that keeps
-                # to it is refused anyway (REFUSED_STREAM: UNAVAILABLE, unseen here).
-                ("grpc.http.overload_protection", 0),
-                ("grpc.so_reuseport", int(self._reuse_port)),  # on only for --workers
-            ]
-        )
+        server = grpc.aio.server(options=[*server_options(self._max_calls), ("grpc.so_reuseport", int(self._reuse_port))])  # on only for --workers
         service = self._service = CompletionsService(self._router, self._portal, self._observers, max_calls=self._max_calls)
         add_completions(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
