@@ -30,9 +30,14 @@ and nothing waits, it grows by ``GROWTH`` a tick. It never goes above its
 ceiling (``server.grpc_max_calls``, or less where the pools are small) nor
 below ``FLOOR``, where it starts: a cold process takes what any process
 relays, and the rest of a burst hears ``server_busy`` with a retry hint,
-instead of waiting in grpc for a loop it has swamped. A closed loop of
-clients (each waiting for its answer before it sends the next call) leaves
-nothing waiting in grpc however busy the loop is, so it is never backed off.
+instead of waiting in grpc for a loop it has swamped. Clients that keep
+more calls open than the gate allows keep their excess coming back; while
+the loop picks those up within a quarter of the target they let the gate
+grow, and where it does not (a loop saturated by what it relays) they are
+refused, each with its retry hint. Measured with ``python -m bench
+grpc-overhead --streams-open 0`` (200 streams restarted as they end, an
+instant engine, a loaded 2-core machine): 9 refusals in its 10 s window,
+5,687 chunks a second relayed (5,319 with the fixed gate, which refused none).
 
 What it cannot do: a refusal still needs the call picked up, so a burst on
 one connection is answered at the rate refusals are picked up (~300 a second
