@@ -15,6 +15,10 @@ first of them is answered. And the window slides in steps, so a flood that
 has left the window is forgotten at once (decaying counts would keep its
 ratio, and keep shedding, until new calls diluted it).
 
+Who a caller is, is the front end's to say, and it must be something the
+caller cannot mint per call (an authenticated key's name, a connection): a
+raw header value would make each call a caller of its own, never shed.
+
 Wire-free and clock-free: the caller passes ``now``; any thread may own one,
 none may share it.
 """

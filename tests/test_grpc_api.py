@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 
 import grpc
@@ -12,7 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tailguard.router.config_types import Config, TimeoutsConfig
+from tailguard.router.auth import hash_key
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config, TimeoutsConfig
+from tailguard.server.grpc.gate import FLOOR
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from tests.front_end_helpers import Faulty, front_ends
@@ -287,10 +290,12 @@ def test_calls_over_the_cap_are_refused_while_the_trio_loop_is_stalled() -> None
 
 
 def test_calls_beyond_what_small_pools_can_hold_are_refused_on_the_asyncio_side() -> None:
-    """Issue 20, defect 1: with pools of 1 seat and no queue, the gate is twice their room (2) plus 64, not the 1,000 cap.
+    """Issue 20, defect 1: with pools of 1 seat and no queue, the gate is at most twice their room (2) plus 64, not the 1,000 cap.
 
-    The Trio loop is stalled while the calls arrive, so every call answered
-    before the stall ends was refused by the gate, never by the router.
+    The gate starts at 64 (server/grpc/gate.py) and may grow to that ceiling
+    (68) while nothing waits in grpc. The Trio loop is stalled while the calls
+    arrive, so every call answered before the stall ends was refused by the
+    gate, never by the router.
     """
     with front_ends([Faulty(), Faulty()], lambda urls: config(urls, interactive_cap=1, batch_cap=1, max_queue=0), max_grpc_calls=1000) as service:
         with grpc.insecure_channel(service.grpc_target) as channel:
@@ -312,11 +317,11 @@ def test_calls_beyond_what_small_pools_can_hold_are_refused_on_the_asyncio_side(
                     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.details()
                     outcomes.append(dict(refused.trailing_metadata())["x-tailguard-error-code"])
                     if outcomes[-1] == "server_busy":
-                        assert refused.details().startswith("tailguard has 68 grpc calls open, more than its pools can seat and queue (2)")
+                        assert re.match(r"tailguard has 6[4-8] grpc calls open, ", refused.details()), refused.details()
             busy = [i for i, outcome in enumerate(outcomes) if outcome == "server_busy"]
-            assert len(busy) == 100 - (2 * 2 + 64), outcomes
+            assert 100 - (2 * 2 + 64) <= len(busy) <= 100 - 64, outcomes
             assert all(answered[i] < stall_ends for i in busy)  # at once, with the router's loop stopped
-            assert outcomes.count("queue_full") + outcomes.count("OK") == 68 and "OK" in outcomes, outcomes
+            assert outcomes.count("queue_full") + outcomes.count("OK") == 100 - len(busy) and "OK" in outcomes, outcomes
             wait_for(lambda: service.router.statistics().in_flight == 0)
 
 
@@ -398,3 +403,139 @@ def test_a_budgeted_callers_answers_and_refusals_carry_the_rate_limits() -> None
         trailing = dict(refused.value.trailing_metadata())
         assert trailing["x-tailguard-error-code"] == "token_budget_exceeded" and trailing["x-ratelimit-limit-requests"] == "1"
         assert 55_000 <= int(trailing["grpc-retry-pushback-ms"]) <= 60_000
+
+
+def test_a_flood_on_one_channel_is_answered_in_tailguards_words_and_counted() -> None:
+    """Issue 32, item 2: 400 calls at once on one channel, far over the gate: each is served or refused server_busy, and counted.
+
+    Before, grpc's own overload protection refused streams the client had
+    been allowed to open (RST_STREAM REFUSED_STREAM: UNAVAILABLE, no access
+    line, no metric): streams already answered still counted against the
+    connection's limit until Python let go of them.
+    """
+    with front_ends([Faulty(), Faulty()], lambda urls: config(urls), max_grpc_calls=20) as service:
+        with grpc.insecure_channel(service.grpc_target) as channel:
+            stub = pb_grpc.CompletionsStub(channel)
+            stub.Chat(chat(max_tokens=1), timeout=10)  # connected: the flood does not wait for the handshake
+            started = time.monotonic()
+            calls = [stub.Chat.future(chat(max_tokens=2), metadata=[("x-request-id", f"flood-{i}")], timeout=30) for i in range(400)]
+            outcomes: dict[str, int] = {}
+            for index, call in enumerate(calls):
+                try:
+                    call.result()
+                    outcome = "OK"
+                except grpc.RpcError as ended:
+                    trailing = dict(ended.trailing_metadata() or ())
+                    outcome = f"{ended.code().name} {trailing.get('x-tailguard-error-code')}"
+                    if ended.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        assert trailing["grpc-retry-pushback-ms"] == "1000" and trailing["x-request-id"] == f"flood-{index}"
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            elapsed = time.monotonic() - started
+            assert set(outcomes) <= {"OK", "RESOURCE_EXHAUSTED server_busy", "RESOURCE_EXHAUSTED queue_full"}, outcomes
+            assert outcomes.get("RESOURCE_EXHAUSTED server_busy", 0) >= 100, outcomes  # the gate was reached
+            for index in range(400):
+                assert service.record(f"flood-{index}").api == "grpc"  # its access-log line and metrics
+            assert elapsed < 10.0, elapsed
+
+
+def test_a_cold_gate_lets_its_floor_open_at_once_and_grows_while_no_call_waits_in_grpc() -> None:
+    """Issue 32, item 2: the gate is measured (server/grpc/gate.py), not a fixed 1,000 a burst can swamp the loop with.
+
+    A burst of 150 streams meets a gate at its floor: the rest hear
+    server_busy at once. While the gate binds (the refused calls are retried)
+    and grpc holds no call waiting to be picked up, it grows until all are in.
+    """
+    backend = Faulty("hold")
+    with front_ends([backend, Faulty()], lambda urls: config(urls, interactive_cap=200, max_queue=0), max_grpc_calls=1000) as service:
+        with grpc.insecure_channel(service.grpc_target) as channel:
+            stub = pb_grpc.CompletionsStub(channel)
+            opened: list[grpc.Future] = []
+
+            def burst(count: int) -> tuple[int, list[str]]:
+                calls = [stub.ChatStream(chat(max_tokens=8), timeout=60) for _ in range(count)]
+                admitted, refused = 0, []
+                for call in calls:
+                    try:
+                        next(call)
+                        admitted += 1
+                        opened.append(call)
+                    except grpc.RpcError as error:
+                        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+                        refused.append(error.details())
+                return admitted, refused
+
+            admitted, refused = burst(150)
+            assert FLOOR <= admitted < 100, admitted
+            assert all("all its gate lets open now" in details for details in refused), refused[:1]
+            deadline = time.monotonic() + 10.0
+            while admitted < 150 and time.monotonic() < deadline:
+                time.sleep(0.25)  # a tick of the gate
+                admitted += burst(150 - admitted)[0]
+            assert admitted == 150
+            for call in opened:
+                call.cancel()
+            wait_for(lambda: service.router.statistics().in_flight == 0)
+
+
+@pytest.mark.parametrize("keys", [False, True], ids=["auth off", "auth on"])
+def test_the_shed_counts_a_caller_whatever_authorization_value_it_sends(keys: bool) -> None:
+    """Issue 32, item 9: the shed keys on the key's name (or, without one, the connection), never on the raw header.
+
+    Before, each call with a value of its own was a caller of its own to the
+    shed: a flood that sent a new ``Authorization`` with every call was never
+    shed (0 of 320 here). Auth off, the header means nothing; auth on, one key
+    spelled several ways is still one caller.
+    """
+    backend = Faulty("hold")
+
+    def make(urls: list[str]) -> Config:
+        base = config(urls, interactive_cap=1, max_queue=0)
+        return dataclasses.replace(base, auth=AuthConfig(keys=(ApiKeyConfig("flooder", hash_key("k-1")), ApiKeyConfig("other", hash_key("k-2")))) if keys else base.auth)
+
+    spellings = ("Bearer k-1", "bearer k-1", "BEARER  k-1", "Bearer k-1 ")
+    with front_ends([backend, Faulty()], make, max_grpc_calls=1000) as service:
+        with grpc.insecure_channel(service.grpc_target) as channel:
+            holder = pb_grpc.CompletionsStub(channel).ChatStream(chat(max_tokens=8), metadata=[("authorization", "Bearer k-2")], timeout=30)
+            next(holder)  # the one interactive seat is taken, and nothing may wait
+            stub = pb_grpc.CompletionsStub(channel)
+            details: list[str] = []
+            for wave in range(8):  # 8 waves of 40 calls, each answered before the next: never over the gate
+                futures = [
+                    stub.Chat.future(chat(max_tokens=2), metadata=[("authorization", spellings[i % 4] if keys else f"Bearer {wave}-{i}")], timeout=30)
+                    for i in range(40)
+                ]
+                for future in futures:
+                    with pytest.raises(grpc.RpcError) as refused:
+                        future.result()
+                    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    details.append(refused.value.details())
+            shed = [d for d in details if d.startswith("tailguard sheds")]
+            assert len(shed) > 100, details[-1]
+            holder.cancel()
+
+
+def _with_extra(**extra: object) -> pb.ChatRequest:
+    request = chat(max_tokens=4)
+    request.options.extra.update(extra)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        (chat(max_tokens=4, temperature=1e300), "options.temperature is out of range: a float field holds finite numbers up to"),
+        (chat(max_tokens=4, top_p=float("nan")), "options.top_p is out of range"),
+        (_with_extra(temperature=float("inf")), "options.extra.temperature is not a finite number"),
+        (_with_extra(logit_bias={"50256": float("-inf")}), "options.extra.logit_bias[\"50256\"] is not a finite number"),
+    ],
+)
+def test_a_number_out_of_a_fields_range_is_invalid_argument_naming_the_field(stub: pb_grpc.CompletionsStub, request_: pb.ChatRequest, needle: str) -> None:
+    """Issue 32, item 10: not "an integer out of range" (a Struct's 1e300 was made a 301-digit integer), nor INTERNAL (infinity in a Struct)."""
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Chat(request_)
+    assert (caught.value.code(), caught.value.details()[: len(needle)]) == (grpc.StatusCode.INVALID_ARGUMENT, needle)
+
+
+def test_a_large_double_in_extra_goes_on_as_a_float_as_over_http(stub: pb_grpc.CompletionsStub) -> None:
+    """1e300 is a double like any other: only doubles that are integers exactly go to the engine as integers."""
+    assert stub.Chat(_with_extra(temperature=1e300, min_tokens=2.0)).usage.completion_tokens == 4

@@ -26,7 +26,7 @@ import grpc
 import trio
 
 from bench.chaos.client import Answer, HttpPool, RequestSpec, judge, probe_bytes, send
-from bench.chaos.lab import Lab
+from bench.chaos.lab import Lab, shipped_gate_queue
 from bench.harness.procs import free_ports, process_cpu_seconds, start_process, stop, wait_listening
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
@@ -309,32 +309,50 @@ async def reload_storm(lab: Lab, phase: Phase) -> None:
 # -- gRPC ------------------------------------------------------------------------------------
 
 
-async def grpc_flood(lab: Lab, phase: Phase) -> None:
-    """Rounds of many gRPC calls at once (one round per size in ``grpc_calls``), each with a deadline.
+# The flood's deadline a call: the issue's (32) client; grpc core cancels what it holds unseen at 30 s.
+FLOOD_DEADLINE_S = 20.0
+# Connections the flood's calls share: one, as the issue's client (a connection's streams are what
+# one HTTP/2 limit bounds; more connections only spread the same calls).
+FLOOD_CHANNELS = 1
 
-    Every call must end OK or be refused at once (RESOURCE_EXHAUSTED), none
-    CANCELLED or left to its deadline; beside the flood, normal HTTP traffic
-    must never hear no_backend and tailguard's /health (polled) must never
-    call an endpoint down: the engines stay healthy, only tailguard is busy.
-    Each round reports tailguard's event-loop lag (its
-    ``tailguard_event_loop_lag_seconds`` histogram over the round), and is
-    run first against the floor (``bench.chaos.grpc_floor``: a server that
-    refuses every call at once, in its own process): "at once" is judged
-    against what the same refusals take there, on the same machine.
+
+async def grpc_flood(lab: Lab, phase: Phase) -> None:
+    """Rounds of many gRPC calls at once on one channel (one round per size in ``grpc_calls``), each with a deadline.
+
+    For the flood the interactive pool's queue is raised (a reload) so that
+    the gate can reach the shipped one (``server.grpc_max_calls``; with this
+    lab's small pools it would stop at twice their room plus 64), and every
+    round is far over it. Every call must end OK or be refused at once
+    (RESOURCE_EXHAUSTED), none CANCELLED or left to its deadline, and each
+    must carry tailguard's marks (its request id on a refusal, its
+    server-timing on an answer): a call without them never reached a handler,
+    so it has no access line and no metric. Served calls' wait inside grpc is
+    what the client waited beyond tailguard's own total (server-timing).
+    Beside the flood, normal HTTP traffic must never hear no_backend and
+    tailguard's /health (polled) must never call an endpoint down: the
+    engines stay healthy, only tailguard is busy. Each round reports
+    tailguard's event-loop lag (its ``tailguard_event_loop_lag_seconds``
+    histogram over the round), and is run first against the floor
+    (``bench.chaos.grpc_floor``: a server that refuses every call at once, in
+    its own process): "at once" is judged against what the same refusals
+    take there, on the same machine.
     """
-    deadline = lab.client_timeout
+    deadline = FLOOD_DEADLINE_S
     rounds: dict[str, Any] = {}
     failures: list[str] = []
     floor_port = free_ports(1)[0]
     floor = await start_process(lab.nursery, [sys.executable, "-m", "bench.chaos.grpc_floor", "--port", str(floor_port)], None)
+    lab.write_config(interactive_queue=shipped_gate_queue())
+    os.kill(lab.tailguard.pid, signal.SIGHUP)
     try:
         await wait_listening(floor_port, floor, "the gRPC floor")
+        await trio.sleep(1.0)  # the reload applies, and the gRPC front end hears of the pools' room
         phase.fault_on()
         for count in lab.options.grpc_calls:
             floor_cpu = sum(process_cpu_seconds(floor.pid))
             floor_results = await lab.aio.run(partial(_grpc_calls, f"127.0.0.1:{floor_port}", count, deadline, {}))
             floor_cpu = sum(process_cpu_seconds(floor.pid)) - floor_cpu
-            floor_ms = sorted(elapsed * 1000 for _, code, _, elapsed, _ in floor_results if code.startswith("RESOURCE_EXHAUSTED"))
+            floor_ms = sorted(call.elapsed * 1000 for call in floor_results if call.code.startswith("RESOURCE_EXHAUSTED"))
             await trio.sleep(0.5)  # the floor's last sockets close before tailguard's round
             summary, round_failures = await _grpc_round(lab, phase, count, deadline)
             summary["floor"] = {
@@ -357,6 +375,9 @@ async def grpc_flood(lab: Lab, phase: Phase) -> None:
             failures.extend(round_failures)
     finally:
         await stop(floor)
+        if lab.tailguard.returncode is None:
+            lab.write_config()
+            os.kill(lab.tailguard.pid, signal.SIGHUP)
     phase.fault_off()
     phase.extra["grpc_rounds"] = rounds
     if failures:
@@ -372,6 +393,11 @@ REFUSED_VS_FLOOR = 2.5
 
 def _p50_p99_max(sorted_ms: list[float]) -> list[float]:
     return [round(percentile(sorted_ms, 50), 1), round(percentile(sorted_ms, 99), 1), round(sorted_ms[-1], 1)] if sorted_ms else []
+
+
+def _p50_p90_max(values: list[float]) -> list[float]:
+    ordered = sorted(values)
+    return [round(percentile(ordered, 50), 2), round(percentile(ordered, 90), 2), round(ordered[-1], 2)] if ordered else []
 
 
 async def _grpc_round(lab: Lab, phase: Phase, count: int, deadline: float) -> tuple[dict[str, Any], list[str]]:
@@ -391,24 +417,32 @@ async def _grpc_round(lab: Lab, phase: Phase, count: int, deadline: float) -> tu
     lag_after = await lab.loop_lag_buckets()
     origin_shift = time.perf_counter() - time.monotonic()  # asyncio's clock -> perf_counter
     codes: dict[str, int] = {}
+    unseen: dict[str, int] = {}
     refused_ms: list[float] = []
     by_reason: dict[str, list[float]] = {}
-    for kind, labelled, sent, elapsed, finished in results:
-        code, _, word = labelled.partition(" ")  # "RESOURCE_EXHAUSTED server_busy": the status, the table's code
-        client_deadline = code == "DEADLINE_EXCEEDED" and elapsed >= deadline - 0.5
-        outcome = labelled if code != "OK" or finished else "OK without finish_reason"
+    for call in results:
+        code, _, word = call.code.partition(" ")  # "RESOURCE_EXHAUSTED server_busy": the status, the table's code
+        client_deadline = code == "DEADLINE_EXCEEDED" and call.elapsed >= deadline - 0.5
+        outcome = call.code if code != "OK" or call.finished else "OK without finish_reason"
         if client_deadline:
             outcome = "no answer (client deadline)"
-        terminal = code != "CANCELLED" and not client_deadline and (code != "OK" or finished)
-        phase.answers.append(Answer("attack", sent + origin_shift, elapsed, f"gRPC {kind} {outcome}", terminal, code == "OK" and finished))
+        terminal = code != "CANCELLED" and not client_deadline and (code != "OK" or call.finished)
+        phase.answers.append(
+            Answer("attack", call.start + origin_shift, call.elapsed, f"gRPC {call.kind} {outcome}", terminal, code == "OK" and call.finished)
+        )
         codes[outcome] = codes.get(outcome, 0) + 1
+        if not call.seen:
+            unseen[outcome] = unseen.get(outcome, 0) + 1
         if code == "RESOURCE_EXHAUSTED":
-            refused_ms.append(elapsed * 1000)
-            by_reason.setdefault(word or "?", []).append(elapsed * 1000)
+            refused_ms.append(call.elapsed * 1000)
+            by_reason.setdefault(word or "?", []).append(call.elapsed * 1000)
     no_backend = sum(1 for a in phase.answers if a.group == "normal" and "no_backend" in a.outcome and started <= a.sent_at <= ended)
     lag_p99 = _bucket_quantile(lag_before, lag_after, 0.99)
     summary: dict[str, Any] = {
+        "calls": count,
         "outcomes": dict(sorted(codes.items(), key=lambda kv: -kv[1])),
+        "without_access_line": unseen,
+        "served_wait_in_grpc_s_p50_p90_max": _p50_p90_max([call.wait for call in results if call.wait is not None]),
         "wall_s": round(ended - started, 1),
         "http_no_backend": no_backend,
         "endpoints_down": sorted(downs),
@@ -424,6 +458,8 @@ async def _grpc_round(lab: Lab, phase: Phase, count: int, deadline: float) -> tu
     wrong = {k: v for k, v in codes.items() if not k.startswith(("OK", "RESOURCE_EXHAUSTED"))}
     if wrong:
         failures.append(f"{count} calls: {wrong} (each must be OK or RESOURCE_EXHAUSTED)")
+    if unseen:
+        failures.append(f"{count} calls: {sum(unseen.values())} never reached tailguard (no access line, no metric): {unseen}")
     if no_backend:
         failures.append(f"{count} calls: {no_backend} HTTP requests beside the flood got no_backend")
     if downs:
@@ -465,37 +501,68 @@ def _bucket_quantile(before: tuple[dict[float, float], float, float] | None, aft
     return bounds[-1]
 
 
-async def _grpc_calls(address: str, count: int, deadline: float, details: dict[str, str]) -> list[tuple[str, str, float, float, bool]]:
-    """On the asyncio thread: ``count`` calls at once, 3 streams to 1 unary; (kind, code, start, elapsed, finished).
+@dataclass(frozen=True)
+class _Ended:
+    """How one flood call ended, as its client saw it."""
+
+    kind: str  # "unary" or "stream"
+    code: str  # the status's name, with tailguard's error code after a space when it sent one
+    start: float  # asyncio's clock
+    elapsed: float
+    finished: bool  # an answer with a finish reason
+    seen: bool  # it carries tailguard's marks: a handler had it, so it has its access line
+    wait: float | None  # served: what the client waited beyond tailguard's total (server-timing), in s
+
+
+def _server_total(metadata: Any) -> float | None:
+    """tailguard's ``total;dur=`` (server-timing, trailing metadata) in seconds, if it sent one."""
+    for part in str(dict(metadata or ()).get("server-timing", "")).split(","):
+        name, _, duration = part.strip().partition(";dur=")
+        if name == "total":
+            return float(duration) / 1000
+    return None
+
+
+async def _grpc_calls(address: str, count: int, deadline: float, details: dict[str, str]) -> list[_Ended]:
+    """On the asyncio thread: ``count`` calls at once, 3 streams to 1 unary, on ``FLOOD_CHANNELS`` connections.
 
     ``details`` gets the first status details seen for each code other than OK.
     """
-    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(8)]
+    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(FLOOD_CHANNELS)]
     stubs = [pb_grpc.CompletionsStub(channel) for channel in channels]
     request = pb.ChatRequest(
         messages=[pb.Message(role="user", content="Name a colour, please.")], options=pb.Options(max_tokens=NORMAL_MAX_TOKENS)
     )
 
-    async def one(i: int) -> tuple[str, str, float, float, bool]:
+    async def one(i: int) -> _Ended:
         stub = stubs[i % len(stubs)]
         start = time.monotonic()
         finished = False
         kind = "unary" if i % 4 == 3 else "stream"
+        trailing: Any = ()
         try:
             if kind == "unary":
-                reply = await stub.Chat(request, timeout=deadline)
-                finished = bool(reply.finish_reason)
+                unary = stub.Chat(request, timeout=deadline)
+                finished = bool((await unary).finish_reason)
+                trailing = await unary.trailing_metadata()
             else:
-                async for chunk in stub.ChatStream(request, timeout=deadline):
+                stream = stub.ChatStream(request, timeout=deadline)
+                async for chunk in stream:
                     finished = finished or bool(chunk.finish_reason)
+                trailing = await stream.trailing_metadata()
             code = "OK"
         except grpc.aio.AioRpcError as error:
             code = error.code().name
             details.setdefault(code, str(error.details())[:200])
-            word = dict(error.trailing_metadata() or ()).get("x-tailguard-error-code")
+            trailing = error.trailing_metadata() or ()
+            word = dict(trailing).get("x-tailguard-error-code")
             if code == "RESOURCE_EXHAUSTED" and isinstance(word, str):
                 code = f"{code} {word}"
-        return kind, code, start, time.monotonic() - start, finished
+        elapsed = time.monotonic() - start
+        total = _server_total(trailing)
+        seen = total is not None or "x-request-id" in dict(trailing) or "x-tailguard-error-code" in dict(trailing)
+        wait = elapsed - total if code == "OK" and total is not None else None
+        return _Ended(kind, code, start, elapsed, finished, seen, wait)
 
     try:
         return list(await asyncio.gather(*(one(i) for i in range(count))))

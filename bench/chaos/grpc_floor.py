@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import grpc
 
-from tailguard.server.grpc.api import MAX_CONCURRENT_CALLS, pending_bound, streams_bound
+from tailguard.server.grpc.api import MAX_CONCURRENT_CALLS, server_options
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 
@@ -49,15 +49,8 @@ class Refuser(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # generated, 
 
 
 async def serve(port: int) -> None:
-    """Listen on 127.0.0.1:``port`` with tailguard's stream and pending bounds, until cancelled."""
-    pending = pending_bound(MAX_CONCURRENT_CALLS)
-    server = grpc.aio.server(
-        options=[
-            ("grpc.server.max_pending_requests", pending),
-            ("grpc.server.max_pending_requests_hard_limit", pending),
-            ("grpc.max_concurrent_streams", streams_bound(MAX_CONCURRENT_CALLS)),
-        ]
-    )
+    """Listen on 127.0.0.1:``port`` with tailguard's transport options (stream and pending bounds), until cancelled."""
+    server = grpc.aio.server(options=server_options(MAX_CONCURRENT_CALLS))
     pb_grpc.add_CompletionsServicer_to_server(Refuser(), server)
     if not server.add_insecure_port(f"127.0.0.1:{port}"):
         raise OSError(f"the floor could not listen on 127.0.0.1:{port}")

@@ -21,6 +21,8 @@ from bench.harness.config import PoolSpec
 from bench.harness.config import tailguard_config as shared_config
 from bench.harness.grpc import AsyncioThread
 from bench.harness.procs import RESULTS_ROOT, start_tailguard, wait_ready
+from tailguard.router.config_types import ServerConfig
+from tailguard.server.grpc.service import gate_ceiling
 
 RESULTS = RESULTS_ROOT / "chaos"
 HOST = "127.0.0.1"
@@ -28,6 +30,7 @@ E2E_TIMEOUT_S = 8.0  # tailguard's end_to_end_timeout here: a hung request ends 
 CLIENT_SLACK_S = 4.0  # the client waits this much longer before it calls a request unanswered
 SEATS_PER_ENGINE = 8  # interactive endpoints' max_concurrency
 BATCH_SEATS = 16  # the batch engine's max_concurrency
+QUEUE = 64  # each pool's max_queue
 SETTLE_MAX_S = 15.0
 FD_SLACK = 10  # descriptors a phase may leave behind (besides CLOSE-WAIT client sockets)
 MAX_NORMAL_REQUESTS = 5_000  # a count bound on one phase's normal traffic, beside its time bound
@@ -126,10 +129,10 @@ class Lab:
     client_timeout: float = E2E_TIMEOUT_S + CLIENT_SLACK_S
     capacity: dict[str, float] = field(default_factory=dict)  # pool -> requests a second it can finish
 
-    def write_config(self, a_cap: int = SEATS_PER_ENGINE) -> None:
+    def write_config(self, a_cap: int = SEATS_PER_ENGINE, interactive_queue: int = QUEUE) -> None:
         """Replace the config file at once (tailguard never reads half a file)."""
         fresh = self.config_path.with_suffix(".new")
-        fresh.write_text(tailguard_config(self.tg_port, self.grpc_port, self.engines, a_cap))
+        fresh.write_text(tailguard_config(self.tg_port, self.grpc_port, self.engines, a_cap, interactive_queue))
         os.replace(fresh, self.config_path)
 
     async def set_fault(self, engine: str, fault: dict[str, Any]) -> None:
@@ -198,7 +201,9 @@ class Lab:
         return code
 
 
-def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], a_cap: int = SEATS_PER_ENGINE) -> str:
+def tailguard_config(
+    tg_port: int, grpc_port: int, engines: dict[str, int], a_cap: int = SEATS_PER_ENGINE, interactive_queue: int = QUEUE
+) -> str:
     """tailguard's config: two pools, the shipped classes, an 8 s end-to-end timeout.
 
     The interactive pool is set up as its docs advise for hung engines: a
@@ -207,9 +212,9 @@ def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], a_ca
     """
     hardened = ("first_byte_timeout = 2.0", 'health_check = "completion"')
     interactive = PoolSpec(
-        "interactive", [(engines["a"], a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, 64, extra=hardened
+        "interactive", [(engines["a"], a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, interactive_queue, extra=hardened
     )
-    batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, 64)
+    batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, QUEUE)
     timeouts = ["[timeouts]", f"end_to_end_timeout = {E2E_TIMEOUT_S}", "", "[metrics]", "backend_scrape_interval = 1.0", ""]
     return shared_config(tg_port, grpc_port, interactive, batch, batch_queue_timeout=5.0, sections=timeouts)
 
@@ -260,3 +265,17 @@ class Result:
     wall_s: float = 0.0
     checks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+def shipped_gate_queue() -> int:
+    """The interactive pool's max_queue with which the gRPC gate may reach the shipped one (``server.grpc_max_calls``).
+
+    The gate's ceiling is twice what the pools can seat and queue, plus 64,
+    where that is below the cap (``server.grpc.service.gate_ceiling``): with
+    this lab's 16 + 16 seats and queues of 64 that is 368, under the shipped
+    1,000 that a flood must meet.
+    """
+    shipped, queue = ServerConfig.grpc_max_calls, QUEUE
+    while gate_ceiling(shipped, 2 * SEATS_PER_ENGINE + queue + BATCH_SEATS + QUEUE) < shipped:
+        queue += 16
+    return queue

@@ -11,35 +11,45 @@ into protobuf; a reply that is not a valid completion is BadBackendReply,
 never OK with empty content. A caller's deadline or cancellation cancels the
 Trio scope, which aborts the backend generation and releases the seat.
 
-A flood must not starve the process. grpc core holds the calls the process
-has not yet picked up, and cancels them (CANCELLED, no details) past
-``grpc.server.max_pending_requests`` or after
-``grpc.server_max_unrequested_time_in_server`` (30 s): the only answer it has
-for calls it may not hand over is the silent one. grpc.aio's
-``maximum_concurrent_rpcs`` does not help: it *blocks* the loop that picks
-calls up (an asyncio.Condition) until one ends, so the excess waits in core
-for exactly that cancel. So the defences are, in order:
+A flood must not starve the process, and every call must end in tailguard's
+words (served, or RESOURCE_EXHAUSTED ``server_busy`` with its retry hint) and
+be counted. grpc has silent answers of its own, each avoided here:
+
+- core holds the calls the process has not picked up yet and cancels them
+  (CANCELLED, no details) after ``grpc.server_max_unrequested_time_in_server``
+  (30 s) or, past ``grpc.server.max_pending_requests``, answers them
+  RESOURCE_EXHAUSTED itself: calls must be picked up well before either, which
+  is what the gate is for (below);
+- with its overload protection (on by default) chttp2 answers REFUSED_STREAM
+  (UNAVAILABLE "Stream removed" at the client) to a stream its client was
+  allowed to open, because streams already answered count against
+  ``grpc.max_concurrent_streams`` until Python has let go of them: it is
+  turned off, so the limit is HTTP/2's own, which clients keep to;
+- grpc.aio's ``maximum_concurrent_rpcs`` answers RESOURCE_EXHAUSTED "Concurrent
+  RPC limit exceeded!" without a retry hint or a trace here: not used.
+
+So the defences are, in order:
 
 - HTTP/2 itself: at most ``streams_bound(max_calls)`` streams on one
-  connection (``grpc.max_concurrent_streams``: the calls served and as many
-  being refused); a client's further calls wait in the client, where they
-  cost this process nothing;
-- every call core has is picked up promptly, and one over the gate is refused
-  on the asyncio side at once, before it costs the router anything: no Trio
-  hop, no session, no parse (``CompletionsService``'s gate: RESOURCE_EXHAUSTED
-  ``server_busy`` with its retry hint); its access-log line and metrics are
-  posted to Trio after the answer, batched. The gate is ``max_calls``, or
-  less where the pools are small: twice what they can seat and queue, plus
-  ``_ROOM_SLACK`` (``_gate``): the Trio side would refuse those calls anyway,
-  at twice the cost;
-- a caller (connection and credentials) most of whose calls in the last
-  second were refused for overload is shed there too, by the SRE book's
-  adaptive throttling (``router.shed``): about twice its accepted rate still
-  reaches the router. A flood's refusals then cost what grpc itself costs:
-  without it each went through the Trio side, at ~2.5x the CPU of a server
-  that refuses everything (``bench chaos``, the gRPC flood, and its floor);
-- core's pending bound is far above what the loop picks up in a second, so
-  core never cancels a call the process would have answered;
+  connection; a client's further calls wait in the client, where they cost
+  this process nothing and grpc cancels none of them;
+- the gate (``gate``): a call over it is refused on the asyncio side at once,
+  before it costs the router anything: no Trio hop, no session, no parse
+  (``server_busy`` with its retry hint); its access-log line and metrics are
+  posted to Trio after the answer, batched. Its limit is measured: it backs
+  off while calls wait inside grpc to be picked up, and grows while it binds
+  and none wait, between a floor of 64 and ``max_calls`` (less where the
+  pools are small: twice what they can seat and queue, plus ``_ROOM_SLACK``:
+  the Trio side would refuse those calls anyway, at twice the cost);
+- a caller (its key's name, or without one its connection) most of whose
+  calls in the last second were refused for overload is shed there too, by
+  the SRE book's adaptive throttling (``router.shed``): about twice its
+  accepted rate still reaches the router. A flood's refusals then cost what
+  grpc itself costs: without it each went through the Trio side, at ~2.5x
+  the CPU of a server that refuses everything (``bench chaos``, the gRPC
+  flood, and its floor);
+- core's pending bound is far above what one connection's streams can hold,
+  so core never answers a call the process would have answered;
 - what the asyncio side hands Trio is run in bounded slices
   (``grpc_bridge``), so a burst of calls cannot stall the Trio loop, whose
   lateness the router measures (``router.loop_lag``) and never blames on the
@@ -48,9 +58,10 @@ for exactly that cancel. So the defences are, in order:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import trio
@@ -65,6 +76,7 @@ from tailguard.router.telemetry import Telemetry
 from tailguard.router.tls import read_pem
 
 from .bridge import AsyncioHost, TrioPortal
+from .gate import Backlog
 from .gen.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
 from .service import MAX_CONCURRENT_CALLS as MAX_CONCURRENT_CALLS
 from .service import SERVICE_NAME, CompletionsService, add_completions
@@ -86,13 +98,32 @@ def streams_bound(max_calls: int) -> int:
 
 
 def pending_bound(max_calls: int) -> int:
-    """Calls grpc core may hold before the process picks them up: any burst it can pick up and refuse in time.
+    """Calls grpc core may hold before the process picks them up: more than five connections' full streams.
 
-    Beyond it core cancels calls silently, so it is generous: picking a call
-    up and refusing it costs the asyncio side ~0.1-0.3 ms, so even 10 x
-    ``max_calls`` arriving at once is picked up well inside grpc's 30 s.
+    Beyond it core answers calls itself (RESOURCE_EXHAUSTED, no retry hint, no
+    trace here), so it is generous; what keeps calls from waiting long in
+    core is the gate, not this bound.
     """
     return max(10 * max_calls, 10_000)
+
+
+def server_options(max_calls: int) -> list[tuple[str, int]]:
+    """grpc core's options for the front end's transport (see the module's docstring); ``bench.chaos``'s floor uses them too."""
+    pending = pending_bound(max_calls)
+    return [
+        # Calls core holds that the process has not picked up yet: beyond the
+        # bound core answers them itself, so it is far above what the streams
+        # of a few connections can bring.
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", pending),
+        # Streams on one connection: the cap, and as many again refused at
+        # once; a client queues the rest itself, where they cost nothing here.
+        ("grpc.max_concurrent_streams", streams_bound(max_calls)),
+        # With it on (grpc's default) a stream answered but not yet let go of
+        # by Python still counts against that limit, so a client that keeps to
+        # it is refused anyway (REFUSED_STREAM: UNAVAILABLE, unseen here).
+        ("grpc.http.overload_protection", 0),
+    ]
 
 
 # -- the server's lifecycle ----------------------------------------------------------
@@ -178,23 +209,12 @@ class GrpcServer:
         self._tls = tls
         self._server: grpc.aio.Server | None = None
         self._service: CompletionsService | None = None
+        self._follow: asyncio.Task[NoReturn] | None = None
         self._health = HealthServicer()
 
     async def start(self, host: str, port: int) -> int:
-        pending = pending_bound(self._max_calls)
-        server = grpc.aio.server(
-            options=[
-                # Calls core holds that the process has not picked up yet: beyond
-                # the bound core cancels them (CANCELLED, silently), so it is far
-                # above what the asyncio side picks up and refuses in time.
-                ("grpc.server.max_pending_requests", pending),
-                ("grpc.server.max_pending_requests_hard_limit", pending),
-                # Streams on one connection: the cap, and as many again refused at
-                # once; a client queues the rest itself, where they cost nothing here.
-                ("grpc.max_concurrent_streams", streams_bound(self._max_calls)),
-                ("grpc.so_reuseport", int(self._reuse_port)),  # on only for --workers
-            ]
-        )
+        servers_before = Backlog.server_ids()
+        server = grpc.aio.server(options=[*server_options(self._max_calls), ("grpc.so_reuseport", int(self._reuse_port))])  # on only for --workers
         service = self._service = CompletionsService(self._router, self._portal, self._observers, max_calls=self._max_calls)
         add_completions(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -203,8 +223,10 @@ class GrpcServer:
         bound: int = server.add_insecure_port(address) if self._tls is None else server.add_secure_port(address, self._tls.credentials())
         if not bound:
             raise OSError(f"gRPC could not listen on {address}")
+        backlog = Backlog.around(servers_before)
         await server.start()
         self._server = server
+        self._follow = asyncio.get_running_loop().create_task(service.follow(backlog), name="grpc-gate")
         return bound
 
     async def set_serving(self, serving: bool) -> None:
@@ -223,6 +245,8 @@ class GrpcServer:
         await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
+        if self._follow is not None:
+            self._follow.cancel()
 
 
 async def serve_grpc(

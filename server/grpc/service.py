@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
-from tailguard.router.auth import Caller
+from tailguard.router.auth import ANONYMOUS, Caller
 from tailguard.router.config_types import ServerConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import BadBackendReply, Draining, InternalError, InvalidRequest, Overloaded, ServerBusy, TailguardError
@@ -29,8 +29,10 @@ if TYPE_CHECKING:  # imported only while [tracing] is on
     from tailguard.router.tracing import Tracing
 
 from ..errors_map import grpc_error
+from ..malloc import trimmer
 from ..timing import server_timing
 from .bridge import TrioPortal
+from .gate import Backlog, CallGate, GateStatistics, follow_grpc
 from .gen.tailguard.v1 import tailguard_pb2 as pb
 from .gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from .sse import DONE, SseDecoder
@@ -48,8 +50,8 @@ _SHUTTING_DOWN = Draining("tailguard is shutting down; retry on another instance
 _ROOM_SLACK = 64
 
 
-def _gate(max_calls: int, room: int | None) -> int:
-    """Completion calls open at once, beyond which a call is refused on the asyncio side.
+def gate_ceiling(max_calls: int, room: int | None) -> int:
+    """The most completion calls the gate lets open at once (the ceiling of ``server.grpc.gate``'s limit).
 
     ``room`` is what the pools can seat and queue (``Router.room``). Past it a
     call can only be refused or displace a less urgent waiter: twice that
@@ -75,7 +77,7 @@ class _Call:
     stream: bool
     request_id: str | None = None  # set by the Trio side: the id the call goes by
     trace_context: dict[str, str] | None = None  # the caller's traceparent and tracestate, if it sent them
-    caller: tuple[str, str | None] = ("", None)  # its connection and credentials: whose calls the shed counts it among
+    caller: tuple[str, str] = ("", "")  # whose calls the shed counts it among: ("key", name) or ("peer", connection)
     session: str | None = None  # the session header's value ([server] session_header), a placement hint
     rate_limits: tuple[tuple[str, str], ...] = ()  # set by the Trio side: a budgeted key's x-ratelimit-* (errors carry them too)
 
@@ -192,8 +194,11 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         self._portal = portal
         self._max_calls = max_calls
         self._open = 0  # completion calls open (asyncio side only)
+        self._inside = 0  # completion calls inside a handler: open, or being refused
+        self._picked = 0  # completion calls picked up so far
         self._room: int | None = None  # what the pools can seat and queue (Router.room), as the Trio side last said
-        self._gate = max_calls
+        self._gate = CallGate(max_calls)
+        self._release_memory = trimmer()  # after a burst of calls (server/malloc.py)
         self._shed = AdaptiveShed()  # asyncio side only
         self._ids = IdSource()  # refused calls' ids (asyncio side only; the Trio side has its own)
         sessions = Sessions(
@@ -214,14 +219,14 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         try:
             return await self._unary(call, context)
         finally:
-            self._open -= 1
+            self._close()
 
     async def Complete(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
         call = await self._admit("completion", request, context, stream=False)
         try:
             return await self._unary(call, context)
         finally:
-            self._open -= 1
+            self._close()
 
     # grpc.aio recognises streaming handlers by being async generator functions.
     async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompletionChunk]:
@@ -230,7 +235,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             async for chunk in self._stream(call, context):
                 yield chunk
         finally:
-            self._open -= 1
+            self._close()
 
     async def CompleteStream(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
@@ -240,7 +245,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             async for chunk in self._stream(call, context):
                 yield chunk
         finally:
-            self._open -= 1
+            self._close()
 
     async def _admit(self, kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool) -> _Call:
         """The call, counted as open; or refused at once (RESOURCE_EXHAUSTED server_busy) over the gate or by the shed.
@@ -248,14 +253,22 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         A request that did not decode is INVALID_ARGUMENT here (grpc's own answer
         would be UNKNOWN, with Python's exception text).
         """
+        self._picked += 1
+        self._inside += 1
+        try:
+            return await self._open_call(kind, message, context, stream=stream)
+        except BaseException:
+            self._inside -= 1
+            raise
+
+    async def _open_call(self, kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool) -> _Call:
         if isinstance(message, _Malformed):
             await _abort(context, InvalidRequest(f"the request is not a valid {message.type_name} message", param="request"))
         call = _call(kind, message, context, stream=stream, session_header=self._router.config.server.session_header)
-        call.caller = (context.peer(), call.authorization)
+        call.caller = self._shed_key(call.authorization, context)
         retry_after = self._router.config.timeouts.retry_after  # a frozen config, swapped whole: safe to read here
-        if self._open >= self._gate:
-            why = "its cap" if self._gate == self._max_calls else f"more than its pools can seat and queue ({self._room})"
-            busy = ServerBusy(f"tailguard has {self._open} grpc calls open, {why}; retry after {retry_after:g} s", retry_after=retry_after)
+        if not self._gate.admit(self._open):
+            busy = ServerBusy(f"tailguard has {self._open} grpc calls open, {self._why_full()}; retry after {retry_after:g} s", retry_after=retry_after)
         elif not self._shed.admit(call.caller, time.monotonic()):
             busy = ServerBusy(
                 f"tailguard sheds {self._shed.chance(call.caller, time.monotonic()):.0%} of this caller's calls now: most of its calls "
@@ -269,15 +282,49 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         self._portal.post(self._trio.refused, request_id, busy)  # recorded in Trio, batched
         await _abort(context, busy, request_id)
 
+    def _close(self) -> None:
+        """An admitted call has ended."""
+        self._open -= 1
+        self._inside -= 1
+
+    def _why_full(self) -> str:
+        """Why the gate is where it is, for a refusal's message."""
+        gate = self._gate.statistics()
+        if gate.limit < gate.ceiling:
+            return f"all its gate lets open now (at most {gate.ceiling}; it grows while no call waits inside grpc to be picked up)"
+        if gate.ceiling == self._max_calls:
+            return "its cap"
+        return f"more than its pools can seat and queue ({self._room})"
+
+    def _shed_key(self, authorization: str | None, context: grpc.aio.ServicerContext) -> tuple[str, str]:
+        """Whose calls the shed counts this one among: the key's name once it authenticates, else the connection.
+
+        Never the raw ``Authorization`` value: a caller can send a new one with
+        every call (and without keys configured it means nothing), so each call
+        would be a caller of its own that the shed never sees flood.
+        """
+        try:
+            caller = self._router.authenticate(authorization)  # a hash and a lookup; ANONYMOUS while keys are off
+        except TailguardError:  # refused as unauthenticated inside: counted with its connection's calls
+            return ("peer", context.peer())
+        return ("peer", context.peer()) if caller is ANONYMOUS else ("key", caller.name)
+
     def _refused_inside(self, call: _Call, error: TailguardError) -> None:
         """The shed hears of the call's refusal for overload (queue full, a cap, no room): its caller's next calls may be shed."""
         if isinstance(error, Overloaded):
             self._shed.refused(call.caller, time.monotonic())
 
     def set_room(self, room: int) -> None:
-        """On the asyncio side: the pools' room changed (a reload, discovery, rebalancing); the gate follows."""
+        """On the asyncio side: the pools' room changed (a reload, discovery, rebalancing); the gate's ceiling follows."""
         self._room = room
-        self._gate = _gate(self._max_calls, room)
+        self._gate.set_ceiling(gate_ceiling(self._max_calls, room))
+
+    async def follow(self, backlog: Backlog) -> NoReturn:
+        """On the asyncio side, until cancelled: the gate follows what waits in grpc (``server.grpc.gate``)."""
+        await follow_grpc(self._gate, backlog, lambda: self._open, lambda: self._inside, lambda: self._picked, self._release_memory)
+
+    def gate_statistics(self) -> GateStatistics:
+        return self._gate.statistics()
 
     async def GetLimits(self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext) -> pb.Limits:
         """The limits in force; with API keys configured it needs one, as HTTP's /v1/limits does."""

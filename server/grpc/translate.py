@@ -7,13 +7,14 @@ Everything unexpected in the backend's JSON is the backend's fault
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import struct_pb2
 
 from tailguard.router.config_limits import limits_of
 from tailguard.router.config_types import Config
-from tailguard.router.errors import BackendStreamError, BadBackendReply
+from tailguard.router.errors import BackendStreamError, BadBackendReply, InvalidRequest
 from tailguard.router.request import RequestKind, Routing
 
 from .gen.tailguard.v1 import tailguard_pb2 as pb
@@ -21,6 +22,8 @@ from .gen.tailguard.v1 import tailguard_pb2 as pb
 __all__ = ["chunk_message", "limits_message", "parse_json", "request_fields", "response_message", "routing_message"]
 
 _INT32_MAX = 2**31 - 1
+_EXACT_INTEGERS = 2**53  # a double beyond it is no integer to speak of
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def routing_message(routing: Routing) -> pb.Routing:
@@ -146,8 +149,15 @@ def chunk_message(kind: RequestKind, payload: Any) -> pb.CompletionChunk:
 def _params(options: pb.Options) -> dict[str, Any]:
     params: dict[str, Any] = {}
     if options.HasField("extra"):
-        params.update({k: _integral(v) for k, v in json_format.MessageToDict(options.extra).items()})
-    for name in ("temperature", "top_p", "seed", "n"):
+        params.update({key: _value(value, f"options.extra{_step(key)}") for key, value in options.extra.fields.items()})
+    for name in ("temperature", "top_p"):
+        if options.HasField(name):
+            number = getattr(options, name)
+            if not math.isfinite(number):  # a float32 field: what was sent past +-3.4e38 arrives as infinity
+                where = f"options.{name}"
+                raise InvalidRequest(f"{where} is out of range: a float field holds finite numbers up to ±{_FLOAT32_MAX:.4g}", param=where)
+            params[name] = number
+    for name in ("seed", "n"):
         if options.HasField(name):
             params[name] = getattr(options, name)
     if options.stop:
@@ -155,11 +165,35 @@ def _params(options: pb.Options) -> dict[str, Any]:
     return params
 
 
-def _integral(value: Any) -> Any:
-    """Struct numbers are doubles; give vLLM integers where they are whole."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
+def _value(value: struct_pb2.Value, where: str) -> Any:
+    """A ``google.protobuf.Value`` as JSON would carry it; numbers are doubles, and whole ones go to vLLM as integers.
+
+    Only the doubles that are integers exactly (at most 2**53 either way):
+    ``1e300`` stays a float, as the same number sent over HTTP does. A
+    double JSON cannot carry (infinity, NaN) is the caller's error, named.
+    """
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise InvalidRequest(f"{where} is not a finite number", param=where)
+        return int(number) if number.is_integer() and abs(number) <= _EXACT_INTEGERS else number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return {key: _value(item, f"{where}{_step(key)}") for key, item in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_value(item, f"{where}[{index}]") for index, item in enumerate(value.list_value.values)]
+    return None  # null_value (or no kind set)
+
+
+def _step(key: str) -> str:
+    """``.key`` for a plain key; anything else as a short escaped string in brackets (it may hold anything)."""
+    if key.isascii() and key.isidentifier() and len(key) <= 64:
+        return f".{key}"
+    return f"[{json.dumps(key[:40])}]"
 
 
 def request_fields(options: pb.Options, request_id: str) -> dict[str, Any]:
