@@ -104,7 +104,7 @@ def test_limits_match_the_http_document(service: Service, stub: pb_grpc.Completi
         (chat("word " * 40_000, max_tokens=8), grpc.StatusCode.INVALID_ARGUMENT, "input cap"),
         (chat(max_tokens=8, request_class="batch"), grpc.StatusCode.PERMISSION_DENIED, "may not force the class"),
         (pb.ChatRequest(model="gpt-9", messages=[pb.Message(role="user", content="x")]), grpc.StatusCode.NOT_FOUND, "not served"),
-        (chat(max_tokens=8, n=9), grpc.StatusCode.INVALID_ARGUMENT, "limits.max_n"),
+        (chat(max_tokens=8, n=9), grpc.StatusCode.INVALID_ARGUMENT, "one choice a call"),
     ],
 )
 def test_rejections_have_clear_status_codes(stub: pb_grpc.CompletionsStub, request_: pb.ChatRequest, code: grpc.StatusCode, needle: str) -> None:

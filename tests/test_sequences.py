@@ -10,6 +10,7 @@ import openai
 import pytest
 import trio
 import trio.testing
+from google.protobuf.struct_pb2 import Struct
 from openai.types.chat import ChatCompletionMessageParam
 
 from tailguard.router import errors
@@ -107,7 +108,7 @@ async def test_a_budget_reserves_every_choice(autojump_clock: trio.testing.MockC
 
 
 def test_both_front_ends_count_n_alike() -> None:
-    """HTTP (the openai SDK) and gRPC: n within the limit is served, n choices; over it, refused naming ``n``."""
+    """HTTP (the openai SDK): n within the limit is served, n choices, over it refused naming ``n``; gRPC answers one choice a call."""
 
     def make(urls: list[str]) -> Config:
         return two_pool_config(interactive_urls=[urls[0]], batch_urls=[urls[1]], timeouts=TimeoutsConfig(health_check_interval=0.1))
@@ -123,7 +124,17 @@ def test_both_front_ends_count_n_alike() -> None:
         client.close()
         with grpc.insecure_channel(service.grpc_target) as channel:
             stub = pb_grpc.CompletionsStub(channel)
-            with pytest.raises(grpc.RpcError) as grpc_refused:
-                stub.Chat(pb.ChatRequest(messages=[pb.Message(role="user", content="hi")], options=pb.Options(max_tokens=4, n=32)))
-            assert grpc_refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-            assert "limits.max_n" in (grpc_refused.value.details() or "")  # type: ignore[attr-defined]
+            # A gRPC answer carries one choice: n > 1 is refused, whether in the field or in extra.
+            for options in (pb.Options(max_tokens=4, n=2), pb.Options(max_tokens=4, extra=struct(n=2))):
+                with pytest.raises(grpc.RpcError) as grpc_refused:
+                    stub.Chat(pb.ChatRequest(messages=[pb.Message(role="user", content="hi")], options=options))
+                assert grpc_refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+                assert "one choice a call" in (grpc_refused.value.details() or "")  # type: ignore[attr-defined]
+            reply = stub.Chat(pb.ChatRequest(messages=[pb.Message(role="user", content="hi")], options=pb.Options(max_tokens=4, n=1)))
+            assert reply.usage.completion_tokens == 4
+
+
+def struct(**fields: object) -> Struct:
+    value = Struct()
+    value.update(fields)
+    return value

@@ -197,10 +197,23 @@ def _step(key: str) -> str:
 
 
 def request_fields(options: pb.Options, request_id: str) -> dict[str, Any]:
+    """The RouterRequest fields an Options message gives; InvalidRequest for ``n`` > 1.
+
+    A response and a stream chunk carry one choice (``content``), so a call
+    that asked vLLM for n choices would be charged n sequences and get one,
+    its stream's choices interleaved: refused, naming the field.
+    """
+    params = _params(options)
+    n = params.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+        raise InvalidRequest(
+            f"the gRPC API answers one choice a call, and n = {n} asks for more: send n calls (or use the HTTP API's n)",
+            param="options.n" if options.HasField("n") else "options.extra.n",
+        )
     return {
         "request_id": request_id,
         "max_tokens": options.max_tokens if options.HasField("max_tokens") else None,
-        "params": _params(options),
+        "params": params,
         "forced_class": options.request_class or None,
     }
 
