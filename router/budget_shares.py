@@ -78,7 +78,12 @@ class KeyBudget:
         return self._shared.in_use_elsewhere(tokens), self._shared.in_use_elsewhere(requests)
 
     def demands(self) -> list[Demand]:
-        """The key's budgets as this replica uses them now (only those that are set)."""
+        """The key's budgets as this replica uses them now (only those that are set).
+
+        With nothing in its windows and nobody waiting, it asks for nothing
+        (no spare block, no reserve): its grant goes back and the ledger
+        forgets the key here until its next request (router/ledger_roster.py).
+        """
         now = trio.current_time()
         tokens, requests = self._windows.in_window(self.name, now)
         first = self._arrivals.first()
@@ -87,19 +92,26 @@ class KeyBudget:
         names = self._resources
         first_admitted = self._windows.oldest(self.name, now)
         since = math.inf if first_admitted is None else first_admitted
+        idle = first_admitted is None and waiting == 0
+        share = 0.0 if idle else self._shared.config.static_share  # what it may use beyond its grant should Redis go
         out: list[Demand] = []
         if self.tokens_per_minute is not None:
-            block = self._shared.config.block * self._largest
+            block = 0 if idle else self._shared.config.block * self._largest
             out.append(
                 Demand(names[0], self.tokens_per_minute, tokens, self._waiting_tokens, priority, self._apply_tokens,
-                       oldest=oldest, hold=WINDOW, block=block, used_since=since)
+                       oldest=oldest, hold=WINDOW, block=block, used_since=since, share=share, sparse=True)
             )
         if self.requests_per_minute is not None:
             out.append(
                 Demand(names[1], self.requests_per_minute, requests, waiting, priority, self._apply_requests,
-                       oldest=oldest, hold=WINDOW, used_since=since)
+                       oldest=oldest, hold=WINDOW, block=0 if idle else None, used_since=since, share=share, sparse=True)
             )
         return out
+
+    def due(self) -> float:
+        """When the oldest admission in its window here leaves it (its use changes, unasked); inf: the window is empty."""
+        first = self._windows.oldest(self.name, trio.current_time())
+        return math.inf if first is None else first + WINDOW
 
     async def reserve(self, tokens: int, *, priority: int, deadline: float) -> Grant:
         """Count a request that may cost ``tokens`` in this replica's window, waiting for a grant until ``deadline``.
@@ -114,6 +126,7 @@ class KeyBudget:
             self._shared.wake()  # ask the ledger now, not at the next tick
         turn = self._arrivals.add(priority, came)
         self._waiting_tokens += tokens
+        self._shared.stir(self)
         try:
             got = await self._queue.get(priority, deadline, _Ask(came, tokens), retry_after=0.0)
         except (QueueTimeout, QueueFull):
@@ -121,9 +134,15 @@ class KeyBudget:
         finally:
             self._waiting_tokens -= tokens
             self._arrivals.discard(turn)
+            self._shared.stir(self)  # admitted (its window grew) or not (it waits no more)
         if not isinstance(got, Grant):
             raise self._exceeded(tokens, trio.current_time())
+        got.settled = self._settled
         return got
+
+    def _settled(self) -> None:
+        """A request of the key settled what it cost: the ledger hears of the key's use at the next sync."""
+        self._shared.stir(self)
 
     def _fits(self, tokens: int, now: float) -> bool:
         over = self._windows.shortfall(
@@ -216,21 +235,19 @@ class KeyBudget:
 
 
 class BudgetShares:
-    """Every budgeted key's share on this replica, made at its first request; their Demands join the ledger's sync."""
+    """Every budgeted key's share on this replica, made at its first request; each joins the ledger's syncs as it stirs."""
 
     def __init__(self, shared: SharedBudget, windows: Budgets) -> None:
         self.shared = shared
         self._windows = windows
         self._keys: dict[str, KeyBudget] = {}
-        shared.sources.append(self.demands)
 
     def of(self, name: str, tokens_per_minute: int | None, requests_per_minute: int | None) -> KeyBudget:
         """Key ``name``'s share (a reload may change its budgets: they are taken from each request's caller)."""
         key = self._keys.get(name)
         if key is None:
             key = self._keys[name] = KeyBudget(self.shared, self._windows, name)
-        key.tokens_per_minute, key.requests_per_minute = tokens_per_minute, requests_per_minute
+        if (key.tokens_per_minute, key.requests_per_minute) != (tokens_per_minute, requests_per_minute):
+            key.tokens_per_minute, key.requests_per_minute = tokens_per_minute, requests_per_minute
+            self.shared.stir(key)
         return key
-
-    def demands(self) -> list[Demand]:
-        return [demand for key in self._keys.values() for demand in key.demands()]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .auth import ANONYMOUS, Caller
@@ -117,12 +118,18 @@ class _Window:
 class Grant:
     """One admitted request's reservation; :meth:`settle` once, at its end."""
 
-    __slots__ = ("_entry", "_window", "limits")
+    __slots__ = ("_entry", "_window", "limits", "settled")
 
     def __init__(self, window: _Window, entry: _Admitted, limits: RateLimits) -> None:
         self._window = window
         self._entry = entry
         self.limits = limits
+        self.settled: Callable[[], None] | None = None  # told after the settlement (the ledger hears the key's new use)
+
+    @property
+    def at(self) -> float:
+        """When it was counted in the window (``trio.current_time()``): the time the 60 s are counted from."""
+        return self._entry.at
 
     def settle(self, tokens: int, *, served: bool) -> None:
         """What the request cost: ``tokens``, or nothing at all when it was never served (no seat, refused)."""
@@ -135,6 +142,8 @@ class Grant:
             window.tokens += cost - entry.tokens
             window.requests += requests - entry.requests
         entry.tokens, entry.requests = cost, requests
+        if self.settled is not None:
+            self.settled()
 
 
 def _limits(

@@ -48,13 +48,60 @@ import coredis
 from coredis.exceptions import NoScriptError
 from coredis.retry import NoRetryPolicy
 
-from tailguard.router.cluster import NO_WAITER, Synced, Want
+from tailguard.router.cluster import NO_TERMS, NO_WAITER, Synced, SyncTerms, Want
 
 _SYNC = """
 -- Redis 3.2 and 4 replicate a script by its effects only when asked: it reads TIME before writing
 if redis.replicate_commands then redis.replicate_commands() end
 local prefix, me, ttl, n, me_as = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local known, deadline, probe = ARGV[6], tonumber(ARGV[7]), ARGV[8] == '1'
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if deadline > 0 and now_ms > deadline then
+  -- the replica gave up on this sync (Redis was stopped with it queued): it must change nothing
+  return {'late', '', now_ms, 0, 0, 0, 0, 0}
+end
+-- the ledger's memory: made anew by the first sync that finds none (a new, restarted or flushed Redis)
+local epoch = redis.call('GET', prefix .. 'epoch')
+if not epoch then
+  epoch = t[1] .. '.' .. t[2]
+  redis.call('SET', prefix .. 'epoch', epoch)
+end
+-- nobody synced for half a lease (Redis stopped, or new): replicas may be on fallback caps it does not count
+-- (``paused``: the last sync before that; the replicas that synced within a lease of it were alive then)
+local last = tonumber(redis.call('GET', prefix .. 'clock') or '0')
+local resumed = tonumber(redis.call('GET', prefix .. 'resumed') or '0')
+local paused = tonumber(redis.call('GET', prefix .. 'paused') or '0')
+if last == 0 or now_ms - last > ttl / 2 then
+  resumed, paused = now_ms, last
+  redis.call('SET', prefix .. 'resumed', resumed)
+  redis.call('SET', prefix .. 'paused', paused)
+end
+redis.call('SET', prefix .. 'clock', now_ms)
+if known ~= '' and known ~= epoch then
+  -- this replica's grants are not in this memory: it must claim them again before anything is granted
+  return {'epoch', epoch, now_ms, resumed, paused, 0, 0, 0}
+end
+if probe then
+  return {'probe', epoch, now_ms, resumed, paused, 0, 0, 0}
+end
 redis.call('SET', prefix .. 'alive:' .. me, me_as, 'PX', ttl)
+local members_key = prefix .. 'members'
+redis.call('HSET', members_key, me, now_ms)
+local members = redis.call('HGETALL', members_key)
+local header = {'ok', epoch, now_ms, resumed, paused, 0}
+local listed = {}
+for j = 1, #members, 2 do
+  if tonumber(members[j + 1]) < math.min(last, now_ms) - 600000 then  -- gone ten minutes before the last sync
+    redis.call('HDEL', members_key, members[j])
+  else
+    listed[#listed + 1] = members[j]
+    listed[#listed + 1] = members[j + 1]
+  end
+end
+local poke_key = prefix .. 'poke:' .. me
+local pokes = redis.call('SMEMBERS', poke_key)
+if #pokes > 0 then redis.call('DEL', poke_key) end
 local alive = {}  -- replica -> the incarnation its live lease names, or false
 local function incarnation(replica)
   if alive[replica] == nil then
@@ -65,34 +112,31 @@ end
 local function is_alive(replica)
   return incarnation(replica) ~= false
 end
-local now_ms = nil
-local function clock_ms()
-  if now_ms == nil then
-    local t = redis.call('TIME')
-    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return now_ms
-end
 local no_waiter = tonumber(ARGV[#ARGV])
 local out = {}
 local contended = 0  -- 1 when a request waits on another replica: everyone syncs sooner
 for i = 0, n - 1 do
-  local base = 6 + i * 10
+  local base = 9 + i * 13
   local name = ARGV[base]
   local cap, target, urgency = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local in_use, keep = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
   local since, tolerance = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
   local hold, used_since = tonumber(ARGV[base + 8]), tonumber(ARGV[base + 9])
+  local share, reserve_keep, sparse = tonumber(ARGV[base + 10]), tonumber(ARGV[base + 11]), ARGV[base + 12] == '1'
   local yielding = 0
   local grants_key, wants_key, used_key = prefix .. 'grant:' .. name, prefix .. 'want:' .. name, prefix .. 'used:' .. name
   local grants = redis.call('HGETALL', grants_key)
-  local others, mine = 0, 0
+  local others = 0
+  local holders = {}  -- the other live replicas holding some of it (grant or reserve)
   for j = 1, #grants, 2 do
-    local replica, seats = grants[j], tonumber(grants[j + 1])
+    local replica = grants[j]
+    local seats, spare = string.match(grants[j + 1], '^(%d+) ?(%d*)$')
+    local claim = tonumber(seats) + (tonumber(spare) or 0)
     if replica == me then
-      mine = seats
+      -- rewritten below
     elseif is_alive(replica) then
-      others = others + seats
+      others = others + claim
+      if claim > 0 then holders[#holders + 1] = replica end
     else
       redis.call('HDEL', grants_key, replica)
       redis.call('HDEL', wants_key, replica)
@@ -114,7 +158,7 @@ for i = 0, n - 1 do
   local held_key = prefix .. 'held:' .. name
   if hold > 0 then
     -- what replicas gone since (or earlier processes under a live id) admitted still counts until it has
-    -- left the window: their grant as last recorded, until the time recorded with it
+    -- left the window: their grant and reserve as last recorded, until the time recorded with them
     local held = redis.call('HGETALL', held_key)
     for j = 1, #held, 2 do
       local who, as = string.match(held[j], '^(.*) (%S+)$')
@@ -123,7 +167,7 @@ for i = 0, n - 1 do
         -- this process's own: rewritten below
       elseif who ~= nil and incarnation(who) == as then
         -- a live replica's: its grant is counted already
-      elseif seats ~= nil and tonumber(till) > clock_ms() then
+      elseif seats ~= nil and tonumber(till) > now_ms then
         others = others + tonumber(seats)
         elsewhere = elsewhere + tonumber(seats)
         older(tonumber(till) - ttl - hold)  -- its last sync: what it admitted is taken as that young
@@ -153,14 +197,38 @@ for i = 0, n - 1 do
     end
   end
   local granted = math.max(0, math.min(target, cap - others))
-  redis.call('HSET', grants_key, me, granted)
+  -- a reserve of what nobody holds, while nobody waits for it elsewhere; what the replica may use until it
+  -- hears this answer (``keep`` and its last reserve) stays recorded whatever the new reserve
+  local spare = 0
+  if share > 0 and urgent == no_waiter then spare = math.floor(share * math.max(0, cap - others - granted)) end
+  local claim = math.max(granted + spare, keep + reserve_keep)
+  if claim == 0 then
+    redis.call('HDEL', grants_key, me)
+  elseif claim > granted then
+    redis.call('HSET', grants_key, me, string.format('%d %d', granted, claim - granted))
+  else
+    redis.call('HSET', grants_key, me, granted)
+  end
   if hold > 0 then
     -- kept past this replica's lease: what it may admit until then leaves the window ``hold`` later
-    redis.call('HSET', held_key, me .. ' ' .. me_as, string.format('%d %.0f', granted, clock_ms() + ttl + hold))
-    redis.call('PEXPIRE', held_key, ttl + hold + 1000)
+    local who = me .. ' ' .. me_as
+    if claim == 0 then
+      redis.call('HDEL', held_key, who)
+    else
+      redis.call('HSET', held_key, who, string.format('%d %.0f', claim, now_ms + ttl + hold))
+      redis.call('PEXPIRE', held_key, ttl + hold + 1000)
+    end
   end
   if urgency < no_waiter then
     redis.call('HSET', wants_key, me, string.format('%d %.0f', urgency, since))
+    if sparse and granted < target then
+      -- a key's resource others hold while a request waits for it here: they sync it at once to say
+      -- what they use of it (its resources are not in every sync)
+      for _, holder in ipairs(holders) do
+        redis.call('SADD', prefix .. 'poke:' .. holder, name)
+        redis.call('PEXPIRE', prefix .. 'poke:' .. holder, ttl)
+      end
+    end
   else
     redis.call('HDEL', wants_key, me)
   end
@@ -175,10 +243,54 @@ for i = 0, n - 1 do
   out[#out + 1] = urgent
   out[#out + 1] = urgent_since
   out[#out + 1] = elsewhere_since
+  out[#out + 1] = spare
 end
-out[#out + 1] = contended
-return out
+header[6] = contended
+header[#header + 1] = #listed / 2
+for _, value in ipairs(listed) do header[#header + 1] = value end
+header[#header + 1] = #pokes
+for _, value in ipairs(pokes) do header[#header + 1] = value end
+for _, value in ipairs(out) do header[#header + 1] = value end
+return header
 """
+
+
+class LateSync(Exception):
+    """Redis ran a sync after the replica's deadline for it: it changed nothing."""
+
+
+def _answer(result: list[Any], wants: int) -> Synced:
+    """The script's flat answer: a header (status, epoch, clock, members, pokes), then 7 numbers per want."""
+    status, epoch, now_ms, resumed_ms, paused_ms = str(result[0]), str(result[1]), int(result[2]), int(result[3]), int(result[4])
+    contended = int(result[5])
+    if status == "late":
+        raise LateSync(
+            f"Redis ran the sync after this replica had given up on it (Redis stalled, or its clock is "
+            f"{now_ms / 1000:.0f}, ahead of this replica's)"
+        )
+    at = 7 + 2 * int(result[6])
+    members = {str(result[i]): int(result[i + 1]) / 1000 for i in range(7, at, 2)}
+    pokes = [str(name) for name in result[at + 1 : at + 1 + int(result[at])]]
+    numbers = [int(value) for value in result[at + 1 + len(pokes) :]]
+    if status != "ok":
+        numbers = [0] * (7 * wants)
+    return Synced(
+        grants=numbers[0::7],
+        contended=bool(contended),
+        elsewhere=numbers[1::7],
+        yielding=[bool(y) for y in numbers[2::7]],
+        urgent=numbers[3::7],
+        urgent_since=[ms / 1000 for ms in numbers[4::7]],
+        elsewhere_since=[ms / 1000 for ms in numbers[5::7]],
+        reserves=numbers[6::7],
+        status=status,
+        epoch=epoch,
+        now=now_ms / 1000,
+        resumed=resumed_ms / 1000,
+        paused=paused_ms / 1000,
+        members=members,
+        poked=pokes,
+    )
 
 
 _SERVED_KEPT_MS = 3_600_000  # a pool's traded totals outlive an hour without trades by no replica
@@ -198,25 +310,26 @@ class RedisLedger:
         self._prefix = namespace + ":"
         self._sha = hashlib.sha1(_SYNC.encode()).hexdigest()
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
-        args: list[str | int] = [self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants), incarnation or "-"]
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
+        """``router.cluster.LedgerStore.sync``.
+
+        Raises:
+          LateSync: Redis ran it after ``terms.deadline`` (this replica had given up on it): nothing changed.
+        """
+        args: list[str | int | float] = [
+            self._prefix, replica, max(1, round(lease_ttl * 1000)), len(wants), incarnation or "-",
+            terms.epoch, round(terms.deadline * 1000), int(terms.probe),
+        ]
         for want in wants:
             keep = want.in_use if want.keep is None else want.keep
             since, tolerance = round(want.since * 1000), round(want.tolerance * 1000)  # milliseconds: integers in Lua
             hold, used_since = round(want.hold * 1000), round(want.used_since * 1000)
             args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep, since, tolerance, hold, used_since]
+            args += [repr(want.share), want.reserve_keep, int(want.sparse)]
         args.append(NO_WAITER)
-        result = [int(value) for value in await self._run_script(args)]
-        return Synced(
-            grants=result[:-1:6],
-            contended=bool(result[-1]),
-            elsewhere=result[1:-1:6],
-            yielding=[bool(y) for y in result[2:-1:6]],
-            urgent=result[3:-1:6],
-            urgent_since=[ms / 1000 for ms in result[4:-1:6]],
-            elsewhere_since=[ms / 1000 for ms in result[5:-1:6]],
-        )
-
+        return _answer(await self._run_script(args), len(wants))
     async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
         """``router.fair_sync.ServiceStore``: record this replica's totals, return the others' sums, per pool and tenant."""
         theirs: dict[str, dict[str, float]] = {}
@@ -233,7 +346,7 @@ class RedisLedger:
             theirs[pool] = sums
         return theirs
 
-    async def _run_script(self, args: Sequence[str | int]) -> list[Any]:
+    async def _run_script(self, args: Sequence[str | int | float]) -> list[Any]:
         """The sync script by its digest; loaded first where Redis does not have it (a new or restarted one)."""
         try:
             return list(await self._client.evalsha(self._sha, keys=[], args=args))
@@ -244,7 +357,7 @@ class RedisLedger:
     async def grants(self, resource: str) -> dict[str, int]:
         """Every replica's recorded grant of ``resource`` (tests and the benchmark check the ledger)."""
         raw = await self._client.hgetall(self._prefix + "grant:" + resource)
-        return {str(k): int(v) for k, v in raw.items()}
+        return {str(k): int(str(v).split()[0]) for k, v in raw.items()}  # "GRANT" or "GRANT RESERVE"
 
     async def wants(self, resource: str) -> dict[str, int]:
         """Every replica's most urgent class priority waiting for ``resource`` (absent: none waits there)."""

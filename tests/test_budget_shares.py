@@ -12,7 +12,7 @@ import trio.testing
 from tailguard.router.auth import Caller
 from tailguard.router.budget_shares import BudgetShares
 from tailguard.router.budgets import Budgets
-from tailguard.router.cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, Want
+from tailguard.router.cluster import NO_TERMS, NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, SyncTerms, Want
 from tailguard.router.config_types import ClusterConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.errors import BudgetExceeded
@@ -149,7 +149,9 @@ async def test_a_request_over_its_replicas_grant_waits_for_the_next_sync_and_is_
 class Unreachable:
     """A ledger store whose Redis is away: every sync fails."""
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
         raise ConnectionError("Redis is away")
 
 
@@ -206,3 +208,90 @@ async def test_four_replicas_called_unevenly_at_once_admit_no_more_than_the_budg
     assert sum(grants.values()) <= 3_000
     # All were admitted within a second or two, here and elsewhere: the windows hold more only a minute on.
     assert refused and all(50 < wait <= 60 for wait in refused), refused
+
+
+class Counting:
+    """The ledger, with the resources each sync carried."""
+
+    def __init__(self, ledger: LedgerStore) -> None:
+        self.ledger = ledger
+        self.sent: list[list[str]] = []
+
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
+        if not terms.probe:
+            self.sent.append([want.resource for want in wants])
+        return await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
+
+
+async def send_once(shared: SharedBudget, shares: BudgetShares, names: Sequence[str]) -> None:
+    """Each key asks for 100 tokens at once and settles at 60; syncs (by hand) grant them."""
+    done: list[str] = []
+
+    async def one(name: str) -> None:
+        grant = await shares.of(name, 20_000, 600).reserve(100, priority=0, deadline=trio.current_time() + 30.0)
+        grant.settle(60, served=True)
+        done.append(name)
+
+    async with trio.open_nursery() as nursery:
+        for name in names:
+            nursery.start_soon(one, name)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(10):
+            await shared.sync_once()
+            await trio.testing.wait_all_tasks_blocked()
+            if len(done) == len(names):
+                break
+    assert len(done) == len(names)
+
+
+async def settle_syncs(shared: SharedBudget, store: Counting) -> list[list[str]]:
+    """Sync until one carries nothing (bounded): what the syncs before it carried."""
+    store.sent.clear()
+    for _ in range(50):
+        await shared.sync_once()
+        if not store.sent[-1]:
+            break
+    assert not store.sent[-1], [len(sent) for sent in store.sent]
+    return store.sent[:-1]
+
+
+async def per_key_entries(ledger: RedisLedger, namespace: str) -> int:
+    return len([key async for key in ledger._client.scan_iter(match=f"{namespace}:*:*:key-*")])  # noqa: SLF001
+
+
+async def test_a_sync_carries_only_the_keys_in_use_not_every_key_that_ever_sent(redis: RedisServer, mock_clock: trio.testing.MockClock) -> None:
+    """Issue 32, item 3: 2,000 keys each sent one request, then went quiet: no sync carries them, Redis forgets them.
+
+    Each key is carried while it changes (its admission, its settlement), once more when its window
+    empties (its grant goes back), then never until its next request, which is served at the first sync.
+    """
+    async with RedisLedger(redis.url, "s1", timeout=30.0) as ledger:
+        store = Counting(ledger)
+        shared = SharedBudget(ClusterConfig(redis_url="", replica_id="r", lease_ttl=10.0), store, list)
+        shares = BudgetShares(shared, Budgets())
+        await shared.sync_once()
+        names = [f"key-{i}" for i in range(2_000)]
+        for first in range(0, len(names), 500):
+            await send_once(shared, shares, names[first : first + 500])
+        await settle_syncs(shared, store)
+        await shared.sync_once()  # nothing changed: a sync carries no key at all
+        assert store.sent[-1] == []
+        await send_once(shared, shares, ["key-7"])  # one key active again: its two resources, only them
+        assert store.sent[-1] == ["tokens:key-7", "requests:key-7"]
+        assert await per_key_entries(ledger, "s1") > 2_000  # each key's grant, use and held window are recorded
+
+        mock_clock.jump(61.0)  # every window is empty: each key's grant goes back, once
+        released = await settle_syncs(shared, store)
+        assert sorted(resource for sent in released for resource in sent) == sorted(
+            f"{budget}:{name}" for name in names for budget in ("tokens", "requests")
+        )
+        assert max(len(sent) for sent in released) <= 2 * 256  # a few hundred a sync (DUE_PER_SYNC), not all at once
+        assert await per_key_entries(ledger, "s1") == 0  # the ledger holds nothing of them
+        assert shared.status().grants == {}
+
+        store.sent.clear()
+        await send_once(shared, shares, ["key-1999"])  # a quiet key's next request: served at the first sync
+        assert store.sent == [["tokens:key-1999", "requests:key-1999"]]
+        assert (await ledger.grants("tokens:key-1999"))["r"] >= 100

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from tailguard.router.auth import Caller
-from tailguard.router.cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, Want
+from tailguard.router.cluster import NO_TERMS, NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, SyncTerms, Want
 from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, ClusterConfig, Config, ServerConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
@@ -120,9 +120,11 @@ class AdmitsDuringSync:
         self.ledger = ledger
         self.during: Callable[[], None] = lambda: None
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
         self.during()
-        return await self.ledger.sync(replica, lease_ttl, wants, incarnation)
+        return await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
 
 
 async def test_a_replica_yielding_to_a_more_urgent_waiter_keeps_the_seats_it_filled_during_the_sync(redis: RedisServer) -> None:
@@ -502,7 +504,7 @@ async def test_a_key_over_its_grant_here_waits_for_the_next_sync_instead_of_429(
 
 
 async def test_idle_replicas_give_a_keys_block_back_and_429_comes_only_when_the_cap_is_full(redis: RedisServer) -> None:
-    """Finding 3 across replicas: key cap 4, a and b idle with 2 each; c's 4 callers all run, a 5th anywhere is 429 at once."""
+    """Finding 3 across replicas: key cap 4, b idle with its block; c's 4 callers all run, a 5th anywhere is 429 at once."""
     key = ApiKeyConfig("webapp", "0" * 64, frozenset(), 4)
     base = dataclasses.replace(two_pool_config(interactive_cap=8, interactive_timeout=5.0), auth=AuthConfig(keys=(key,)))
     engines, transports = shared_engines()
@@ -516,7 +518,13 @@ async def test_idle_replicas_give_a_keys_block_back_and_429_comes_only_when_the_
             await nursery.start(engine.run)
         for router in (a, b, c):
             await nursery.start(functools.partial(router.run, ledger=ledger))
-        assert await ledger.grants("key:webapp") == {"a": 2, "b": 2, "c": 0}  # the idle ones hold their blocks
+        for router in (a, b):  # a and b served the key once (b's request took a's idle block); c never has
+            await ask_as(router, caller, f"once-{router.statistics().cluster.replica}", outcomes)  # type: ignore[union-attr]
+        with trio.fail_after(5):
+            while (await ledger.grants("key:webapp")).get("b") != 2:  # b, idle, holds its block
+                await trio.sleep(0.01)
+        assert "c" not in await ledger.grants("key:webapp")  # nothing of the key there: c never synced it
+        outcomes.clear()
         nursery.start_soon(watch_ledger, ledger, {"key:webapp": 4}, most)
         with trio.fail_after(10):
             async with trio.open_nursery() as load:
