@@ -63,6 +63,7 @@ class BudgetGate:
             record.rate_limits = self._limits(caller.name, per_minute, key, trio.current_time()).headers()
             raise
         record.rate_limits = grant.limits.headers()
+        record.budget_at, record.budget_tokens = grant.at, grant.tokens
         return grant
 
     def left(self) -> dict[str, RateLimits]:

@@ -198,12 +198,21 @@ class KeyBudget:
             if over <= 0:
                 continue
             resource = self._resources[0 if count == "tokens" else 1]
-            waits.append(self._wait(over, resource, here, there, count, cost > limit, now))
+            never = cost > limit
+            if alone:  # the static share may come before this window has room under the cap it has now
+                wait = math.inf if never else self._wait(over, resource, here, there, count, False, now)
+                wait = min(wait, self._once_static(here, cost, whole, count, now))
+                wait = WINDOW if math.isinf(wait) else wait
+            else:
+                wait = self._wait(over, resource, here, there, count, never, now)
+            waits.append(wait)
             left = max(0, limit - here - there)
             scope = "this replica's static share (the shared ledger is unreachable)" if alone else "across the replicas"
             why.append(f"has {left} of its {whole} {count} a minute left {scope}, this request may take {cost}")
-        wait = max(waits, default=self._shared.config.sync_interval)
-        if not why:  # it fitted by the time it gave up: the grant did not come before its queue deadline
+        # It fitted by the time it gave up: no grant came before its queue deadline (the ledger back from
+        # an outage holds grants until the replicas alive before are back, at most this long).
+        wait = max(waits, default=max(self._shared.config.sync_interval, self._shared.recovering_for()))
+        if not why:
             why.append("got no grant of its budget from the other replicas before its queue deadline")
         return BudgetExceeded(f"the caller {self.name!r} {' and '.join(why)}; retry after {wait:.1f} s", retry_after=wait)
 
@@ -224,6 +233,15 @@ class KeyBudget:
         share = (over - here) / there  # of the others' use, after all of this replica's has left
         theirs = first + WINDOW + share * max(0.0, now - first) - now
         return min(WINDOW, max(self._windows.reset_in(self.name, count, now), theirs, 0.0))
+
+    def _once_static(self, here: int, cost: int, whole: int, count: str, now: float) -> float:
+        """With the ledger away: seconds until this replica's static share of ``whole`` holds the request (inf: never)."""
+        settles = self._shared.settles_in(WINDOW)
+        static = self._shared.static(whole)
+        if settles is None or cost > static:
+            return math.inf
+        over = here + cost - static
+        return max(settles, self._windows.wait_for(self.name, over, count, now) if over > 0 else 0.0)
 
     def _apply_tokens(self, granted: int) -> None:
         self.granted_tokens = granted

@@ -131,6 +131,11 @@ class Grant:
         """When it was counted in the window (``trio.current_time()``): the time the 60 s are counted from."""
         return self._entry.at
 
+    @property
+    def tokens(self) -> int:
+        """What it counts for in the window now: its reservation, or once settled what it cost."""
+        return self._entry.tokens
+
     def settle(self, tokens: int, *, served: bool) -> None:
         """What the request cost: ``tokens``, or nothing at all when it was never served (no seat, refused)."""
         entry, window = self._entry, self._window

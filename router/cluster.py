@@ -398,6 +398,7 @@ class SharedBudget:
             return
         if synced.status == "epoch":
             self._lost(now, synced, keys)
+            await self.sync_once()  # everything, at once: until then the ledger counts nothing of this replica
             return
         self._contended = synced.contended
         if self.mode == "starting":
@@ -410,8 +411,8 @@ class SharedBudget:
                 away, self.failures - self._failures_before, self.replica,
                 ", with its memory lost: every grant is claimed again" if self._forgot else "",
             )
+            self._recovery.began(now, lost=self._forgot)
             self._forgot = False
-            self._recovery.began(now)
             self._bases = {}
             self._settles = set()
         self.mode = "ledger"
@@ -505,10 +506,9 @@ class SharedBudget:
                 self.replica,
             )
         self._recovery.epoch = synced.epoch
-        self._recovery.began(now)
+        self._recovery.began(now, lost=True)
         self._roster.unsent(keys)
         self._full = True
-        self.wake()
 
     def _forget(self, resource: str) -> None:
         for table in (self._grants, self._reserves, self._elsewhere, self._elsewhere_since):

@@ -44,6 +44,7 @@ class Recovery:
         self._peers: frozenset[str] = frozenset()  # the other replicas alive at the last answer before a fault
         self._since = -math.inf  # when (trio time) the ledger answered again; -inf: not recovering
         self._waiting_for: frozenset[str] = frozenset()
+        self._lost = False  # the ledger lost its memory: it cannot say who was alive before
 
     def recovering(self, now: float) -> bool:
         """Grants stay at the fallback caps: some replica alive before may still run on its own."""
@@ -53,10 +54,11 @@ class Recovery:
         """Seconds until grants may grow whoever has not come back (0 when not recovering)."""
         return max(0.0, self._since + 2 * self._lease_ttl - now) if self.recovering(now) else 0.0
 
-    def began(self, now: float) -> None:
-        """The ledger answers again (after an outage, or with a new epoch): hold grants until the others are back."""
+    def began(self, now: float, *, lost: bool = False) -> None:
+        """The ledger answers again (after an outage, or, ``lost``, with a new memory): hold grants until the others are back."""
         self._since = now
         self._waiting_for = self._peers
+        self._lost = lost
 
     def answered(self, synced: Synced, now: float) -> bool:
         """A sync answered in this epoch; True when this answer ends the recovery (grow now: sync again at once)."""
@@ -67,7 +69,7 @@ class Recovery:
             before = {name for name, last in members.items() if synced.paused and last >= synced.paused - self._lease_ttl}
             self._waiting_for = (self._waiting_for | before) - {self._replica}
             back = {name for name, last in members.items() if last >= synced.resumed}
-            if self._waiting_for - back or now - self._since < self._least:
+            if self._waiting_for - back or (self._lost and now - self._since < self._least):
                 return False
             self._since = -math.inf
             return True

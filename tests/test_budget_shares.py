@@ -19,7 +19,7 @@ from tailguard.router.errors import BudgetExceeded
 from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import Engine
-from tests.redis_helpers import RedisServer, redis_server
+from tests.redis_helpers import RedisServer, redis_client, redis_server
 from tests.router_helpers import chat, two_pool_config
 from tests.test_cluster import cluster_routers, shared_engines
 
@@ -257,8 +257,10 @@ async def settle_syncs(shared: SharedBudget, store: Counting) -> list[list[str]]
     return store.sent[:-1]
 
 
-async def per_key_entries(ledger: RedisLedger, namespace: str) -> int:
-    return len([key async for key in ledger._client.scan_iter(match=f"{namespace}:*:*:key-*")])  # noqa: SLF001
+async def per_key_entries(redis: RedisServer, namespace: str) -> int:
+    """The ledger's entries in Redis for keys named key-*: grants, uses, held windows."""
+    async with redis_client(redis.url) as client:
+        return len([key async for key in client.scan_iter(match=f"{namespace}:*:*:key-*")])
 
 
 async def test_a_sync_carries_only_the_keys_in_use_not_every_key_that_ever_sent(redis: RedisServer, mock_clock: trio.testing.MockClock) -> None:
@@ -280,7 +282,7 @@ async def test_a_sync_carries_only_the_keys_in_use_not_every_key_that_ever_sent(
         assert store.sent[-1] == []
         await send_once(shared, shares, ["key-7"])  # one key active again: its two resources, only them
         assert store.sent[-1] == ["tokens:key-7", "requests:key-7"]
-        assert await per_key_entries(ledger, "s1") > 2_000  # each key's grant, use and held window are recorded
+        assert await per_key_entries(redis, "s1") > 2_000  # each key's grant, use and held window are recorded
 
         mock_clock.jump(61.0)  # every window is empty: each key's grant goes back, once
         released = await settle_syncs(shared, store)
@@ -288,10 +290,135 @@ async def test_a_sync_carries_only_the_keys_in_use_not_every_key_that_ever_sent(
             f"{budget}:{name}" for name in names for budget in ("tokens", "requests")
         )
         assert max(len(sent) for sent in released) <= 2 * 256  # a few hundred a sync (DUE_PER_SYNC), not all at once
-        assert await per_key_entries(ledger, "s1") == 0  # the ledger holds nothing of them
+        assert await per_key_entries(redis, "s1") == 0  # the ledger holds nothing of them
         assert shared.status().grants == {}
 
         store.sent.clear()
         await send_once(shared, shares, ["key-1999"])  # a quiet key's next request: served at the first sync
         assert store.sent == [["tokens:key-1999", "requests:key-1999"]]
         assert (await ledger.grants("tokens:key-1999"))["r"] >= 100
+
+
+class KeyReplica:
+    """One replica's share of key "k"'s token budget (1,000 a minute), its syncs by hand."""
+
+    def __init__(self, name: str, ledger: LedgerStore, *, lease_ttl: float = TTL) -> None:
+        config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=lease_ttl, static_share=0.5, block=0)
+        self.shared = SharedBudget(config, ledger, list)
+        self.key = BudgetShares(self.shared, Budgets()).of("k", 1_000, None)
+
+    async def reserve(self, tokens: int, *, syncs: Sequence[KeyReplica] = (), deadline: float = 5.0) -> str:
+        """Ask for ``tokens``; the replicas in ``syncs`` sync in turn (by hand) while it waits: "ok" or the refusal.
+
+        After those syncs it waits for its answer no longer than its queue ``deadline``: "waiting" if none came.
+        """
+        outcome: list[str] = []
+        answered = trio.Event()
+
+        async def ask() -> None:
+            try:
+                await self.key.reserve(tokens, priority=0, deadline=trio.current_time() + deadline)
+                outcome.append("ok")
+            except BudgetExceeded as refusal:
+                outcome.append(f"429 {refusal.retry_after:.2f} {refusal}")
+            answered.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await trio.testing.wait_all_tasks_blocked()
+            for replica in syncs:
+                if outcome:
+                    break
+                await replica.shared.sync_once()
+                await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(deadline):
+                await answered.wait()
+            nursery.cancel_scope.cancel()
+        return outcome[0] if outcome else "waiting"
+
+
+async def test_a_quiet_key_well_under_its_budget_is_served_through_a_redis_outage(redis: RedisServer) -> None:
+    """Issue 32, item 5: with Redis away a key was frozen at its last grant (what it used, and a block) for a minute.
+
+    The ledger records for each replica a reserve of what nobody holds (``static_share`` of it), so the
+    replicas' grants and reserves never add up past the budget; with Redis away each may use its own at once.
+    """
+    async with RedisLedger(redis.url, "q1", timeout=0.1) as ledger:
+        a, b = KeyReplica("a", ledger), KeyReplica("b", ledger)
+        for replica in (a, b):
+            await replica.shared.sync_once()
+        assert await a.reserve(100, syncs=[a]) == "ok"
+        assert await b.reserve(100, syncs=[b]) == "ok"
+        for replica in (a, b, a, b):  # (they sync every interval; here by hand)
+            await replica.shared.sync_once()
+        redis.pause()
+        for replica in (a, b):
+            await replica.shared.sync_once()
+            assert replica.shared.mode == "fallback"
+        # 200 used of 1,000: a asks for 250 more, b for 150, at once and without the ledger.
+        assert await a.reserve(250) == "ok"
+        assert await b.reserve(150) == "ok"
+        assert a.key.granted_tokens + b.key.granted_tokens <= 1_000  # the two fallback caps together
+        redis.resume()
+
+
+async def test_after_redis_returns_a_key_waiting_for_more_is_served_within_a_few_syncs(redis: RedisServer) -> None:
+    """Issue 32, item 5: after Redis resumed, requests waited 3 s for a grant held for two leases, then 429 "retry after 0.1 s"."""
+    async with RedisLedger(redis.url, "q2", timeout=0.1) as ledger:
+        a, b = KeyReplica("a", ledger), KeyReplica("b", ledger)
+        for replica in (a, b):
+            await replica.shared.sync_once()
+        assert await a.reserve(100, syncs=[a]) == "ok"
+        assert await b.reserve(100, syncs=[b]) == "ok"
+        for replica in (a, b):
+            await replica.shared.sync_once()
+        redis.pause()
+        for replica in (a, b):
+            await replica.shared.sync_once()
+        redis.resume()
+        await a.shared.sync_once()
+        assert a.shared.mode == "ledger"
+        # 200 used of 1,000; a's request for 600 more is over its fallback cap (its static 500): it waits for
+        # the ledger, which grows a's grant once b, alive before the outage, has synced too.
+        assert await a.reserve(600, syncs=[b, a, a, a]) == "ok"
+
+
+async def test_with_the_ledger_away_a_refusals_retry_after_says_when_the_static_share_comes(autojump_clock: trio.testing.MockClock) -> None:
+    """Issue 32, item 5: Retry-After hints did not match how long refusals last (60 s for a share due in 62)."""
+    config = ClusterConfig(redis_url="", replica_id="alone", lease_ttl=2.0, static_share=0.25)
+    shared = SharedBudget(config, Unreachable(), list)
+    key = BudgetShares(shared, Budgets()).of("metered", 1_000, None)
+    await shared.sync_once()
+    with pytest.raises(BudgetExceeded) as refused:
+        await key.reserve(100, priority=0, deadline=trio.current_time() + 1.0)
+    assert refused.value.retry_after == pytest.approx(62.0)  # its window (60 s) and the lease after the outage began
+    await trio.sleep(40.0)
+    await shared.sync_once()
+    with pytest.raises(BudgetExceeded) as refused:
+        await key.reserve(100, priority=0, deadline=trio.current_time() + 1.0)
+    assert refused.value.retry_after == pytest.approx(22.0)
+    await trio.sleep(refused.value.retry_after)
+    await shared.sync_once()
+    await key.reserve(100, priority=0, deadline=trio.current_time() + 1.0)
+
+
+async def test_a_refusal_while_grants_are_held_after_an_outage_says_how_long_they_are(redis: RedisServer) -> None:
+    """A replica alive before the outage never came back (killed meanwhile): grants are held two leases, and the 429 says so."""
+    async with RedisLedger(redis.url, "q3", timeout=0.1) as ledger:
+        a, b = KeyReplica("a", ledger, lease_ttl=1.0), KeyReplica("b", ledger, lease_ttl=1.0)
+        for replica in (a, b):
+            await replica.shared.sync_once()
+        assert await a.reserve(100, syncs=[a]) == "ok"
+        assert await b.reserve(100, syncs=[b]) == "ok"
+        for replica in (a, b):
+            await replica.shared.sync_once()
+        redis.pause()
+        await a.shared.sync_once()  # b is killed: it never syncs again
+        await trio.sleep(0.5)  # away over half a lease: a replica may have fallen back to more than Redis counts
+        redis.resume()
+        await a.shared.sync_once()
+        started = trio.current_time()
+        outcome = await a.reserve(600, syncs=[a, a], deadline=0.05)
+        assert outcome.startswith("429") and "no grant" in outcome, outcome
+        retry_after = float(outcome.split()[1])
+        assert 0.5 < retry_after <= 2.0 - (trio.current_time() - started) + 0.01, outcome  # two leases, less what passed

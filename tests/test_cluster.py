@@ -29,7 +29,7 @@ from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import PROFILES, Engine, SimApp
 from tailguard.sim.canned import sim_canned_transport
-from tests.redis_helpers import RedisServer, redis_server
+from tests.redis_helpers import RedisServer, redis_client, redis_server
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
 from tests.sim_helpers import MODEL
 from tests.test_config import BASE
@@ -736,3 +736,69 @@ async def test_between_equally_urgent_waiters_on_two_replicas_the_older_gets_the
         assert records["Sb"].admitted_at < records["Sa"].admitted_at
     assert two.engine.statistics().max_running_seen == 2
     assert two.most[endpoint] <= 2 and two.most["pool:interactive"] <= 2
+
+
+async def test_seat_grants_grow_again_once_every_replica_has_synced_after_an_outage_not_two_leases_later(redis: RedisServer) -> None:
+    """Issue 32, item 5: after Redis returns, a replica's queue waited ``2 x lease_ttl`` at its fallback share (23 queue_timeouts).
+
+    Grants are held to the fallback caps only until every replica alive before the outage has synced
+    since (each then has its grant recorded): here a, b, a again, well within the two leases.
+    """
+    async with RedisLedger(redis.url, "r1", timeout=0.1) as ledger:
+        a, b = Replica("a", ledger, static_share=0.5), Replica("b", ledger, static_share=0.5)
+        assert await a.need(2) == 2 and await b.need(2) == 2
+        redis.pause()
+        assert await a.need(2) == 2 and await b.need(2) == 2
+        assert a.budget.mode == b.budget.mode == "fallback"
+        await trio.sleep(TTL)  # past the lease: each serves its static share
+        assert await a.need(5, waiting=5) == 5 and await b.need(0) == 5
+        redis.resume()
+        assert await a.need(5, waiting=5) == 5  # back, held: b may still run its static 5
+        assert a.budget.mode == "ledger"
+        assert await b.need(0) == 0  # b is back too, and uses nothing
+        await a.need(5, waiting=5)  # a hears that every replica alive before is back
+        assert await a.need(5, waiting=5) == CAP
+        assert sum((await ledger.grants("pool:x")).values()) <= CAP
+
+
+@pytest.mark.parametrize("how", ["flushall", "restart"])
+async def test_a_redis_that_lost_its_memory_under_the_replicas_never_grants_past_the_cap(redis: RedisServer, how: str) -> None:
+    """Issue 32, item 5: a Redis emptied between two syncs (FLUSHALL, or restarted on the same port) is no outage.
+
+    Without a failed sync nobody fell back, and the first replica to sync found an empty ledger:
+    a's queue got the whole cap while b still ran 4 of it. The ledger's epoch says its memory is new:
+    the sync is refused before anything is granted, and each replica claims again what it uses.
+    """
+    async with RedisLedger(redis.url, f"lost-{how}", timeout=0.2) as ledger:
+        a, b = Replica("a", ledger), Replica("b", ledger)
+        assert await a.need(6) == 6 and await b.need(4) == 4
+        if how == "flushall":
+            async with redis_client(redis.url) as client:
+                await client.flushall()
+        else:
+            redis.stop()
+            redis.start()
+        seen = [await a.need(6, waiting=4) for _ in range(3)]
+        assert max(seen) + b.in_use <= CAP, seen  # b still runs its 4: a keeps its 6
+        assert await b.need(4) == 4
+        assert max([await a.need(6, waiting=4) for _ in range(3)]) == 6
+        assert await ledger.grants("pool:x") == {"a": 6, "b": 4}
+        assert await b.need(0) == 0  # b's requests end: a's queue gets them
+        # A memory that is new cannot say who was alive before: grants stay held two sync intervals at
+        # least (a replica that began syncing after a's last answer claims its own by then).
+        await trio.sleep(2 * ClusterConfig(redis_url="").sync_interval)
+        await b.need(0)  # (replicas sync every interval; here by hand)
+        await a.need(6, waiting=4)
+        assert await a.need(6, waiting=4) == CAP
+
+
+async def test_a_sync_redis_runs_after_the_replica_gave_up_on_it_changes_nothing(redis: RedisServer) -> None:
+    """A sync queued in a stopped Redis runs when it resumes: its wants are stale by then (the replica fell back)."""
+    async with RedisLedger(redis.url, "late", timeout=2.0) as ledger:
+        a = Replica("a", ledger)
+        assert await a.need(2) == 2
+        redis.pause()
+        assert await a.need(8) == 2 and a.budget.mode == "fallback"  # sent, given up on after half a lease
+        redis.resume()
+        async with RedisLedger(redis.url, "late") as other:  # another client: after the stale sync in Redis's order
+            assert await other.grants("pool:x") == {"a": 2}
