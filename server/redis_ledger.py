@@ -295,6 +295,44 @@ def _answer(result: list[Any], wants: int) -> Synced:
 
 _SERVED_KEPT_MS = 3_600_000  # a pool's traded totals outlive an hour without trades by no replica
 
+_TRADE = """
+-- per pool: this replica's totals that changed, written with the sum over every replica and when each
+-- tenant changed; back, the tenants changed since this replica's last trade (all at its first): the sum and its own
+local prefix, me, kept, npools = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {now}
+local at = 5
+for p = 1, npools do
+  local pool, since, n = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  at = at + 3
+  local served, sums, changed = prefix .. 'served:' .. pool, prefix .. 'served-sum:' .. pool, prefix .. 'served-changed:' .. pool
+  for i = 1, n do
+    local tenant, total = ARGV[at], ARGV[at + 1]
+    at = at + 2
+    local field = me .. '\t' .. tenant
+    local before = tonumber(redis.call('HGET', served, field) or '0')
+    redis.call('HSET', served, field, total)
+    redis.call('HINCRBYFLOAT', sums, tenant, tonumber(total) - before)
+    redis.call('ZADD', changed, now, tenant)
+  end
+  if n > 0 then
+    for _, key in ipairs({served, sums, changed}) do redis.call('PEXPIRE', key, kept) end
+    redis.call('ZREMRANGEBYSCORE', changed, '-inf', now - kept)
+  end
+  local tenants
+  if since == 0 then tenants = redis.call('HKEYS', sums) else tenants = redis.call('ZRANGEBYSCORE', changed, since, '+inf') end
+  out[#out + 1] = pool
+  out[#out + 1] = #tenants
+  for _, tenant in ipairs(tenants) do
+    out[#out + 1] = tenant
+    out[#out + 1] = redis.call('HGET', sums, tenant) or '0'
+    out[#out + 1] = redis.call('HGET', served, me .. '\t' .. tenant) or '0'
+  end
+end
+return out
+"""
+
 
 class RedisLedger:
     """``router.cluster.LedgerStore`` on one Redis (``redis://host:port/db``).
@@ -309,6 +347,8 @@ class RedisLedger:
         )
         self._prefix = namespace + ":"
         self._sha = hashlib.sha1(_SYNC.encode()).hexdigest()
+        self._trade_sha = hashlib.sha1(_TRADE.encode()).hexdigest()
+        self._traded: dict[tuple[str, str], int] = {}  # (replica, pool) -> Redis's clock at its last trade (ms)
 
     async def sync(
         self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
@@ -331,28 +371,42 @@ class RedisLedger:
         args.append(NO_WAITER)
         return _answer(await self._run_script(args), len(wants))
     async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
-        """``router.fair_sync.ServiceStore``: record this replica's totals, return the others' sums, per pool and tenant."""
-        theirs: dict[str, dict[str, float]] = {}
+        """``router.fair_sync.ServiceStore``: record this replica's totals, return the others' sums, per pool and tenant.
+
+        Only the tenants whose totals changed (anywhere) since this replica's
+        last trade of the pool come back; all of them at its first.
+        """
+        args: list[str | int] = [self._prefix, replica, _SERVED_KEPT_MS, len(served)]
         for pool, tenants in served.items():
-            key = self._prefix + "served:" + pool
-            if tenants:
-                await self._client.hset(key, {f"{replica}\t{tenant}": repr(total) for tenant, total in tenants.items()})
-                await self._client.pexpire(key, _SERVED_KEPT_MS)
+            args += [pool, self._traded.get((replica, pool), 0), len(tenants)]
+            for tenant, total in tenants.items():
+                args += [tenant, repr(total)]
+        result = list(await self._script(_TRADE, self._trade_sha, args))
+        now, at = int(result[0]), 1
+        theirs: dict[str, dict[str, float]] = {}
+        while at < len(result):
+            pool, count = str(result[at]), int(result[at + 1])
+            at += 2
             sums: dict[str, float] = {}
-            for field, value in (await self._client.hgetall(key)).items():
-                who, _, tenant = str(field).partition("\t")
-                if who != replica:
-                    sums[tenant] = sums.get(tenant, 0.0) + float(value)
+            for i in range(at, at + 3 * count, 3):
+                others = float(result[i + 1]) - float(result[i + 2])
+                if abs(others) > 1e-9:
+                    sums[str(result[i])] = others
+            at += 3 * count
             theirs[pool] = sums
+            self._traded[(replica, pool)] = now
         return theirs
 
     async def _run_script(self, args: Sequence[str | int | float]) -> list[Any]:
-        """The sync script by its digest; loaded first where Redis does not have it (a new or restarted one)."""
+        return await self._script(_SYNC, self._sha, args)
+
+    async def _script(self, script: str, sha: str, args: Sequence[str | int | float]) -> list[Any]:
+        """A script by its digest; loaded first where Redis does not have it (a new or restarted one)."""
         try:
-            return list(await self._client.evalsha(self._sha, keys=[], args=args))
+            return list(await self._client.evalsha(sha, keys=[], args=args))
         except NoScriptError:
-            await self._client.script_load(_SYNC)
-            return list(await self._client.evalsha(self._sha, keys=[], args=args))
+            await self._client.script_load(script)
+            return list(await self._client.evalsha(sha, keys=[], args=args))
 
     async def grants(self, resource: str) -> dict[str, int]:
         """Every replica's recorded grant of ``resource`` (tests and the benchmark check the ledger)."""
