@@ -279,7 +279,6 @@ class SharedBudget:
         self._contended = False
         self._short = False  # a request waits here for seats the last sync did not grant
         self.synced_from = -math.inf  # when the last sync that the ledger answered began
-        self.sent = 0  # resources the last sync carried (tests and the measurements of issue 32 read it)
         self._elsewhere: dict[str, int] = {}  # per resource: seats in use on the other replicas, at the last sync
         self._elsewhere_since: dict[str, float] = {}  # per resource: since when the oldest of those is in use (trio time)
         self._yielding: set[str] = set()  # resources a more urgent request waits for elsewhere, at the last sync
@@ -390,7 +389,6 @@ class SharedBudget:
             if lowered < self._grants.get(demand.resource, 0):
                 self._set(demand, lowered)
             wants.append(replace(want, keep=lowered))
-        self.sent = len(wants)
         synced, why = await self._ask(wants)
         if synced is None:
             self._full |= full

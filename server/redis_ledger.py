@@ -109,9 +109,15 @@ local function incarnation(replica)
   end
   return alive[replica]
 end
-local function is_alive(replica)
-  return incarnation(replica) ~= false
+-- an entry counts while its replica's lease lives, and names the process that holds it now: a
+-- restarted process under the same id has not claimed what the last one left (entries end "... AS")
+local function live(replica, value)
+  local now_as = incarnation(replica)
+  if now_as == false then return false end
+  local as = string.match(value, ' p(%S*)$')
+  return as == nil or as == now_as
 end
+local as_tag = 'p' .. me_as  -- this process, in the entries it writes (a letter first: told from a number)
 local no_waiter = tonumber(ARGV[#ARGV])
 local out = {}
 local contended = 0  -- 1 when a request waits on another replica: everyone syncs sooner
@@ -130,11 +136,11 @@ for i = 0, n - 1 do
   local holders = {}  -- the other live replicas holding some of it (grant or reserve)
   for j = 1, #grants, 2 do
     local replica = grants[j]
-    local seats, spare = string.match(grants[j + 1], '^(%d+) ?(%d*)$')
+    local seats, spare = string.match(grants[j + 1], '^(%d+) ?(%d*)')
     local claim = tonumber(seats) + (tonumber(spare) or 0)
     if replica == me then
       -- rewritten below
-    elseif is_alive(replica) then
+    elseif live(replica, grants[j + 1]) then
       others = others + claim
       if claim > 0 then holders[#holders + 1] = replica end
     else
@@ -149,8 +155,8 @@ for i = 0, n - 1 do
     if first > 0 and (elsewhere_since == 0 or first < elsewhere_since) then elsewhere_since = first end
   end
   for j = 1, #used, 2 do
-    if used[j] ~= me and is_alive(used[j]) then
-      local count, first = string.match(used[j + 1], '^(%S+) ?(%S*)$')
+    if used[j] ~= me and live(used[j], used[j + 1]) then
+      local count, first = string.match(used[j + 1], '^(%d+) ?(%d*)')
       elsewhere = elsewhere + tonumber(count)
       older(tonumber(first) or 0)
     end
@@ -179,9 +185,9 @@ for i = 0, n - 1 do
   local wants = redis.call('HGETALL', wants_key)
   local urgent, urgent_since = no_waiter, 0  -- the first request waiting on another replica: priority, arrival
   for j = 1, #wants, 2 do
-    if wants[j] ~= me and is_alive(wants[j]) then
+    if wants[j] ~= me and live(wants[j], wants[j + 1]) then
       contended = 1
-      local priority, came = string.match(wants[j + 1], '^(%S+) (%S+)$')
+      local priority, came = string.match(wants[j + 1], '^(%d+) (%d+)')
       if priority == nil then priority, came = wants[j + 1], 0 end
       priority, came = tonumber(priority), tonumber(came)
       if priority < urgent or (priority == urgent and came < urgent_since) then
@@ -205,9 +211,9 @@ for i = 0, n - 1 do
   if claim == 0 then
     redis.call('HDEL', grants_key, me)
   elseif claim > granted then
-    redis.call('HSET', grants_key, me, string.format('%d %d', granted, claim - granted))
+    redis.call('HSET', grants_key, me, string.format('%d %d %s', granted, claim - granted, as_tag))
   else
-    redis.call('HSET', grants_key, me, granted)
+    redis.call('HSET', grants_key, me, string.format('%d 0 %s', granted, as_tag))
   end
   if hold > 0 then
     -- kept past this replica's lease: what it may admit until then leaves the window ``hold`` later
@@ -220,7 +226,7 @@ for i = 0, n - 1 do
     end
   end
   if urgency < no_waiter then
-    redis.call('HSET', wants_key, me, string.format('%d %.0f', urgency, since))
+    redis.call('HSET', wants_key, me, string.format('%d %.0f %s', urgency, since, as_tag))
     if sparse and granted < target then
       -- a key's resource others hold while a request waits for it here: they sync it at once to say
       -- what they use of it (its resources are not in every sync)
@@ -233,7 +239,7 @@ for i = 0, n - 1 do
     redis.call('HDEL', wants_key, me)
   end
   if in_use > 0 then
-    redis.call('HSET', used_key, me, string.format('%d %.0f', in_use, used_since))
+    redis.call('HSET', used_key, me, string.format('%d %.0f %s', in_use, used_since, as_tag))
   else
     redis.call('HDEL', used_key, me)
   end

@@ -802,3 +802,18 @@ async def test_a_sync_redis_runs_after_the_replica_gave_up_on_it_changes_nothing
         redis.resume()
         async with RedisLedger(redis.url, "late") as other:  # another client: after the stale sync in Redis's order
             assert await other.grants("pool:x") == {"a": 2}
+
+
+async def test_what_a_process_left_of_a_key_is_not_counted_once_another_process_took_its_replica_id(redis: RedisServer) -> None:
+    """A key's resources are not in every sync now: a pod restarted under its name never rewrites the key's entries.
+
+    Its last process held 3 of key k's 4 seats and had a request waiting; the new one syncs, the key
+    untouched. Its entries name the old process, so b counts neither the seats nor the waiter.
+    """
+    async with RedisLedger(redis.url, "pod") as ledger:
+        key = Want("key:k", 4, 3, best_waiting=0, in_use=3, sparse=True)
+        assert (await ledger.sync("pod-0", 5.0, [key], "first")).grants == [3]
+        await ledger.sync("pod-0", 5.0, [], "second")  # the restarted process: its lease names it
+        answer = await ledger.sync("b", 5.0, [Want("key:k", 4, 4, best_waiting=1, sparse=True)], "b1")
+        assert answer.grants == [4] and answer.urgent == [NO_WAITER] and not answer.yielding[0]
+        assert await ledger.grants("key:k") == {"b": 4}
