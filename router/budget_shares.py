@@ -24,9 +24,18 @@ A replica that dies (kill -9) is not forgotten at its lease: what it
 admitted in its last minute was admitted, so the ledger keeps counting its
 grant (``Want.hold``) until its window would have emptied, at most 60 s
 plus the lease after its last sync; a restarted process under the same
-replica id does not inherit it. With Redis away each replica falls back to
-``min(grant, static_share)`` of each budget at once, and to its static share
-once everything admitted under a larger grant has left the window.
+replica id does not inherit it. Beside the grant the ledger records a
+*reserve*, ``static_share`` of what no replica holds (``Want.share``), that
+no other replica is granted: with Redis away each replica falls back at once
+to ``min(grant + reserve, static_share)`` of each budget, so a tenant well
+under its budget is not held to its last grant, and to its static share once
+everything admitted under a larger grant has left the window. A refusal then
+says when either comes (``_exceeded``).
+
+A key is in a sync only while it changes: a request comes, is admitted or
+settles, or its window's oldest admission leaves (``due``). Once its
+windows are empty and nobody waits, it asks for nothing and the ledger
+forgets it here until its next request (router/ledger_roster.py).
 """
 
 from __future__ import annotations

@@ -45,14 +45,23 @@ waits for nothing, so any waiter elsewhere is more urgent: it gives back
 the spare ``block`` seats it holds of that resource, and a replica with a
 long queue may grow past its block up to what the others use.
 
+Pools and endpoints go into every sync; an API key's seats and budgets
+only while they change or are wanted (router/ledger_roster.py), so a sync
+costs what is in use, not every key ever seen.
+
 Redis unreachable or slow (a sync fails or takes over half the TTL): the
-replica falls back at once to ``min(grant, static share)`` of each cap, and
-once every request admitted before the outage has ended (the end-to-end
-deadline, at least the lease) to its static share: ``static_share`` of the
-cap, the shares of all replicas adding up to at most 1, so the caps hold in
-total. It is *degraded*, not down. When the ledger answers again it claims
-no more than its fallback cap for ``2 x lease_ttl`` (while the others come
-back), and only then grows as usual: no seat is counted twice. A replica cut off from Redis while the others still reach it
+replica falls back at once to ``min(grant, static share)`` of each cap (a
+budget: its grant and its reserve, ``Want.share``), and once every request
+admitted before the outage has ended (the end-to-end deadline, at least the
+lease) to its static share: ``static_share`` of the cap, the shares of all
+replicas adding up to at most 1, so the caps hold in total. It is
+*degraded*, not down; its syncs only ask whether the ledger answers, and the
+first that does is followed at once by one carrying everything. Then it
+claims no more than its fallback cap until every replica alive before has
+synced since (at most ``2 x lease_ttl``: router/ledger_recovery.py), and only
+then grows as usual: no seat is counted twice. A ledger that lost its memory
+(a new epoch) refuses the sync; the replica claims again all it uses, under
+the same rule. A replica cut off from Redis while the others still reach it
 is the case this cannot make strict: after the TTL the others take back its
 grant while it still serves its static share (documented in docs/replicas.md).
 """

@@ -3,18 +3,34 @@
 Keys, under the namespace ``NS``:
 - ``NS:alive:REPLICA`` -- the replica's lease, set with a TTL at every sync; its value names the
   process (``SharedBudget.incarnation``), so a restarted one under the same id is told apart;
-- ``NS:grant:RESOURCE`` -- a hash, replica -> seats of the resource's cap recorded as its own;
-- ``NS:want:RESOURCE`` -- a hash, replica -> "PRIORITY SINCE": the most urgent class priority
-  waiting there, and when the oldest request of that priority came (wall-clock milliseconds);
-- ``NS:used:RESOURCE`` -- a hash, replica -> "USED SINCE_MS": what of the resource is in use there
-  (absent: none), so a replica can tell a cap that is full across replicas from one held as idle
-  blocks, and since when the oldest of it counts (0: not said; a budget's window says it);
+- ``NS:grant:RESOURCE`` -- a hash, replica -> "SEATS RESERVE pPROCESS": seats of the resource's cap
+  recorded as its own, and its reserve (``Want.share``: counted against the others as seats are);
+  absent when both are 0;
+- ``NS:want:RESOURCE`` -- a hash, replica -> "PRIORITY SINCE pPROCESS": the most urgent class
+  priority waiting there, and when the oldest request of that priority came (wall-clock ms);
+- ``NS:used:RESOURCE`` -- a hash, replica -> "USED SINCE_MS pPROCESS": what of the resource is in use
+  there (absent: none), so a replica can tell a cap that is full across replicas from one held as
+  idle blocks, and since when the oldest of it counts (0: not said; a budget's window says it).
+  Each entry names the process that wrote it: another process under the same replica id (which
+  may never sync that key) does not inherit it;
 - ``NS:held:RESOURCE`` -- for resources whose use outlives a lease (``Want.hold``: a budget's
-  sliding window), a hash, "REPLICA INCARNATION" -> "GRANT UNTIL_MS": a replica's grant, counted
-  after its lease lapses until what it admitted has left the window (Redis's own clock);
+  sliding window), a hash, "REPLICA INCARNATION" -> "GRANT UNTIL_MS": a replica's grant and reserve,
+  counted after its lease lapses until what it admitted has left the window (Redis's own clock);
+- ``NS:poke:REPLICA`` -- a set of an API key's resources a request waits for on another replica
+  while this one holds some (``Want.sparse``): it carries them at its next sync;
+- ``NS:epoch`` -- the ledger's memory, made by the first sync that finds none: a sync naming
+  another (its replica's grants are not here: Redis restarted empty, or was flushed) is refused;
+- ``NS:clock``, ``NS:resumed``, ``NS:paused`` -- the last sync, and the first after nobody synced
+  for half a lease (and the last before it); ``NS:members`` -- a hash, replica -> its last sync:
+  who must have synced again before grants grow after an outage (router/ledger_recovery.py);
 - ``NS:served:POOL`` -- a hash, "REPLICA<tab>TENANT" -> the tokens that replica served the tenant
-  (over its weight) since it started: fair shares traded across replicas (``trade_service``,
-  router/fair_sync.py), kept an hour after the last trade.
+  (over its weight) since it started, ``NS:served-sum:POOL`` their sum per tenant and
+  ``NS:served-changed:POOL`` when each tenant's last changed: fair shares traded across replicas
+  (``trade_service``, router/fair_sync.py), kept an hour after the last trade.
+
+A sync carries the replica's wall-clock deadline for it: one Redis runs
+later (it was stopped with the sync queued, the replica having given up on
+it and fallen back) changes nothing.
 
 The script runs atomically in Redis, so grants are decided one replica at a
 time: a grant grows only by seats that no live replica holds (the grants of
@@ -265,14 +281,14 @@ class LateSync(Exception):
     """Redis ran a sync after the replica's deadline for it: it changed nothing."""
 
 
-def _answer(result: list[Any], wants: int) -> Synced:
+def _answer(result: list[Any], wants: int, deadline: float) -> Synced:
     """The script's flat answer: a header (status, epoch, clock, members, pokes), then 7 numbers per want."""
     status, epoch, now_ms, resumed_ms, paused_ms = str(result[0]), str(result[1]), int(result[2]), int(result[3]), int(result[4])
     contended = int(result[5])
     if status == "late":
         raise LateSync(
-            f"Redis ran the sync after this replica had given up on it (Redis stalled, or its clock is "
-            f"{now_ms / 1000:.0f}, ahead of this replica's)"
+            f"Redis ran the sync {now_ms / 1000 - deadline:.2f} s after this replica gave up on it "
+            "(Redis stalled, or its clock is ahead of this replica's by that much)"
         )
     at = 7 + 2 * int(result[6])
     members = {str(result[i]): int(result[i + 1]) / 1000 for i in range(7, at, 2)}
@@ -375,7 +391,7 @@ class RedisLedger:
             args += [want.resource, want.cap, want.target, want.best_waiting, want.in_use, keep, since, tolerance, hold, used_since]
             args += [repr(want.share), want.reserve_keep, int(want.sparse)]
         args.append(NO_WAITER)
-        return _answer(await self._run_script(args), len(wants))
+        return _answer(await self._run_script(args), len(wants), terms.deadline)
     async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
         """``router.fair_sync.ServiceStore``: record this replica's totals, return the others' sums, per pool and tenant.
 
