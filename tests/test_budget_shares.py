@@ -337,6 +337,18 @@ class KeyReplica:
         return outcome[0] if outcome else "waiting"
 
 
+async def two_using_100(ledger: LedgerStore, *, lease_ttl: float = TTL) -> tuple[KeyReplica, KeyReplica]:
+    """Replicas a and b, each having admitted 100 tokens of the key, and synced since (twice each, by hand)."""
+    a, b = KeyReplica("a", ledger, lease_ttl=lease_ttl), KeyReplica("b", ledger, lease_ttl=lease_ttl)
+    for replica in (a, b):
+        await replica.shared.sync_once()
+    assert await a.reserve(100, syncs=[a]) == "ok"
+    assert await b.reserve(100, syncs=[b]) == "ok"
+    for replica in (a, b, a, b):  # (they sync every interval)
+        await replica.shared.sync_once()
+    return a, b
+
+
 async def test_a_quiet_key_well_under_its_budget_is_served_through_a_redis_outage(redis: RedisServer) -> None:
     """Issue 32, item 5: with Redis away a key was frozen at its last grant (what it used, and a block) for a minute.
 
@@ -344,13 +356,7 @@ async def test_a_quiet_key_well_under_its_budget_is_served_through_a_redis_outag
     replicas' grants and reserves never add up past the budget; with Redis away each may use its own at once.
     """
     async with RedisLedger(redis.url, "q1", timeout=0.1) as ledger:
-        a, b = KeyReplica("a", ledger), KeyReplica("b", ledger)
-        for replica in (a, b):
-            await replica.shared.sync_once()
-        assert await a.reserve(100, syncs=[a]) == "ok"
-        assert await b.reserve(100, syncs=[b]) == "ok"
-        for replica in (a, b, a, b):  # (they sync every interval; here by hand)
-            await replica.shared.sync_once()
+        a, b = await two_using_100(ledger)
         redis.pause()
         for replica in (a, b):
             await replica.shared.sync_once()
@@ -365,13 +371,7 @@ async def test_a_quiet_key_well_under_its_budget_is_served_through_a_redis_outag
 async def test_after_redis_returns_a_key_waiting_for_more_is_served_within_a_few_syncs(redis: RedisServer) -> None:
     """Issue 32, item 5: after Redis resumed, requests waited 3 s for a grant held for two leases, then 429 "retry after 0.1 s"."""
     async with RedisLedger(redis.url, "q2", timeout=0.1) as ledger:
-        a, b = KeyReplica("a", ledger), KeyReplica("b", ledger)
-        for replica in (a, b):
-            await replica.shared.sync_once()
-        assert await a.reserve(100, syncs=[a]) == "ok"
-        assert await b.reserve(100, syncs=[b]) == "ok"
-        for replica in (a, b):
-            await replica.shared.sync_once()
+        a, b = await two_using_100(ledger)
         redis.pause()
         for replica in (a, b):
             await replica.shared.sync_once()
@@ -405,13 +405,7 @@ async def test_with_the_ledger_away_a_refusals_retry_after_says_when_the_static_
 async def test_a_refusal_while_grants_are_held_after_an_outage_says_how_long_they_are(redis: RedisServer) -> None:
     """A replica alive before the outage never came back (killed meanwhile): grants are held two leases, and the 429 says so."""
     async with RedisLedger(redis.url, "q3", timeout=0.1) as ledger:
-        a, b = KeyReplica("a", ledger, lease_ttl=1.0), KeyReplica("b", ledger, lease_ttl=1.0)
-        for replica in (a, b):
-            await replica.shared.sync_once()
-        assert await a.reserve(100, syncs=[a]) == "ok"
-        assert await b.reserve(100, syncs=[b]) == "ok"
-        for replica in (a, b):
-            await replica.shared.sync_once()
+        a, _ = await two_using_100(ledger, lease_ttl=1.0)
         redis.pause()
         await a.shared.sync_once()  # b is killed: it never syncs again
         await trio.sleep(0.5)  # away over half a lease: a replica may have fallen back to more than Redis counts
