@@ -74,7 +74,7 @@ class BudgetGate:
             now, in_loop = self._windows.latest, False
         shares = self._shares
         return {
-            name: self._limits(name, per_minute, None if shares is None else shares.of(name, *per_minute), now, expire=in_loop)
+            name: self._limits(name, per_minute, None if shares is None else shares.get(name), now, expire=in_loop)
             for name, per_minute in list(self._caps.items())
         }
 

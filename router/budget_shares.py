@@ -115,6 +115,9 @@ class KeyBudget:
                 Demand(names[1], self.requests_per_minute, requests, waiting, priority, self._apply_requests,
                        oldest=oldest, hold=WINDOW, block=0 if idle else None, used_since=since, share=share, sparse=True)
             )
+        for name, budget in zip(names, (self.tokens_per_minute, self.requests_per_minute)):
+            if budget is None and self._shared.holds(name):  # a reload took the budget away: its grant goes back
+                out.append(Demand(name, 0, 0, hold=WINDOW, block=0, sparse=True))
         return out
 
     def due(self) -> float:
@@ -268,6 +271,10 @@ class BudgetShares:
         self.shared = shared
         self._windows = windows
         self._keys: dict[str, KeyBudget] = {}
+
+    def get(self, name: str) -> KeyBudget | None:
+        """Key ``name``'s share, if it has one; nothing made or changed (a reader on another thread may ask)."""
+        return self._keys.get(name)
 
     def of(self, name: str, tokens_per_minute: int | None, requests_per_minute: int | None) -> KeyBudget:
         """Key ``name``'s share (a reload may change its budgets: they are taken from each request's caller)."""

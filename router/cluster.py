@@ -322,6 +322,10 @@ class SharedBudget:
         """Seats of ``resource`` this replica may use now (0 until the first sync or fallback)."""
         return min(cap, self._grants.get(resource, 0))
 
+    def holds(self, resource: str) -> bool:
+        """The ledger records a grant or a reserve of ``resource`` for this replica (as of its last answer)."""
+        return self._grants.get(resource, 0) > 0 or resource in self._reserves
+
     def recovering_for(self) -> float:
         """Seconds grants stay at the fallback caps at most, the ledger being back (0: they do not)."""
         return self._recovery.left(trio.current_time())

@@ -416,3 +416,17 @@ async def test_a_refusal_while_grants_are_held_after_an_outage_says_how_long_the
         assert outcome.startswith("429") and "no grant" in outcome, outcome
         retry_after = float(outcome.split()[1])
         assert 0.5 < retry_after <= 2.0 - (trio.current_time() - started) + 0.01, outcome  # two leases, less what passed
+
+
+async def test_a_budget_a_reload_took_away_goes_back_to_the_ledger(redis: RedisServer) -> None:
+    """Its grant stood in Redis for as long as the replica lived: nothing sent it again."""
+    async with RedisLedger(redis.url, "gone") as ledger:
+        shared = SharedBudget(ClusterConfig(redis_url="", replica_id="r", lease_ttl=5.0), ledger, list)
+        shares = BudgetShares(shared, Budgets())
+        await shared.sync_once()
+        await send_once(shared, shares, ["key-1"])
+        assert (await ledger.grants("tokens:key-1"))["r"] >= 100
+        shares.of("key-1", None, 600)  # a reload: the key keeps its request budget only
+        await shared.sync_once()
+        assert await ledger.grants("tokens:key-1") == {}
+        assert (await ledger.grants("requests:key-1"))["r"] >= 1
