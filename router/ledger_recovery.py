@@ -45,6 +45,7 @@ class Recovery:
         self._since = -math.inf  # when (trio time) the ledger answered again; -inf: not recovering
         self._waiting_for: frozenset[str] = frozenset()
         self._lost = False  # the ledger lost its memory: it cannot say who was alive before
+        self._last_seen = 0.0  # the ledger's clock at this replica's last answer before a fault
 
     def recovering(self, now: float) -> bool:
         """Grants stay at the fallback caps: some replica alive before may still run on its own."""
@@ -65,14 +66,17 @@ class Recovery:
         self.epoch = synced.epoch or self.epoch
         members = synced.members
         if self.recovering(now):
-            # Alive before: known here, or (when the ledger kept its memory) synced within a lease of its pause.
-            before = {name for name, last in members.items() if synced.paused and last >= synced.paused - self._lease_ttl}
+            # Alive before: known here, or (when the ledger paused while this replica was away, and kept its
+            # memory) synced within a lease before that pause.
+            paused = synced.paused if synced.resumed > self._last_seen else 0.0
+            before = {name for name, last in members.items() if paused and last >= paused - self._lease_ttl}
             self._waiting_for = (self._waiting_for | before) - {self._replica}
             back = {name for name, last in members.items() if last >= synced.resumed}
             if self._waiting_for - back or (self._lost and now - self._since < self._least):
                 return False
             self._since = -math.inf
             return True
+        self._last_seen = synced.now
         alive_after = synced.now - self._lease_ttl
         self._peers = frozenset(name for name, last in members.items() if name != self._replica and last >= alive_after)
         return False
