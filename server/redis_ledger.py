@@ -14,8 +14,11 @@ Keys, under the namespace ``NS``:
   Each entry names the process that wrote it: another process under the same replica id (which
   may never sync that key) does not inherit it;
 - ``NS:held:RESOURCE`` -- for resources whose use outlives a lease (``Want.hold``: a budget's
-  sliding window), a hash, "REPLICA INCARNATION" -> "GRANT UNTIL_MS": a replica's grant and reserve,
-  counted after its lease lapses until what it admitted has left the window (Redis's own clock);
+  sliding window), a hash, "REPLICA INCARNATION" -> "GRANT RESERVE UNTIL_MS": a replica's grant (and
+  its reserve, if Redis went away while it was alive: only then could it use it), counted after its
+  lease lapses until what it admitted has left the window (Redis's own clock):
+  ``hold`` and the lease after its last sync of the key, or, if later, of anything
+  (``NS:seen:REPLICA INCARNATION``, kept ten minutes): a key is not in every sync;
 - ``NS:poke:REPLICA`` -- a set of an API key's resources a request waits for on another replica
   while this one holds some (``Want.sparse``): it carries them at its next sync;
 - ``NS:epoch`` -- the ledger's memory, made by the first sync that finds none: a sync naming
@@ -102,6 +105,9 @@ if probe then
   return {'probe', epoch, now_ms, resumed, paused, 0, 0, 0}
 end
 redis.call('SET', prefix .. 'alive:' .. me, me_as, 'PX', ttl)
+-- when this process last synced anything: what it holds of a key counts after its death from then, not
+-- from the key's own last sync (a key is not in every sync; it may have admitted under its grant since)
+redis.call('SET', prefix .. 'seen:' .. me .. ' ' .. me_as, now_ms, 'PX', 600000)
 local members_key = prefix .. 'members'
 redis.call('HSET', members_key, me, now_ms)
 local members = redis.call('HGETALL', members_key)
@@ -180,21 +186,30 @@ for i = 0, n - 1 do
   local held_key = prefix .. 'held:' .. name
   if hold > 0 then
     -- what replicas gone since (or earlier processes under a live id) admitted still counts until it has
-    -- left the window: their grant and reserve as last recorded, until the time recorded with them
+    -- left the window: their grant as last recorded, and their reserve if Redis went away while they were
+    -- alive (only then could they have used it), until the time recorded with them
     local held = redis.call('HGETALL', held_key)
     for j = 1, #held, 2 do
       local who, as = string.match(held[j], '^(.*) (%S+)$')
-      local seats, till = string.match(held[j + 1], '^(%S+) (%S+)$')
+      local seats, reserve, till = string.match(held[j + 1], '^(%d+) (%d+) (%S+)$')
+      if seats == nil then seats, till = string.match(held[j + 1], '^(%S+) (%S+)$') end
       if who == me and as == me_as then
         -- this process's own: rewritten below
       elseif who ~= nil and incarnation(who) == as then
         -- a live replica's: its grant is counted already
-      elseif seats ~= nil and tonumber(till) > now_ms then
-        others = others + tonumber(seats)
-        elsewhere = elsewhere + tonumber(seats)
-        older(tonumber(till) - ttl - hold)  -- its last sync: what it admitted is taken as that young
       else
-        redis.call('HDEL', held_key, held[j])
+        -- its process's last sync (of anything), or this key's if later: what it admitted is taken as that young
+        local seen = tonumber(redis.call('GET', prefix .. 'seen:' .. held[j]) or '0')
+        local last_sync = math.max(tonumber(till or '0') - ttl - hold, seen)
+        if seats ~= nil and last_sync + ttl + hold > now_ms then
+          local counted = tonumber(seats)
+          if resumed > last_sync and paused < last_sync + ttl then counted = counted + (tonumber(reserve) or 0) end
+          others = others + counted
+          elsewhere = elsewhere + counted
+          older(last_sync)
+        else
+          redis.call('HDEL', held_key, held[j])
+        end
       end
     end
   end
@@ -237,8 +252,9 @@ for i = 0, n - 1 do
     if claim == 0 then
       redis.call('HDEL', held_key, who)
     else
-      redis.call('HSET', held_key, who, string.format('%d %.0f', claim, now_ms + ttl + hold))
-      redis.call('PEXPIRE', held_key, ttl + hold + 1000)
+      redis.call('HSET', held_key, who, string.format('%d %d %.0f', granted, claim - granted, now_ms + ttl + hold))
+      -- (a key with use here is carried again within ``hold``, when its oldest admission leaves)
+      redis.call('PEXPIRE', held_key, ttl + 2 * hold + 1000)
     end
   end
   if urgency < no_waiter then

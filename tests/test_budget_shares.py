@@ -430,3 +430,46 @@ async def test_a_budget_a_reload_took_away_goes_back_to_the_ledger(redis: RedisS
         await shared.sync_once()
         assert await ledger.grants("tokens:key-1") == {}
         assert (await ledger.grants("requests:key-1"))["r"] >= 1
+
+
+async def test_a_dead_replicas_grant_of_a_quiet_key_counts_from_its_last_sync_of_anything(redis: RedisServer) -> None:
+    """A key is not in every sync: its replica may have admitted under its grant long after it last carried the key.
+
+    So what a dead replica held of a budget counts until ``hold`` and the lease after its last sync of
+    anything, not of that key alone (which was ``hold`` ago here: the others would take it at once).
+    """
+    async with RedisLedger(redis.url, "b6") as ledger:
+        tokens = Want("tokens:k", CAP, 8, in_use=8, hold=HOLD, sparse=True)
+        await ledger.sync("dead", TTL, [tokens], "one")
+        started = trio.current_time()
+        while trio.current_time() - started < HOLD:  # it syncs on without the key (it may admit under its grant)
+            await ledger.sync("dead", TTL, [], "one")
+            await trio.sleep(TTL / 4)
+        await trio.sleep(TTL * 1.5)  # then dies: its lease lapses
+        answer = await ledger.sync("alive", TTL, [Want("tokens:k", CAP, CAP, hold=HOLD, sparse=True)], "two")
+        assert answer.grants == [CAP - 8]
+
+
+async def test_a_dead_replicas_reserve_counts_only_if_redis_went_away_after_its_last_sync(redis: RedisServer) -> None:
+    """Its reserve is usable only with Redis away: a replica killed while Redis answers never used it.
+
+    Counting it for the minute after every kill -9 took a few percent of a busy budget from the others
+    (bench budgets --quick); after an outage it counts, as the replica may have used it meanwhile.
+    """
+    async with RedisLedger(redis.url, "b7", timeout=0.1) as ledger:
+        used = Want("tokens:k", CAP, 2, in_use=2, hold=HOLD, share=0.5, sparse=True)
+        first = await ledger.sync("dead", TTL, [used], "one")
+        assert first.grants == [2] and first.reserves == [4]  # half of the 8 nobody holds
+        for _ in range(6):  # killed while Redis answers (another replica syncs on): its lease lapses
+            await ledger.sync("alive", TTL, [], "two")
+            await trio.sleep(TTL / 4)
+        wanted = Want("tokens:k", CAP, CAP, hold=HOLD, sparse=True)
+        assert (await ledger.sync("alive", TTL, [wanted], "two")).grants == [CAP - 2]  # its grant, not its reserve
+        await ledger.sync("alive", TTL, [Want("tokens:k", CAP, 0, hold=HOLD, sparse=True)], "two")  # gives it back
+        second = await ledger.sync("dead2", TTL, [used], "three")
+        assert second.grants == [2] and second.reserves == [3]  # half of the 6 nobody holds
+        redis.pause()
+        await trio.sleep(TTL * 1.5)  # Redis away: "dead2" may serve its reserve (its fallback), then dies
+        redis.resume()
+        # Both grants, and dead2's reserve; not dead's, whose lease had lapsed before Redis went away.
+        assert (await ledger.sync("alive", TTL, [wanted], "two")).grants == [CAP - 2 - 2 - 3]

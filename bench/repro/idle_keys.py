@@ -45,9 +45,9 @@ class Counting:
         return await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
 
 
-async def script_usec(ledger: RedisLedger) -> tuple[int, int]:
+async def script_usec(client: Any) -> tuple[int, int]:
     """(calls, microseconds) of EVALSHA so far, as Redis counts them."""
-    stats = await ledger._client.info("commandstats")
+    stats = await client.info("commandstats")
     entry = stats.get("cmdstat_evalsha", {})
     return int(entry.get("calls", 0)), int(entry.get("usec", 0))
 
