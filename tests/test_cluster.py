@@ -817,3 +817,40 @@ async def test_what_a_process_left_of_a_key_is_not_counted_once_another_process_
         answer = await ledger.sync("b", 5.0, [Want("key:k", 4, 4, best_waiting=1, sparse=True)], "b1")
         assert answer.grants == [4] and answer.urgent == [NO_WAITER] and not answer.yielding[0]
         assert await ledger.grants("key:k") == {"b": 4}
+
+
+class Carried:
+    """The ledger, with the resources each sync carried."""
+
+    def __init__(self, ledger: RedisLedger) -> None:
+        self.ledger = ledger
+        self.sent: list[list[str]] = []
+
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
+        self.sent.append([want.resource for want in wants])
+        return await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
+
+
+async def test_api_keys_that_send_nothing_are_in_no_sync(redis: RedisServer) -> None:
+    """Issue 32, item 3: every key with a max_concurrency was in every sync, ten times a second, whether it sent or not."""
+    keys = tuple(ApiKeyConfig(f"key-{i}", f"{i:064x}", frozenset(), 2) for i in range(300))
+    base = dataclasses.replace(two_pool_config(interactive_cap=8), auth=AuthConfig(keys=keys))
+    engines, transports = shared_engines()
+    [router] = cluster_routers(redis, "idle-keys", base, ["only"], transports, block=1)
+    async with RedisLedger(redis.url, "idle-keys") as ledger, trio.open_nursery() as nursery:
+        store = Carried(ledger)
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        await nursery.start(functools.partial(router.run, ledger=store))
+        outcomes: list[str] = []
+        await ask_as(router, Caller("key-7", frozenset(), 2), "once", outcomes)
+        with trio.fail_after(5):
+            while len(store.sent) < 20:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert outcomes == ["ok"]
+    carried = {resource for sent in store.sent for resource in sent if resource.startswith("key:")}
+    assert carried == {"key:key-7"}  # the one key that sent; the 299 others never
+    assert all(len(sent) <= 5 for sent in store.sent[-5:])  # then only the pools and endpoints (and key-7 going quiet)
