@@ -21,7 +21,7 @@ from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import Engine
 from tests.redis_helpers import RedisServer, redis_client, redis_server
 from tests.router_helpers import chat, two_pool_config
-from tests.test_cluster import cluster_routers, shared_engines
+from tests.test_cluster import Carried, cluster_routers, shared_engines
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock
@@ -210,21 +210,6 @@ async def test_four_replicas_called_unevenly_at_once_admit_no_more_than_the_budg
     assert refused and all(50 < wait <= 60 for wait in refused), refused
 
 
-class Counting:
-    """The ledger, with the resources each sync carried."""
-
-    def __init__(self, ledger: LedgerStore) -> None:
-        self.ledger = ledger
-        self.sent: list[list[str]] = []
-
-    async def sync(
-        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
-    ) -> Synced:
-        if not terms.probe:
-            self.sent.append([want.resource for want in wants])
-        return await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
-
-
 async def send_once(shared: SharedBudget, shares: BudgetShares, names: Sequence[str]) -> None:
     """Each key asks for 100 tokens at once and settles at 60; syncs (by hand) grant them."""
     done: list[str] = []
@@ -246,7 +231,7 @@ async def send_once(shared: SharedBudget, shares: BudgetShares, names: Sequence[
     assert len(done) == len(names)
 
 
-async def settle_syncs(shared: SharedBudget, store: Counting) -> list[list[str]]:
+async def settle_syncs(shared: SharedBudget, store: Carried) -> list[list[str]]:
     """Sync until one carries nothing (bounded): what the syncs before it carried."""
     store.sent.clear()
     for _ in range(50):
@@ -270,7 +255,7 @@ async def test_a_sync_carries_only_the_keys_in_use_not_every_key_that_ever_sent(
     empties (its grant goes back), then never until its next request, which is served at the first sync.
     """
     async with RedisLedger(redis.url, "s1", timeout=30.0) as ledger:
-        store = Counting(ledger)
+        store = Carried(ledger)
         shared = SharedBudget(ClusterConfig(redis_url="", replica_id="r", lease_ttl=10.0), store, list)
         shares = BudgetShares(shared, Budgets())
         await shared.sync_once()
