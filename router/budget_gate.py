@@ -65,6 +65,7 @@ class BudgetGate:
             record.rate_limits = self._limits(caller.name, per_minute, key, trio.current_time()).headers()
             raise
         record.rate_limits = grant.limits.headers()
+        record.budget_at, record.budget_tokens = grant.at, grant.tokens
         return grant
 
     def left(self) -> dict[str, RateLimits]:
@@ -75,7 +76,7 @@ class BudgetGate:
             now, in_loop = self._windows.latest, False
         shares = self._shares
         return {
-            name: self._limits(name, per_minute, None if shares is None else shares.of(name, *per_minute), now, expire=in_loop)
+            name: self._limits(name, per_minute, None if shares is None else shares.get(name), now, expire=in_loop)
             for name, per_minute in list(self._caps.items())
         }
 

@@ -24,9 +24,18 @@ A replica that dies (kill -9) is not forgotten at its lease: what it
 admitted in its last minute was admitted, so the ledger keeps counting its
 grant (``Want.hold``) until its window would have emptied, at most 60 s
 plus the lease after its last sync; a restarted process under the same
-replica id does not inherit it. With Redis away each replica falls back to
-``min(grant, static_share)`` of each budget at once, and to its static share
-once everything admitted under a larger grant has left the window.
+replica id does not inherit it. Beside the grant the ledger records a
+*reserve*, ``static_share`` of what no replica holds (``Want.share``), that
+no other replica is granted: with Redis away each replica falls back at once
+to ``min(grant + reserve, static_share)`` of each budget, so a tenant well
+under its budget is not held to its last grant, and to its static share once
+everything admitted under a larger grant has left the window. A refusal then
+says when either comes (``_exceeded``).
+
+A key is in a sync only while it changes: a request comes, is admitted or
+settles, or its window's oldest admission leaves (``due``). Once its
+windows are empty and nobody waits, it asks for nothing and the ledger
+forgets it here until its next request (router/ledger_roster.py).
 """
 
 from __future__ import annotations
@@ -78,7 +87,12 @@ class KeyBudget:
         return self._shared.in_use_elsewhere(tokens), self._shared.in_use_elsewhere(requests)
 
     def demands(self) -> list[Demand]:
-        """The key's budgets as this replica uses them now (only those that are set)."""
+        """The key's budgets as this replica uses them now (only those that are set).
+
+        With nothing in its windows and nobody waiting, it asks for nothing
+        (no spare block, no reserve): its grant goes back and the ledger
+        forgets the key here until its next request (router/ledger_roster.py).
+        """
         now = trio.current_time()
         tokens, requests = self._windows.in_window(self.name, now)
         first = self._arrivals.first()
@@ -87,19 +101,29 @@ class KeyBudget:
         names = self._resources
         first_admitted = self._windows.oldest(self.name, now)
         since = math.inf if first_admitted is None else first_admitted
+        idle = first_admitted is None and waiting == 0
+        share = 0.0 if idle else self._shared.config.static_share  # what it may use beyond its grant should Redis go
         out: list[Demand] = []
         if self.tokens_per_minute is not None:
-            block = self._shared.config.block * self._largest
+            block = 0 if idle else self._shared.config.block * self._largest
             out.append(
                 Demand(names[0], self.tokens_per_minute, tokens, self._waiting_tokens, priority, self._apply_tokens,
-                       oldest=oldest, hold=WINDOW, block=block, used_since=since)
+                       oldest=oldest, hold=WINDOW, block=block, used_since=since, share=share, sparse=True)
             )
         if self.requests_per_minute is not None:
             out.append(
                 Demand(names[1], self.requests_per_minute, requests, waiting, priority, self._apply_requests,
-                       oldest=oldest, hold=WINDOW, used_since=since)
+                       oldest=oldest, hold=WINDOW, block=0 if idle else None, used_since=since, share=share, sparse=True)
             )
+        for name, budget in zip(names, (self.tokens_per_minute, self.requests_per_minute)):
+            if budget is None and self._shared.holds(name):  # a reload took the budget away: its grant goes back
+                out.append(Demand(name, 0, 0, hold=WINDOW, block=0, sparse=True))
         return out
+
+    def due(self) -> float:
+        """When the oldest admission in its window here leaves it (its use changes, unasked); inf: the window is empty."""
+        first = self._windows.oldest(self.name, trio.current_time())
+        return math.inf if first is None else first + WINDOW
 
     async def reserve(self, tokens: int, *, priority: int, deadline: float) -> Grant:
         """Count a request that may cost ``tokens`` in this replica's window, waiting for a grant until ``deadline``.
@@ -114,6 +138,7 @@ class KeyBudget:
             self._shared.wake()  # ask the ledger now, not at the next tick
         turn = self._arrivals.add(priority, came)
         self._waiting_tokens += tokens
+        self._shared.stir(self)
         try:
             got = await self._queue.get(priority, deadline, _Ask(came, tokens), retry_after=0.0)
         except (QueueTimeout, QueueFull):
@@ -121,9 +146,15 @@ class KeyBudget:
         finally:
             self._waiting_tokens -= tokens
             self._arrivals.discard(turn)
+            self._shared.stir(self)  # admitted (its window grew) or not (it waits no more)
         if not isinstance(got, Grant):
             raise self._exceeded(tokens, trio.current_time())
+        got.settled = self._settled
         return got
+
+    def _settled(self) -> None:
+        """A request of the key settled what it cost: the ledger hears of the key's use at the next sync."""
+        self._shared.stir(self)
 
     def _fits(self, tokens: int, now: float) -> bool:
         over = self._windows.shortfall(
@@ -179,12 +210,21 @@ class KeyBudget:
             if over <= 0:
                 continue
             resource = self._resources[0 if count == "tokens" else 1]
-            waits.append(self._wait(over, resource, here, there, count, cost > limit, now))
+            never = cost > limit
+            if alone:  # the static share may come before this window has room under the cap it has now
+                wait = math.inf if never else self._wait(over, resource, here, there, count, False, now)
+                wait = min(wait, self._once_static(here, cost, whole, count, now))
+                wait = WINDOW if math.isinf(wait) else wait
+            else:
+                wait = self._wait(over, resource, here, there, count, never, now)
+            waits.append(wait)
             left = max(0, limit - here - there)
             scope = "this replica's static share (the shared ledger is unreachable)" if alone else "across the replicas"
             why.append(f"has {left} of its {whole} {count} a minute left {scope}, this request may take {cost}")
-        wait = max(waits, default=self._shared.config.sync_interval)
-        if not why:  # it fitted by the time it gave up: the grant did not come before its queue deadline
+        # It fitted by the time it gave up: no grant came before its queue deadline (the ledger back from
+        # an outage holds grants until the replicas alive before are back, at most this long).
+        wait = max(waits, default=max(self._shared.config.sync_interval, self._shared.recovering_for()))
+        if not why:
             why.append("got no grant of its budget from the other replicas before its queue deadline")
         return BudgetExceeded(f"the caller {self.name!r} {' and '.join(why)}; retry after {wait:.1f} s", retry_after=wait)
 
@@ -206,6 +246,15 @@ class KeyBudget:
         theirs = first + WINDOW + share * max(0.0, now - first) - now
         return min(WINDOW, max(self._windows.reset_in(self.name, count, now), theirs, 0.0))
 
+    def _once_static(self, here: int, cost: int, whole: int, count: str, now: float) -> float:
+        """With the ledger away: seconds until this replica's static share of ``whole`` holds the request (inf: never)."""
+        settles = self._shared.settles_in(WINDOW)
+        static = self._shared.static(whole)
+        if settles is None or cost > static:
+            return math.inf
+        over = here + cost - static
+        return max(settles, self._windows.wait_for(self.name, over, count, now) if over > 0 else 0.0)
+
     def _apply_tokens(self, granted: int) -> None:
         self.granted_tokens = granted
         self._queue.dispatch()
@@ -216,21 +265,23 @@ class KeyBudget:
 
 
 class BudgetShares:
-    """Every budgeted key's share on this replica, made at its first request; their Demands join the ledger's sync."""
+    """Every budgeted key's share on this replica, made at its first request; each joins the ledger's syncs as it stirs."""
 
     def __init__(self, shared: SharedBudget, windows: Budgets) -> None:
         self.shared = shared
         self._windows = windows
         self._keys: dict[str, KeyBudget] = {}
-        shared.sources.append(self.demands)
+
+    def get(self, name: str) -> KeyBudget | None:
+        """Key ``name``'s share, if it has one; nothing made or changed (a reader on another thread may ask)."""
+        return self._keys.get(name)
 
     def of(self, name: str, tokens_per_minute: int | None, requests_per_minute: int | None) -> KeyBudget:
         """Key ``name``'s share (a reload may change its budgets: they are taken from each request's caller)."""
         key = self._keys.get(name)
         if key is None:
             key = self._keys[name] = KeyBudget(self.shared, self._windows, name)
-        key.tokens_per_minute, key.requests_per_minute = tokens_per_minute, requests_per_minute
+        if (key.tokens_per_minute, key.requests_per_minute) != (tokens_per_minute, requests_per_minute):
+            key.tokens_per_minute, key.requests_per_minute = tokens_per_minute, requests_per_minute
+            self.shared.stir(key)
         return key
-
-    def demands(self) -> list[Demand]:
-        return [demand for key in self._keys.values() for demand in key.demands()]

@@ -121,12 +121,23 @@ _NO_WINDOW = _Window()  # what a caller with no window reads: never admitted to 
 class Grant:
     """One admitted request's reservation; :meth:`settle` once, at its end."""
 
-    __slots__ = ("_entry", "_window", "limits")
+    __slots__ = ("_entry", "_window", "limits", "settled")
 
     def __init__(self, window: _Window, entry: _Admitted, limits: RateLimits) -> None:
         self._window = window
         self._entry = entry
         self.limits = limits
+        self.settled: Callable[[], None] | None = None  # told after the settlement (the ledger hears the key's new use)
+
+    @property
+    def at(self) -> float:
+        """When it was counted in the window (``trio.current_time()``): the time the 60 s are counted from."""
+        return self._entry.at
+
+    @property
+    def tokens(self) -> int:
+        """What it counts for in the window now: its reservation, or once settled what it cost."""
+        return self._entry.tokens
 
     def settle(self, tokens: int, *, served: bool) -> None:
         """What the request cost: ``tokens``, or nothing at all when it was never served (no seat, refused)."""
@@ -139,6 +150,8 @@ class Grant:
             window.tokens += cost - entry.tokens
             window.requests += requests - entry.requests
         entry.tokens, entry.requests = cost, requests
+        if self.settled is not None:
+            self.settled()
 
 
 def _limits(

@@ -45,14 +45,23 @@ waits for nothing, so any waiter elsewhere is more urgent: it gives back
 the spare ``block`` seats it holds of that resource, and a replica with a
 long queue may grow past its block up to what the others use.
 
+Pools and endpoints go into every sync; an API key's seats and budgets
+only while they change or are wanted (router/ledger_roster.py), so a sync
+costs what is in use, not every key ever seen.
+
 Redis unreachable or slow (a sync fails or takes over half the TTL): the
-replica falls back at once to ``min(grant, static share)`` of each cap, and
-once every request admitted before the outage has ended (the end-to-end
-deadline, at least the lease) to its static share: ``static_share`` of the
-cap, the shares of all replicas adding up to at most 1, so the caps hold in
-total. It is *degraded*, not down. When the ledger answers again it claims
-no more than its fallback cap for ``2 x lease_ttl`` (while the others come
-back), and only then grows as usual: no seat is counted twice. A replica cut off from Redis while the others still reach it
+replica falls back at once to ``min(grant, static share)`` of each cap (a
+budget: its grant and its reserve, ``Want.share``), and once every request
+admitted before the outage has ended (the end-to-end deadline, at least the
+lease) to its static share: ``static_share`` of the cap, the shares of all
+replicas adding up to at most 1, so the caps hold in total. It is
+*degraded*, not down; its syncs only ask whether the ledger answers, and the
+first that does is followed at once by one carrying everything. Then it
+claims no more than its fallback cap until every replica alive before has
+synced since (at most ``2 x lease_ttl``: router/ledger_recovery.py), and only
+then grows as usual: no seat is counted twice. A ledger that lost its memory
+(a new epoch) refuses the sync; the replica claims again all it uses, under
+the same rule. A replica cut off from Redis while the others still reach it
 is the case this cannot make strict: after the TTL the others take back its
 grant while it still serves its static share (documented in docs/replicas.md).
 """
@@ -71,11 +80,14 @@ import trio
 
 from .config_types import ClusterConfig
 from .errors import CallerOverLimit, QueueFull, QueueTimeout
+from .ledger_recovery import Recovery
+from .ledger_roster import Roster, Sparse
 from .queue import WaitQueue
 
 log = logging.getLogger("tailguard.cluster")
 
 NO_WAITER = 1 << 30  # the "best priority waiting" of a resource nobody waits for
+IDLE_AFTER = 60.0  # seconds: an API key's seats unused this long here go back to the ledger (router/ledger_roster.py)
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,28 @@ class Want:
     # When the oldest use still counted here began (wall-clock seconds; 0: none): a window's age, so the
     # others can tell when it will have room again (router/budget_shares.py).
     used_since: float = 0.0
+    # Of the cap no replica holds, the part recorded as this replica's *reserve*, beyond its grant: what
+    # it may use too should Redis go away (a budget, so a tenant well under it is not held to its last
+    # grant through an outage). None while a request waits for the resource on another replica.
+    share: float = 0.0
+    # The reserve this replica may use until it hears this sync's answer (the last answer's): the
+    # ledger keeps grant and reserve together at least at ``keep`` plus this.
+    reserve_keep: int = 0
+    # One of an API key's resources, sent only when it changed or is wanted (router/ledger_roster.py):
+    # when a request of this replica waits for it unserved, the ledger pokes the others that hold some.
+    sparse: bool = False
+
+
+@dataclass(frozen=True)
+class SyncTerms:
+    """How the ledger is to take one sync."""
+
+    epoch: str = ""  # the ledger memory this replica's grants are in ("": none yet); another one refuses the sync
+    deadline: float = 0.0  # wall-clock seconds after which Redis must not run it (the replica gave up); 0: none
+    probe: bool = False  # record nothing, grant nothing: does the ledger answer? (while this replica is in fallback)
+
+
+NO_TERMS = SyncTerms()  # a sync with no epoch yet, no deadline
 
 
 @dataclass(frozen=True)
@@ -117,12 +151,24 @@ class Synced:
     urgent_since: list[float] = field(default_factory=list)
     # Per want: the oldest ``used_since`` on the other live replicas (wall-clock seconds; 0: none said).
     elsewhere_since: list[float] = field(default_factory=list)
+    reserves: list[int] = field(default_factory=list)  # per want: its reserve (``Want.share``) beyond the grant
+    # "ok"; "epoch": the ledger is not the memory ``SyncTerms.epoch`` names (Redis restarted empty or was
+    # flushed): nothing was recorded or granted; "probe": it answers (``SyncTerms.probe``).
+    status: str = "ok"
+    epoch: str = ""  # the ledger's memory: made anew by the first sync that finds none
+    now: float = 0.0  # the ledger's clock (wall-clock seconds)
+    resumed: float = 0.0  # when it last answered after nobody synced for half a lease, or after losing its memory
+    paused: float = 0.0  # the last sync before that pause (0: none, a new memory)
+    members: dict[str, float] = field(default_factory=dict)  # replica -> when it last synced (wall-clock seconds)
+    poked: list[str] = field(default_factory=list)  # sparse resources held here that a request waits for elsewhere
 
 
 class LedgerStore(Protocol):
     """The shared ledger (Redis in production, ``server.redis_ledger``)."""
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
         """Renew the replica's lease and record its grants; returns them, per want in order.
 
         ``incarnation`` tells this process from an earlier one under the same
@@ -196,6 +242,8 @@ class Demand:
     hold: float = 0.0  # ``Want.hold``: how long what was admitted under the grant still counts after a lease lapses
     block: int | None = None  # spare beyond demand, in the resource's units; None: ``cluster.block``
     used_since: float = math.inf  # ``Want.used_since``, on trio.current_time(); inf: none
+    share: float = 0.0  # ``Want.share``
+    sparse: bool = False  # ``Want.sparse``: an API key's resource, synced only when it changed or is wanted
 
 
 @dataclass
@@ -221,12 +269,18 @@ class SharedBudget:
         self.replica = config.replica()
         self.incarnation = secrets.token_hex(4)  # this process, should a restarted one take the same replica id
         self._store = store
-        self._demands = demands
-        self.sources: list[Callable[[], list[Demand]]] = []  # more resources to sync (budget_shares.BudgetShares)
+        self._demands = demands  # pools and endpoints: every sync carries them
+        self._roster = Roster()  # API keys' seats and budgets: only those that changed or are wanted
+        self._recovery = Recovery(self.replica, config.lease_ttl, config.sync_interval)
+        self._full = True  # the next sync carries every key's resources (the first; after an outage or a lost memory)
         self._grants: dict[str, int] = {}
+        self._reserves: dict[str, int] = {}  # per resource: its reserve beyond the grant, at the last answer (Want.share)
+        self._bases: dict[str, int] = {}  # in fallback, per resource: grant and reserve when the ledger went away
+        self._settles: set[float] = set()  # in fallback: the times away at which some resource's static share applies
+        self._away = 0.0  # in fallback: how long the ledger had been away at the last failed sync
         self.mode = "starting"
         self._fallback_since: float | None = None
-        self._recovered_at = -math.inf
+        self._forgot = False  # in fallback: the ledger answered from a new memory (said when it is back)
         self.syncs = 0
         self.failures = 0
         self._failures_before = 0  # failures before the current outage began
@@ -247,8 +301,14 @@ class SharedBudget:
         seats = self._keys.get(name)
         if seats is None:
             seats = self._keys[name] = KeySeats(self, name, cap)
-        seats.cap = cap
+        if seats.cap != cap:
+            seats.cap = cap
+            self.stir(seats)
         return seats
+
+    def stir(self, key: Sparse) -> None:
+        """Something about an API key's resources changed here: the next sync carries them (router/ledger_roster.py)."""
+        self._roster.stir(key)
 
     def in_use_elsewhere(self, resource: str) -> int:
         """Seats of ``resource`` in use on the other live replicas, as the last sync found them."""
@@ -261,6 +321,25 @@ class SharedBudget:
     def granted(self, resource: str, cap: int) -> int:
         """Seats of ``resource`` this replica may use now (0 until the first sync or fallback)."""
         return min(cap, self._grants.get(resource, 0))
+
+    def holds(self, resource: str) -> bool:
+        """The ledger records a grant or a reserve of ``resource`` for this replica (as of its last answer)."""
+        return self._grants.get(resource, 0) > 0 or resource in self._reserves
+
+    def recovering_for(self) -> float:
+        """Seconds grants stay at the fallback caps at most, the ledger being back (0: they do not)."""
+        return self._recovery.left(trio.current_time())
+
+    def settles_in(self, hold: float) -> float | None:
+        """In fallback: seconds until a resource whose use outlives a lease by ``hold`` gets its static share; None: no fallback."""
+        if self.mode != "fallback" or self._fallback_since is None:
+            return None
+        settled = self._fallback_since + max(self._settle_after, hold + self.config.lease_ttl)
+        return max(0.0, settled - trio.current_time())
+
+    def static(self, cap: int) -> int:
+        """This replica's static share of ``cap``: what it may use once the ledger has been away long enough."""
+        return math.floor(cap * self.config.static_share + 1e-9)
 
     def wake(self) -> None:
         """A request found its grant used up: sync now rather than at the next tick."""
@@ -283,15 +362,38 @@ class SharedBudget:
             await self.sync_once()
 
     async def sync_once(self) -> None:
-        """One round trip: ask for what the demand needs, apply what the ledger granted."""
+        """One round trip: ask for what the demand needs, apply what the ledger granted.
+
+        In fallback a sync first only asks whether the ledger answers (cheap
+        while Redis stays away); when it does, the sync carries every
+        resource at once, so the ledger counts all this replica uses before
+        it is counted as back.
+        """
         now = trio.current_time()
         if self._epoch is None:
-            self._epoch = time.time() - now  # the only wall-clock read: other replicas' arrivals are on it
-        demands = self._demands() + [demand for source in self.sources for demand in source()]
+            self._epoch = time.time() - now  # wall clock minus trio's: other replicas' arrivals are on it
+        if self.mode == "fallback":
+            probed, why = await self._ask([], probe=True)
+            if probed is None:
+                keys = self._roster.take(now)
+                self._failed(now, self._demands() + [d for key in keys for d in key.demands()], keys, why)
+                return
+            if probed.status == "epoch":
+                self._lost(now, probed, [])
+            self._full = True
+        full, self._full = self._full, False
+        keys = self._roster.take(now, everything=full)
+        demands = self._demands()
+        owners: list[Sparse | None] = [None] * len(demands)
+        for key in keys:
+            theirs = key.demands()
+            demands += theirs
+            owners += [key] * len(theirs)
         self._given_back = set()  # lowered before now: the wants below carry it
+        clamped = self.mode == "fallback" or self._recovery.recovering(now)
         wants = []
         for demand in demands:
-            want = self._want(demand, now)
+            want = self._want(demand, now, clamped)
             # Seats about to be given back are not used meanwhile: the ledger may record as few as
             # ``keep``, so no more are used here until it answers. A more urgent request waited
             # elsewhere at the last sync: every seat not in use now goes back.
@@ -300,15 +402,14 @@ class SharedBudget:
             if lowered < self._grants.get(demand.resource, 0):
                 self._set(demand, lowered)
             wants.append(replace(want, keep=lowered))
-        synced: Synced | None = None
-        with trio.move_on_after(self.config.lease_ttl / 2):
-            try:
-                synced = await self._store.sync(self.replica, self.config.lease_ttl, wants, self.incarnation)
-            except Exception as error:  # any failure of the store: fall back, never fail requests for it
-                self._failed(now, demands, f"{type(error).__name__}: {error}")
-                return
+        synced, why = await self._ask(wants)
         if synced is None:
-            self._failed(now, demands, f"no answer within {self.config.lease_ttl / 2:g} s")
+            self._full |= full
+            self._failed(now, demands, keys, why)
+            return
+        if synced.status == "epoch":
+            self._lost(now, synced, keys)
+            await self.sync_once()  # everything, at once: until then the ledger counts nothing of this replica
             return
         self._contended = synced.contended
         if self.mode == "starting":
@@ -317,49 +418,127 @@ class SharedBudget:
             # The outage's second and last line (the first is in _failed): nothing is logged per failed sync.
             away = now - self._fallback_since if self._fallback_since is not None else 0.0
             log.info(
-                "cluster: the shared ledger is back after %.1f s away (%d syncs failed; replica %s); caps are shared again",
+                "cluster: the shared ledger is back after %.1f s away (%d syncs failed; replica %s)%s; caps are shared again",
                 away, self.failures - self._failures_before, self.replica,
+                ", with its memory lost: every grant is claimed again" if self._forgot else "",
             )
-            self._recovered_at = now
+            self._recovery.began(now, lost=self._forgot)
+            self._forgot = False
+            self._bases = {}
+            self._settles = set()
         self.mode = "ledger"
         self._fallback_since = None
         self.syncs += 1
         self.synced_from = now
         self._short = False
+        if self._recovery.answered(synced, now):
+            self.wake()  # every replica alive before has synced since the ledger came back: grow now
+        if self._roster.poked(synced.poked):
+            self.wake()  # a request waits elsewhere for a key's seats or budget held here: say what is in use
+        self._apply(synced, demands, wants, owners)
+
+    def _apply(self, synced: Synced, demands: list[Demand], wants: list[Want], owners: list[Sparse | None]) -> None:
+        """The ledger's answer, resource by resource; then which keys the next sync carries again, and which are gone."""
         self._yielding = {d.resource for d, y in zip(demands, synced.yielding) if y}
-        urgent = synced.urgent or [NO_WAITER] * len(demands)
-        urgent_since = synced.urgent_since or [math.inf] * len(demands)  # a store that does not say: ours first
+        count = len(demands)
+        urgent = synced.urgent or [NO_WAITER] * count
+        urgent_since = synced.urgent_since or [math.inf] * count  # a store that does not say: ours first
+        elsewhere_since = synced.elsewhere_since or [0.0] * count
+        reserves = synced.reserves or [0] * count
+        yielding = synced.yielding or [False] * count
         # News of the other's arrival is up to a sync old and their clocks may differ a little: within
         # this much, a request here counts as first (it takes the seat at once, no round trip).
         tolerance = self.config.sync_interval / 2
-        elsewhere_since = synced.elsewhere_since or [0.0] * len(demands)
-        for demand, seats, elsewhere, best, since, used_since in zip(
-            demands, synced.grants, synced.elsewhere or [0] * len(demands), urgent, urgent_since, elsewhere_since
-        ):
-            self._elsewhere[demand.resource] = elsewhere
-            if used_since > 0:
-                self._elsewhere_since[demand.resource] = used_since - (self._epoch or 0.0)
+        applied: list[int] = []
+        for i, (demand, seats, elsewhere) in enumerate(zip(demands, synced.grants, synced.elsewhere or [0] * count)):
+            resource = demand.resource
+            self._elsewhere[resource] = elsewhere
+            if elsewhere_since[i] > 0:
+                self._elsewhere_since[resource] = elsewhere_since[i] - (self._epoch or 0.0)
             else:
-                self._elsewhere_since.pop(demand.resource, None)
+                self._elsewhere_since.pop(resource, None)
+            if reserves[i]:
+                self._reserves[resource] = reserves[i]
+            else:
+                self._reserves.pop(resource, None)
             self._short |= demand.waiting > 0 and seats < min(demand.cap, demand.in_use + demand.waiting)
-            if demand.resource in self._given_back:
+            if resource in self._given_back:
                 # A seat freed during the round trip went back: the answer, sent before, must not hand it out again.
-                seats = min(seats, self._grants.get(demand.resource, 0))
+                seats = min(seats, self._grants.get(resource, 0))
             self._set(demand, seats)
-            if best >= NO_WAITER:
+            applied.append(seats)
+            if urgent[i] >= NO_WAITER:
                 demand.yielding(None)
             else:
-                local = since - (self._epoch or 0.0) + tolerance
-                demand.yielding(Yielding(best, self._giver(demand.resource), local))
+                local = urgent_since[i] - (self._epoch or 0.0) + tolerance
+                demand.yielding(Yielding(urgent[i], self._giver(resource), local))
+        carried: dict[Sparse, list[int]] = {}
+        for i, key in enumerate(owners):
+            if key is not None:
+                carried.setdefault(key, []).append(i)
+        for key, indices in carried.items():
+            # Gone once the ledger holds nothing of it (no grant, reserve or use, nobody waiting here);
+            # carried again while it waits, is waited for elsewhere, or is still going back.
+            nothing = all(
+                demands[i].in_use == 0 and demands[i].waiting == 0 and applied[i] == 0 and reserves[i] == 0
+                and wants[i].keep == 0 and wants[i].reserve_keep == 0
+                for i in indices
+            )
+            again = not nothing and any(
+                demands[i].waiting > 0 or yielding[i] or urgent[i] < NO_WAITER or wants[i].target == 0 for i in indices
+            )
+            resources = tuple(demands[i].resource for i in indices)
+            if nothing:
+                for resource in resources:
+                    self._forget(resource)
+            self._roster.sent(key, resources, again=again, gone=nothing)
 
-    def _want(self, demand: Demand, now: float) -> Want:
+    async def _ask(self, wants: list[Want], *, probe: bool = False) -> tuple[Synced | None, str]:
+        """One round trip to the ledger within half a lease: its answer, or None and why not."""
+        ttl = self.config.lease_ttl
+        # Redis must not run it once this replica has given up on it (a Redis stopped, then resumed): on
+        # the wall clock, Redis's, read now (trio's may be virtual, and drifts from it).
+        terms = SyncTerms(self._recovery.epoch, time.time() + ttl / 2, probe)
+        with trio.move_on_after(ttl / 2):
+            try:
+                return await self._store.sync(self.replica, ttl, wants, self.incarnation, terms=terms), ""
+            except Exception as error:  # any failure of the store: fall back, never fail requests for it
+                return None, f"{type(error).__name__}: {error}"
+        return None, f"no answer within {ttl / 2:g} s"
+
+    def _lost(self, now: float, synced: Synced, keys: list[Sparse]) -> None:
+        """The ledger answers from another memory (Redis restarted empty, or flushed): claim everything again, held."""
+        if self.mode == "fallback":
+            self._forgot = True  # said in the outage's last line
+        else:
+            log.warning(
+                "cluster: the shared ledger has lost its memory (Redis restarted empty or flushed; replica %s): "
+                "every grant is claimed again, held to what this replica uses until the replicas alive before have too",
+                self.replica,
+            )
+        self._recovery.epoch = synced.epoch
+        self._recovery.began(now, lost=True)
+        self._roster.unsent(keys)
+        self._full = True
+
+    def _forget(self, resource: str) -> None:
+        for table in (self._grants, self._reserves, self._elsewhere, self._elsewhere_since):
+            table.pop(resource, None)
+
+    def _want(self, demand: Demand, now: float, clamped: bool) -> Want:
         config = self.config
         block = config.block if demand.block is None else demand.block
         target = min(demand.cap, max(demand.in_use, demand.in_use + demand.waiting + block))
-        if self.mode == "fallback" or now - self._recovered_at < 2 * config.lease_ttl:
+        if clamped:
             # Redis is back (or about to be) and the others may still run on their fallback caps,
             # which it does not count yet: claim no more than this replica's own fallback cap.
             target = min(target, max(demand.in_use, self._grants.get(demand.resource, 0)))
+        share = 0.0 if clamped else demand.share
+        # The reserve it may use until it hears the answer. None without a share (an idle key: it goes
+        # back in one sync), nor in fallback, where the grant counts the reserve already (``_failed``).
+        if share == 0 or self.mode == "fallback":
+            self._reserves.pop(demand.resource, None)
+        reserve_keep = self._reserves.get(demand.resource, 0)
         since = 0.0  # nobody waits, or a ticket with no arrival: first
         if self._epoch is not None and demand.best_waiting < NO_WAITER and math.isfinite(demand.oldest):
             since = max(0.0, demand.oldest + self._epoch)
@@ -373,6 +552,9 @@ class SharedBudget:
             tolerance=config.sync_interval / 2,
             hold=demand.hold,
             used_since=0.0 if self._epoch is None or not math.isfinite(demand.used_since) else demand.used_since + self._epoch,
+            share=share,
+            reserve_keep=reserve_keep,
+            sparse=demand.sparse,
         )
 
     def _giver(self, resource: str) -> Callable[[int], None]:
@@ -384,14 +566,12 @@ class SharedBudget:
 
         return give_back
 
-    def _static(self, cap: int) -> int:
-        return math.floor(cap * self.config.static_share + 1e-9)
-
-    def _failed(self, now: float, demands: list[Demand], why: str) -> None:
+    def _failed(self, now: float, demands: list[Demand], keys: list[Sparse], why: str) -> None:
         self.failures += 1
         self._short = False
         self._yielding = set()
-        if self.mode != "fallback":
+        first = self.mode != "fallback"
+        if first:
             # Once an outage: the syncs that fail after this one are counted, not logged.
             log.warning(
                 "cluster: the shared ledger is away (%s; replica %s); each cap falls back to this replica's static share until it answers",
@@ -400,16 +580,27 @@ class SharedBudget:
             self.mode = "fallback"
             self._fallback_since = now
             self._failures_before = self.failures - 1
+            self._bases = {}
+            self._away = 0.0
         away = 0.0 if self._fallback_since is None else now - self._fallback_since
+        self._roster.unsent(keys)
+        # Every key held here, not only those this sync carried, when the outage begins and when a
+        # static share comes due; in between only the pools, endpoints and keys that stirred.
+        if first or any(self._away < due <= away for due in self._settles):
+            carried = set(keys)
+            demands = demands + [d for key in self._roster.held() if key not in carried for d in key.demands()]
+        self._away = away
         for demand in demands:
             # What was admitted under a larger grant must be over first: requests end by the e2e
             # deadline; a budget's admissions count for its window (``hold``) after they were made.
-            settled = away >= max(self._settle_after, demand.hold + self.config.lease_ttl)
-            static = self._static(demand.cap)
-            # At once: never more than the grant the ledger counted, nor the static share.
+            due = max(self._settle_after, demand.hold + self.config.lease_ttl)
+            self._settles.add(due)
+            static = self.static(demand.cap)
+            # At once: never more than the grant and reserve the ledger counted, nor the static share.
             # After the TTL every replica has fallen back: the static share itself.
-            seats = static if settled else min(self._grants.get(demand.resource, 0), static)
-            self._set(demand, seats)
+            resource = demand.resource
+            base = self._bases.setdefault(resource, self._grants.get(resource, 0) + self._reserves.get(resource, 0))
+            self._set(demand, static if away >= due else min(base, static))
             demand.yielding(None)  # no news of the others: each replica serves its own share
 
     def _set(self, demand: Demand, seats: int) -> None:
@@ -446,11 +637,28 @@ class KeySeats:
         # A waiter's ticket: when it came ("full" counts only from a sync begun after it).
         self._queue: WaitQueue[bool, float] = WaitQueue(self._grant, max_waiting=1 << 30)
         self._arrivals = Arrivals()
+        self._last = -math.inf  # when a request of the key last came or ended here (trio time)
 
-    def demand(self) -> Demand:
+    def demands(self) -> list[Demand]:
+        """The key's seats as the ledger hears of them; idle ``IDLE_AFTER`` here, none kept spare (its grant goes back)."""
         first = self._arrivals.first()
         priority, oldest = (NO_WAITER, math.inf) if first is None else first
-        return Demand(self.resource, self.cap, self.in_use, self._queue.waiting, priority, self._apply, self._yield, oldest)
+        idle = self._idle() and trio.current_time() >= self._last + IDLE_AFTER
+        return [
+            Demand(self.resource, self.cap, self.in_use, self._queue.waiting, priority, self._apply, self._yield, oldest,
+                   block=0 if idle else None, sparse=True)
+        ]
+
+    def due(self) -> float:
+        """Idle seats go back ``IDLE_AFTER`` after the key's last request here."""
+        return self._last + IDLE_AFTER if self._idle() else math.inf
+
+    def _idle(self) -> bool:
+        return self.in_use == 0 and self._queue.waiting == 0
+
+    def _stir(self) -> None:
+        self._last = trio.current_time()
+        self._budget.stir(self)
 
     async def take(self, priority: int, deadline: float, retry_after: float) -> None:
         """Take one seat of the key, waiting for the ledger until ``deadline`` if this replica has none free.
@@ -466,12 +674,14 @@ class KeySeats:
             self._budget.wake()  # ask the ledger now, not at the next tick
         came = trio.current_time()
         token = self._arrivals.add(priority, came)
+        self._stir()
         try:
             seated = await self._queue.get(priority, deadline, came, retry_after=retry_after)
         except (QueueTimeout, QueueFull):
             raise self._over("got no seat of its cap from the other replicas before its queue deadline", retry_after) from None
         finally:
             self._arrivals.discard(token)
+            self._stir()
         if not seated:
             if self._budget.mode != "ledger":
                 raise self._over("has used this replica's share of its cap (the shared ledger is unreachable)", retry_after)
@@ -485,6 +695,7 @@ class KeySeats:
         other replica's request gets the seat.
         """
         self.in_use -= 1
+        self._stir()
         way = self._yielding
         if way is not None and self.in_use < self.granted:
             first = self._arrivals.first()

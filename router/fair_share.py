@@ -67,13 +67,14 @@ class FairStatistics:
 class FairClock:
     """The tags of one queue: a finish tag per tenant that has one above the clock, and the clock."""
 
-    __slots__ = ("_finish", "_forget_at", "served", "virtual")
+    __slots__ = ("_finish", "_forget_at", "changed", "served", "virtual")
 
     def __init__(self) -> None:
         self.virtual = 0.0  # V: the largest start tag granted a seat
         self._finish: dict[str, float] = {}
         # Each tenant's tokens served here, over its weight, since this process began (what replicas trade).
         self.served: dict[str, float] = {}
+        self.changed: set[str] = set()  # tenants whose ``served`` moved since the last trade (router/fair_sync.py)
         self._forget_at = 64  # prune tenants at or below the clock once this many are kept
 
     def start(self, share: Share, after: float = 0.0) -> float:
@@ -90,6 +91,7 @@ class FairClock:
             self.virtual = tag
         if share.tenant:
             self.served[share.tenant] = self.served.get(share.tenant, 0.0) + share.tokens / share.weight
+            self.changed.add(share.tenant)
 
     def withdraw(self, share: Share) -> None:
         """A request that got no seat (refused, timed out, displaced, gone) hands back its charge."""
@@ -102,6 +104,7 @@ class FairClock:
             return
         delta = (generated - reserved) / share.weight
         self.served[share.tenant] = self.served.get(share.tenant, 0.0) + delta
+        self.changed.add(share.tenant)
         if share.tenant in self._finish:
             self._finish[share.tenant] += delta
 

@@ -7,7 +7,8 @@ publishes its per-pool, per-tenant served tokens (over the weights, since
 it started) to the ledger and reads the others'; what the others served a
 tenant since the last trade is added to that tenant's finish tag here
 (``FairClock.absorb``). Off the request path: one round trip a second, not
-one a request. How far apart replicas drift: a tenant's service on the
+one a request, carrying only the tenants served since the last trade either
+way (a tenant idle for a while costs the trade nothing). How far apart replicas drift: a tenant's service on the
 others is seen here at most one interval (plus a round trip) late, so a
 burst on one replica can take at most a second's worth of seats on another
 before it counts there. A replica that dies leaves its totals behind; they
@@ -37,7 +38,9 @@ class ServiceStore(Protocol):
     """Where replicas trade what they served (Redis: ``server.redis_ledger.RedisLedger.trade_service``)."""
 
     async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> Served:
-        """Record this replica's totals; return, per pool and tenant, the sum of every other replica's."""
+        """Record this replica's totals (those given: the others it recorded before stand); return, per pool
+        and tenant, the sum of every other replica's -- for the tenants that changed since this replica's
+        last trade of the pool, or all of them at its first."""
         ...
 
 
@@ -55,11 +58,17 @@ class FairTrade:
     async def trade_once(self) -> None:
         """One round trip: publish this replica's totals, add to each tenant here what the others served it since."""
         clocks = dict(self._clocks())
-        mine = {pool: dict(clock.served) for pool, clock in clocks.items()}
+        # Only the tenants served since the last trade: the ledger keeps each replica's totals, so a
+        # trade costs what changed, not every tenant ever served here.
+        mine = {pool: {tenant: clock.served[tenant] for tenant in clock.changed} for pool, clock in clocks.items()}
+        for pool_clock in clocks.values():
+            pool_clock.changed = set()
         try:
             with trio.fail_after(INTERVAL):
                 theirs = await self._store.trade_service(self._replica, mine)
         except Exception as error:  # the ledger away or slow: each replica's own shares stand
+            for pool, pool_clock in clocks.items():
+                pool_clock.changed |= mine[pool].keys()  # sent again at the next trade
             self.failures += 1
             if self.failures == 1 or self.failures % 60 == 0:
                 log.warning("cluster: fair shares not traded (%s: %s); each replica keeps its own", type(error).__name__, error)

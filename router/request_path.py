@@ -183,6 +183,7 @@ class RequestPath:
             if grant is not None:  # what it cost: the backend's usage, or nothing when it got no seat
                 served = record.admitted_at is not None
                 grant.settle((record.input_tokens or ticket.prompt_tokens) + (record.completion_tokens or 0), served=served)
+                record.budget_tokens = grant.tokens
 
     def budgets_left(self) -> dict[str, RateLimits]:
         """Each caller with a budget that has sent here: what is left of it (``BudgetGate.left``)."""

@@ -125,6 +125,10 @@ class RequestRecord:
     cached_tokens: int | None = None  # of them, found in the engine's prefix cache, when its usage says
     # OpenAI's x-ratelimit-* headers of its caller's budgets after its admission (router/budgets.py); () without budgets.
     rate_limits: tuple[tuple[str, str], ...] = ()
+    # When it was counted in its caller's budget (its minute there starts then), and what it counts for: its
+    # reservation, settled at its end to what it cost (router/budgets.py); None without a budget.
+    budget_at: float | None = None
+    budget_tokens: int | None = None
     outcome: Outcome | None = None
     reason: str | None = None
     status: int | str | None = None  # the HTTP status or gRPC code the caller saw

@@ -82,7 +82,7 @@ class Upkeep:
     # -- the shared budget ([cluster]) -----------------------------------------
 
     def _cluster_demands(self) -> list[Demand]:
-        """Every capped resource as this replica sees it now: pools, endpoints, API keys."""
+        """The pools and endpoints as this replica sees them now (every sync carries them)."""
         demands: list[Demand] = []
         for pool in self._fleet.pools.values():
             first = pool.first_waiting()  # the most urgent waiting, the oldest of its class priority
@@ -113,11 +113,7 @@ class Upkeep:
                         oldest,
                     )
                 )
-        budget = self._fleet.budget
-        for key in self._fleet.config.auth.keys:
-            if key.max_concurrency is not None and budget is not None:
-                demands.append(budget.key_seats(key.name, key.max_concurrency).demand())
-        return demands
+        return demands  # API keys' seats go as each key stirs (router/ledger_roster.py), not every key every sync
 
     # -- rebalancing ------------------------------------------------------------
 

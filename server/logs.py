@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
+import trio
+
 from tailguard.router.telemetry import RequestRecord
 
 ACCESS_LOGGER = "tailguard.access"
@@ -97,6 +99,7 @@ class AccessLog:
 
 def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[str, Any]:
     """The access line's fields, in a stable order; times in milliseconds."""
+    offset = _wall_offset()
     fields: dict[str, Any] = {
         "request_id": record.request_id,
         "api": record.api,
@@ -123,6 +126,11 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "reason": record.reason,
         "status": record.status,
         "queue_ms": _ms(record.waited_seconds),  # admitted or not: a queue_timeout shows its wait
+        # When it got its seat, and when (and for how many tokens) its caller's budget counted it: a budget's
+        # 60 s count from there, not from when it was sent. Timestamps as "ts" (JSON) writes its own.
+        "admitted_at": _timestamp(record.admitted_at, offset),
+        "budget_at": _timestamp(record.budget_at, offset),
+        "budget_tokens": record.budget_tokens,
         "ttft_ms": _ms(record.ttft_seconds),
         "decode_ms": _ms(record.decode_seconds),
         "e2e_ms": _ms(record.e2e_seconds),
@@ -132,6 +140,19 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
     if log_prompts and record.prompt_text is not None:
         fields["prompt"] = record.prompt_text[:_PROMPT_LOG_LIMIT]
     return fields
+
+
+def _wall_offset() -> float | None:
+    """Wall-clock seconds minus trio's clock now (the record's times are trio's); None outside a trio run."""
+    try:
+        return time.time() - trio.current_time()
+    except RuntimeError:
+        return None
+
+
+def _timestamp(at: float | None, offset: float | None) -> str | None:
+    """A trio clock time as the log's own ``ts`` (UTC, milliseconds)."""
+    return None if at is None or offset is None else _iso_time(at + offset)
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
+import coredis
 import pytest
 
 REDIS = shutil.which("redis-server")
@@ -21,7 +24,7 @@ def _free_port() -> int:
 
 
 class RedisServer:
-    """One redis-server process without persistence; ``stop`` and ``start`` again on the same port."""
+    """One redis-server process without persistence; ``stop`` and ``start`` again on the same port (empty), or ``pause``."""
 
     def __init__(self) -> None:
         if REDIS is None:
@@ -50,6 +53,15 @@ class RedisServer:
                     raise RuntimeError(f"redis-server did not start on port {self.port}") from None
                 time.sleep(0.02)
 
+    def pause(self) -> None:
+        """SIGSTOP: Redis keeps its memory and its connections, and answers nothing until ``resume``."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self._process is not None:
             self._process.kill()
@@ -65,3 +77,11 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@asynccontextmanager
+async def redis_client(url: str) -> AsyncIterator[Any]:
+    """A plain client of the test's Redis, to look at (or flush) what the ledger keeps there."""
+    client: Any = coredis.Redis.from_url(url, decode_responses=True)
+    async with client:
+        yield client

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from tailguard.router.auth import Caller
-from tailguard.router.cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, Want
+from tailguard.router.cluster import NO_TERMS, NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, SyncTerms, Want
 from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, ClusterConfig, Config, ServerConfig, TimeoutsConfig
 from tailguard.router.dispatch import Router
@@ -29,7 +29,7 @@ from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import PROFILES, Engine, SimApp
 from tailguard.sim.canned import sim_canned_transport
-from tests.redis_helpers import RedisServer, redis_server
+from tests.redis_helpers import RedisServer, redis_client, redis_server
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
 from tests.sim_helpers import MODEL
 from tests.test_config import BASE
@@ -120,9 +120,11 @@ class AdmitsDuringSync:
         self.ledger = ledger
         self.during: Callable[[], None] = lambda: None
 
-    async def sync(self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "") -> Synced:
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
         self.during()
-        return await self.ledger.sync(replica, lease_ttl, wants, incarnation)
+        return await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
 
 
 async def test_a_replica_yielding_to_a_more_urgent_waiter_keeps_the_seats_it_filled_during_the_sync(redis: RedisServer) -> None:
@@ -502,7 +504,7 @@ async def test_a_key_over_its_grant_here_waits_for_the_next_sync_instead_of_429(
 
 
 async def test_idle_replicas_give_a_keys_block_back_and_429_comes_only_when_the_cap_is_full(redis: RedisServer) -> None:
-    """Finding 3 across replicas: key cap 4, a and b idle with 2 each; c's 4 callers all run, a 5th anywhere is 429 at once."""
+    """Finding 3 across replicas: key cap 4, b idle with its block; c's 4 callers all run, a 5th anywhere is 429 at once."""
     key = ApiKeyConfig("webapp", "0" * 64, frozenset(), 4)
     base = dataclasses.replace(two_pool_config(interactive_cap=8, interactive_timeout=5.0), auth=AuthConfig(keys=(key,)))
     engines, transports = shared_engines()
@@ -516,7 +518,13 @@ async def test_idle_replicas_give_a_keys_block_back_and_429_comes_only_when_the_
             await nursery.start(engine.run)
         for router in (a, b, c):
             await nursery.start(functools.partial(router.run, ledger=ledger))
-        assert await ledger.grants("key:webapp") == {"a": 2, "b": 2, "c": 0}  # the idle ones hold their blocks
+        for router in (a, b):  # a and b served the key once (b's request took a's idle block); c never has
+            await ask_as(router, caller, f"once-{router.statistics().cluster.replica}", outcomes)  # type: ignore[union-attr]
+        with trio.fail_after(5):
+            while (await ledger.grants("key:webapp")).get("b") != 2:  # b, idle, holds its block
+                await trio.sleep(0.01)
+        assert "c" not in await ledger.grants("key:webapp")  # nothing of the key there: c never synced it
+        outcomes.clear()
         nursery.start_soon(watch_ledger, ledger, {"key:webapp": 4}, most)
         with trio.fail_after(10):
             async with trio.open_nursery() as load:
@@ -728,3 +736,122 @@ async def test_between_equally_urgent_waiters_on_two_replicas_the_older_gets_the
         assert records["Sb"].admitted_at < records["Sa"].admitted_at
     assert two.engine.statistics().max_running_seen == 2
     assert two.most[endpoint] <= 2 and two.most["pool:interactive"] <= 2
+
+
+async def test_seat_grants_grow_again_once_every_replica_has_synced_after_an_outage_not_two_leases_later(redis: RedisServer) -> None:
+    """Issue 32, item 5: after Redis returns, a replica's queue waited ``2 x lease_ttl`` at its fallback share (23 queue_timeouts).
+
+    Grants are held to the fallback caps only until every replica alive before the outage has synced
+    since (each then has its grant recorded): here a, b, a again, well within the two leases.
+    """
+    async with RedisLedger(redis.url, "r1", timeout=0.1) as ledger:
+        a, b = Replica("a", ledger, static_share=0.5), Replica("b", ledger, static_share=0.5)
+        assert await a.need(2) == 2 and await b.need(2) == 2
+        redis.pause()
+        assert await a.need(2) == 2 and await b.need(2) == 2
+        assert a.budget.mode == b.budget.mode == "fallback"
+        await trio.sleep(TTL)  # past the lease: each serves its static share
+        assert await a.need(5, waiting=5) == 5 and await b.need(0) == 5
+        redis.resume()
+        assert await a.need(5, waiting=5) == 5  # back, held: b may still run its static 5
+        assert a.budget.mode == "ledger"
+        assert await b.need(0) == 0  # b is back too, and uses nothing
+        await a.need(5, waiting=5)  # a hears that every replica alive before is back
+        assert await a.need(5, waiting=5) == CAP
+        assert sum((await ledger.grants("pool:x")).values()) <= CAP
+
+
+@pytest.mark.parametrize("how", ["flushall", "restart"])
+async def test_a_redis_that_lost_its_memory_under_the_replicas_never_grants_past_the_cap(redis: RedisServer, how: str) -> None:
+    """Issue 32, item 5: a Redis emptied between two syncs (FLUSHALL, or restarted on the same port) is no outage.
+
+    Without a failed sync nobody fell back, and the first replica to sync found an empty ledger:
+    a's queue got the whole cap while b still ran 4 of it. The ledger's epoch says its memory is new:
+    the sync is refused before anything is granted, and each replica claims again what it uses.
+    """
+    async with RedisLedger(redis.url, f"lost-{how}", timeout=0.2) as ledger:
+        a, b = Replica("a", ledger), Replica("b", ledger)
+        assert await a.need(6) == 6 and await b.need(4) == 4
+        if how == "flushall":
+            async with redis_client(redis.url) as client:
+                await client.flushall()
+        else:
+            redis.stop()
+            redis.start()
+        seen = [await a.need(6, waiting=4) for _ in range(3)]
+        assert max(seen) + b.in_use <= CAP, seen  # b still runs its 4: a keeps its 6
+        assert await b.need(4) == 4
+        assert max([await a.need(6, waiting=4) for _ in range(3)]) == 6
+        assert await ledger.grants("pool:x") == {"a": 6, "b": 4}
+        assert await b.need(0) == 0  # b's requests end: a's queue gets them
+        # A memory that is new cannot say who was alive before: grants stay held two sync intervals at
+        # least (a replica that began syncing after a's last answer claims its own by then).
+        await trio.sleep(2 * ClusterConfig(redis_url="").sync_interval)
+        await b.need(0)  # (replicas sync every interval; here by hand)
+        await a.need(6, waiting=4)
+        assert await a.need(6, waiting=4) == CAP
+
+
+async def test_a_sync_redis_runs_after_the_replica_gave_up_on_it_changes_nothing(redis: RedisServer) -> None:
+    """A sync queued in a stopped Redis runs when it resumes: its wants are stale by then (the replica fell back)."""
+    async with RedisLedger(redis.url, "late", timeout=2.0) as ledger:
+        a = Replica("a", ledger)
+        assert await a.need(2) == 2
+        redis.pause()
+        assert await a.need(8) == 2 and a.budget.mode == "fallback"  # sent, given up on after half a lease
+        redis.resume()
+        async with RedisLedger(redis.url, "late") as other:  # another client: after the stale sync in Redis's order
+            assert await other.grants("pool:x") == {"a": 2}
+
+
+async def test_what_a_process_left_of_a_key_is_not_counted_once_another_process_took_its_replica_id(redis: RedisServer) -> None:
+    """A key's resources are not in every sync now: a pod restarted under its name never rewrites the key's entries.
+
+    Its last process held 3 of key k's 4 seats and had a request waiting; the new one syncs, the key
+    untouched. Its entries name the old process, so b counts neither the seats nor the waiter.
+    """
+    async with RedisLedger(redis.url, "pod") as ledger:
+        key = Want("key:k", 4, 3, best_waiting=0, in_use=3, sparse=True)
+        assert (await ledger.sync("pod-0", 5.0, [key], "first")).grants == [3]
+        await ledger.sync("pod-0", 5.0, [], "second")  # the restarted process: its lease names it
+        answer = await ledger.sync("b", 5.0, [Want("key:k", 4, 4, best_waiting=1, sparse=True)], "b1")
+        assert answer.grants == [4] and answer.urgent == [NO_WAITER] and not answer.yielding[0]
+        assert await ledger.grants("key:k") == {"b": 4}
+
+
+class Carried:
+    """The ledger, with the resources each sync carried (a probe, while Redis was away, carries none: not listed)."""
+
+    def __init__(self, ledger: LedgerStore) -> None:
+        self.ledger = ledger
+        self.sent: list[list[str]] = []
+
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
+        if not terms.probe:
+            self.sent.append([want.resource for want in wants])
+        return await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
+
+
+async def test_api_keys_that_send_nothing_are_in_no_sync(redis: RedisServer) -> None:
+    """Issue 32, item 3: every key with a max_concurrency was in every sync, ten times a second, whether it sent or not."""
+    keys = tuple(ApiKeyConfig(f"key-{i}", f"{i:064x}", frozenset(), 2) for i in range(300))
+    base = dataclasses.replace(two_pool_config(interactive_cap=8), auth=AuthConfig(keys=keys))
+    engines, transports = shared_engines()
+    [router] = cluster_routers(redis, "idle-keys", base, ["only"], transports, block=1)
+    async with RedisLedger(redis.url, "idle-keys") as ledger, trio.open_nursery() as nursery:
+        store = Carried(ledger)
+        for engine in engines.values():
+            await nursery.start(engine.run)
+        await nursery.start(functools.partial(router.run, ledger=store))
+        outcomes: list[str] = []
+        await ask_as(router, Caller("key-7", frozenset(), 2), "once", outcomes)
+        with trio.fail_after(5):
+            while len(store.sent) < 20:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert outcomes == ["ok"]
+    carried = {resource for sent in store.sent for resource in sent if resource.startswith("key:")}
+    assert carried == {"key:key-7"}  # the one key that sent; the 299 others never
+    assert all(len(sent) <= 5 for sent in store.sent[-5:])  # then only the pools and endpoints (and key-7 going quiet)

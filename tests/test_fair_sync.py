@@ -30,7 +30,9 @@ class MemoryStore:
     async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> Served:
         if self.away:
             raise ConnectionError("the ledger is away")
-        self.totals[replica] = {pool: dict(tenants) for pool, tenants in served.items()}
+        mine = self.totals.setdefault(replica, {})
+        for pool, tenants in served.items():
+            mine.setdefault(pool, {}).update(tenants)
         theirs: Served = {pool: {} for pool in served}
         for other, pools in self.totals.items():
             for pool, tenants in pools.items():
@@ -138,3 +140,41 @@ async def test_two_routers_trade_what_they_served_each_caller(redis: RedisServer
                 await trio.sleep(0.1)
         assert clock.finish("heavy") > clock.finish("nobody")  # b never served heavy, and still puts it behind
         nursery.cancel_scope.cancel()
+
+
+class Counted:
+    """A store, with how many tenants each trade sent and got back."""
+
+    def __init__(self, store: ServiceStore) -> None:
+        self.store = store
+        self.sent: list[int] = []
+        self.got: list[int] = []
+
+    async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> Served:
+        self.sent.append(sum(len(tenants) for tenants in served.values()))
+        theirs = await self.store.trade_service(replica, served)
+        self.got.append(sum(len(tenants) for tenants in theirs.values()))
+        return theirs
+
+
+async def test_a_trade_carries_the_tenants_served_since_the_last_not_every_tenant_ever_served(redis: RedisServer) -> None:
+    """Issue 32, item 3: 2,000 tenants served once each on a went quiet; each trade still carried all of them, both ways."""
+    async with RedisLedger(redis.url, "fair4") as ledger:
+        a_store, b_store = Counted(ledger), Counted(ledger)
+        a_clock, b_clock = FairClock(), FairClock()
+        a, b = FairTrade("a", a_store, lambda: {"p": a_clock}), FairTrade("b", b_store, lambda: {"p": b_clock})
+        await b.trade_once()  # b counts from here
+        for i in range(2_000):
+            serve(a_clock, Share(f"tenant-{i}", tokens=10), 1)
+        await a.trade_once()
+        await b.trade_once()
+        assert (a_store.sent[-1], b_store.got[-1]) == (2_000, 2_000)  # each once: served on a, absorbed on b
+        assert b_clock.finish("tenant-5") == pytest.approx(10.0)
+        for trade in (a, b, a, b):
+            await trade.trade_once()
+        assert a_store.sent[-2:] == [0, 0] and b_store.got[-2:] == [0, 0]  # quiet: nothing goes either way
+        serve(a_clock, Share("tenant-7", tokens=10), 2)
+        await a.trade_once()
+        await b.trade_once()
+        assert (a_store.sent[-1], b_store.got[-1]) == (1, 1)
+        assert b_clock.finish("tenant-7") == pytest.approx(30.0)
