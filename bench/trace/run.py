@@ -15,7 +15,7 @@ import json
 import multiprocessing
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,16 +79,25 @@ def run_job(job: Job) -> tuple[Job, PointResult]:
 def run_all(jobs: Sequence[Job], processes: int) -> dict[Job, PointResult]:
     """Every job in ``processes`` worker processes (or in this one for 1)."""
     results: dict[Job, PointResult] = {}
+    if processes == 1:  # no fork: a process that runs threads (a test run's) must not fork
+        finished: Iterable[tuple[Job, PointResult]] = map(run_job, jobs)
+        _report(finished, len(jobs), results)
+        return results
     with multiprocessing.get_context("fork").Pool(processes) as pool:
-        for done, (job, result) in enumerate(pool.imap_unordered(run_job, jobs), 1):
-            results[job] = result
-            print(
-                f"  {done}/{len(jobs)}: {job.trace} {job.engines} engines @ {job.load:g}: {result.setup}"
-                f" ({result.requests:,} requests, {result.cpu_s:.1f} s CPU)",
-                file=sys.stderr,
-                flush=True,
-            )
+        _report(pool.imap_unordered(run_job, jobs), len(jobs), results)
     return results
+
+
+def _report(finished: Iterable[tuple[Job, PointResult]], total: int, into: dict[Job, PointResult]) -> None:
+    """Collect each finished job's result, saying so on stderr."""
+    for done, (job, result) in enumerate(finished, 1):
+        into[job] = result
+        print(
+            f"  {done}/{total}: {job.trace} {job.engines} engines @ {job.load:g}: {result.setup}"
+            f" ({result.requests:,} requests, {result.cpu_s:.1f} s CPU)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
