@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 
 from tailguard.router.config import load_config
+from tailguard.server.app import Running
 from tests.http_helpers import eventually, tailguard
 from tests.test_discovery import HOSTS, NAME, Pods, dns_server, pods, pool_urls, toml, urls
 
@@ -40,5 +41,10 @@ async def test_a_pod_leaving_moves_only_its_prefixes_and_they_come_back(tmp_path
                 during = await homes(client, fleet)
                 assert {p for p in PROMPTS if during[p] != before[p]} == {p for p in PROMPTS if before[p] == leaving}
                 zone.set(NAME, HOSTS)
-                await eventually(lambda: pool_urls(running) == urls(fleet.port, *HOSTS))
+                # Back in the pool, and up: a returning address takes requests once its probe has passed.
+                await eventually(lambda: healthy_urls(running) == urls(fleet.port, *HOSTS))
                 assert await homes(client, fleet) == before  # each prefix back on its home
+
+
+def healthy_urls(running: Running) -> set[str]:
+    return {e.url for e in running.router.statistics().endpoints if e.pool == "latency" and e.healthy}
