@@ -3,14 +3,19 @@
 Real processes on 127.0.0.1: one simulator process serves three engines
 (``a`` and ``b``, latency profile, form the interactive pool, 8 seats each;
 ``c``, throughput profile, the batch pool) and an admin port that switches
-their fault modes (``bench.sim.faults``); tailguard runs in front from a
-generated config (end-to-end timeout 8 s, so hung requests end in bounded
-time; everything else as shipped).
+their fault modes (``bench.sim.faults``); the engines require a key
+(vLLM's ``--api-key``), which tailguard sends from its environment
+(``api_key_env``). tailguard runs in front from a generated config
+(end-to-end timeout 8 s, so hung requests end in bounded time; everything
+else as shipped). An attack that needs another config (API keys, ``[cluster]``
+on a redis-server the lab starts, the shipped timeouts, the gRPC gate as
+shipped: ``bench.chaos.lab.Setup``) runs on a tailguard restarted with it.
 
-Each attack (``bench.chaos.attacks``) is one phase: normal traffic (20
-req/s short chats, half streamed) starts, the attack runs, normal traffic
-goes on for a while after the attack's fault ended, then the benchmark waits
-for tailguard and the engines to settle. One row per attack:
+Each attack (``bench.chaos.catalog`` lists them in run order) is one phase:
+normal traffic (20 req/s short chats, half streamed) starts, the attack
+runs, normal traffic goes on for a while after the attack's fault ended,
+then the benchmark waits for tailguard and the engines to settle. One row
+per attack:
 
 - requests sent, and their outcomes by status and error code;
 - normal requests that failed (collateral damage of the attack);
@@ -19,7 +24,9 @@ for tailguard and the engines to settle. One row per attack:
 - seats in use / queued in tailguard's pools (its ``/metrics``) and
   sequences running or waiting in the engines (theirs) after settling: must be 0;
 - tailguard's open descriptors and RSS (``/proc/PID``) before and after;
-- recovery: from the fault's end until normal requests succeed again.
+- recovery: from the fault's end until normal requests succeed again;
+- and in its details what the attack itself checks (issue 32's rows: the
+  figures that say whether each defect is there, with ``check_failures``).
 
 The run prints its exact command and the commit it measured, and writes
 JSON and a markdown table under ``bench/results/chaos/``.
@@ -352,7 +359,12 @@ def notes(result: Result) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("chaos", __doc__)
-    parser.add_argument("--quick", action="store_true", help="shorter windows and fewer requests (under 3 minutes; the default run takes about 4)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="shorter windows and fewer requests (~6.5 minutes here; the default run takes ~4 minutes before issue 32's rows, "
+        "and those up to ~18 more while the defects they look for are there)",
+    )
     parser.add_argument(
         "--attacks", default="", help=f"comma-separated subset, in run order; default all: {', '.join(a.name for a in ATTACKS)}"
     )
@@ -366,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--grpc-calls",
         default=None,
-        help="the gRPC flood's rounds, comma-separated concurrent calls (default 2000,5000; --quick 5000, the size that reproduced issue 20 here)",
+        help="the gRPC flood's rounds, comma-separated concurrent calls (default 2 and 5 times the shipped gate, server.grpc_max_calls: "
+        f"{','.join(map(str, DEFAULT.grpc_calls))}; --quick {','.join(map(str, QUICK.grpc_calls))}); the flood runs with that gate in force",
     )
     add_seed_arg(parser, 0, "the fuzz, the cancel storm and the engines")
     add_out_arg(parser, RESULTS, "directory for JSON and markdown")
