@@ -228,6 +228,21 @@ async def test_redirect_is_a_302_with_location() -> None:
         assert reply.content == b""
 
 
+async def test_echo_auth_quotes_the_authorization_it_was_sent_in_an_error_body() -> None:
+    async with faulty_engine(Fault("echo_auth", status=401)) as f:
+        reply = await f.client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-backend-123"})
+        assert reply.status_code == 401 and "Bearer sk-backend-123" in reply.json()["error"]["message"]
+        for status in (400, 500):
+            await set_fault(f, mode="echo_auth", status=status)
+            reply = await f.client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "stream": True}, headers={"authorization": "k"})
+            assert reply.status_code == status and reply.json()["error"]["code"] == status and "Authorization: k" in reply.text
+        assert (await f.client.get("/health")).status_code == 200  # only completions answer so
+    assert Fault.parse("echo_auth:status=400") == Fault("echo_auth", status=400)
+    for bad in ("echo_auth:status=200", "huge:status=401"):
+        with pytest.raises(FaultError, match="status"):
+            Fault.parse(bad)
+
+
 SURROGATE_BODIES = (
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "ab\\ud866cd"}], "max_tokens": 4}'),
     ("/v1/completions", b'{"prompt": "\\udfff", "max_tokens": 4}'),

@@ -18,15 +18,15 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 import grpc
 import trio
 
-from bench.chaos.client import Answer, HttpPool, RequestSpec, judge, probe_bytes, send
-from bench.chaos.lab import Lab, shipped_gate_queue
+from bench.chaos.client import JSON_CONTENT, Answer, HttpPool, Reply, RequestSpec, judge, probe_bytes, send
+from bench.chaos.lab import Lab, Setup
 from bench.harness.procs import free_ports, process_cpu_seconds, start_process, stop, wait_listening
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
@@ -64,6 +64,9 @@ class Attack:
     description: str
     run: Run
     fresh: bool = False  # on a new tailguard process: no earlier attack's ejections carry over
+    setup: Setup = Setup()  # tailguard's config in the phase (another than the one in force: a new process)
+    start_fault: dict[str, Any] | None = None  # engine a's fault mode from before tailguard starts (a new process, not warmed up)
+    normal: bool = True  # normal traffic beside the attack
 
 
 def chat_body(n: int, *, stream: bool, max_tokens: int = NORMAL_MAX_TOKENS, content: str | None = None) -> bytes:
@@ -71,21 +74,30 @@ def chat_body(n: int, *, stream: bool, max_tokens: int = NORMAL_MAX_TOKENS, cont
     return json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "stream": stream}).encode()
 
 
-def normal_spec(n: int) -> RequestSpec:
-    """The n-th request of normal traffic: a short chat, every other one streamed."""
+def normal_spec(n: int, headers: tuple[tuple[str, str], ...] = ()) -> RequestSpec:
+    """The n-th request of normal traffic: a short chat, every other one streamed; ``headers`` added (a key)."""
     stream = n % 2 == 1
-    return RequestSpec(CHAT_PATH, chat_body(n, stream=stream), stream=stream)
+    return RequestSpec(CHAT_PATH, chat_body(n, stream=stream), stream=stream, headers=(*JSON_CONTENT, *headers))
 
 
 async def open_loop(
-    lab: Lab, phase: Phase, specs: Sequence[RequestSpec], rate: float, group: str = "attack", *, keep: bool = True
-) -> None:
-    """Send ``specs`` at ``rate`` a second, each without waiting for the others; return when all are answered."""
+    lab: Lab, phase: Phase, specs: Sequence[RequestSpec], rate: float, group: str = "attack", *, keep: bool = True, pool: HttpPool | None = None
+) -> list[Reply]:
+    """Send ``specs`` at ``rate`` a second (to ``pool``, else the lab's), each without waiting for the others.
+
+    Returns when all are answered: their replies, in the order of ``specs``.
+    """
     start = time.perf_counter()
+    replies = [Reply(failure="not sent")] * len(specs)
+
+    async def one(i: int, spec: RequestSpec) -> None:
+        replies[i] = await send(pool or lab.pool, spec, group, lab.client_timeout, phase.answers, keep=keep)
+
     async with trio.open_nursery() as nursery:
         for i, spec in enumerate(specs):
             await trio.sleep_until(trio.current_time() + max(0.0, start + i / rate - time.perf_counter()))
-            nursery.start_soon(partial(send, lab.pool, spec, group, lab.client_timeout, phase.answers, keep=keep))
+            nursery.start_soon(one, i, spec)
+    return replies
 
 
 # -- engine faults -----------------------------------------------------------------------
@@ -291,13 +303,14 @@ async def reload_storm(lab: Lab, phase: Phase) -> None:
     """Rewrite the config (engine a's max_concurrency 8 <-> 9) and SIGHUP, many times, under traffic."""
     before = await lab.reload_counts()
     phase.fault_on()
+    steady = lab.setup
     for i in range(lab.options.reloads):
-        lab.write_config(a_cap=9 if i % 2 == 0 else 8)
+        lab.write_config(replace(steady, a_cap=steady.a_cap + 1 if i % 2 == 0 else steady.a_cap))
         if lab.tailguard.returncode is not None:
             break
         os.kill(lab.tailguard.pid, signal.SIGHUP)
         await trio.sleep(lab.options.reload_interval)
-    lab.write_config(a_cap=8)
+    lab.write_config(steady)
     os.kill(lab.tailguard.pid, signal.SIGHUP)
     phase.fault_off()
     await trio.sleep(1.0)  # the last reloads apply
@@ -342,11 +355,8 @@ async def grpc_flood(lab: Lab, phase: Phase) -> None:
     failures: list[str] = []
     floor_port = free_ports(1)[0]
     floor = await start_process(lab.nursery, [sys.executable, "-m", "bench.chaos.grpc_floor", "--port", str(floor_port)], None)
-    lab.write_config(interactive_queue=shipped_gate_queue())
-    os.kill(lab.tailguard.pid, signal.SIGHUP)
-    try:
+    try:  # the catalog runs this on a set-up whose pools let the gate reach the shipped grpc_max_calls
         await wait_listening(floor_port, floor, "the gRPC floor")
-        await trio.sleep(1.0)  # the reload applies, and the gRPC front end hears of the pools' room
         phase.fault_on()
         for count in lab.options.grpc_calls:
             floor_cpu = sum(process_cpu_seconds(floor.pid))
@@ -375,9 +385,6 @@ async def grpc_flood(lab: Lab, phase: Phase) -> None:
             failures.extend(round_failures)
     finally:
         await stop(floor)
-        if lab.tailguard.returncode is None:
-            lab.write_config()
-            os.kill(lab.tailguard.pid, signal.SIGHUP)
     phase.fault_off()
     phase.extra["grpc_rounds"] = rounds
     if failures:

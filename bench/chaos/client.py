@@ -35,6 +35,9 @@ _MAX_IDLE_S = 1.0  # a kept-alive connection older than this is not reused (the 
 _MAX_IDLE = 256
 
 
+JSON_CONTENT = (("content-type", "application/json"),)
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """One request to send; ``raw`` replaces the bytes h11 would write (header probes)."""
@@ -43,7 +46,7 @@ class RequestSpec:
     body: bytes
     stream: bool = False
     method: str = "POST"
-    headers: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
+    headers: tuple[tuple[str, str], ...] = JSON_CONTENT
     raw: bytes | None = None
 
 
@@ -248,13 +251,14 @@ def _error_code(body: bytes) -> str:
         return "(not an OpenAI error)"
 
 
-async def send(pool: HttpPool, spec: RequestSpec, group: str, timeout: float, into: list[Answer], *, keep: bool = True) -> None:
-    """One request, judged and appended to ``into``."""
+async def send(pool: HttpPool, spec: RequestSpec, group: str, timeout: float, into: list[Answer], *, keep: bool = True) -> Reply:
+    """One request, judged and appended to ``into``; what came back, for an attack that reads it."""
     start = time.perf_counter()
     reply = await pool.request(spec, timeout, keep=keep)
     outcome, terminal, ok = judge(reply, spec.stream)
     detail = "" if terminal else f"{spec.path} stream={spec.stream} status={reply.status} body={reply.body[-200:]!r}"
     into.append(Answer(group, start, time.perf_counter() - start, outcome, terminal, ok, reply.size, detail))
+    return reply
 
 
 def tally(answers: Iterable[Answer]) -> dict[str, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,24 +18,36 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.chaos.client import HttpPool, RequestSpec
-from bench.harness.config import PoolSpec
+from bench.harness.config import PoolSpec, classes_tables, server_table
 from bench.harness.config import tailguard_config as shared_config
 from bench.harness.grpc import AsyncioThread
-from bench.harness.procs import RESULTS_ROOT, start_tailguard, wait_ready
-from tailguard.router.config_types import ServerConfig
-from tailguard.server.grpc.service import gate_ceiling
+from bench.harness.procs import RESULTS_ROOT, free_ports, start_tailguard, stop, wait_ready
+from bench.harness.redis import RedisProcess
+from tailguard.router.auth import hash_key
+from tailguard.router.config_types import ServerConfig, TimeoutsConfig
 
 RESULTS = RESULTS_ROOT / "chaos"
 HOST = "127.0.0.1"
 E2E_TIMEOUT_S = 8.0  # tailguard's end_to_end_timeout here: a hung request ends within it
+E2E_SHIPPED_S = TimeoutsConfig.end_to_end_timeout  # as shipped (the black hole phase runs with it)
 CLIENT_SLACK_S = 4.0  # the client waits this much longer before it calls a request unanswered
 SEATS_PER_ENGINE = 8  # interactive endpoints' max_concurrency
 BATCH_SEATS = 16  # the batch engine's max_concurrency
-QUEUE = 64  # each pool's max_queue
+INTERACTIVE_QUEUE = BATCH_QUEUE = 64  # the pools' max_queue
+BATCH_QUEUE_TIMEOUT_S = 5.0
+ENGINE_SEQUENCES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 SETTLE_MAX_S = 15.0
 FD_SLACK = 10  # descriptors a phase may leave behind (besides CLOSE-WAIT client sockets)
 MAX_NORMAL_REQUESTS = 5_000  # a count bound on one phase's normal traffic, beside its time bound
 _CLOSE_WAIT = "08"  # the state column of /proc/net/tcp
+RELOAD_BOUND_S = 30.0  # a reload of thousands of keys takes a while
+SCRAPE_TIMEOUT_S = 60.0  # a /metrics page of tens of MB (every caller's series) takes seconds, here up to a minute
+# tailguard's key for the engines (the simulator runs with --api-key, as vLLM with one): made up, and no
+# answer a client gets, nor tailguard's log, may ever hold it.
+ENGINE_KEY_ENV = "TAILGUARD_CHAOS_ENGINE_KEY"
+ENGINE_KEY = "chaos-engine-key-5e0f9c2a71"
+# The gRPC gate as shipped (server.grpc_max_calls): the flood's rounds are sized from it.
+SHIPPED_GRPC_GATE = ServerConfig.grpc_max_calls
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,11 @@ class Options:
     grpc_calls: tuple[int, ...]  # the gRPC flood's rounds: concurrent calls in each
     huge_mib: int
     overload_s: float
+    tenant_keys: int  # API keys in each set of the tenant cardinality phases (three sets: two rotations)
+    tenant_idle_s: float  # idle time before the tenant cardinality phase looks at /metrics and RSS
+    budget_s: float  # the Redis-restart budget phase's length (the restart a third of the way in)
+    black_hole_wait_s: float  # how long a stream to the black-holed engine is waited for (the shipped deadline is 120 s)
+    shed_calls: int  # gRPC calls in each of the shed evasion's two floods
     overload_pool: str = "batch"
     normal_rate: float = 20.0
     seed: int = 0
@@ -65,11 +83,14 @@ class Options:
 
 DEFAULT = Options(
     quick=False, window=4.0, pre=1.0, post=4.0, surrogate_s=10, fuzz=400, fuzz_rate=80.0, probe_rounds=5,
-    cancels=300, cancel_rate=100.0, reloads=250, reload_interval=0.02, grpc_calls=(2000, 5000), huge_mib=32, overload_s=10.0,
+    cancels=300, cancel_rate=100.0, reloads=250, reload_interval=0.02, grpc_calls=(2 * SHIPPED_GRPC_GATE, 5 * SHIPPED_GRPC_GATE),
+    huge_mib=32, overload_s=10.0, tenant_keys=5000, tenant_idle_s=65.0, budget_s=90.0, black_hole_wait_s=E2E_SHIPPED_S + CLIENT_SLACK_S,
+    shed_calls=2000,
 )  # fmt: skip
 QUICK = replace(
     DEFAULT, quick=True, window=2.0, pre=0.5, post=2.5, surrogate_s=5, fuzz=150, probe_rounds=2, cancels=120,
-    reloads=100, grpc_calls=(5000,), huge_mib=8, overload_s=5.0, name="chaos-quick",
+    reloads=100, grpc_calls=(5 * SHIPPED_GRPC_GATE,), huge_mib=8, overload_s=5.0, tenant_keys=500, tenant_idle_s=5.0,
+    budget_s=24.0, black_hole_wait_s=10.0, shed_calls=1500, name="chaos-quick",
 )  # fmt: skip
 
 
@@ -109,6 +130,57 @@ class PhaseResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Key:
+    """One ``[[auth.keys]]`` entry of a phase's config; its (made-up) secret follows from its name."""
+
+    name: str
+    tokens_per_minute: int | None = None
+
+    @property
+    def secret(self) -> str:
+        return f"tg-chaos-{self.name}"
+
+    @property
+    def header(self) -> tuple[str, str]:
+        return ("authorization", f"Bearer {self.secret}")
+
+    def toml(self) -> list[str]:
+        budget = [] if self.tokens_per_minute is None else [f"tokens_per_minute = {self.tokens_per_minute}"]
+        return ["[[auth.keys]]", f'name = "{self.name}"', f'key_sha256 = "{hash_key(self.secret)}"', *budget, ""]
+
+
+NORMAL_KEY = Key("normal")  # the normal traffic's key, in every phase that turns [auth] on
+
+
+@dataclass(frozen=True)
+class Setup:
+    """tailguard's config in a phase: the lab's own (the defaults), or another an attack needs.
+
+    A phase whose setup differs from the one in force runs on a tailguard
+    restarted with it; an attack may also rewrite it and reload (SIGHUP).
+    """
+
+    a_cap: int = SEATS_PER_ENGINE  # engine a's max_concurrency (the reload storm moves it)
+    shipped_timeouts: bool = False  # the shipped end_to_end and first-byte timeouts and health checks, not the lab's
+    interactive_pool: bool = True  # False: no interactive pool; its class goes to the batch pool
+    batch_queue: int = BATCH_QUEUE
+    keys: tuple[Key, ...] = ()  # any: [auth] on, NORMAL_KEY added
+    cluster: str | None = None  # a namespace: [cluster] on the lab's redis-server
+    replica: str = "chaos-1"  # [cluster]'s replica_id
+
+    @property
+    def room(self) -> int:
+        """Requests the pools seat and queue together (what the gRPC gate is bounded by: docs/grpc.md)."""
+        interactive = 2 * SEATS_PER_ENGINE + INTERACTIVE_QUEUE if self.interactive_pool else 0
+        return interactive + BATCH_SEATS + self.batch_queue
+
+    @property
+    def normal_headers(self) -> tuple[tuple[str, str], ...]:
+        """What normal traffic adds to its requests under this setup."""
+        return (NORMAL_KEY.header,) if self.keys else ()
+
+
 @dataclass
 class Lab:
     """The running processes, their ports and the client: what every attack acts on."""
@@ -126,14 +198,51 @@ class Lab:
     aio: AsyncioThread
     nursery: trio.Nursery
     tg_log_file: Any
+    workdir: Path
     client_timeout: float = E2E_TIMEOUT_S + CLIENT_SLACK_S
     capacity: dict[str, float] = field(default_factory=dict)  # pool -> requests a second it can finish
+    setup: Setup = Setup()  # the config in force
+    redis: RedisProcess | None = None  # started by the first phase with [cluster]
 
-    def write_config(self, a_cap: int = SEATS_PER_ENGINE, interactive_queue: int = QUEUE) -> None:
-        """Replace the config file at once (tailguard never reads half a file)."""
+    def write_config(self, setup: Setup) -> None:
+        """Replace the config file at once (tailguard never reads half a file); it is in force once read."""
+        self.setup = setup
         fresh = self.config_path.with_suffix(".new")
-        fresh.write_text(tailguard_config(self.tg_port, self.grpc_port, self.engines, a_cap, interactive_queue))
+        fresh.write_text(self.config_text(setup, self.tg_port, self.grpc_port))
         os.replace(fresh, self.config_path)
+
+    def config_text(self, setup: Setup, tg_port: int, grpc_port: int) -> str:
+        redis_url = None if self.redis is None else self.redis.url
+        return tailguard_config(tg_port, grpc_port, self.engines, setup, redis_url)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """tailguard's environment beyond this process's: the engines' key."""
+        return {ENGINE_KEY_ENV: ENGINE_KEY}
+
+    async def reload(self, setup: Setup) -> None:
+        """Write ``setup``, SIGHUP, and wait until tailguard counts the reload (ok or failed; bounded)."""
+        before = sum((await self.reload_counts()).values())
+        self.write_config(setup)
+        os.kill(self.tailguard.pid, signal.SIGHUP)
+        with trio.move_on_after(RELOAD_BOUND_S):
+            while sum((await self.reload_counts()).values()) <= before:
+                await trio.sleep(0.05)
+
+    async def use(self, setup: Setup) -> None:
+        """tailguard restarted with ``setup`` (a redis-server started first if it needs one), ready."""
+        await self.pool.aclose()
+        await stop(self.tailguard)
+        if setup.cluster is not None and self.redis is None:
+            self.redis = RedisProcess(self.nursery, free_ports(1)[0], self.tg_log_file)
+            await self.redis.start()
+        self.write_config(setup)
+        self.tailguard = await self.start(self.config_path)
+        await wait_ready(self.tg_port, self.tailguard, "tailguard (restarted)")
+
+    async def start(self, config: Path) -> trio.Process:
+        """A tailguard process on ``config``, with the lab's log, arguments and environment (not waited for)."""
+        return await start_tailguard(self.nursery, config, log=self.tg_log_file, extra_args=self.options.serve_args, env=self.env)
 
     async def set_fault(self, engine: str, fault: dict[str, Any]) -> None:
         """Switch one engine's fault mode through the simulator's admin port."""
@@ -143,24 +252,30 @@ class Lab:
         if reply.status != 200:
             raise RuntimeError(f"the simulator refused fault {fault}: {reply.status} {reply.body[:200]!r}")
 
-    async def scrape(self, port: int) -> dict[tuple[str, str], float] | None:
-        """A /metrics page as {(sample name, sorted labels): value}; None when it does not answer."""
-        reply = await HttpPool(port).request(RequestSpec("/metrics", b"", method="GET", headers=()), 2.0, keep=False)
+    async def scrape(self, port: int, names: tuple[str, ...]) -> dict[tuple[str, str], float] | None:
+        """The samples of a /metrics page whose names start with one of ``names``, as {(sample name, sorted labels): value}.
+
+        None when it does not answer. Only those lines are parsed: a page of
+        every caller's series can be tens of MB.
+        """
+        reply = await HttpPool(port).request(RequestSpec("/metrics", b"", method="GET", headers=()), SCRAPE_TIMEOUT_S, keep=False)
         if reply.status != 200:
             return None
+        wanted = tuple(name.encode() for name in names)
+        text = b"\n".join(line for line in reply.body.splitlines() if line.startswith(wanted)).decode("utf-8", "replace")
         samples: dict[tuple[str, str], float] = {}
-        for family in text_string_to_metric_families(reply.body.decode("utf-8", "replace")):
+        for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 samples[(sample.name, ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())))] = sample.value
         return samples
 
     async def tailguard_sum(self, name: str) -> float | None:
-        samples = await self.scrape(self.tg_port)
+        samples = await self.scrape(self.tg_port, (name,))
         return None if samples is None else sum(v for (n, _), v in samples.items() if n == name)
 
     async def loop_lag_buckets(self) -> tuple[dict[float, float], float, float] | None:
         """tailguard's event-loop lag histogram now: ({upper bound: cumulative count}, sum, worst); None if it does not answer."""
-        samples = await self.scrape(self.tg_port)
+        samples = await self.scrape(self.tg_port, ("tailguard_event_loop_lag",))
         if samples is None:
             return None
         buckets = {
@@ -170,24 +285,24 @@ class Lab:
         return buckets, total, samples.get(("tailguard_event_loop_lag_max_seconds", ""), 0.0)
 
     async def reload_counts(self) -> dict[str, float]:
-        samples = await self.scrape(self.tg_port) or {}
+        samples = await self.scrape(self.tg_port, ("tailguard_config_reloads",)) or {}
         return {
             labels.removeprefix("result="): value for (name, labels), value in samples.items() if name == "tailguard_config_reloads_total"
         }
 
     async def busy(self) -> tuple[float | None, float | None, float | None]:
         """(seats in use, requests queued) in tailguard; sequences running or waiting in the engines."""
-        samples = await self.scrape(self.tg_port)
+        samples = await self.scrape(self.tg_port, ("tailguard_pool_in_flight", "tailguard_pool_queue_length"))
         seats = queued = None
         if samples is not None:
             seats = sum(v for (n, _), v in samples.items() if n == "tailguard_pool_in_flight")
             queued = sum(v for (n, _), v in samples.items() if n == "tailguard_pool_queue_length")
         engine = 0.0
         for port in self.engines.values():
-            page = await self.scrape(port)
+            page = await self.scrape(port, ENGINE_SEQUENCES)
             if page is None:
                 return seats, queued, None
-            engine += sum(v for (n, _), v in page.items() if n in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+            engine += sum(page.values())
         return seats, queued, engine
 
     async def ensure_tailguard(self) -> int | None:
@@ -195,28 +310,46 @@ class Lab:
         code = self.tailguard.returncode
         if code is None:
             return None
-        self.write_config()
-        self.tailguard = await start_tailguard(self.nursery, self.config_path, log=self.tg_log_file, extra_args=self.options.serve_args)
+        self.write_config(self.setup)
+        self.tailguard = await self.start(self.config_path)
         await wait_ready(self.tg_port, self.tailguard, "tailguard (restarted)")
         return code
 
 
-def tailguard_config(
-    tg_port: int, grpc_port: int, engines: dict[str, int], a_cap: int = SEATS_PER_ENGINE, interactive_queue: int = QUEUE
-) -> str:
-    """tailguard's config: two pools, the shipped classes, an 8 s end-to-end timeout.
+def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], setup: Setup = Setup(), redis_url: str | None = None) -> str:
+    """tailguard's config: two pools, the shipped classes, an 8 s end-to-end timeout; or ``setup``'s variation.
 
     The interactive pool is set up as its docs advise for hung engines: a
     first-byte timeout well inside the end-to-end one, and the completion
-    health probe, which sees an engine that answers /health but hangs.
+    health probe, which sees an engine that answers /health but hangs
+    (``setup.shipped_timeouts``: neither, and the shipped 120 s). Every pool
+    sends the engines' key (``api_key_env``), as a fleet of engines started
+    with vLLM's ``--api-key`` needs.
     """
-    hardened = ("first_byte_timeout = 2.0", 'health_check = "completion"')
+    key = f'api_key_env = "{ENGINE_KEY_ENV}"'
+    hardened = () if setup.shipped_timeouts else ("first_byte_timeout = 2.0", 'health_check = "completion"')
     interactive = PoolSpec(
-        "interactive", [(engines["a"], a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, interactive_queue, extra=hardened
+        "interactive", [(engines["a"], setup.a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, INTERACTIVE_QUEUE, extra=(key, *hardened)
     )
-    batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, QUEUE)
-    timeouts = ["[timeouts]", f"end_to_end_timeout = {E2E_TIMEOUT_S}", "", "[metrics]", "backend_scrape_interval = 1.0", ""]
-    return shared_config(tg_port, grpc_port, interactive, batch, batch_queue_timeout=5.0, sections=timeouts)
+    batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, setup.batch_queue, extra=(key,))
+    sections = [*_timeouts(setup), *_cluster(setup, redis_url), *([line for k in (NORMAL_KEY, *setup.keys) for line in k.toml()] if setup.keys else [])]
+    if setup.interactive_pool:
+        return shared_config(tg_port, grpc_port, interactive, batch, batch_queue_timeout=BATCH_QUEUE_TIMEOUT_S, sections=sections)
+    lines = [*server_table(tg_port, grpc_port), *sections, *batch.toml()]
+    return "\n".join([*lines, *classes_tables({"interactive": "batch", "batch": "batch"}, {"interactive": "3.0", "batch": f"{BATCH_QUEUE_TIMEOUT_S}"})])
+
+
+def _timeouts(setup: Setup) -> list[str]:
+    e2e = [] if setup.shipped_timeouts else [f"end_to_end_timeout = {E2E_TIMEOUT_S}"]
+    return ["[timeouts]", *e2e, "", "[metrics]", "backend_scrape_interval = 1.0", ""]
+
+
+def _cluster(setup: Setup, redis_url: str | None) -> list[str]:
+    if setup.cluster is None:
+        return []
+    if redis_url is None:
+        raise RuntimeError("a [cluster] setup before the lab's redis-server started")
+    return ["[cluster]", f'redis_url = "{redis_url}"', f'namespace = "{setup.cluster}"', f'replica_id = "{setup.replica}"', ""]
 
 
 def proc_stats(pid: int, engine_ports: Sequence[int], own_ports: Sequence[int] = ()) -> ProcStats:
@@ -265,17 +398,3 @@ class Result:
     wall_s: float = 0.0
     checks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def shipped_gate_queue() -> int:
-    """The interactive pool's max_queue with which the gRPC gate may reach the shipped one (``server.grpc_max_calls``).
-
-    The gate's ceiling is twice what the pools can seat and queue, plus 64,
-    where that is below the cap (``server.grpc.service.gate_ceiling``): with
-    this lab's 16 + 16 seats and queues of 64 that is 368, under the shipped
-    1,000 that a flood must meet.
-    """
-    shipped, queue = ServerConfig.grpc_max_calls, QUEUE
-    while gate_ceiling(shipped, 2 * SEATS_PER_ENGINE + queue + BATCH_SEATS + QUEUE) < shipped:
-        queue += 16
-    return queue

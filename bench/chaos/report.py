@@ -22,7 +22,10 @@ def render(result: Result) -> str:
         f"wall time {result.wall_s:.0f} s. Normal traffic: {o['normal_rate']:g} req/s short chats (half streamed) in every "
         f"phase, {o['pre']:g} s before the attack and {o['post']:g} s after its fault ended; fault window {o['window']:g} s. "
         f"Interactive pool: engines a and b, 8 seats each, ~{result.capacity_req_per_s['interactive']:g} req/s; batch pool: "
-        f"engine c, 16 seats, ~{result.capacity_req_per_s['batch']:g} req/s of 200-token answers; engine faults hit engine a.",
+        f"engine c, 16 seats, ~{result.capacity_req_per_s['batch']:g} req/s of 200-token answers; engine faults hit engine a. "
+        "The engines require a key, which tailguard sends. Rows that need another config (keys, [cluster], the shipped "
+        "timeouts, the gRPC gate as shipped) run on a tailguard restarted with it; issue 32's rows give their figures, and "
+        "what they failed, in the details.",
         "",
         "| attack | requests | outcomes (all requests) | normal traffic failed | no terminal answer "
         "| seats / queue / engine seqs after | fds before → after | RSS MiB before → max → after | recovery s |",

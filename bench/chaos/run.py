@@ -3,14 +3,19 @@
 Real processes on 127.0.0.1: one simulator process serves three engines
 (``a`` and ``b``, latency profile, form the interactive pool, 8 seats each;
 ``c``, throughput profile, the batch pool) and an admin port that switches
-their fault modes (``bench.sim.faults``); tailguard runs in front from a
-generated config (end-to-end timeout 8 s, so hung requests end in bounded
-time; everything else as shipped).
+their fault modes (``bench.sim.faults``); the engines require a key
+(vLLM's ``--api-key``), which tailguard sends from its environment
+(``api_key_env``). tailguard runs in front from a generated config
+(end-to-end timeout 8 s, so hung requests end in bounded time; everything
+else as shipped). An attack that needs another config (API keys, ``[cluster]``
+on a redis-server the lab starts, the shipped timeouts, the gRPC gate as
+shipped: ``bench.chaos.lab.Setup``) runs on a tailguard restarted with it.
 
-Each attack (``bench.chaos.attacks``) is one phase: normal traffic (20
-req/s short chats, half streamed) starts, the attack runs, normal traffic
-goes on for a while after the attack's fault ended, then the benchmark waits
-for tailguard and the engines to settle. One row per attack:
+Each attack (``bench.chaos.catalog`` lists them in run order) is one phase:
+normal traffic (20 req/s short chats, half streamed) starts, the attack
+runs, normal traffic goes on for a while after the attack's fault ended,
+then the benchmark waits for tailguard and the engines to settle. One row
+per attack:
 
 - requests sent, and their outcomes by status and error code;
 - normal requests that failed (collateral damage of the attack);
@@ -19,7 +24,9 @@ for tailguard and the engines to settle. One row per attack:
 - seats in use / queued in tailguard's pools (its ``/metrics``) and
   sequences running or waiting in the engines (theirs) after settling: must be 0;
 - tailguard's open descriptors and RSS (``/proc/PID``) before and after;
-- recovery: from the fault's end until normal requests succeed again.
+- recovery: from the fault's end until normal requests succeed again;
+- and in its details what the attack itself checks (issue 32's rows: the
+  figures that say whether each defect is there, with ``check_failures``).
 
 The run prints its exact command and the commit it measured, and writes
 JSON and a markdown table under ``bench/results/chaos/``.
@@ -40,11 +47,14 @@ from typing import Any
 
 import trio
 
-from bench.chaos.attacks import ATTACKS, BATCH_MAX_TOKENS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
+from bench.chaos.attacks import BATCH_MAX_TOKENS, NORMAL_MAX_TOKENS, Attack, Phase, normal_spec
+from bench.chaos.catalog import ATTACKS
 from bench.chaos.client import Answer, HttpPool, RequestSpec, recovery_s, send, tally
 from bench.chaos.lab import (
     BATCH_SEATS,
     DEFAULT,
+    ENGINE_KEY,
+    ENGINE_KEY_ENV,
     FD_SLACK,
     MAX_NORMAL_REQUESTS,
     QUICK,
@@ -56,6 +66,7 @@ from bench.chaos.lab import (
     PhaseResult,
     ProcStats,
     Result,
+    Setup,
     proc_stats,
     tailguard_config,
 )
@@ -99,11 +110,12 @@ def capacities() -> dict[str, float]:
 async def normal_traffic(lab: Lab, phase: Phase, done: trio.Event) -> None:
     """20 short chats a second (half streamed) until ``done``; returns when all are answered."""
     start = time.perf_counter()
+    headers = lab.setup.normal_headers
     async with trio.open_nursery() as nursery:
         for i in range(MAX_NORMAL_REQUESTS):
             if done.is_set():
                 break
-            nursery.start_soon(send, lab.pool, normal_spec(i), "normal", lab.client_timeout, phase.answers)
+            nursery.start_soon(send, lab.pool, normal_spec(i, headers), "normal", lab.client_timeout, phase.answers)
             with trio.move_on_at(trio.current_time() + max(0.0, start + (i + 1) / lab.options.normal_rate - time.perf_counter())):
                 await done.wait()
 
@@ -117,12 +129,11 @@ async def warm_up(lab: Lab, seconds: float = 2.0) -> None:
         done.set()
 
 
-async def restart_tailguard(lab: Lab) -> None:
-    """A new tailguard process, warmed up: no earlier attack's verdict on an endpoint carries over."""
-    await lab.pool.aclose()
-    await stop(lab.tailguard)
-    await lab.ensure_tailguard()
-    await warm_up(lab, 0.5)
+async def restart_tailguard(lab: Lab, setup: Setup, *, warm: bool = True) -> None:
+    """A new tailguard process on ``setup``, warmed up: no earlier attack's verdict on an endpoint carries over."""
+    await lab.use(setup)
+    if warm:
+        await warm_up(lab, 0.5)
 
 
 async def watch_rss(pid: int, peak: list[float]) -> None:
@@ -140,8 +151,11 @@ async def quiet_look(lab: Lab) -> ProcStats:
 
 async def run_phase(lab: Lab, attack: Attack) -> PhaseResult:
     restarted = await lab.ensure_tailguard()
-    if attack.fresh and restarted is None:
-        await restart_tailguard(lab)
+    if attack.start_fault is not None:
+        await lab.set_fault("a", attack.start_fault)
+    if attack.setup != lab.setup or attack.start_fault is not None or (attack.fresh and restarted is None):
+        # Warming up would send requests to an engine that is down from the start.
+        await restart_tailguard(lab, attack.setup, warm=attack.start_fault is None)
     pid = lab.tailguard.pid
     before = await quiet_look(lab)
     counted_before = await lab.tailguard_sum("tailguard_requests_total")
@@ -154,7 +168,8 @@ async def run_phase(lab: Lab, attack: Attack) -> PhaseResult:
         watchers.start_soon(watch_rss, pid, peak)
         done = trio.Event()
         async with trio.open_nursery() as traffic:
-            traffic.start_soon(normal_traffic, lab, phase, done)
+            if attack.normal:
+                traffic.start_soon(normal_traffic, lab, phase, done)
             await trio.sleep(lab.options.pre)
             await attack.run(lab, phase)
             await trio.sleep(lab.options.post)
@@ -261,17 +276,17 @@ async def measure(options: Options, command: str) -> Result:
                 async with trio.open_nursery() as nursery:
                     spec = f"{a}:latency,{b}:latency,{c}:throughput"
                     command_line = [sys.executable, "-m", "tailguard.sim", "--engines", spec, "--admin-port", str(admin_port)]
-                    sim = await start_process(nursery, [*command_line, "--seed", str(options.seed)], sim_out)
+                    sim = await start_process(nursery, [*command_line, "--seed", str(options.seed), "--api-key", ENGINE_KEY], sim_out)
                     for port in engines.values():
                         await wait_ready(port, sim, "the simulator")
                     await wait_admin(admin_port, sim)
                     config = Path(tmp) / "config.toml"
                     config.write_text(tailguard_config(tg_port, grpc_port, engines))
-                    tailguard = await start_tailguard(nursery, config, log=tg_out, extra_args=options.serve_args)
+                    tailguard = await start_tailguard(nursery, config, log=tg_out, extra_args=options.serve_args, env={ENGINE_KEY_ENV: ENGINE_KEY})
                     await wait_ready(tg_port, tailguard, "tailguard")
                     lab = Lab(
                         options, tg_port, grpc_port, admin_port, engines, config, tg_log, sim, tailguard,
-                        HttpPool(tg_port), aio, nursery, tg_out, capacity=capacities(),
+                        HttpPool(tg_port), aio, nursery, tg_out, Path(tmp), capacity=capacities(),
                     )  # fmt: skip
                     await warm_up(lab)
                     for attack in selected(options):
@@ -344,7 +359,12 @@ def notes(result: Result) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser("chaos", __doc__)
-    parser.add_argument("--quick", action="store_true", help="shorter windows and fewer requests (under 3 minutes; the default run takes about 4)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="shorter windows and fewer requests (~6.5 minutes here; the default run takes ~4 minutes before issue 32's rows, "
+        "and those up to ~18 more while the defects they look for are there)",
+    )
     parser.add_argument(
         "--attacks", default="", help=f"comma-separated subset, in run order; default all: {', '.join(a.name for a in ATTACKS)}"
     )
@@ -358,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--grpc-calls",
         default=None,
-        help="the gRPC flood's rounds, comma-separated concurrent calls (default 2000,5000; --quick 5000, the size that reproduced issue 20 here)",
+        help="the gRPC flood's rounds, comma-separated concurrent calls (default 2 and 5 times the shipped gate, server.grpc_max_calls: "
+        f"{','.join(map(str, DEFAULT.grpc_calls))}; --quick {','.join(map(str, QUICK.grpc_calls))}); the flood runs with that gate in force",
     )
     add_seed_arg(parser, 0, "the fuzz, the cancel storm and the engines")
     add_out_arg(parser, RESULTS, "directory for JSON and markdown")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +11,8 @@ import trio
 
 from bench.harness.client import HOST
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import RESULTS_ROOT, free_ports, start_process, start_tailguard, stop, wait_ready
+from bench.harness.procs import RESULTS_ROOT, free_ports, start_tailguard, stop, wait_ready
+from bench.harness.redis import RedisProcess as RedisProcess
 from tailguard.router.auth import hash_key
 
 RESULTS = RESULTS_ROOT / "cluster"
@@ -90,46 +89,6 @@ class Options:
 
 
 # -- processes -------------------------------------------------------------------------
-
-
-class RedisProcess:
-    """redis-server on one port, without persistence: killed and started again, or paused, by the benchmark."""
-
-    def __init__(self, nursery: trio.Nursery, port: int, log: IO[bytes]) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self.exe, self.nursery, self.port, self.log = exe, nursery, port, log
-        self.process: trio.Process | None = None
-        self.paused = False
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    async def start(self) -> None:
-        command = [self.exe, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no"]
-        self.process = await start_process(self.nursery, command, self.log)
-        with trio.fail_after(10):
-            while True:
-                try:
-                    stream = await trio.open_tcp_stream(HOST, self.port)
-                except OSError:
-                    await trio.sleep(0.02)
-                    continue
-                await stream.aclose()
-                return
-
-    async def kill(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        await self.process.wait()
-        self.process = None
-
-    def pause(self, paused: bool) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
-        self.paused = paused
 
 
 @dataclass

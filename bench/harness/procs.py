@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -81,18 +81,29 @@ async def start_simulator(
 
 
 async def start_tailguard(
-    nursery: trio.Nursery, config: Path, log: IO[bytes] | None = None, extra_args: Sequence[str] = ()
+    nursery: trio.Nursery,
+    config: Path,
+    log: IO[bytes] | None = None,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> trio.Process:
-    """``python -m tailguard.server serve --config CONFIG``; cancelling ``nursery`` terminates it."""
+    """``python -m tailguard.server serve --config CONFIG``; cancelling ``nursery`` terminates it.
+
+    ``env`` adds variables to this process's environment (a backend key the config names by ``api_key_env``).
+    """
     command = [sys.executable, "-m", "tailguard.server", "serve", "--config", str(config), "--log-level", "WARNING", *extra_args]
-    return await start_process(nursery, command, log)
+    return await start_process(nursery, command, log, env)
 
 
-async def start_process(nursery: trio.Nursery, command: list[str], log: IO[bytes] | None) -> trio.Process:
+async def start_process(
+    nursery: trio.Nursery, command: list[str], log: IO[bytes] | None, env: Mapping[str, str] | None = None
+) -> trio.Process:
+    """``command`` as a child in ``nursery``, its stderr to ``log``, with ``env`` added to this process's environment."""
     # trio.run_process terminates the child (SIGTERM, then SIGKILL) when its
     # scope is cancelled: by an error, by Ctrl-C, or at the end of the run.
+    environ = None if env is None else {**os.environ, **env}
     run = partial(
-        trio.run_process, command, cwd=str(PROJECT_ROOT), stdout=subprocess.DEVNULL, stderr=log, check=False
+        trio.run_process, command, cwd=str(PROJECT_ROOT), stdout=subprocess.DEVNULL, stderr=log, check=False, env=environ
     )
     process: trio.Process = await nursery.start(run)
     return process

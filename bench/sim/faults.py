@@ -23,6 +23,10 @@ default, which changes nothing):
                 (``trigger=surrogate``, the default: what vLLM builds whose
                 tokenizer crashes on them did) or for every completion
                 (``trigger=any``); a healthy engine answers such text 400
+``echo_auth``   completions answer ``status`` (400, 401 or 500; default 500)
+                with vLLM's error body, whose message quotes the request's
+                ``Authorization`` header (an engine or proxy that echoes what
+                it was sent: a router must not relay its key to callers)
 ==============  ==============================================================
 
 Faults touch the completion routes (``/v1/chat/completions``,
@@ -65,6 +69,7 @@ MODES = (
     "gzip_garbage",
     "redirect",
     "tokenizer_panic",
+    "echo_auth",
 )
 PANIC_TRIGGERS = ("surrogate", "any")
 _ALIASES = {"revive": "none"}
@@ -75,7 +80,10 @@ _PARAMS: dict[str, tuple[str, ...]] = {
     "huge": ("size", "status"),
     "redirect": ("location",),
     "tokenizer_panic": ("trigger",),
+    "echo_auth": ("status",),
 }
+# The statuses a mode that reads ``status`` may answer.
+_STATUSES: dict[str, tuple[int, ...]] = {"huge": (200, 500), "echo_auth": (400, 401, 500)}
 _PIECE = 64 * 1024
 _FILLER = b"x" * _PIECE  # one buffer, written again and again: a huge body costs no memory
 # vLLM's answer when its engine core fails under a request (EngineDeadError).
@@ -97,7 +105,7 @@ class Fault:
     events: int = 3  # truncated: SSE events sent before the stream ends
     abrupt: bool = False  # truncated: close the socket mid-body instead of ending the chunked body
     size: int = 16 * 1024 * 1024  # huge: body bytes
-    status: int = 500  # huge: 500 (an error body) or 200 (a completion)
+    status: int = 500  # huge: 500 (an error body) or 200 (a completion); echo_auth: 400, 401 or 500
     location: str = "/v1/moved"  # redirect: the Location header
     trigger: str = "surrogate"  # tokenizer_panic: "surrogate" (text UTF-8 cannot encode) or "any" completion
 
@@ -110,8 +118,9 @@ class Fault:
             raise FaultError(f"events: must be >= 0, got {self.events}")
         if self.size < 1:
             raise FaultError(f"size: must be >= 1, got {self.size}")
-        if self.status not in (200, 500):
-            raise FaultError(f"status: must be 200 or 500, got {self.status}")
+        allowed = _STATUSES.get(self.mode, _STATUSES["huge"])
+        if self.status not in allowed:
+            raise FaultError(f"status: must be {' or '.join(map(str, allowed))}, got {self.status}")
         if self.trigger not in PANIC_TRIGGERS:
             raise FaultError(f"trigger: must be one of {', '.join(PANIC_TRIGGERS)}, got {self.trigger!r}")
 
@@ -256,6 +265,9 @@ class FaultInjector:
             return SimResponse(302, [("location", fault.location)])
         if fault.mode == "huge":
             return _huge(fault, stream)
+        if fault.mode == "echo_auth":
+            quoted = headers.get("authorization", "(none)")
+            return SimResponse(fault.status, list(JSON_HEADERS), _error_body(f"request refused; it came with Authorization: {quoted}", fault.status))
         if fault.mode == "tokenizer_panic":
             if fault.trigger == "any" or _text_holds_lone_surrogate(body):
                 log.info("tokenizer_panic: dropping the connection")
