@@ -89,11 +89,18 @@ class BudgetGate:
         self._windows.forget(now, keep)
         for name in [name for name in self._caps if name not in self._windows]:
             del self._caps[name]
+        if self._shares is not None:  # [cluster]: a key's share goes once the ledger holds nothing of it
+            self._shares.forget()
 
     @property
     def callers(self) -> int:
         """Callers whose budgets are kept here now (a window of the last minute)."""
         return len(self._windows)
+
+    @property
+    def shares(self) -> int:
+        """[cluster] Keys whose shares of their budgets are kept here now (``BudgetShares``)."""
+        return 0 if self._shares is None else len(self._shares)
 
     def _share_of(self, shared: SharedBudget, name: str, per_minute: tuple[int | None, int | None]) -> KeyBudget:
         if self._shares is None or self._shares.shared is not shared:

@@ -74,6 +74,7 @@ class KeyBudget:
         self._windows = windows
         self._largest = 1  # the largest cost the key has asked of this replica: the spare block's unit
         self._waiting_tokens = 0
+        self._unsettled = 0  # grants given and not settled yet: their settlement still stirs this object
         self._arrivals = Arrivals()
         self._queue: WaitQueue[Grant | bool, _Ask] = WaitQueue(self._grant, max_waiting=1 << 30)
 
@@ -150,11 +151,18 @@ class KeyBudget:
         if not isinstance(got, Grant):
             raise self._exceeded(tokens, trio.current_time())
         got.settled = self._settled
+        self._unsettled += 1
         return got
 
     def _settled(self) -> None:
         """A request of the key settled what it cost: the ledger hears of the key's use at the next sync."""
+        self._unsettled -= 1
         self._shared.stir(self)
+
+    def forgettable(self) -> bool:
+        """Nothing of the key in its windows here, waiting, or still to settle, and no grant held: nothing of it to keep."""
+        idle = self._queue.waiting == 0 and self._unsettled == 0 and self.name not in self._windows
+        return idle and self.granted_tokens == 0 and self.granted_requests == 0
 
     def _fits(self, tokens: int, now: float) -> bool:
         over = self._windows.shortfall(
@@ -271,6 +279,16 @@ class BudgetShares:
         self.shared = shared
         self._windows = windows
         self._keys: dict[str, KeyBudget] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def forget(self) -> int:
+        """Drop the shares of keys with nothing in their windows, nothing waiting, and nothing in the ledger; how many went."""
+        gone = [name for name, key in self._keys.items() if key.forgettable() and not self.shared.tracks(key)]
+        for name in gone:
+            del self._keys[name]
+        return len(gone)
 
     def get(self, name: str) -> KeyBudget | None:
         """Key ``name``'s share, if it has one; nothing made or changed (a reader on another thread may ask)."""

@@ -310,6 +310,26 @@ class SharedBudget:
         """Something about an API key's resources changed here: the next sync carries them (router/ledger_roster.py)."""
         self._roster.stir(key)
 
+    def tracks(self, key: Sparse) -> bool:
+        """The ledger or a coming sync may still hear of ``key``'s resources: its object must not be replaced."""
+        return self._roster.knows(key)
+
+    @property
+    def kept_keys(self) -> int:
+        """API keys whose seats are kept here now."""
+        return len(self._keys)
+
+    def forget_idle_keys(self) -> int:
+        """Drop the seats of API keys that hold nothing here or in the ledger (made again at their next request); how many went.
+
+        What a key leaves behind once its grant went back is an object per
+        key ever seen; it goes here, so what is kept follows the keys in use.
+        """
+        gone = [name for name, seats in self._keys.items() if seats.forgettable() and not self.tracks(seats)]
+        for name in gone:
+            del self._keys[name]
+        return len(gone)
+
     def in_use_elsewhere(self, resource: str) -> int:
         """Seats of ``resource`` in use on the other live replicas, as the last sync found them."""
         return self._elsewhere.get(resource, 0)
@@ -655,6 +675,10 @@ class KeySeats:
 
     def _idle(self) -> bool:
         return self.in_use == 0 and self._queue.waiting == 0
+
+    def forgettable(self) -> bool:
+        """Nothing of the key runs or waits here and this replica holds no seat of it."""
+        return self._idle() and self.granted == 0
 
     def _stir(self) -> None:
         self._last = trio.current_time()

@@ -223,7 +223,8 @@ class Router:
         return endpoint_statistics(endpoint, "" if endpoint.pool_name is None else endpoint.pool_name)
 
     def statistics(self) -> RouterStatistics:
-        return statistics(self._fleet, self._traffic, self._path.budgets_left(), budget_callers=self._path.budget_callers)
+        path = self._path
+        return statistics(self._fleet, self._traffic, path.budgets_left(), budget_callers=path.budget_callers, ledger_keys=path.ledger_keys)
 
     def room(self) -> int:
         """Requests all pools could hold at once, seated or waiting (``Pool.room``): beyond it a newcomer is refused, or displaces a less urgent waiter."""

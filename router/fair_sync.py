@@ -86,6 +86,16 @@ class FairTrade:
         for pool in mine:  # traded, even with nothing served anywhere yet: counting starts now
             self._seen.setdefault(pool, {})
 
+    @property
+    def tenants_seen(self) -> int:
+        """Tenants of the other replicas' totals kept here, over every pool."""
+        return sum(len(seen) for seen in self._seen.values())
+
+    def forget(self, keep: Callable[[str], bool]) -> None:
+        """Drop the others' totals of tenants ``keep`` refuses (keys a reload removed): they order nothing here any more."""
+        for pool, seen in self._seen.items():
+            self._seen[pool] = {tenant: total for tenant, total in seen.items() if keep(tenant)}
+
     async def run(self) -> None:
         """Trade forever, every ``INTERVAL`` seconds."""
         while True:

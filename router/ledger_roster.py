@@ -125,6 +125,10 @@ class Roster:
                 for resource in resources:
                     self._by_resource[resource] = key
 
+    def knows(self, key: Sparse) -> bool:
+        """``key`` has entries in the ledger, or goes (or may go) with a sync still: its object must stay the key's one."""
+        return key in self._held or key in self._stirred or key in self._due
+
     def held(self) -> list[Sparse]:
         """Every key with resources in the ledger (or that failed to reach it)."""
         return list(self._held)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Container, Mapping
+from collections.abc import AsyncIterator, Callable, Container, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,15 +194,23 @@ class RequestPath:
         """Callers whose budget windows are kept now (``BudgetGate.callers``)."""
         return self._budgets.callers
 
-    def forget_idle(self, known: Container[str]) -> None:
+    @property
+    def ledger_keys(self) -> int:
+        """[cluster] API keys with budget shares or seats kept for the ledger now."""
+        budget = self._fleet.budget
+        return self._budgets.shares + (0 if budget is None else budget.kept_keys)
+
+    def forget_idle(self, known: Container[str]) -> Callable[[str], bool]:
         """Drop per-caller state that can no longer matter (the router's upkeep runs this every few seconds).
 
         A caller not ``known`` (its key gone in a reload) loses everything
         once its last request has ended; every caller loses its budget
         window a minute after its last admission (it would be empty), and a
         pool's fair clock forgets every tag when the pool is idle
-        (``FairClock.forget``). So what is kept follows the callers in use,
-        not every key ever seen.
+        (``FairClock.forget``); with ``[cluster]``, a key's seats and
+        budget shares go once the ledger holds nothing of them. So what is
+        kept follows the callers in use, not every key ever seen. Returns
+        the test of who is kept, for what else forgets with it.
         """
         in_flight = self._traffic.caller_in_flight
 
@@ -212,6 +220,9 @@ class RequestPath:
         self._budgets.forget(trio.current_time(), keep)
         for pool in self._fleet.pools.values():
             pool.queue.fair.forget(keep, idle=pool.in_flight == 0 and pool.queue.waiting == 0)
+        if self._fleet.budget is not None:
+            self._fleet.budget.forget_idle_keys()
+        return keep
 
     @asynccontextmanager
     async def _served(

@@ -38,11 +38,12 @@ FORGET_INTERVAL = 5.0
 class Upkeep:
     """Runs the loops over ``fleet``, under the file in force at each turn (``fleet.config``)."""
 
-    def __init__(self, fleet: Fleet, loop_lag: LoopLag, discovery: Discovery, forget_idle: Callable[[], None]) -> None:
+    def __init__(self, fleet: Fleet, loop_lag: LoopLag, discovery: Discovery, forget_idle: Callable[[], Callable[[str], bool]]) -> None:
         self._fleet = fleet
         self._loop_lag = loop_lag
         self._discovery = discovery
         self._forget_idle = forget_idle  # per-caller state that can no longer matter goes
+        self._trade: FairTrade | None = None  # [cluster] on Redis: fair shares traded with the other replicas
         self._health_streaks = HealthStreaks()  # probe results in a row, against each pool's thresholds
         self._newcomers = trio.Event()  # set when endpoints no probe has judged may exist (``newcomers``)
         # When each endpoint's last probe began, and what its engine had sent by then ("auto" reads it).
@@ -62,6 +63,7 @@ class Upkeep:
                 await nursery.start(self._fleet.budget.run)
                 if isinstance(ledger, ServiceStore):  # Redis: fair shares traded too (router/fair_sync.py)
                     trade = FairTrade(cluster.replica(), ledger, lambda: {n: p.queue.fair for n, p in self._fleet.pools.items()})
+                    self._trade = trade
                     nursery.start_soon(trade.run)
             await nursery.start(self._loop_lag.run)  # measuring before the first probe, which asks it
             await nursery.start(self._discovery.run)  # pools' DNS names: the first answers come before started
@@ -77,7 +79,9 @@ class Upkeep:
             task_status.started()
 
     async def _forget_turn(self) -> None:
-        self._forget_idle()
+        keep = self._forget_idle()
+        if self._trade is not None:  # what the others served a removed key orders nothing here any more
+            self._trade.forget(keep)
 
     # -- the shared budget ([cluster]) -----------------------------------------
 

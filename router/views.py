@@ -41,6 +41,7 @@ class KeptPerCaller:
     budget_windows: int  # callers with a budget window of the last minute
     fair_tags: int  # finish tags in the pools' fair clocks (a tenant may have one in each pool)
     fair_served: int  # served totals in the pools' fair clocks (what [cluster] replicas trade)
+    ledger_keys: int = 0  # [cluster]: keys' budget shares and seats kept for the ledger (gone once it holds nothing of them)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class RouterStatistics:
     cluster: ClusterStatus | None = None  # [cluster]: the shared ledger's mode and this replica's grants
     # Per caller with a budget that has sent here: what is left of it now (fleet-wide under [cluster]).
     budgets_left: dict[str, RateLimits] = field(default_factory=dict)
-    kept: KeptPerCaller = KeptPerCaller(0, 0, 0, 0)
+    kept: KeptPerCaller = KeptPerCaller(0, 0, 0, 0, 0)
 
     @property
     def in_flight(self) -> int:
@@ -94,7 +95,7 @@ def endpoint_statistics(endpoint: Endpoint, pool: str) -> EndpointStatistics:
 
 
 def statistics(
-    fleet: Fleet, traffic: Traffic, budgets_left: dict[str, RateLimits] | None = None, *, budget_callers: int = 0
+    fleet: Fleet, traffic: Traffic, budgets_left: dict[str, RateLimits] | None = None, *, budget_callers: int = 0, ledger_keys: int = 0
 ) -> RouterStatistics:
     pools = fleet.pools
     fair = [pool.queue.fair.statistics() for pool in pools.values()]
@@ -115,7 +116,7 @@ def statistics(
         backend_clients=fleet.open_clients,
         budgets_left=budgets_left or {},
         kept=KeptPerCaller(
-            len(traffic.caller_in_flight), budget_callers, sum(f.tagged for f in fair), sum(f.served for f in fair)
+            len(traffic.caller_in_flight), budget_callers, sum(f.tagged for f in fair), sum(f.served for f in fair), ledger_keys
         ),
     )
 

@@ -256,7 +256,8 @@ async def test_a_sync_carries_only_the_keys_in_use_not_every_key_that_ever_sent(
     async with RedisLedger(redis.url, "s1", timeout=30.0) as ledger:
         store = Carried(ledger)
         shared = SharedBudget(ClusterConfig(redis_url="", replica_id="r", lease_ttl=10.0), store, list)
-        shares = BudgetShares(shared, Budgets())
+        windows = Budgets()
+        shares = BudgetShares(shared, windows)
         await shared.sync_once()
         names = [f"key-{i}" for i in range(2_000)]
         for first in range(0, len(names), 500):
@@ -276,6 +277,10 @@ async def test_a_sync_carries_only_the_keys_in_use_not_every_key_that_ever_sent(
         assert max(len(sent) for sent in released) <= 2 * 256  # a few hundred a sync (DUE_PER_SYNC), not all at once
         assert await per_key_entries(redis, "s1") == 0  # the ledger holds nothing of them
         assert shared.status().grants == {}
+        # Nor does this process: once the windows are forgotten, no object per key is left (the upkeep's turn).
+        assert len(shares) == 2_000
+        windows.forget(trio.current_time(), lambda name: True)
+        assert shares.forget() == 2_000 and len(shares) == 0
 
         store.sent.clear()
         await send_once(shared, shares, ["key-1999"])  # a quiet key's next request: served at the first sync
@@ -457,3 +462,25 @@ async def test_a_dead_replicas_reserve_counts_only_if_redis_went_away_after_its_
         redis.resume()
         # Both grants, and dead2's reserve; not dead's, whose lease had lapsed before Redis went away.
         assert (await ledger.sync("alive", TTL, [wanted], "two")).grants == [CAP - 2 - 2 - 3]
+
+
+async def test_a_keys_seats_are_forgotten_once_the_ledger_holds_none_of_them(redis: RedisServer, mock_clock: trio.testing.MockClock) -> None:
+    """Issue 32, item 4 under [cluster]: a key's seats object stays while it is used or held in the ledger, then goes."""
+    async with RedisLedger(redis.url, "seats-forgotten", timeout=30.0) as ledger:
+        store = Carried(ledger)
+        shared = SharedBudget(ClusterConfig(redis_url="", replica_id="r", lease_ttl=10.0), store, list)
+        await shared.sync_once()
+        seats = shared.key_seats("key-1", 2)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(seats.take, 0, trio.current_time() + 30.0, 1.0)
+            await trio.testing.wait_all_tasks_blocked()
+            await shared.sync_once()  # grants it a seat
+        assert seats.in_use == 1
+        assert shared.forget_idle_keys() == 0 and shared.kept_keys == 1  # in use: kept
+        seats.release()
+        await settle_syncs(shared, store)
+        assert shared.forget_idle_keys() == 0  # its grant is still the ledger's record: kept
+        mock_clock.jump(61.0)  # idle seats go back
+        await settle_syncs(shared, store)
+        assert shared.forget_idle_keys() == 1 and shared.kept_keys == 0
+        assert shared.key_seats("key-1", 2) is not seats  # its next request makes it anew

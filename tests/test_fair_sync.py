@@ -178,3 +178,21 @@ async def test_a_trade_carries_the_tenants_served_since_the_last_not_every_tenan
         await b.trade_once()
         assert (a_store.sent[-1], b_store.got[-1]) == (1, 1)
         assert b_clock.finish("tenant-7") == pytest.approx(30.0)
+
+
+async def test_what_the_others_served_a_removed_key_is_forgotten() -> None:
+    """Issue 32, item 4: the others' totals were kept for every tenant ever traded, keys a reload removed included."""
+    store = MemoryStore()
+    a_clock, b_clock = FairClock(), FairClock()
+    a, b = FairTrade("a", store, lambda: {"p": a_clock}), FairTrade("b", store, lambda: {"p": b_clock})
+    for tenant in ("kept", "removed"):
+        serve(a_clock, Share(tenant, tokens=10), 1)
+    await a.trade_once()
+    await b.trade_once()
+    assert b.tenants_seen == 2
+    b.forget(lambda tenant: tenant == "kept")
+    assert b.tenants_seen == 1
+    serve(a_clock, Share("kept", tokens=10), 1)  # trading goes on for the kept one
+    await a.trade_once()
+    await b.trade_once()
+    assert b_clock.finish("kept") == 10.0
