@@ -190,9 +190,19 @@ async def shed_evasion(lab: Lab, phase: Phase) -> None:
         await trio.sleep(SHED_GAP_S)
     phase.fault_off()
     phase.extra["floods"] = floods
-    one, many = floods["one value"]["shed"], floods["a value per call"]["shed"]
-    if one >= 50 and many < one / 2:
-        phase.extra["check_failures"] = [f"a new authorization value per call evades the shed: {many} shed against {one} with one value"]
+    # Of the calls the gate let through (the shed sees only those): how the gate stood differs between the two floods.
+    one, many = (_shed_share(floods[name]["outcomes"], count) for name in ("one value", "a value per call"))
+    phase.extra["shed_of_calls_past_the_gate"] = {"one value": round(one, 3), "a value per call": round(many, 3)}
+    if one >= 0.05 and many < one / 2:
+        phase.extra["check_failures"] = [
+            f"a new authorization value per call evades the shed: {many:.0%} of the calls past the gate shed against {one:.0%} with one value"
+        ]
+
+
+def _shed_share(outcomes: dict[str, int], count: int) -> float:
+    """The share of a flood's calls the shed refused, among those the gate let through."""
+    past_gate = count - outcomes.get("RESOURCE_EXHAUSTED server_busy (gate)", 0)
+    return outcomes.get("RESOURCE_EXHAUSTED server_busy (shed)", 0) / past_gate if past_gate else 0.0
 
 
 async def _flood(address: str, count: int, rate: float, deadline: float, value: Callable[[int], str]) -> list[tuple[str, float, float, bool, bool]]:
