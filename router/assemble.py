@@ -9,7 +9,12 @@ to first token. The events are folded into the body vLLM would have sent:
 per choice the content (and ``reasoning_content``), tool calls merged by
 their index (ids and names as they come, arguments concatenated), logprobs
 appended, the finish and stop reasons; the top-level id, created, model and
-the usage of the last event.
+the usage of the last event. Every other field the stream carries is kept,
+null or not (a field's last non-null value wins). vLLM's whole answer also
+carries fields its stream never sends (all null for a text request:
+``refusal``, ``service_tier``, ``kv_transfer_params`` ...); when the stream
+is vLLM's (its ``system_fingerprint`` says so) they are added as null, so a
+client parsing vLLM's whole answer finds every key it knows.
 
 Requests whose non-streaming answer holds what a stream does not
 (``prompt_logprobs``, ``echo``, beam search, ``best_of``) are not
@@ -26,6 +31,17 @@ from .errors import BadBackendReply
 
 # Parameters whose whole answer a stream cannot reproduce exactly.
 _WHOLE_ONLY = ("prompt_logprobs", "echo", "use_beam_search", "best_of")
+# Folded by hand below, not copied as they come.
+_FOLDED_TOP = frozenset({"object", "choices", "usage"})
+_FOLDED_CHOICE = frozenset({"index", "delta", "text", "logprobs"})
+# vLLM's whole answer (0.32, tests/real_vllm checks it) has these fields, null unless asked for, that no stream event has.
+_VLLM_FINGERPRINT = "vllm-"
+_VLLM_WHOLE_ONLY = {
+    "chat": ("service_tier", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"),
+    "completion": ("service_tier", "kv_transfer_params", "ec_transfer_params", "metrics"),
+}
+_VLLM_WHOLE_ONLY_CHOICE = {"chat": ("routed_experts",), "completion": ("prompt_logprobs", "prompt_token_ids", "routed_experts")}
+_VLLM_WHOLE_ONLY_MESSAGE = ("refusal", "annotations", "audio", "function_call", "reasoning")
 
 
 def assemblable(params: Mapping[str, Any]) -> bool:
@@ -62,9 +78,7 @@ def assemble(kind: str, stream: Iterable[dict[str, Any]]) -> dict[str, Any]:
     choices: dict[int, dict[str, Any]] = {}
     tool_calls: dict[int, dict[int, dict[str, Any]]] = {}
     for event in stream:
-        for key in ("id", "created", "model", "system_fingerprint"):
-            if key in event and key not in body:
-                body[key] = event[key]
+        _keep(body, event, _FOLDED_TOP)
         if isinstance(event.get("usage"), dict):
             body["usage"] = event["usage"]
         for part in event.get("choices") or ():
@@ -86,15 +100,40 @@ def assemble(kind: str, stream: Iterable[dict[str, Any]]) -> dict[str, Any]:
                     merged = choice["logprobs"]
                     for key in merged:
                         merged[key] += part["logprobs"].get(key) or []
-            for key in ("finish_reason", "stop_reason"):
-                if part.get(key) is not None:
-                    choice[key] = part[key]
+            _keep(choice, part, _FOLDED_CHOICE)
     for index, calls in tool_calls.items():
         if calls:
             choices[index]["message"]["tool_calls"] = [calls[i] for i in sorted(calls)]
     body["object"] = "chat.completion" if kind == "chat" else "text_completion"
     body["choices"] = [choices[i] for i in sorted(choices)]
+    if str(body.get("system_fingerprint") or "").startswith(_VLLM_FINGERPRINT):
+        _add_vllm_whole_only(kind, body)
     return body
+
+
+def _keep(into: dict[str, Any], part: Mapping[str, Any], folded: frozenset[str]) -> None:
+    """Copy ``part``'s fields not folded by hand: the first seen sets a field, a later non-null value replaces it."""
+    for key, value in part.items():
+        if key not in folded and (value is not None or key not in into):
+            into[key] = value
+
+
+def _add_vllm_whole_only(kind: str, body: dict[str, Any]) -> None:
+    """The null fields of vLLM's whole answer that its stream does not carry (see the module's docstring)."""
+    for key in _VLLM_WHOLE_ONLY[kind]:
+        body.setdefault(key, None)
+    for choice in body["choices"]:
+        for key in _VLLM_WHOLE_ONLY_CHOICE[kind]:
+            choice.setdefault(key, None)
+        if kind == "chat":
+            for key in _VLLM_WHOLE_ONLY_MESSAGE:
+                choice["message"].setdefault(key, None)
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        usage.setdefault("completion_tokens_details", None)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            details.setdefault("multimodal_tokens", None)
 
 
 def _empty_choice(kind: str, index: int) -> dict[str, Any]:

@@ -38,6 +38,7 @@ import httpx
 
 from .backend_events import EventFilter, first_error_event, stream_ended
 from .config_types import BackendAccess, ServerConfig, TimeoutsConfig
+from .error_spec import CONTEXT_LENGTH_EXCEEDED
 from .errors import BackendAuthFailed, BackendBusy, BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
 from .httpx_transport import BackendBody, BackendTransport
 from .lean_transport import ConnectorTransport, LeanTransport
@@ -54,6 +55,14 @@ _END_WINDOW = 256  # bytes of the relayed chunk before the last that may hold th
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 # Statuses that mean the engine refused tailguard's own key (vLLM --api-key answers 401).
 _AUTH_STATUSES = (401, 403)
+# OpenAI's error types: an engine's 4xx keeps one of these; vLLM's own ("BadRequestError", FastAPI's
+# "Bad Request") become the one OpenAI gives for the status, so SDKs and callers read one vocabulary.
+_OPENAI_ERROR_TYPES = frozenset(
+    {"invalid_request_error", "authentication_error", "permission_error", "not_found_error", "rate_limit_error", "insufficient_quota", "server_error"}
+)
+_OPENAI_TYPE_FOR_STATUS = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}  # else invalid_request_error
+# vLLM names a prompt over the context by these params: the caller gets tailguard's own code for it.
+_CONTEXT_PARAMS = frozenset({"input_tokens", "input_text"})
 _NO_ACCESS = BackendAccess()  # no key, the system's CA roots
 # A probe's answer when the engine's host refused the connection: nothing listens on its port.
 REFUSED: Final = "refused"
@@ -525,6 +534,10 @@ async def _raise_for_status(response: httpx.Response, url: str, redactor: Redact
             f"the backend refused tailguard's credentials ({status}: {message}); check the pool's api_key_env", status=status, endpoint=url
         )
     if 400 <= status < 500:
+        if error_type not in _OPENAI_ERROR_TYPES:
+            error_type = _OPENAI_TYPE_FOR_STATUS.get(status, "invalid_request_error")
+        if code is None and status == 400 and param in _CONTEXT_PARAMS:
+            code = CONTEXT_LENGTH_EXCEEDED
         raise BackendRejected(message, status=status, error_type=error_type, code=code, param=param, endpoint=url)
     if status == 503:  # vLLM's own queue is full: busy, not broken
         hint = _retry_after(response.headers.get("retry-after"))

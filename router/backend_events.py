@@ -41,10 +41,13 @@ class EventFilter:
     usage (``stream_options.include_usage``: exact token counts even when
     vLLM merges tokens into one event); a caller who did not ask must not
     get the extra ``"choices": []`` event that brings, which some clients
-    choke on.
+    choke on. vLLM puts ``system_fingerprint`` on that event when usage is
+    asked (on the last choice event when not), so the last event with a
+    finish reason is kept back until the next one: when that is the usage
+    event, its fingerprint moves onto it, as vLLM would have sent it.
     """
 
-    __slots__ = ("_held", "_held_size", "_tail", "_drop_usage", "_check", "refused")
+    __slots__ = ("_held", "_held_size", "_tail", "_drop_usage", "_check", "_finished", "refused")
 
     def __init__(self, *, drop_usage: bool = False, check: bool = True) -> None:
         self._check = check  # False: the reader parses every event itself (gRPC), once is enough
@@ -52,6 +55,7 @@ class EventFilter:
         self._held_size = 0
         self._tail = b""  # the last bytes held: an event's end may straddle two reads
         self._drop_usage = drop_usage
+        self._finished = b""  # without usage: the last finishing event, kept back for the fingerprint
         self.refused: str | None = None  # why an event was refused ("is not JSON ..."); then nothing passes
 
     def feed(self, chunk: bytes) -> bytes:
@@ -77,9 +81,30 @@ class EventFilter:
             if bad is not None:
                 at, self.refused = bad
                 chunk = chunk[:at]
-        if self._drop_usage and b'"usage"' in chunk:
-            chunk = _without_usage(chunk)
+        if self._drop_usage and (self._finished or b'"usage"' in chunk or _FINISH_REASON.search(chunk) is not None):
+            chunk = self._without_usage(chunk)
         return chunk
+
+    def _without_usage(self, chunk: bytes) -> bytes:
+        """``chunk`` (whole events) without its usage event, the last finishing event kept back (see the class)."""
+        kept: list[bytes] = []
+        start = 0
+        for end in _EVENT_END.finditer(chunk):
+            event = chunk[start : end.end()]
+            start = end.end()
+            usage = _usage_event(event) if b'"usage"' in event else None
+            if self._finished:
+                finished, self._finished = self._finished, b""
+                fingerprint = None if usage is None else usage.get("system_fingerprint")
+                kept.append(finished if fingerprint is None else _with_fingerprint(finished, fingerprint))
+            if usage is not None:
+                continue
+            if _FINISH_REASON.search(event) is not None:
+                self._finished = event
+            else:
+                kept.append(event)
+        kept.append(chunk[start:])
+        return b"".join(kept)
 
     def _hold(self, part: bytes) -> None:
         self._held.append(part)
@@ -91,8 +116,8 @@ class EventFilter:
 
     def flush(self) -> bytes:
         """What is still held when the stream ends (an unfinished last event, relayed as it came)."""
-        held = b"".join(self._held)
-        self._held, self._held_size, self._tail = [], 0, b""
+        held = b"".join([self._finished, *self._held])
+        self._held, self._held_size, self._tail, self._finished = [], 0, b"", b""
         return held
 
 
@@ -177,29 +202,31 @@ def _event_problem(event: bytes) -> str | None:
     return None if isinstance(payload, dict) else f"is not a JSON object ({value[:40]!r})"
 
 
-def _without_usage(chunk: bytes) -> bytes:
-    """``chunk`` (whole events) without its usage event."""
-    kept: list[bytes] = []
-    start = 0
-    for end in _EVENT_END.finditer(chunk):
-        event = chunk[start : end.end()]
-        if b'"usage"' not in event or not _usage_only(event):
-            kept.append(event)
-        start = end.end()
-    kept.append(chunk[start:])
-    return b"".join(kept)
-
-
-def _usage_only(event: bytes) -> bool:
-    """Whether an SSE event is the usage event: ``data: {..., "choices": [], "usage": {...}}``."""
+def _usage_event(event: bytes) -> dict[str, object] | None:
+    """An SSE event's payload when it is the usage event (``data: {..., "choices": [], "usage": {...}}``), else None."""
     data = event.strip()
     if not data.startswith(b"data:"):
-        return False
+        return None
     try:
         payload = json.loads(data[5:])
     except (ValueError, RecursionError):
-        return False
-    return isinstance(payload, dict) and payload.get("choices") == [] and isinstance(payload.get("usage"), dict)
+        return None
+    if isinstance(payload, dict) and payload.get("choices") == [] and isinstance(payload.get("usage"), dict):
+        return payload
+    return None
+
+
+def _with_fingerprint(event: bytes, fingerprint: object) -> bytes:
+    """One ``data:`` event with ``system_fingerprint`` set on its payload (an event that is not one JSON object stays)."""
+    data = event.strip()
+    try:
+        payload = json.loads(data[5:])
+    except (ValueError, RecursionError):
+        return event
+    if not isinstance(payload, dict):
+        return event
+    payload["system_fingerprint"] = fingerprint
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
 def first_error_event(data: bytes) -> bytes | None:

@@ -238,6 +238,7 @@ class Router:
         """Each pool's GPUs now, for ``/v1/limits`` (no URLs): rebalancing and lending show here."""
         return assignment(self._fleet)
 
-    def models(self) -> list[str]:
+    def models(self) -> dict[str, int]:
+        """Each model served, with the context length a caller may size prompts to (``/v1/models``' max_model_len)."""
         return models(self._fleet.config)
 

@@ -75,6 +75,7 @@ def _row(
 
 
 _INVALID = "invalid_request_error"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # also what an engine's own context refusal is given (router/backend.py)
 _RATE = "rate_limit_error"
 _UPSTREAM = "upstream_error"
 
@@ -82,7 +83,7 @@ _UPSTREAM = "upstream_error"
 SPECS: tuple[ErrorSpec, ...] = (
     _row(errors.RequestRejected, "rejected", "invalid_request", 400, _INVALID, None, "INVALID_ARGUMENT"),
     _row(errors.InvalidRequest, "rejected", "invalid_request", 400, _INVALID, None, "INVALID_ARGUMENT"),
-    _row(errors.PromptTooLong, "rejected", "input_cap", 400, _INVALID, "context_length_exceeded", "INVALID_ARGUMENT"),
+    _row(errors.PromptTooLong, "rejected", "input_cap", 400, _INVALID, CONTEXT_LENGTH_EXCEEDED, "INVALID_ARGUMENT"),
     _row(errors.MaxTokensTooLarge, "rejected", "max_tokens_cap", 400, _INVALID, "max_tokens_too_large", "INVALID_ARGUMENT"),
     _row(errors.ModelNotFound, "rejected", "model_not_found", 404, _INVALID, "model_not_found", "NOT_FOUND"),
     _row(errors.Unauthenticated, "rejected", "unauthenticated", 401, "authentication_error", "invalid_api_key", "UNAUTHENTICATED"),

@@ -100,6 +100,8 @@ class RequestRecord:
     kind: str = UNKNOWN
     model: str | None = None  # as sent to the backend
     stream: bool = False
+    # A whole answer tailguard assembled from a stream it asked for (a pool's stream_upstream): it has a first token.
+    upstream_stream: bool = False
     request_class: str = UNKNOWN
     pool: str = UNKNOWN
     endpoint: str | None = None
@@ -141,8 +143,10 @@ class RequestRecord:
     # -- filled in by the router and the relay --------------------------------
 
     def saw_answer(self, completion_tokens: int | None) -> None:
-        """A whole non-streaming answer, and the completion tokens its usage reports."""
-        self.first_token_at = trio.current_time()
+        """A whole non-streaming answer, and the completion tokens its usage reports (an answer assembled
+        from a stream keeps the time its first token came)."""
+        if self.first_token_at is None:
+            self.first_token_at = trio.current_time()
         if completion_tokens is not None:
             self.completion_tokens = completion_tokens
 
@@ -177,15 +181,15 @@ class RequestRecord:
 
     @property
     def ttft_seconds(self) -> float | None:
-        """Arrival to the first streamed token (None for non-streaming requests)."""
-        if not self.stream or self.first_token_at is None:
+        """Arrival to the first streamed token (None for requests tailguard did not get as a stream)."""
+        if not (self.stream or self.upstream_stream) or self.first_token_at is None:
             return None
         return self.first_token_at - self.arrival
 
     @property
     def decode_seconds(self) -> float | None:
         """First token to the end: generation after the prefill."""
-        if not self.stream or self.first_token_at is None or self.finished_at is None:
+        if not (self.stream or self.upstream_stream) or self.first_token_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.first_token_at
 

@@ -161,12 +161,14 @@ def assignment(fleet: Fleet) -> list[dict[str, Any]]:
     ]
 
 
-def models(config: Config) -> list[str]:
-    """Every model some pool serves, once each, in the file's order."""
-    seen: dict[str, None] = {}
+def models(config: Config) -> dict[str, int]:
+    """Every model some pool serves, in the file's order, with the context a caller can size a prompt to:
+    the smallest ``max_model_len`` of the pools serving it (a prompt sized so fits whichever pool its class picks)."""
+    lens: dict[str, int] = {}
     for pool in config.pools:
-        seen.update(dict.fromkeys(pool.models))
-    return list(seen)
+        for model in pool.models:
+            lens[model] = min(lens.get(model, pool.max_model_len), pool.max_model_len)
+    return lens
 
 
 def _state(endpoint: Endpoint) -> str:

@@ -114,7 +114,8 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "lender": record.lender,
         "placement": record.placement,  # how the endpoint was chosen: home, spilled, no_key, hot_key, borrowed, least_loaded
 
-        "prompt_tokens_est": record.prompt_tokens,
+        "prompt_tokens_est": record.prompt_tokens,  # tailguard's estimate, what caps, classes and budgets used
+        "prompt_tokens": record.input_tokens,  # the engine's count (its usage.prompt_tokens); null when it sent none
         "max_tokens_requested": record.requested_max_tokens,
         "max_tokens": record.max_tokens,
         "clamped": record.clamped,

@@ -60,7 +60,7 @@ class Metrics:
             "tailguard_request_queue_seconds", "Arrival to admission: time waiting for a seat in the pool.", SECONDS_BUCKETS
         )
         self.ttft = histogram(
-            "tailguard_request_ttft_seconds", "Arrival to the first streamed token (streaming requests).", SECONDS_BUCKETS
+            "tailguard_request_ttft_seconds", "Arrival to the first streamed token (streaming requests, and whole answers assembled from a stream).", SECONDS_BUCKETS
         )
         self.decode = histogram(
             "tailguard_request_decode_seconds", "First streamed token to the end: generation after prefill.", SECONDS_BUCKETS
@@ -72,7 +72,7 @@ class Metrics:
         )
         self.e2e = histogram("tailguard_request_e2e_seconds", "Arrival to the last byte or the error.", SECONDS_BUCKETS)
         self.prompt_tokens = histogram(
-            "tailguard_request_prompt_tokens", "Estimated prompt tokens of requests that were sized.", TOKEN_BUCKETS
+            "tailguard_request_prompt_tokens", "tailguard's estimate of prompt tokens (what caps, classes and budgets use; not the engine's count), of requests that were sized.", TOKEN_BUCKETS
         )
         self.completion_tokens = histogram(
             "tailguard_request_completion_tokens",

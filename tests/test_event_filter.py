@@ -127,3 +127,22 @@ def test_an_event_without_an_end_is_refused_past_the_cap() -> None:
     fed = [check.feed(b"data: " + piece)] + [check.feed(piece) for _ in range(MAX_EVENT_BYTES // len(piece) + 1)]
     assert not any(fed) and check.refused is not None and "without its end" in check.refused
     assert check.feed(GOOD) == b""  # nothing passes after a refusal
+
+
+FINISH = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"length"}]}\n\n'
+USAGE = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2},"system_fingerprint":"vllm-0.32.0-x"}\n\n'
+
+
+@given(cuts=st.lists(st.integers(min_value=1, max_value=len(GOOD + FINISH + USAGE + DONE) - 1), max_size=4, unique=True))
+def test_dropped_usage_leaves_its_fingerprint_on_the_last_choice_event(cuts: list[int]) -> None:
+    """vLLM puts system_fingerprint on the usage event when usage is asked: a caller who did not ask gets it on
+    the finishing event, as vLLM sends it then (issue 33, D1), wherever the reads cut the stream."""
+    stream = GOOD + FINISH + USAGE + DONE
+    bounds = [0, *sorted(cuts), len(stream)]
+    events = EventFilter(drop_usage=True)
+    relayed = b"".join(events.feed(stream[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)) + events.flush()
+    payloads = [line[6:] for line in relayed.split(b"\n") if line.startswith(b"data: ")]
+    assert payloads[-1] == b"[DONE]"
+    parsed = [json.loads(payload) for payload in payloads[:-1]]
+    assert [event["choices"][0]["finish_reason"] for event in parsed] == [None, "length"]
+    assert parsed[-1]["system_fingerprint"] == "vllm-0.32.0-x" and "system_fingerprint" not in parsed[0]

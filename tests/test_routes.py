@@ -106,7 +106,8 @@ def test_a_model_is_retrieved_as_openais_model_object(client: httpx.Client, sdk:
     assert [m["id"] for m in listed] == [MODEL]
     one = client.get(f"/v1/models/{MODEL}")
     assert one.status_code == 200 and one.json() == listed[0]
-    assert set(one.json()) == {"id", "object", "created", "owned_by"} and one.json()["object"] == "model"
+    assert set(one.json()) == {"id", "object", "created", "owned_by", "max_model_len"} and one.json()["object"] == "model"
+    assert one.json()["max_model_len"] > 0  # vLLM's field, which clients size prompts by (issue 33, D6)
     model = sdk.models.retrieve(MODEL)
     assert (model.id, model.object, model.owned_by) == (MODEL, "model", "tailguard") and model.created > 1_600_000_000
 

@@ -188,15 +188,16 @@ class HttpApi:
             await _send_error(send, http_error(error), request_id)
             return
         if path == "/v1/models":
-            data = [self._model(m) for m in self._router.models()]
+            data = [self._model(model, max_model_len) for model, max_model_len in self._router.models().items()]
             await _send_json(send, 200, {"object": "list", "data": data}, request_id)
         elif path == "/v1/limits":
             document = {**limits_document(self._router.config), "assignment": self._router.assignment()}
             await _send_json(send, 200, document, request_id)
         else:  # _MODEL_PATH + id
             model = path[len(_MODEL_PATH) :]
-            if model in self._router.models():
-                await _send_json(send, 200, self._model(model), request_id)
+            max_model_len = self._router.models().get(model)
+            if max_model_len is not None:
+                await _send_json(send, 200, self._model(model, max_model_len), request_id)
             else:
                 missing = ModelNotFound(f"The model {model!r} does not exist; GET /v1/models lists the models served", param="model")
                 await _send_error(send, http_error(missing), request_id)
@@ -211,9 +212,9 @@ class HttpApi:
             return ("GET",)
         return _ROUTES.get(path)
 
-    def _model(self, model: str) -> dict[str, object]:
-        """OpenAI's model object."""
-        return {"id": model, "object": "model", "created": self._created, "owned_by": "tailguard"}
+    def _model(self, model: str, max_model_len: int) -> dict[str, object]:
+        """OpenAI's model object, with vLLM's ``max_model_len`` (clients size prompts by it)."""
+        return {"id": model, "object": "model", "created": self._created, "owned_by": "tailguard", "max_model_len": max_model_len}
 
     # -- completions --------------------------------------------------------
 
