@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -54,6 +55,30 @@ async def test_error_statuses_map_into_the_router_tree(status: int, body: bytes,
             pass
     if isinstance(caught.value, BackendRejected):
         assert caught.value.status == status
+    await backend.aclose()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error_type", "code"),
+    [
+        (400, b'{"error": {"message": "temperature must be non-negative", "type": "BadRequestError", "param": "temperature", "code": 400}}', "invalid_request_error", None),
+        (400, b'{"error": {"message": "1 validation error", "type": "Bad Request", "param": "body.max_tokens", "code": 400}}', "invalid_request_error", None),
+        (400, b'{"error": {"message": "maximum context length is 4096", "type": "BadRequestError", "param": "input_tokens", "code": 400}}', "invalid_request_error", "context_length_exceeded"),
+        (400, b'{"error": {"message": "too long", "type": "BadRequestError", "param": "input_text", "code": 400}}', "invalid_request_error", "context_length_exceeded"),
+        (404, b'{"error": {"message": "no such model", "type": "NotFoundError", "param": "model", "code": 404}}', "invalid_request_error", None),
+        (429, b'{"error": {"message": "slow down", "type": "TooManyRequests"}}', "rate_limit_error", None),
+        (400, b'{"error": {"message": "bad", "type": "invalid_request_error", "code": "custom_code"}}', "invalid_request_error", "custom_code"),
+    ],
+)
+async def test_an_engines_4xx_reaches_callers_in_openais_types(status: int, body: bytes, error_type: str, code: str | None) -> None:
+    """Issue 33, D5: vLLM's own type strings become OpenAI's; its context refusal gets tailguard's code; message and param kept."""
+    backend = client_for(lambda request: httpx.Response(status, content=body))
+    with pytest.raises(BackendRejected) as caught:
+        async with opened(backend):
+            pass
+    sent = json.loads(body)["error"]
+    assert (caught.value.error_type, caught.value.code) == (error_type, code)
+    assert caught.value.message == sent["message"] and caught.value.param == sent.get("param")
     await backend.aclose()
 
 
