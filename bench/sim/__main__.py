@@ -42,6 +42,10 @@ _PARAM_HELP = {
     "a new one is answered 503 with Retry-After at once (default: unbounded)",
     "prefix_caching": "vLLM's automatic prefix caching, on in every profile as in vLLM V1: true or false "
     "(cached 16-token prompt blocks are not prefilled again)",
+    "scheduler_reserve_full_isl": "vLLM --scheduler-reserve-full-isl, true by default as in vLLM 0.32: admit a waiting "
+    "request only when free KV holds its whole prompt (plus its output so far after a preemption), less cached "
+    "blocks running requests hold; false: KV for its first prefill chunk only (the older gate, which preempts "
+    "long prompts in a loop on a small cache)",
 }
 _PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scheduling_policy": SCHEDULING_POLICIES}
 
@@ -54,7 +58,11 @@ def _parse_bool(text: str) -> bool:
 
 
 # Fields whose default names no usable type: None, or a bool.
-_PARAM_TYPES: dict[str, Callable[[str], object]] = {"max_num_queued_reqs": int, "prefix_caching": _parse_bool}
+_PARAM_TYPES: dict[str, Callable[[str], object]] = {
+    "max_num_queued_reqs": int,
+    "prefix_caching": _parse_bool,
+    "scheduler_reserve_full_isl": _parse_bool,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,9 +6,11 @@ The engine is a plain object with one task (``run``) that loops over steps:
    every decoding sequence gets one token; then sequences still prefilling get
    chunks from what is left of ``max_num_batched_tokens``; then, unless the
    step preempted, waiting sequences are admitted in the queue's order while a
-   seat (``max_num_seqs``), step budget and KV cache for their cached prefix
-   plus their first chunk are free. The head of the queue blocks the rest, as
-   in vLLM.
+   seat (``max_num_seqs``), step budget and KV cache for their whole sequence
+   so far are free (vLLM 0.32's ``--scheduler-reserve-full-isl``, on by
+   default; ``EngineParams.scheduler_reserve_full_isl = False``: for their
+   first chunk only), less cached blocks a running sequence holds. The head
+   of the queue blocks the rest, as in vLLM.
 2. Sleep the step's duration (``EngineParams.step_ms`` x ``time_scale``).
 3. Every sequence whose prefill is complete emits one token; sequences that
    reach ``max_tokens``, the context limit or a (seeded) EOS finish.
@@ -21,8 +23,10 @@ sequence's tokens do not fit, the newest running sequence is preempted
 head of the queue to recompute its prompt plus what it has generated (vLLM's
 recompute mode); if the victim was the sequence itself, the running loop
 ends. A step that preempted admits nobody (vLLM's waiting loop runs only ``if
-not preempted_reqs``, in both policies). So under cache pressure the engine
-admits more than whole-prompt reservation would, and preempts more.
+not preempted_reqs``, in both policies). Admission checks the whole sequence
+(prompt, plus output after a preemption) against the free KV but allocates
+only the first chunk, as vLLM 0.32 does; with the gate off the engine admits
+more than that and preempts long prompts chunk after chunk.
 
 With ``EngineParams.scheduling_policy = "priority"`` (vLLM's
 ``--scheduling-policy priority``) the engine follows vLLM V1's
@@ -44,6 +48,10 @@ on by default; ``bench/sim/prefix_cache.py``, shared with the sweep's
 engine) a prompt's full 16-token blocks stay cached after its sequence ends,
 and a new sequence whose leading blocks are cached starts its prefill after
 them (``Sequence.cached_tokens``); a preempted one re-hits its own blocks.
+A cached block is stored once: sequences that share a prefix share its
+blocks, counted once in the KV in use (``kv_used_tokens``: every running
+sequence's private tokens plus the distinct cached blocks they hold), as
+vLLM's block pool ref-counts one physical block.
 
 Time is read only through ``trio.current_time()``, so under
 ``trio.testing.MockClock(autojump_threshold=0)`` an hour of traffic runs in
@@ -89,7 +97,7 @@ class EngineStatistics:
 
     running: int
     waiting: int
-    kv_used_tokens: int
+    kv_used_tokens: int  # distinct KV in use: a block shared by several sequences counts once
     kv_capacity_tokens: int
     steps: int
     preemptions: int
@@ -232,6 +240,8 @@ class Engine:
         self._queue: list[tuple[int, int, Sequence]] = []
         self._waiting_count = 0
         self._running: list[Sequence] = []
+        # Tokens the running sequences hold, a cached block shared by several
+        # counted once (private tokens + PrefixCache.held_blocks whole blocks).
         self._kv_used = 0
         self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
         self._work = trio.lowlevel.ParkingLot()
@@ -395,7 +405,7 @@ class Engine:
         the sequence itself was the victim, which ends the running loop. The
         waiting loop runs only ``if not preempted_reqs``, under both
         policies, and admits the queue's head while a seat, the step budget
-        and KV for its cached prefix plus its first chunk are free.
+        and KV for the rest of its sequence are free (``_admission_cost``).
         """
         params = self.params
         budget = params.max_num_batched_tokens
@@ -436,14 +446,16 @@ class Engine:
             head = self._waiting_head()
             if head is None:
                 break
-            hit = 0
+            hit = hit_cost = 0
             if self._cache is not None:
                 self._cache.make_room(self._kv_used)
                 hit = self._cache.lookup(head._block_keys, head._prefill_target)
+                hit_cost = self._cache.unheld(head._block_keys[: hit // self._cache.block_size]) * self._cache.block_size
             chunk = min(head._prefill_target - hit, budget)
-            if self._kv_used + hit + chunk > params.kv_cache_tokens:
+            needed = head._prefill_target - hit if params.scheduler_reserve_full_isl else chunk
+            if self._kv_used + hit_cost + needed > params.kv_cache_tokens:
                 break
-            self._admit(head, hit, chunk)
+            self._admit(head, hit, hit_cost, chunk)
             budget -= chunk
             plan[head] = chunk
 
@@ -497,7 +509,7 @@ class Engine:
                 continue
             sequence._computed += tokens
             if self._cache is not None:  # its prompt blocks computed in full are cached now
-                sequence._blocks_held = self._cache.extend(sequence._block_keys, sequence._blocks_held, sequence._computed)
+                self._cache_computed(sequence)
             if sequence._computed < sequence._prefill_target:
                 continue
             sequence.token_ids.append(sequence._rng.randrange(VOCABULARY_SIZE))
@@ -532,15 +544,31 @@ class Engine:
         if reason == "abort":
             self._work.unpark_all()
 
-    def _release_kv(self, sequence: Sequence) -> None:
-        self._kv_used -= sequence._kv_held
-        sequence._kv_held = 0
-        if self._cache is not None:  # its blocks stay cached, free, most recently used
-            self._cache.release(sequence._block_keys[: sequence._blocks_held])
-            sequence._blocks_held = 0
+    def _cache_computed(self, sequence: Sequence) -> None:
+        """Pin the prompt blocks a step completed; one that another sequence holds is shared from now on."""
+        assert self._cache is not None
+        held, entered = self._cache.extend(sequence._block_keys, sequence._blocks_held, sequence._computed)
+        if held > sequence._blocks_held:
+            # its new blocks leave its private tokens; those nobody held enter the shared ones
+            self._kv_used += (entered - (held - sequence._blocks_held)) * self._cache.block_size
+            sequence._blocks_held = held
 
-    def _admit(self, head: Sequence, hit: int, chunk: int) -> None:
-        """Seat the queue's head with KV for its ``hit`` cached tokens and its first ``chunk``."""
+    def _release_kv(self, sequence: Sequence) -> None:
+        if self._cache is not None:  # its blocks stay cached, free, most recently used
+            block = self._cache.block_size
+            self._kv_used -= sequence._kv_held - sequence._blocks_held * block  # its private tokens
+            self._kv_used -= self._cache.release(sequence._block_keys[: sequence._blocks_held]) * block
+            sequence._blocks_held = 0
+        else:
+            self._kv_used -= sequence._kv_held
+        sequence._kv_held = 0
+
+    def _admit(self, head: Sequence, hit: int, hit_cost: int, chunk: int) -> None:
+        """Seat the queue's head with its ``hit`` cached tokens and KV for its first ``chunk``.
+
+        ``hit_cost``: the tokens of its hit blocks that no running sequence
+        held, which now count in the KV in use.
+        """
         if self._priority_policy:
             heapq.heappop(self._queue)
         else:
@@ -549,7 +577,7 @@ class Engine:
         self._running.append(head)
         head._computed = hit
         head._kv_held = hit + chunk
-        self._kv_used += hit + chunk
+        self._kv_used += hit_cost + chunk
         if self._cache is not None:
             head._blocks_held = self._cache.admit(head._block_keys, hit, head.prompt_tokens, preempted=bool(head.preemptions))
             if not head.preemptions:

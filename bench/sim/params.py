@@ -78,6 +78,16 @@ class EngineParams:
     # costs the simulator ~nothing at 2k tokens); both engines model it
     # (bench/sim/prefix_cache.py). ``--prefix-caching false`` turns it off.
     prefix_caching: bool = True
+    # vLLM's --scheduler-reserve-full-isl (SchedulerConfig.scheduler_reserve_full_isl,
+    # True by default in 0.32): a waiting request is admitted only if the KV
+    # cache's free blocks hold its whole sequence so far -- the prompt, plus
+    # the output already generated when it resumes after a preemption; not
+    # max_tokens -- less its cached blocks that a running request holds
+    # (allocate_slots(full_sequence_must_fit=True)). Only its first chunk is
+    # allocated. False (--no-scheduler-reserve-full-isl) is the older gate:
+    # KV for the first chunk only, which admits a long prompt that the cache
+    # cannot finish, and preempts it chunk after chunk.
+    scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
