@@ -79,16 +79,21 @@ class EngineRequestError(ValueError):
 
 
 class EngineQueueFull(Exception):
-    """The engine holds ``max_num_queued_reqs`` requests already (vLLM answers 503 at once).
+    """The engine's admission check refuses the request (vLLM answers 503 at once).
 
-    Not an ``EngineRequestError``: the request is fine, the engine is busy, and
-    another engine (or this one, later) would take it.
+    ``reason`` is vLLM's: "max_num_queued_reqs" (that many requests in
+    flight already) or "max_num_queued_tokens" (that many prompt tokens of
+    requests not yet past their prefill). Not an ``EngineRequestError``: the
+    request is fine, the engine is busy, and another engine (or this one,
+    later) would take it.
     """
 
-    def __init__(self, in_flight: int, limit: int) -> None:
-        super().__init__(f"{in_flight} requests in flight, the limit is {limit}")
+    def __init__(self, in_flight: int, limit: int, reason: str = "max_num_queued_reqs") -> None:
+        unit = "requests in flight" if reason == "max_num_queued_reqs" else "prompt tokens waiting for their first token"
+        super().__init__(f"{in_flight} {unit}, the limit is {limit}")
         self.in_flight = in_flight
         self.limit = limit
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,9 @@ class Sequence:
         "min_tokens",
         "ignore_eos",
         "arrival",
+        "scheduled_at",
         "first_token_at",
+        "last_token_at",
         "finished_at",
         "finish_reason",
         "token_ids",
@@ -167,7 +174,9 @@ class Sequence:
         self.min_tokens = min_tokens
         self.ignore_eos = ignore_eos
         self.arrival = arrival
+        self.scheduled_at: float | None = None  # first admitted to the running batch (vLLM's first SCHEDULED event)
         self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
         self.finished_at: float | None = None
         self.finish_reason: str | None = None
         self.token_ids: list[int] = []
@@ -204,6 +213,9 @@ class Sequence:
 
 
 FinishHook = Callable[[Sequence], None]
+# Once per step that emitted tokens: the sequences whose first token it was, and
+# the other tokens' gaps since their sequence's previous token (Trio seconds -> tokens).
+TokenHook = Callable[[list[Sequence], dict[float, int]], None]
 
 
 class Engine:
@@ -234,6 +246,8 @@ class Engine:
         self.seed = seed
         self.name = name
         self._finish_hooks: list[FinishHook] = []
+        self._token_hooks: list[TokenHook] = []
+        self._prefill_queued_tokens = 0  # prompt tokens of sequences not yet past their first token (vLLM's queued tokens)
         self._priority_policy = params.scheduling_policy == "priority"
         self._waiting: deque[Sequence] = deque()  # fcfs
         # priority: (priority, arrival order, sequence), vLLM's Request.__lt__ order
@@ -262,6 +276,32 @@ class Engine:
         """Call ``hook(sequence)`` whenever a sequence ends (metrics use this)."""
         self._finish_hooks.append(hook)
 
+    def add_token_hook(self, hook: TokenHook) -> None:
+        """Call ``hook(firsts, gaps)`` after every step that emitted tokens (TokenHook); metrics use it for TTFT and ITL.
+
+        Once a step, not once a token: a step's decodes share one gap, so the
+        per-token cost is a dict increment.
+        """
+        self._token_hooks.append(hook)
+
+    def check_admission(self, n: int = 1) -> None:
+        """vLLM's ``AsyncLLM.check_admission``: raise EngineQueueFull if ``n`` more sequences would pass a queue limit.
+
+        ``max_num_queued_reqs`` counts requests in flight, waiting and running
+        alike, a request of ``n`` choices as ``n``; ``max_num_queued_tokens``
+        counts the prompt tokens of requests that have not had their first
+        token yet (a hit or a chunk already prefilled not subtracted, as vLLM
+        counts them), and refuses once they reach the limit.
+        """
+        params = self.params
+        queue_cap = params.max_num_queued_reqs
+        in_flight = len(self._running) + self._waiting_count
+        if queue_cap is not None and in_flight + n > queue_cap:
+            raise EngineQueueFull(in_flight, queue_cap)
+        token_cap = params.max_num_queued_tokens
+        if token_cap is not None and self._prefill_queued_tokens >= token_cap:
+            raise EngineQueueFull(self._prefill_queued_tokens, token_cap, "max_num_queued_tokens")
+
     def submit(
         self,
         prompt_tokens: int,
@@ -285,16 +325,14 @@ class Engine:
         under fcfs, as vLLM V1 ignores it. Raises EngineRequestError when
         prompt plus max_tokens exceed ``max_model_len`` (vLLM's 400), or a
         count is out of range; EngineQueueFull when ``max_num_queued_reqs``
-        requests are in flight already (vLLM's 503). ``cache_salt`` (vLLM's
-        request field) keys the prompt's blocks apart from other salts'.
+        requests are in flight already, or ``max_num_queued_tokens`` prompt
+        tokens wait for their first token (vLLM's 503; checked for the first
+        choice only: a request of ``n`` choices is admitted once, by
+        ``check_admission(n)``). ``cache_salt`` (vLLM's request field) keys
+        the prompt's blocks apart from other salts'.
         """
-        queue_cap = self.params.max_num_queued_reqs
-        in_flight = len(self._running) + self._waiting_count
-        # vLLM's admission check (AsyncLLM.add_request, --max-num-queued-reqs)
-        # counts requests in flight, waiting and running alike, and refuses
-        # before the request is validated further or queued.
-        if queue_cap is not None and in_flight >= queue_cap:
-            raise EngineQueueFull(in_flight, queue_cap)
+        if not choice:
+            self.check_admission()
         limit = self.params.max_model_len
         if prompt_tokens < 1:
             raise EngineRequestError("the prompt must contain at least one token")
@@ -331,6 +369,7 @@ class Engine:
             self._waiting.append(sequence)
         self._waiting_count += 1
         self._prompt_tokens_total += prompt_tokens
+        self._prefill_queued_tokens += prompt_tokens
         self._work.unpark_all()
         return sequence
 
@@ -504,6 +543,8 @@ class Engine:
         self._steps += 1
         now = trio.current_time()
         params = self.params
+        firsts: list[Sequence] = []
+        gaps: dict[float, int] = {}
         for sequence, tokens in plan:
             if sequence.finished:  # aborted during the step
                 continue
@@ -517,6 +558,12 @@ class Engine:
             produced = len(sequence.token_ids)
             if sequence.first_token_at is None:
                 sequence.first_token_at = now
+                self._prefill_queued_tokens -= sequence.prompt_tokens
+                firsts.append(sequence)
+            else:
+                gap = now - sequence.last_token_at  # type: ignore[operator]  # set with the first token
+                gaps[gap] = gaps.get(gap, 0) + 1
+            sequence.last_token_at = now
             if produced >= sequence.max_tokens or sequence.prompt_tokens + produced >= params.max_model_len:
                 self._finish(sequence, "length")
             elif (
@@ -528,6 +575,9 @@ class Engine:
                 self._finish(sequence, "stop")
             else:
                 sequence._wake()
+        if self._token_hooks and (firsts or gaps):
+            for hook in self._token_hooks:
+                hook(firsts, gaps)
 
     def _finish(self, sequence: Sequence, reason: str) -> None:
         self._running.remove(sequence)
@@ -536,6 +586,8 @@ class Engine:
         self._end(sequence, reason)
 
     def _end(self, sequence: Sequence, reason: str) -> None:
+        if sequence.first_token_at is None:  # it never reached its first token: no longer queued
+            self._prefill_queued_tokens -= sequence.prompt_tokens
         sequence.finish_reason = reason
         sequence.finished_at = trio.current_time()
         sequence._wake()
@@ -575,6 +627,8 @@ class Engine:
             self._waiting.popleft()
         self._waiting_count -= 1
         self._running.append(head)
+        if head.scheduled_at is None:
+            head.scheduled_at = trio.current_time()
         head._computed = hit
         head._kv_held = hit + chunk
         self._kv_used += hit_cost + chunk

@@ -68,6 +68,10 @@ class EngineParams:
     # vLLM's --max-num-queued-reqs: requests in flight (waiting + running) past
     # which a new one is refused at once with 503; None = unbounded, vLLM's default.
     max_num_queued_reqs: int | None = None
+    # vLLM's --max-num-queued-tokens: once the prompt tokens of requests that have
+    # not had their first token reach this, a new request is refused with 503;
+    # None = unbounded, vLLM's default.
+    max_num_queued_tokens: int | None = None
     # vLLM V1's automatic prefix caching (--enable-prefix-caching, on by default
     # in vLLM): full 16-token prompt blocks stay cached in the KV cache
     # (kv_cache_tokens // 16 blocks) until evicted, least recently freed first.
@@ -104,8 +108,10 @@ class EngineParams:
             raise ValueError(
                 f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}"
             )
-        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
-            raise ValueError(f"max_num_queued_reqs must be at least 1 (or None), got {self.max_num_queued_reqs}")
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or None), got {value}")
         if self.kv_cache_tokens < self.max_model_len:
             raise ValueError("kv_cache_tokens must hold at least one max_model_len sequence")
 
