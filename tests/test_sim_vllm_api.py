@@ -14,7 +14,12 @@ import pytest
 import trio
 import trio.testing
 
+from tailguard.router.errors import BackendRejected
 from tailguard.sim import PROFILES
+from tailguard.sim.__main__ import build_parser
+from tailguard.sim.virtual.clock import Timeline
+from tailguard.sim.virtual.engine import SweepEngine
+from tailguard.sim.virtual.fleet import EngineClient
 from tests.sim_helpers import MODEL, in_process_engine
 
 FAST = PROFILES["latency"].replace(max_model_len=4096, kv_cache_tokens=100_000)
@@ -245,3 +250,34 @@ async def test_metrics_have_vllm_032s_names_and_labels(autojump_clock: trio.test
         assert _sample(text, f"vllm:request_{phase}_time_seconds_count") == 2
     assert 'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="sim-llama-3.1-8b"}' in text
     assert 'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0"' in text
+
+
+def test_vllms_flags_reach_the_cli() -> None:
+    """The gate, the queued-tokens cap and the two server flags, as ``python -m tailguard.sim`` takes them."""
+    parser = build_parser()
+    args = parser.parse_args(
+        ["--scheduler-reserve-full-isl", "false", "--max-num-queued-tokens", "8192", "--enable-prompt-tokens-details", "--enable-request-id-headers"]
+    )
+    assert (args.scheduler_reserve_full_isl, args.max_num_queued_tokens) == (False, 8192)
+    assert args.enable_prompt_tokens_details and args.enable_request_id_headers
+    plain = parser.parse_args([])
+    assert plain.scheduler_reserve_full_isl is None and not plain.enable_prompt_tokens_details  # the profile's: on, as vLLM
+    assert all(params.scheduler_reserve_full_isl for params in PROFILES.values())
+    with pytest.raises(ValueError, match="max_num_queued_tokens"):
+        FAST.replace(max_num_queued_tokens=0)
+
+
+async def test_the_virtual_fleet_cuts_max_tokens_at_the_context_too(autojump_clock: trio.testing.MockClock) -> None:
+    """The sweep's in-process client answers as the API: over the context together is served, over it alone is a 400."""
+    params = FAST.replace(max_num_batched_tokens=8192)
+    async with trio.open_nursery() as nursery:
+        timeline = Timeline(autojump_clock)
+        await nursery.start(timeline.run)
+        client = EngineClient(SweepEngine(params, timeline))
+        long = {"messages": [{"role": "user", "content": "x" * 16_000}], "max_tokens": 200}  # 4,007 prompt tokens
+        response = await client.open("/v1/chat/completions", long, {"x-tailguard-request-id": "r0"}, stream=False)
+        await response.sequence.wait_finished()
+        with pytest.raises(BackendRejected):
+            await client.open("/v1/chat/completions", {**long, "max_tokens": 5000}, {"x-tailguard-request-id": "r1"}, stream=False)
+        nursery.cancel_scope.cancel()
+    assert response.sequence.finish_reason == "length" and response.sequence.produced == 4096 - 4007

@@ -118,7 +118,7 @@ class EngineStatistics:
 
     @property
     def kv_usage(self) -> float:
-        """Fraction of the KV cache in use (vLLM's gpu_cache_usage_perc, 0..1)."""
+        """Fraction of the KV cache in use (vLLM's kv_cache_usage_perc, 0..1): distinct blocks, a shared one once."""
         return self.kv_used_tokens / self.kv_capacity_tokens
 
 
