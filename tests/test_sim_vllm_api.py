@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from tailguard.router.errors import BackendRejected
-from tailguard.sim import PROFILES
+from tailguard.sim import PROFILES, Engine, SimApp
 from tailguard.sim.__main__ import build_parser
 from tailguard.sim.virtual.clock import Timeline
 from tailguard.sim.virtual.engine import SweepEngine
@@ -281,3 +281,15 @@ async def test_the_virtual_fleet_cuts_max_tokens_at_the_context_too(autojump_clo
             await client.open("/v1/chat/completions", {**long, "max_tokens": 5000}, {"x-tailguard-request-id": "r1"}, stream=False)
         nursery.cancel_scope.cancel()
     assert response.sequence.finish_reason == "length" and response.sequence.produced == 4096 - 4007
+
+
+async def test_error_messages_are_scrubbed_of_paths_as_vllm_scrubs_them(autojump_clock: trio.testing.MockClock) -> None:
+    """vLLM's sanitize_message: a model served from a path is named ``<path>`` in the 404."""
+    async with trio.open_nursery() as nursery:
+        engine = Engine(FAST)
+        await nursery.start(engine.run)
+        app = SimApp(engine, model="/tmp/tiny-llama")
+        body = json.dumps({"model": "nope", "prompt": "hi"}).encode()
+        response = await app.handle("POST", "/v1/completions", {"content-type": "application/json"}, body)
+        nursery.cancel_scope.cancel()
+    assert json.loads(response.body)["error"]["message"] == "The model `nope` does not exist. Valid aliases: <path>"

@@ -21,11 +21,16 @@ reads error bodies meets all three:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 
 _MAX_REPORTED_ERRORS = 10  # vLLM's validation handler reports at most this many
+# vLLM scrubs every error message of file paths before it answers (``sanitize_message``):
+# a path under a system root, or any path that ends in a file name with an extension.
+_SYSTEM_PATH = re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+")
+_FILE_PATH = re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+")
 _MAX_INPUT_CHARS = 200  # and cuts each error's echoed input at this length
 
 
@@ -49,7 +54,15 @@ class ApiError(Exception):
         self.headers = headers
 
     def body(self) -> bytes:
-        return json.dumps({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}).encode()
+        message = scrub_paths(self.message)
+        return json.dumps({"error": {"message": message, "type": self.kind, "param": self.param, "code": self.status}}).encode()
+
+
+def scrub_paths(message: str) -> str:
+    """A message as vLLM answers it: file paths (a model served from ``/models/x``, say) read ``<path>``."""
+    if "/" not in message:
+        return message
+    return _FILE_PATH.sub("<path>", _SYSTEM_PATH.sub("<path>", message)).strip()
 
 
 # ``create_error_response``'s types by status, for vLLM's own errors.
