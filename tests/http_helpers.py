@@ -26,8 +26,12 @@ class Backends:
 
 
 @asynccontextmanager
-async def engines_on_sockets(specs: list[EngineParams | Handler]) -> AsyncIterator[Backends]:
-    """Engines (or raw handlers) on free loopback ports, in order."""
+async def engines_on_sockets(specs: list[EngineParams | Handler], *, prompt_tokens_details: bool = False) -> AsyncIterator[Backends]:
+    """Engines (or raw handlers) on free loopback ports, in order.
+
+    ``prompt_tokens_details``: the engines run as vLLM with
+    ``--enable-prompt-tokens-details`` (their usage says what was cached).
+    """
     urls: list[str] = []
     engines: list[Engine | None] = []
     async with trio.open_nursery() as nursery:
@@ -35,7 +39,7 @@ async def engines_on_sockets(specs: list[EngineParams | Handler]) -> AsyncIterat
             if isinstance(spec, EngineParams):
                 engine = Engine(spec)
                 await nursery.start(engine.run)
-                handler: Handler = SimApp(engine, model=MODEL).handle
+                handler: Handler = SimApp(engine, model=MODEL, enable_prompt_tokens_details=prompt_tokens_details).handle
                 engines.append(engine)
             else:
                 handler = spec

@@ -15,11 +15,28 @@ MODEL = DEFAULT_MODEL
 
 @asynccontextmanager
 async def in_process_engine(
-    params: EngineParams, *, api_key: str | None = None, retry_after: int = 1, **kwargs: object
+    params: EngineParams,
+    *,
+    api_key: str | None = None,
+    retry_after: int | None = None,
+    prompt_tokens_details: bool = False,
+    request_id_headers: bool = False,
+    **kwargs: object,
 ) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
-    """An engine behind an httpx client with no sockets (works under MockClock); ``kwargs`` go to the Engine."""
+    """An engine behind an httpx client with no sockets (works under MockClock); ``kwargs`` go to the Engine.
+
+    ``prompt_tokens_details`` and ``request_id_headers`` are vLLM's
+    ``--enable-prompt-tokens-details`` and ``--enable-request-id-headers``.
+    """
     engine = Engine(params, **kwargs)  # type: ignore[arg-type]
-    app = SimApp(engine, model=MODEL, api_key=api_key, retry_after=retry_after)
+    app = SimApp(
+        engine,
+        model=MODEL,
+        api_key=api_key,
+        retry_after=retry_after,
+        enable_prompt_tokens_details=prompt_tokens_details,
+        enable_request_id_headers=request_id_headers,
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
         async with httpx.AsyncClient(transport=SimTransport(app), base_url="http://sim") as client:

@@ -33,7 +33,7 @@ async def test_equal_prefixes_log_equal_groups_and_different_ones_differ(caplog:
         "hint-a": {"messages": [{"role": "user", "content": "Hello there."}], "prompt_cache_key": "tenant-7"},
         "hint-b": {"messages": [{"role": "user", "content": "Something else."}], "prompt_cache_key": "tenant-7"},
     }
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
+    async with engines_on_sockets([QUICK, QUICK], prompt_tokens_details=True) as backends:
         config = two_pool_config(interactive_urls=backends.urls[:1], batch_urls=backends.urls[1:])
         async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
             with caplog.at_level(logging.INFO, logger="tailguard.access"):

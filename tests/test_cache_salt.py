@@ -38,7 +38,7 @@ async def cached(client: httpx.AsyncClient, key: str, **extra: Any) -> int:
 
 @pytest.mark.parametrize("salt", ["caller", "none"])
 async def test_callers_share_cached_prefixes_only_without_a_salt(salt: CacheSaltMode) -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends, tailguard(config_for(backends.urls, salt)) as running:
+    async with engines_on_sockets([QUICK, QUICK], prompt_tokens_details=True) as backends, tailguard(config_for(backends.urls, salt)) as running:
         async with httpx.AsyncClient(base_url=running.http_url) as client:
             assert await cached(client, ALICE) == 0  # cold
             assert await cached(client, ALICE) > 0  # her own prefix, cached

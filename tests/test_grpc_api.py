@@ -538,5 +538,8 @@ def test_a_number_out_of_a_fields_range_is_invalid_argument_naming_the_field(stu
 
 
 def test_a_large_double_in_extra_goes_on_as_a_float_as_over_http(stub: pb_grpc.CompletionsStub) -> None:
-    """1e300 is a double like any other: only doubles that are integers exactly go to the engine as integers."""
-    assert stub.Chat(_with_extra(temperature=1e300, min_tokens=2.0)).usage.completion_tokens == 4
+    """1e300 is a double like any other: only doubles that are integers exactly go to the engine as integers.
+
+    (repetition_penalty: vLLM takes any finite positive one; a temperature of 1e300 it refuses, over [0, 2].)
+    """
+    assert stub.Chat(_with_extra(repetition_penalty=1e300, min_tokens=2.0)).usage.completion_tokens == 4

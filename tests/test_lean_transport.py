@@ -416,7 +416,7 @@ async def test_a_memory_connection_the_engine_closed_while_idle_is_replaced_once
 
 async def test_a_paused_body_sleeps_on_a_memory_stream(autojump_clock: trio.testing.MockClock) -> None:
     async with in_memory_engine() as transport:
-        response = await transport.post("/v1/chat/completions", json.dumps({**BODY, "stream": True}).encode(), {})
+        response = await transport.post("/v1/chat/completions", json.dumps({**BODY, "stream": True}).encode(), {"content-type": "application/json"})
         assert isinstance(response.stream, ResponseBody)
         started = trio.current_time()
         await response.stream.pause(0.25)

@@ -200,7 +200,7 @@ async def test_backend_4xx_passes_through(autojump_clock: trio.testing.MockClock
     small = {INTERACTIVE_URL: PROFILES["latency"], BATCH_URL: PROFILES["throughput"].replace(max_model_len=4096, kv_cache_tokens=100_000)}
     async with router_over_engines(two_pool_config(), params=small) as fleet:
         with pytest.raises(errors.BackendRejected) as rejected:
-            await run_to_end(fleet.router, chat("word " * 3000, max_tokens=1000))
+            await run_to_end(fleet.router, chat("word " * 4000, max_tokens=1000))
         assert rejected.value.status == 400 and "maximum context length is 4096" in rejected.value.message
         assert fleet.router.statistics().in_flight == 0
 

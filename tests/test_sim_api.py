@@ -31,9 +31,16 @@ async def test_chat_stream_and_plain_agree(autojump_clock: trio.testing.MockCloc
         )
     assert plain["object"] == "chat.completion"
     assert plain["choices"][0]["finish_reason"] == "length"
-    # prefix caching is on (vLLM's default) but a 10-token prompt has no full block to hit:
-    # no prompt_tokens_details, as vLLM leaves it out when nothing was cached
-    assert plain["usage"] == {"prompt_tokens": 3 + 4 + 3, "completion_tokens": 12, "total_tokens": 22}
+    # without --enable-prompt-tokens-details vLLM 0.32 sends the details as null (and nothing in a stream's usage)
+    assert plain["usage"] == {
+        "prompt_tokens": 3 + 4 + 3,
+        "completion_tokens": 12,
+        "total_tokens": 22,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+    fingerprint = plain["system_fingerprint"]
+    assert fingerprint.startswith("vllm-0.32.0-")
     assert streamed.headers["content-type"] == "text/event-stream"
     events = sse_events(streamed.text)
     assert events[-1] == "[DONE]"
@@ -43,8 +50,11 @@ async def test_chat_stream_and_plain_agree(autojump_clock: trio.testing.MockCloc
     assert content == plain["choices"][0]["message"]["content"]
     assert len(content.split()) == 12
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 12, "total_tokens": 22}
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    # vLLM 0.32 puts the fingerprint on the usage event when one follows, else on each choice's last event
+    assert chunks[-1]["system_fingerprint"] == fingerprint
+    assert all("system_fingerprint" not in c for c in chunks[:-1])
 
 
 async def test_completion_prompt_forms_and_token_rule(autojump_clock: trio.testing.MockClock) -> None:
@@ -63,19 +73,23 @@ async def test_completion_prompt_forms_and_token_rule(autojump_clock: trio.testi
 @pytest.mark.parametrize(
     ("body", "status", "needle"),
     [
-        (b"{not json", 400, "not valid JSON"),
-        (b"\xff\xfe\x00", 400, "not valid JSON"),
-        (b"[1, 2]", 400, "JSON object"),
-        (json.dumps({"messages": []}).encode(), 400, "non-empty"),
-        (json.dumps({"prompt": "x"}).encode(), 400, "messages"),
+        (b"{not json", 400, "'type': 'json_invalid', 'loc': 'body.1', 'msg': 'JSON decode error'"),
+        (b"\xff\xfe\x00", 400, "JSON decode error"),
+        (b"[1, 2]", 400, "Input should be a valid dictionary or object to extract fields from"),
+        (json.dumps({"messages": []}).encode(), 400, "Cannot apply chat template to an empty conversation"),
+        (json.dumps({"prompt": "x"}).encode(), 400, "'type': 'missing', 'loc': 'body.messages'"),
         (json.dumps({"messages": [{"content": "x"}]}).encode(), 400, "role"),
         (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), 400, "content"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}).encode(), 400, "integer"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}).encode(), 400, "unable to parse string as an integer"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(), 400, "at least 1"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}).encode(), 400, "integer"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), 400, "boolean"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3.5}).encode(), 400, "got a number with a fractional part"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "x"}).encode(), 400, "Input should be a valid boolean"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 0}).encode(), 400, "n must be at least 1"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}).encode(), 400, "maximum context length is 4096"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}).encode(),
+            400,
+            "max_tokens=5000 cannot be greater than max_model_len=4096",
+        ),
         (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).encode(), 404, "does not exist"),
     ],
 )
@@ -83,7 +97,7 @@ async def test_bad_requests_get_vllm_style_errors(
     autojump_clock: trio.testing.MockClock, body: bytes, status: int, needle: str
 ) -> None:
     async with in_process_engine(FAST) as (engine, client):
-        response = await client.post("/v1/chat/completions", content=body)
+        response = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
         assert engine.statistics().waiting == 0 and engine.statistics().running == 0
     assert response.status_code == status
     error = response.json()["error"]
@@ -99,6 +113,27 @@ async def test_routes_models_health_and_methods(autojump_clock: trio.testing.Moc
         assert (await client.get("/nowhere")).status_code == 404
 
 
+async def test_routing_errors_are_fastapis_and_the_model_card_vllms(autojump_clock: trio.testing.MockClock) -> None:
+    """Starlette's bare 404 and 405 (with Allow), and vLLM 0.32's model card, fields and all."""
+    async with in_process_engine(FAST) as (_, client):
+        missing = await client.get("/v1/nowhere")
+        wrong = await client.get("/v1/completions")
+        post_health = await client.post("/health")
+        post_models = await client.post("/v1/models")
+        card = (await client.get("/v1/models")).json()["data"][0]
+        version = (await client.get("/version")).json()
+        metrics_by_post = await client.post("/metrics")
+    assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+    assert (wrong.status_code, wrong.json(), wrong.headers["allow"]) == (405, {"detail": "Method Not Allowed"}, "POST")
+    assert (post_health.status_code, post_health.headers["allow"]) == (405, "GET")
+    assert (post_models.status_code, post_models.headers["allow"]) == (405, "GET")
+    assert set(card) == {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"}
+    assert (card["owned_by"], card["root"], card["parent"]) == ("vllm", MODEL, None)
+    assert card["permission"][0]["object"] == "model_permission" and card["permission"][0]["allow_sampling"] is True
+    assert version == {"version": "0.32.0"}
+    assert metrics_by_post.status_code == 200  # a mounted app: any method
+
+
 async def test_metrics_use_vllm_names_and_move(autojump_clock: trio.testing.MockClock) -> None:
     params = FAST.replace(max_num_seqs=1)
     async with in_process_engine(params) as (engine, client):
@@ -110,9 +145,9 @@ async def test_metrics_use_vllm_names_and_move(autojump_clock: trio.testing.Mock
                 nursery.start_soon(complete)
             await trio.sleep(0.05)
             busy = (await client.get("/metrics")).text
-            assert 'vllm:num_requests_running{model_name="sim-llama-3.1-8b"} 1.0' in busy
-            assert 'vllm:num_requests_waiting{model_name="sim-llama-3.1-8b"} 2.0' in busy
-            assert float(_metric(busy, "vllm:gpu_cache_usage_perc")) > 0
+            assert 'vllm:num_requests_running{engine="0",model_name="sim-llama-3.1-8b"} 1.0' in busy
+            assert 'vllm:num_requests_waiting{engine="0",model_name="sim-llama-3.1-8b"} 2.0' in busy
+            assert float(_metric(busy, "vllm:kv_cache_usage_perc")) > 0
         done = (await client.get("/metrics")).text
         assert engine.statistics().finished_total == 3
     assert _metric(done, "vllm:time_to_first_token_seconds_count") == "3.0"
@@ -188,7 +223,7 @@ async def test_openai_sdk_over_a_real_socket() -> None:
             )
             pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
             assert "".join(pieces) == reply.choices[0].message.content
-            with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            with pytest.raises(openai.BadRequestError, match="cannot be greater than max_model_len"):
                 await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10_000)  # type: ignore[arg-type]
 
             def sync_calls() -> tuple[str, list[str]]:
@@ -278,11 +313,11 @@ async def test_an_api_key_set_through_the_engine_spec_guards_the_socket() -> Non
 # -- vLLM's --max-num-queued-reqs --------------------------------------------
 
 
-async def test_a_full_queue_is_a_503_with_retry_after_at_once(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_full_queue_is_vllms_503_at_once_without_retry_after(autojump_clock: trio.testing.MockClock) -> None:
     # vLLM counts requests in flight, waiting and running alike: one seat,
     # a cap of 2, so the third request is refused while two are in.
     params = FAST.replace(max_num_seqs=1, max_num_queued_reqs=2)
-    async with in_process_engine(params, retry_after=3) as (engine, client):
+    async with in_process_engine(params) as (engine, client):
 
         async def long() -> None:
             assert (await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 200})).status_code == 200
@@ -299,13 +334,23 @@ async def test_a_full_queue_is_a_503_with_retry_after_at_once(autojump_clock: tr
                 ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}),
             ):
                 refused = await client.post(path, json=body)
-                assert refused.status_code == 503 and refused.headers["retry-after"] == "3"
+                assert refused.status_code == 503 and "retry-after" not in refused.headers
                 assert refused.headers["content-type"] == "application/json"
-                error = refused.json()["error"]
-                assert error["type"] == "ServiceUnavailableError" and error["code"] == 503 and error["param"] is None
-                assert "max-num-queued-reqs is 2" in error["message"]
+                assert refused.json() == {
+                    "error": {
+                        "message": "The engine is currently busy and cannot accept new requests. "
+                        "Please try again later or on a different instance.",
+                        "type": "Service Unavailable",
+                        "param": None,
+                        "code": 503,
+                    }
+                }
+            # the queue check comes before the renderer's: an over-long prompt is refused 503, not 400
+            assert (await client.post("/v1/completions", json={"prompt": list(range(5000))})).status_code == 503
             assert trio.current_time() == before  # answered at once, not after a wait
             assert engine.statistics().prompt_tokens_total == 2 * 1  # the refused never entered the engine
+            rejected = (await client.get("/metrics")).text
+            assert 'vllm:admission_rejections_total{model_name="sim-llama-3.1-8b",reason="max_num_queued_reqs"} 4.0' in rejected
         # Both finished: the queue has room again.
         assert (await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})).status_code == 200
 
@@ -334,7 +379,7 @@ def test_the_queue_cap_is_validated_and_reaches_the_cli(monkeypatch: pytest.Monk
     args = build_parser().parse_args(["--max-num-queued-reqs", "64", "--api-key", "k", "--retry-after", "5"])
     assert (args.max_num_queued_reqs, args.api_key, args.retry_after) == (64, "k", 5)
     plain = build_parser().parse_args([])
-    assert (plain.max_num_queued_reqs, plain.api_key, plain.retry_after) == (None, None, 1)
+    assert (plain.max_num_queued_reqs, plain.api_key, plain.retry_after) == (None, None, None)
     monkeypatch.setenv("VLLM_API_KEY", "from-env")  # as vLLM reads it
     assert build_parser().parse_args([]).api_key == "from-env"
 
@@ -409,7 +454,7 @@ async def test_a_lone_surrogate_is_vllms_400_not_a_dropped_connection(autojump_c
             ("/v1/completions", b'{"prompt": "\\udfff", "max_tokens": 4, "stream": true}'),
             ("/tokenize", b'{"prompt": "x\\udfff"}'),
         ):
-            refused = await client.post(path, content=body)
+            refused = await client.post(path, content=body, headers={"content-type": "application/json"})
             assert refused.status_code == 400, path
             error = refused.json()["error"]
             assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] is None
@@ -423,15 +468,15 @@ async def test_a_lone_surrogate_is_vllms_400_not_a_dropped_connection(autojump_c
     [
         (
             {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
-            "Bad Request",
+            "BadRequestError",
             "stream_options",
-            "Value error, Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
         ),
         (
             {"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {"include_usage": True}},
-            "Bad Request",
+            "BadRequestError",
             "stream_options",
-            "Value error, Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
         ),
         (
             {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
@@ -439,23 +484,45 @@ async def test_a_lone_surrogate_is_vllms_400_not_a_dropped_connection(autojump_c
             "max_tokens",
             "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
         ),
-        (  # text is tokenized only one token past the bound: "at least"
-            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4090},  # 8 prompt tokens
+        (  # text is tokenized only one token past the bound: "at least" (CJK: a token a character)
+            {"messages": [{"role": "user", "content": "你" * 5000}]},
             "BadRequestError",
             "input_tokens",
-            "This model's maximum context length is 4096 tokens. However, you requested 4090 output tokens and your "
-            "prompt contains at least 7 input tokens, for a total of at least 4097 tokens. Please reduce the length "
-            "of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=7)",
+            "This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input "
+            "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
+            "prompt. (parameter=input_tokens, value=4097)",
         ),
-        (  # token ids are counted exactly
-            {"prompt": list(range(100)), "max_tokens": 4000},
+        (  # token ids are counted exactly (and "at least" only when the count is the bound plus one)
+            {"prompt": list(range(5000))},
             "BadRequestError",
             "input_tokens",
-            "This model's maximum context length is 4096 tokens. However, you requested 4000 output tokens and your "
-            "prompt contains 100 input tokens, for a total of 4100 tokens. Please reduce the length of the input "
-            "prompt or the number of requested output tokens. (parameter=input_tokens, value=100)",
+            "This model's maximum context length is 4096 tokens. However, your prompt contains 5000 input tokens, "
+            "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+            "(parameter=input_tokens, value=5000)",
         ),
-        (  # no max_tokens, and the prompt fills the context: nothing is left to generate
+        (  # more characters than the context's tokens could hold: refused before tokenizing
+            {"prompt": "x" * 20_000},
+            "BadRequestError",
+            "input_text",
+            "This model's maximum context length is 4096 tokens. However, your prompt contains 20000 characters (more "
+            "than 16384 characters, which is the upper bound for 4096 input tokens). Please reduce the length of the "
+            "input prompt. (parameter=input_text, value=20000)",
+        ),
+        (
+            {"prompt": "x", "max_tokens": 4097},
+            "BadRequestError",
+            "max_tokens",
+            "max_tokens=4097 cannot be greater than max_model_len=4096. Please request fewer output tokens. "
+            "(parameter=max_tokens, value=4097)",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5000, "max_tokens": 5},
+            "BadRequestError",
+            "max_completion_tokens",
+            "max_completion_tokens=5000 cannot be greater than max_model_len=4096. Please request fewer output tokens. "
+            "(parameter=max_completion_tokens, value=5000)",
+        ),
+        (  # the prompt fills the context: nothing is left to generate
             {"prompt": list(range(4096))},
             "BadRequestError",
             "max_tokens",
@@ -465,7 +532,7 @@ async def test_a_lone_surrogate_is_vllms_400_not_a_dropped_connection(autojump_c
             {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]},
             "NotFoundError",
             "model",
-            "The model `gpt-9` does not exist.",
+            "The model `gpt-9` does not exist. Valid aliases: sim-llama-3.1-8b.",
         ),
     ],
 )

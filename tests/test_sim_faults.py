@@ -256,7 +256,7 @@ async def test_tokenizer_panic_drops_the_connection_on_a_lone_surrogate() -> Non
                 await f.client.post(path, content=body, headers={"content-type": "application/json"})
         # Text the tokenizer takes (a valid surrogate pair is one character) is served; the engine serves on.
         paired = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 4}'
-        assert (await f.client.post("/v1/chat/completions", content=paired)).status_code == 200
+        assert (await f.client.post("/v1/chat/completions", content=paired, headers={"content-type": "application/json"})).status_code == 200
         assert f.engine.statistics().finished_total == 1
         await set_fault(f, mode="tokenizer_panic", trigger="any")  # now every completion panics
         with pytest.raises(httpx.RemoteProtocolError):
@@ -264,7 +264,7 @@ async def test_tokenizer_panic_drops_the_connection_on_a_lone_surrogate() -> Non
         assert (await f.client.get("/health")).status_code == 200  # only completions are tokenized
         await set_fault(f, mode="none")  # healthy again: the same text is vLLM's 400, not a drop
         for path, body in SURROGATE_BODIES:
-            assert (await f.client.post(path, content=body)).status_code == 400
+            assert (await f.client.post(path, content=body, headers={"content-type": "application/json"})).status_code == 400
     with pytest.raises(FaultError, match="trigger"):
         Fault.parse("tokenizer_panic:trigger=sometimes")
     assert Fault.parse("tokenizer_panic").to_json() == {"mode": "tokenizer_panic", "trigger": "surrogate"}

@@ -131,19 +131,20 @@ async def test_engine_evicts_under_a_small_cache(autojump_clock: trio.testing.Mo
 
 async def test_metrics_and_usage_report_the_cache(autojump_clock: trio.testing.MockClock) -> None:
     request = {"model": MODEL, "prompt": "y" * 400, "max_tokens": 3}
-    async with in_process_engine(CACHED) as (engine, client):
+    async with in_process_engine(CACHED, prompt_tokens_details=True) as (engine, client):
         first = (await client.post("/v1/completions", json=request)).json()
         second = (await client.post("/v1/completions", json=request)).json()
         streamed = await client.post("/v1/completions", json={**request, "stream": True, "stream_options": {"include_usage": True}})
         text = (await client.get("/metrics")).text
-    assert "prompt_tokens_details" not in first["usage"]  # vLLM sends it only for a hit
-    assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
+    # vLLM 0.32 with --enable-prompt-tokens-details: always, a miss's 0 included; a completion has no created_cache_tokens
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
+    assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": 96, "created_cache_tokens": None, "multimodal_tokens": None}
     usage_events = [line for line in streamed.text.splitlines() if '"usage"' in line]
-    assert '"prompt_tokens_details":{"cached_tokens":96}' in usage_events[-1]
+    assert '"prompt_tokens_details":{"cached_tokens":96}' in usage_events[-1]  # a stream's usage leaves the nulls out
     stats = engine.statistics()
     assert stats.prefix_cache_queries == 3 * 100 and stats.prefix_cache_hits == 2 * 96
-    assert 'vllm:prefix_cache_queries_total{model_name="sim-llama-3.1-8b"} 300.0' in text
-    assert 'vllm:prefix_cache_hits_total{model_name="sim-llama-3.1-8b"} 192.0' in text
+    assert 'vllm:prefix_cache_queries_total{engine="0",model_name="sim-llama-3.1-8b"} 300.0' in text
+    assert 'vllm:prefix_cache_hits_total{engine="0",model_name="sim-llama-3.1-8b"} 192.0' in text
     assert "vllm:kv_cache_usage_perc" in text
 
 
@@ -188,7 +189,7 @@ def test_the_cache_is_on_by_default_in_every_profile() -> None:
 
 async def test_chat_usage_reports_cached_tokens_plain_and_streamed(autojump_clock: trio.testing.MockClock) -> None:
     request = {"model": MODEL, "messages": [{"role": "user", "content": "z" * 800}], "max_tokens": 2}
-    async with in_process_engine(CACHED) as (_, client):
+    async with in_process_engine(CACHED, prompt_tokens_details=True) as (_, client):
         first = (await client.post("/v1/chat/completions", json=request)).json()
         plain = (await client.post("/v1/chat/completions", json=request)).json()
         streamed = await client.post(
@@ -196,10 +197,22 @@ async def test_chat_usage_reports_cached_tokens_plain_and_streamed(autojump_cloc
         )
     # 200 + 4 + 3 = 207 tokens: 12 full blocks
     assert first["usage"]["prompt_tokens"] == 207
-    assert "prompt_tokens_details" not in first["usage"]
-    assert plain["usage"]["prompt_tokens_details"] == {"cached_tokens": 12 * BLOCK_SIZE}
+    # a chat also says which full blocks it cached anew (created_cache_tokens)
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": 12 * BLOCK_SIZE, "multimodal_tokens": None}
+    assert plain["usage"]["prompt_tokens_details"] == {"cached_tokens": 12 * BLOCK_SIZE, "created_cache_tokens": 0, "multimodal_tokens": None}
     usage = [json.loads(line[len("data: ") :]) for line in streamed.text.splitlines() if '"usage"' in line]
-    assert usage[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 12 * BLOCK_SIZE}
+    assert usage[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 12 * BLOCK_SIZE, "created_cache_tokens": 0}
+
+
+async def test_prompt_tokens_details_need_vllms_flag(autojump_clock: trio.testing.MockClock) -> None:
+    """Without --enable-prompt-tokens-details vLLM 0.32 sends the details as null, hit or not, and none in a stream."""
+    request = {"model": MODEL, "prompt": "y" * 400, "max_tokens": 3}
+    async with in_process_engine(CACHED) as (_, client):
+        await client.post("/v1/completions", json=request)
+        hit = (await client.post("/v1/completions", json=request)).json()
+        streamed = await client.post("/v1/completions", json={**request, "stream": True, "stream_options": {"include_usage": True}})
+    assert hit["usage"]["prompt_tokens_details"] is None
+    assert "prompt_tokens_details" not in streamed.text
 
 
 def _gauge(text: str, name: str) -> float:

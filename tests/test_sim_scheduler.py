@@ -1,9 +1,12 @@
-"""Two points of vLLM V1's scheduler, in both simulated engines: KV per scheduled chunk, and no admission after a preemption.
+"""Three points of vLLM V1's scheduler, in both simulated engines: KV per scheduled chunk, the full-sequence admission gate, and no admission after a preemption.
 
 vLLM's ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py) calls
 ``kv_cache_manager.allocate_slots(request, num_new_tokens)`` for the tokens
-each request runs in this step, never for a whole prompt ahead; and its
-waiting loop runs only ``if not preempted_reqs``. ``tailguard.sim.Engine``
+each request runs in this step, never for a whole prompt ahead; a waiting
+request is admitted only if the free blocks hold its whole sequence so far
+(``full_sequence_must_fit=scheduler_reserve_full_isl``, True by default in
+0.32; ``--no-scheduler-reserve-full-isl`` checks the first chunk only); and
+its waiting loop runs only ``if not preempted_reqs``. ``tailguard.sim.Engine``
 and the sweep's ``SweepEngine`` must both do so (and agree).
 """
 
@@ -34,6 +37,7 @@ TIGHT = EngineParams(
     prefill_tokens_per_ms=0.0,
     prefix_caching=False,  # about KV accounting, not hits
 )
+FIRST_CHUNK_GATE = TIGHT.replace(scheduler_reserve_full_isl=False)  # the gate before vLLM 0.32's default
 
 
 class _Stats(Protocol):
@@ -54,26 +58,33 @@ def _sample(stats: _Stats) -> Sample:
     return stats.preemptions, stats.running, stats.waiting, stats.kv_used_tokens
 
 
-async def _run(kind: str, clock: trio.testing.MockClock, shapes: Sequence[tuple[int, int]], steps: int) -> list[Sample]:
-    """Submit ``shapes`` (prompt, max_tokens) at once and sample the engine mid-step for ``steps`` steps."""
+async def _run(
+    kind: str, clock: trio.testing.MockClock, shapes: Sequence[tuple[int, int]], steps: int, params: EngineParams = FIRST_CHUNK_GATE
+) -> list[Sample]:
+    """Submit ``shapes`` (prompt, max_tokens) at once and sample the engine mid-step for ``steps`` steps.
+
+    ``steps=0``: run until every sequence ends, and sample once after.
+    """
     samples: list[Sample] = []
     async with trio.open_nursery() as nursery:
         start = trio.current_time()
         if kind == "sim":
-            engine = Engine(TIGHT)
+            engine = Engine(params)
             await nursery.start(engine.run)
-            for n, (prompt, out) in enumerate(shapes):
-                engine.submit(prompt, out, prompt_key=f"p{n}", ignore_eos=True)
+            ends = [engine.submit(prompt, out, prompt_key=f"p{n}", ignore_eos=True) for n, (prompt, out) in enumerate(shapes)]
             stats = engine.statistics
         else:
             timeline = Timeline(clock)
             await nursery.start(timeline.run)
-            sweep = SweepEngine(TIGHT, timeline)
-            for n, (prompt, out) in enumerate(shapes):
-                sweep.submit(prompt, out, rank=n)
+            sweep = SweepEngine(params, timeline)
+            ends = [sweep.submit(prompt, out, rank=n) for n, (prompt, out) in enumerate(shapes)]  # type: ignore[misc]
             stats = sweep.statistics  # type: ignore[assignment]
         for step in range(steps):
             await trio.sleep_until(start + (step + 0.5) * STEP_S)
+            samples.append(_sample(stats()))
+        if not steps:
+            for sequence in ends:
+                await sequence.wait_finished()
             samples.append(_sample(stats()))
         nursery.cancel_scope.cancel()
     return samples
@@ -106,6 +117,40 @@ async def test_a_step_that_preempted_admits_nobody(kind: str, autojump_clock: tr
     _, running, waiting, kv = samples[preempted]
     assert (running, waiting) == (1, 1) and kv + 1 + 99 <= TIGHT.kv_cache_tokens  # it would fit
     assert samples[preempted + 1][1:3] == (2, 0)  # and is admitted by the next step
+
+
+@pytest.mark.parametrize("kind", ["sim", "sweep"])
+async def test_the_full_sequence_gate_keeps_a_prompt_waiting_that_the_cache_cannot_finish(
+    kind: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """vLLM 0.32's default: the 2,000-token prompt waits (its whole prompt does not fit beside the 1,501) instead of being admitted and preempted."""
+    samples = await _run(kind, autojump_clock, [(1500, 1000), (2000, 10)], 40, TIGHT)
+    assert TIGHT.scheduler_reserve_full_isl  # on by default, as in vLLM 0.32
+    assert all(s[0] == 0 for s in samples)
+    assert samples[15][1:4] == (1, 1, 1501)  # decoding alone, the long prompt waiting
+
+
+LONG = EngineParams(
+    max_num_seqs=8,
+    max_num_batched_tokens=2048,
+    max_model_len=32768,
+    kv_cache_tokens=40_000,
+    base_ms=10.0,
+    per_seq_ms=0.0,
+    per_context_token_ms=0.0,
+    prefill_tokens_per_ms=0.0,
+    prefix_caching=False,
+)
+LONG_PROMPTS = [(tokens, 64) for tokens in (30_000, 8_000, 20_000, 12_000, 25_000, 9_000, 16_000, 28_000)]
+
+
+@pytest.mark.parametrize("kind", ["sim", "sweep"])
+async def test_long_prompts_on_a_small_cache_are_not_preempted_in_a_loop(kind: str, autojump_clock: trio.testing.MockClock) -> None:
+    """Prompts of 8-30k tokens on a 40,000-token cache: the first-chunk gate admits them chunk by chunk into each other's way."""
+    full = await _run(kind, autojump_clock, LONG_PROMPTS, 0, LONG)
+    first_chunk = await _run(kind, autojump_clock, LONG_PROMPTS, 0, LONG.replace(scheduler_reserve_full_isl=False))
+    assert full[-1][0] == 0
+    assert first_chunk[-1][0] >= 20
 
 
 async def test_the_sweep_engine_wakes_a_first_token_waiter_at_the_first_token(autojump_clock: trio.testing.MockClock) -> None:

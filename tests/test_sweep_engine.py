@@ -21,10 +21,16 @@ def test_sweep_engine_matches_the_simulator(profile: str, rate: float, seconds: 
         assert agreement.preemptions_reference > 0
 
 
-@pytest.mark.parametrize("kv_cache_tokens", [None, 120_000])
-def test_sweep_engine_matches_the_simulator_on_shared_prefixes(kv_cache_tokens: int | None) -> None:
-    """Shared documents (and another cache_salt for a share of them): the same hits, evictions and timestamps."""
-    agreement = engine_agreement("throughput", 50.0, 30.0, documents=4, kv_cache_tokens=kv_cache_tokens)
+@pytest.mark.parametrize(
+    ("kv_cache_tokens", "full_isl"),
+    # a shared document's blocks count once: it takes a 60,000-token cache (not 120,000) to preempt
+    [(None, True), (60_000, True), (60_000, False)],
+)
+def test_sweep_engine_matches_the_simulator_on_shared_prefixes(kv_cache_tokens: int | None, full_isl: bool) -> None:
+    """Shared documents (and another cache_salt for a share of them): the same hits, evictions and timestamps, under either admission gate."""
+    agreement = engine_agreement(
+        "throughput", 50.0, 30.0, documents=4, kv_cache_tokens=kv_cache_tokens, scheduler_reserve_full_isl=full_isl
+    )
     assert agreement.prefix_hits_reference > 100_000  # the documents are cached and hit
     assert agreement.agrees, agreement
     if kv_cache_tokens is not None:  # a cache too small for the batch: preempted, re-hit, evicted

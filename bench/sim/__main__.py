@@ -38,10 +38,16 @@ _PARAM_HELP = {
     "eos_probability": "chance per token that a sequence stops early (seeded; 0 = always run to max_tokens)",
     "scheduling_policy": "vLLM --scheduling-policy: fcfs (vLLM's default), or priority: the queue by the request's "
     "priority field (lower first), the lowest priority preempted when the KV cache runs short",
-    "max_num_queued_reqs": "vLLM --max-num-queued-reqs: with this many requests in flight (waiting + running), "
-    "a new one is answered 503 with Retry-After at once (default: unbounded)",
+    "max_num_queued_reqs": "vLLM --max-num-queued-reqs: a request that would put more than this many in flight "
+    "(waiting + running; n choices count n) is answered 503 at once (default: unbounded)",
+    "max_num_queued_tokens": "vLLM --max-num-queued-tokens: once the prompt tokens of requests without their first "
+    "token reach this, a new request is answered 503 at once (default: unbounded)",
     "prefix_caching": "vLLM's automatic prefix caching, on in every profile as in vLLM V1: true or false "
     "(cached 16-token prompt blocks are not prefilled again)",
+    "scheduler_reserve_full_isl": "vLLM --scheduler-reserve-full-isl, true by default as in vLLM 0.32: admit a waiting "
+    "request only when free KV holds its whole prompt (plus its output so far after a preemption), less cached "
+    "blocks running requests hold; false: KV for its first prefill chunk only (the older gate, which preempts "
+    "long prompts in a loop on a small cache)",
 }
 _PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scheduling_policy": SCHEDULING_POLICIES}
 
@@ -54,7 +60,12 @@ def _parse_bool(text: str) -> bool:
 
 
 # Fields whose default names no usable type: None, or a bool.
-_PARAM_TYPES: dict[str, Callable[[str], object]] = {"max_num_queued_reqs": int, "prefix_caching": _parse_bool}
+_PARAM_TYPES: dict[str, Callable[[str], object]] = {
+    "max_num_queued_reqs": int,
+    "max_num_queued_tokens": int,
+    "prefix_caching": _parse_bool,
+    "scheduler_reserve_full_isl": _parse_bool,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,8 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--retry-after",
         type=int,
-        default=1,
-        help="Retry-After seconds of the 503 a full queue (--max-num-queued-reqs) answers (default %(default)s)",
+        default=None,
+        help="add a Retry-After of this many seconds to the 503 a full queue (--max-num-queued-reqs) answers: "
+        "the simulator's extra, vLLM sends none (default: none)",
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="vLLM's flag: usage carries prompt_tokens_details (cached_tokens, 0 included) in every answer",
+    )
+    parser.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="vLLM's flag: answers carry X-Request-Id (the caller's, else a new one); without it the caller's id "
+        "only names the completion (cmpl-ID)",
     )
     parser.add_argument(
         "--keep-alive-timeout",
@@ -151,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for field in dataclasses.fields(EngineParams)
         if getattr(args, field.name) is not None
     }
-    if args.retry_after < 0:
+    if args.retry_after is not None and args.retry_after < 0:
         parser.error(f"--retry-after must not be negative, got {args.retry_after}")
     if args.keep_alive_timeout < 0:
         parser.error(f"--keep-alive-timeout must not be negative, got {args.keep_alive_timeout}")
@@ -171,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 api_key=args.api_key,
                 retry_after=args.retry_after,
                 keep_alive_timeout=args.keep_alive_timeout,
+                enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                enable_request_id_headers=args.enable_request_id_headers,
             )
             for port, profile in pairs
         ]

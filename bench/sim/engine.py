@@ -6,9 +6,11 @@ The engine is a plain object with one task (``run``) that loops over steps:
    every decoding sequence gets one token; then sequences still prefilling get
    chunks from what is left of ``max_num_batched_tokens``; then, unless the
    step preempted, waiting sequences are admitted in the queue's order while a
-   seat (``max_num_seqs``), step budget and KV cache for their cached prefix
-   plus their first chunk are free. The head of the queue blocks the rest, as
-   in vLLM.
+   seat (``max_num_seqs``), step budget and KV cache for their whole sequence
+   so far are free (vLLM 0.32's ``--scheduler-reserve-full-isl``, on by
+   default; ``EngineParams.scheduler_reserve_full_isl = False``: for their
+   first chunk only), less cached blocks a running sequence holds. The head
+   of the queue blocks the rest, as in vLLM.
 2. Sleep the step's duration (``EngineParams.step_ms`` x ``time_scale``).
 3. Every sequence whose prefill is complete emits one token; sequences that
    reach ``max_tokens``, the context limit or a (seeded) EOS finish.
@@ -21,8 +23,10 @@ sequence's tokens do not fit, the newest running sequence is preempted
 head of the queue to recompute its prompt plus what it has generated (vLLM's
 recompute mode); if the victim was the sequence itself, the running loop
 ends. A step that preempted admits nobody (vLLM's waiting loop runs only ``if
-not preempted_reqs``, in both policies). So under cache pressure the engine
-admits more than whole-prompt reservation would, and preempts more.
+not preempted_reqs``, in both policies). Admission checks the whole sequence
+(prompt, plus output after a preemption) against the free KV but allocates
+only the first chunk, as vLLM 0.32 does; with the gate off the engine admits
+more than that and preempts long prompts chunk after chunk.
 
 With ``EngineParams.scheduling_policy = "priority"`` (vLLM's
 ``--scheduling-policy priority``) the engine follows vLLM V1's
@@ -44,6 +48,10 @@ on by default; ``bench/sim/prefix_cache.py``, shared with the sweep's
 engine) a prompt's full 16-token blocks stay cached after its sequence ends,
 and a new sequence whose leading blocks are cached starts its prefill after
 them (``Sequence.cached_tokens``); a preempted one re-hits its own blocks.
+A cached block is stored once: sequences that share a prefix share its
+blocks, counted once in the KV in use (``kv_used_tokens``: every running
+sequence's private tokens plus the distinct cached blocks they hold), as
+vLLM's block pool ref-counts one physical block.
 
 Time is read only through ``trio.current_time()``, so under
 ``trio.testing.MockClock(autojump_threshold=0)`` an hour of traffic runs in
@@ -71,16 +79,21 @@ class EngineRequestError(ValueError):
 
 
 class EngineQueueFull(Exception):
-    """The engine holds ``max_num_queued_reqs`` requests already (vLLM answers 503 at once).
+    """The engine's admission check refuses the request (vLLM answers 503 at once).
 
-    Not an ``EngineRequestError``: the request is fine, the engine is busy, and
-    another engine (or this one, later) would take it.
+    ``reason`` is vLLM's: "max_num_queued_reqs" (that many requests in
+    flight already) or "max_num_queued_tokens" (that many prompt tokens of
+    requests not yet past their prefill). Not an ``EngineRequestError``: the
+    request is fine, the engine is busy, and another engine (or this one,
+    later) would take it.
     """
 
-    def __init__(self, in_flight: int, limit: int) -> None:
-        super().__init__(f"{in_flight} requests in flight, the limit is {limit}")
+    def __init__(self, in_flight: int, limit: int, reason: str = "max_num_queued_reqs") -> None:
+        unit = "requests in flight" if reason == "max_num_queued_reqs" else "prompt tokens waiting for their first token"
+        super().__init__(f"{in_flight} {unit}, the limit is {limit}")
         self.in_flight = in_flight
         self.limit = limit
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -89,7 +102,7 @@ class EngineStatistics:
 
     running: int
     waiting: int
-    kv_used_tokens: int
+    kv_used_tokens: int  # distinct KV in use: a block shared by several sequences counts once
     kv_capacity_tokens: int
     steps: int
     preemptions: int
@@ -105,7 +118,7 @@ class EngineStatistics:
 
     @property
     def kv_usage(self) -> float:
-        """Fraction of the KV cache in use (vLLM's gpu_cache_usage_perc, 0..1)."""
+        """Fraction of the KV cache in use (vLLM's kv_cache_usage_perc, 0..1): distinct blocks, a shared one once."""
         return self.kv_used_tokens / self.kv_capacity_tokens
 
 
@@ -123,7 +136,9 @@ class Sequence:
         "min_tokens",
         "ignore_eos",
         "arrival",
+        "scheduled_at",
         "first_token_at",
+        "last_token_at",
         "finished_at",
         "finish_reason",
         "token_ids",
@@ -159,7 +174,9 @@ class Sequence:
         self.min_tokens = min_tokens
         self.ignore_eos = ignore_eos
         self.arrival = arrival
+        self.scheduled_at: float | None = None  # first admitted to the running batch (vLLM's first SCHEDULED event)
         self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
         self.finished_at: float | None = None
         self.finish_reason: str | None = None
         self.token_ids: list[int] = []
@@ -196,6 +213,9 @@ class Sequence:
 
 
 FinishHook = Callable[[Sequence], None]
+# Once per step that emitted tokens: the sequences whose first token it was, and
+# the other tokens' gaps since their sequence's previous token (Trio seconds -> tokens).
+TokenHook = Callable[[list[Sequence], dict[float, int]], None]
 
 
 class Engine:
@@ -226,12 +246,16 @@ class Engine:
         self.seed = seed
         self.name = name
         self._finish_hooks: list[FinishHook] = []
+        self._token_hooks: list[TokenHook] = []
+        self._prefill_queued_tokens = 0  # prompt tokens of sequences not yet past their first token (vLLM's queued tokens)
         self._priority_policy = params.scheduling_policy == "priority"
         self._waiting: deque[Sequence] = deque()  # fcfs
         # priority: (priority, arrival order, sequence), vLLM's Request.__lt__ order
         self._queue: list[tuple[int, int, Sequence]] = []
         self._waiting_count = 0
         self._running: list[Sequence] = []
+        # Tokens the running sequences hold, a cached block shared by several
+        # counted once (private tokens + PrefixCache.held_blocks whole blocks).
         self._kv_used = 0
         self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
         self._work = trio.lowlevel.ParkingLot()
@@ -251,6 +275,32 @@ class Engine:
     def add_finish_hook(self, hook: FinishHook) -> None:
         """Call ``hook(sequence)`` whenever a sequence ends (metrics use this)."""
         self._finish_hooks.append(hook)
+
+    def add_token_hook(self, hook: TokenHook) -> None:
+        """Call ``hook(firsts, gaps)`` after every step that emitted tokens (TokenHook); metrics use it for TTFT and ITL.
+
+        Once a step, not once a token: a step's decodes share one gap, so the
+        per-token cost is a dict increment.
+        """
+        self._token_hooks.append(hook)
+
+    def check_admission(self, n: int = 1) -> None:
+        """vLLM's ``AsyncLLM.check_admission``: raise EngineQueueFull if ``n`` more sequences would pass a queue limit.
+
+        ``max_num_queued_reqs`` counts requests in flight, waiting and running
+        alike, a request of ``n`` choices as ``n``; ``max_num_queued_tokens``
+        counts the prompt tokens of requests that have not had their first
+        token yet (a hit or a chunk already prefilled not subtracted, as vLLM
+        counts them), and refuses once they reach the limit.
+        """
+        params = self.params
+        queue_cap = params.max_num_queued_reqs
+        in_flight = len(self._running) + self._waiting_count
+        if queue_cap is not None and in_flight + n > queue_cap:
+            raise EngineQueueFull(in_flight, queue_cap)
+        token_cap = params.max_num_queued_tokens
+        if token_cap is not None and self._prefill_queued_tokens >= token_cap:
+            raise EngineQueueFull(self._prefill_queued_tokens, token_cap, "max_num_queued_tokens")
 
     def submit(
         self,
@@ -275,16 +325,14 @@ class Engine:
         under fcfs, as vLLM V1 ignores it. Raises EngineRequestError when
         prompt plus max_tokens exceed ``max_model_len`` (vLLM's 400), or a
         count is out of range; EngineQueueFull when ``max_num_queued_reqs``
-        requests are in flight already (vLLM's 503). ``cache_salt`` (vLLM's
-        request field) keys the prompt's blocks apart from other salts'.
+        requests are in flight already, or ``max_num_queued_tokens`` prompt
+        tokens wait for their first token (vLLM's 503; checked for the first
+        choice only: a request of ``n`` choices is admitted once, by
+        ``check_admission(n)``). ``cache_salt`` (vLLM's request field) keys
+        the prompt's blocks apart from other salts'.
         """
-        queue_cap = self.params.max_num_queued_reqs
-        in_flight = len(self._running) + self._waiting_count
-        # vLLM's admission check (AsyncLLM.add_request, --max-num-queued-reqs)
-        # counts requests in flight, waiting and running alike, and refuses
-        # before the request is validated further or queued.
-        if queue_cap is not None and in_flight >= queue_cap:
-            raise EngineQueueFull(in_flight, queue_cap)
+        if not choice:
+            self.check_admission()
         limit = self.params.max_model_len
         if prompt_tokens < 1:
             raise EngineRequestError("the prompt must contain at least one token")
@@ -321,6 +369,7 @@ class Engine:
             self._waiting.append(sequence)
         self._waiting_count += 1
         self._prompt_tokens_total += prompt_tokens
+        self._prefill_queued_tokens += prompt_tokens
         self._work.unpark_all()
         return sequence
 
@@ -395,7 +444,7 @@ class Engine:
         the sequence itself was the victim, which ends the running loop. The
         waiting loop runs only ``if not preempted_reqs``, under both
         policies, and admits the queue's head while a seat, the step budget
-        and KV for its cached prefix plus its first chunk are free.
+        and KV for the rest of its sequence are free (``_admission_cost``).
         """
         params = self.params
         budget = params.max_num_batched_tokens
@@ -436,14 +485,16 @@ class Engine:
             head = self._waiting_head()
             if head is None:
                 break
-            hit = 0
+            hit = hit_cost = 0
             if self._cache is not None:
                 self._cache.make_room(self._kv_used)
                 hit = self._cache.lookup(head._block_keys, head._prefill_target)
+                hit_cost = self._cache.unheld(head._block_keys[: hit // self._cache.block_size]) * self._cache.block_size
             chunk = min(head._prefill_target - hit, budget)
-            if self._kv_used + hit + chunk > params.kv_cache_tokens:
+            needed = head._prefill_target - hit if params.scheduler_reserve_full_isl else chunk
+            if self._kv_used + hit_cost + needed > params.kv_cache_tokens:
                 break
-            self._admit(head, hit, chunk)
+            self._admit(head, hit, hit_cost, chunk)
             budget -= chunk
             plan[head] = chunk
 
@@ -492,12 +543,14 @@ class Engine:
         self._steps += 1
         now = trio.current_time()
         params = self.params
+        firsts: list[Sequence] = []
+        gaps: dict[float, int] = {}
         for sequence, tokens in plan:
             if sequence.finished:  # aborted during the step
                 continue
             sequence._computed += tokens
             if self._cache is not None:  # its prompt blocks computed in full are cached now
-                sequence._blocks_held = self._cache.extend(sequence._block_keys, sequence._blocks_held, sequence._computed)
+                self._cache_computed(sequence)
             if sequence._computed < sequence._prefill_target:
                 continue
             sequence.token_ids.append(sequence._rng.randrange(VOCABULARY_SIZE))
@@ -505,6 +558,12 @@ class Engine:
             produced = len(sequence.token_ids)
             if sequence.first_token_at is None:
                 sequence.first_token_at = now
+                self._prefill_queued_tokens -= sequence.prompt_tokens
+                firsts.append(sequence)
+            else:
+                gap = now - sequence.last_token_at  # type: ignore[operator]  # set with the first token
+                gaps[gap] = gaps.get(gap, 0) + 1
+            sequence.last_token_at = now
             if produced >= sequence.max_tokens or sequence.prompt_tokens + produced >= params.max_model_len:
                 self._finish(sequence, "length")
             elif (
@@ -516,6 +575,9 @@ class Engine:
                 self._finish(sequence, "stop")
             else:
                 sequence._wake()
+        if self._token_hooks and (firsts or gaps):
+            for hook in self._token_hooks:
+                hook(firsts, gaps)
 
     def _finish(self, sequence: Sequence, reason: str) -> None:
         self._running.remove(sequence)
@@ -524,6 +586,8 @@ class Engine:
         self._end(sequence, reason)
 
     def _end(self, sequence: Sequence, reason: str) -> None:
+        if sequence.first_token_at is None:  # it never reached its first token: no longer queued
+            self._prefill_queued_tokens -= sequence.prompt_tokens
         sequence.finish_reason = reason
         sequence.finished_at = trio.current_time()
         sequence._wake()
@@ -532,24 +596,42 @@ class Engine:
         if reason == "abort":
             self._work.unpark_all()
 
-    def _release_kv(self, sequence: Sequence) -> None:
-        self._kv_used -= sequence._kv_held
-        sequence._kv_held = 0
-        if self._cache is not None:  # its blocks stay cached, free, most recently used
-            self._cache.release(sequence._block_keys[: sequence._blocks_held])
-            sequence._blocks_held = 0
+    def _cache_computed(self, sequence: Sequence) -> None:
+        """Pin the prompt blocks a step completed; one that another sequence holds is shared from now on."""
+        assert self._cache is not None
+        held, entered = self._cache.extend(sequence._block_keys, sequence._blocks_held, sequence._computed)
+        if held > sequence._blocks_held:
+            # its new blocks leave its private tokens; those nobody held enter the shared ones
+            self._kv_used += (entered - (held - sequence._blocks_held)) * self._cache.block_size
+            sequence._blocks_held = held
 
-    def _admit(self, head: Sequence, hit: int, chunk: int) -> None:
-        """Seat the queue's head with KV for its ``hit`` cached tokens and its first ``chunk``."""
+    def _release_kv(self, sequence: Sequence) -> None:
+        if self._cache is not None:  # its blocks stay cached, free, most recently used
+            block = self._cache.block_size
+            self._kv_used -= sequence._kv_held - sequence._blocks_held * block  # its private tokens
+            self._kv_used -= self._cache.release(sequence._block_keys[: sequence._blocks_held]) * block
+            sequence._blocks_held = 0
+        else:
+            self._kv_used -= sequence._kv_held
+        sequence._kv_held = 0
+
+    def _admit(self, head: Sequence, hit: int, hit_cost: int, chunk: int) -> None:
+        """Seat the queue's head with its ``hit`` cached tokens and KV for its first ``chunk``.
+
+        ``hit_cost``: the tokens of its hit blocks that no running sequence
+        held, which now count in the KV in use.
+        """
         if self._priority_policy:
             heapq.heappop(self._queue)
         else:
             self._waiting.popleft()
         self._waiting_count -= 1
         self._running.append(head)
+        if head.scheduled_at is None:
+            head.scheduled_at = trio.current_time()
         head._computed = hit
         head._kv_held = hit + chunk
-        self._kv_used += hit + chunk
+        self._kv_used += hit_cost + chunk
         if self._cache is not None:
             head._blocks_held = self._cache.admit(head._block_keys, hit, head.prompt_tokens, preempted=bool(head.preemptions))
             if not head.preemptions:

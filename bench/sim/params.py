@@ -68,6 +68,10 @@ class EngineParams:
     # vLLM's --max-num-queued-reqs: requests in flight (waiting + running) past
     # which a new one is refused at once with 503; None = unbounded, vLLM's default.
     max_num_queued_reqs: int | None = None
+    # vLLM's --max-num-queued-tokens: once the prompt tokens of requests that have
+    # not had their first token reach this, a new request is refused with 503;
+    # None = unbounded, vLLM's default.
+    max_num_queued_tokens: int | None = None
     # vLLM V1's automatic prefix caching (--enable-prefix-caching, on by default
     # in vLLM): full 16-token prompt blocks stay cached in the KV cache
     # (kv_cache_tokens // 16 blocks) until evicted, least recently freed first.
@@ -78,6 +82,16 @@ class EngineParams:
     # costs the simulator ~nothing at 2k tokens); both engines model it
     # (bench/sim/prefix_cache.py). ``--prefix-caching false`` turns it off.
     prefix_caching: bool = True
+    # vLLM's --scheduler-reserve-full-isl (SchedulerConfig.scheduler_reserve_full_isl,
+    # True by default in 0.32): a waiting request is admitted only if the KV
+    # cache's free blocks hold its whole sequence so far -- the prompt, plus
+    # the output already generated when it resumes after a preemption; not
+    # max_tokens -- less its cached blocks that a running request holds
+    # (allocate_slots(full_sequence_must_fit=True)). Only its first chunk is
+    # allocated. False (--no-scheduler-reserve-full-isl) is the older gate:
+    # KV for the first chunk only, which admits a long prompt that the cache
+    # cannot finish, and preempts it chunk after chunk.
+    scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
@@ -94,8 +108,10 @@ class EngineParams:
             raise ValueError(
                 f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}"
             )
-        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
-            raise ValueError(f"max_num_queued_reqs must be at least 1 (or None), got {self.max_num_queued_reqs}")
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or None), got {value}")
         if self.kv_cache_tokens < self.max_model_len:
             raise ValueError("kv_cache_tokens must hold at least one max_model_len sequence")
 

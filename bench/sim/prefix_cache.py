@@ -10,18 +10,28 @@ cached, and the least recently freed goes first when room is needed (a
 sequence's blocks are freed tail first, as vLLM does, so its tail goes
 before its head).
 
-Capacity is shared with the engine's token accounting: the engine counts the
-tokens its running sequences hold (a prefix shared by two running sequences
-is counted twice, a simplification) and asks ``make_room`` to evict freed
-blocks until held tokens plus cached free blocks fit. Blocks are cached when
-the step that computes them in full ends (vLLM caches them when it allocates
-them, one step sooner: a same-step twin hits here one step later).
+A block is stored once however many sequences hold it, as vLLM's block pool
+keeps one physical block with a reference count: ``held_blocks`` counts the
+distinct blocks running sequences pin, and the engine's KV in use is its
+sequences' private tokens (those past their cached blocks) plus
+``held_blocks`` whole blocks. So a prefix shared by 32 running sequences
+costs its blocks once, and a waiting sequence's admission pays only for hit
+blocks nobody holds (``unheld``: a free cached block leaves the free queue
+when it is touched, as vLLM's ``get_num_blocks_to_allocate`` counts
+"evictable" hits). The engine asks ``make_room`` to evict freed blocks until
+the KV in use plus cached free blocks fit. Blocks are cached when the step
+that computes them in full ends (vLLM caches them when it allocates them,
+one step sooner: a same-step twin hits here one step later, and until then
+holds its own copy; when it completes a block another sequence holds, the
+two share it from then on).
 
 Both engines (``tailguard.sim.Engine`` and the sweep's aggregate
 ``SweepEngine``) run one admission through this module, so they hit alike:
-``lookup`` (how many tokens a waiting sequence may skip), ``admit`` (pin them
-and count the lookup as vLLM's ``PrefixCacheStats`` does, preempted
-sequences' apart), ``extend`` (pin the blocks a step completed), ``release``.
+``lookup`` (how many tokens a waiting sequence may skip), ``unheld`` (what
+pinning them costs), ``admit`` (pin them and count the lookup as vLLM's
+``PrefixCacheStats`` does, preempted sequences' apart), ``extend`` (pin the
+blocks a step completed), ``release``; each says how many blocks entered or
+left ``held_blocks`` so the engine can keep its KV in use.
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ class PrefixCache:
         self.capacity_blocks = capacity_tokens // block_size
         self._refs: dict[bytes, int] = {}  # every cached block: its holders (0 = free, in _free)
         self._free: OrderedDict[bytes, None] = OrderedDict()  # least recently freed first
+        self.held_blocks = 0  # distinct blocks with holders: in the KV in use once each
         self.evictions = 0
         self.queries = 0  # prompt tokens looked up at first admission (vllm:prefix_cache_queries)
         self.hits = 0  # of them, found cached (vllm:prefix_cache_hits)
@@ -94,8 +105,22 @@ class PrefixCache:
         """
         return self.match(keys, target_tokens - 1) * self.block_size
 
+    def unheld(self, keys: Sequence[bytes]) -> int:
+        """How many of these cached blocks no sequence holds: what pinning them adds to the KV in use.
+
+        A hit on a block another running sequence holds costs nothing; a hit
+        on a free cached block takes it off the free queue, a block of the
+        capacity like any new one (vLLM counts it among the blocks to allocate).
+        """
+        refs = self._refs
+        return sum(1 for key in keys if not refs[key])
+
     def admit(self, keys: Sequence[bytes], hit_tokens: int, prompt_tokens: int, *, preempted: bool) -> int:
-        """Pin the ``hit_tokens`` a sequence now admitted skips and count its lookup; returns the blocks it holds."""
+        """Pin the ``hit_tokens`` a sequence now admitted skips and count its lookup; returns the blocks it holds.
+
+        The blocks that enter ``held_blocks`` are the ``unheld`` ones the
+        caller asked about before admitting.
+        """
         blocks = hit_tokens // self.block_size
         self.hold(keys[:blocks])
         if preempted:
@@ -105,32 +130,49 @@ class PrefixCache:
             self.hits += hit_tokens
         return blocks
 
-    def extend(self, keys: Sequence[bytes], held_blocks: int, computed_tokens: int) -> int:
-        """Pin the prompt blocks a sequence has now computed in full; returns the blocks it holds."""
+    def extend(self, keys: Sequence[bytes], held_blocks: int, computed_tokens: int) -> tuple[int, int]:
+        """Pin the prompt blocks a sequence has now computed in full.
+
+        Returns the blocks it holds and how many of the new ones entered
+        ``held_blocks`` (fewer than it pinned when a twin holds some already:
+        from now on they share one copy).
+        """
         full = min(computed_tokens // self.block_size, len(keys))
         if full > held_blocks:
-            self.hold(keys[held_blocks:full])
-            return full
-        return held_blocks
+            return full, self.hold(keys[held_blocks:full])
+        return held_blocks, 0
 
-    def hold(self, keys: Sequence[bytes]) -> None:
-        """A sequence holds these blocks (cached now if they were not): pin them."""
+    def hold(self, keys: Sequence[bytes]) -> int:
+        """A sequence holds these blocks (cached now if they were not): pin them; returns how many nobody held."""
+        entered = 0
+        refs_of, free = self._refs, self._free
         for key in keys:
-            refs = self._refs.get(key, 0)
+            refs = refs_of.get(key, 0)
             if refs == 0:
-                self._free.pop(key, None)
-            self._refs[key] = refs + 1
+                free.pop(key, None)
+                entered += 1
+            refs_of[key] = refs + 1
+        self.held_blocks += entered
+        return entered
 
-    def release(self, keys: Sequence[bytes]) -> None:
-        """A sequence lets go of these blocks; the last holder's go to the free queue, tail first."""
+    def release(self, keys: Sequence[bytes]) -> int:
+        """A sequence lets go of these blocks; the last holder's go to the free queue, tail first.
+
+        Returns how many left ``held_blocks`` (those it was the last to hold).
+        """
+        left = 0
+        refs_of, free = self._refs, self._free
         for key in reversed(keys):
-            refs = self._refs[key] - 1
-            self._refs[key] = refs
+            refs = refs_of[key] - 1
+            refs_of[key] = refs
             if refs == 0:
-                self._free[key] = None
+                free[key] = None
+                left += 1
+        self.held_blocks -= left
+        return left
 
     def make_room(self, held_tokens: int) -> None:
-        """Evict free blocks, least recently freed first, until they fit beside ``held_tokens``."""
+        """Evict free blocks, least recently freed first, until they fit beside ``held_tokens`` (the KV in use)."""
         room = self.capacity_blocks - -(-held_tokens // self.block_size)
         while self._free and len(self._free) > room:
             key, _ = self._free.popitem(last=False)

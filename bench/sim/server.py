@@ -29,7 +29,9 @@ class EngineSpec:
     name: str = "engine"
     fault: Fault = Fault()  # the fault mode at start (none)
     api_key: str | None = None  # vLLM's --api-key: /v1/* needs "Authorization: Bearer <key>"
-    retry_after: int = 1  # Retry-After (seconds) of the 503 a full queue answers
+    retry_after: int | None = None  # a Retry-After (seconds) on the 503 of a full queue: the simulator's extra (vLLM sends none)
+    enable_prompt_tokens_details: bool = False  # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details
+    enable_request_id_headers: bool = False  # vLLM's --enable-request-id-headers: X-Request-Id on responses
     keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT  # idle keep-alive connections close after this (uvicorn's 5 s)
 
 
@@ -60,7 +62,14 @@ async def serve_engine(
     when not given); ``/_sim/faults`` on the engine's port changes it too.
     """
     engine = Engine(spec.params, time_scale=spec.time_scale, seed=spec.seed, name=spec.name)
-    app = SimApp(engine, model=spec.model, api_key=spec.api_key, retry_after=spec.retry_after)
+    app = SimApp(
+        engine,
+        model=spec.model,
+        api_key=spec.api_key,
+        retry_after=spec.retry_after,
+        enable_prompt_tokens_details=spec.enable_prompt_tokens_details,
+        enable_request_id_headers=spec.enable_request_id_headers,
+    )
     if switch is None:
         switch = FaultSwitch(spec.fault, seed=spec.seed)
     handler = FaultInjector(app, switch).handle

@@ -198,13 +198,16 @@ def engine_agreement(
     documents: int = 0,
     prefix_caching: bool = True,
     kv_cache_tokens: int | None = None,
+    scheduler_reserve_full_isl: bool = True,
 ) -> EngineAgreement:
     """Submit the same seeded traffic to both engines for ``seconds``; compare every timestamp.
 
     ``documents`` > 0 sends shared-prefix traffic (``submissions``);
-    ``kv_cache_tokens`` shrinks the profile's cache, so blocks are evicted.
+    ``kv_cache_tokens`` shrinks the profile's cache, so blocks are evicted;
+    ``scheduler_reserve_full_isl=False`` admits on the first chunk's KV (the
+    gate before vLLM 0.32's default).
     """
-    params = PROFILES[profile].replace(prefix_caching=prefix_caching)
+    params = PROFILES[profile].replace(prefix_caching=prefix_caching, scheduler_reserve_full_isl=scheduler_reserve_full_isl)
     if kv_cache_tokens is not None:
         params = params.replace(kv_cache_tokens=kv_cache_tokens)
     plan = submissions(rate, seconds, hang_up_share, seed, documents=documents)

@@ -7,10 +7,11 @@ of each request, its first token and its end, so this engine runs the same
 schedule -- vLLM V1 with chunked prefill, decodes first, then prefill chunks,
 KV allocated per scheduled chunk, then (unless the step preempted)
 first-come-first-served admission while a seat, the step budget and KV for
-the cached prefix and first chunk are free; recompute preemption of the
-newest sequence when a decode or a chunk finds the cache full; the same
-prefix cache (``tailguard.sim.prefix_cache``, fed the prompt's block keys) --
-with three economies:
+the rest of the sequence (vLLM 0.32's ``--scheduler-reserve-full-isl``; with
+it off, for the first chunk) are free; recompute preemption of the newest
+sequence when a decode or a chunk finds the cache full; the same prefix
+cache (``tailguard.sim.prefix_cache``, fed the prompt's block keys), whose
+shared blocks count once in the KV in use -- with three economies:
 
 - A decoding sequence's progress is a linear function of the step number
   since the step that ended its prefill (its *anchor*), so a decode step costs
@@ -227,7 +228,7 @@ class SweepEngine:
         self._decoding = 0  # running sequences past their prefill
         self._context_base = 0  # sum of (computed - anchor - 1) over them
         self._finishes: list[tuple[int, int, SweepSequence]] = []  # (step, order, sequence); stale ones skipped
-        self._kv_used = 0
+        self._kv_used = 0  # private tokens + the cache's held blocks: a shared block counts once
         self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
         self._careful = False  # the step in progress preempted, or its head may fit sooner: take the next one a step at a time
         self._step = 0  # number of the step in progress (or of the last one)
@@ -438,19 +439,21 @@ class SweepEngine:
         return plan
 
     def _admit_waiting(self, plan: _Plan) -> None:
-        """Admit the queue's head while a seat, the budget and KV for its cached prefix and first chunk are free."""
+        """Admit the queue's head while a seat, the budget and KV for the rest of its sequence are free (``Engine._schedule``)."""
         params, cache, waiting = self.params, self._cache, self._waiting
         while waiting and plan.budget >= 1 and len(self._running) < params.max_num_seqs:
             head = waiting[0]
             if head.finish_reason is not None:  # aborted while waiting
                 waiting.popleft()
                 continue
-            hit = 0
+            hit = hit_cost = 0
             if cache is not None:
                 cache.make_room(self._kv_used)
                 hit = cache.lookup(head.block_keys, head.target)
+                hit_cost = cache.unheld(head.block_keys[: hit // cache.block_size]) * cache.block_size
             chunk = min(head.target - hit, plan.budget)
-            if self._kv_used + hit + chunk > params.kv_cache_tokens:
+            needed = head.target - hit if params.scheduler_reserve_full_isl else chunk
+            if self._kv_used + hit_cost + needed > params.kv_cache_tokens:
                 plan.fragile = hit > 0
                 break
             waiting.popleft()
@@ -460,7 +463,7 @@ class SweepEngine:
             self._prefilling.append(head)
             head.computed = hit
             head.kv_held = hit + chunk
-            self._kv_used += hit + chunk
+            self._kv_used += hit_cost + chunk
             if cache is not None:
                 head.blocks_held = cache.admit(head.block_keys, hit, head.prompt_tokens, preempted=bool(head.preemptions))
                 if not head.preemptions:
@@ -541,7 +544,10 @@ class SweepEngine:
                 continue
             sequence.computed += tokens
             if self._cache is not None:  # its prompt blocks computed in full are cached now
-                sequence.blocks_held = self._cache.extend(sequence.block_keys, sequence.blocks_held, sequence.computed)
+                held, entered = self._cache.extend(sequence.block_keys, sequence.blocks_held, sequence.computed)
+                if held > sequence.blocks_held:  # as Engine._cache_computed: shared blocks count once
+                    self._kv_used += (entered - (held - sequence.blocks_held)) * self._cache.block_size
+                    sequence.blocks_held = held
             if sequence.computed < sequence.target:
                 continue
             sequence.produced += 1
@@ -575,11 +581,14 @@ class SweepEngine:
         sequence.produced += emitted
 
     def _release_kv(self, sequence: SweepSequence) -> None:
-        self._kv_used -= sequence.kv_held
-        sequence.kv_held = 0
         if self._cache is not None:  # its blocks stay cached, free, most recently used
-            self._cache.release(sequence.block_keys[: sequence.blocks_held])
+            block = self._cache.block_size
+            self._kv_used -= sequence.kv_held - sequence.blocks_held * block  # its private tokens
+            self._kv_used -= self._cache.release(sequence.block_keys[: sequence.blocks_held]) * block
             sequence.blocks_held = 0
+        else:
+            self._kv_used -= sequence.kv_held
+        sequence.kv_held = 0
 
     def _end(self, sequence: SweepSequence, reason: str, at: float) -> None:
         sequence.finish_reason = reason

@@ -291,12 +291,21 @@ class EngineClient:
         self.heard = 0  # what a health probe reads (none runs once the engines are plugged)
 
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> EngineResponse:
-        """Submit the body's prompt; raises BackendRejected (400) when the engine refuses it."""
+        """Submit the body's prompt; raises BackendRejected (400) when the engine refuses it.
+
+        As vLLM 0.32's server (``tailguard.sim.request.render``): a prompt or
+        a ``max_tokens`` over ``max_model_len`` is refused, and a prompt plus
+        ``max_tokens`` over it is served, cut at the context.
+        """
         try:
             request_id = headers["x-tailguard-request-id"]  # the sweep's own id (x-request-id is the router's, per attempt)
             tokens, keys = prompt_of(body, keys=self._engine.params.prefix_caching)
+            limit = self._engine.params.max_model_len
+            requested = body["max_tokens"]
+            if tokens > limit or requested > limit:
+                raise EngineRequestError(f"{tokens} prompt tokens or max_tokens={requested} over max_model_len={limit}")
             sequence = self._engine.submit(
-                tokens, body["max_tokens"], block_keys=keys, request_id=request_id, rank=arrival_index(request_id)
+                tokens, min(requested, limit - tokens), block_keys=keys, request_id=request_id, rank=arrival_index(request_id)
             )
         except EngineRequestError as error:
             raise BackendRejected(str(error), status=400) from None
