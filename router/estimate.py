@@ -28,7 +28,8 @@ passes over the bytes (``bytes.translate``), never a loop per character:
 - ``words``: ASCII letters and whitespace of text with word breaks (prose,
   code): what every tokenizer merges best;
 - ``dense``: ASCII digits anywhere (tokenizers split numbers into digits or
-  short groups), and the letters of text that does not read as words: more
+  short groups), and the letters of text (judged 1 KiB at a time) that does
+  not read as words: more
   than ``_RUN`` letters per space or symbol (hex, base64, keys), or fewer
   than a vowel in ``_VOWEL_SHARE`` letters (random strings: a fifth are
   vowels; English, code and JSON a third or more);
@@ -81,6 +82,10 @@ _RUN = 16
 # letters' (``python -m bench estimate``'s texts). Judged from _VOWEL_MIN letters on.
 _VOWEL_SHARE = 4
 _VOWEL_MIN = 32
+# Bytes judged words or not at a time: a pasted key, hash or base64 image of a
+# few hundred characters in a long message is still dense; the Python work per
+# chunk (~1 µs) stays small beside the C passes over its bytes.
+_CHUNK = 1024
 
 # Parameters vLLM turns into prompt tokens (tools and documents are rendered
 # by the chat template, a template is text itself) or that cost like them
@@ -150,13 +155,19 @@ def size_prompt(request: RouterRequest, estimate: EstimateConfig) -> PromptSize:
     for key, value in request.params.items():
         if key in _PROMPT_PARAMS and value is not None:
             tally.value(value)
+    tally.flush()
     return PromptSize(max(1, tally.tokens), tuple(tally.parts), tally.exact, tally.measurable)
 
 
 class _Tally:
-    """The running sums of one request's estimate: the rounded total and the parts by kind."""
+    """The running sums of one request's estimate: the rounded total and the parts by kind.
 
-    __slots__ = ("cjk_per", "exact", "measurable", "parts", "per", "tokens")
+    Texts shorter than ``_CHUNK`` wait in ``_pending`` and are judged together
+    once ``_CHUNK`` bytes have gathered (``flush``): the C passes cost a call
+    each, and a chat of many short messages would pay them per message.
+    """
+
+    __slots__ = ("_pending", "_pending_size", "cjk_per", "exact", "measurable", "parts", "per", "tokens")
 
     def __init__(self, estimate: EstimateConfig) -> None:
         self.per = estimate.chars_per_token
@@ -165,24 +176,43 @@ class _Tally:
         self.parts = [0.0] * len(KINDS)
         self.exact = 0
         self.measurable = True
+        self._pending: list[bytes] = []
+        self._pending_size = 0
 
     def text(self, text: str) -> None:
-        """One text: rounded up on its own into the total, its bytes counted by kind (a C pass per count)."""
-        per, parts = self.per, self.parts
+        """One text: rounded up on its own into the total; its bytes judged by kind ``_CHUNK`` at a time."""
+        per = self.per
         if text.isascii():
             data = text.encode("ascii")
-            size = len(data)
-            other = 0
-            self.tokens += math.ceil(size / per)
+            self.tokens += math.ceil(len(data) / per)
         else:
             rest = _CJK.sub("", text)
             cjk = len(text) - len(rest)
             data = rest.encode("utf-8", "surrogatepass")
-            size = len(data)
-            other = size - len(data.translate(None, _NON_ASCII))
-            parts[OTHER] += other / per
-            parts[CJK] += cjk / self.cjk_per
-            self.tokens += math.ceil(cjk / self.cjk_per + size / per)
+            self.parts[CJK] += cjk / self.cjk_per
+            self.tokens += math.ceil(cjk / self.cjk_per + len(data) / per)
+        if len(data) < _CHUNK:
+            self._pending.append(data)
+            self._pending_size += len(data)
+            if self._pending_size >= _CHUNK:
+                self.flush()
+            return
+        self.flush()
+        for start in range(0, len(data), _CHUNK):  # a blob inside prose (a key, a base64 image, a hex dump) is judged apart
+            self._chunk(data[start : start + _CHUNK])
+
+    def flush(self) -> None:
+        """Judge the short texts gathered so far, as one chunk."""
+        if self._pending:
+            self._chunk(b"".join(self._pending))
+            self._pending.clear()
+            self._pending_size = 0
+
+    def _chunk(self, data: bytes) -> None:
+        """Bytes of text (a multi-byte character cut in two is still two non-ASCII bytes): a C pass per count."""
+        per, parts = self.per, self.parts
+        size = len(data)
+        other = 0 if data.isascii() else size - len(data.translate(None, _NON_ASCII))
         digits = size - len(data.translate(None, _DIGITS))
         spaces = size - len(data.translate(None, _SPACES))
         symbols = size - len(data.translate(None, _SYMBOLS))
@@ -196,6 +226,7 @@ class _Tally:
             parts[DENSE] += digits / per
             parts[WORDS] += (letters + spaces) / per
         parts[SYMBOLS] += symbols / per
+        parts[OTHER] += other / per
 
     def message(self, message: Mapping[str, object]) -> None:
         """One chat message's own tokens (the per-message overhead is added by the caller)."""
