@@ -223,7 +223,7 @@ class _Tally:
         spaces = size - len(data.translate(None, _SPACES))
         symbols = size - len(data.translate(None, _SYMBOLS))
         letters = size - other - digits - spaces - symbols
-        dense = letters - _WORD * (spaces + symbols + 1)  # beyond the word breaks: hex, base64, a key
+        dense: float = letters - _WORD * (spaces + symbols + 1)  # beyond the word breaks: hex, base64, a key
         if letters >= _VOWEL_MIN:  # too few vowels: random letters
             vowels = size - len(data.translate(None, _VOWELS))
             dense = max(dense, letters * (_WORDS_VOWELS - vowels / letters) / (_WORDS_VOWELS - _RANDOM_VOWELS))
