@@ -32,6 +32,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "cardinality": ("bench.tenants.cardinality", "API keys rotated by reloads: /metrics size and lines, RSS after an idle minute"),
     "budgets": ("bench.budgets.run", "one key's token budget shared by 4 replicas on Redis: any minute, kill -9, Redis stopped"),
     "sim-profile": ("bench.simcheck.profile", "the simulated engine's TTFT and ITL by concurrency, in virtual time"),
+    "estimate": ("bench.estimate.run", "the prompt estimate beside a real tokenizer by kind of text, learnt ratios, what /tokenize per request costs"),
     "half-dead": ("bench.health.run", "a half-dead engine (/health fine, work hung) per health_check, in virtual time: requests that pay the deadline, probes' cost"),
 }
 

@@ -15,23 +15,26 @@ from typing import NamedTuple
 from .auth import Caller
 from .config_types import ClassConfig, Config
 from .errors import Forbidden, InvalidRequest, ModelNotFound
+from .estimate import PromptSize, size_prompt
 from .fair_share import Share
-from .limits import check_context, check_prompt, check_sequences, effective_max_tokens, estimate_prompt_tokens
+from .limits import check_context, check_prompt, check_sequences, effective_max_tokens
 from .policies import rendezvous_order
 from .pool import Pool, Ticket
 from .prefix_key import prefix_group, prefix_key_of
 from .prefix_memory import ConversationMemory, HistoryDigests, Warm, history_digests, uncached_tokens
+from .prompt_ratios import PromptRatios
 from .request import RouterRequest
 from .telemetry import RequestRecord
 
 
 class Admitted(NamedTuple):
-    """Admission's verdict: the class, its pool, the ticket it queues with, and the history to remember once answered."""
+    """Admission's verdict: the class, its pool, the ticket it queues with, and what to learn or remember once answered."""
 
     klass: ClassConfig
     pool: Pool
     ticket: Ticket
     history: HistoryDigests | None  # a chat's digests where some class bounds uncached tokens, else None
+    size: PromptSize  # the raw estimate by kind of text, for the engine's usage to correct (router/prompt_ratios.py)
 
 
 def decide(
@@ -42,14 +45,19 @@ def decide(
     record: RequestRecord,
     arrival: float,
     memory: ConversationMemory | None = None,
+    ratios: PromptRatios | None = None,
 ) -> Admitted:
     """The request's class, its pool and its ticket, or the RequestRejected error that refuses it.
 
-    With ``memory`` and a class whose ``prompt_bound`` is "uncached", a
+    The prompt's size is the raw estimate corrected by ``ratios`` (what the
+    engines' usage taught of its model), and that one number is what the
+    input cap, the class, the context check, the ticket and the token budget
+    use. With ``memory`` and a class whose ``prompt_bound`` is "uncached", a
     chat's history is looked up: that class then bounds the tokens expected
     to need prefill on the conversation's warm home (``expected_uncached``).
     """
-    prompt_tokens = estimate_prompt_tokens(request, config.estimate)
+    size = size_prompt(request, config.estimate)
+    prompt_tokens = size.tokens if ratios is None else ratios.corrected(size, models_for(request, pools), config.estimate)
     record.prompt_tokens = prompt_tokens
     check_prompt(prompt_tokens, config.limits)
     max_tokens, clamped = effective_max_tokens(request.max_tokens, config.limits)
@@ -86,7 +94,14 @@ def decide(
     record.prefix_group = prefix_group(key)
     share = Share(caller.name, caller.weight, prompt_tokens + output_tokens)  # what it may cost: settled at its end
     ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share, sequences)
-    return Admitted(klass, pool, ticket, history)
+    return Admitted(klass, pool, ticket, history, size)
+
+
+def models_for(request: RouterRequest, pools: Mapping[str, Pool]) -> tuple[str, ...]:
+    """The models the request may run on: the one it names, else each pool's first (its class, not yet known, picks the pool)."""
+    if request.model is not None:
+        return (request.model,)
+    return tuple(dict.fromkeys(pool.config.models[0] for pool in pools.values() if pool.config.models))
 
 
 def expected_uncached(request: RouterRequest, prompt_tokens: int, warm: Warm, pools: Mapping[str, Pool], klass: ClassConfig) -> int:

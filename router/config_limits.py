@@ -12,9 +12,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config_types import Config, EstimateConfig, OverCapMode
+from .config_types import Config, OverCapMode
 
-__all__ = ["ClassLimits", "Limits", "PoolLimits", "limits_document", "limits_of"]
+__all__ = ["ClassLimits", "EstimateRule", "Limits", "PoolLimits", "limits_document", "limits_of"]
+
+
+@dataclass(frozen=True)
+class EstimateRule:
+    """How a prompt's size is estimated without a tokenizer, and whether each model's engines correct it."""
+
+    chars_per_token: float
+    cjk_chars_per_token: float
+    per_message_tokens: int
+    learn: bool  # each model's estimate is raised by the real/estimated ratio its engines' usage taught, per kind of text
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,7 @@ class Limits:
     output_cap_tokens: int
     over_cap: OverCapMode
     max_n: int
-    estimate: EstimateConfig
+    estimate: EstimateRule
     end_to_end_timeout: float
     classes: tuple[ClassLimits, ...]
     pools: tuple[PoolLimits, ...]
@@ -65,7 +75,9 @@ def limits_of(config: Config) -> Limits:
         output_cap_tokens=limits.output_cap_tokens,
         over_cap=limits.over_cap,
         max_n=limits.max_n,
-        estimate=config.estimate,
+        estimate=EstimateRule(
+            config.estimate.chars_per_token, config.estimate.cjk_chars_per_token, config.estimate.per_message_tokens, config.estimate.learn
+        ),
         end_to_end_timeout=config.timeouts.end_to_end_timeout,
         classes=tuple(
             ClassLimits(

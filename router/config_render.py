@@ -78,6 +78,10 @@ def _render_request_rules(config: Config) -> list[str]:
         ("chars_per_token", f"{estimate.chars_per_token:g}"),
         ("cjk_chars_per_token", f"{estimate.cjk_chars_per_token:g}"),
         ("per_message_tokens", str(estimate.per_message_tokens)),
+        ("learn", (
+            f"on: each model's real/estimated ratio per kind of text, learn_quantile {estimate.learn_quantile:g} of the last "
+            f"learn_window {estimate.learn_window}, from learn_after {estimate.learn_after}, in [1, max_ratio {estimate.max_ratio:g}]"
+        ) if estimate.learn else "off: the rule alone"),
     ])
     lines += _section("limits", [
         ("input_cap_tokens", str(limits.input_cap_tokens)),

@@ -37,6 +37,8 @@ _LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 _LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+# Ratios kept per model and kind of text (router/prompt_ratios.py): 64 models x 6 kinds x this, at most.
+_MAX_LEARN_WINDOW = 4096
 
 
 def read_server(table: Table) -> ServerConfig:
@@ -180,9 +182,27 @@ def read_estimate(table: Table) -> EstimateConfig:
     chars = table.number("chars_per_token", default.chars_per_token, minimum=0.0)
     cjk = table.number("cjk_chars_per_token", default.cjk_chars_per_token, minimum=0.0)
     per_message = table.integer("per_message_tokens", default.per_message_tokens, minimum=0)
+    learn = table.boolean("learn", default.learn)
+    window = table.integer("learn_window", default.learn_window, minimum=1)
+    quantile = table.number("learn_quantile", default.learn_quantile, minimum=0.0)
+    after = table.integer("learn_after", default.learn_after, minimum=1)
+    most = table.number("max_ratio", default.max_ratio, minimum=1.0, inclusive=True)
+    if table.ok("learn_quantile") and quantile > 1.0:
+        table.problem("learn_quantile", f"must be a number > 0 and <= 1 (0.95: all but 1 in 20 recent prompts), got {quantile:g}")
+    if table.ok("learn_window", "learn_after") and after > window:
+        table.problem("learn_after", f"must be at most learn_window ({window}), got {after}: a kind would never apply")
+    if table.ok("learn_window") and window > _MAX_LEARN_WINDOW:
+        table.problem("learn_window", f"must be at most {_MAX_LEARN_WINDOW} (ratios kept per model and kind), got {window}")
     table.finish()
     return EstimateConfig(
-        chars_per_token=chars, cjk_chars_per_token=cjk, per_message_tokens=per_message
+        chars_per_token=chars,
+        cjk_chars_per_token=cjk,
+        per_message_tokens=per_message,
+        learn=learn,
+        learn_window=window,
+        learn_quantile=quantile,
+        learn_after=after,
+        max_ratio=most,
     )
 
 

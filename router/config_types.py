@@ -90,6 +90,12 @@ class EstimateConfig:
     chars_per_token: float = 4.0  # non-CJK UTF-8 bytes per token (for ASCII, characters)
     cjk_chars_per_token: float = 1.0  # CJK characters per token
     per_message_tokens: int = 4  # chat template overhead per message
+    # Learn each model's real/estimated ratio per kind of text from the engines' usage (router/prompt_ratios.py).
+    learn: bool = True
+    learn_window: int = 128  # the last this many ratios of a model and kind
+    learn_quantile: float = 0.95  # the ratio applied: this quantile of the window
+    learn_after: int = 8  # observations of a kind before its ratio applies
+    max_ratio: float = 8.0  # the most a learnt ratio multiplies a kind's estimate by
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,14 @@ class Router:
 
     def statistics(self) -> RouterStatistics:
         path = self._path
-        return statistics(self._fleet, self._traffic, path.budgets_left(), budget_callers=path.budget_callers, ledger_keys=path.ledger_keys)
+        return statistics(
+            self._fleet,
+            self._traffic,
+            path.budgets_left(),
+            budget_callers=path.budget_callers,
+            ledger_keys=path.ledger_keys,
+            prompt_ratios=path.prompt_ratios(),
+        )
 
     def room(self) -> int:
         """Requests all pools could hold at once, seated or waiting (``Pool.room``): beyond it a newcomer is refused, or displaces a less urgent waiter."""

@@ -48,6 +48,7 @@ from .outlier import record_success, report_failure
 from .policies import Placement
 from .pool import Lease, Pool, Rerouted
 from .prefix_memory import ConversationMemory
+from .prompt_ratios import KindRatio, PromptRatios
 from .request import RouterRequest, Routing
 from .telemetry import RequestRecord
 from .traffic import Traffic
@@ -149,6 +150,7 @@ class RequestPath:
         self._upstream_ids = IdSource()  # the id each attempt goes to vLLM under (never the caller's)
         self._memory = ConversationMemory()  # where answered chats are warm, for classes that bound uncached tokens
         self._budgets = BudgetGate()  # each key's tokens and requests of the last minute, here or fleet-wide
+        self._ratios = PromptRatios()  # each model's real/estimated prompt tokens by kind of text, from the engines' usage
 
     def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
         """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
@@ -171,7 +173,7 @@ class RequestPath:
         traffic.requests_total += 1
         if traffic.draining:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
-        admitted = decide(request, caller, config, fleet.pools, record, arrival, self._memory)
+        admitted = decide(request, caller, config, fleet.pools, record, arrival, self._memory, self._ratios)
         klass, ticket = admitted.klass, admitted.ticket
         queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
         grant = await self._budgets.reserve(
@@ -185,6 +187,10 @@ class RequestPath:
                 served = record.admitted_at is not None
                 grant.settle((record.input_tokens or ticket.prompt_tokens) + (record.completion_tokens or 0), served=served)
                 record.budget_tokens = grant.tokens
+
+    def prompt_ratios(self) -> tuple[KindRatio, ...]:
+        """What the engines' usage taught of each model's prompts, by kind of text (``PromptRatios.statistics``)."""
+        return self._ratios.statistics(self._fleet.config.estimate)
 
     def budgets_left(self) -> dict[str, RateLimits]:
         """Each caller with a budget that has sent here: what is left of it (``BudgetGate.left``)."""
@@ -247,7 +253,7 @@ class RequestPath:
                 # The access log's queue_ms of a refusal or a queue_timeout: never past the deadline it waited for.
                 record.left_queue_at = min(trio.current_time(), queue_deadline)
                 raise
-            klass, pool, ticket, history = admitted
+            klass, pool, ticket, history, size = admitted
             config = fleet.config
             # When the seat was granted, not when this task ran again: on a busy host the
             # event loop's own delay is no wait for a seat (and no reason to move a GPU).
@@ -279,6 +285,8 @@ class RequestPath:
                         report_failure(serving, lease.endpoint, error)
                         raise
                     record_success(serving, lease.endpoint)
+                    if record.input_tokens is not None:  # the engine's count of this very prompt: the estimate's truth
+                        self._ratios.learn(ticket.model, size, record.input_tokens, fleet.config.estimate)
                     if history is not None:  # its next turn may count only what the warm engine must prefill
                         self._memory.remember(history.whole, lease.endpoint.url, ticket.prompt_tokens)
                 finally:
@@ -316,7 +324,7 @@ class RequestPath:
                     recheck_in=config.timeouts.health_check_interval,
                 )
             except Rerouted:
-                admitted = decide(request, caller, fleet.config, fleet.pools, record, arrival, self._memory)
+                admitted = decide(request, caller, fleet.config, fleet.pools, record, arrival, self._memory, self._ratios)
                 continue
             return admitted, lease
 

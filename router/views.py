@@ -13,6 +13,7 @@ from .config_types import Config
 from .endpoint import Endpoint
 from .fleet import Fleet
 from .pool import PoolStatistics
+from .prompt_ratios import KindRatio
 from .traffic import Traffic
 
 
@@ -63,6 +64,8 @@ class RouterStatistics:
     # Per caller with a budget that has sent here: what is left of it now (fleet-wide under [cluster]).
     budgets_left: dict[str, RateLimits] = field(default_factory=dict)
     kept: KeptPerCaller = KeptPerCaller(0, 0, 0, 0, 0)
+    # Per model and kind of text some answer taught: the factor the prompt estimate is corrected by (router/prompt_ratios.py).
+    prompt_ratios: tuple[KindRatio, ...] = ()
 
     @property
     def in_flight(self) -> int:
@@ -95,7 +98,13 @@ def endpoint_statistics(endpoint: Endpoint, pool: str) -> EndpointStatistics:
 
 
 def statistics(
-    fleet: Fleet, traffic: Traffic, budgets_left: dict[str, RateLimits] | None = None, *, budget_callers: int = 0, ledger_keys: int = 0
+    fleet: Fleet,
+    traffic: Traffic,
+    budgets_left: dict[str, RateLimits] | None = None,
+    *,
+    budget_callers: int = 0,
+    ledger_keys: int = 0,
+    prompt_ratios: tuple[KindRatio, ...] = (),
 ) -> RouterStatistics:
     pools = fleet.pools
     fair = [pool.queue.fair.statistics() for pool in pools.values()]
@@ -118,6 +127,7 @@ def statistics(
         kept=KeptPerCaller(
             len(traffic.caller_in_flight), budget_callers, sum(f.tagged for f in fair), sum(f.served for f in fair), ledger_keys
         ),
+        prompt_ratios=prompt_ratios,
     )
 
 

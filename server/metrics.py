@@ -277,6 +277,7 @@ class _RouterCollector(Collector):
             retries.add_metric((name,), count)
         yield retries
         yield from _sharing(stats)
+        yield from _prompt_ratios(stats)
         clients = _gauge("tailguard_backend_clients", "Open HTTP clients to backends (retired ones still closing included).", ())
         clients.add_metric((), stats.backend_clients)
         yield clients
@@ -366,6 +367,30 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
             if value is not None:
                 family.add_metric(labels, value)
     yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, hit_ratio, queried, hit, ejected, ejections, failures, busy, refused)
+
+
+def _prompt_ratios(stats: RouterStatistics) -> Iterator[Metric]:
+    """What the engines' usage taught of the prompt estimate, per model and kind of text (router/prompt_ratios.py)."""
+    labels = ("model", "kind")
+    ratio = _gauge(
+        "tailguard_prompt_estimate_ratio",
+        "The factor admission multiplies the model's estimate of this kind of text by (learnt real/estimated tokens, in [1, max_ratio]).",
+        labels,
+    )
+    learnt = _gauge(
+        "tailguard_prompt_estimate_learnt_ratio",
+        "The learnt quantile of real/estimated prompt tokens before the clamp (below 1: the rule overcounts this model).",
+        labels,
+    )
+    observations = CounterMetricFamily(
+        "tailguard_prompt_estimate_observations", "Answers whose usage taught the model's ratio for this kind of text.", labels=labels
+    )
+    for row in stats.prompt_ratios:
+        key = (row.model, row.kind)
+        ratio.add_metric(key, row.ratio)
+        learnt.add_metric(key, row.learnt)
+        observations.add_metric(key, row.observations)
+    yield from (ratio, learnt, observations)
 
 
 def _sharing(stats: RouterStatistics) -> Iterator[Metric]:

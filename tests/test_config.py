@@ -718,7 +718,7 @@ def test_limits_document_is_json_and_has_no_endpoint_urls() -> None:
     assert document["over_cap"] == "clamp"
     assert document["end_to_end_timeout"] == 120.0
     assert (document["max_body_bytes"], document["retry_after"], document["auth_required"]) == (4194304, 1.0, False)
-    assert document["estimate"] == {"chars_per_token": 4.0, "cjk_chars_per_token": 1.0, "per_message_tokens": 4}
+    assert document["estimate"] == {"chars_per_token": 4.0, "cjk_chars_per_token": 1.0, "per_message_tokens": 4, "learn": True}
     assert document["classes"] == [
         {"name": "interactive", "max_prompt_tokens": 500, "max_output_tokens": 128,
          "queue_timeout": 3.0, "priority": 0, "pool": "interactive"},

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from tailguard.router.admission import classify
 from tailguard.router.config_types import Config, EstimateConfig, LimitsConfig, ServerConfig
 from tailguard.router.errors import PromptTooLong
-from tailguard.router.limits import check_prompt, estimate_prompt_tokens, estimate_text_tokens
+from tailguard.router.estimate import estimate_prompt_tokens, estimate_text_tokens
+from tailguard.router.limits import check_prompt
 from tailguard.router.request import RouterRequest
 from tailguard.sim.tokens import count_chat_tokens, count_text_tokens
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard

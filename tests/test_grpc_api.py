@@ -94,6 +94,7 @@ def test_limits_match_the_http_document(service: Service, stub: pb_grpc.Completi
     assert limits.output_cap_tokens == document["output_cap_tokens"]
     assert [c.name for c in limits.classes] == [c["name"] for c in document["classes"]]
     assert limits.classes[0].max_output_tokens == 128 and not limits.classes[1].HasField("max_output_tokens")
+    assert limits.estimate.learn is document["estimate"]["learn"] is True  # the estimate grows with what the engines' usage taught
 
 
 @pytest.mark.parametrize(

@@ -306,6 +306,17 @@ def _prompt_size(config: Config, doc: Limits) -> list[str]:
         f"  Japanese, Korean), plus {estimate.per_message_tokens} tokens per chat message and "
         f"{estimate.per_message_tokens} for the reply's turn. Tools,",
         "  tool calls and `response_format` schemas count by their JSON text.",
+        *(
+            [
+                "- Where a model's tokenizer spends more than that on a kind of text (CJK,",
+                "  digits, hex, punctuation, ...), its estimate for that kind grows once the",
+                "  model's answers (`usage.prompt_tokens`) have shown it: never below the rule",
+                "  above, so a prompt near a limit may be refused, or served as a longer class,",
+                "  although the rule alone would have let it through.",
+            ]
+            if estimate.learn
+            else []
+        ),
         "- The prompt plus the effective `max_tokens` must also fit the model's context",
         "  (below); otherwise the answer is the same 400.",
         f"- The HTTP request body may be at most {_bytes(config.server.max_body_bytes)};",

@@ -232,6 +232,7 @@ def limits_message(config: Config) -> pb.Limits:
             chars_per_token=estimate.chars_per_token,
             cjk_chars_per_token=estimate.cjk_chars_per_token,
             per_message_tokens=estimate.per_message_tokens,
+            learn=estimate.learn,
         ),
         end_to_end_timeout_s=limits.end_to_end_timeout,
         classes=[

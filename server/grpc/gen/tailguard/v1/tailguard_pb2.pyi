@@ -118,14 +118,16 @@ class GetLimitsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EstimateRule(_message.Message):
-    __slots__ = ("chars_per_token", "cjk_chars_per_token", "per_message_tokens")
+    __slots__ = ("chars_per_token", "cjk_chars_per_token", "per_message_tokens", "learn")
     CHARS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CJK_CHARS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PER_MESSAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LEARN_FIELD_NUMBER: _ClassVar[int]
     chars_per_token: float
     cjk_chars_per_token: float
     per_message_tokens: int
-    def __init__(self, chars_per_token: _Optional[float] = ..., cjk_chars_per_token: _Optional[float] = ..., per_message_tokens: _Optional[int] = ...) -> None: ...
+    learn: bool
+    def __init__(self, chars_per_token: _Optional[float] = ..., cjk_chars_per_token: _Optional[float] = ..., per_message_tokens: _Optional[int] = ..., learn: _Optional[bool] = ...) -> None: ...
 
 class ClassLimits(_message.Message):
     __slots__ = ("name", "max_prompt_tokens", "max_output_tokens", "queue_timeout_s", "priority", "pool")
