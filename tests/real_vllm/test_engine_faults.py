@@ -6,7 +6,10 @@ and reads what vLLM itself says (its /metrics) beside what callers get.
 
 from __future__ import annotations
 
+import datetime
+import functools
 import json
+import random
 import socket
 import threading
 import time
@@ -34,12 +37,12 @@ def running(engine: RealEngine) -> float:
     return engine.metrics().get("vllm:num_requests_running", 0.0)
 
 
-def wait_for(what: Callable[[], bool], timeout: float, step: float = 0.05) -> float:
-    """Seconds until ``what()`` holds (AssertionError past ``timeout``)."""
+def wait_for(until: Callable[[], bool], timeout: float, step: float = 0.05, what: Callable[[], str] = lambda: "") -> float:
+    """Seconds until ``until()`` holds (AssertionError past ``timeout``, with ``what()`` in its message)."""
     start = time.monotonic()
-    while not what():
+    while not until():
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s")
+            raise AssertionError(f"not within {timeout} s {what()}")
         time.sleep(step)
     return time.monotonic() - start
 
@@ -213,9 +216,9 @@ def test_queue_full_503_moves_to_a_free_sibling(
     the request tailguard places there meets vLLM's queue-full 503 and is moved to the sibling, and served."""
     sibling = engines[0]
     config = pool_config([busy_engine.url, sibling.url], pool_extra='placement = "least_loaded"')
-    with tailguard(config) as tg, fill(busy_engine):
+    with tailguard(config) as tg, fill(busy_engine), httpx.Client(timeout=60) as http:
         relayed = [
-            lambda i=i: httpx.post(f"{tg.url}/v1/completions", json=long_completion(128), headers={"x-request-id": f"full-{i}"}, timeout=60)
+            lambda i=i: http.post(f"{tg.url}/v1/completions", json=long_completion(128), headers={"x-request-id": f"full-{i}"})
             for i in range(4)  # least loaded, at once: some are placed on the busy engine
         ]
         answers = in_threads(relayed)
@@ -268,3 +271,106 @@ def fill(engine: RealEngine, hold: float = 30.0) -> Iterator[None]:
             timer.cancel()
     finally:
         client.close()
+
+
+# -- 4. priorities in vLLM's own queue ---------------------------------------------
+
+URGENT = """
+[classes.urgent]
+pool = "main"
+max_output_tokens = 32
+queue_timeout = 30.0
+"""
+
+
+@pytest.mark.parametrize("vllm_priority", [True, False])
+def test_vllm_priority_seats_the_urgent_class_first_in_vllms_queue(
+    engines: tuple[RealEngine, RealEngine], tailguard: TailguardFactory, vllm_priority: bool
+) -> None:
+    """tailguard seats more than vLLM runs (16 seats, --max-num-seqs 4), so requests wait in vLLM's queue. With
+    ``vllm_priority`` the urgent class's request (priority 0) is seated there before the batch ones (1) that
+    wait there when it comes, and finishes before them; without it (the control) vLLM seats it after them."""
+    engine = engines[1]
+    # A burst of whole answers can keep vLLM's API server from answering /health for seconds on a busy
+    # 2-core host, and an engine sending no byte while a probe times out is taken for a hung one: a probe
+    # timeout longer than that stall keeps this test about priorities.
+    extra = f"vllm_priority = {str(vllm_priority).lower()}"
+    config = pool_config([engine.url], seats=16, classes_before=URGENT, pool_extra=extra, health_check_timeout=15.0)
+
+    def call(name: str, max_tokens: int) -> None:
+        answer = http.post(f"{tg.url}/v1/completions", json=long_completion(max_tokens), headers={"x-request-id": name})
+        assert answer.status_code == 200, answer.text
+
+    def urgent() -> None:
+        """Once all eight are sent (tailguard has the seats): vLLM runs four, four wait there."""
+        wait_for(lambda: tg_sent(tg, 8), timeout=30)
+        time.sleep(0.5)
+        call("high", 16)
+
+    # One client for all: httpx.post builds a client, and its TLS context, per call (100s of ms on a busy host).
+    with tailguard(config) as tg, httpx.Client(timeout=120) as http:
+        in_threads([functools.partial(call, f"low-{i}", 400) for i in range(8)], then=urgent)
+        lines = {name: tg.access(name) for name in ["high", *(f"low-{i}" for i in range(8))]}
+    assert lines["high"]["class"] == "urgent" and lines["low-0"]["class"] == "all"
+    order = [name for name, _ in sorted(lines.items(), key=lambda item: _wall(item[1]["ts"]))]
+    lows_before = order.index("high")
+    print(f"vllm_priority = {vllm_priority}: {lows_before} of 8 batch requests finished before the urgent one")
+    if vllm_priority:
+        assert lows_before <= 4  # at most those running when it came
+    else:
+        assert lows_before >= 5  # the four waiting were seated first, and one of them finished first
+
+
+def tg_sent(tg: Tailguard, count: int) -> bool:
+    """Whether tailguard has ``count`` requests in flight to its engines (its /metrics)."""
+    text = httpx.get(f"{tg.url}/metrics", timeout=5).text
+    return any(line.startswith("tailguard_pool_in_flight") and float(line.rsplit(" ", 1)[1]) >= count for line in text.splitlines())
+
+
+def _wall(stamp: str) -> float:
+    """An access line's ``ts`` in seconds."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+# -- 5. prefix affinity, read from vLLM's own prefix cache ----------------------------
+
+
+def shared_prefix(seed: str, chars: int = 3000) -> str:
+    """A prompt start no engine has seen (``seed`` first), long enough for several of vLLM's 128-token CPU blocks
+    and past the 1,024 characters tailguard's prefix key covers."""
+    words = random.Random(seed).choices(["router", "engine", "prefix", "cache", "tail", "queue", "seat", "pool", "token", "block"], k=chars)
+    return (seed + " " + " ".join(f"{word}{i % 97}" for i, word in enumerate(words)))[:chars]
+
+
+def cache_counters(engines: tuple[RealEngine, RealEngine]) -> list[tuple[float, float]]:
+    """Each engine's (prefix cache hits, queries) so far, in tokens."""
+    counters = [engine.metrics() for engine in engines]
+    return [(m.get("vllm:prefix_cache_hits_total", 0.0), m.get("vllm:prefix_cache_queries_total", 0.0)) for m in counters]
+
+
+def test_prefix_affinity_keeps_a_shared_prefix_on_one_engines_cache(engines: tuple[RealEngine, RealEngine], tailguard: TailguardFactory) -> None:
+    """20 requests sharing a ~700-token prefix, one after another, over two engines: with prefix affinity (the
+    default) one engine serves them all and its vLLM prefix cache hits grow, the other's do not; placed by load
+    alone (``least_loaded``, round robin's equal on one-at-a-time traffic) both engines prefill it and cache it."""
+    urls = [engine.url for engine in engines]
+    found: dict[str, list[tuple[float, float]]] = {}
+    with tailguard(pool_config(urls)) as tg, httpx.Client(timeout=60) as http:
+        for placement in ("prefix_affinity", "least_loaded"):
+            tg.reload(pool_config(urls, pool_extra=f'placement = "{placement}"'))
+            prefix = shared_prefix(f"{placement}-{time.time_ns()}")
+            before = cache_counters(engines)
+            for i in range(20):
+                body = {"model": SERVED_MODEL, "prompt": f"{prefix} question {i}:", "max_tokens": 2, "temperature": 0}
+                answer = http.post(f"{tg.url}/v1/completions", json=body)
+                assert answer.status_code == 200, answer.text
+            time.sleep(0.5)  # the last step's counters
+            after = cache_counters(engines)
+            found[placement] = [(hits - hits0, queries - queries0) for (hits, queries), (hits0, queries0) in zip(after, before, strict=True)]
+    for placement, deltas in found.items():
+        print(f"{placement}: per engine (prefix cache hit tokens, query tokens) = {deltas}")
+    affinity = sorted(found["prefix_affinity"], reverse=True)
+    assert affinity[1] == (0.0, 0.0)  # the other engine saw none of them
+    assert affinity[0][0] >= 19 * 512  # every request but the first found 4+ blocks of 128 tokens cached
+    spread = found["least_loaded"]
+    assert all(hits > 0 for hits, _ in spread)  # both engines prefilled and cached the prefix
+    assert sum(hits for hits, _ in spread) < affinity[0][0]  # one more cold prefill, and the cache holds it twice
