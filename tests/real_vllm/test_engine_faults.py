@@ -374,3 +374,83 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_engines_cache(engines: tup
     spread = found["least_loaded"]
     assert all(hits > 0 for hits, _ in spread)  # both engines prefilled and cached the prefix
     assert sum(hits for hits, _ in spread) < affinity[0][0]  # one more cold prefill, and the cache holds it twice
+
+
+# -- 6. an engine core that hangs while vLLM's /health stays 200 -------------------------
+
+HUNG_WINDOW = 12.0  # seconds of traffic after the core stops
+FIRST_BYTE = 8.0  # the pools' first_byte_timeout here (60 s shipped): what a call waits on a hung engine the health check missed
+
+
+@pytest.mark.parametrize("kind", ["auto", "completion", "http"])
+def test_hung_engine_core_is_found_by_the_health_check(engines: tuple[RealEngine, RealEngine], tailguard: TailguardFactory, kind: str) -> None:
+    """SIGSTOP an engine's core (and its worker): vLLM's API server answers /health 200 and takes requests that
+    never get a byte. With the shipped probe timing (every 2 s, 1 s to answer), ``health_check`` decides how long
+    tailguard keeps sending there: "auto" and "completion" find it and move its waiting streams to the sibling;
+    "http" never does, and each stream placed there waits out first_byte_timeout before it is tried elsewhere.
+
+    Also measured, on the idle pool before the hang: the probes' cost in vLLM requests per second per engine.
+    """
+    hung, sibling = engines
+    config = pool_config(
+        [hung.url, sibling.url],
+        health_check_interval=2.0,
+        health_check_timeout=1.0,
+        pool_extra=f'health_check = "{kind}"\nfirst_byte_timeout = {FIRST_BYTE}',
+    )
+    results: dict[str, tuple[float, float, int]] = {}  # request id -> (sent after the hang, seconds, status)
+
+    def ask(name: str, sent: float) -> None:
+        body = {**long_completion(4, prompt=f"{name} is a question of its own", stream=True)}
+        start = time.monotonic()
+        with http.stream("POST", f"{tg.url}/v1/completions", json=body, headers={"x-request-id": name}) as answer:
+            answer.read()
+        results[name] = (sent, time.monotonic() - start, answer.status_code)
+
+    with tailguard(config) as tg, httpx.Client(timeout=60) as http:
+        tg.wait_endpoints("up", 2)
+        counted = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+        before = [engine.metrics() for engine in engines]
+        idle = 6.0
+        time.sleep(idle)
+        after = [engine.metrics() for engine in engines]
+        # Per engine, per second: requests, prompt tokens, generated tokens (the probes' work; nothing else is sent).
+        cost = [[(a.get(name, 0.0) - b.get(name, 0.0)) / idle for name in counted] for a, b in zip(after, before, strict=True)]
+        probes_per_second = [requests for requests, _, _ in cost]
+
+        threads: list[threading.Thread] = []
+        down_after: float | None = None
+        stopped = time.monotonic()
+        hung.hang()
+        try:
+            while (elapsed := time.monotonic() - stopped) < HUNG_WINDOW:
+                thread = threading.Thread(target=ask, args=(f"{kind}-{len(threads)}", elapsed))
+                thread.start()
+                threads.append(thread)
+                if down_after is None and tg.health()["pools"]["main"]["endpoints"][hung.url] == "down":
+                    down_after = elapsed
+                time.sleep(0.5)
+            for thread in threads:
+                thread.join()
+        finally:
+            hung.resume()
+        lines = {name: tg.access(name) for name in results}
+    served_by_hung = [name for name, line in lines.items() if line["endpoint"] == hung.url]
+    slow = sorted(round(seconds, 1) for _, seconds, _ in results.values() if seconds > 2.0)
+    failed = [name for name, (_, _, status) in results.items() if status != 200]
+    print(
+        f"health_check = {kind!r}: on the idle pool, per engine per second, (requests, prompt tokens, generated tokens)"
+        f" {cost}; hung core down on /health after {down_after} s; {len(results)} streams sent over {HUNG_WINDOW:g} s,"
+        f" {len(failed)} failed, {len(slow)} waited over 2 s ({slow}), {len(served_by_hung)} served by the hung engine"
+    )
+    assert not failed and not served_by_hung
+    if kind == "http":
+        assert down_after is None  # /health is all it asks
+        assert slow and min(slow) >= FIRST_BYTE  # each stream placed there waited out first_byte_timeout
+        assert probes_per_second == [0.0, 0.0]
+    else:
+        assert down_after is not None and down_after <= 6.0
+        assert all(seconds < FIRST_BYTE for _, seconds, _ in results.values())  # moved when it was found, not timed out
+        late = [seconds for sent, seconds, _ in results.values() if sent > down_after + 1.0]
+        assert late and max(late) < 2.0  # once it is down, nothing waits on it
+        assert probes_per_second == ([0.5, 0.5] if kind == "completion" else [0.0, 0.0])
