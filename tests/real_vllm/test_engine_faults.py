@@ -9,12 +9,17 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import os
 import random
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -454,3 +459,25 @@ def test_hung_engine_core_is_found_by_the_health_check(engines: tuple[RealEngine
         late = [seconds for sent, seconds, _ in results.values() if sent > down_after + 1.0]
         assert late and max(late) < 2.0  # once it is down, nothing waits on it
         assert probes_per_second == ([0.5, 0.5] if kind == "completion" else [0.0, 0.0])
+
+
+# -- 7. tailguard init against a real engine ---------------------------------------------
+
+
+def test_init_says_it_assumed_the_engines_max_num_seqs(engines: tuple[RealEngine, RealEngine], tmp_path: Path) -> None:
+    """D9: vLLM 0.32 reports its context (GET /v1/models) but not its --max-num-seqs (4 here): not in /v1/models,
+    not in /metrics (vllm:cache_config_info carries the cache's fields only), /server_info only in its dev mode.
+    So ``tailguard init`` writes the context it read and says loudly, in the file and on stdout, that the seats
+    per engine are assumed."""
+    engine = engines[0]
+    written = tmp_path / "init.toml"
+    argv = [sys.executable, "-m", "tailguard.server", "init", "--endpoint", engine.url, "--api-key-env", "TG_INIT_KEY", "--output", str(written)]
+    run = subprocess.run(argv, env={**os.environ, "TG_INIT_KEY": ENGINE_KEY}, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    text = written.read_text()
+    assert "max_model_len = 4096" in text
+    [seats] = re.findall(r"max_concurrency = (\d+) }", text)
+    assert "--max-num-seqs" not in engine.samples()  # nothing to read it from
+    assert "ASSUMED" in text and "--max-num-seqs" in text
+    assert f"max_concurrency {seats} per engine ASSUMED" in run.stdout
+    print(run.stdout)
