@@ -348,7 +348,8 @@ class RequestPath:
         invisible to it. An engine that is busy (503: its own queue is full)
         or refuses tailguard's key did no work and says nothing of its
         siblings: the request goes on to each other endpoint with room, in
-        turn, within its deadline. A 4xx is never retried (the request's
+        turn, within its deadline (with none left, BackendBusy sends it back
+        to the queue: ``_served``). A 4xx is never retried (the request's
         fault). Each attempt goes to vLLM under a fresh id (vLLM takes
         ``X-Request-Id`` as its own request id, which two callers could
         share); ``record.upstream_id`` keeps the last, and the caller's id goes
