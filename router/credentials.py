@@ -31,3 +31,21 @@ def note_credentials(endpoint: Endpoint, status: int | None) -> None:
         if endpoint.auth_failure is not None:
             endpoint.auth_failure = None
             log.info("endpoint %s accepts tailguard's key again", endpoint.url)
+
+
+def key_unproven(endpoint: Endpoint) -> bool:
+    """Whether a probe that found ``/health`` fine must also ask a /v1 route (``ask_key``).
+
+    vLLM leaves ``/health`` open under ``--api-key``, so a passing health
+    check says nothing of the key. It is asked of an endpoint never proven,
+    of a refused one every turn until it takes the key again, and of one
+    coming back from down: an engine restarted on its port may have come
+    back with another key, and its first requests would meet that key's 401
+    (``Endpoint.judged`` forgets the proof on the way down).
+    """
+    return not endpoint.credentials_checked or endpoint.auth_failure is not None
+
+
+async def ask_key(endpoint: Endpoint) -> None:
+    """``GET /v1/models`` with tailguard's key (cheap), and what its answer says of the key."""
+    note_credentials(endpoint, await endpoint.probe.status("GET", "/v1/models"))

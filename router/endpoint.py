@@ -85,7 +85,7 @@ class Endpoint:
         # Set while the engine refuses that key (401/403): why, for /health. Cleared
         # when it accepts the key again (the health check asks) or a reload changes it.
         self.auth_failure: str | None = None
-        self.credentials_checked = False  # a /v1 route answered with tailguard's key (health checks ask until one does)
+        self.credentials_checked = False  # a /v1 route answered with tailguard's key since it was last down (probes ask until one does)
         # vLLM's own queue was full (a 503 before any byte): until ``busy_until`` the
         # endpoint takes at most ``busy_cap`` requests, what it held when it said so.
         self.busy_until = -math.inf
@@ -206,7 +206,14 @@ class Endpoint:
         self._max_body_bytes = self.client.max_body_bytes = max_body_bytes
 
     def judged(self, healthy: bool) -> None:
-        """A probe's verdict: the health check's state, and no longer unknown."""
+        """A probe's verdict: the health check's state, and no longer unknown.
+
+        Going down forgets that the engine took tailguard's key: what comes
+        back on its port may be a restart with another ``--api-key``, asked
+        again before it is trusted (``Upkeep._check_key``).
+        """
+        if self.healthy and not healthy:
+            self.credentials_checked = False
         self.healthy = healthy
         if not self.probed:
             self.probed = True

@@ -200,9 +200,11 @@ class BackendBusy(BackendUnavailable):
     vLLM answers so when its own waiting queue is full (``--max-num-queued-reqs``,
     ``--max-num-queued-tokens``). Nothing was generated, so another endpoint
     with a free seat may take the request; it says nothing of the engine's
-    health, so outlier detection does not count it. ``retry_after`` is the
-    engine's own ``Retry-After`` when it sent one, passed on to the caller
-    when no sibling can take the request.
+    health, so outlier detection does not count it. With no sibling to take
+    it, the request waits in its pool's queue again, its queue deadline
+    unchanged; it reaches the caller only when that deadline passed while
+    the engine refused it. ``retry_after`` is the engine's own
+    ``Retry-After`` when it sent one (vLLM 0.32 sends none: 1 s).
     """
 
 

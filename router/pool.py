@@ -41,7 +41,7 @@ from .endpoint import Clients as Clients
 from .endpoint import Closable as Closable
 from .endpoint import Closer as Closer
 from .endpoint import Endpoint
-from .errors import NoBackend
+from .errors import BackendAuthFailed, NoBackend
 from .fair_share import NO_SHARE, Share
 from .lend_budget import RecentPeak
 from .policies import EndpointPolicy, Placement, PlacementKind, policy_for
@@ -50,7 +50,8 @@ from .retry_hint import whole_seconds
 
 
 class Rerouted(Exception):
-    """A reload removed the pool a request waited in, or left it no endpoint: decide the request again.
+    """A reload removed the pool a request waited in, or left it no endpoint, or every endpoint of it
+    refuses tailguard's key (the health check's verdict): decide the request again.
 
     Never reaches a caller: the request path admits it anew under the config
     in force (``RequestPath._seat``), its queue deadline unchanged.
@@ -224,7 +225,9 @@ class Lease:
         if old.pool_name is not None and not self.pool.holds(old):  # a reload moved it meanwhile
             self.pool.dispatch_at(old)
 
-    def release(self) -> None:
+    def release(self, *, timed: bool = True) -> None:
+        """Give the seat back; ``timed``: its time is a served request's, for the pool's drain rate
+        (not a call the engine refused before any work)."""
         if self._released:
             return
         self._released = True
@@ -241,7 +244,8 @@ class Lease:
         self._prefill_seen()
         self.endpoint.seat_freed()
         self.endpoint.lease_ended(self.client)
-        pool.seat_time.observe(trio.current_time() - self.granted_at)
+        if timed:
+            pool.seat_time.observe(trio.current_time() - self.granted_at)
         pool.yield_freed_seat(self.endpoint)  # [cluster]: to a more urgent request on another replica
         if self.borrower is None and pool.in_flight == pool.lent:
             pool.own_seats_ended()
@@ -345,7 +349,8 @@ class Pool:
             endpoint.yielding.give_back(endpoint.in_flight)
 
     def reroute_waiters(self) -> int:
-        """Send every request waiting here back to be decided again (``Rerouted``): the pool was removed or emptied."""
+        """Send every request waiting here back to be decided again (``Rerouted``): the pool was removed or emptied,
+        or no endpoint of it takes tailguard's key."""
         return self.queue.evict_all(Rerouted)
 
     def reconfigure(self, config: PoolConfig, endpoints: list[Endpoint]) -> None:
@@ -654,7 +659,9 @@ class Pool:
 
         Raises NoBackend at once when no endpoint is healthy and no lender
         with a healthy one would take the request (waiting would only rot: a
-        dead pool borrows, under its lenders' rules, before it says so),
+        dead pool borrows, under its lenders' rules, before it says so) --
+        BackendAuthFailed instead when every endpoint is out because it
+        refuses tailguard's key (no retry helps until the operator acts),
         QueueFull when the queue is at its bound, QueueTimeout at the
         deadline -- or at once, when the pool's drain rate says no seat
         would come within ``fail_fast_fraction`` of the time left to it.
@@ -665,6 +672,9 @@ class Pool:
         if not self.healthy and not self._lender_takes(ticket):
             await self._first_verdicts(deadline)
         if not self.healthy and not self._lender_takes(ticket):
+            refused = self.keys_refused()
+            if refused is not None:
+                raise BackendAuthFailed(f"pool {self.name!r} has no endpoint that takes tailguard's key ({refused})")
             # Where the router knows why (an engine refusing tailguard's key), the caller's message says so.
             why = "; ".join(sorted({e.auth_failure for e in self.endpoints if e.auth_failure is not None}))
             if any(e.unknown for e in self.endpoints):
@@ -677,6 +687,20 @@ class Pool:
         fraction = self.config.fail_fast_fraction
         max_wait = fraction * (deadline - trio.current_time()) if fraction > 0 else None
         return await self.queue.get(priority, deadline, ticket, retry_after=retry_after, max_wait=max_wait, share=self.share_of(ticket))
+
+    def keys_refused(self) -> str | None:
+        """Why, when every endpoint of the pool refuses tailguard's key (each one's reason); else None.
+
+        Such a pool stays out of service whatever the health check finds until
+        the key is fixed, so its callers get the error that says so, every
+        time (502 upstream_auth, not retryable), not a 503 inviting retries
+        that meet the same key. One endpoint out for anything else (down,
+        ejected, unknown) may come back by itself: that pool answers NoBackend.
+        """
+        reasons = [(e.engine or e).auth_failure for e in self.endpoints]
+        if not reasons or None in reasons:
+            return None
+        return "; ".join(sorted({reason for reason in reasons if reason is not None}))
 
     def _lender_takes(self, ticket: Ticket) -> bool:
         return any(lender.healthy and lender.would_lend(ticket, self) for lender in self.lenders)

@@ -105,7 +105,6 @@ class Completion:
     async def _assemble(self, kind: str) -> bytes:
         """The stream read to its end and folded into the whole answer (router/assemble.py), within the body cap."""
         limit = self.response.max_body_bytes
-        self.record.upstream_stream = True
         chunks: list[bytes] = []
         size = 0
         async for chunk in self.response.chunks(self.record.saw_chunk):
@@ -241,62 +240,79 @@ class RequestPath:
         admitted: Admitted,
         queue_deadline: float,
     ) -> AsyncIterator[Completion]:
-        """The admitted request from its pool's queue to its answer's end: the seat, the call, the release."""
+        """The admitted request from its pool's queue to its answer's end: the seat, the call, the release.
+
+        An engine whose own queue is full (vLLM's 503, ``BackendBusy``) when no
+        other endpoint with room would take the request sends it back to the
+        pool's queue (``_back_in_line``) with its queue deadline unchanged: it
+        was refused before any work, and its class may still wait. Its seat is
+        released meanwhile, and the busy engine takes no more than it runs
+        until its spell ends or a seat there frees (``Endpoint.was_busy``).
+        """
         fleet, traffic = self._fleet, self._traffic
         trace = record.trace
         async with traffic.holding(caller, fleet.budget, fleet.config.timeouts.retry_after, admitted.klass.priority, queue_deadline):
-            if trace is not None:
-                trace.queued()
-            try:
-                admitted, lease = await self._seat(request, caller, record, arrival, admitted, queue_deadline)
-            except BaseException:
-                # The access log's queue_ms of a refusal or a queue_timeout: never past the deadline it waited for.
-                record.left_queue_at = min(trio.current_time(), queue_deadline)
-                raise
-            klass, pool, ticket, history, size = admitted
-            config = fleet.config
-            # When the seat was granted, not when this task ran again: on a busy host the
-            # event loop's own delay is no wait for a seat (and no reason to move a GPU).
-            record.left_queue_at = record.admitted_at = lease.granted_at
-            try:
-                record.endpoint, record.placement = lease.endpoint.url, lease.placement
-                serving = lease.pool  # a lender's, when the seat is borrowed
-                if serving is not pool:
-                    record.lender = serving.name
-                assembled = not request.stream and assemblable(request.params) and _asked_as_stream(serving, lease)
-                body, drop_usage = backend_body(request, ticket.model, ticket.max_tokens, stream=request.stream or assembled)
-                if serving.config.vllm_priority:
-                    body["priority"] = klass.priority
-                if "caller" in (pool.config.placement.cache_salt, serving.config.placement.cache_salt):
-                    # Either pool asks for isolation: the tenant's prefixes stay its own on a lender's engines too.
-                    body["cache_salt"] = caller_salt(caller.name, request.params.get("cache_salt"))
-                hung_at = arrival + config.timeouts.end_to_end_timeout
-                lease.calling(ticket.prompt_tokens, streamed=request.stream or assembled)
-                response = await self._start_call(serving, lease, request, body, record, hung_at, stream=request.stream or assembled)
+            while True:
+                if trace is not None:
+                    trace.queued()
                 try:
-                    record.endpoint, record.placement = lease.endpoint.url, lease.placement  # a retry may have moved it
-                    routing = routing_of(record)
+                    admitted, lease = await self._seat(request, caller, record, arrival, admitted, queue_deadline)
+                except BaseException:
+                    # The access log's queue_ms of a refusal or a queue_timeout: never past the deadline it waited for.
+                    record.left_queue_at = min(trio.current_time(), queue_deadline)
+                    raise
+                klass, pool, ticket, history, size = admitted
+                config = fleet.config
+                # When the seat was granted, not when this task ran again: on a busy host the
+                # event loop's own delay is no wait for a seat (and no reason to move a GPU).
+                record.left_queue_at = record.admitted_at = lease.granted_at
+                served = True  # the seat did the request's work (its time is a seat's time for the drain rate)
+                try:
+                    record.endpoint, record.placement = lease.endpoint.url, lease.placement
+                    serving = lease.pool  # a lender's, when the seat is borrowed
+                    if serving is not pool:
+                        record.lender = serving.name
+                    assembled = not request.stream and assemblable(request.params) and _asked_as_stream(serving, lease)
+                    body, drop_usage = backend_body(request, ticket.model, ticket.max_tokens, stream=request.stream or assembled)
+                    if serving.config.vllm_priority:
+                        body["priority"] = klass.priority
+                    if "caller" in (pool.config.placement.cache_salt, serving.config.placement.cache_salt):
+                        # Either pool asks for isolation: the tenant's prefixes stay its own on a lender's engines too.
+                        body["cache_salt"] = caller_salt(caller.name, request.params.get("cache_salt"))
+                    hung_at = arrival + config.timeouts.end_to_end_timeout
+                    lease.calling(ticket.prompt_tokens, streamed=request.stream or assembled)
                     try:
-                        yield Completion(
-                            routing, response, request.stream, record, klass.relay_interval, drop_usage,
-                            assemble_as=request.kind if assembled else None,
-                        )
-                    except BackendError as error:  # the body broke or was not a completion
-                        report_failure(serving, lease.endpoint, error)
-                        raise
-                    record_success(serving, lease.endpoint)
-                    if record.input_tokens is not None:  # the engine's count of this very prompt: the estimate's truth
-                        self._ratios.learn(ticket.model, size, record.input_tokens, fleet.config.estimate)
-                    if history is not None:  # its next turn may count only what the warm engine must prefill
-                        self._memory.remember(history.whole, lease.endpoint.url, ticket.prompt_tokens)
+                        response = await self._start_call(serving, lease, request, body, record, hung_at, stream=request.stream or assembled)
+                    except BackendBusy as busy:
+                        if not _back_in_line(request, busy, queue_deadline):
+                            raise
+                        served = False
+                        continue  # the seat is released below first
+                    try:
+                        record.endpoint, record.placement = lease.endpoint.url, lease.placement  # a retry may have moved it
+                        routing = routing_of(record)
+                        try:
+                            yield Completion(
+                                routing, response, request.stream, record, klass.relay_interval, drop_usage,
+                                assemble_as=request.kind if assembled else None,
+                            )
+                        except BackendError as error:  # the body broke or was not a completion
+                            report_failure(serving, lease.endpoint, error)
+                            raise
+                        record_success(serving, lease.endpoint)
+                        if record.input_tokens is not None:  # the engine's count of this very prompt: the estimate's truth
+                            self._ratios.learn(ticket.model, size, record.input_tokens, fleet.config.estimate)
+                        if history is not None:  # its next turn may count only what the warm engine must prefill
+                            self._memory.remember(history.whole, lease.endpoint.url, ticket.prompt_tokens)
+                    finally:
+                        with trio.CancelScope(shield=True):  # hanging up must happen, and is quick
+                            await response.aclose()
+                    return
                 finally:
-                    with trio.CancelScope(shield=True):  # hanging up must happen, and is quick
-                        await response.aclose()
-            finally:
-                record.finish_tokens()  # what it generated, if no usage said
-                # Its tenant's fair share, settled: the max_tokens it did not generate are handed back.
-                pool.queue.fair.settle(pool.share_of(ticket), record.completion_tokens or 0, ticket.output_tokens)
-                lease.release()
+                    record.finish_tokens()  # what it generated, if no usage said
+                    # Its tenant's fair share, settled: the max_tokens it did not generate are handed back.
+                    pool.queue.fair.settle(pool.share_of(ticket), record.completion_tokens or 0, ticket.output_tokens)
+                    lease.release(timed=served)
 
     async def _seat(
         self, request: RouterRequest, caller: Caller, record: RequestRecord, arrival: float, admitted: Admitted, queue_deadline: float
@@ -340,7 +356,8 @@ class RequestPath:
         invisible to it. An engine that is busy (503: its own queue is full)
         or refuses tailguard's key did no work and says nothing of its
         siblings: the request goes on to each other endpoint with room, in
-        turn, within its deadline. A 4xx is never retried (the request's
+        turn, within its deadline (with none left, BackendBusy sends it back
+        to the queue: ``_served``). A 4xx is never retried (the request's
         fault). Each attempt goes to vLLM under a fresh id (vLLM takes
         ``X-Request-Id`` as its own request id, which two callers could
         share); ``record.upstream_id`` keeps the last, and the caller's id goes
@@ -427,6 +444,15 @@ class RequestPath:
         pool = self._fleet.pool_of(endpoint)
         if pool is not None:
             pool.queue.dispatch()
+
+
+def _back_in_line(request: RouterRequest, busy: BackendBusy, queue_deadline: float) -> bool:
+    """Whether a request every engine refused as busy waits for a seat again (its queue deadline not yet passed)."""
+    left = queue_deadline - trio.current_time()
+    if left <= 0:
+        return False
+    log.info("request %s: %s; back in the queue, %.1f s left to wait", request.request_id, busy.log_text, left)
+    return True
 
 
 def routing_of(record: RequestRecord) -> Routing:

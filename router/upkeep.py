@@ -18,7 +18,7 @@ from .backend import REFUSED, Answer, BackendClient, ModelLenUnknown
 from .backend_load import scrape
 from .cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Yielding
 from .config_types import HealthCheckKind, PoolConfig
-from .credentials import note_credentials
+from .credentials import ask_key, key_unproven, note_credentials
 from .discovery import Discovery
 from .endpoint import Endpoint
 from .fair_sync import FairTrade, ServiceStore
@@ -187,11 +187,11 @@ class Upkeep:
         async with trio.open_nursery() as nursery:
             for endpoint in list(fleet.endpoints.values()):
                 nursery.start_soon(self._probe, endpoint, timeout)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._ask_unverified, timeout)
-            nursery.start_soon(self._check_keys, timeout)
+        await self._ask_unverified(timeout)
 
         for pool in fleet.pools.values():
+            if pool.queue.waiting and pool.keys_refused() is not None:
+                pool.reroute_waiters()  # decided again now: 502 upstream_auth, not a queue timeout later
             pool.queue.dispatch()
         for endpoint in list(fleet.endpoints.values()):
             await endpoint.client.expire_idle()  # a pool that went quiet keeps no idle connections
@@ -227,7 +227,8 @@ class Upkeep:
     async def _probe(self, endpoint: Endpoint, timeout: float) -> None:
         """One probe of ``endpoint``, judged against its pool's thresholds; a stall of this loop is no verdict.
 
-        The probe is ``GET /health``, or a one-token completion: always
+        The probe is ``GET /health`` -- and ``GET /v1/models`` after it while
+        tailguard's key is unproven or refused there (``_check_key``) -- or a one-token completion: always
         (``health_check = "completion"``), or (``"auto"``) in a turn where a
         call has waited a whole turn for its first byte and the engine sent no
         byte meanwhile -- what a half-dead engine (``/health`` fine, work hung)
@@ -259,6 +260,8 @@ class Upkeep:
                     note_credentials(endpoint, None if answer == REFUSED else answer)
                 else:
                     answer = await endpoint.probe.health()
+                    if answer == 200 and key_unproven(endpoint):
+                        await ask_key(endpoint)
             except Exception:  # one broken probe must not stop the others
                 if endpoint.retired:
                     return  # a reload took it out (and closed its probe) meanwhile
@@ -358,28 +361,6 @@ class Upkeep:
             for endpoint in list(fleet.endpoints.values()):
                 if endpoint.pool_name is not None and endpoint.healthy and not endpoint.fits_context:
                     nursery.start_soon(ask, endpoint)
-
-    async def _check_keys(self, timeout: float) -> None:
-        """Ask every healthy endpoint whose key is unproven or refused whether a /v1 route takes it.
-
-        vLLM leaves ``/health`` open under ``--api-key``, so a passing health
-        check says nothing of the key; ``GET /v1/models`` does (cheap, and
-        asked once an endpoint, then only while it is refused). A pool whose
-        health check is a completion learns it from that probe instead.
-        """
-
-        async def ask(endpoint: Endpoint) -> None:
-            with trio.move_on_after(timeout):
-                note_credentials(endpoint, await endpoint.probe.status("GET", "/v1/models"))
-
-        async with trio.open_nursery() as nursery:
-            for endpoint in list(self._fleet.endpoints.values()):
-                pool = self._fleet.pool_of(endpoint)
-                if pool is None or pool.config.health_check == "completion" or not endpoint.healthy:
-                    continue
-                if endpoint.auth_failure is not None or not endpoint.credentials_checked:
-                    nursery.start_soon(ask, endpoint)
-
 
 def _completion_verdict(endpoint: Endpoint, answer: Answer) -> bool | None:
     """What a completion probe's answer says of the engine: 200 passed; 503 is vLLM's queue full (busy,

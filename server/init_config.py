@@ -4,10 +4,13 @@ A first config is mostly facts the engines already know: the served model
 names and the context length, both in vLLM's ``GET /v1/models``. Asking for
 them (with the engines' ``--api-key`` when ``--api-key-env`` names it) spares
 a newcomer copying them by hand, and a typo in a model name that would 404
-every request. What vLLM does not report, its ``--max-num-seqs``, is written
-as the lower of vLLM's defaults (256; 1,024 on GPUs of 70 GiB or more but an
-A100): a cap below the engine's only keeps more of the queue in tailguard,
-one above it lets requests queue unseen in vLLM.
+every request. What vLLM does not report, its ``--max-num-seqs`` (vLLM 0.32:
+not in ``/v1/models``, not in ``/metrics``, whose ``vllm:cache_config_info``
+has the cache's fields only; ``/server_info`` only in its dev mode), comes
+from ``--max-concurrency``; without it, vLLM's default on most GPUs (256) is
+written and marked ASSUMED, in the file and on stdout: a cap above the
+engine's lets requests queue unseen in vLLM, one below it idles GPUs, and
+a guess must not pass for a fact.
 
 The file is one pool serving every engine and two classes sharing it (short
 requests first in its queue), every line commented. It is validated with
@@ -37,7 +40,8 @@ from tailguard.router.config_types import LimitsConfig
 __all__ = ["EngineReport", "InitError", "ask_engines", "main", "starting_config", "write_config"]
 
 # vLLM's --max-num-seqs when not given, on GPUs under 70 GiB and A100s (1,024 on
-# larger ones: tailguard.sim.params.VLLM_SERVER_DEFAULTS); the file says to check it.
+# larger ones, 128 on CPUs: tailguard.sim.params.VLLM_SERVER_DEFAULTS): written,
+# marked ASSUMED, when --max-concurrency does not say.
 DEFAULT_MAX_NUM_SEQS = 256
 _MODELS_BODY_LIMIT = 1024 * 1024  # a model list is a few hundred bytes; LoRA adapters add a few each
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -131,9 +135,16 @@ def _report(base: str, body: bytes) -> EngineReport | str:
 
 
 def starting_config(
-    reports: Sequence[EngineReport], *, max_concurrency: int, api_key_env: str | None, environ: Mapping[str, str] | None = None
+    reports: Sequence[EngineReport],
+    *,
+    max_concurrency: int,
+    api_key_env: str | None,
+    environ: Mapping[str, str] | None = None,
+    assumed: bool = False,
 ) -> str:
     """The commented config.toml for these engines, checked to load (``environ`` resolves ``api_key_env``).
+
+    ``assumed``: ``max_concurrency`` is a default, not the engines' ``--max-num-seqs``; the file says so.
 
     Raises :exc:`InitError` when the engines do not serve the same models:
     every engine of a pool must serve every model of it.
@@ -144,7 +155,7 @@ def starting_config(
         served = "; ".join(f"{report.url} serves {', '.join(report.models)}" for report in reports)
         raise InitError([f"the engines serve different models ({served}): the engines of one pool must serve the same;"
                          " run init for each group and put their pools in one file"])
-    text = _render(reports, max_concurrency=max_concurrency, api_key_env=api_key_env)
+    text = _render(reports, max_concurrency=max_concurrency, api_key_env=api_key_env, assumed=assumed)
     try:
         parse_config(text, source="the generated config", environ=environ)
     except ConfigError as error:  # a bug here, or values no config can hold (a context of 1 token)
@@ -152,7 +163,7 @@ def starting_config(
     return text
 
 
-def _render(reports: Sequence[EngineReport], *, max_concurrency: int, api_key_env: str | None) -> str:
+def _render(reports: Sequence[EngineReport], *, max_concurrency: int, api_key_env: str | None, assumed: bool) -> str:
     models = reports[0].models
     lens = {report.url: report.max_model_len for report in reports if report.max_model_len is not None}
     max_model_len = min(lens.values()) if lens else None
@@ -202,14 +213,22 @@ def _render(reports: Sequence[EngineReport], *, max_concurrency: int, api_key_en
             "# tailguard sends it to them; callers' keys stop at tailguard.",
             f"api_key_env = {json.dumps(api_key_env)}",
         ]
+    if assumed:
+        out += [
+            f"# ASSUMED: max_concurrency = {max_concurrency} below is not read from the engines. vLLM does not",
+            "# report its --max-num-seqs (not in GET /v1/models, not in /metrics), so init wrote",
+            f"# vLLM's default on GPUs under 70 GiB and A100s ({DEFAULT_MAX_NUM_SEQS}; 1024 on H100s, H200s and",
+            "# B200s, 128 on CPUs). Set it to each engine's vllm serve --max-num-seqs, or run",
+            "# init again with --max-concurrency N: above it, requests queue unseen in vLLM;",
+            "# below it, the GPUs idle.",
+        ]
+    else:
+        out += ["# max_concurrency: each engine's vllm serve --max-num-seqs, as --max-concurrency said."]
     out += [
-        "# Each engine and the requests it may run at once. Set max_concurrency to the",
-        "# engine's vllm serve --max-num-seqs, which vLLM does not report. Left to",
-        f"# vLLM, it is {DEFAULT_MAX_NUM_SEQS} on GPUs under 70 GiB and A100s, 1024 on H100s and H200s:",
-        "# raise it to yours. Then excess requests wait here, short ones first,",
-        "# instead of in vLLM's first-come-first-served queue. The pool runs at most",
-        "# their sum (max_concurrency) and lets 4 x that wait (max_queue): write",
-        "# either key to change it.",
+        "# Each engine and the requests it may run at once. Excess requests wait here,",
+        "# short ones first, instead of in vLLM's first-come-first-served queue. The",
+        "# pool runs at most their sum (max_concurrency) and lets 4 x that wait",
+        "# (max_queue): write either key to change it.",
         "endpoints = [",
         *(f'    {{ url = "{report.url}", max_concurrency = {max_concurrency} }},' for report in reports),
         "]",
@@ -252,8 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--output", type=Path, default=Path("config.toml"), metavar="PATH", help="where to write the config (default: %(default)s)")
     add("--force", action="store_true", help="replace the output file if it exists")
     add("--api-key-env", default=None, metavar="NAME", help="the environment variable holding the engines' --api-key")
-    add("--max-concurrency", type=int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
-        help="each engine's vllm serve --max-num-seqs (default: %(default)s, vLLM's on GPUs under 70 GiB; 1024 on H100/H200)")
+    add("--max-concurrency", type=int, default=None, metavar="N",
+        help=f"each engine's vllm serve --max-num-seqs, which vLLM does not report (left out: {DEFAULT_MAX_NUM_SEQS},"
+             " vLLM's default on GPUs under 70 GiB, written and marked ASSUMED; 1024 on H100/H200, 128 on CPUs)")
     add("--timeout", type=float, default=10.0, metavar="SECONDS", help="how long each engine has to answer (default: %(default)g)")
     return parser
 
@@ -263,7 +283,9 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     parser = build_parser()
     args = parser.parse_args(argv)
     environ = os.environ if environ is None else environ
-    if args.max_concurrency < 1 or args.timeout <= 0:
+    assumed = args.max_concurrency is None
+    seats = DEFAULT_MAX_NUM_SEQS if assumed else args.max_concurrency
+    if seats < 1 or args.timeout <= 0:
         parser.error("--max-concurrency must be at least 1 and --timeout positive")
     api_key = None
     if args.api_key_env is not None:
@@ -275,7 +297,7 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         api_key = api_key.strip()
     try:
         reports = trio.run(lambda: ask_engines(args.endpoint, api_key=api_key, timeout=args.timeout))
-        text = starting_config(reports, max_concurrency=args.max_concurrency, api_key_env=args.api_key_env, environ=environ)
+        text = starting_config(reports, max_concurrency=seats, api_key_env=args.api_key_env, environ=environ, assumed=assumed)
         write_config(text, args.output, force=args.force)
     except InitError as error:
         print("tailguard init: nothing written\n" + "\n".join(f"  {line}" for line in error.problems), file=sys.stderr)
@@ -284,7 +306,13 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     print(
         f"wrote {args.output}: pool {POOL}, {len(reports)} engine{'s' if len(reports) != 1 else ''},"
         f" models {', '.join(reports[0].models)}, max_model_len {lens[0] if lens else 'not reported'}\n"
-        f"check it: tailguard check-config --config {args.output}\n"
+        + (
+            f"max_concurrency {seats} per engine ASSUMED: vLLM does not report its --max-num-seqs;"
+            f" set it in {args.output}, or run init with --max-concurrency N\n"
+            if assumed
+            else f"max_concurrency {seats} per engine, as --max-concurrency said\n"
+        )
+        + f"check it: tailguard check-config --config {args.output}\n"
         f"run it:   tailguard serve --config {args.output}"
     )
     return 0

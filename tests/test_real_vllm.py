@@ -26,7 +26,7 @@ from tailguard.router.config import ConfigError, parse_config
 from tailguard.router.config_types import BackendAccess, Config, EndpointConfig
 from tailguard.router.dispatch import Router
 from tailguard.router.endpoint import Endpoint
-from tailguard.router.errors import BackendAuthFailed, BackendBusy, NoBackend
+from tailguard.router.errors import BackendAuthFailed, QueueTimeout
 from tailguard.router.model_len import ModelLenError, ask_model_lens
 from tailguard.router.request import RouterRequest
 from tailguard.router.telemetry import RequestRecord
@@ -178,8 +178,9 @@ async def test_a_refused_key_is_502_upstream_auth_the_endpoint_down_with_its_rea
         assert "VLLM_KEY" in health["pools"]["main"]["reasons"][A]
         await router.check_health()  # /health is open under --api-key: the check asks a /v1 route too
         assert router.health()["pools"]["main"]["endpoints"][A] == "down"
-        with pytest.raises(NoBackend, match="upstream_auth: the engine answered 401"):  # the next caller is told why
+        with pytest.raises(BackendAuthFailed, match="upstream_auth: the engine answered 401") as again:  # the next caller too (D2)
             await complete(router, chat(max_tokens=4))
+        assert http_error(again.value).status == 502 and not http_error(again.value).retryable
         errors = [r for r in caplog.records if r.levelno == logging.ERROR and A in r.getMessage()]
         assert len(errors) == 1 and endpoint(router, A).failures_in_a_row == 0  # once, and no outlier count
 
@@ -342,17 +343,24 @@ async def test_a_busy_engine_sends_its_requests_to_a_free_sibling_and_is_no_outl
         assert full.seats == 4  # the spell's timer gave the seats back
 
 
-async def test_busy_everywhere_is_503_backend_busy_with_the_engines_retry_after(autojump_clock: trio.testing.MockClock) -> None:
+async def test_busy_everywhere_waits_in_tailguards_queue_until_its_deadline(autojump_clock: trio.testing.MockClock) -> None:
+    """Every engine's own queue full: the request waits in tailguard's queue (its class may), not refused at once;
+    at its queue deadline it is 503 queue_timeout, as any request that found no seat in time."""
+    started = trio.current_time()
     async with router_over({A: busy("7"), B: busy("3")}, config((A, B))) as router:
-        with pytest.raises(BackendBusy) as refused:
+        with pytest.raises(QueueTimeout) as refused:
             await complete(router, chat(max_tokens=2))
+        waited = trio.current_time() - started
+        assert {e.url: e.busy_answers for e in router.endpoints} == {A: 1, B: 1}  # each asked once: their spells outlast the wait
+    assert waited == pytest.approx(router.config.classes[0].queue_timeout)
     error = http_error(refused.value)
-    assert error.status == 503 and error.body["error"]["code"] == "backend_busy"  # type: ignore[index]
-    assert error.retry_after in (3.0, 7.0) and (b"retry-after", str(int(error.retry_after)).encode()) in error.headers()
+    assert error.status == 503 and error.body["error"]["code"] == "queue_timeout"  # type: ignore[index]
+    assert error.retry_after is not None
 
 
 async def test_a_busy_spell_holds_back_the_queue_until_it_ends(autojump_clock: trio.testing.MockClock) -> None:
-    """With no sibling, requests wait in tailguard's queue (in priority order) while vLLM's is full, not in vLLM's."""
+    """With no sibling, requests wait in tailguard's queue (in priority order) while vLLM's is full, not in vLLM's:
+    the one vLLM refused too, seated again when the engine's Retry-After ran out."""
     answers = 0
 
     async def busy_once(request: httpx.Request) -> httpx.Response:
@@ -365,11 +373,13 @@ async def test_a_busy_spell_holds_back_the_queue_until_it_ends(autojump_clock: t
         return httpx.Response(200, json=body)
 
     async with router_over({A: busy_once}, config()) as router:
-        with pytest.raises(BackendBusy):
-            await complete(router, chat(max_tokens=2, request_id="first"))
+        started = trio.current_time()
+        await complete(router, chat(max_tokens=2, request_id="first"))
+        assert trio.current_time() - started == pytest.approx(1.0)  # back in line until the engine's Retry-After ran out
+        assert answers == 2 and router.statistics().pools[0].queue.waiting == 0
         started = trio.current_time()
         await complete(router, chat(max_tokens=2, request_id="second"))
-        assert trio.current_time() - started == pytest.approx(1.0)  # seated when the engine's Retry-After ran out
+        assert trio.current_time() - started == pytest.approx(0.0)
 
 
 # -- 4. keep-alive at vLLM's edge -------------------------------------------------

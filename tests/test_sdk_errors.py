@@ -50,6 +50,7 @@ MAX_BODY_BYTES = 32 * 1024
 INPUT_CAP = 1000  # tokens: 4,000 ASCII characters, well under the body cap
 OUTPUT_CAP = 64  # over it is refused (over_cap = "reject")
 E2E = 1.5  # seconds: a hung non-streaming answer ends here with 504
+BUSY_ANSWER = 0.1  # seconds the "busy" engine takes to say its queue is full
 
 
 class Backend(Faulty):
@@ -62,6 +63,8 @@ class Backend(Faulty):
         if self.mode == "unauthorized" and path.endswith("completions"):  # a key vLLM does not take (its model list stays open here)
             return SimResponse(401, list(JSON_HEADERS), b'{"error": "Unauthorized"}')
         if self.mode == "busy" and path.endswith("completions"):  # vLLM's own queue is full
+            # Answered after the class's queue deadline: a request refused sooner would wait in tailguard's queue.
+            await trio.sleep(BUSY_ANSWER)
             error = b'{"error": {"message": "The server is busy", "type": "ServiceUnavailableError", "param": null, "code": 503}}'
             return SimResponse(503, [*JSON_HEADERS, ("retry-after", "1")], error)
         return await super().handle(method, path, headers, body)
@@ -91,7 +94,8 @@ def make_config(urls: list[str]) -> Config:
         pools.append(
             PoolConfig(name, (EndpointConfig(url, max(seats, 1)),), seats, queue, 32768, (MODEL,), first_byte_timeout=0.3)
         )
-    classes = tuple(ClassConfig(name, name, 0.2 if name == "wait" else 1.0, 0) for name in POOLS)
+    queue_timeouts = {"wait": 0.2, "busy": BUSY_ANSWER / 2}
+    classes = tuple(ClassConfig(name, name, queue_timeouts.get(name, 1.0), 0) for name in POOLS)
     keys = (
         ApiKeyConfig("admin", hashlib.sha256(KEYS["admin"].encode()).hexdigest(), frozenset(POOLS)),
         ApiKeyConfig("plain", hashlib.sha256(KEYS["plain"].encode()).hexdigest()),

@@ -204,7 +204,8 @@ def _backend_errors() -> dict[str, tuple[str, str]]:
         "BackendTimeout": ("the GPU server sent no first byte within its pool's time-to-first-byte limit", retry),
         "BackendBusy": (
             "the GPU server's own queue is full (vLLM's 503, --max-num-queued-reqs) on every endpoint with a free "
-            "seat; the retry hint is vLLM's own",
+            "seat, and your queue deadline passed while it was refused (until then the request waits in tailguard's "
+            "queue); vLLM 0.32 sends no retry hint: this one is tailguard's",
             retry,
         ),
         "BackendAuthFailed": (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -92,8 +92,16 @@ def pool_config(
     max_model_len: int = 4096,
     input_cap: int = 3072,
     output_cap: int = 1024,
+    api_key_env: str = TAILGUARD_KEY_ENV,
+    queue_timeout: float = 30.0,
+    classes_before: str = "",
+    health_check_interval: float = 0.5,
+    health_check_timeout: float = 2.0,
 ) -> str:
-    """tailguard's config over ``urls``: one pool, one class, the engines' key from the environment, quick probes."""
+    """tailguard's config over ``urls``: one pool, one class, the engines' key from the environment, quick probes.
+
+    ``classes_before``: whole ``[classes.NAME]`` tables matched before the catch-all ``all``.
+    """
     endpoints = ", ".join(f'{{ url = "{url}", max_concurrency = {seats} }}' for url in urls)
     return f"""
 [server]
@@ -105,8 +113,8 @@ input_cap_tokens = {input_cap}
 output_cap_tokens = {output_cap}
 
 [timeouts]
-health_check_interval = 0.5
-health_check_timeout = 2.0
+health_check_interval = {health_check_interval}
+health_check_timeout = {health_check_timeout}
 connect_timeout = 2.0
 
 [metrics]
@@ -117,13 +125,14 @@ max_concurrency = {seats * len(urls)}
 max_queue = 64
 max_model_len = {max_model_len}
 models = ["{model}"]
-api_key_env = "{TAILGUARD_KEY_ENV}"
+api_key_env = "{api_key_env}"
 endpoints = [{endpoints}]
 {pool_extra}
 
+{classes_before}
 [classes.all]
 pool = "main"
-queue_timeout = 30.0
+queue_timeout = {queue_timeout}
 {class_extra}
 """
 
@@ -133,10 +142,13 @@ TailguardFactory = Callable[..., AbstractContextManager[Tailguard]]
 
 @pytest.fixture
 def tailguard(tmp_path: Path) -> TailguardFactory:
-    """``with tailguard(config_text, key=...) as tg:``: a tailguard process for this test (the engines' key by default)."""
+    """``with tailguard(config_text, key=...) as tg:``: a tailguard process for this test (the engines' key by default;
+    ``env``: more variables for its environment, e.g. the key a reload points ``api_key_env`` at)."""
     from tests.real_vllm.engines import ENGINE_KEY
 
-    def start(config_text: str, *, key: str = ENGINE_KEY, grpc: bool = False) -> AbstractContextManager[Tailguard]:
-        return run_tailguard(config_text, tmp_path / "tailguard", env={TAILGUARD_KEY_ENV: key}, grpc=grpc)
+    def start(
+        config_text: str, *, key: str = ENGINE_KEY, grpc: bool = False, env: Mapping[str, str] | None = None
+    ) -> AbstractContextManager[Tailguard]:
+        return run_tailguard(config_text, tmp_path / "tailguard", env={TAILGUARD_KEY_ENV: key, **(env or {})}, grpc=grpc)
 
     return start

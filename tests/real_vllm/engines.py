@@ -73,9 +73,36 @@ class RealEngine:
         return httpx.get(f"{self.url}/metrics", timeout=10).text
 
     def core_pids(self) -> list[int]:
-        """The engine core's processes (the API server's children): what a hung core stops."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+        """Every process under the API server (the engine core, its worker, helpers): what a hung core stops.
+
+        vLLM 0.32 on CPU runs ``EngineCore`` as the server's child and the model's
+        ``Worker`` as the core's child, so children of children are included.
+        """
+        found: list[int] = []
+        parents = [self.process.pid]
+        while parents:
+            parent = parents.pop()
+            for children in Path(f"/proc/{parent}/task").glob("*/children"):
+                try:
+                    pids = [int(pid) for pid in children.read_text().split()]
+                except OSError:  # the thread or process ended meanwhile
+                    continue
+                found += pids
+                parents += pids
+        return found
+
+    def hang(self) -> list[int]:
+        """Stop the engine core and its workers (SIGSTOP) while the API server runs on: vLLM's ``/health``
+        stays 200 (it asks whether the core died, not whether it works). Returns the stopped pids."""
+        pids = self.core_pids()
+        for pid in pids:
+            _signal(pid, signal.SIGSTOP)
+        return pids
+
+    def resume(self) -> None:
+        """Undo :meth:`hang` (SIGCONT every process under the server)."""
+        for pid in self.core_pids():
+            _signal(pid, signal.SIGCONT)
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
