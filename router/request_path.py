@@ -105,6 +105,7 @@ class Completion:
     async def _assemble(self, kind: str) -> bytes:
         """The stream read to its end and folded into the whole answer (router/assemble.py), within the body cap."""
         limit = self.response.max_body_bytes
+        self.record.upstream_stream = True
         chunks: list[bytes] = []
         size = 0
         async for chunk in self.response.chunks(self.record.saw_chunk):
