@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_vllm.engines import SERVED_MODEL, RealEngine, start_engine, wait_ready
+from tests.real_vllm.engines import ENGINE_KEY, SERVED_MODEL, RealEngine, start_engine, wait_ready
 from tests.real_vllm.tailguard_process import Tailguard, run_tailguard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,29 +56,51 @@ def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 ENGINE_FLAGS = ("--max-num-seqs", "4", "--enable-prompt-tokens-details", "--scheduling-policy", "priority")
+BUSY_FLAGS = ("--max-num-seqs", "1", "--max-num-queued-reqs", "1")
 
 
 @pytest.fixture(scope="session")
-def engines(vllm_python: str, model_dir: Path, engine_logs: Path) -> Iterator[tuple[RealEngine, RealEngine]]:
-    """Two engines of the same model (a on core 0, b on core 1), keyed, priority-scheduled, prefix caching on."""
-    started = [start_engine(vllm_python, model_dir, engine_logs, name, flags=ENGINE_FLAGS, core=core) for core, name in enumerate("ab")]
+def engine_starts(request: pytest.FixtureRequest, vllm_python: str, model_dir: Path, engine_logs: Path) -> Iterator[dict[str, RealEngine]]:
+    """Every engine the session's tests use, started at once when the first is wanted (each fixture waits for its own).
+
+    An engine starts in ~25-45 s, mostly CPU: started side by side, the session
+    waits for the slowest once, not for each in turn. Which ones: ``engines``
+    (a on core 0, b on core 1) and ``busy`` (core 1), as the collected tests ask.
+    """
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    specs = {"a": (ENGINE_FLAGS, 0, "engines"), "b": (ENGINE_FLAGS, 1, "engines"), "busy": (BUSY_FLAGS, 1, "busy_engine")}
+    started = {
+        name: start_engine(vllm_python, model_dir, engine_logs, name, flags=flags, core=core)
+        for name, (flags, core, fixture) in specs.items()
+        if fixture in wanted
+    }
     try:
-        wait_ready(started)
-        yield started[0], started[1]
+        yield started
     finally:
-        for engine in started:
+        for engine in started.values():
             engine.stop()
 
 
 @pytest.fixture(scope="session")
-def busy_engine(vllm_python: str, model_dir: Path, engine_logs: Path) -> Iterator[RealEngine]:
-    """An engine that takes one request at a time and refuses a second with its queue-full 503."""
-    engine = start_engine(vllm_python, model_dir, engine_logs, "busy", flags=("--max-num-seqs", "1", "--max-num-queued-reqs", "1"), core=1)
-    try:
-        wait_ready([engine])
-        yield engine
-    finally:
-        engine.stop()
+def engines(engine_starts: dict[str, RealEngine]) -> tuple[RealEngine, RealEngine]:
+    """Two engines of the same model (a on core 0, b on core 1), keyed, priority-scheduled, prefix caching on."""
+    pair = engine_starts["a"], engine_starts["b"]
+    wait_ready(pair)
+    return pair
+
+
+@pytest.fixture
+def busy_engine(engine_starts: dict[str, RealEngine]) -> RealEngine:
+    """An engine that takes one request at a time and refuses a second with its queue-full 503 (vLLM 0.32's
+    --max-num-queued-reqs counts running and waiting requests), with the engines' key.
+
+    A test may restart it (``RealEngine.restart``) with another key: the next one to ask gets it back as it was.
+    """
+    engine = engine_starts["busy"]
+    if engine.key != ENGINE_KEY or engine.process.poll() is not None:
+        engine.restart(key=ENGINE_KEY)
+    wait_ready([engine])
+    return engine
 
 
 def pool_config(
@@ -144,8 +166,6 @@ TailguardFactory = Callable[..., AbstractContextManager[Tailguard]]
 def tailguard(tmp_path: Path) -> TailguardFactory:
     """``with tailguard(config_text, key=...) as tg:``: a tailguard process for this test (the engines' key by default;
     ``env``: more variables for its environment, e.g. the key a reload points ``api_key_env`` at)."""
-    from tests.real_vllm.engines import ENGINE_KEY
-
     def start(
         config_text: str, *, key: str = ENGINE_KEY, grpc: bool = False, env: Mapping[str, str] | None = None
     ) -> AbstractContextManager[Tailguard]:

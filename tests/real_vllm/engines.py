@@ -48,6 +48,8 @@ class RealEngine:
     flags: tuple[str, ...]
     key: str | None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    argv: tuple[str, ...] = ()  # how it was started, but for its key (:meth:`restart`)
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -121,6 +123,23 @@ class RealEngine:
             self.process.wait(10)
 
 
+    def restart(self, *, key: str | None) -> None:
+        """Stop it and start it again on its port with ``key`` as its ``--api-key`` (not waiting: :func:`wait_ready`).
+
+        What an operator's restart does; its log goes on in a file of its own.
+        """
+        self.stop()
+        self.key = key
+        self.log_path = self.log_path.with_name(f"{self.log_path.stem}-again{self.log_path.suffix}")
+        self.process = _launch([*self.argv, *(["--api-key", key] if key else [])], self.env, self.log_path)
+
+
+def _launch(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """The engine's process, in a session (process group) of its own, writing to ``log_path``."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True)
+
+
 def _signal(pid: int, signum: int) -> None:
     try:
         os.kill(pid, signum)
@@ -147,8 +166,6 @@ def start_engine(
         "--host", "127.0.0.1", "--port", str(port),
         *BASE_FLAGS, *flags,
     ]  # fmt: skip
-    if key:
-        argv += ["--api-key", key]
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -159,10 +176,8 @@ def start_engine(
         "VLLM_LOGGING_LEVEL": "WARNING",
     }
     log_path = log_dir / f"vllm-{name}-{port}.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    log.close()
-    return RealEngine(name, port, process, log_path, tuple(flags), key)
+    process = _launch([*argv, *(["--api-key", key] if key else [])], env, log_path)
+    return RealEngine(name, port, process, log_path, tuple(flags), key, argv=tuple(argv), env=env)
 
 
 def wait_ready(engines: Sequence[RealEngine], timeout: float = START_TIMEOUT) -> None:
