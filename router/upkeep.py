@@ -49,6 +49,8 @@ class Upkeep:
         # When each endpoint's last probe began, and what its engine had sent by then ("auto" reads it).
         # (The client by a weak reference: a reload's replaced client must not live on here.)
         self._last_turn: weakref.WeakKeyDictionary[Endpoint, tuple[float, weakref.ref[BackendClient], int]] = weakref.WeakKeyDictionary()
+        # Each endpoint's first silent miss in a row: its client and the bytes heard by then (a second gives up its calls).
+        self._silent: weakref.WeakKeyDictionary[Endpoint, tuple[weakref.ref[BackendClient], int]] = weakref.WeakKeyDictionary()
 
     async def run(self, ledger: LedgerStore | None, task_status: trio.TaskStatus[None]) -> None:
         """Every loop, forever (``Router.run`` says which); started once the first of each is done, and every
@@ -239,8 +241,11 @@ class Upkeep:
         which no lost packet or stall of this loop can fake), and a probe
         that timed out while this loop was on time and the engine sent no
         byte on any call (silent: a black hole, or a half-dead engine). A
-        silent engine's calls still waiting for their first byte give up then
-        and are tried elsewhere. A probe that timed out while the engine was
+        silent engine's calls still waiting for their first byte give up at
+        its second silent miss in a row, nothing heard since the first, and
+        are tried elsewhere: an API server starved of CPU for a second or two
+        while its engine runs only whole answers (no byte until each ends)
+        looks silent once, and its calls are not given up for it. A probe that timed out while the engine was
         sending bytes elsewhere is a miss like any other (busy, not dead); a
         completion probe that did so while the endpoint ran its full cap
         waited in vLLM's own queue, and is no verdict; and one that timed out
@@ -271,6 +276,8 @@ class Upkeep:
                 endpoint.work_unproven = not passed
             if passed and completion:
                 endpoint.end_ejection()
+            if passed is not None:
+                self._silent.pop(endpoint, None)
             self._judge(endpoint, passed, at_once="its connection was refused" if answer == REFUSED else None)
             return
         loop_lag = self._loop_lag
@@ -290,10 +297,16 @@ class Upkeep:
         if endpoint.healthy:
             log.warning("endpoint %s did not answer its health check in %.1f s%s", endpoint.url, timeout, "" if silent else " (busy)")
         self._judge(endpoint, False, at_once=f"it sent nothing for {timeout:g} s" if silent else None)
-        if silent and not endpoint.healthy:
-            given_up = endpoint.stop_waiting()
-            if given_up:
-                log.warning("endpoint %s is silent: %d calls waiting for its first byte are tried elsewhere", endpoint.url, given_up)
+        if not silent:
+            self._silent.pop(endpoint, None)
+            return
+        before = self._silent.get(endpoint)
+        if before is None or before[0]() is not client or client.heard != before[1]:
+            self._silent[endpoint] = (weakref.ref(client), heard)  # the first silent miss: the calls wait on
+            return
+        given_up = endpoint.stop_waiting()
+        if given_up:
+            log.warning("endpoint %s is silent: %d calls waiting for its first byte are tried elsewhere", endpoint.url, given_up)
 
     def _completion_probe(self, endpoint: Endpoint, kind: HealthCheckKind) -> bool:
         """Whether this turn's probe of ``endpoint`` is a completion: always, never, or ("auto") while a call

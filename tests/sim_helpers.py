@@ -9,6 +9,7 @@ import httpx
 import trio
 
 from tailguard.sim import DEFAULT_MODEL, Engine, EngineParams, SimApp, SimTransport
+from tailguard.sim.request import CHARS_PER_TOKEN
 
 MODEL = DEFAULT_MODEL
 
@@ -21,6 +22,7 @@ async def in_process_engine(
     retry_after: int | None = None,
     prompt_tokens_details: bool = False,
     request_id_headers: bool = False,
+    max_chars_per_token: int = CHARS_PER_TOKEN,
     **kwargs: object,
 ) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
     """An engine behind an httpx client with no sockets (works under MockClock); ``kwargs`` go to the Engine.
@@ -36,6 +38,7 @@ async def in_process_engine(
         retry_after=retry_after,
         enable_prompt_tokens_details=prompt_tokens_details,
         enable_request_id_headers=request_id_headers,
+        max_chars_per_token=max_chars_per_token,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)

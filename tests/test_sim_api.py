@@ -548,6 +548,18 @@ async def test_errors_in_vllms_2026_words_name_their_param(
     assert response.status_code == error["code"]
 
 
+async def test_a_longer_tokenizer_token_counts_a_long_text_before_refusing_it(autojump_clock: trio.testing.MockClock) -> None:
+    """vLLM refuses text untokenized only past max_model_len x the tokenizer's longest token (80 on the real suite's
+    model): a 27,000-character prompt is refused by its tokens there, as the simulator does given that length."""
+    body = {"prompt": "deadbeef " * 3000}
+    async with in_process_engine(FAST) as (_, client):
+        as_text = (await client.post("/v1/completions", json=body)).json()["error"]
+    async with in_process_engine(FAST, max_chars_per_token=80) as (_, client):
+        as_tokens = (await client.post("/v1/completions", json=body)).json()["error"]
+    assert (as_text["param"], as_tokens["param"]) == ("input_text", "input_tokens")
+    assert "at least 4097 input tokens" in as_tokens["message"]
+
+
 async def test_empty_stream_options_without_stream_are_accepted(autojump_clock: trio.testing.MockClock) -> None:
     # vLLM's validator tests the value's truth: {} and null pass, as there.
     async with in_process_engine(FAST) as (_, client):

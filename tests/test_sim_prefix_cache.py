@@ -231,3 +231,21 @@ async def test_kv_usage_counts_held_blocks_not_free_cached_ones(autojump_clock: 
     assert 1000 / 100_000 < running <= (1000 + 50) / 100_000  # its prompt and the tokens so far
     assert _gauge(idle, "vllm:kv_cache_usage_perc") == 0.0  # its 62 blocks are cached, free, not in use
     assert engine._cache is not None and engine._cache.free_cached_blocks == 1000 // BLOCK_SIZE
+
+
+async def test_block_size_sets_the_unit_of_a_hit_as_vllms_cpu_build_does(autojump_clock: trio.testing.MockClock) -> None:
+    """vLLM's CPU build caches 128-token blocks: a 300-token prompt seen again hits 256, not 288 (16-token blocks)."""
+    coarse = CACHED.replace(block_size=128)
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "z" * 1180}], "max_tokens": 2}
+    async with in_process_engine(coarse, prompt_tokens_details=True) as (engine, client):
+        first = (await client.post("/v1/chat/completions", json=request)).json()
+        second = (await client.post("/v1/chat/completions", json=request)).json()
+        text = (await client.get("/metrics")).text
+    assert first["usage"]["prompt_tokens"] == 302
+    assert first["usage"]["prompt_tokens_details"]["created_cache_tokens"] == 256  # two full blocks cached anew
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 256
+    assert second["usage"]["prompt_tokens_details"]["created_cache_tokens"] == 0
+    assert 'block_size="128"' in text and f'num_gpu_blocks="{coarse.kv_cache_tokens // 128}"' in text
+    assert build_parser().parse_args(["--block-size", "128"]).block_size == 128
+    with pytest.raises(ValueError, match="block_size"):
+        CACHED.replace(block_size=0)

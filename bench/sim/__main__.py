@@ -24,6 +24,7 @@ import trio
 from .faults import MODES, AdminApp, Fault, FaultSwitch
 from .http import KEEP_ALIVE_TIMEOUT, serve
 from .params import PROFILES, SCHEDULING_POLICIES, EngineParams
+from .request import CHARS_PER_TOKEN
 from .server import DEFAULT_MODEL, EngineSpec, parse_engines, serve_engine
 
 _PARAM_HELP = {
@@ -44,6 +45,8 @@ _PARAM_HELP = {
     "token reach this, a new request is answered 503 at once (default: unbounded)",
     "prefix_caching": "vLLM's automatic prefix caching, on in every profile as in vLLM V1: true or false "
     "(cached 16-token prompt blocks are not prefilled again)",
+    "block_size": "vLLM --block-size: tokens per KV block, the prefix cache's unit (16 as on CUDA; vLLM's CPU "
+    "backend uses 128)",
     "scheduler_reserve_full_isl": "vLLM --scheduler-reserve-full-isl, true by default as in vLLM 0.32: admit a waiting "
     "request only when free KV holds its whole prompt (plus its output so far after a preemption), less cached "
     "blocks running requests hold; false: KV for its first prefill chunk only (the older gate, which preempts "
@@ -125,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's flag: usage carries prompt_tokens_details (cached_tokens, 0 included) in every answer",
     )
     parser.add_argument(
+        "--max-chars-per-token",
+        type=int,
+        default=CHARS_PER_TOKEN,
+        help="the tokenizer's longest token, in characters: a text over max_model_len x this is refused before it is "
+        "counted (vLLM's input_text); 4 is the simulator's own token rule, a real tokenizer's is longer (default %(default)s)",
+    )
+    parser.add_argument(
         "--enable-request-id-headers",
         action="store_true",
         help="vLLM's flag: answers carry X-Request-Id (the caller's, else a new one); without it the caller's id "
@@ -196,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keep_alive_timeout=args.keep_alive_timeout,
                 enable_prompt_tokens_details=args.enable_prompt_tokens_details,
                 enable_request_id_headers=args.enable_request_id_headers,
+                max_chars_per_token=args.max_chars_per_token,
             )
             for port, profile in pairs
         ]

@@ -32,8 +32,8 @@ from .api_errors import ApiError, RouteError
 from .engine import Engine, EngineQueueFull, Sequence
 from .logprobs import chat_logprobs, completion_logprobs
 from .metrics import SimMetrics
-from .prefix_cache import BLOCK_SIZE
 from .request import (
+    CHARS_PER_TOKEN,
     CompletionRequest,
     check_model,
     load_json_object,
@@ -119,7 +119,7 @@ class _Answer:
     model: str
     fingerprint: str
     prompt_tokens_details: bool  # vLLM's --enable-prompt-tokens-details
-    prefix_caching: bool
+    cache_block: int | None  # the prefix cache's block size (None: no prefix caching)
 
 
 class _Choice:
@@ -279,8 +279,9 @@ def _usage(sequences: list[Sequence], answer: _Answer, *, chat: bool, stream: bo
     details: dict[str, Any] | None = None
     if answer.prompt_tokens_details:
         created: int | None = None
-        if chat and answer.prefix_caching:
-            created = (prompt // BLOCK_SIZE - first.cached_tokens // BLOCK_SIZE) * BLOCK_SIZE
+        block = answer.cache_block
+        if chat and block is not None:
+            created = (prompt // block - first.cached_tokens // block) * block
         details = {"cached_tokens": first.cached_tokens, "created_cache_tokens": created, "multimodal_tokens": None}
         if stream:
             details = {key: value for key, value in details.items() if value is not None}
@@ -303,6 +304,11 @@ class SimApp:
     as vLLM's AuthenticationMiddleware leaves every path outside ``/v1``.
     ``enable_prompt_tokens_details`` and ``enable_request_id_headers`` are
     vLLM's flags of those names (both off by default, as in vLLM).
+    ``max_chars_per_token`` is the tokenizer's longest token in characters:
+    vLLM refuses a text over ``max_model_len`` times it before tokenizing
+    (``input_text``); 4 is the simulator's own rule, a real tokenizer's is
+    longer (80 on the real suite's tiny model), and then a text over the
+    context is counted and refused by its tokens (``input_tokens``).
     ``retry_after`` adds a ``Retry-After`` (seconds) to the 503 of a full
     queue -- the simulator's own extra: vLLM sends none, so it is None by
     default.
@@ -318,11 +324,15 @@ class SimApp:
         retry_after: int | None = None,
         enable_prompt_tokens_details: bool = False,
         enable_request_id_headers: bool = False,
+        max_chars_per_token: int = CHARS_PER_TOKEN,
     ) -> None:
         if api_key == "":
             raise ValueError("api_key must not be empty (None means no key)")
         if retry_after is not None and retry_after < 0:
             raise ValueError(f"retry_after must not be negative, got {retry_after}")
+        if max_chars_per_token < 1:
+            raise ValueError(f"max_chars_per_token must be at least 1, got {max_chars_per_token}")
+        self.max_chars_per_token = max_chars_per_token
         self.engine = engine
         self.model = model
         self.metrics = metrics if metrics is not None else SimMetrics(engine, model)
@@ -331,7 +341,9 @@ class SimApp:
         self.enable_request_id_headers = enable_request_id_headers
         # vLLM's fingerprint is its version and a hash of its configuration: the engine's parameters here.
         config_hash = hashlib.sha256(f"{model}|{engine.params!r}".encode()).hexdigest()[:8]
-        self._answer = _Answer(model, f"vllm-{VLLM_VERSION}-{config_hash}", enable_prompt_tokens_details, engine.params.prefix_caching)
+        params = engine.params
+        block = params.block_size if params.prefix_caching else None
+        self._answer = _Answer(model, f"vllm-{VLLM_VERSION}-{config_hash}", enable_prompt_tokens_details, block)
         self._ids = itertools.count()
         self._created = int(time.time())
         # The W3C traceparent of the latest completion requests that sent one, as
@@ -375,7 +387,7 @@ class SimApp:
         if traceparent is not None:
             self.traceparents.append(traceparent)
         self._admit(request)
-        max_tokens = render(request, self.engine.params.max_model_len)
+        max_tokens = render(request, self.engine.params.max_model_len, self.max_chars_per_token)
         sample(request, max_tokens)
         sequences: list[Sequence] = []
         for choice in range(request.n):  # vLLM fans a request of n choices out into n sequences

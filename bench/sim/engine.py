@@ -257,7 +257,7 @@ class Engine:
         # Tokens the running sequences hold, a cached block shared by several
         # counted once (private tokens + PrefixCache.held_blocks whole blocks).
         self._kv_used = 0
-        self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
+        self._cache = PrefixCache(params.kv_cache_tokens, params.block_size) if params.prefix_caching else None
         self._work = trio.lowlevel.ParkingLot()
         self._arrivals = itertools.count()
         self._ids = itertools.count()
@@ -362,7 +362,7 @@ class Engine:
             arrival_seq=next(self._arrivals),
         )
         if self._cache is not None:
-            sequence._block_keys = prompt_block_keys(prompt_key, prompt_tokens, cache_salt)
+            sequence._block_keys = prompt_block_keys(prompt_key, prompt_tokens, cache_salt, self._cache.block_size)
         if self._priority_policy:
             heapq.heappush(self._queue, (priority, sequence._arrival_seq, sequence))
         else:

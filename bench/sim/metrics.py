@@ -34,7 +34,6 @@ from prometheus_client.registry import Collector
 
 from .engine import Engine
 from .engine import Sequence as EngineSequence
-from .prefix_cache import BLOCK_SIZE
 
 ENGINE_INDEX = "0"  # vLLM's engine label: the engine core's index (one core, no data parallelism)
 # vLLM's own bucket edges (seconds).
@@ -126,8 +125,8 @@ class _EngineCollector(Collector):
             "Information of the LLMEngine CacheConfig",
             labels=["block_size", "enable_prefix_caching", "engine", "kv_cache_size_tokens", "num_gpu_blocks"],
         )
-        blocks = params.kv_cache_tokens // BLOCK_SIZE
-        info.add_metric([str(BLOCK_SIZE), str(params.prefix_caching), ENGINE_INDEX, str(params.kv_cache_tokens), str(blocks)], 1.0)
+        blocks = params.kv_cache_tokens // params.block_size
+        info.add_metric([str(params.block_size), str(params.prefix_caching), ENGINE_INDEX, str(params.kv_cache_tokens), str(blocks)], 1.0)
         yield info
 
 

@@ -82,6 +82,9 @@ class EngineParams:
     # costs the simulator ~nothing at 2k tokens); both engines model it
     # (bench/sim/prefix_cache.py). ``--prefix-caching false`` turns it off.
     prefix_caching: bool = True
+    # vLLM's --block-size: tokens per KV block, the prefix cache's unit (only
+    # full blocks are cached and hit). 16 on CUDA; vLLM's CPU backend uses 128.
+    block_size: int = 16
     # vLLM's --scheduler-reserve-full-isl (SchedulerConfig.scheduler_reserve_full_isl,
     # True by default in 0.32): a waiting request is admitted only if the KV
     # cache's free blocks hold its whole sequence so far -- the prompt, plus
@@ -94,7 +97,7 @@ class EngineParams:
     scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("base_ms", "per_seq_ms", "per_context_token_ms"):

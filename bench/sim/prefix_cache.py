@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 from .tokens import prompt_token_array
 
-BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA
+BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA (EngineParams.block_size sets an engine's)
 
 
 def block_hashes(token_ids: Sequence[int] | array[int], cache_salt: str | None = None, block_size: int = BLOCK_SIZE) -> list[bytes]:
@@ -59,14 +59,14 @@ def block_hashes(token_ids: Sequence[int] | array[int], cache_salt: str | None =
     return keys
 
 
-def prompt_block_keys(prompt_key: str, prompt_tokens: int, cache_salt: str | None = None) -> list[bytes]:
+def prompt_block_keys(prompt_key: str, prompt_tokens: int, cache_salt: str | None = None, block_size: int = BLOCK_SIZE) -> list[bytes]:
     """The block keys of a prompt text of ``prompt_tokens`` tokens: what both engines look up.
 
     ``prompt_key`` is the text as the simulator's API builds it (a chat's
     message contents joined by NUL, ``tokens.chat_prompt_key``), so equal text
     prefixes give equal keys whichever engine or caller computes them.
     """
-    return block_hashes(prompt_token_array(prompt_key, prompt_tokens), cache_salt)
+    return block_hashes(prompt_token_array(prompt_key, prompt_tokens), cache_salt, block_size)
 
 
 class PrefixCache:

@@ -434,12 +434,12 @@ def check_model(request: CompletionRequest, served: str) -> None:
         raise ApiError(404, f"The model `{request.model}` does not exist. Valid aliases: {served}.", param="model")
 
 
-def render(request: CompletionRequest, max_model_len: int) -> int:
+def render(request: CompletionRequest, max_model_len: int, max_chars_per_token: int = CHARS_PER_TOKEN) -> int:
     """Stage 5, the renderer's checks, then ``get_max_tokens``: the ``max_tokens`` the engine runs. Raises ApiError.
 
     ``max_tokens`` (or ``max_completion_tokens``) over ``max_model_len`` is
     refused (``TokenizeParams``); a text over ``max_model_len`` x the
-    tokenizer's longest token is refused before it is tokenized
+    tokenizer's longest token (``max_chars_per_token``) is refused before it is tokenized
     (``input_text``); a prompt over ``max_model_len`` tokens is refused
     (``input_tokens``: text is tokenized only one token past the bound, so
     its count reads "at least"). Then ``max_tokens`` is cut to what the
@@ -457,7 +457,7 @@ def render(request: CompletionRequest, max_model_len: int) -> int:
         )
     if request.empty_conversation:
         raise ApiError(400, "Cannot apply chat template to an empty conversation. Provide at least one message.")
-    bound = limit * CHARS_PER_TOKEN
+    bound = limit * max_chars_per_token
     if request.prompt_chars is not None and request.prompt_chars > bound:
         raise vllm_error(
             f"This model's maximum context length is {limit} tokens. However, your prompt contains "

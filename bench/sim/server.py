@@ -12,6 +12,7 @@ from .engine import Engine
 from .faults import Fault, FaultInjector, FaultSwitch
 from .http import KEEP_ALIVE_TIMEOUT, serve
 from .params import PROFILES, EngineParams
+from .request import CHARS_PER_TOKEN
 
 DEFAULT_MODEL = "sim-llama-3.1-8b"
 
@@ -32,6 +33,7 @@ class EngineSpec:
     retry_after: int | None = None  # a Retry-After (seconds) on the 503 of a full queue: the simulator's extra (vLLM sends none)
     enable_prompt_tokens_details: bool = False  # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details
     enable_request_id_headers: bool = False  # vLLM's --enable-request-id-headers: X-Request-Id on responses
+    max_chars_per_token: int = CHARS_PER_TOKEN  # the tokenizer's longest token: a text over max_model_len x this is refused untokenized
     keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT  # idle keep-alive connections close after this (uvicorn's 5 s)
 
 
@@ -69,6 +71,7 @@ async def serve_engine(
         retry_after=spec.retry_after,
         enable_prompt_tokens_details=spec.enable_prompt_tokens_details,
         enable_request_id_headers=spec.enable_request_id_headers,
+        max_chars_per_token=spec.max_chars_per_token,
     )
     if switch is None:
         switch = FaultSwitch(spec.fault, seed=spec.seed)

@@ -229,7 +229,7 @@ class SweepEngine:
         self._context_base = 0  # sum of (computed - anchor - 1) over them
         self._finishes: list[tuple[int, int, SweepSequence]] = []  # (step, order, sequence); stale ones skipped
         self._kv_used = 0  # private tokens + the cache's held blocks: a shared block counts once
-        self._cache = PrefixCache(params.kv_cache_tokens) if params.prefix_caching else None
+        self._cache = PrefixCache(params.kv_cache_tokens, params.block_size) if params.prefix_caching else None
         self._careful = False  # the step in progress preempted, or its head may fit sooner: take the next one a step at a time
         self._step = 0  # number of the step in progress (or of the last one)
         self._step_end: float | None = None  # None: no step in progress

@@ -63,7 +63,7 @@ from tailguard.router.request import RouterRequest, message_text
 from ..canned import canned_transport
 from ..engine import EngineRequestError
 from ..params import PROFILES
-from ..prefix_cache import prompt_block_keys
+from ..prefix_cache import BLOCK_SIZE, prompt_block_keys
 from ..server import DEFAULT_MODEL
 from ..tokens import chat_prompt_key, count_chat_tokens
 from .clock import Timeline
@@ -241,7 +241,7 @@ def _timings(sequence: SweepSequence, start: float, record: Record) -> None:
 # -- the fleet ----------------------------------------------------------------------
 
 
-def prompt_of(body: Mapping[str, Any], *, keys: bool = True) -> tuple[int, list[bytes]]:
+def prompt_of(body: Mapping[str, Any], *, keys: bool = True, block_size: int = BLOCK_SIZE) -> tuple[int, list[bytes]]:
     """A chat body's prompt as the simulator's API sees it: its token count and block keys.
 
     The keys come from the body's real text and its ``cache_salt``
@@ -254,7 +254,7 @@ def prompt_of(body: Mapping[str, Any], *, keys: bool = True) -> tuple[int, list[
     if not keys:  # an engine without a prefix cache: nothing to look up
         return tokens, []
     salt = body.get("cache_salt")
-    return tokens, prompt_block_keys(chat_prompt_key(texts), tokens, salt if isinstance(salt, str) else None)
+    return tokens, prompt_block_keys(chat_prompt_key(texts), tokens, salt if isinstance(salt, str) else None, block_size)
 
 
 class EngineResponse:
@@ -299,7 +299,8 @@ class EngineClient:
         """
         try:
             request_id = headers["x-tailguard-request-id"]  # the sweep's own id (x-request-id is the router's, per attempt)
-            tokens, keys = prompt_of(body, keys=self._engine.params.prefix_caching)
+            params = self._engine.params
+            tokens, keys = prompt_of(body, keys=params.prefix_caching, block_size=params.block_size)
             limit = self._engine.params.max_model_len
             requested = body["max_tokens"]
             if tokens > limit or requested > limit:
@@ -346,7 +347,7 @@ class _Direct:
         engines = self._routes[arrival.kind]
         engine = engines[arrival.index % len(engines)]
         body = body_of(arrival, self._seed)
-        prompt, keys = prompt_of(body, keys=engine.params.prefix_caching)
+        prompt, keys = prompt_of(body, keys=engine.params.prefix_caching, block_size=engine.params.block_size)
         sequence = engine.submit(prompt, body["max_tokens"], block_keys=keys, request_id=request_id(arrival.index), rank=arrival.index)  # type: ignore[arg-type]
         try:
             await sequence.wait_finished()
