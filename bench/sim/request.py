@@ -264,20 +264,7 @@ def _completion_fields(fields: _Fields, data: Mapping[str, Any], model: str | No
     if max_tokens is None:  # null reads as the default (normalize_null_max_tokens)
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     n = fields.integer("n", 1, nullable=False)
-    presence = fields.number("presence_penalty")
-    seed = fields.integer("seed", None, bounded=True)
-    stream = fields.boolean("stream")
-    options = fields.nested("stream_options")
-    include_usage = options.boolean("include_usage") if options is not None else False
-    if options is not None:
-        options.boolean("continuous_usage_stats")
-    temperature = fields.number("temperature")
-    top_p = fields.number("top_p")
-    top_k = fields.integer("top_k", None)
-    min_p = fields.number("min_p")
-    repetition = fields.number("repetition_penalty")
-    ignore_eos = fields.boolean("ignore_eos", nullable=False)
-    min_tokens = fields.integer("min_tokens", 0, nullable=False)
+    sampling = _sampling(fields)
     priority = fields.integer("priority", 0, nullable=False, bounded=True)
     salt = fields.text("cache_salt")
     if shape is None or fields.errors:
@@ -295,20 +282,10 @@ def _completion_fields(fields: _Fields, data: Mapping[str, Any], model: str | No
         max_tokens=max_tokens,
         max_tokens_param="max_tokens",
         n=1 if n is None else n,
-        stream=stream,
-        include_usage=include_usage,
-        seed=seed,
-        min_tokens=min_tokens or 0,
-        ignore_eos=ignore_eos,
         priority=priority or 0,
         cache_salt=salt,
-        temperature=_or(temperature, 1.0),
-        top_p=_or(top_p, 1.0),
-        top_k=top_k or 0,
-        min_p=_or(min_p, 0.0),
-        presence_penalty=_or(presence, 0.0),
         frequency_penalty=_or(frequency, 0.0),
-        repetition_penalty=_or(repetition, 1.0),
+        **sampling,
         logprobs=logprobs,
     )
 
@@ -325,20 +302,7 @@ def _chat_fields(fields: _Fields, data: Mapping[str, Any], model: str | None) ->
     max_tokens = fields.integer("max_tokens", None)
     max_completion = fields.integer("max_completion_tokens", None)
     n = fields.integer("n", 1)
-    presence = fields.number("presence_penalty")
-    seed = fields.integer("seed", None, bounded=True)
-    stream = fields.boolean("stream")
-    options = fields.nested("stream_options")
-    include_usage = options.boolean("include_usage") if options is not None else False
-    if options is not None:
-        options.boolean("continuous_usage_stats")
-    temperature = fields.number("temperature")
-    top_p = fields.number("top_p")
-    top_k = fields.integer("top_k", None)
-    min_p = fields.number("min_p")
-    repetition = fields.number("repetition_penalty")
-    ignore_eos = fields.boolean("ignore_eos", nullable=False)
-    min_tokens = fields.integer("min_tokens", 0, nullable=False)
+    sampling = _sampling(fields)
     fields.boolean("echo", nullable=False)
     priority = fields.integer("priority", 0, nullable=False, bounded=True)
     salt = fields.text("cache_salt")
@@ -360,22 +324,44 @@ def _chat_fields(fields: _Fields, data: Mapping[str, Any], model: str | None) ->
         max_tokens=max_completion if max_completion is not None else max_tokens,
         max_tokens_param="max_completion_tokens" if max_completion is not None else "max_tokens",
         n=1 if n is None else n,  # null reads as 1 in a chat request
-        stream=stream,
-        include_usage=include_usage,
-        seed=seed,
-        min_tokens=min_tokens or 0,
-        ignore_eos=ignore_eos,
         priority=priority or 0,
         cache_salt=salt,
-        temperature=_or(temperature, 1.0),
-        top_p=_or(top_p, 1.0),
-        top_k=top_k or 0,
-        min_p=_or(min_p, 0.0),
-        presence_penalty=_or(presence, 0.0),
         frequency_penalty=_or(frequency, 0.0),
-        repetition_penalty=_or(repetition, 1.0),
+        **sampling,
         logprobs=(top_logprobs or 0) if logprobs else None,
     )
+
+
+def _sampling(fields: _Fields) -> dict[str, Any]:
+    """The fields both APIs share, from ``presence_penalty`` to ``min_tokens``, checked in vLLM's order (its
+    errors come in the order of the model's fields): the request's values, defaults for nulls."""
+    presence = fields.number("presence_penalty")
+    seed = fields.integer("seed", None, bounded=True)
+    stream = fields.boolean("stream")
+    options = fields.nested("stream_options")
+    include_usage = options.boolean("include_usage") if options is not None else False
+    if options is not None:
+        options.boolean("continuous_usage_stats")
+    temperature = fields.number("temperature")
+    top_p = fields.number("top_p")
+    top_k = fields.integer("top_k", None)
+    min_p = fields.number("min_p")
+    repetition = fields.number("repetition_penalty")
+    ignore_eos = fields.boolean("ignore_eos", nullable=False)
+    min_tokens = fields.integer("min_tokens", 0, nullable=False)
+    return {
+        "stream": stream,
+        "include_usage": include_usage,
+        "seed": seed,
+        "min_tokens": min_tokens or 0,
+        "ignore_eos": ignore_eos,
+        "temperature": _or(temperature, 1.0),
+        "top_p": _or(top_p, 1.0),
+        "top_k": top_k or 0,
+        "min_p": _or(min_p, 0.0),
+        "presence_penalty": _or(presence, 0.0),
+        "repetition_penalty": _or(repetition, 1.0),
+    }
 
 
 def _or(value: float | None, default: float) -> float:
