@@ -22,8 +22,9 @@ token per byte on what it never learned to merge (3 a CJK character, 1 a
 punctuation mark or hex digit). So the estimate is also split by *kind* of
 text (:data:`KINDS`), for :mod:`router.prompt_ratios` to learn each model's
 real-to-estimated ratio per kind from the engines' usage and correct it.
-The kinds are what tokenizers treat differently, told apart by a few C-speed
-passes over the bytes (``bytes.translate``), never a loop per character:
+The kinds are what tokenizers treat differently, told apart by C-speed
+passes over the bytes (one ``bytes.translate`` to a class a byte, then
+``bytes.count`` per class and chunk), never a loop per character:
 
 - ``words``: ASCII letters and whitespace of text with word breaks (prose,
   code): what every tokenizer merges best;
@@ -66,12 +67,26 @@ _CJK = re.compile(
     "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\U00020000-\U0002fa1f]"
 )
 
-# Byte sets deleted by bytes.translate to count a class in one C pass each.
-_DIGITS = b"0123456789"
+# Each byte's class, as one byte: a text is translated once, then each class
+# is counted per chunk with bytes.count over a range (no copies).
+_SPACE, _DIGIT, _SYMBOL, _VOWEL, _CONSONANT, _NON_ASCII = b"sdyvco"
 _SPACES = b" \t\n\r\x0b\x0c"
-_SYMBOLS = bytes(c for c in range(128) if not chr(c).isalnum() and c not in _SPACES)
-_NON_ASCII = bytes(range(128, 256))
-_VOWELS = b"aeiouAEIOU"
+
+
+def _byte_class(byte: int) -> int:
+    if byte >= 128:
+        return _NON_ASCII
+    char = chr(byte)
+    if byte in _SPACES:
+        return _SPACE
+    if char.isdigit():
+        return _DIGIT
+    if not char.isalpha():
+        return _SYMBOL
+    return _VOWEL if char in "aeiouAEIOU" else _CONSONANT
+
+
+_CLASSES = bytes(_byte_class(byte) for byte in range(256))
 # Letters that read as words: at most _WORD of them per word break (a space or
 # symbol: English prose has ~3 to 4, code ~2), and about as many vowels as
 # natural text (0.33-0.45 of the letters of English prose, Python, C and JSON
@@ -204,28 +219,30 @@ class _Tally:
                 self.flush()
             return
         self.flush()
+        classes = data.translate(_CLASSES)
         for start in range(0, len(data), _CHUNK):  # a blob inside prose (a key, a base64 image, a hex dump) is judged apart
-            self._chunk(data[start : start + _CHUNK])
+            self._chunk(classes, start, min(start + _CHUNK, len(data)))
 
     def flush(self) -> None:
         """Judge the short texts gathered so far, as one chunk."""
         if self._pending:
-            self._chunk(b"".join(self._pending))
+            classes = b"".join(self._pending).translate(_CLASSES)
+            self._chunk(classes, 0, len(classes))
             self._pending.clear()
             self._pending_size = 0
 
-    def _chunk(self, data: bytes) -> None:
-        """Bytes of text (a multi-byte character cut in two is still two non-ASCII bytes): a C pass per count."""
+    def _chunk(self, classes: bytes, start: int, end: int) -> None:
+        """``classes[start:end]``, text as a class a byte (a multi-byte character cut in two is still two
+        non-ASCII bytes): a C pass per count, over the range, with no copy."""
         per, parts = self.per, self.parts
-        size = len(data)
-        other = 0 if data.isascii() else size - len(data.translate(None, _NON_ASCII))
-        digits = size - len(data.translate(None, _DIGITS))
-        spaces = size - len(data.translate(None, _SPACES))
-        symbols = size - len(data.translate(None, _SYMBOLS))
-        letters = size - other - digits - spaces - symbols
+        other = classes.count(_NON_ASCII, start, end)
+        digits = classes.count(_DIGIT, start, end)
+        spaces = classes.count(_SPACE, start, end)
+        symbols = classes.count(_SYMBOL, start, end)
+        letters = end - start - other - digits - spaces - symbols
         dense: float = letters - _WORD * (spaces + symbols + 1)  # beyond the word breaks: hex, base64, a key
         if letters >= _VOWEL_MIN:  # too few vowels: random letters
-            vowels = size - len(data.translate(None, _VOWELS))
+            vowels = classes.count(_VOWEL, start, end)
             dense = max(dense, letters * (_WORDS_VOWELS - vowels / letters) / (_WORDS_VOWELS - _RANDOM_VOWELS))
         dense = min(letters, max(0, dense))
         parts[DENSE] += (digits + dense) / per
