@@ -228,7 +228,12 @@ def fill(engine: RealEngine, hold: float = 30.0) -> Iterator[None]:
     """Another client fills ``engine`` (``--max-num-seqs 1 --max-num-queued-reqs 1``: vLLM 0.32 counts running
     and waiting requests against the latter, so one request fills it) for ``hold`` seconds after it runs, or
     until the block ends: a long whole answer, never read, whose connection is then closed (vLLM aborts it).
-    A whole answer keeps vLLM's API server idle meanwhile, and its probes quick, on a busy host."""
+    A whole answer keeps vLLM's API server idle meanwhile, and its probes quick, on a busy host.
+
+    Once full, the engine's core is stopped (SIGSTOP) until the hold ends: vLLM's API server, which refuses
+    for a full queue (AsyncLLM's QueueOverflowError), answers on, while a core generating 3,000 tokens would
+    take a whole core of the suite's two from the sibling under test (CI: the sibling's 4 answers of 128
+    tokens took 22 s, and its /health stalled past 5 s)."""
     body = json.dumps(long_completion(3000)).encode()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:{engine.port}\r\ncontent-type: application/json\r\n"
@@ -248,13 +253,20 @@ def fill(engine: RealEngine, hold: float = 30.0) -> Iterator[None]:
             refused = b""
         client.setblocking(True)
         assert not refused, f"the filler was refused: {refused[:200]!r}"
-        timer = threading.Timer(hold, lambda: client.shutdown(socket.SHUT_RDWR))
+        engine.hang()
+
+        def release() -> None:
+            engine.resume()
+            client.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(hold, release)
         timer.start()
         try:
             yield
         finally:
             timer.cancel()
     finally:
+        engine.resume()
         client.close()
 
 
