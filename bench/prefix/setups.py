@@ -51,7 +51,10 @@ SETUPS = (ROUND_ROBIN, CACHE_AWARE, CACHE_AWARE_TUNED, HAND, LEAST_LOADED, TAILG
 RAW_CLASSES, UNCACHED_CLASSES = "tailguard, raw classes", "tailguard, uncached classes"
 PROMPT_BOUNDS = {RAW_CLASSES: "all", UNCACHED_CLASSES: "uncached"}
 SHORT_CLASS_PROMPT_TOKENS = 500  # the shipped interactive class's max_prompt_tokens
-ALL_SETUPS = (*SETUPS, HINTED, RAW_CLASSES, UNCACHED_CLASSES)
+# The prefix affinity load bound (pools.*.placement.affinity_load_factor, shipped 1.1) at other values: how much
+# concentration a warm prefix is worth once the simulator stores its KV once (issue 33).
+LOAD_BOUNDS = {"tailguard, load bound 1.25": 1.25, "tailguard, load bound 1.5": 1.5}
+ALL_SETUPS = (*SETUPS, HINTED, RAW_CLASSES, UNCACHED_CLASSES, *LOAD_BOUNDS)
 # vllm-router's flags per set-up. The tuned cache_aware balances once the busiest worker has 8 more requests
 # (a quarter of an engine's seats) and 1.25x the idlest's, instead of its defaults' 64 and 1.5x.
 PEER_POLICIES = {
@@ -108,6 +111,8 @@ def describe(name: str, placement_ok: bool) -> Setup:
         return Setup(name, text)
     if name == HINTED:
         return Setup(name, f"tailguard, one pool, its default placement, {SESSION_HEADER} = the request's key", pin_header=True)
+    if name in LOAD_BOUNDS:
+        return Setup(name, f"tailguard, one pool, its default placement with affinity_load_factor = {LOAD_BOUNDS[name]:g}")
     if name in PROMPT_BOUNDS:
         return Setup(
             name,
@@ -118,7 +123,13 @@ def describe(name: str, placement_ok: bool) -> Setup:
 
 
 def pool_config(
-    http_port: int, grpc_port: int, engines: Sequence[int], time_scale: float, placement: str | None, prompt_bound: str | None = None
+    http_port: int,
+    grpc_port: int,
+    engines: Sequence[int],
+    time_scale: float,
+    placement: str | None,
+    prompt_bound: str | None = None,
+    load_bound: float | None = None,
 ) -> str:
     """tailguard over ``engines``: one pool, caps at the engines' seats, a catch-all class (after a "short" one with ``prompt_bound``); GPU-time timeouts."""
     endpoints = ", ".join(f'{{ url = "http://{HOST}:{port}", max_concurrency = {SEATS} }}' for port in engines)
@@ -137,6 +148,7 @@ def pool_config(
         f'models = ["{MODEL}"]',
         *([f'placement = "{placement}"'] if placement else []),
         f"endpoints = [{endpoints}]",
+        *([f"affinity_load_factor = {load_bound:g}"] if load_bound is not None else []),
         "",
         *(
             [
@@ -179,7 +191,9 @@ async def running(
         else:
             placement = "least_loaded" if setup.name == LEAST_LOADED and placement_ok else None
             config = tmp / f"tailguard-{file_name(setup.name)}.toml"
-            config.write_text(pool_config(port, second, engines, time_scale, placement, PROMPT_BOUNDS.get(setup.name)))
+            config.write_text(
+                pool_config(port, second, engines, time_scale, placement, PROMPT_BOUNDS.get(setup.name), LOAD_BOUNDS.get(setup.name))
+            )
             process = await start_tailguard(nursery, config, log=log)
         try:
             await wait_ready(port, process, setup.name)

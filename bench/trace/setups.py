@@ -94,9 +94,18 @@ def on_profiles(setup: Setup, profiles: dict[str, str]) -> Setup:
     return dataclasses.replace(setup, engines=engines, config=dataclasses.replace(setup.config, pools=pools))
 
 
+def placed_as(setup: Setup, config: Config) -> Setup:
+    """``setup`` with each pool that ``config`` names placing as it says there (``placement``, its load bound, ...)."""
+    assert setup.config is not None
+    placements = {pool.name: pool.placement for pool in config.pools}
+    pools = tuple(dataclasses.replace(pool, placement=placements.get(pool.name, pool.placement)) for pool in setup.config.pools)
+    return dataclasses.replace(setup, config=dataclasses.replace(setup.config, pools=pools))
+
+
 def _tailguard(engines: int, split: tuple[int, int], config: Config) -> Setup:
-    """The split's engines tuned as ``config``'s pools say (``simulate_profile``): the shipped file runs vLLM's defaults on both."""
-    setup = routed_like(tailguard_split(*split, lend_rules_of(config)), config)
+    """The split's engines tuned as ``config``'s pools say (``simulate_profile``): the shipped file runs vLLM's defaults
+    on both; its pools place as the file says."""
+    setup = placed_as(routed_like(tailguard_split(*split, lend_rules_of(config)), config), config)
     return on_profiles(setup, {pool.name: pool.simulate_profile for pool in config.pools})
 
 
