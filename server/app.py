@@ -179,7 +179,17 @@ async def serve(
         # in-flight requests finished (or its grace period passed); the rest
         # of the nursery is background work, cancelled after it.
         async with contextlib.AsyncExitStack() as front_stack, trio.open_nursery() as front:
+            # gRPC first (its server takes ~1 s to start): once HTTP answers /health, both front ends take calls,
+            # so a readiness probe on /health never sends gRPC callers to a port that refuses them.
+            bound_grpc: int | None = None
             port = config.server.http_port if http_port is None else http_port
+            if grpc:  # a busy HTTP address is said before gRPC runs (a server left unstopped cannot exit quietly)
+                _check_bindable(config.server.http_host, port, "server.http_listen", reuse_port=worker is not None)
+                if metrics_listen is not None:
+                    _check_bindable(*metrics_listen, "server.metrics_listen", reuse_port=worker is not None)
+                asyncio_host = await front_stack.enter_async_context(open_asyncio_host())
+                listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
+                bound_grpc = await _serve_grpc_port(front, asyncio_host, listen, services, config.server, tls, worker, shutdown)
             address = await _serve_http_ports(
                 front, app, (config.server.http_host, port), "server.http_listen", config.server, tls.http, worker, shutdown
             )
@@ -187,11 +197,6 @@ async def serve(
             if metrics_listen is not None:  # plain HTTP, /metrics alone: Prometheus's port, not the callers'
                 scrape = HttpApi(router, max_body_bytes=1024, telemetry=services.telemetry, metrics=services.metrics, serves="metrics")
                 metrics_url = await _serve_http_ports(front, scrape, metrics_listen, "server.metrics_listen", config.server, None, worker, shutdown)
-            bound_grpc: int | None = None
-            if grpc:
-                asyncio_host = await front_stack.enter_async_context(open_asyncio_host())
-                listen = (config.server.grpc_host, config.server.grpc_port if grpc_port is None else grpc_port)
-                bound_grpc = await _serve_grpc_port(front, asyncio_host, listen, services, config.server, tls, worker, shutdown)
             _tune_gc()
             _return_big_buffers()
             task_status.started(Running(router, address, reloader, services.metrics, drain, bound_grpc, metrics_url))

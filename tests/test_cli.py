@@ -135,6 +135,32 @@ async def test_serve_simulate_answers_and_stops_on_sigint(tmp_path: Path) -> Non
         assert await exited(process) == 0
 
 
+async def test_grpc_takes_calls_as_soon_as_http_answers_health(tmp_path: Path) -> None:
+    """A readiness probe on /health must not send gRPC callers to a port that refuses them: the real-vLLM suite's
+    gRPC test met "Connection refused" 1.2 s after /health answered (gRPC's server started after HTTP's)."""
+    ports = [free_port() for _ in range(4)]
+    path = config_on_free_ports(tmp_path, ports)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tailguard.server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with trio.fail_after(60):
+            while True:  # the HTTP port's first accepted connection: /health answers on it at once
+                try:
+                    with socket.create_connection(("127.0.0.1", ports[0]), timeout=5):
+                        break
+                except ConnectionRefusedError:
+                    assert process.poll() is None, f"tailguard exited with {process.returncode}"
+                    await trio.sleep(0.005)
+        with socket.create_connection(("127.0.0.1", ports[3]), timeout=5):
+            pass  # accepted: gRPC listens
+    finally:
+        process.kill()
+        process.wait()
+
+
 async def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path: Path) -> None:
     async with serve_process(tmp_path) as (process, client):
         body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 120, "stream": True}
