@@ -126,9 +126,6 @@ class HttpApi:
         await self._callers.run(task_status=task_status)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
         if scope["type"] != "http":
             return
         path: str = scope["path"]
@@ -365,13 +362,3 @@ async def _send_error(send: Send, error: HttpError, request_id: str) -> None:
     """An error answer outside a completion's session (its request id is checked or fresh)."""
     await send({"type": "http.response.start", "status": error.status, "headers": [*error.headers(), (b"x-request-id", request_id.encode("latin-1"))]})
     await send({"type": "http.response.body", "body": error.encoded()})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
