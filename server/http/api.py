@@ -288,7 +288,7 @@ class _ApiExchange:
         headers = [(name.encode(), value.encode()) for name, value in session.routing_facts(completion.routing)]
         if not completion.stream:
             body = await completion.read()
-            # A length lets h11 frame the body without chunking (one write fewer).
+            # The body is whole: its length goes in the head, and the server checks the body against it.
             headers += [_JSON, (b"content-length", str(len(body)).encode()), _timing(session, total=True)]
             await self._start(200, headers)
             await self._body(body, more=False)
