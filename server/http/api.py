@@ -17,8 +17,8 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
@@ -39,16 +39,12 @@ from ..metrics import CONTENT_TYPE, Metrics
 from ..timing import server_timing
 from .caller_watch import CallerWatch, Watch
 from .openai_wire import parse_completion_body
+from .settings import Receive, Scope, Send
 
 log = logging.getLogger("tailguard.http")
 
 _CLASS_HEADER = "x-tailguard-class"
 _REPEATED = "\x00repeated"  # a header value no client can send (NUL): the header came more than once
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _COMPLETION_PATHS: dict[str, RequestKind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 # Every route and the methods it takes; a path not here is a 404, a method not listed a 405.
