@@ -9,10 +9,11 @@ router/outlier.py; this is the state they read and write.
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import trio
 
@@ -22,10 +23,7 @@ from .cluster import Yielding
 from .config_types import BackendAccess, EndpointConfig, ServerConfig, TimeoutsConfig
 from .lean_transport import ConnectorTransport
 from .lend_budget import FirstTokenWatch
-from .policies import url_seed
-
-if TYPE_CHECKING:
-    from .seat_shares import SeatSplit
+from .seat_shares import SeatSplit
 
 
 class Closable(Protocol):
@@ -77,7 +75,7 @@ class Endpoint:
     ) -> None:
         self.url = config.url
         self.engine = engine  # a share: the endpoint whose engine's seats it holds
-        self.split: SeatSplit | None = None  # the engine's seats split between pools (rebalancing's seat moves)
+        self.split: SeatSplit[Endpoint] | None = None  # the engine's seats split between pools (rebalancing's seat moves)
         self.rendezvous_seed = url_seed(config.url)  # prefix affinity's weight of it for a key: router/policies.py
         self.max_concurrency = config.max_concurrency
         self.movable = config.movable
@@ -394,3 +392,11 @@ class Endpoint:
     async def aclose(self) -> None:
         await self.client.aclose()
         await self.probe.aclose()
+
+
+def url_seed(url: str) -> hashlib.blake2b:
+    """An endpoint's rendezvous seed: blake2b having read its URL, kept by the endpoint so a request hashes only its key.
+
+    Here, not beside the policies that weigh it (router/policies.py), so that they import endpoints and not the reverse.
+    """
+    return hashlib.blake2b(url.encode(), digest_size=8)

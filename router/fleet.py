@@ -379,7 +379,7 @@ class Fleet:
             pool.queue.dispatch()
 
 
-def _seats_by_pool(split: SeatSplit) -> str:
+def _seats_by_pool(split: SeatSplit[Endpoint]) -> str:
     """``interactive 8, batch 24``: each pool's cap on one engine, for the log."""
     return ", ".join(f"{m.pool_name} {m.max_concurrency}" for m in split.members if m.pool_name is not None) or "none"
 

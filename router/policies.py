@@ -17,9 +17,10 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
+from .endpoint import Endpoint, url_seed
+
 if TYPE_CHECKING:
     from .config_types import PlacementConfig
-    from .endpoint import Endpoint
 
 # How a seat's endpoint was chosen (Lease.placement, RequestRecord.placement; metrics and the access log use these names):
 # "home": the key's home, where it spilled on its first placement here if that endpoint is still usable, else its first
@@ -282,11 +283,6 @@ def rendezvous_order(key: bytes, candidates: Sequence[Endpoint]) -> list[Endpoin
 def rendezvous_weight(key: bytes, url: str) -> bytes:
     """A stable pseudo-random weight of (key, endpoint), equal on every process: blake2b of the URL, then the key."""
     return seeded_weight(url_seed(url), key)
-
-
-def url_seed(url: str) -> hashlib.blake2b:
-    """An endpoint's rendezvous seed: blake2b having read its URL, kept by the endpoint so a request hashes only its key."""
-    return hashlib.blake2b(url.encode(), digest_size=8)
 
 
 def seeded_weight(seed: hashlib.blake2b, key: bytes) -> bytes:

@@ -23,24 +23,31 @@ until it is idle.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .endpoint import Endpoint
-
-Wake = Callable[["Endpoint"], None]  # offer the waiters of the pool an endpoint serves the room a freed seat opened
+from typing import Any, Generic, Protocol, TypeVar
 
 
-class SeatSplit:
+class Seated(Protocol):
+    """What a split reads and sets on its members (an ``Endpoint``): named here so this module need not import endpoint.py, which imports it."""
+
+    max_concurrency: int
+    in_flight: int
+    pool_name: str | None
+    split: SeatSplit[Any] | None
+
+
+Member = TypeVar("Member", bound=Seated)
+
+
+class SeatSplit(Generic[Member]):
     """The endpoints that hold seats of one engine: the engine's own, and its shares (one per pool)."""
 
-    def __init__(self, engine: Endpoint, wake: Wake) -> None:
+    def __init__(self, engine: Member, wake: Callable[[Member], None]) -> None:
         self.engine = engine
-        self.shares: list[Endpoint] = []  # serving a pool, or dropped (cap 0, no pool) while requests still run
-        self._wake = wake
+        self.shares: list[Member] = []  # serving a pool, or dropped (cap 0, no pool) while requests still run
+        self._wake = wake  # offer the waiters of the pool a member serves the room a freed seat opened
 
     @property
-    def members(self) -> list[Endpoint]:
+    def members(self) -> list[Member]:
         return [self.engine, *self.shares]
 
     @property
@@ -48,21 +55,21 @@ class SeatSplit:
         """The engine's seats: every member's cap together."""
         return sum(member.max_concurrency for member in self.members)
 
-    def room_for(self, member: Endpoint) -> int:
+    def room_for(self, member: Member) -> int:
         """Seats ``member`` may hold now: the engine's cap less what the others run (never below 0)."""
         others = sum(m.in_flight for m in self.members if m is not member)
         return max(0, self.cap - others)
 
-    def share_in(self, pool: str) -> Endpoint | None:
+    def share_in(self, pool: str) -> Member | None:
         """The share serving ``pool`` now, if any."""
         return next((share for share in self.shares if share.pool_name == pool), None)
 
     @property
-    def serving(self) -> list[Endpoint]:
+    def serving(self) -> list[Member]:
         """The shares serving a pool now (not the dropped ones still draining)."""
         return [share for share in self.shares if share.pool_name is not None]
 
-    def freed(self, member: Endpoint) -> None:
+    def freed(self, member: Member) -> None:
         """A request on ``member`` ended: forget a dropped share gone idle, and offer the others' pools the seat."""
         if member is not self.engine and member.pool_name is None and not member.in_flight:
             self.forget(member)
@@ -70,7 +77,7 @@ class SeatSplit:
             if other is not member and other.pool_name is not None:
                 self._wake(other)
 
-    def forget(self, share: Endpoint) -> None:
+    def forget(self, share: Member) -> None:
         """``share`` holds no seat of the engine any more; the engine is whole again once no share is left."""
         if share in self.shares:
             self.shares.remove(share)
@@ -78,7 +85,7 @@ class SeatSplit:
         if not self.shares:
             self.engine.split = None
 
-    def drop(self, share: Endpoint) -> int:
+    def drop(self, share: Member) -> int:
         """``share`` leaves its pool; its seats go back to the engine's own endpoint. Returns the seats it had."""
         seats = share.max_concurrency
         self.engine.max_concurrency += seats

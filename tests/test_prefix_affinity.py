@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailguard.router.policies import LeastLoaded, PrefixAffinity, rendezvous_order, rendezvous_weight, url_seed
+from tailguard.router.endpoint import url_seed
+from tailguard.router.policies import LeastLoaded, PrefixAffinity, rendezvous_order, rendezvous_weight
 from tailguard.router.prefix_key import key_chars, prefix_key
 
 if TYPE_CHECKING:
