@@ -1,16 +1,18 @@
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tailguard.router.auth import hash_key
 from tailguard.router.config import ConfigError, limits_document, load_config, parse_config, render_config
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, Config, EndpointConfig, LoggingConfig, MetricsConfig
+from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, EndpointConfig, LoggingConfig, MetricsConfig
 
 SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
 
@@ -737,8 +739,29 @@ def test_config_error_str_lists_every_problem() -> None:
     assert str(error).splitlines() == ["x.toml: configuration refused, 2 problems:", "  a.b: one", "  c: two"]
 
 
-def test_config_type_is_the_contract() -> None:
-    assert isinstance(parse_config(BASE), Config)
+def test_a_parsed_config_is_frozen_all_the_way_down() -> None:
+    """The loader's contract (router/config_types.py): frozen, so a reload swaps a Config whole
+    and never edits one a request still reads. No list, dict or set anywhere in it either."""
+
+    def mutable_parts(value: object, path: str) -> Iterator[str]:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for field in dataclasses.fields(value):
+                part = getattr(value, field.name)
+                try:
+                    setattr(value, field.name, part)  # the same value: harmless where it is allowed
+                    yield f"{path}.{field.name} can be assigned"
+                except dataclasses.FrozenInstanceError:
+                    pass
+                yield from mutable_parts(part, f"{path}.{field.name}")
+        elif isinstance(value, (tuple, frozenset)):
+            for i, item in enumerate(value):
+                yield from mutable_parts(item, f"{path}[{i}]")
+        elif not isinstance(value, (str, int, float, type(None))):
+            yield f"{path} is a {type(value).__name__}"
+
+    config = parse_config(BASE)
+    assert config.pools and config.pools[0].endpoints  # the walk reaches the nested sections
+    assert list(mutable_parts(config, "config")) == []
 
 
 # --------------------------------------------------------------------------
@@ -774,9 +797,8 @@ def test_a_front_proxy_timeout_not_above_end_to_end_is_a_warning(front: str) -> 
     (warning,) = config.warnings
     assert warning.startswith(f"timeouts.front_proxy_timeout ({front} s) is not above timeouts.end_to_end_timeout (120 s)")
     assert "proxy_read_timeout" in warning and "above 120 s" in warning
-    rendered = render_config(config)
-    assert rendered.splitlines()[2].startswith("warnings")
-    assert f"  {warning}" in rendered
+    # check-config shows it under its heading (which line that lands on is the layout's business)
+    assert f"\nwarnings (tailguard runs, but fix these)\n  {warning}\n" in render_config(config)
 
 
 def test_without_a_front_proxy_timeout_there_is_no_warning() -> None:

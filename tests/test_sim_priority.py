@@ -171,16 +171,27 @@ async def test_the_priority_field_is_validated_and_reaches_the_engine(autojump_c
 
 async def test_fcfs_accepts_a_priority_and_ignores_it(autojump_clock: trio.testing.MockClock) -> None:
     """vLLM V1 under fcfs takes the field and orders by arrival (v0 and early v1 refused it)."""
+    statuses: list[int] = []
+    finished: list[int] = []  # each sequence's priority, in the order they finish
     async with trio.open_nursery() as nursery:
-        engine = await start(nursery, ROUND)
-        response = await SimApp(engine, model="m").handle(
-            "POST",
-            "/v1/completions",
-            {"content-type": "application/json"},
-            json.dumps({"model": "m", "prompt": "hi", "max_tokens": 2, "priority": 5}).encode(),
-        )
+        engine = await start(nursery, ROUND.replace(max_num_seqs=1))
+        engine.add_finish_hook(lambda sequence: finished.append(sequence.priority))
+        app = SimApp(engine, model="m")
+
+        async def complete(priority: int) -> None:
+            body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 2, "priority": priority}).encode()
+            response = await app.handle("POST", "/v1/completions", {"content-type": "application/json"}, body)
+            statuses.append(response.status)
+
+        engine.submit(10, 5, priority=9)
+        await trio.sleep(0.001)  # it holds the one seat now: both calls wait for it
+        async with trio.open_nursery() as calls:
+            calls.start_soon(complete, 5)
+            await trio.sleep(0.001)
+            calls.start_soon(complete, 0)  # arrives later with the better priority
         nursery.cancel_scope.cancel()
-    assert response.status == 200
+    assert statuses == [200, 200]
+    assert finished == [9, 5, 0]  # by arrival; the priority policy would run the 0 before the 5
 
 
 def test_the_policy_is_a_parameter_and_a_flag() -> None:
