@@ -14,12 +14,12 @@ To get the digest of a key for config.toml::
 from __future__ import annotations
 
 import getpass
-import hashlib
 import hmac
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .config_keys import hash_key
 from .config_types import AuthConfig
 from .errors import Unauthenticated
 
@@ -40,11 +40,6 @@ class Caller:
 
 ANONYMOUS = Caller("anonymous", frozenset(), None)
 """The caller when auth is off: it may not force a class and has no cap of its own."""
-
-
-def hash_key(key: str) -> str:
-    """The lower-case SHA-256 hex digest of ``key`` (UTF-8), as config.toml holds it."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 class _Ambiguous(str):

@@ -24,8 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import tomli
 
-from .auth import hash_key
-from .config_keys import read_auth
+from .config_keys import hash_key, read_auth
 from .config_limits import limits_document
 from .config_pools import check_pool_references, max_model_len_problem, read_classes, read_pools
 from .config_pools import normalise_url as _normalise_url

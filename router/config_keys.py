@@ -8,13 +8,13 @@ only the digest is kept, and no problem quotes a value that may be a key.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 
 import tomli
 
-from .auth import hash_key
 from .config_table import ENV_NAME, NAME, Table, describe, kind
 from .config_types import ApiKeyConfig, AuthConfig
 
@@ -22,6 +22,12 @@ _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 
 # A key read cleanly: its table (to report a clash on), the key that gave it.
 _KeyEntry = tuple[Table, str, ApiKeyConfig]
+
+
+def hash_key(key: str) -> str:
+    """The lower-case SHA-256 hex digest of ``key`` (UTF-8), as config.toml holds it."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
 
 
 def read_auth(
