@@ -1,8 +1,8 @@
 """The router's facade: the one object the front ends and tests hold.
 
 It owns no logic of its own; each job is a module of its own:
-router/admission.py and router/request_path.py (a request, from caps to the
-relayed body), router/fleet.py (endpoints and pools, reconciled with the
+router/admission/admit.py and router/request_path.py (a request, from caps to the
+relayed body), router/fleet/reconcile.py (endpoints and pools, reconciled with the
 file, DNS and rebalancing), router/upkeep.py (the background loops) and
 router/views.py (statistics, /health, the assignment).
 """
@@ -16,18 +16,12 @@ from typing import Any
 
 import trio
 
-from .auth import ANONYMOUS, Authenticator, Caller
-from .cluster import LedgerStore
-from .config_types import Config
-from .discovery import Discovery, Found
-from .endpoint import Endpoint
-from .fleet import Fleet, TransportFactory
-from .loop_lag import LoopLag
-from .pool import Pool
-from .request import RouterRequest
+from .admission import RouterRequest
+from .config import Config
+from .fleet import Discovery, Endpoint, Fleet, Found, Pool, TransportFactory
+from .observe import LoopLag, RequestRecord
+from .quotas import ANONYMOUS, Authenticator, Caller, LedgerStore, Traffic
 from .request_path import Completion, RequestPath
-from .telemetry import RequestRecord
-from .traffic import Traffic
 from .upkeep import Upkeep
 from .views import EndpointStatistics, RouterStatistics, assignment, endpoint_statistics, health, models, statistics
 
@@ -45,7 +39,7 @@ class Router:
         seed: int | None = None,
         model_lens: Mapping[str, int | None] | None = None,
     ) -> None:
-        """``model_lens``: what endpoints reported in GET /v1/models (router/model_len.py's ``Asked.reported``)."""
+        """``model_lens``: what endpoints reported in GET /v1/models (router/fleet/model_len.py's ``Asked.reported``)."""
         self._fleet = fleet = Fleet(config, transport_factory or (lambda _: None), random.Random(seed), model_lens or {})
         self._traffic = Traffic()
         self._path = RequestPath(fleet, self._traffic)
@@ -83,7 +77,7 @@ class Router:
         self._upkeep.newcomers()  # a new endpoint is unknown, and probed at once
 
     def replace_discovered(self, pool_name: str, found: Sequence[Found]) -> None:
-        """One pool's endpoints from DNS are now ``found`` (router/discovery.py calls this each round).
+        """One pool's endpoints from DNS are now ``found`` (router/fleet/discovery.py calls this each round).
 
         The difference is applied as a reload applies it: a new address is
         a new endpoint with its entry's cap; a vanished one is retired (its

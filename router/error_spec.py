@@ -75,7 +75,7 @@ def _row(
 
 
 _INVALID = "invalid_request_error"
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # also what an engine's own context refusal is given (router/backend.py)
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # also what an engine's own context refusal is given (router/backend/client.py)
 _RATE = "rate_limit_error"
 _UPSTREAM = "upstream_error"
 

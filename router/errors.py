@@ -142,7 +142,7 @@ class BackendError(TailguardError):
 
     ``message`` goes to the caller: it never names the engine's address
     (an internal URL), and any words of the engine in it went through the
-    pool's key redaction (router/redaction.py). ``endpoint`` (the engine's
+    pool's key redaction (router/backend/redaction.py). ``endpoint`` (the engine's
     URL) and ``detail`` (what the transport said, addresses included) are
     for the logs only: ``log_text`` joins them.
     """

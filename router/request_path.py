@@ -23,15 +23,8 @@ from typing import Any
 
 import trio
 
-from .admission import Admitted, decide
-from .assemble import assemblable, assemble, events
-from .auth import Caller
-from .backend import BackendClient, BackendResponse
-from .budget_gate import BudgetGate
-from .budgets import RateLimits
-from .cache_salt import caller_salt
-from .credentials import key_refused
-from .endpoint import Endpoint
+from .admission import Admitted, ConversationMemory, KindRatio, PromptRatios, RouterRequest, Routing, caller_salt, decide
+from .backend import BackendClient, BackendResponse, assemblable, assemble, sse_objects
 from .errors import (
     BackendAuthFailed,
     BackendBusy,
@@ -42,16 +35,10 @@ from .errors import (
     BadBackendReply,
     Draining,
 )
-from .fleet import Fleet
+from .fleet import Endpoint, Fleet, Lease, Placement, Pool, Rerouted, key_refused, record_success, report_failure
 from .ids import IdSource
-from .outlier import record_success, report_failure
-from .policies import Placement
-from .pool import Lease, Pool, Rerouted
-from .prefix_memory import ConversationMemory
-from .prompt_ratios import KindRatio, PromptRatios
-from .request import RouterRequest, Routing
-from .telemetry import RequestRecord
-from .traffic import Traffic
+from .observe import RequestRecord
+from .quotas import BudgetGate, Caller, RateLimits, Traffic
 
 log = logging.getLogger("tailguard.router")
 
@@ -103,7 +90,7 @@ class Completion:
         return body
 
     async def _assemble(self, kind: str) -> bytes:
-        """The stream read to its end and folded into the whole answer (router/assemble.py), within the body cap."""
+        """The stream read to its end and folded into the whole answer (router/backend/whole_answer.py), within the body cap."""
         limit = self.response.max_body_bytes
         self.record.upstream_stream = True
         chunks: list[bytes] = []
@@ -113,7 +100,7 @@ class Completion:
             if size > limit:
                 raise BadBackendReply(f"the backend's answer is over {limit} bytes (server.max_backend_body_bytes)")
             chunks.append(chunk)
-        payload = assemble(kind, events(chunks))
+        payload = assemble(kind, sse_objects(chunks))
         if not payload["choices"] or not all(choice.get("finish_reason") for choice in payload["choices"]):
             raise BadBackendReply("the backend's stream did not add up to a completion (no choice with a finish reason)")
         self._assembled = payload
@@ -507,7 +494,7 @@ def backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream:
 
 
 def _asked_as_stream(serving: Pool, lease: Lease) -> bool:
-    """Whether a whole answer is asked of vLLM as a stream (router/assemble.py), so that it has a first byte.
+    """Whether a whole answer is asked of vLLM as a stream (router/backend/whole_answer.py), so that it has a first byte.
 
     The pool asks for it (``stream_upstream``), or the seat is borrowed from a
     pool bounding borrowed prefills (``lend.prefills``): the bound is released

@@ -39,16 +39,16 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .auth import Caller
+from .admission import RouterRequest, Routing
 from .dispatch import Completion, Router
 from .error_spec import CALLER_STALLED, CLIENT_CANCELLED
 from .errors import DeadlineExceeded, InternalError, InvalidRequest, ServerBusy, TailguardError
 from .ids import IdSource
-from .request import RouterRequest, Routing
-from .telemetry import Api, RepeatedIds, RequestRecord, Telemetry, is_valid_request_id
+from .observe import Api, RepeatedIds, RequestRecord, Telemetry, is_valid_request_id
+from .quotas import Caller
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
-    from .tracing import Tracing
+    from .observe import Tracing
 
 __all__ = ["ClientLeft", "Session", "Sessions", "checked_header", "checked_headers"]
 

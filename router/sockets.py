@@ -1,7 +1,7 @@
 """Sockets on Trio's readiness waits: one stream, one listener, one accept loop (no wire format).
 
 The HTTP server (``server/http/``), the backend transport
-(``router/lean_transport.py``) and the simulated engine (``bench/sim/http.py``)
+(``router/backend/lean_transport.py``) and the simulated engine (``bench/sim/http.py``)
 all read and write through :class:`ReadinessStream`, and the two servers
 listen and accept through :func:`listen` and :func:`accept_forever`.
 

@@ -14,18 +14,12 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from .backend import REFUSED, Answer, BackendClient, ModelLenUnknown
-from .backend_load import scrape
-from .cluster import NO_WAITER, Demand, LedgerStore, SharedBudget, Yielding
-from .config_types import HealthCheckKind, PoolConfig
-from .credentials import ask_key, key_unproven, note_credentials
-from .discovery import Discovery
-from .endpoint import Endpoint
-from .fair_sync import FairTrade, ServiceStore
-from .fleet import Fleet
-from .health_thresholds import HealthStreaks
-from .loop_lag import LoopLag
-from .pool import Pool
+from .backend import REFUSED, Answer, BackendClient, ModelLenUnknown, scrape
+from .config import HealthCheckKind, PoolConfig
+from .fleet import Discovery, Endpoint, Fleet, HealthStreaks, Pool, ask_key, key_unproven, note_credentials
+from .observe import LoopLag
+from .queueing import FairTrade, ServiceStore
+from .quotas import NO_WAITER, AdmissionLedger, Demand, LedgerStore, Yielding
 
 log = logging.getLogger("tailguard.router")
 
@@ -59,11 +53,11 @@ class Upkeep:
             config = self._fleet.config
             cluster = config.cluster
             if cluster is not None and ledger is not None:
-                self._fleet.budget = SharedBudget(
+                self._fleet.budget = AdmissionLedger(
                     cluster, ledger, self._cluster_demands, settle_after=config.timeouts.end_to_end_timeout
                 )
                 await nursery.start(self._fleet.budget.run)
-                if isinstance(ledger, ServiceStore):  # Redis: fair shares traded too (router/fair_sync.py)
+                if isinstance(ledger, ServiceStore):  # Redis: fair shares traded too (router/queueing/fair_share_sync.py)
                     trade = FairTrade(cluster.replica(), ledger, lambda: {n: p.queue.fair for n, p in self._fleet.pools.items()})
                     self._trade = trade
                     nursery.start_soon(trade.run)
@@ -119,7 +113,7 @@ class Upkeep:
                         oldest,
                     )
                 )
-        return demands  # API keys' seats go as each key stirs (router/ledger_roster.py), not every key every sync
+        return demands  # API keys' seats go as each key stirs (router/quotas/ledger_roster.py), not every key every sync
 
     # -- rebalancing ------------------------------------------------------------
 
@@ -140,7 +134,7 @@ class Upkeep:
         if choice is None:
             return
         fleet.rebalancer.moved(now)
-        if choice.seats is not None:  # seats of an engine, not the engine: at once (router/seat_shares.py)
+        if choice.seats is not None:  # seats of an engine, not the engine: at once (router/fleet/seat_split.py)
             fleet.move_seats(choice)
             return
         epoch = fleet.start_move(choice)

@@ -6,15 +6,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backend_load import BackendLoad
-from .budgets import RateLimits
-from .cluster import ClusterStatus
-from .config_types import Config
-from .endpoint import Endpoint
-from .fleet import Fleet
-from .pool import PoolStatistics
-from .prompt_ratios import KindRatio
-from .traffic import Traffic
+from .admission import KindRatio
+from .backend import BackendLoad
+from .config import Config
+from .fleet import Endpoint, Fleet, PoolStatistics
+from .quotas import ClusterStatus, RateLimits, Traffic
 
 
 @dataclass(frozen=True)
@@ -64,7 +60,7 @@ class RouterStatistics:
     # Per caller with a budget that has sent here: what is left of it now (fleet-wide under [cluster]).
     budgets_left: dict[str, RateLimits] = field(default_factory=dict)
     kept: KeptPerCaller = KeptPerCaller(0, 0, 0, 0, 0)
-    # Per model and kind of text some answer taught: the factor the prompt estimate is corrected by (router/prompt_ratios.py).
+    # Per model and kind of text some answer taught: the factor the prompt estimate is corrected by (router/admission/prompt_ratios.py).
     prompt_ratios: tuple[KindRatio, ...] = ()
 
     @property

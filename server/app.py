@@ -18,18 +18,15 @@ from typing import TypeVar
 
 import trio
 
-from tailguard.router.config import ConfigError
-from tailguard.router.config_types import Config, ServerConfig, TlsConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.model_len import ModelLenError, ask_model_lens
-from tailguard.router.telemetry import RepeatedIds, Telemetry
-from tailguard.router.tls import TlsFileError, server_context
+from tailguard.router import Router
+from tailguard.router.config import Config, ConfigError, ServerConfig, TlsConfig, TlsFileError, server_context
+from tailguard.router.fleet import ModelLenError, ask_model_lens
+from tailguard.router.observe import RepeatedIds, Telemetry
 
 from .grpc.api import GrpcTls, Observers, serve_grpc
 from .grpc.bridge import AsyncioHost, open_asyncio_host
 from .http.api import HttpApi
-from .http.server import HttpSettings, ServerTls
-from .http.server import serve as serve_http
+from .http.server import HttpSettings, ServerTls, serve as serve_http
 from .logs import AccessLog
 from .metrics import Metrics
 from .redis_ledger import RedisLedger

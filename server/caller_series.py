@@ -43,9 +43,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from tailguard.router.auth import ANONYMOUS
-from tailguard.router.budgets import RateLimits
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.observe import RequestRecord
+from tailguard.router.quotas import ANONYMOUS, RateLimits
 
 OTHER = "(other)"
 TURN = 60.0  # seconds between re-rankings (the requests' clock: trio.current_time())

@@ -13,8 +13,8 @@ from typing import get_args
 
 import trio
 
-from tailguard.router.config import ConfigError, _parse_listen, load_config, render_config
-from tailguard.router.config_types import Config, LogLevel
+from tailguard.router.config import Config, LogLevel
+from tailguard.router.config.load import ConfigError, _parse_listen, load_config, render_config
 
 from . import SHIPPED_CONFIG
 from .app import ListenError, StartupError, serve

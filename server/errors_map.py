@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import grpc
 
 from tailguard.router import error_spec, errors
-from tailguard.router.retry_hint import whole_seconds
+from tailguard.router.queueing import whole_seconds
 
 # Statuses the openai SDK retries on its own unless told not to.
 _SDK_RETRIES = frozenset({408, 409, 429})

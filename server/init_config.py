@@ -14,7 +14,7 @@ a guess must not pass for a fact.
 
 The file is one pool serving every engine and two classes sharing it (short
 requests first in its queue), every line commented. It is validated with
-:func:`tailguard.router.config.parse_config` before it is written, so what
+:func:`tailguard.router.config.load.parse_config` before it is written, so what
 ``init`` writes always loads; an existing file is never overwritten without
 ``--force``.
 """
@@ -34,8 +34,8 @@ from pathlib import Path
 import httpx
 import trio
 
-from tailguard.router.config import ConfigError, _normalise_url, parse_config
-from tailguard.router.config_types import LimitsConfig
+from tailguard.router.config import LimitsConfig
+from tailguard.router.config.load import ConfigError, _normalise_url, parse_config
 
 __all__ = ["EngineReport", "InitError", "ask_engines", "main", "starting_config", "write_config"]
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import trio
 
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.observe import RequestRecord
 
 ACCESS_LOGGER = "tailguard.access"
 _PROMPT_LOG_LIMIT = 4000  # characters of prompt text in one access line, when enabled

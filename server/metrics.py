@@ -24,9 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from tailguard.router.dispatch import Router, RouterStatistics
-from tailguard.router.loop_lag import LoopLag
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router import Router, RouterStatistics
+from tailguard.router.observe import LoopLag, RequestRecord
 from tailguard.server.caller_series import CallerSeries
 from tailguard.server.placement_metrics import PlacementCounts
 
@@ -220,7 +219,7 @@ class GcPauses(Collector):
 
 
 class _LoopLagCollector(Collector):
-    """``tailguard_event_loop_lag_seconds``: how late the Trio loop's monitor woke, each tick (router/loop_lag.py).
+    """``tailguard_event_loop_lag_seconds``: how late the Trio loop's monitor woke, each tick (router/observe/loop_lag.py).
 
     A histogram of every wake-up since start (its P99 under load says how
     long the loop stalls), and a gauge of the latest and the worst.
@@ -370,7 +369,7 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
 
 
 def _prompt_ratios(stats: RouterStatistics) -> Iterator[Metric]:
-    """What the engines' usage taught of the prompt estimate, per model and kind of text (router/prompt_ratios.py)."""
+    """What the engines' usage taught of the prompt estimate, per model and kind of text (router/admission/prompt_ratios.py)."""
     labels = ("model", "kind")
     ratio = _gauge(
         "tailguard_prompt_estimate_ratio",

@@ -1,6 +1,6 @@
 """``tailguard_placements_total``: how each seated request's endpoint was chosen, per pool and endpoint.
 
-Placement inside a pool (router/policies.py) decides per request whether it
+Placement inside a pool (router/fleet/policies.py) decides per request whether it
 went to its prefix key's home, spilled past the load bound to a later
 rendezvous choice, had no key, sat on a borrowed seat, or the pool places
 by least load. A rising ``spilled`` share says the pool is too hot for
@@ -8,7 +8,7 @@ affinity to hold (docs/operations.md).
 
 Counts come from finished records (a telemetry sink), once per request that
 got a seat, under the endpoint and decision of its last attempt: a retry
-moves the request (router/pool.py ``Lease.move``) and is not counted apart
+moves the request (router/fleet/pool.py ``Lease.move``) and is not counted apart
 (``tailguard_backend_retries`` counts those per pool). The endpoint label
 follows DNS and rebalancing, so the counts are a collector over a dict, not
 a ``prometheus_client.Counter`` (whose label sets live forever): at each
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.observe import RequestRecord
 
 NAME = "tailguard_placements"
 DOC = (

@@ -2,7 +2,7 @@
 
 Keys, under the namespace ``NS``:
 - ``NS:alive:REPLICA`` -- the replica's lease, set with a TTL at every sync; its value names the
-  process (``SharedBudget.incarnation``), so a restarted one under the same id is told apart;
+  process (``AdmissionLedger.incarnation``), so a restarted one under the same id is told apart;
 - ``NS:grant:RESOURCE`` -- a hash, replica -> "SEATS RESERVE pPROCESS": seats of the resource's cap
   recorded as its own, and its reserve (``Want.share``: counted against the others as seats are);
   absent when both are 0;
@@ -25,11 +25,11 @@ Keys, under the namespace ``NS``:
   another (its replica's grants are not here: Redis restarted empty, or was flushed) is refused;
 - ``NS:clock``, ``NS:resumed``, ``NS:paused`` -- the last sync, and the first after nobody synced
   for half a lease (and the last before it); ``NS:members`` -- a hash, replica -> its last sync:
-  who must have synced again before grants grow after an outage (router/ledger_recovery.py);
+  who must have synced again before grants grow after an outage (router/quotas/ledger_recovery.py);
 - ``NS:served:POOL`` -- a hash, "REPLICA<tab>TENANT" -> the tokens that replica served the tenant
   (over its weight) since it started, ``NS:served-sum:POOL`` their sum per tenant and
   ``NS:served-changed:POOL`` when each tenant's last changed: fair shares traded across replicas
-  (``trade_service``, router/fair_sync.py), kept an hour after the last trade.
+  (``trade_service``, router/queueing/fair_share_sync.py), kept an hour after the last trade.
 
 A sync carries the replica's wall-clock deadline for it: one Redis runs
 later (it was stopped with the sync queued, the replica having given up on
@@ -45,11 +45,11 @@ grant during the round trip, then at its next sync the seats in use) and
 does not grow, so seats that free up go to the first request. Each answer
 also says, per resource, the most urgent priority waiting on the other
 replicas and when the oldest of them came, so a seat freed between two
-syncs goes back too (``router.cluster.Yielding``). coredis (anyio, so it runs
+syncs goes back too (``router.quotas.ledger.Yielding``). coredis (anyio, so it runs
 under Trio) speaks the protocol.
 
 A sync is tried once: the budget's next sync is the retry, and a failed one
-falls back to the static shares (``router.cluster.SharedBudget``, which logs
+falls back to the static shares (``router.quotas.ledger.AdmissionLedger``, which logs
 the outage once when it begins and once when it ends). coredis's own retries
 would only spend the sync's half-lease deadline on a Redis that is away, and
 log a line for each attempt (three a sync, ~24 a second a replica). The
@@ -67,7 +67,7 @@ import coredis
 from coredis.exceptions import NoScriptError
 from coredis.retry import NoRetryPolicy
 
-from tailguard.router.cluster import NO_TERMS, NO_WAITER, Synced, SyncTerms, Want
+from tailguard.router.quotas import NO_TERMS, NO_WAITER, Synced, SyncTerms, Want
 
 _SYNC = """
 -- Redis 3.2 and 4 replicate a script by its effects only when asked: it reads TIME before writing
@@ -373,7 +373,7 @@ return out
 
 
 class RedisLedger:
-    """``router.cluster.LedgerStore`` on one Redis (``redis://host:port/db``).
+    """``router.quotas.ledger.LedgerStore`` on one Redis (``redis://host:port/db``).
 
     Use it as an async context manager: coredis keeps its connections in a
     task group that lives as long as the block.
@@ -391,7 +391,7 @@ class RedisLedger:
     async def sync(
         self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
     ) -> Synced:
-        """``router.cluster.LedgerStore.sync``.
+        """``router.quotas.ledger.LedgerStore.sync``.
 
         Raises:
           LateSync: Redis ran it after ``terms.deadline`` (this replica had given up on it): nothing changed.
@@ -409,7 +409,7 @@ class RedisLedger:
         args.append(NO_WAITER)
         return _answer(await self._run_script(args), len(wants), terms.deadline)
     async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
-        """``router.fair_sync.ServiceStore``: record this replica's totals, return the others' sums, per pool and tenant.
+        """``router.queueing.fair_share_sync.ServiceStore``: record this replica's totals, return the others' sums, per pool and tenant.
 
         Only the tenants whose totals changed (anywhere) since this replica's
         last trade of the pool come back; all of them at its first.

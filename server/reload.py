@@ -23,9 +23,8 @@ from pathlib import Path
 
 import trio
 
-from tailguard.router.config import ConfigError, load_config
-from tailguard.router.config_types import Config
-from tailguard.router.model_len import ModelLenError
+from tailguard.router.config import Config, ConfigError, load_config
+from tailguard.router.fleet import ModelLenError
 
 log = logging.getLogger("tailguard.reload")
 

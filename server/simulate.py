@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from tailguard.router.config_types import Config
+from tailguard.router.config import Config
 from tailguard.sim import PROFILES, EngineSpec, serve_engine
 
 log = logging.getLogger("tailguard.simulate")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import trio
 
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.observe import RequestRecord
 
 
 def server_timing(record: RequestRecord, *, total: bool) -> str:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tailguard.router.config_types import TracingConfig
+from tailguard.router.config import TracingConfig
 
 if TYPE_CHECKING:
-    from tailguard.router.tracing import Tracing
+    from tailguard.router.observe import Tracing
 
 __all__ = ["TracingSwitch"]
 
@@ -79,7 +79,7 @@ class TracingSwitch:
 def _start(config: TracingConfig) -> Tracing | None:
     if not config.enabled:
         return None
-    from tailguard.router.tracing import Tracing  # the SDK, loaded only now
+    from tailguard.router.observe import Tracing
 
     log.info(
         "tracing: spans of every request go to %s over OTLP/HTTP (service %s, sample ratio %g)",

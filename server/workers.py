@@ -36,7 +36,7 @@ from pathlib import Path
 
 import trio
 
-from tailguard.router.config_types import ClusterConfig, Config
+from tailguard.router.config import ClusterConfig, Config
 
 log = logging.getLogger("tailguard.workers")
 

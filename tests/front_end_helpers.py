@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from tailguard.router.config_types import Config
-from tailguard.router.dispatch import Router
-from tailguard.router.telemetry import RequestRecord, Telemetry
+from tailguard.router import Router
+from tailguard.router.config import Config
+from tailguard.router.observe import RequestRecord, Telemetry
 from tailguard.server.grpc.api import MAX_CONCURRENT_CALLS, Observers, serve_grpc
 from tailguard.server.grpc.bridge import open_asyncio_host
 from tailguard.server.http.api import HttpApi
-from tailguard.server.http.server import HttpSettings
-from tailguard.server.http.server import serve as serve_http
+from tailguard.server.http.server import HttpSettings, serve as serve_http
 from tailguard.server.metrics import Metrics
 from tailguard.sim import Engine, SimApp, SimResponse
 from tailguard.sim.app import JSON_HEADERS, SSE_HEADERS

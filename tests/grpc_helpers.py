@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from tailguard.router.config_types import Config
+from tailguard.router.config import Config
 from tailguard.server.app import Running, serve
 from tailguard.sim import Engine, EngineParams, SimApp, SimResponse
 from tailguard.sim.http import serve as serve_sim

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 
 import trio
 
-from tailguard.router.config_types import Config
+from tailguard.router.config import Config
 from tailguard.server.app import Running, serve
 from tailguard.sim import PROFILES, Engine, EngineParams, SimApp
-from tailguard.sim.http import Handler
-from tailguard.sim.http import serve as serve_sim
+from tailguard.sim.http import Handler, serve as serve_sim
 from tests.sim_helpers import MODEL
 
 # Fast enough for real-time tests: ~1 ms a token.

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 import httpx
 import trio
 
-from tailguard.router.config_types import (
+from tailguard.router import Router
+from tailguard.router.admission import RouterRequest
+from tailguard.router.backend import ConnectorTransport
+from tailguard.router.config import (
     ClassConfig,
     Config,
     EndpointConfig,
@@ -25,9 +28,6 @@ from tailguard.router.config_types import (
     ServerConfig,
     TimeoutsConfig,
 )
-from tailguard.router.dispatch import Router
-from tailguard.router.lean_transport import ConnectorTransport
-from tailguard.router.request import RouterRequest
 from tailguard.sim import PROFILES, Engine, EngineParams, SimApp
 from tailguard.sim.canned import canned_transport
 from tailguard.sim.memory import memory_connector

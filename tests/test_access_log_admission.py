@@ -16,8 +16,8 @@ import logging
 import pytest
 import trio
 
-from tailguard.router.auth import Caller
-from tailguard.router.telemetry import Telemetry
+from tailguard.router.observe import Telemetry
+from tailguard.router.quotas import Caller
 from tailguard.server.logs import AccessLog, JsonFormatter
 from tests.router_helpers import chat, router_over_engines, two_pool_config
 

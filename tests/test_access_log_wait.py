@@ -9,8 +9,8 @@ import trio
 import trio.testing
 
 from tailguard.router import errors
-from tailguard.router.request import RouterRequest
-from tailguard.router.telemetry import Telemetry
+from tailguard.router.admission import RouterRequest
+from tailguard.router.observe import Telemetry
 from tailguard.server.logs import AccessLog
 from tests.router_helpers import chat, router_over_engines, two_pool_config
 

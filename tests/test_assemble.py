@@ -9,9 +9,9 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.assemble import assemblable, assemble, events
+from tailguard.router.backend import assemblable, assemble, sse_objects
 from tailguard.router.errors import BadBackendReply
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.observe import RequestRecord
 from tests.router_helpers import chat
 from tests.sim_helpers import MODEL
 from tests.test_real_vllm import A, B, complete, config, engines, router_over
@@ -32,7 +32,7 @@ def test_a_chat_stream_folds_into_the_whole_answer_tool_calls_and_logprobs_inclu
         {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": None}]},
         {**head, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}},
     )
-    body = assemble("chat", events([stream[:17], stream[17:]]))
+    body = assemble("chat", sse_objects([stream[:17], stream[17:]]))
     assert body["object"] == "chat.completion" and (body["id"], body["created"], body["model"]) == ("chatcmpl-1", 7, MODEL)
     first, second = body["choices"]
     assert first["message"] == {"role": "assistant", "content": "Paris"} and first["finish_reason"] == "stop"
@@ -47,7 +47,7 @@ def test_a_completion_stream_folds_into_text_and_logprobs() -> None:
         {**part, "choices": [{"index": 0, "text": "Hel", "logprobs": {"tokens": ["Hel"], "token_logprobs": [-1.0], "top_logprobs": [None], "text_offset": [0]}}]},
         {**part, "choices": [{"index": 0, "text": "lo", "logprobs": {"tokens": ["lo"], "token_logprobs": [-2.0], "top_logprobs": [None], "text_offset": [3]}, "finish_reason": "length"}]},
     )
-    [choice] = assemble("completion", events([stream]))["choices"]
+    [choice] = assemble("completion", sse_objects([stream]))["choices"]
     assert choice["text"] == "Hello" and choice["finish_reason"] == "length"
     assert choice["logprobs"]["tokens"] == ["Hel", "lo"] and choice["logprobs"]["text_offset"] == [0, 3]
 
@@ -57,7 +57,7 @@ def test_what_a_stream_cannot_reproduce_is_sent_as_asked() -> None:
     for params in ({"prompt_logprobs": 1}, {"echo": True}, {"use_beam_search": True}, {"best_of": 3}):
         assert not assemblable(params), params
     with pytest.raises(BadBackendReply):
-        events([b"data: [1, 2]\n\n"])
+        sse_objects([b"data: [1, 2]\n\n"])
 
 
 async def test_a_whole_answer_asked_as_a_stream_is_the_same_answer_with_a_first_byte(autojump_clock: trio.testing.MockClock) -> None:

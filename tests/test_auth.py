@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.router import auth
-from tailguard.router.auth import ANONYMOUS, Authenticator, Caller, hash_key
-from tailguard.router.config import parse_config
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig
+from tailguard.router.config import ApiKeyConfig, AuthConfig, parse_config
 from tailguard.router.errors import CallerOverLimit, Overloaded, Unauthenticated
+from tailguard.router.quotas import ANONYMOUS, Authenticator, Caller, auth, hash_key
 
 KEY = "tg-live-webapp-Zq3x9"
 OTHER_KEY = "tg-live-reports-88aa"
@@ -120,6 +118,6 @@ def test_main_refuses_an_empty_key_or_extra_arguments(
 def test_python_dash_m_router_auth() -> None:
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run(
-        [sys.executable, "-m", "tailguard.router.auth", KEY], cwd=root, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "tailguard.router.quotas.auth", KEY], cwd=root, capture_output=True, text=True, check=True
     )
     assert result.stdout == hash_key(KEY) + "\n"

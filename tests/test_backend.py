@@ -12,9 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.backend import REFUSED, BackendClient, BackendProbe, BackendResponse
+from tailguard.router.backend import REFUSED, BackendClient, BackendProbe, BackendResponse, ConnectorTransport, LeanTransport
 from tailguard.router.errors import BackendRejected, BackendStreamError, BackendUnavailable, BadBackendReply
-from tailguard.router.lean_transport import ConnectorTransport, LeanTransport
 from tailguard.sim import PROFILES, Engine, SimApp
 from tailguard.sim.canned import canned_transport
 from tailguard.sim.memory import memory_connector

@@ -10,10 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.backend import METRICS_BODY_LIMIT, BackendProbe
-from tailguard.router.backend_load import BackendLoad, parse_vllm_metrics, scrape
-from tailguard.router.config_types import EndpointConfig
-from tailguard.router.endpoint import Endpoint
+from tailguard.router.backend import METRICS_BODY_LIMIT, BackendLoad, BackendProbe, parse_vllm_metrics, scrape
+from tailguard.router.config import EndpointConfig
+from tailguard.router.fleet import Endpoint
 from tailguard.sim import PROFILES, SimApp
 from tailguard.sim.canned import canned_transport, sim_canned_transport
 from tests.http_helpers import QUICK, engines_on_sockets

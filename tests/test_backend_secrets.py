@@ -18,9 +18,8 @@ import grpc
 import httpx
 import pytest
 
-from tailguard.router.config_types import BackendAccess, Config, TimeoutsConfig
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.router.config import BackendAccess, Config, TimeoutsConfig
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tailguard.sim import SimResponse
 from tailguard.sim.app import JSON_HEADERS, SSE_HEADERS
 from tests.front_end_helpers import Faulty, FrontEnds, _Events, front_ends

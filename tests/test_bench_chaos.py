@@ -11,8 +11,8 @@ from bench.chaos.client import Reply
 from bench.chaos.figures import p50_p99_max_ms, queue_seconds, refusal_spells, retry_after, usage_tokens
 from bench.chaos.lab import ENGINE_KEY, ENGINE_KEY_ENV, NORMAL_KEY, SHIPPED_GRPC_GATE, Key, Setup, tailguard_config
 from bench.chaos.tenants import BUDGETS, TENANTS_CLUSTER, tenant_keys
-from tailguard.router.auth import hash_key
 from tailguard.router.config import parse_config
+from tailguard.router.quotas import hash_key
 
 ENGINES = {"a": 18001, "b": 18002, "c": 18003}
 REDIS = "redis://127.0.0.1:6390/0"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.trace.run import main
 from bench.trace.setups import rebalancing
-from tailguard.router.config_types import RebalanceConfig
+from tailguard.router.config import RebalanceConfig
 from tailguard.sim.virtual.fleet import Arrival, Point, PointResult, Setup, disaggregated, run_point
 
 CAP = 4  # seats the router gives each endpoint: a few long requests fill a pool

@@ -9,13 +9,22 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.auth import Caller
-from tailguard.router.budget_shares import BudgetShares
-from tailguard.router.budgets import Budgets
-from tailguard.router.cluster import NO_TERMS, NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, SyncTerms, Want
-from tailguard.router.config_types import ClusterConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.config import ClusterConfig
 from tailguard.router.errors import BudgetExceeded
+from tailguard.router.quotas import (
+    NO_TERMS,
+    NO_WAITER,
+    AdmissionLedger,
+    BudgetGrants,
+    Budgets,
+    Caller,
+    Demand,
+    LedgerStore,
+    Synced,
+    SyncTerms,
+    Want,
+)
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import Engine
 from tests.redis_helpers import RedisServer, redis_client, redis_server
@@ -39,7 +48,7 @@ class Holder:
     def __init__(self, name: str, ledger: LedgerStore) -> None:
         self.in_use = 0
         self.granted = 0
-        self.budget = SharedBudget(ClusterConfig(redis_url="", replica_id=name, lease_ttl=TTL, block=0), ledger, self.demands)
+        self.budget = AdmissionLedger(ClusterConfig(redis_url="", replica_id=name, lease_ttl=TTL, block=0), ledger, self.demands)
 
     def demands(self) -> list[Demand]:
         return [Demand("tokens:k", CAP, self.in_use, 0, NO_WAITER, self._apply, hold=HOLD)]
@@ -158,8 +167,8 @@ async def test_with_the_ledger_away_a_key_gets_its_static_share_once_the_window_
     """At once no more than the grant the ledger counted (none here); after a window and a lease, the static share."""
     config = ClusterConfig(redis_url="", replica_id="alone", lease_ttl=2.0, static_share=0.25)
     windows = Budgets()
-    shared = SharedBudget(config, Unreachable(), list)
-    key = BudgetShares(shared, windows).of("metered", 1_000, None)
+    shared = AdmissionLedger(config, Unreachable(), list)
+    key = BudgetGrants(shared, windows).of("metered", 1_000, None)
     await shared.sync_once()
     assert shared.mode == "fallback" and key.granted_tokens == 0
     with pytest.raises(BudgetExceeded, match="static share"):
@@ -209,7 +218,7 @@ async def test_four_replicas_called_unevenly_at_once_admit_no_more_than_the_budg
     assert refused and all(50 < wait <= 60 for wait in refused), refused
 
 
-async def send_once(shared: SharedBudget, shares: BudgetShares, names: Sequence[str]) -> None:
+async def send_once(shared: AdmissionLedger, shares: BudgetGrants, names: Sequence[str]) -> None:
     """Each key asks for 100 tokens at once and settles at 60; syncs (by hand) grant them."""
     done: list[str] = []
 
@@ -230,7 +239,7 @@ async def send_once(shared: SharedBudget, shares: BudgetShares, names: Sequence[
     assert len(done) == len(names)
 
 
-async def settle_syncs(shared: SharedBudget, store: Carried) -> list[list[str]]:
+async def settle_syncs(shared: AdmissionLedger, store: Carried) -> list[list[str]]:
     """Sync until one carries nothing (bounded): what the syncs before it carried."""
     store.sent.clear()
     for _ in range(50):
@@ -255,9 +264,9 @@ async def test_a_sync_carries_only_the_keys_in_use_not_every_key_that_ever_sent(
     """
     async with RedisLedger(redis.url, "s1", timeout=30.0) as ledger:
         store = Carried(ledger)
-        shared = SharedBudget(ClusterConfig(redis_url="", replica_id="r", lease_ttl=10.0), store, list)
+        shared = AdmissionLedger(ClusterConfig(redis_url="", replica_id="r", lease_ttl=10.0), store, list)
         windows = Budgets()
-        shares = BudgetShares(shared, windows)
+        shares = BudgetGrants(shared, windows)
         await shared.sync_once()
         names = [f"key-{i}" for i in range(2_000)]
         for first in range(0, len(names), 500):
@@ -293,8 +302,8 @@ class KeyReplica:
 
     def __init__(self, name: str, ledger: LedgerStore, *, lease_ttl: float = TTL) -> None:
         config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=lease_ttl, static_share=0.5, block=0)
-        self.shared = SharedBudget(config, ledger, list)
-        self.key = BudgetShares(self.shared, Budgets()).of("k", 1_000, None)
+        self.shared = AdmissionLedger(config, ledger, list)
+        self.key = BudgetGrants(self.shared, Budgets()).of("k", 1_000, None)
 
     async def reserve(self, tokens: int, *, syncs: Sequence[KeyReplica] = (), deadline: float = 5.0) -> str:
         """Ask for ``tokens``; the replicas in ``syncs`` sync in turn (by hand) while it waits: "ok" or the refusal.
@@ -375,8 +384,8 @@ async def test_after_redis_returns_a_key_waiting_for_more_is_served_within_a_few
 async def test_with_the_ledger_away_a_refusals_retry_after_says_when_the_static_share_comes(autojump_clock: trio.testing.MockClock) -> None:
     """Issue 32, item 5: Retry-After hints did not match how long refusals last (60 s for a share due in 62)."""
     config = ClusterConfig(redis_url="", replica_id="alone", lease_ttl=2.0, static_share=0.25)
-    shared = SharedBudget(config, Unreachable(), list)
-    key = BudgetShares(shared, Budgets()).of("metered", 1_000, None)
+    shared = AdmissionLedger(config, Unreachable(), list)
+    key = BudgetGrants(shared, Budgets()).of("metered", 1_000, None)
     await shared.sync_once()
     with pytest.raises(BudgetExceeded) as refused:
         await key.reserve(100, priority=0, deadline=trio.current_time() + 1.0)
@@ -410,8 +419,8 @@ async def test_a_refusal_while_grants_are_held_after_an_outage_says_how_long_the
 async def test_a_budget_a_reload_took_away_goes_back_to_the_ledger(redis: RedisServer) -> None:
     """Its grant stood in Redis for as long as the replica lived: nothing sent it again."""
     async with RedisLedger(redis.url, "gone") as ledger:
-        shared = SharedBudget(ClusterConfig(redis_url="", replica_id="r", lease_ttl=5.0), ledger, list)
-        shares = BudgetShares(shared, Budgets())
+        shared = AdmissionLedger(ClusterConfig(redis_url="", replica_id="r", lease_ttl=5.0), ledger, list)
+        shares = BudgetGrants(shared, Budgets())
         await shared.sync_once()
         await send_once(shared, shares, ["key-1"])
         assert (await ledger.grants("tokens:key-1"))["r"] >= 100
@@ -468,7 +477,7 @@ async def test_a_keys_seats_are_forgotten_once_the_ledger_holds_none_of_them(red
     """Issue 32, item 4 under [cluster]: a key's seats object stays while it is used or held in the ledger, then goes."""
     async with RedisLedger(redis.url, "seats-forgotten", timeout=30.0) as ledger:
         store = Carried(ledger)
-        shared = SharedBudget(ClusterConfig(redis_url="", replica_id="r", lease_ttl=10.0), store, list)
+        shared = AdmissionLedger(ClusterConfig(redis_url="", replica_id="r", lease_ttl=10.0), store, list)
         await shared.sync_once()
         seats = shared.key_seats("key-1", 2)
         async with trio.open_nursery() as nursery:

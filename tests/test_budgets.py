@@ -1,4 +1,4 @@
-"""Per-key token and request budgets: reserved at admission, settled at the end, over a sliding minute (router/budgets.py)."""
+"""Per-key token and request budgets: reserved at admission, settled at the end, over a sliding minute (router/quotas/budgets.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,9 @@ import httpx
 import openai
 import pytest
 
-from tailguard.router import budgets as budgets_module
-from tailguard.router.auth import Caller, hash_key
-from tailguard.router.budgets import Budgets, budgets_of, duration
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_render import render_config
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClusterConfig, LimitsConfig
+from tailguard.router.config import ApiKeyConfig, AuthConfig, ClusterConfig, ConfigError, LimitsConfig, parse_config, render_config
 from tailguard.router.errors import BudgetExceeded, InvalidRequest
+from tailguard.router.quotas import Budgets, Caller, budgets as budgets_module, budgets_of, duration, hash_key
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard
 from tests.router_helpers import two_pool_config
 from tests.sim_helpers import MODEL

@@ -13,11 +13,10 @@ import trio
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tailguard.router.config_types import MetricsConfig, TracingConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.policies import PLACEMENT_KINDS
-from tailguard.router.telemetry import RequestRecord
-from tailguard.router.tracing import Tracing
+from tailguard.router import Router
+from tailguard.router.config import MetricsConfig, TracingConfig
+from tailguard.router.fleet import PLACEMENT_KINDS
+from tailguard.router.observe import RequestRecord, Tracing
 from tailguard.server.metrics import Metrics
 from tailguard.server.placement_metrics import PlacementCounts
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard

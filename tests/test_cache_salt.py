@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tailguard.router.auth import hash_key
-from tailguard.router.cache_salt import caller_salt
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, CacheSaltMode, Config, PlacementConfig
+from tailguard.router.admission import caller_salt
+from tailguard.router.config import ApiKeyConfig, AuthConfig, CacheSaltMode, Config, PlacementConfig
+from tailguard.router.quotas import hash_key
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard
 from tests.router_helpers import two_pool_config
 

@@ -18,11 +18,10 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailguard.router.auth import hash_key
-from tailguard.router.budgets import Budgets
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config, MetricsConfig
-from tailguard.router.fair_share import FairClock, Share
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.config import ApiKeyConfig, AuthConfig, Config, MetricsConfig
+from tailguard.router.observe import RequestRecord
+from tailguard.router.queueing import FairClock, Share
+from tailguard.router.quotas import Budgets, hash_key
 from tailguard.router.upkeep import FORGET_INTERVAL
 from tailguard.server.caller_series import OTHER, TURN, CallerSeries
 from tailguard.server.metrics import SECONDS_BUCKETS

@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tailguard.router.backend import BackendClient
+from tailguard.router.backend import BackendClient, LeanTransport
 from tailguard.router.errors import BackendUnavailable
-from tailguard.router.lean_transport import LeanTransport
 from tailguard.sim.canned import canned_transport
 
 COMPLETION = b'{"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}'

@@ -9,8 +9,8 @@ from typing import Any
 import trio
 import trio.testing
 
-from tailguard.router.config_types import Config, PlacementConfig, PromptBound
-from tailguard.router.request import RouterRequest
+from tailguard.router.admission import RouterRequest
+from tailguard.router.config import Config, PlacementConfig, PromptBound
 from tests.router_helpers import Fleet, router_over_engines, run_to_end, two_pool_config
 
 INTERACTIVE_URLS = ("http://interactive-0:8000", "http://interactive-1:8000")

@@ -16,14 +16,23 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.auth import Caller
-from tailguard.router.cluster import NO_TERMS, NO_WAITER, Demand, LedgerStore, SharedBudget, Synced, SyncTerms, Want
-from tailguard.router.config import ConfigError, parse_config, render_config
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, ClusterConfig, Config, ServerConfig, TimeoutsConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.backend import ConnectorTransport
+from tailguard.router.config import (
+    ApiKeyConfig,
+    AuthConfig,
+    ClassConfig,
+    ClusterConfig,
+    Config,
+    ConfigError,
+    ServerConfig,
+    TimeoutsConfig,
+    parse_config,
+    render_config,
+)
 from tailguard.router.errors import CallerOverLimit
-from tailguard.router.lean_transport import ConnectorTransport
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.observe import RequestRecord
+from tailguard.router.quotas import NO_TERMS, NO_WAITER, AdmissionLedger, Caller, Demand, LedgerStore, Synced, SyncTerms, Want
 from tailguard.server.logs import configured_logging
 from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
@@ -59,7 +68,7 @@ class Replica:
         self.best_waiting = NO_WAITER
         self.granted = 0
         config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=TTL, static_share=static_share, block=block)
-        self.budget = SharedBudget(config, ledger, self.demands)
+        self.budget = AdmissionLedger(config, ledger, self.demands)
 
     def demands(self) -> list[Demand]:
         return [Demand("pool:x", CAP, self.in_use, self.waiting, self.best_waiting, self._apply)]
@@ -194,7 +203,7 @@ async def test_a_redis_outage_logs_one_line_when_it_begins_and_one_when_it_ends(
     with configured_logging("INFO", "text"):  # the levels a serving process has; its handler is replaced by caplog's
         root.handlers = [caplog.handler]
         async with RedisLedger(redis.url, "t-quiet", timeout=0.1) as ledger, trio.open_nursery() as nursery:
-            budget = SharedBudget(config, ledger, lambda: [Demand("pool:x", CAP, 1, 0, NO_WAITER, lambda seats: None)])
+            budget = AdmissionLedger(config, ledger, lambda: [Demand("pool:x", CAP, 1, 0, NO_WAITER, lambda seats: None)])
             await nursery.start(budget.run)
             assert budget.mode == "ledger"
             caplog.clear()

@@ -10,9 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.router.auth import hash_key
-from tailguard.router.config import ConfigError, limits_document, load_config, parse_config, render_config
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, ClassConfig, EndpointConfig, LoggingConfig, MetricsConfig
+from tailguard.router.config import (
+    ApiKeyConfig,
+    AuthConfig,
+    ClassConfig,
+    ConfigError,
+    EndpointConfig,
+    LoggingConfig,
+    MetricsConfig,
+    limits_document,
+    load_config,
+    parse_config,
+    render_config,
+)
+from tailguard.router.quotas import hash_key
 
 SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
 
@@ -483,7 +494,7 @@ def test_input_cap_over_max_model_len_is_reported_for_every_pool() -> None:
 
 
 def test_max_model_len_left_out_is_asked_of_the_endpoints() -> None:
-    """Optional: the pool's value is 0 (refuses everything) until router/model_len.py asks; check-config says so."""
+    """Optional: the pool's value is 0 (refuses everything) until router/fleet/model_len.py asks; check-config says so."""
     config = parse_config(edit('max_model_len = 32768\nmodels = ["m"]\nendpoints = [{', 'models = ["m"]\nendpoints = [{'))
     left_out, written = config.pool("interactive"), config.pool("batch")
     assert (left_out.max_model_len, left_out.max_model_len_configured) == (0, False)
@@ -740,7 +751,7 @@ def test_config_error_str_lists_every_problem() -> None:
 
 
 def test_a_parsed_config_is_frozen_all_the_way_down() -> None:
-    """The loader's contract (router/config_types.py): frozen, so a reload swaps a Config whole
+    """The loader's contract (router/config/types.py): frozen, so a reload swaps a Config whole
     and never edits one a request still reads. No list, dict or set anywhere in it either."""
 
     def mutable_parts(value: object, path: str) -> Iterator[str]:

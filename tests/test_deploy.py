@@ -26,8 +26,7 @@ import pytest
 import trio
 import yaml
 
-from tailguard.router.config import parse_config
-from tailguard.router.config_types import Config
+from tailguard.router.config import Config, parse_config
 from tailguard.server.app import _HTTP_GRACE_SECONDS
 from tailguard.server.cli import build_parser
 from tailguard.server.reload import ConfigReloader

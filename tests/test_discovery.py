@@ -24,11 +24,10 @@ import trio.testing
 from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSError, DNSRecord
 from dnslib.server import BaseResolver, DNSHandler, DNSLogger, DNSServer
 
-from tailguard.router.config import ConfigError, load_config, parse_config, render_config
-from tailguard.router.config_types import DnsEndpointsConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.config import ConfigError, DnsEndpointsConfig, load_config, parse_config, render_config
 from tailguard.router.errors import QueueTimeout
-from tailguard.router.pool import Ticket
+from tailguard.router.fleet import Ticket
 from tailguard.server.app import Running
 from tailguard.sim import Engine, SimApp
 from tailguard.sim.canned import canned_transport

@@ -27,8 +27,7 @@ import pytest
 
 from bench.tools import limits_doc
 from tailguard.router import error_spec, errors
-from tailguard.router.config import load_config, parse_config
-from tailguard.router.config_types import Config, EndpointConfig, PoolConfig
+from tailguard.router.config import Config, EndpointConfig, PoolConfig, load_config, parse_config
 from tailguard.server.grpc import api as grpc_api
 from tailguard.sim.params import PROFILES
 

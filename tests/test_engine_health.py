@@ -13,10 +13,9 @@ import httpx
 import trio
 import trio.testing
 
-from tailguard.router import errors
-from tailguard.router.config_types import Config, PlacementConfig, TimeoutsConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.request import RouterRequest
+from tailguard.router import Router, errors
+from tailguard.router.admission import RouterRequest
+from tailguard.router.config import Config, PlacementConfig, TimeoutsConfig
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config
 

@@ -16,15 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from tailguard.router.admission import classify
-from tailguard.router.config_types import Config, EstimateConfig, LimitsConfig, ServerConfig
+from tailguard.router.admission import RouterRequest, check_prompt, classify, estimate_prompt_tokens, estimate_text_tokens
+from tailguard.router.config import Config, EstimateConfig, LimitsConfig, ServerConfig
 from tailguard.router.errors import PromptTooLong
-from tailguard.router.estimate import estimate_prompt_tokens, estimate_text_tokens
-from tailguard.router.limits import check_prompt
-from tailguard.router.request import RouterRequest
 from tailguard.sim.tokens import count_chat_tokens, count_text_tokens
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard
 from tests.router_helpers import two_pool_config

@@ -22,13 +22,12 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.config import parse_config
-from tailguard.router.config_types import Config, EndpointConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.admission import RouterRequest
+from tailguard.router.backend import ConnectorTransport
+from tailguard.router.config import Config, EndpointConfig, parse_config
 from tailguard.router.errors import PromptTooLong
-from tailguard.router.lean_transport import ConnectorTransport
-from tailguard.router.request import RouterRequest
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.observe import RequestRecord
 from tailguard.server.errors_map import http_error
 from tailguard.server.metrics import Metrics
 from tailguard.sim.canned import canned_transport
@@ -194,5 +193,5 @@ async def test_metrics_show_each_models_learnt_ratio_by_kind_of_text(autojump_cl
     [ratio] = re.findall(rf'^tailguard_prompt_estimate_ratio{{kind="dense",model="{MODEL}"}} (\S+)$', text, re.M)
     [seen] = re.findall(rf'^tailguard_prompt_estimate_observations_total{{kind="dense",model="{MODEL}"}} (\S+)$', text, re.M)
     # Each answer: K x (200 + 8) tokens; less the template's 8 and the 1.5 of the 6 letters any text may
-    # hold as a word (router/estimate.py's _WORD), both at the rule's 1 (never seen), over the hex's 198.5.
+    # hold as a word (router/admission/estimate.py's _WORD), both at the rule's 1 (never seen), over the hex's 198.5.
     assert float(ratio) == pytest.approx((K * 208 - 8 - 1.5) / 198.5) and float(seen) == LEARN_AFTER

@@ -12,11 +12,9 @@ import json
 
 import httpx
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from tailguard.router.backend import BackendClient
-from tailguard.router.backend_events import MAX_EVENT_BYTES, EventFilter
+from tailguard.router.backend import MAX_EVENT_BYTES, BackendClient, EventFilter
 from tailguard.router.errors import BadBackendReply
 from tailguard.server.grpc.sse import SseDecoder
 from tailguard.sim.canned import canned_transport

@@ -1,4 +1,4 @@
-"""Fair shares between tenants waiting at one priority: start tags over tokens (router/fair_share.py, router/queue.py)."""
+"""Fair shares between tenants waiting at one priority: start tags over tokens (router/queueing/fair_share.py, router/queueing/queue.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,12 @@ from functools import partial
 import pytest
 import trio
 import trio.testing
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from tailguard.router.auth import Caller
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_render import render_config
-from tailguard.router.config_types import QueueOrder
+from tailguard.router.config import ConfigError, QueueOrder, parse_config, render_config
 from tailguard.router.errors import QueueFull, QueueTimeout
-from tailguard.router.fair_share import FairClock, Share
+from tailguard.router.queueing import FairClock, Share
+from tailguard.router.quotas import Caller
 from tests.router_helpers import chat, router_over_engines, two_pool_config, with_digest
 from tests.test_config import BASE
 from tests.test_queue import Slots

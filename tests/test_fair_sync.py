@@ -1,4 +1,4 @@
-"""Fair shares traded across replicas (router/fair_sync.py), through a store in memory and through a real Redis."""
+"""Fair shares traded across replicas (router/queueing/fair_share_sync.py), through a store in memory and through a real Redis."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from collections.abc import Iterator, Mapping
 import pytest
 import trio
 
-from tailguard.router.auth import Caller
-from tailguard.router.config_types import ClusterConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.fair_share import FairClock, Share
-from tailguard.router.fair_sync import FairTrade, Served, ServiceStore
+from tailguard.router import Router
+from tailguard.router.config import ClusterConfig
+from tailguard.router.queueing import FairClock, FairTrade, Served, ServiceStore, Share
+from tailguard.router.quotas import Caller
 from tailguard.server.redis_ledger import RedisLedger
 from tests.redis_helpers import RedisServer, redis_server
 from tests.router_helpers import chat, two_pool_config

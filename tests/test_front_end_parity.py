@@ -19,11 +19,10 @@ import httpx
 import pytest
 
 from tailguard.router import error_spec, errors
-from tailguard.router.config_types import Config, TimeoutsConfig
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.config import Config, TimeoutsConfig
+from tailguard.router.observe import RequestRecord
 from tailguard.server.errors_map import ERROR_CODE_KEY, grpc_error, http_error
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tests.front_end_helpers import SINK_FAILS, Faulty, FrontEnds, front_ends
 from tests.router_helpers import two_pool_config
 from tests.sim_helpers import MODEL

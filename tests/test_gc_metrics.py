@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailguard.router.config_types import ServerConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.config import ServerConfig
 from tailguard.server.metrics import GC_PAUSE_BUCKETS, GcPauses, Metrics
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard
 from tests.router_helpers import two_pool_config

@@ -13,11 +13,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tailguard.router.auth import hash_key
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config, TimeoutsConfig
+from tailguard.router.config import ApiKeyConfig, AuthConfig, Config, TimeoutsConfig
+from tailguard.router.quotas import hash_key
 from tailguard.server.grpc.gate import FLOOR
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tests.front_end_helpers import Faulty, front_ends
 from tests.grpc_helpers import Service, grpc_service, wait_for
 from tests.http_helpers import QUICK
@@ -327,7 +326,7 @@ def test_calls_beyond_what_small_pools_can_hold_are_refused_on_the_asyncio_side(
 
 
 def test_a_caller_whose_calls_are_mostly_refused_is_shed_and_another_caller_is_not() -> None:
-    """Issue 20, defect 1: a flood the router refuses anyway is refused on the asyncio side (router/shed.py), per connection."""
+    """Issue 20, defect 1: a flood the router refuses anyway is refused on the asyncio side (router/quotas/shed.py), per connection."""
     backend = Faulty("hold")  # the seat stays taken for the whole flood, even on a loaded machine (a 10 s stream did not)
     with front_ends([backend, Faulty()], lambda urls: config(urls, interactive_cap=1, max_queue=0), max_grpc_calls=1000) as service:
         own = [("grpc.use_local_subchannel_pool", 1)]  # a connection each (grpc shares one between channels by default)

@@ -23,12 +23,10 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool
-from grpc_reflection.v1alpha import reflection_pb2 as v1alpha_pb2
-from grpc_reflection.v1alpha import reflection_pb2_grpc as v1alpha_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2 as v1alpha_pb2, reflection_pb2_grpc as v1alpha_pb2_grpc
 
-from tailguard.router.config_types import Config
-from tailguard.server.grpc.gen.grpc.reflection.v1 import reflection_pb2 as v1_pb2
-from tailguard.server.grpc.gen.grpc.reflection.v1 import reflection_pb2_grpc as v1_pb2_grpc
+from tailguard.router.config import Config
+from tailguard.server.grpc.gen.grpc.reflection.v1 import reflection_pb2 as v1_pb2, reflection_pb2_grpc as v1_pb2_grpc
 from tests.grpc_helpers import Service, grpc_service
 from tests.http_helpers import QUICK
 from tests.router_helpers import two_pool_config

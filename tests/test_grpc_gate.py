@@ -12,8 +12,7 @@ import grpc
 import pytest
 
 from tailguard.server.grpc.gate import BACKOFF, BURST_CALLS, FLOOR, GROWTH, MIN_BACKLOG, WAIT_TARGET, Backlog, CallGate, follow_grpc
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tailguard.server.malloc import trimmer
 
 

@@ -9,10 +9,9 @@ import grpc
 import httpx
 import pytest
 
-from tailguard.router.auth import hash_key
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.router.config import ApiKeyConfig, AuthConfig, Config
+from tailguard.router.quotas import hash_key
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tests.grpc_helpers import grpc_service, wait_for
 from tests.http_helpers import QUICK
 from tests.test_grpc_api import chat, config

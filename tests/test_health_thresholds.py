@@ -9,9 +9,9 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.config_types import Config, EndpointConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.loop_lag import LoopLag
+from tailguard.router import Router
+from tailguard.router.config import Config, EndpointConfig
+from tailguard.router.observe import LoopLag
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import INTERACTIVE_URL, two_pool_config
 

@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.lowlevel
 
-from tailguard.router.config_types import Config, LimitsConfig, ServerConfig, TimeoutsConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.config import Config, LimitsConfig, ServerConfig, TimeoutsConfig
 from tailguard.server.http import api as http_api
 from tailguard.sim import SimResponse
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard

@@ -23,10 +23,8 @@ import pytest
 import trio
 import trio.lowlevel
 
-from tailguard.router.config import ConfigError, parse_config, render_config
-from tailguard.router.config_types import Config, ServerConfig, TimeoutsConfig
-from tailguard.server.app import Running
-from tailguard.server.app import serve as serve_tailguard
+from tailguard.router.config import Config, ConfigError, ServerConfig, TimeoutsConfig, parse_config, render_config
+from tailguard.server.app import Running, serve as serve_tailguard
 from tailguard.server.http.server import HttpSettings, Message, Receive, Scope, Send, serve
 from tailguard.sim import SimResponse
 from tailguard.sim.app import SSE_HEADERS

@@ -13,8 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.backend import BackendClient
-from tailguard.router.lean_transport import KEEPALIVE_EXPIRY, LeanTransport, ResponseBody
+from tailguard.router.backend import KEEPALIVE_EXPIRY, BackendClient, LeanTransport, ResponseBody
 from tailguard.sim import Engine, SimApp
 from tailguard.sim.http import KEEP_ALIVE_TIMEOUT
 from tailguard.sim.memory import memory_connector

@@ -7,10 +7,8 @@ import dataclasses
 import pytest
 import trio
 
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_render import render_config
-from tailguard.router.config_types import LendConfig, LimitsConfig
-from tailguard.router.lend_budget import FirstTokenWatch, RecentPeak
+from tailguard.router.config import ConfigError, LendConfig, LimitsConfig, parse_config, render_config
+from tailguard.router.fleet import FirstTokenWatch, RecentPeak
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end
 from tests.test_config import BASE
 from tests.test_lend_prefills import LONG_PROMPT

@@ -10,11 +10,10 @@ import httpx
 import pytest
 import trio
 
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_types import Config, LendConfig
-from tailguard.router.policies import rendezvous_order
-from tailguard.router.prefix_key import prefix_key_of
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.admission import prefix_key_of
+from tailguard.router.config import Config, ConfigError, LendConfig, parse_config
+from tailguard.router.fleet import rendezvous_order
+from tailguard.router.observe import RequestRecord
 from tailguard.server.metrics import Metrics
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
@@ -271,7 +270,7 @@ async def test_a_pool_with_no_usable_endpoint_borrows_before_it_answers_no_backe
     """Issue 20: with the interactive engine down, every chat request got 503 no_backend at once while
     the batch pool's lend-back seats stayed idle."""
     from tailguard.router.errors import NoBackend
-    from tailguard.router.telemetry import RequestRecord
+    from tailguard.router.observe import RequestRecord
     from tests.test_real_vllm import complete, engines, router_over
 
     down, up = "http://down-0:8000", "http://up-0:8000"

@@ -13,9 +13,7 @@ import dataclasses
 import httpx
 import pytest
 
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_render import render_config
-from tailguard.router.config_types import Config, MetricsConfig, ServerConfig
+from tailguard.router.config import Config, ConfigError, MetricsConfig, ServerConfig, parse_config, render_config
 from tailguard.server.reload import restart_needed
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard
 from tests.router_helpers import two_pool_config

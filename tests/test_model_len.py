@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from tailguard.router.config import load_config, parse_config
-from tailguard.router.model_len import ModelLenError, ask_model_lens, ask_timeout
+from tailguard.router.fleet import ModelLenError, ask_model_lens, ask_timeout
 from tailguard.server.cli import main
 from tailguard.sim import Engine, SimApp
 from tailguard.sim.app import SimResponse
@@ -27,8 +27,7 @@ from tailguard.sim.http import Handler
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from tests.router_helpers import INTERACTIVE_URL, router_over_engines
 from tests.sim_helpers import MODEL
-from tests.test_discovery import HOSTS, NAME, dns_server, pods, urls
-from tests.test_discovery import toml as dns_toml
+from tests.test_discovery import HOSTS, NAME, dns_server, pods, toml as dns_toml, urls
 from tests.test_rebalance import CAP, SPARE_URL, interactive_load, movable_config
 from tests.test_reload import toml as reload_toml
 

@@ -13,8 +13,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailguard.router.auth import hash_key
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config, MetricsConfig, ServerConfig
+from tailguard.router.config import ApiKeyConfig, AuthConfig, Config, MetricsConfig, ServerConfig
+from tailguard.router.quotas import hash_key
 from tailguard.sim import Engine, SimApp, SimResponse
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from tests.router_helpers import two_pool_config

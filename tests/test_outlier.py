@@ -19,9 +19,8 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router import errors
-from tailguard.router.config_types import Config, EndpointConfig, OutlierDetectionConfig, PlacementConfig, TimeoutsConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router, errors
+from tailguard.router.config import Config, EndpointConfig, OutlierDetectionConfig, PlacementConfig, TimeoutsConfig
 from tailguard.server.metrics import Metrics
 from tailguard.sim.canned import canned_transport
 from tests.http_helpers import QUICK, engines_on_sockets

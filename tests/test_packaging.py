@@ -268,7 +268,7 @@ def test_the_ignore_matcher_reads_dockers_rules(tmp_path: Path) -> None:
 
 def test_the_build_context_has_what_the_image_installs_and_nothing_else() -> None:
     sent = build_context(ROOT, dockerignore_patterns(DOCKERIGNORE))
-    for needed in ("pyproject.toml", "README.md", "config.toml", "server/config.toml", "router/config.py", "bench/sim/__init__.py"):
+    for needed in ("pyproject.toml", "README.md", "config.toml", "server/config.toml", "router/config/load.py", "bench/sim/__init__.py"):
         assert needed in sent, needed
     assert not [p for p in sent if "__pycache__" in p or p.endswith(".pyc") or p.startswith(("bench/results", ".venv", ".git/", "build/"))]
 

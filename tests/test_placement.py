@@ -9,13 +9,12 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.config_types import PlacementConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.admission import RouterRequest, key_chars, prefix_key, prefix_key_of
+from tailguard.router.config import PlacementConfig
 from tailguard.router.errors import BackendRejected
-from tailguard.router.policies import PrefixAffinity, rendezvous_order
-from tailguard.router.prefix_key import key_chars, prefix_key, prefix_key_of
-from tailguard.router.request import RouterRequest
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.fleet import PrefixAffinity, rendezvous_order
+from tailguard.router.observe import RequestRecord
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import chat, router_over_engines, two_pool_config, with_digest
 
@@ -123,7 +122,7 @@ async def test_affinity_leaves_an_ejected_home_and_comes_back_when_it_does(autoj
     async with router_over_engines(two_pool_config(interactive_urls=URLS)) as fleet:
         order = home_of(fleet.router, SYSTEM)
         home = fleet.router.endpoint(order[0])
-        home.ejected_until = trio.current_time() + 5.0  # outlier detection's verdict (router/outlier.py)
+        home.ejected_until = trio.current_time() + 5.0  # outlier detection's verdict (router/fleet/outlier.py)
         during = await placed(fleet.router, chat(SYSTEM + "while out", request_id="a"))
         assert (during.endpoint, during.placement) == (order[1], "home")  # the next in the order is its home meanwhile
         await trio.sleep(5.1)

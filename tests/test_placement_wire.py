@@ -8,9 +8,8 @@ import grpc
 import openai
 import pytest
 
-from tailguard.router.config_types import Config, TimeoutsConfig
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.router.config import Config, TimeoutsConfig
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tests.grpc_helpers import Service, grpc_service
 from tests.http_helpers import QUICK
 from tests.router_helpers import two_pool_config

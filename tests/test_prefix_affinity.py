@@ -1,4 +1,4 @@
-"""Prefix-affinity placement: the prefix key (router/prefix_key.py) and PrefixAffinity (router/policies.py), pure."""
+"""Prefix-affinity placement: the prefix key (router/admission/prefix_keys.py) and PrefixAffinity (router/fleet/policies.py), pure."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from tailguard.router.endpoint import url_seed
-from tailguard.router.policies import LeastLoaded, PrefixAffinity, rendezvous_order, rendezvous_weight
-from tailguard.router.prefix_key import key_chars, prefix_key
+from tailguard.router.admission import key_chars, prefix_key
+from tailguard.router.fleet import LeastLoaded, PrefixAffinity, rendezvous_order, rendezvous_weight, url_seed
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from tailguard.router.endpoint import Endpoint
+    from tailguard.router.fleet import Endpoint
 
 
 @dataclass
@@ -75,8 +73,8 @@ def test_same_key_same_endpoints_same_choice_in_any_order() -> None:
 def test_the_key_and_the_choice_are_equal_in_another_process() -> None:
     """Salted hash() would differ between processes; blake2b does not."""
     script = (
-        "from tailguard.router.prefix_key import prefix_key;"
-        "from tailguard.router.policies import rendezvous_weight;"
+        "from tailguard.router.admission.prefix_keys import prefix_key;"
+        "from tailguard.router.fleet.policies import rendezvous_weight;"
         "k = prefix_key({'messages': [{'role': 'system', 'content': 'be brief'}]});"
         "print(k.hex(), rendezvous_weight(k, 'http://a'))"
     )

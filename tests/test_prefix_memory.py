@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tailguard.router.prefix_memory import ConversationMemory, HistoryDigests, Warm, history_digests, uncached_tokens
+from tailguard.router.admission import ConversationMemory, HistoryDigests, Warm, history_digests, uncached_tokens
 
 
 def chat(*texts: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The estimate by kind of text (router/estimate.py) and what the engines' usage teaches of it (router/prompt_ratios.py)."""
+"""The estimate by kind of text (router/admission/estimate.py) and what the engines' usage teaches of it (router/admission/prompt_ratios.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,10 @@ import random
 import string
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_render import render_config
-from tailguard.router.config_types import EstimateConfig
-from tailguard.router.estimate import KINDS, PromptSize, estimate_text_tokens, size_prompt
-from tailguard.router.prompt_ratios import KindRatio, PromptRatios
-from tailguard.router.request import RouterRequest
+from tailguard.router.admission import KINDS, KindRatio, PromptRatios, PromptSize, RouterRequest, estimate_text_tokens, size_prompt
+from tailguard.router.config import ConfigError, EstimateConfig, parse_config, render_config
 
 DEFAULT = EstimateConfig()
 EMOJI = "\N{GRINNING FACE}"

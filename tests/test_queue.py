@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from tailguard.router.errors import QueueFull, QueueTimeout
-from tailguard.router.queue import SKIP, Skip, WaitQueue
+from tailguard.router.queueing import SKIP, Skip, WaitQueue
 
 INF = math.inf
 

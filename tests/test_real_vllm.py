@@ -17,19 +17,15 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from tailguard.router.backend import BackendClient, BackendProbe
-from tailguard.router.backend_events import EventFilter
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_types import BackendAccess, Config, EndpointConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.endpoint import Endpoint
+from tailguard.router import Router
+from tailguard.router.admission import RouterRequest
+from tailguard.router.backend import BackendClient, BackendProbe, EventFilter
+from tailguard.router.config import BackendAccess, Config, ConfigError, EndpointConfig, parse_config
 from tailguard.router.errors import BackendAuthFailed, QueueTimeout
-from tailguard.router.model_len import ModelLenError, ask_model_lens
-from tailguard.router.request import RouterRequest
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.fleet import Endpoint, ModelLenError, ask_model_lens
+from tailguard.router.observe import RequestRecord
 from tailguard.server.errors_map import http_error
 from tailguard.server.metrics import Metrics
 from tailguard.sim import PROFILES, Engine, SimApp, SimTransport

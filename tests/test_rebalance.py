@@ -7,8 +7,7 @@ import dataclasses
 import pytest
 import trio
 
-from tailguard.router.config import ConfigError, parse_config, render_config
-from tailguard.router.config_types import Config, EndpointConfig, PlacementConfig, RebalanceConfig
+from tailguard.router.config import Config, ConfigError, EndpointConfig, PlacementConfig, RebalanceConfig, parse_config, render_config
 from tailguard.server.metrics import Metrics
 from tests.router_helpers import INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from tests.test_config import BASE

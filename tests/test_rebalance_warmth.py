@@ -7,8 +7,8 @@ import dataclasses
 import trio
 import trio.testing
 
-from tailguard.router.policies import rendezvous_weight
-from tailguard.router.prefix_key import prefix_key_of
+from tailguard.router.admission import prefix_key_of
+from tailguard.router.fleet import rendezvous_weight
 from tests.router_helpers import chat, router_over_engines, run_to_end, with_digest
 from tests.test_rebalance import CAP, interactive_load, movable_config
 

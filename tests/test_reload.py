@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from tailguard.router.config_types import Config
+from tailguard.router.config import Config
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard
 from tests.sim_helpers import MODEL
 

@@ -150,7 +150,7 @@ async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_conf
 
 
 async def test_applying_a_config_is_all_or_nothing() -> None:
-    from tailguard.router.dispatch import Router
+    from tailguard.router import Router
     from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, two_pool_config, with_digest
 
     broken = "http://gpu-9:8000"
@@ -178,8 +178,8 @@ async def test_applying_a_config_is_all_or_nothing() -> None:
 
 
 async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tailguard.router import endpoint
-    from tailguard.router.dispatch import Router
+    from tailguard.router import Router
+    from tailguard.router.fleet import endpoint
     from tests.router_helpers import two_pool_config, with_digest
 
     router = Router(two_pool_config(interactive_cap=4, batch_cap=4), transport_factory=lambda _: canned_transport(lambda r: httpx.Response(200)))

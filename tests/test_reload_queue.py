@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from tailguard.router import errors
-from tailguard.router.config_types import Config
+from tailguard.router.config import Config
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 
 

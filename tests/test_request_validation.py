@@ -23,12 +23,11 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tailguard.router.config_types import Config, ServerConfig
+from tailguard.router.admission import MAX_JSON_DEPTH, RouterRequest
+from tailguard.router.config import Config, ServerConfig
 from tailguard.router.errors import InvalidRequest
-from tailguard.router.request import MAX_JSON_DEPTH, RouterRequest
 from tailguard.server.http.openai_wire import parse_completion_body
 from tailguard.sim import Engine, SimApp, SimResponse
 from tests.http_helpers import QUICK, engines_on_sockets, tailguard

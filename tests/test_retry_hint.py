@@ -1,4 +1,4 @@
-"""Retry-After computed from the queue ahead and the pool's drain rate, clamped and spread (router/retry_hint.py)."""
+"""Retry-After computed from the queue ahead and the pool's drain rate, clamped and spread (router/queueing/retry_hint.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_render import render_config
+from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.errors import NoBackend, QueueFull, QueueTimeout
-from tailguard.router.retry_hint import CEILING, RetryHints, whole_seconds
+from tailguard.router.queueing import CEILING, RetryHints, whole_seconds
 from tests.router_helpers import chat, router_over_engines, run_to_end, two_pool_config
 from tests.test_config import BASE
 from tests.test_queue import Slots

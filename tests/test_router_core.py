@@ -12,11 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router import errors
-from tailguard.router.config import ConfigError, parse_config
-from tailguard.router.config_types import Config, LimitsConfig, TimeoutsConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.request import RouterRequest
+from tailguard.router import Router, errors
+from tailguard.router.admission import RouterRequest
+from tailguard.router.config import Config, ConfigError, LimitsConfig, TimeoutsConfig, parse_config
 from tailguard.sim import PROFILES
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tailguard.router.config_types import ApiKeyConfig, AuthConfig, Config
+from tailguard.router.config import ApiKeyConfig, AuthConfig, Config
 from tests.front_end_helpers import Faulty, FrontEnds, front_ends
 from tests.router_helpers import two_pool_config
 from tests.sim_helpers import MODEL

@@ -25,7 +25,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailguard.router.config_types import (
+from tailguard.router.config import (
     ApiKeyConfig,
     AuthConfig,
     ClassConfig,
@@ -37,7 +37,7 @@ from tailguard.router.config_types import (
     ServerConfig,
     TimeoutsConfig,
 )
-from tailguard.router.telemetry import RequestRecord
+from tailguard.router.observe import RequestRecord
 from tailguard.sim import SimResponse
 from tailguard.sim.app import JSON_HEADERS
 from tests.front_end_helpers import Faulty, FrontEnds, front_ends

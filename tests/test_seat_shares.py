@@ -9,10 +9,9 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router.config import ConfigError, parse_config, render_config
-from tailguard.router.config_types import Config, LendConfig, RebalanceConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.endpoint import Endpoint
+from tailguard.router import Router
+from tailguard.router.config import Config, ConfigError, LendConfig, RebalanceConfig, parse_config, render_config
+from tailguard.router.fleet import Endpoint
 from tailguard.server.metrics import Metrics
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from tests.test_config import BASE

@@ -14,11 +14,10 @@ from google.protobuf.struct_pb2 import Struct
 from openai.types.chat import ChatCompletionMessageParam
 
 from tailguard.router import errors
-from tailguard.router.auth import Caller
-from tailguard.router.config_types import Config, LimitsConfig, TimeoutsConfig
-from tailguard.router.request import RouterRequest
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.router.admission import RouterRequest
+from tailguard.router.config import Config, LimitsConfig, TimeoutsConfig
+from tailguard.router.quotas import Caller
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tailguard.sim import PROFILES
 from tests.grpc_helpers import grpc_service
 from tests.http_helpers import QUICK

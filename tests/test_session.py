@@ -10,10 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router import errors
-from tailguard.router.request import Routing
-from tailguard.router.session import ClientLeft, Sessions, checked_header
-from tailguard.router.telemetry import RepeatedIds, RequestRecord, Telemetry
+from tailguard.router import ClientLeft, Sessions, checked_header, errors
+from tailguard.router.admission import Routing
+from tailguard.router.observe import RepeatedIds, RequestRecord, Telemetry
 from tests.router_helpers import Fleet, chat, router_over_engines, two_pool_config
 
 

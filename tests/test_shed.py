@@ -1,13 +1,12 @@
-"""Adaptive shedding (router/shed.py): who is shed, how much, and when it is forgotten."""
+"""Adaptive shedding (router/quotas/shed.py): who is shed, how much, and when it is forgotten."""
 
 from __future__ import annotations
 
 import random
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from tailguard.router.shed import AdaptiveShed
+from tailguard.router.quotas import AdaptiveShed
 
 
 def test_a_caller_whose_calls_are_accepted_is_never_shed() -> None:

@@ -9,12 +9,11 @@ import pytest
 import trio
 import trio.testing
 
-from tailguard.router import errors
-from tailguard.router.auth import Caller
-from tailguard.router.config_types import TimeoutsConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.request import RouterRequest
-from tailguard.router.telemetry import RepeatedIds, RequestRecord, Telemetry, is_valid_request_id, outcome_of
+from tailguard.router import Router, errors
+from tailguard.router.admission import RouterRequest
+from tailguard.router.config import TimeoutsConfig
+from tailguard.router.observe import RepeatedIds, RequestRecord, Telemetry, is_valid_request_id, outcome_of
+from tailguard.router.quotas import Caller
 from tailguard.server.app import drain_router
 from tailguard.server.logs import AccessLog, access_fields
 from tailguard.server.metrics import Metrics

@@ -25,8 +25,7 @@ import trustme
 
 from tailguard.router.config import ConfigError, load_config, parse_config, render_config
 from tailguard.server.app import Running, serve
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tests.http_helpers import QUICK, engines_on_sockets, eventually
 from tests.sim_helpers import MODEL
 

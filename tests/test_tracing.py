@@ -23,14 +23,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tailguard.router.config import ConfigError, parse_config, render_config
-from tailguard.router.config_types import Config, TracingConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.telemetry import Telemetry
-from tailguard.router.tracing import Tracing
+from tailguard.router import Router
+from tailguard.router.config import Config, ConfigError, TracingConfig, parse_config, render_config
+from tailguard.router.observe import Telemetry, Tracing
 from tailguard.server.http.api import HttpApi
-from tailguard.server.http.server import HttpSettings
-from tailguard.server.http.server import serve as serve_http
+from tailguard.server.http.server import HttpSettings, serve as serve_http
 from tailguard.server.reload import summarize
 from tailguard.server.trace_switch import TracingSwitch
 from tailguard.sim.app import SimApp
@@ -292,8 +289,7 @@ async def test_spans_reach_a_real_otlp_receiver_and_the_exit_flushes_them() -> N
 def test_a_grpc_callers_traceparent_metadata_is_the_parent() -> None:
     import grpc
 
-    from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-    from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+    from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 
     with otlp_receiver() as receiver:
         with grpc_service([QUICK, QUICK], lambda urls: tracing_config(urls, receiver.url)) as service:
@@ -319,11 +315,11 @@ def test_with_tracing_off_the_sdk_is_never_imported() -> None:
     program = (
         "import sys\n"
         "import tailguard.server.app, tailguard.server.cli, tailguard.server.http.api, tailguard.server.grpc.api\n"
-        "from tailguard.router.config import load_config\n"
+        "from tailguard.router.config.load import load_config\n"
         "from tailguard.server.trace_switch import TracingSwitch\n"
         f"config = load_config({str(SHIPPED)!r})\n"
         "assert TracingSwitch(config.tracing, grace=lambda: 1.0)() is None\n"
-        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry') or m == 'tailguard.router.tracing'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry') or m == 'tailguard.router.observe.tracing'))\n"
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"

@@ -57,8 +57,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from tailguard.router.config import ConfigError, load_config
-from tailguard.router.config_types import AuthConfig, Config, EndpointConfig, LendConfig, PoolConfig
+from tailguard.router.config import AuthConfig, Config, ConfigError, EndpointConfig, LendConfig, PoolConfig, load_config
 from tailguard.server import SHIPPED_CONFIG
 from tailguard.server.logs import ACCESS_LOGGER
 from tailguard.sim import PROFILES

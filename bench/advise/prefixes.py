@@ -1,7 +1,7 @@
 """Replayed prompts that share what the log says was shared: one text per prefix group, unique filler after it.
 
 An access line names its request's prefix group (``prefix_group``: a digest of
-the key tailguard placed it by, router/prefix_key.py) and what the engine found
+the key tailguard placed it by, router/admission/prefix_keys.py) and what the engine found
 cached (``cached_tokens``, vLLM's ``usage.prompt_tokens_details``); no prompt
 text. The replay gives each group a deterministic text as long as the group's
 shared prefix (the 90th percentile, nearest rank, of its ``cached_tokens``: a

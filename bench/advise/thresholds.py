@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tailguard.router.config_types import Config
+from tailguard.router.config import Config
 
 SHARES = (0.2, 0.5, 0.8)  # target short shares of requests for the quantile proposals
 MIN_SHARE, MAX_SHARE = 0.05, 0.95  # outside: nearly everything one class (degenerate)
@@ -47,7 +47,7 @@ class Bounds:
     none: bool = False
 
     def admits(self, prompt: int, output: int) -> bool:
-        """Whether a request of these sizes is interactive under these bounds (as ``router.admission.classify``)."""
+        """Whether a request of these sizes is interactive under these bounds (as ``router.admission.admit.classify``)."""
         if self.none:
             return False
         return (self.prompt is None or prompt <= self.prompt) and (self.output is None or output <= self.output)

@@ -20,7 +20,7 @@ from bench.budgets.model import KEY_NAME, KEY_SECRET, MAX_QUEUE, NAMESPACE, POOL
 from bench.cluster.lab import RedisProcess, Replica, stop_all
 from bench.harness.config import PoolSpec, server_table
 from bench.harness.procs import free_ports, start_simulator, start_tailguard, wait_ready
-from tailguard.router.auth import hash_key
+from tailguard.router.quotas import hash_key
 
 
 def replica_config(o: Options, name: str, http_port: int, grpc_port: int, engine_port: int, redis_url: str) -> str:

@@ -21,8 +21,7 @@ from bench.chaos.attacks import CHAT_PATH, NORMAL_MAX_TOKENS, Phase, open_loop
 from bench.chaos.client import JSON_CONTENT, Answer, RequestSpec
 from bench.chaos.figures import p50_p99_max_ms, usage_tokens
 from bench.chaos.lab import BATCH_SEATS, ENGINE_SEQUENCES, SEATS_PER_ENGINE, SHIPPED_GRPC_GATE, Key, Lab, Setup
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 
 # -- n > 1 -------------------------------------------------------------------------------------------
 

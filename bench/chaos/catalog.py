@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bench.chaos.abuse import MANY_CHOICES, SHIPPED_GATE, costly, many_choices, shed_evasion
-from bench.chaos.attacks import ATTACKS as FIRST_ROUNDS
-from bench.chaos.attacks import Attack, Phase
+from bench.chaos.attacks import ATTACKS as FIRST_ROUNDS, Attack, Phase
 from bench.chaos.lab import SHIPPED_GRPC_GATE, Lab, Setup
 from bench.chaos.operations import black_hole, relayed_messages, reload_removes_pool
 from bench.chaos.tenants import BUDGETS, TENANTS, TENANTS_CLUSTER, budgets_redis_restart, tenant_cardinality

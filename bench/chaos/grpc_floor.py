@@ -19,8 +19,7 @@ from typing import NoReturn
 import grpc
 
 from tailguard.server.grpc.api import MAX_CONCURRENT_CALLS, server_options
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 
 FLOOR_CODE = "floor"  # its refusals' x-tailguard-error-code, so a table tells them from tailguard's
 _REFUSAL = (("x-tailguard-error-code", FLOOR_CODE), ("retry-after", "1"))

@@ -18,13 +18,12 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.chaos.client import HttpPool, RequestSpec
-from bench.harness.config import PoolSpec, classes_tables, server_table
-from bench.harness.config import tailguard_config as shared_config
+from bench.harness.config import PoolSpec, classes_tables, server_table, tailguard_config as shared_config
 from bench.harness.grpc import AsyncioThread
 from bench.harness.procs import RESULTS_ROOT, free_ports, start_tailguard, stop, wait_ready
 from bench.harness.redis import RedisProcess
-from tailguard.router.auth import hash_key
-from tailguard.router.config_types import ServerConfig, TimeoutsConfig
+from tailguard.router.config import ServerConfig, TimeoutsConfig
+from tailguard.router.quotas import hash_key
 
 RESULTS = RESULTS_ROOT / "chaos"
 HOST = "127.0.0.1"

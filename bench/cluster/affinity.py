@@ -36,7 +36,7 @@ from bench.cluster.lab import KEYS, MAX_QUEUE, Lab, Replica, stop_all
 from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http_request
 from bench.harness.config import PoolSpec
 from bench.harness.open_loop import with_request_id
-from tailguard.router.config_types import PoolConfig
+from tailguard.router.config import PoolConfig
 from tailguard.sim.virtual.mix import long_document, percentile, request_nonce
 
 AFFINITY_ENGINES = 4

@@ -13,7 +13,7 @@ from bench.harness.client import HOST
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, free_ports, start_tailguard, stop, wait_ready
 from bench.harness.redis import RedisProcess as RedisProcess
-from tailguard.router.auth import hash_key
+from tailguard.router.quotas import hash_key
 
 RESULTS = RESULTS_ROOT / "cluster"
 

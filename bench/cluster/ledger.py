@@ -10,8 +10,7 @@ from typing import Any
 import coredis
 
 from bench.cluster.lab import KEYS, Lab, stop_all
-from bench.harness.client import CHAT_PATH, http_request
-from bench.harness.client import ConnectionPool as OpenPool
+from bench.harness.client import CHAT_PATH, ConnectionPool as OpenPool, http_request
 from bench.harness.procs import process_cpu_seconds
 from bench.harness.traffic import http_open_loop, poisson_offsets
 from bench.harness.unique import repeated

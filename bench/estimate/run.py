@@ -7,7 +7,7 @@ standard library's sources), on 127.0.0.1, OMP bound to one core:
 1. **Ratios.** For each kind of text (``bench/estimate/texts.py``),
    ``--samples`` prompts of 200 to 3,500 characters: the engine's count
    (``/tokenize``, with the BOS a completion's usage counts) over the
-   router's raw estimate (``router/estimate.py``), and the kind the estimate
+   router's raw estimate (``router/admission/estimate.py``), and the kind the estimate
    files most of it under; chats of 1 to 8 short messages through the chat
    template (``/tokenize`` with ``messages``). One ``/v1/completions`` checks
    that its ``usage.prompt_tokens`` is ``/tokenize``'s count.
@@ -47,10 +47,8 @@ from bench.estimate.texts import DEFAULT_MAX_CHARS, MAX_CHARS, code_source, make
 from bench.harness.cli import add_out_arg, add_seed_arg, driver_parser, run_and_report
 from bench.harness.procs import PROJECT_ROOT, process_cpu_seconds
 from bench.harness.report import code_version, latency_ms
-from tailguard.router.config_types import EstimateConfig
-from tailguard.router.estimate import KINDS, PromptSize, size_prompt
-from tailguard.router.prompt_ratios import PromptRatios
-from tailguard.router.request import RouterRequest
+from tailguard.router.admission import KINDS, PromptRatios, PromptSize, RouterRequest, size_prompt
+from tailguard.router.config import EstimateConfig
 from tests.real_vllm.engines import SERVED_MODEL, RealEngine, start_engine, wait_ready
 
 RESULTS = PROJECT_ROOT / "bench" / "results" / "estimate"

@@ -32,12 +32,11 @@ import trio.testing
 
 from bench.harness.cli import add_out_arg, add_seed_arg, driver_parser
 from bench.harness.report import LatencyMs, latency_ms, md_table, write_report
-from tailguard.router.config import parse_config
-from tailguard.router.config_types import Config, EndpointConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.admission import RouterRequest
+from tailguard.router.backend import ConnectorTransport
+from tailguard.router.config import Config, EndpointConfig, parse_config
 from tailguard.router.errors import TailguardError
-from tailguard.router.lean_transport import ConnectorTransport
-from tailguard.router.request import RouterRequest
 from tailguard.sim import PROFILES, Engine, SimApp
 from tailguard.sim.canned import canned_transport
 from tailguard.sim.memory import memory_connector

@@ -70,8 +70,7 @@ from bench.harness.report import Target, cores_cell, maybe, md_table, save_json,
 from bench.harness.unique import unique_chat
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop, runs_table
 from bench.overhead.load import StreamRun, sse_streams
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 
 DEFAULT_JSON = procs.RESULTS_ROOT / "grpc_overhead.json"
 

@@ -31,8 +31,7 @@ import trio
 from bench.harness.client import CALL_TIMEOUT_S, LoadCounters, Source, sse_client
 from bench.harness.clocks import CpuClock
 from bench.harness.traffic import START_DELAY_S, OpenTally
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 
 _PY_SPY_GRACE_S = 30.0  # py-spy's own start-up and writing of the file
 

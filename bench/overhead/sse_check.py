@@ -3,7 +3,7 @@
 A micro-benchmark of the HTTP relay's own work (issue 20, defect 5: every
 framed event checked to be JSON): no sockets, no engine. A backend's stream
 of ``--events`` vLLM-shaped chat chunks (about 220 bytes each, then
-``[DONE]``) is fed through :class:`~tailguard.router.backend.BackendResponse`
+``[DONE]``) is fed through :class:`~tailguard.router.backend.client.BackendResponse`
 from an ``httpx.MockTransport``, once with ``--per-chunk`` events a read
 (1: vLLM at engine pace; 8: several steps a read) and with the usage event
 kept or dropped (``drop_usage``: a caller that did not ask for usage). The
@@ -23,8 +23,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from tailguard.router.backend import BackendClient
-from tailguard.router.httpx_transport import HttpxTransport
+from tailguard.router.backend import BackendClient, HttpxTransport
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "sse_check.json"
 EVENT = (

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import trio
 
-from tailguard.router.cluster import Demand, SharedBudget
-from tailguard.router.config_types import ClusterConfig
+from tailguard.router.config import ClusterConfig
+from tailguard.router.quotas import AdmissionLedger, Demand
 from tailguard.server.redis_ledger import RedisLedger
 from tests.redis_helpers import redis_server
 
 CAP = 4  # key:trial max_concurrency
 
 
-def replica(name: str, ledger: RedisLedger, state: dict[str, int]) -> SharedBudget:
+def replica(name: str, ledger: RedisLedger, state: dict[str, int]) -> AdmissionLedger:
     config = ClusterConfig(redis_url="", replica_id=name, lease_ttl=2.0, static_share=0.25, block=2)
     # as Upkeep._cluster_demands (router/upkeep.py) builds a key's demand: seats held, no waiting count, no priority
-    return SharedBudget(config, ledger, lambda: [Demand("key:trial", CAP, state["held"], apply=lambda s: state.__setitem__("grant", s))])
+    return AdmissionLedger(config, ledger, lambda: [Demand("key:trial", CAP, state["held"], apply=lambda s: state.__setitem__("grant", s))])
 
 
 async def main() -> None:

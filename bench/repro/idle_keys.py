@@ -1,7 +1,7 @@
 """What one ledger sync costs with N budgeted keys that each sent one request and went quiet (issue 32, item 3).
 
 ``python -m bench.repro.idle_keys [--keys 5000] [--syncs 30]``: one replica
-(SharedBudget + BudgetShares, as the router builds them) on a fresh
+(AdmissionLedger + BudgetGrants, as the router builds them) on a fresh
 redis-server on 127.0.0.1; each of ``--keys`` keys with a token and a
 request budget sends one request (reserved, then settled), then nothing.
 Measured twice, ``--syncs`` syncs each: a second after the last request
@@ -23,10 +23,8 @@ from typing import Any
 import trio
 import trio.testing
 
-from tailguard.router.budget_shares import BudgetShares
-from tailguard.router.budgets import Budgets
-from tailguard.router.cluster import NO_TERMS, LedgerStore, SharedBudget, Synced, SyncTerms, Want
-from tailguard.router.config_types import ClusterConfig
+from tailguard.router.config import ClusterConfig
+from tailguard.router.quotas import NO_TERMS, AdmissionLedger, BudgetGrants, Budgets, LedgerStore, Synced, SyncTerms, Want
 from tailguard.server.redis_ledger import RedisLedger
 from tests.redis_helpers import redis_client, redis_server
 
@@ -52,7 +50,7 @@ async def script_usec(client: Any) -> tuple[int, int]:
     return int(entry.get("calls", 0)), int(entry.get("usec", 0))
 
 
-async def phase(name: str, shared: SharedBudget, store: Counting, client: Any, syncs: int) -> None:
+async def phase(name: str, shared: AdmissionLedger, store: Counting, client: Any, syncs: int) -> None:
     store.sent.clear()
     for _ in range(200):  # what changed since the last phase reaches the ledger first (a few hundred keys a sync)
         await shared.sync_once()
@@ -84,9 +82,9 @@ async def main(keys: int, syncs: int, clock: trio.testing.MockClock) -> None:
         async with RedisLedger(redis.url, "idle", timeout=5.0) as ledger, redis_client(redis.url) as client:
             store = Counting(ledger)
             config = ClusterConfig(redis_url="", replica_id="r0", lease_ttl=5.0)
-            shared = SharedBudget(config, store, list)
+            shared = AdmissionLedger(config, store, list)
             windows = Budgets()
-            shares = BudgetShares(shared, windows)
+            shares = BudgetGrants(shared, windows)
             await shared.sync_once()
 
             async def one(i: int) -> None:

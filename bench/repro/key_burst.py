@@ -15,7 +15,7 @@ from bench.cluster.lab import KEYS, RedisProcess
 from bench.harness.client import CHAT_PATH, KeepAliveClient, http_request
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import free_ports, start_process, start_tailguard, wait_ready
-from tailguard.router.auth import hash_key
+from tailguard.router.quotas import hash_key
 
 
 async def main() -> None:

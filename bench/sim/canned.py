@@ -3,7 +3,7 @@
 ``canned_transport(handler)`` takes what ``httpx.MockTransport`` takes (a
 function of an ``httpx.Request`` returning an ``httpx.Response``, or an
 awaitable of one) and hands the router a
-:class:`~tailguard.router.lean_transport.ConnectorTransport`: the backend
+:class:`~tailguard.router.backend.lean_transport.ConnectorTransport`: the backend
 client's LeanTransport writes its request bytes to a memory stream, the
 handler sees them parsed back into an ``httpx.Request``, and its response
 comes back as HTTP/1.1 bytes (Content-Length, or chunked for a body of
@@ -22,7 +22,7 @@ import httptools
 import httpx
 import trio
 
-from tailguard.router.lean_transport import BackendStream, Connector, ConnectorTransport
+from tailguard.router.backend import BackendStream, Connector, ConnectorTransport
 
 from .app import SimApp
 from .transport import SimTransport

@@ -1,7 +1,7 @@
 """An in-process connector to a simulated engine: its HTTP server on memory streams, no socket.
 
 ``LeanTransport(url, connect=memory_connector(app.handle, nursery))`` (or a
-:class:`~tailguard.router.lean_transport.ConnectorTransport` over it, handed
+:class:`~tailguard.router.backend.lean_transport.ConnectorTransport` over it, handed
 to the router) writes production's request bytes and parses the response
 with production's parser, while the engine's end is the same server code that
 serves real sockets (``bench/sim/http.py``). Memory streams take no time, so
@@ -13,7 +13,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from tailguard.router.lean_transport import BackendStream, Connector, SleepingStream
+from tailguard.router.backend import BackendStream, Connector, SleepingStream
 from tailguard.router.sockets import READ_SIZE
 
 from .http import KEEP_ALIVE_TIMEOUT, Handler, serve_connection

@@ -25,8 +25,7 @@ import trio.testing
 
 from bench.harness.procs import RESULTS_ROOT
 from bench.harness.traffic import schedule
-from tailguard.sim.engine import Engine
-from tailguard.sim.engine import Sequence as EngineSequence
+from tailguard.sim.engine import Engine, Sequence as EngineSequence
 from tailguard.sim.params import PROFILES, EngineParams
 from tailguard.sim.prefix_cache import prompt_block_keys
 from tailguard.sim.tokens import chat_prompt_key, count_chat_tokens

@@ -6,7 +6,7 @@ long prefills. This replays ``bench tail``'s scenarios (32 seats an engine,
 the shipped lending rules: interactive lends prompts <= 512 tokens keeping 4
 seats, batch lends any idle seat back) through the real router core in
 virtual time (``tailguard.sim.virtual.fleet``; set-ups from ``tailguard
-advise``'s candidates), so the endpoint choice in ``router/pool.py`` is what
+advise``'s candidates), so the endpoint choice in ``router/fleet/pool.py`` is what
 varies: run it once per version of that code (``run --label NAME``), then
 ``report`` the runs side by side. Nothing here registers with ``bench``.
 """
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tailguard.advise.planner import Candidate, Fleet, candidate_setup, fleet_from, shared_setup
-from tailguard.router.config import load_config
-from tailguard.router.config_types import LendConfig
+from tailguard.router.config import LendConfig, load_config
 from tailguard.server import SHIPPED_CONFIG
 from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.fleet import Arrival, Point, Setup, run_point

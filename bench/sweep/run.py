@@ -61,8 +61,7 @@ from bench.sweep.check import (
     saturation_run,
 )
 from bench.sweep.report import comparison_table, cost_summary, engine_table, full_table, pivot, plot_headline, plot_split
-from tailguard.sim.virtual.fleet import Point as SimPoint
-from tailguard.sim.virtual.fleet import PointResult, Setup, disaggregated, priority, run_point, shared
+from tailguard.sim.virtual.fleet import Point as SimPoint, PointResult, Setup, disaggregated, priority, run_point, shared
 from tailguard.sim.virtual.mix import Capacity
 
 DEFAULT_OUT = RESULTS_ROOT / "sweep"

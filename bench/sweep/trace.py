@@ -28,13 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.trace.load import CONTEXT as CONTEXT
-from bench.trace.mooncake import TRACE_BLOCK_TOKENS as TRACE_BLOCK_TOKENS
-from bench.trace.mooncake import block_text as block_text
-from bench.trace.mooncake import prompt_text as prompt_text
+from bench.trace.mooncake import TRACE_BLOCK_TOKENS as TRACE_BLOCK_TOKENS, block_text as block_text, prompt_text as prompt_text
 from bench.trace.samples import FULL_MOONCAKE as TRACE
-from bench.trace.setups import SHIPPED_CONFIG as SHIPPED_CONFIG
-from bench.trace.setups import lend_rules as lend_rules
-from bench.trace.setups import tailguard_split as tailguard_split
+from bench.trace.setups import SHIPPED_CONFIG as SHIPPED_CONFIG, lend_rules as lend_rules, tailguard_split as tailguard_split
 from tailguard.sim.virtual.fleet import Arrival, Point, run_point, shared, split_direct
 
 

@@ -37,8 +37,8 @@ from bench.tail.model import (
 from bench.tail.router import RunningRouter, running_router, slug
 from bench.tail.setups import build_plans, build_setups, capacities, engine_params, setup_capacity, split_capacity
 from bench.tail.watch import join_access_log, rss_summary, watch_engines, watch_router
-from tailguard.router.config_types import LimitsConfig
-from tailguard.router.limits import effective_max_tokens
+from tailguard.router.admission import effective_max_tokens
+from tailguard.router.config import LimitsConfig
 from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, percentile, pooled_capacity, shapes_by_class, unique_body_for
 from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from bench.harness.config import PoolSpec, server_table
 from bench.tenants.model import KEYS, Options
-from tailguard.router.auth import hash_key
+from tailguard.router.quotas import hash_key
 
 POOL = "interactive"
 

@@ -6,7 +6,7 @@ Regenerate it with::
 
 ``tests/test_docs.py`` fails when the committed file differs from the
 rendering of the shipped ``config.toml``. The facts come from
-``router.config_limits.limits_of`` (what ``GET /v1/limits`` serves); every
+``router.config.caller_limits.limits_of`` (what ``GET /v1/limits`` serves); every
 status, error code, gRPC status and ``Retry-After`` value comes from the
 error table (``router/error_spec.py``, rendered by ``server.errors_map``)
 applied to the router's own error classes, so a change to the config, to the
@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tailguard.router import error_spec, errors
-from tailguard.router.config import ConfigError, load_config
-from tailguard.router.config_limits import ClassLimits, Limits, limits_of
-from tailguard.router.config_types import Config
+from tailguard.router.config import ClassLimits, Config, ConfigError, Limits, limits_of, load_config
 from tailguard.server import SHIPPED_CONFIG
 from tailguard.server.errors_map import HttpError, http_error
 
@@ -237,7 +235,7 @@ def _error_rows(config: Config, doc: Limits) -> list[_Row]:
     return rows
 
 
-# Refusals whose Retry-After is computed (router/retry_hint.py), not the configured value alone.
+# Refusals whose Retry-After is computed (router/queueing/retry_hint.py), not the configured value alone.
 _COMPUTED_HINTS: dict[str, str] = {
     "QueueFull": "when a seat is expected: the queue ahead over the pool's drain rate, spread",
     "QueueTimeout": "when a seat is expected: the queue ahead over the pool's drain rate, spread",

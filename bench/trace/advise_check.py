@@ -39,8 +39,7 @@ from tailguard.advise.accesslog import write_log
 from tailguard.advise.joint import Judged, Search, search
 from tailguard.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
 from tailguard.advise.planner import MAX_SECONDS, advise, candidate_setup, fleet_from, read_access_log, simulate
-from tailguard.router.config import load_config
-from tailguard.router.config_types import Config, LimitsConfig
+from tailguard.router.config import Config, LimitsConfig, load_config
 from tailguard.sim.virtual.fleet import ClassStats, Point, Setup, run_point
 
 from .load import CONTEXT, Workload

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.prefix.mooncake import TraceRow
-from tailguard.router.config_types import Config
+from tailguard.router.config import Config
 from tailguard.sim.params import PROFILES, EngineParams
 from tailguard.sim.virtual.fleet import Arrival
 from tailguard.sim.virtual.mix import engine_capacity

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tailguard.router.config import load_config
-from tailguard.router.config_types import Config, LendConfig
+from tailguard.router.config import Config, LendConfig, load_config
 from tailguard.sim.virtual.fleet import Point, PointResult, run_point
 
 from .load import CONTEXT, Workload, mooncake, sharegpt, thresholds

@@ -15,8 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from tailguard.router.config import load_config
-from tailguard.router.config_types import Config, LendConfig, LimitsConfig, RebalanceConfig
+from tailguard.router.config import Config, LendConfig, LimitsConfig, RebalanceConfig, load_config
 from tailguard.sim.virtual.fleet import SEATS, Setup, disaggregated, priority, shared, split_direct
 
 from .load import CONTEXT, thresholds

@@ -43,7 +43,7 @@ So the defences are, in order:
   the Trio side would refuse those calls anyway, at twice the cost);
 - a caller (its key's name, or without one its connection) most of whose
   calls in the last second were refused for overload is shed there too, by
-  the SRE book's adaptive throttling (``router.shed``): about twice its
+  the SRE book's adaptive throttling (``router.quotas.shed``): about twice its
   accepted rate still reaches the router. A flood's refusals then cost what
   grpc itself costs: without it each went through the Trio side, at ~2.5x
   the CPU of a server that refuses everything (``bench chaos``, the gRPC
@@ -52,7 +52,7 @@ So the defences are, in order:
   so core never answers a call the process would have answered;
 - what the asyncio side hands Trio is run in bounded slices
   (``grpc_bridge``), so a burst of calls cannot stall the Trio loop, whose
-  lateness the router measures (``router.loop_lag``) and never blames on the
+  lateness the router measures (``router.observe.loop_lag``) and never blames on the
   engines.
 """
 
@@ -67,20 +67,16 @@ import grpc
 import trio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
-from grpc_reflection.v1alpha import reflection_pb2 as reflection_v1alpha_pb2
+from grpc_reflection.v1alpha import reflection, reflection_pb2 as reflection_v1alpha_pb2
 
-from tailguard.router.config_types import TlsConfig
-from tailguard.router.dispatch import Router
-from tailguard.router.telemetry import Telemetry
-from tailguard.router.tls import read_pem
+from tailguard.router import Router
+from tailguard.router.config import TlsConfig, read_pem
+from tailguard.router.observe import Telemetry
 
 from .bridge import AsyncioHost, TrioPortal
 from .gate import Backlog
 from .gen.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
-from .service import MAX_CONCURRENT_CALLS as MAX_CONCURRENT_CALLS
-from .service import SERVICE_NAME, CompletionsService, add_completions
-from .service import Observers as Observers
+from .service import MAX_CONCURRENT_CALLS as MAX_CONCURRENT_CALLS, SERVICE_NAME, CompletionsService, Observers as Observers, add_completions
 
 log = logging.getLogger("tailguard.grpc")
 

@@ -15,26 +15,23 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
-from tailguard.router.auth import ANONYMOUS, Caller
-from tailguard.router.config_types import ServerConfig
-from tailguard.router.dispatch import Router
+from tailguard.router import Router, Session, Sessions, checked_header
+from tailguard.router.admission import RequestKind, RouterRequest
+from tailguard.router.config import ServerConfig
 from tailguard.router.errors import BadBackendReply, Draining, InternalError, InvalidRequest, Overloaded, ServerBusy, TailguardError
 from tailguard.router.ids import IdSource
-from tailguard.router.request import RequestKind, RouterRequest
-from tailguard.router.session import Session, Sessions, checked_header
-from tailguard.router.shed import WINDOW_SECONDS, AdaptiveShed
-from tailguard.router.telemetry import RepeatedIds, Telemetry, is_valid_request_id
+from tailguard.router.observe import RepeatedIds, Telemetry, is_valid_request_id
+from tailguard.router.quotas import ANONYMOUS, WINDOW_SECONDS, AdaptiveShed, Caller
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
-    from tailguard.router.tracing import Tracing
+    from tailguard.router.observe import Tracing
 
 from ..errors_map import grpc_error
 from ..malloc import trimmer
 from ..timing import server_timing
 from .bridge import TrioPortal
 from .gate import Backlog, CallGate, GateStatistics, follow_grpc
-from .gen.tailguard.v1 import tailguard_pb2 as pb
-from .gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from .gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from .sse import DONE, SseDecoder
 from .translate import chunk_message, limits_message, parse_json, request_fields, response_message, routing_message
 

@@ -1,7 +1,7 @@
 """Server-sent events: split a relayed byte stream back into ``data:`` payloads.
 
 The HTTP front end relays a backend's SSE bytes untouched (checked event by
-event in ``router/backend.py``'s ``EventFilter``, which reads an event's data
+event in ``router/backend/client.py``'s ``EventFilter``, which reads an event's data
 as this decoder does); the gRPC front end needs the events themselves to turn
 them into protobuf chunks.
 
@@ -14,7 +14,7 @@ Lines end with LF or CRLF, as vLLM and every OpenAI-compatible server send.
 
 from __future__ import annotations
 
-from tailguard.router.backend_events import MAX_EVENT_BYTES as MAX_EVENT_BYTES  # the HTTP relay's cap too: one verdict
+from tailguard.router.backend import MAX_EVENT_BYTES as MAX_EVENT_BYTES
 from tailguard.router.errors import BadBackendReply
 
 DONE = b"[DONE]"

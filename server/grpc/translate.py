@@ -12,10 +12,9 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
-from tailguard.router.config_limits import limits_of
-from tailguard.router.config_types import Config
+from tailguard.router.admission import RequestKind, Routing
+from tailguard.router.config import Config, limits_of
 from tailguard.router.errors import BackendStreamError, BadBackendReply, InvalidRequest
-from tailguard.router.request import RequestKind, Routing
 
 from .gen.tailguard.v1 import tailguard_pb2 as pb
 

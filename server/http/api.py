@@ -22,16 +22,15 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from tailguard.router.auth import check_token, one_authorization
+from tailguard.router import ClientLeft, Completion, Router, Session, Sessions, checked_header
+from tailguard.router.admission import RequestKind
 from tailguard.router.config import limits_document
-from tailguard.router.dispatch import Completion, Router
 from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, InvalidRequest, ModelNotFound, TailguardError
-from tailguard.router.request import RequestKind
-from tailguard.router.session import ClientLeft, Session, Sessions, checked_header
-from tailguard.router.telemetry import RepeatedIds, Telemetry
+from tailguard.router.observe import RepeatedIds, Telemetry
+from tailguard.router.quotas import check_token, one_authorization
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
-    from tailguard.router.tracing import Tracing
+    from tailguard.router.observe import Tracing
 
 from ..errors_map import HttpError, http_error, no_route, wrong_method
 from ..logs import AccessLog

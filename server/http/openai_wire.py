@@ -6,8 +6,8 @@ import json
 import sys
 from typing import Any
 
+from tailguard.router.admission import MAX_JSON_DEPTH, RequestKind, RouterRequest
 from tailguard.router.errors import InvalidRequest
-from tailguard.router.request import MAX_JSON_DEPTH, RequestKind, RouterRequest
 
 # Fields the router interprets; every other field passes through to vLLM untouched.
 _ROUTER_FIELDS = frozenset({"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stream"})

@@ -67,14 +67,16 @@ import trio
 from tailguard.router.sockets import listen
 
 from .connection import Connections
-from .settings import App as App
-from .settings import HttpSettings as HttpSettings
-from .settings import Message as Message
-from .settings import Receive as Receive
-from .settings import Scope as Scope
-from .settings import Send as Send
-from .settings import ServerStatistics as ServerStatistics
-from .settings import ServerTls as ServerTls
+from .settings import (
+    App as App,
+    HttpSettings as HttpSettings,
+    Message as Message,
+    Receive as Receive,
+    Scope as Scope,
+    Send as Send,
+    ServerStatistics as ServerStatistics,
+    ServerTls as ServerTls,
+)
 
 log = logging.getLogger("tailguard.http_server")
 

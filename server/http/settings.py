@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from tailguard.router.config_types import ServerConfig
+from tailguard.router.config import ServerConfig
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

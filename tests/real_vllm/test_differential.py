@@ -26,7 +26,7 @@ from tests.real_vllm.test_wire import events
 
 BLOCK = 128  # vLLM's KV block on CPU
 LONGEST_TOKEN = 80  # the tiny model's longest token, in characters: vLLM's bound on a text before it tokenizes it
-# What the router reads of an engine's /metrics (router/backend_load.py; V0's names are fallbacks only): family names.
+# What the router reads of an engine's /metrics (router/backend/load.py; V0's names are fallbacks only): family names.
 ROUTER_METRICS = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",

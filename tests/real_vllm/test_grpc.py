@@ -5,8 +5,7 @@ from __future__ import annotations
 import grpc
 import httpx
 
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tests.real_vllm.conftest import TailguardFactory, pool_config
 from tests.real_vllm.engines import SERVED_MODEL, RealEngine
 

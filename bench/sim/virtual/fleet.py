@@ -46,7 +46,9 @@ import httpx
 import trio
 import trio.testing
 
-from tailguard.router.config_types import (
+from tailguard.router import Router
+from tailguard.router.admission import RouterRequest, message_text
+from tailguard.router.config import (
     ClassConfig,
     Config,
     EndpointConfig,
@@ -56,9 +58,7 @@ from tailguard.router.config_types import (
     ServerConfig,
     TimeoutsConfig,
 )
-from tailguard.router.dispatch import Router
 from tailguard.router.errors import BackendError, BackendRejected, DeadlineExceeded, Overloaded, QueueFull
-from tailguard.router.request import RouterRequest, message_text
 
 from ..canned import canned_transport
 from ..engine import EngineRequestError
@@ -277,7 +277,7 @@ class EngineResponse:
 class EngineClient:
     """The router's backend client for one endpoint, calling its engine in-process.
 
-    It stands in for ``router.backend.BackendClient`` (the same ``open``):
+    It stands in for ``router.backend.client.BackendClient`` (the same ``open``):
     no JSON, no HTTP, no bytes per token. The caller reads the sequence's own
     first-token and finish times, which are the instants a token-by-token
     reader would have seen them, and closing the response hangs up (aborts).

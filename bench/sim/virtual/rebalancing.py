@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from tailguard.router.config_types import Config
-from tailguard.router.dispatch import Router
+from tailguard.router import Router
+from tailguard.router.config import Config
 
 
 @dataclass

@@ -1,0 +1,44 @@
+"""Reading ``config.toml`` into the frozen, typed :class:`Config` a reload swaps whole."""
+
+from __future__ import annotations
+
+from .caller_limits import ClassLimits as ClassLimits, Limits as Limits, limits_of as limits_of
+from .keys import hash_key as hash_key
+from .load import (
+    ConfigError as ConfigError,
+    limits_document as limits_document,
+    load_config as load_config,
+    max_model_len_problem as max_model_len_problem,
+    parse_config as parse_config,
+)
+from .render import render_config as render_config
+from .tls import TlsFileError as TlsFileError, read_pem as read_pem, server_context as server_context
+from .types import (
+    ApiKeyConfig as ApiKeyConfig,
+    AuthConfig as AuthConfig,
+    BackendAccess as BackendAccess,
+    CacheSaltMode as CacheSaltMode,
+    ClassConfig as ClassConfig,
+    ClusterConfig as ClusterConfig,
+    Config as Config,
+    DiscoveryConfig as DiscoveryConfig,
+    DnsEndpointsConfig as DnsEndpointsConfig,
+    EndpointConfig as EndpointConfig,
+    EstimateConfig as EstimateConfig,
+    HealthCheckKind as HealthCheckKind,
+    LendConfig as LendConfig,
+    LimitsConfig as LimitsConfig,
+    LoggingConfig as LoggingConfig,
+    LogLevel as LogLevel,
+    MetricsConfig as MetricsConfig,
+    OutlierDetectionConfig as OutlierDetectionConfig,
+    PlacementConfig as PlacementConfig,
+    PoolConfig as PoolConfig,
+    PromptBound as PromptBound,
+    QueueOrder as QueueOrder,
+    RebalanceConfig as RebalanceConfig,
+    ServerConfig as ServerConfig,
+    TimeoutsConfig as TimeoutsConfig,
+    TlsConfig as TlsConfig,
+    TracingConfig as TracingConfig,
+)

@@ -1,0 +1,14 @@
+"""What happened to each request (its record, its trace) and how late the event loop runs."""
+
+from __future__ import annotations
+
+from .loop_lag import LoopLag as LoopLag, noticed_late as noticed_late
+from .telemetry import (
+    Api as Api,
+    RepeatedIds as RepeatedIds,
+    RequestRecord as RequestRecord,
+    Telemetry as Telemetry,
+    is_valid_request_id as is_valid_request_id,
+    outcome_of as outcome_of,
+)
+from .tracing import Tracing as Tracing

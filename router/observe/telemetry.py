@@ -1,0 +1,309 @@
+"""What happened to one request, where its time went, and who gets told.
+
+A front end opens a :class:`RequestRecord` when the request arrives, the
+router fills in its decisions and timestamps as the request moves, and the
+front end finishes it exactly once with the error (or none) it answered.
+:class:`Telemetry` then hands the finished record to its sinks: metrics and
+the access log. Nothing here knows Prometheus, JSON or a wire format.
+
+The origin's first question about a slow request -- did the time go to
+queueing or to generation? -- is answered by ``queue_seconds`` against
+``ttft_seconds`` and ``decode_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import trio
+
+from .. import errors
+from ..error_spec import CLIENT_CANCELLED, Ending, Outcome, grpc_status, http_status, outcome_and_reason
+
+__all__ = [
+    "UNKNOWN", "Api", "Outcome", "RepeatedIds", "RequestRecord", "Sink", "Telemetry", "Trace", "is_valid_request_id", "outcome_of",
+    "status_of",
+]
+
+log = logging.getLogger("tailguard.telemetry")
+
+
+class Trace(Protocol):
+    """What the router calls on a request's trace (router/observe/tracing.py's RequestTrace); named here so telemetry needs no tracing import."""
+
+    def queued(self) -> None: ...
+    def call(self, url: str, kind: str, model: str, max_tokens: int) -> dict[str, str]: ...
+    def call_failed(self, error: errors.TailguardError) -> None: ...
+    def finish(self, record: RequestRecord) -> None: ...
+
+
+Api = Literal["http", "grpc"]
+UNKNOWN = "none"  # label value for a class or pool not yet decided
+
+# One SSE event per engine step carrying output; vLLM emits one per token
+# unless it batches several tokens into one step's delta.
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+# vLLM's usage.prompt_tokens_details.cached_tokens (with --enable-prompt-tokens-details, and only when nonzero).
+_CACHED_USAGE = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+
+
+# A caller's request id goes into headers, logs and the backend's request.
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def is_valid_request_id(request_id: str) -> bool:
+    """1 to 128 printable ASCII characters, no spaces: safe in a header and a log line."""
+    return _REQUEST_ID.fullmatch(request_id) is not None
+
+
+def outcome_of(
+    error: errors.TailguardError | None, *, client_gone: bool = False, ending: Ending = CLIENT_CANCELLED
+) -> tuple[Outcome, str | None]:
+    """The outcome label and, for anything but success, the reason it failed (``router/error_spec.py``).
+
+    ``ending`` is how a request whose caller is gone ended: it left, or it stalled and was cut.
+    """
+    if client_gone:
+        return ending.outcome, ending.reason
+    if error is None:
+        return "ok", None
+    return outcome_and_reason(error)
+
+
+def status_of(
+    api: Api, error: errors.TailguardError | None, *, client_gone: bool = False, ending: Ending = CLIENT_CANCELLED
+) -> int | str:
+    """The HTTP status or gRPC status name that ending is answered with."""
+    if api == "http":
+        if client_gone:
+            return ending.http_status
+        return 200 if error is None else http_status(error)
+    if client_gone:
+        return ending.grpc_status
+    return "OK" if error is None else grpc_status(error)
+
+
+@dataclass
+class RequestRecord:
+    """One request's facts, filled in as it goes; times are Trio clock seconds."""
+
+    request_id: str
+    api: Api
+    arrival: float
+    caller: str = "anonymous"
+    kind: str = UNKNOWN
+    model: str | None = None  # as sent to the backend
+    stream: bool = False
+    # A whole answer tailguard assembled from a stream it asked for (a pool's stream_upstream): it has a first token.
+    upstream_stream: bool = False
+    request_class: str = UNKNOWN
+    pool: str = UNKNOWN
+    endpoint: str | None = None
+    upstream_id: str | None = None  # the id the (last) attempt went to vLLM under: one per attempt, never the caller's
+    lender: str | None = None  # the pool whose idle seat served it, when not its own
+    # How its endpoint was chosen (router/fleet/policies.py PlacementKind): home, spilled, no_key, borrowed, least_loaded.
+    placement: str | None = None
+
+    prompt_tokens: int | None = None  # estimated
+    # Of them, those its class counted as needing prefill on a warm conversation's home (prompt_bound = "uncached").
+    uncached_tokens: int | None = None
+    # A short digest of its prefix key (router/admission/prefix_keys.py): equal for requests that shared a prefix or hint; no text.
+    prefix_group: str | None = None
+    requested_max_tokens: int | None = None
+    max_tokens: int | None = None  # effective, as sent to the backend
+    clamped: bool = False
+    admitted_at: float | None = None
+    left_queue_at: float | None = None  # when it stopped waiting for a seat: admitted, refused or timed out
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    completion_tokens: int | None = None
+    input_tokens: int | None = None  # the prompt's tokens as the backend's usage reports them
+    cached_tokens: int | None = None  # of them, found in the engine's prefix cache, when its usage says
+    # OpenAI's x-ratelimit-* headers of its caller's budgets after its admission (router/quotas/budgets.py); () without budgets.
+    rate_limits: tuple[tuple[str, str], ...] = ()
+    # When it was counted in its caller's budget (its minute there starts then), and what it counts for: its
+    # reservation, settled at its end to what it cost (router/quotas/budgets.py); None without a budget.
+    budget_at: float | None = None
+    budget_tokens: int | None = None
+    outcome: Outcome | None = None
+    reason: str | None = None
+    status: int | str | None = None  # the HTTP status or gRPC code the caller saw
+    error: str | None = None
+    prompt_text: str | None = field(default=None, repr=False)  # only when log_prompts is on
+    trace: Trace | None = field(default=None, repr=False)  # only while [tracing] is on
+    _events: int = field(default=0, repr=False)
+    _done_seen: bool = field(default=False, repr=False)
+
+    # -- filled in by the router and the relay --------------------------------
+
+    def saw_answer(self, completion_tokens: int | None) -> None:
+        """A whole non-streaming answer, and the completion tokens its usage reports (an answer assembled
+        from a stream keeps the time its first token came)."""
+        if self.first_token_at is None:
+            self.first_token_at = trio.current_time()
+        if completion_tokens is not None:
+            self.completion_tokens = completion_tokens
+
+    def saw_chunk(self, chunk: bytes) -> None:
+        """Some relayed SSE bytes: the first marks the first token, each event counts."""
+        if self.first_token_at is None:
+            self.first_token_at = trio.current_time()
+        self._events += chunk.count(b"data:")
+        if b"[DONE]" in chunk:
+            self._done_seen = True
+        match = _USAGE.search(chunk)
+        if match is not None:  # a usage chunk (stream_options.include_usage) is exact
+            self.completion_tokens = int(match.group(1))
+            prompt = _PROMPT_USAGE.search(chunk)
+            if prompt is not None:
+                self.input_tokens = int(prompt.group(1))
+            cached = _CACHED_USAGE.search(chunk)
+            if cached is not None:
+                self.cached_tokens = int(cached.group(1))
+
+    # -- derived timings -----------------------------------------------------
+
+    @property
+    def queue_seconds(self) -> float | None:
+        return None if self.admitted_at is None else self.admitted_at - self.arrival
+
+    @property
+    def waited_seconds(self) -> float | None:
+        """Arrival to leaving the pool's queue, admitted or not (a queue_timeout waited too)."""
+        left = self.admitted_at if self.left_queue_at is None else self.left_queue_at
+        return None if left is None else left - self.arrival
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        """Arrival to the first streamed token (None for requests tailguard did not get as a stream)."""
+        if not (self.stream or self.upstream_stream) or self.first_token_at is None:
+            return None
+        return self.first_token_at - self.arrival
+
+    @property
+    def decode_seconds(self) -> float | None:
+        """First token to the end: generation after the prefill."""
+        if not (self.stream or self.upstream_stream) or self.first_token_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.first_token_at
+
+    @property
+    def generation_seconds(self) -> float | None:
+        """Admission to the end: all the time the backend had the request."""
+        if self.admitted_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.admitted_at
+
+    @property
+    def e2e_seconds(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.arrival
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        decode = self.decode_seconds
+        tokens = self.completion_tokens
+        if decode is None or tokens is None or tokens < 2:
+            return None
+        return decode / (tokens - 1)
+
+    def finish_tokens(self) -> None:
+        """Settle the completion token count from the stream's events if no usage came."""
+        if self.completion_tokens is None and self.stream and self._events:
+            # The role-only first chunk of a chat stream and the [DONE] marker carry no token.
+            overhead = int(self._done_seen) + int(self.kind == "chat")
+            self.completion_tokens = max(0, self._events - overhead)
+
+
+Sink = Callable[[RequestRecord], None]
+
+
+class Telemetry:
+    """Finishes records exactly once and hands them to every sink."""
+
+    def __init__(self, sinks: Sequence[Sink] = ()) -> None:
+        self._sinks = list(sinks)
+
+    def add_sink(self, sink: Sink) -> None:
+        self._sinks.append(sink)
+
+    def start(self, request_id: str, api: Api, *, arrival: float | None = None) -> RequestRecord:
+        return RequestRecord(request_id, api, trio.current_time() if arrival is None else arrival)
+
+    def finish(
+        self,
+        record: RequestRecord,
+        error: errors.TailguardError | None,
+        *,
+        status: int | str | None = None,
+        client_gone: bool = False,
+        ending: Ending = CLIENT_CANCELLED,
+    ) -> None:
+        """Settle the outcome and report the record; a second call is ignored.
+
+        ``status`` is what the caller saw; without it, what the error table
+        says that ending is answered with on the record's wire.
+        """
+        if record.outcome is not None:
+            return
+        if record.finished_at is None:  # a front end may have stamped its last byte already
+            record.finished_at = trio.current_time()
+        record.outcome, record.reason = outcome_of(error, client_gone=client_gone, ending=ending)
+        record.status = status_of(record.api, error, client_gone=client_gone, ending=ending) if status is None else status
+        record.error = None if error is None else error.log_text  # the engine's URL too, never the caller's to read
+        record.finish_tokens()
+        for sink in self._sinks:
+            try:
+                sink(record)
+            except Exception:  # a broken sink must never fail a request
+                log.exception("telemetry sink %r failed", sink)
+        if record.trace is not None:
+            try:
+                record.trace.finish(record)
+            except Exception:  # nor a broken trace
+                log.exception("finishing the trace of request %s failed", record.request_id)
+
+
+class RepeatedIds:
+    """Counts caller-supplied request ids seen again within a window.
+
+    The same ``x-request-id`` twice in a few seconds is a client retrying
+    (the origin's retry-storm warning: retries multiply load exactly when
+    the fleet is slow). Memory is bounded: ids older than the window, and
+    the oldest beyond ``max_ids``, are forgotten.
+    """
+
+    def __init__(self, window: float, *, max_ids: int = 100_000) -> None:
+        self.window = window
+        self._max_ids = max_ids
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self.repeats = 0
+
+    def observe(self, request_id: str, now: float | None = None) -> bool:
+        """Remember the id; True when it was already seen within the window."""
+        if self.window <= 0:
+            return False
+        now = trio.current_time() if now is None else now
+        self._expire(now)
+        repeated = request_id in self._seen
+        if repeated:
+            self.repeats += 1
+            self._seen.move_to_end(request_id)
+        self._seen[request_id] = now
+        if len(self._seen) > self._max_ids:
+            self._seen.popitem(last=False)
+        return repeated
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window
+        seen = self._seen
+        while seen:
+            oldest, at = next(iter(seen.items()))
+            if at >= horizon:
+                return
+            del seen[oldest]
