@@ -123,4 +123,4 @@ def run_tailguard(config_text: str, work_dir: Path, *, env: dict[str, str] | Non
                 process.wait(15)
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait(5)
+                process.wait(60)  # a stalled host can take seconds to end even a killed process

@@ -46,12 +46,26 @@ def waiting(engine: RealEngine) -> float:
     return engine.metrics().get("vllm:num_requests_waiting", 0.0)
 
 
+STALL_S = 0.5  # one poll that took longer than its step and this: the host stalled, not the engine
+
+
 def wait_for(until: Callable[[], bool], timeout: float, step: float = 0.05, what: Callable[[], str] = lambda: "") -> float:
-    """Seconds until ``until()`` holds (AssertionError past ``timeout``, with ``what()`` in its message)."""
+    """Seconds until ``until()`` holds (AssertionError past ``timeout``, with ``what()`` in its message).
+
+    ``timeout`` counts the time the host ran: a poll that took over ``step`` + ``STALL_S``
+    (CI's 2 cores once froze the whole machine for ~20 s: a SIGKILLed process took over 5 s to
+    go) counts as ``step`` + ``STALL_S``. The wall clock is bounded too, at ten times ``timeout``
+    and a minute more. Returns the wall-clock seconds it took.
+    """
     start = time.monotonic()
+    counted = 0.0
+    last = start
     while not until():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s {what()}")
+        now = time.monotonic()
+        counted += min(now - last, step + STALL_S)
+        last = now
+        if counted > timeout or now - start > 10 * timeout + 60:
+            raise AssertionError(f"not within {timeout} s (host time; {now - start:.1f} s wall) {what()}")
         time.sleep(step)
     return time.monotonic() - start
 
@@ -306,7 +320,7 @@ def test_vllm_priority_seats_the_urgent_class_first_in_vllms_queue(
 
     def urgent() -> None:
         """Once all eight are sent (tailguard has the seats): vLLM runs four, four wait there."""
-        wait_for(lambda: tg_sent(tg, 8), timeout=30)
+        wait_for(lambda: tg_sent(tg, 8), timeout=30, what=lambda: f"of 8 sent; its access log: {tg.access_lines()}")
         time.sleep(0.5)
         call("high", 16)
 
