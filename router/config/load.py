@@ -10,10 +10,9 @@ problems instead of raising, and a cross check runs only when the values it
 compares are valid, so one mistake is reported once.
 
 This is the entry module; the work is done by job: the table reader
-(``config_table``), the process-wide sections (``config_sections``), the
-pools and classes (``config_pools``), API keys (``config_keys``), the
-operator's rendering (``config_render``) and the callers' limits document
-(``config_limits``).
+(``table``), the process-wide sections (``sections``), the pools and
+classes (``pools``), API keys (``keys``), the operator's rendering
+(``render``) and the callers' limits document (``caller_limits``).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class ServerConfig:
     reload_poll_interval: float = 1.0  # seconds between config file mtime checks; 0 = off
     # The HTTP/1.1 server under the OpenAI API is tailguard's own (llhttp on Trio),
     # the only one: a file may still say so ("lean"); any other value is refused
-    # (config_sections). The guards below bound it.
+    # (config.sections). The guards below bound it.
     http_server: Literal["lean"] = "lean"
     max_header_bytes: int = 64 * 1024  # request line + headers; more -> 431 and close
     header_timeout: float = 10.0  # a request's head must arrive within this -> else 408 and close
