@@ -48,7 +48,7 @@ from .observe import Api, RepeatedIds, RequestRecord, Telemetry, is_valid_reques
 from .quotas import Caller
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
-    from .observe import Tracing
+    from .observe.tracing import Tracing
 
 __all__ = ["ClientLeft", "Session", "Sessions", "checked_header", "checked_headers"]
 

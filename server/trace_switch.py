@@ -23,7 +23,7 @@ import trio
 from tailguard.router.config import TracingConfig
 
 if TYPE_CHECKING:
-    from tailguard.router.observe import Tracing
+    from tailguard.router.observe.tracing import Tracing
 
 __all__ = ["TracingSwitch"]
 
@@ -79,7 +79,7 @@ class TracingSwitch:
 def _start(config: TracingConfig) -> Tracing | None:
     if not config.enabled:
         return None
-    from tailguard.router.observe import Tracing
+    from tailguard.router.observe.tracing import Tracing
 
     log.info(
         "tracing: spans of every request go to %s over OTLP/HTTP (service %s, sample ratio %g)",

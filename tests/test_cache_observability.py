@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tailguard.router import Router
 from tailguard.router.config import MetricsConfig, TracingConfig
 from tailguard.router.fleet import PLACEMENT_KINDS
-from tailguard.router.observe import RequestRecord, Tracing
+from tailguard.router.observe import RequestRecord
+from tailguard.router.observe.tracing import Tracing
 from tailguard.server.metrics import Metrics
 from tailguard.server.placement_metrics import PlacementCounts
 from tests.http_helpers import QUICK, engines_on_sockets, eventually, tailguard

@@ -25,7 +25,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tailguard.router import Router
 from tailguard.router.config import Config, ConfigError, TracingConfig, parse_config, render_config
-from tailguard.router.observe import Telemetry, Tracing
+from tailguard.router.observe import Telemetry
+from tailguard.router.observe.tracing import Tracing
 from tailguard.server.http.api import HttpApi
 from tailguard.server.http.server import HttpSettings, serve as serve_http
 from tailguard.server.reload import summarize

@@ -1,4 +1,9 @@
-"""What happened to each request (its record, its trace) and how late the event loop runs."""
+"""What happened to each request (its record, its trace) and how late the event loop runs.
+
+``tracing`` is left out here on purpose: it imports the OpenTelemetry SDK, which a
+process loads only once ``[tracing]`` is enabled (``server/trace_switch.py``
+imports the module itself, then).
+"""
 
 from __future__ import annotations
 
@@ -11,4 +16,3 @@ from .telemetry import (
     is_valid_request_id as is_valid_request_id,
     outcome_of as outcome_of,
 )
-from .tracing import Tracing as Tracing

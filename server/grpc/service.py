@@ -24,7 +24,7 @@ from tailguard.router.observe import RepeatedIds, Telemetry, is_valid_request_id
 from tailguard.router.quotas import ANONYMOUS, WINDOW_SECONDS, AdaptiveShed, Caller
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
-    from tailguard.router.observe import Tracing
+    from tailguard.router.observe.tracing import Tracing
 
 from ..errors_map import grpc_error
 from ..malloc import trimmer

@@ -30,7 +30,7 @@ from tailguard.router.observe import RepeatedIds, Telemetry
 from tailguard.router.quotas import check_token, one_authorization
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
-    from tailguard.router.observe import Tracing
+    from tailguard.router.observe.tracing import Tracing
 
 from ..errors_map import HttpError, http_error, no_route, wrong_method
 from ..logs import AccessLog
