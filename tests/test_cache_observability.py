@@ -141,11 +141,13 @@ async def test_a_hot_prefix_spills_past_the_load_bound_and_is_counted_so(caplog:
             body = {"messages": MESSAGES, "max_tokens": 120, "stream": True}
             with caplog.at_level(logging.INFO, logger="tailguard.access"), trio.fail_after(20):
                 async with AsyncExitStack() as stack:
+                    readers = []  # held: a dropped reader's finalizer closes its response, and the caller seems to leave
                     for number in range(3):
                         headers = {"x-request-id": f"hot-{number}"}
                         response = await stack.enter_async_context(client.stream("POST", "/v1/chat/completions", json=body, headers=headers))
                         assert response.status_code == 200
-                        await anext(response.aiter_raw())  # seated and streaming before the next arrives
+                        readers.append(response.aiter_raw())
+                        await anext(readers[-1])  # seated and streaming before the next arrives
                 await eventually(lambda: len(access_lines(caplog)) == 3)
                 page = samples((await client.get("/metrics")).text)
     lines = access_lines(caplog)
