@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from bench.sweep.trace import SHIPPED_CONFIG, tailguard_split
+from bench.trace.setups import SHIPPED_CONFIG, tailguard_split
 from tailguard.router.config import ConfigError, load_config, parse_config
 from tailguard.router.config_render import render_config
 from tailguard.router.config_types import Config, LendConfig

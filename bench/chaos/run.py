@@ -358,7 +358,7 @@ def notes(result: Result) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("chaos", __doc__)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument(
         "--quick",
         action="store_true",

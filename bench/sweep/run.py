@@ -129,7 +129,7 @@ def _indexed(item: tuple[int, SimPoint]) -> tuple[int, PointResult]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("sweep", __doc__)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument(
         "--seconds",
         type=float,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cli import driver_parser
 from tailguard.router.config import load_config
 from tailguard.router.config_types import Config, LendConfig
 from tailguard.sim.virtual.fleet import Point, PointResult, run_point
@@ -101,7 +102,7 @@ def _report(finished: Iterable[tuple[Job, PointResult]], total: int, into: dict[
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench trace", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument("--traces", default=",".join(TRACES), help="comma-separated, of %(default)s")
     parser.add_argument("--engines", default="2,4", help="fleet sizes (default %(default)s); the hand split is 1:1 at 2, 1:3 at 4")
     parser.add_argument("--loads", default="0.6,0.8,0.9", help="fractions of the fleet's modelled capacity (default %(default)s)")
@@ -258,6 +259,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / f"{args.name}.json").write_text(json.dumps(json_safe(data), indent=1, default=str) + "\n")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

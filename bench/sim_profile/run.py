@@ -1,4 +1,4 @@
-"""``python -m bench sim-profile``: TTFT and ITL against load for each engine profile.
+"""``python -m bench sim_profile``: TTFT and ITL against load for each engine profile.
 
 Closed-loop clients submit straight to an ``Engine`` under Trio's MockClock,
 so a minute of simulated traffic per row runs in about a second of wall time
@@ -312,7 +312,7 @@ def payload_of(rows: Seq[Row], warmup: float, seconds: float, seed: int, wall: f
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("sim-profile", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add_seconds_arg(parser, 60.0, "simulated measurement window per row")
     add_warmup_arg(parser, 10.0, "simulated warm-up before each window; clients start spread over its first half")
     add_seed_arg(parser, 0, "the clients' start offsets")

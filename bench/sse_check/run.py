@@ -1,4 +1,4 @@
-"""``python -m bench sse-check``: what ``BackendResponse.chunks`` costs per relayed SSE event, in process.
+"""``python -m bench sse_check``: what ``BackendResponse.chunks`` costs per relayed SSE event, in process.
 
 A micro-benchmark of the HTTP relay's own work (issue 20, defect 5: every
 framed event checked to be JSON): no sockets, no engine. A backend's stream
@@ -14,7 +14,6 @@ the relay's cost per event. The best of ``--repeats`` runs is reported
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -23,6 +22,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from bench.harness.cli import driver_parser
 from tailguard.router.backend import BackendClient
 from tailguard.router.httpx_transport import HttpxTransport
 
@@ -107,7 +107,7 @@ async def _measure(events: int, per_chunks: Sequence[int], repeats: int) -> list
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench sse-check", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument("--events", type=int, default=40_000, help="events per stream (default 40,000)")
     parser.add_argument("--per-chunk", type=int, nargs="+", default=[1, 8], help="events per backend read (default 1 8)")
     parser.add_argument("--repeats", type=int, default=7, help="runs of each, the best reported (default 7)")
