@@ -14,10 +14,10 @@ from bench.harness.client import CHAT_PATH, http_request
 from bench.harness.client import ConnectionPool as OpenPool
 from bench.harness.procs import process_cpu_seconds
 from bench.harness.replicas import stop_all
+from bench.harness.stats import percentile
 from bench.harness.traffic import http_open_loop, poisson_offsets
 from bench.harness.unique import repeated
 from tailguard.server.redis_ledger import RedisLedger
-from tailguard.sim.virtual.mix import percentile
 
 
 class LedgerView:

@@ -62,7 +62,7 @@ from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, add
 from bench.harness.procs import free_ports, start_process, wait_ready
 from bench.harness.redis import RedisProcess
 from bench.harness.replicas import stop_all
-from bench.harness.report import git_commit, write_json
+from bench.harness.report import git_commit, write_report
 
 # -- the whole run ------------------------------------------------------------------------------
 
@@ -248,9 +248,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     text = render(result, command)
     name = args.name or ("cluster-quick" if args.quick else "cluster")
-    options.out.mkdir(parents=True, exist_ok=True)
-    write_json(options.out / f"{name}.json", result)
-    (options.out / f"{name}.md").write_text(text)
     print(text)
-    print(f"wrote {options.out / name}.md and .json")
+    write_report(options.out, name, result, text)
     return 0

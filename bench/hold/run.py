@@ -74,8 +74,8 @@ from bench.harness.closed_loop import MESSAGE
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import code_version
+from bench.harness.stats import percentile
 from bench.harness.unique import unique_chat
-from tailguard.sim.virtual.mix import percentile
 
 T = TypeVar("T")
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness.cli import driver_parser
+from bench.harness.report import write_json
 from tailguard.advise.planner import Candidate, Fleet, candidate_setup, fleet_from, shared_setup
 from tailguard.router.config import load_config
 from tailguard.router.config_types import LendConfig
@@ -135,7 +136,7 @@ def run(label: str, seconds: float, seeds: Sequence[int], jobs: int, baselines: 
             rows.append(row)
             print(f"{len(rows)}/{len(work)} {row['scenario']} {row['setup']} seed {row['seed']} ({row['cpu_s']:.0f} s CPU)", file=sys.stderr)
     path = OUT / f"lend-back-stall-{label}.json"
-    path.write_text(json.dumps({"label": label, "seconds": seconds, "seeds": list(seeds), "rows": rows}, indent=1) + "\n")
+    write_json(path, {"label": label, "seconds": seconds, "seeds": list(seeds), "rows": rows})
     return path
 
 

@@ -70,9 +70,9 @@ from bench.harness.procs import (
     wait_ready,
 )
 from bench.harness.report import Target, code_version, cores_cell, latency_ms, maybe, md_table, targets_table
+from bench.harness.stats import percentile
 from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
 from bench.harness.unique import unique_chat
-from tailguard.sim.virtual.mix import percentile
 
 RESULTS_DIR = RESULTS_ROOT / "overhead"
 

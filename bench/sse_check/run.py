@@ -14,7 +14,6 @@ the relay's cost per event. The best of ``--repeats`` runs is reported
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ import httpx
 import trio
 
 from bench.harness.cli import driver_parser
+from bench.harness.report import save_json
 from tailguard.router.backend import BackendClient
 from tailguard.router.httpx_transport import HttpxTransport
 
@@ -121,7 +121,5 @@ def main(argv: Sequence[str]) -> int:
             f"{row['events_per_read']:>11} {row['drop_usage']!s:>10} {row['relay_ns_per_event']:>11} "
             f"{row['httpx_alone_ns_per_event']:>11} {row['relay_cost_ns_per_event']:>10}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"events": args.events, "repeats": args.repeats, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save_json(args.out, {"events": args.events, "repeats": args.repeats, "rows": rows})
     return 0

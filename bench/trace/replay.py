@@ -27,6 +27,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.harness.report import write_json
 from bench.trace.load import CONTEXT
 from bench.trace.mooncake import prompt_text
 from bench.trace.samples import FULL_MOONCAKE as TRACE
@@ -89,8 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" {row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f} | {row['e2e_p50_ms']:.0f} / {row['e2e_p99_ms']:.0f} |"
             f" {row['ok'] / window:.2f} | {row['prefix_hit_rate']:.3f} |"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    write_json(args.out, rows)
     return 0
 
 

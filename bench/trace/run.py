@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import sys
 import time
@@ -21,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.cli import driver_parser
+from bench.harness.report import write_json, write_text
 from tailguard.router.config import load_config
 from tailguard.router.config_types import Config, LendConfig
 from tailguard.sim.virtual.fleet import Point, PointResult, run_point
 
 from .load import CONTEXT, Workload, mooncake, sharegpt, thresholds
-from .report import PointReport, checks, headline, json_safe, point_section, rebalancing_table
+from .report import PointReport, checks, headline, point_section, rebalancing_table
 from .samples import MOONCAKE, SHAREGPT, read_mooncake, read_pairs
 from .setups import (
     BASELINES,
@@ -253,9 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines += point_section(point, ROUND_ROBIN, HAND_SPLIT)
     text = "\n".join(lines)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.md").write_text(text)
+    write_text(args.out / f"{args.name}.md", text)
     data = {"argv": argv, "wall_s": wall, "points": [point_data(point) for point in points]}
-    (args.out / f"{args.name}.json").write_text(json.dumps(json_safe(data), indent=1, default=str) + "\n")
+    write_json(args.out / f"{args.name}.json", data)
     return 0
 
