@@ -9,7 +9,7 @@ import pytest
 
 from bench.budgets.model import Options, Sent, phases
 from bench.budgets.numbers import answer_times, bin_rows, phase_rows, retry_after, verdict
-from bench.budgets.windows import Event, binned, per_minute, sliding_max, static_share_rate, stepped_sums, within_target
+from bench.harness.windows import Event, binned, per_minute, sliding_max, static_share_rate, stepped_sums, within_target
 
 
 def brute_max(events: list[Event], window: float = 60.0, step: float = 0.01, span: float = 300.0) -> int:

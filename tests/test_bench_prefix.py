@@ -6,11 +6,12 @@ import math
 
 import pytest
 
+from bench.harness.mooncake import TraceRow, read_rows
 from bench.harness.open_loop import Sample
 from bench.prefix.drive import TextClient, with_header
 from bench.prefix.engines import EngineCounters, kv_sizing, parse_counters, placements
 from bench.prefix.model import MAX_MODEL_LEN, Request
-from bench.prefix.mooncake import BLOCK_TOKENS, MAX_PROMPT_TOKENS, SCALE, TraceRow, block_text, prompt_of, read_rows, replay, reusable_share
+from bench.prefix.mooncake import BLOCK_TOKENS, MAX_PROMPT_TOKENS, SAMPLE, SCALE, block_text, prompt_of, replay, reusable_share
 from bench.prefix.report import Measured, Result, hit_rate, latencies, load_spread, summarise, targets
 from bench.prefix.setups import CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD, pool_config
 from bench.prefix.text import piece, unique
@@ -115,7 +116,7 @@ def test_mooncake_text_is_built_block_by_block_from_hash_ids() -> None:
 
 
 def test_mooncake_replay_runs_at_the_load_asked() -> None:
-    rows = read_rows()
+    rows = read_rows(SAMPLE)
     assert len(rows) == 400 and rows[0].hash_ids[0] == 0
     workload = replay(SPEC, rows)
     span = workload.requests[-1].at - workload.requests[0].at

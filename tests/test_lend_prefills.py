@@ -9,9 +9,9 @@ import httpx
 import pytest
 import trio
 
-from bench.sweep.trace import SHIPPED_CONFIG, tailguard_split
-from tailguard.router import Router
+from bench.trace.setups import SHIPPED_CONFIG, tailguard_split
 from tailguard.router.config import Config, ConfigError, LendConfig, load_config, parse_config, render_config
+from tailguard.router.dispatch import Router
 from tailguard.sim.canned import canned_transport
 from tests.router_helpers import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from tests.test_config import BASE

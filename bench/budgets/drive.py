@@ -19,10 +19,9 @@ import trio
 
 from bench.budgets.model import CALL_TIMEOUT_S, HEALTH_POLL_S, KEY_SECRET, Options, Sent, Trail
 from bench.budgets.setup import Fleet
-from bench.cluster.lab import Replica
-from bench.cluster.watch import health_of
 from bench.harness.client import CHAT_PATH, HOST
 from bench.harness.open_loop import TokenClient, error_code
+from bench.harness.replicas import Replica, health_of
 from bench.harness.traffic import START_DELAY_S, poisson_offsets
 from bench.harness.unique import run_seed
 from tailguard.sim.server import DEFAULT_MODEL

@@ -17,8 +17,8 @@ from typing import Any
 
 from bench.budgets.drive import Driven
 from bench.budgets.model import Options, Sent, Trail, phases, replica_name
-from bench.budgets.windows import Event, binned, per_minute, sliding_max, static_share_rate, stepped_sums, within_target
-from tailguard.sim.virtual.mix import percentile
+from bench.harness.stats import percentile
+from bench.harness.windows import Event, binned, per_minute, sliding_max, static_share_rate, stepped_sums, within_target
 
 BIN_S = 10.0
 

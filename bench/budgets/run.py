@@ -56,7 +56,7 @@ async def measure(o: Options, command: list[str]) -> Result:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("budgets", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run (~65 s): 60 s of arrivals, kill at 20 s, Redis stopped at 30 s for 15 s")
     add("--duration", type=float, default=240.0, help="s of arrivals (default %(default)s)")

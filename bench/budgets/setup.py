@@ -17,9 +17,10 @@ from typing import IO
 import trio
 
 from bench.budgets.model import KEY_NAME, KEY_SECRET, MAX_QUEUE, NAMESPACE, POOL, Options, replica_name
-from bench.cluster.lab import RedisProcess, Replica, stop_all
 from bench.harness.config import PoolSpec, server_table
 from bench.harness.procs import free_ports, start_simulator, start_tailguard, wait_ready
+from bench.harness.redis import RedisProcess
+from bench.harness.replicas import Replica, stop_all
 from tailguard.router.quotas import hash_key
 
 

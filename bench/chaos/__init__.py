@@ -1,0 +1,1 @@
+"""``python -m bench chaos``: killed, hung and broken engines, hostile clients, reloads: what must hold."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.lab import PhaseResult, Result
+from bench.harness.report import write_json, write_text
 
 _MAX_LABELS = 6  # outcome labels shown in a cell; the JSON has them all
 
@@ -88,8 +89,7 @@ def _short(value: Any) -> str:
 
 def write_outputs(result: Result, text: str, out: Path, name: str) -> list[Path]:
     """``NAME.json`` (everything) and ``NAME.md`` (the printed report) under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{name}.json", out / f"{name}.md"
-    json_path.write_text(json.dumps(asdict(result), indent=2) + "\n")
-    md_path.write_text(text + "\n")
+    write_json(json_path, asdict(result))
+    write_text(md_path, text)
     return [json_path, md_path]

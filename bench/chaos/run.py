@@ -74,7 +74,7 @@ from bench.chaos.report import render, write_outputs
 from bench.harness.cli import add_out_arg, add_seed_arg, driver_parser, run_trio
 from bench.harness.grpc import AsyncioThread
 from bench.harness.procs import add_serve_arg, free_ports, log_tail, start_process, start_tailguard, stop, wait_ready
-from bench.harness.report import git_commit
+from bench.harness.report import git_commit, json_safe
 from tailguard.sim.params import PROFILES
 
 
@@ -268,7 +268,7 @@ def selected(options: Options) -> list[Attack]:
 async def measure(options: Options, command: str) -> Result:
     tg_port, grpc_port, admin_port, a, b, c = free_ports(6)
     engines = {"a": a, "b": b, "c": c}
-    result = Result(command, git_commit(), len(os.sched_getaffinity(0)), _jsonable(asdict(options)), capacities(), [])
+    result = Result(command, git_commit(), len(os.sched_getaffinity(0)), json_safe(asdict(options)), capacities(), [])
     with tempfile.TemporaryDirectory(prefix="tailguard-chaos-") as tmp, AsyncioThread() as aio:
         sim_log, tg_log = Path(tmp) / "sim.log", Path(tmp) / "tailguard.log"
         with sim_log.open("wb") as sim_out, tg_log.open("ab") as tg_out:
@@ -314,16 +314,6 @@ def _progress(p: PhaseResult) -> str:
     )
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def checks(result: Result, fd_slack: int = FD_SLACK, rss_slack_mib: float = 30.0) -> list[str]:
     """What must hold, phase by phase: each failure as one line (empty: all held)."""
     failures = []
@@ -358,7 +348,7 @@ def notes(result: Result) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("chaos", __doc__)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument(
         "--quick",
         action="store_true",

@@ -15,12 +15,12 @@ from typing import Any
 import coredis
 import trio
 
-from bench.budgets.windows import sliding_max
 from bench.chaos.attacks import CHAT_PATH, Phase, chat_body, open_loop
 from bench.chaos.client import JSON_CONTENT, HttpPool, Reply, RequestSpec, send
 from bench.chaos.figures import p50_p99_max_ms, queue_seconds, refusal_spells, retry_after, usage_tokens
 from bench.chaos.lab import Key, Lab, Setup, proc_stats
 from bench.harness.procs import free_ports, process_cpu_seconds, stop, wait_ready
+from bench.harness.windows import sliding_max
 from tailguard.router.quotas import WINDOW
 
 # -- tenant cardinality ------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""``python -m bench cluster``: replicas sharing caps on Redis: caps under load, kill -9, Redis down."""

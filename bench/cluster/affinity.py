@@ -32,12 +32,14 @@ from typing import Any
 import coredis
 import trio
 
-from bench.cluster.lab import KEYS, MAX_QUEUE, Lab, Replica, stop_all
+from bench.cluster.lab import KEYS, MAX_QUEUE, Lab
 from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http_request
 from bench.harness.config import PoolSpec
 from bench.harness.open_loop import with_request_id
+from bench.harness.replicas import Replica, stop_all
+from bench.harness.stats import percentile
 from tailguard.router.config import PoolConfig
-from tailguard.sim.virtual.mix import long_document, percentile, request_nonce
+from tailguard.sim.virtual.mix import long_document, request_nonce
 
 AFFINITY_ENGINES = 4
 NAMESPACE = "bench-affinity"

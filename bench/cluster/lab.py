@@ -11,8 +11,9 @@ import trio
 
 from bench.harness.client import HOST
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.procs import RESULTS_ROOT, free_ports, start_tailguard, stop, wait_ready
-from bench.harness.redis import RedisProcess as RedisProcess
+from bench.harness.procs import RESULTS_ROOT, free_ports, start_tailguard, wait_ready
+from bench.harness.redis import RedisProcess
+from bench.harness.replicas import KeySpec, Replica
 from tailguard.router.quotas import hash_key
 
 RESULTS = RESULTS_ROOT / "cluster"
@@ -43,19 +44,6 @@ LEDGER_POLL_S = 0.02
 
 
 HEALTH_POLL_S = 0.25
-
-
-@dataclass(frozen=True)
-class KeySpec:
-    """One ``[[auth.keys]]`` entry and its share of the arrivals."""
-
-    name: str
-    share: float
-    max_concurrency: int
-
-    @property
-    def secret(self) -> str:
-        return f"tg-bench-{self.name}-0123456789"  # a benchmark's own made-up key
 
 
 KEYS = (KeySpec("web", 0.5, 16), KeySpec("jobs", 0.3, 8), KeySpec("trial", 0.2, 4))
@@ -89,18 +77,6 @@ class Options:
 
 
 # -- processes -------------------------------------------------------------------------
-
-
-@dataclass
-class Replica:
-    name: str
-    port: int
-    process: trio.Process
-    log: Path
-
-    @property
-    def alive(self) -> bool:
-        return self.process.returncode is None
 
 
 @dataclass
@@ -196,7 +172,3 @@ class Lab:
         return replicas
 
 
-async def stop_all(replicas: Sequence[Replica]) -> None:
-    async with trio.open_nursery() as nursery:
-        for r in replicas:
-            nursery.start_soon(stop, r.process)

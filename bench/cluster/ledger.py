@@ -9,13 +9,14 @@ from typing import Any
 
 import coredis
 
-from bench.cluster.lab import KEYS, Lab, stop_all
+from bench.cluster.lab import KEYS, Lab
 from bench.harness.client import CHAT_PATH, ConnectionPool as OpenPool, http_request
 from bench.harness.procs import process_cpu_seconds
+from bench.harness.replicas import stop_all
+from bench.harness.stats import percentile
 from bench.harness.traffic import http_open_loop, poisson_offsets
 from bench.harness.unique import repeated
 from tailguard.server.redis_ledger import RedisLedger
-from tailguard.sim.virtual.mix import percentile
 
 
 class LedgerView:

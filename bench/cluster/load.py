@@ -10,9 +10,10 @@ from typing import Any
 
 import trio
 
-from bench.cluster.lab import KEYS, KeySpec, Options
+from bench.cluster.lab import KEYS, Options
 from bench.harness.clocks import MachineClock
 from bench.harness.open_loop import Sample, TokenPool, class_stats, play, token_times
+from bench.harness.replicas import KeySpec
 from bench.harness.unique import ShapeRequests, run_seed
 from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.mix import origin_mix, pooled_capacity, shapes_by_class

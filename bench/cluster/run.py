@@ -53,14 +53,16 @@ import trio
 
 from bench.cluster.affinity import AFFINITY_ENGINES, affinity_run
 from bench.cluster.checks import checks
-from bench.cluster.lab import KEYS, NAMESPACE, PHASES, RESULTS, Engine, Lab, Options, RedisProcess, stop_all
+from bench.cluster.lab import KEYS, NAMESPACE, PHASES, RESULTS, Engine, Lab, Options
 from bench.cluster.ledger import ledger_cost, ledger_view
 from bench.cluster.load import capacity
 from bench.cluster.report import render
 from bench.cluster.runs import kill_run, load_run, outage_run
 from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, add_warmup_arg, driver_parser, run_trio
 from bench.harness.procs import free_ports, start_process, wait_ready
-from bench.harness.report import git_commit, write_json
+from bench.harness.redis import RedisProcess
+from bench.harness.replicas import stop_all
+from bench.harness.report import git_commit, write_report
 
 # -- the whole run ------------------------------------------------------------------------------
 
@@ -166,7 +168,7 @@ def _fallback_warnings(tmp: Path, names: Sequence[str]) -> dict[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("cluster", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run (~3 min): one load, Poisson only, short windows, Redis down 8 s and paused 4 s")
     add("--replicas", type=int, default=4, help="replicas sharing the caps (default %(default)s)")
@@ -246,9 +248,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     text = render(result, command)
     name = args.name or ("cluster-quick" if args.quick else "cluster")
-    options.out.mkdir(parents=True, exist_ok=True)
-    write_json(options.out / f"{name}.json", result)
-    (options.out / f"{name}.md").write_text(text)
     print(text)
-    print(f"wrote {options.out / name}.md and .json")
+    write_report(options.out, name, result, text)
     return 0

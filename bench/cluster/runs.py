@@ -10,12 +10,13 @@ from typing import Any
 
 import trio
 
-from bench.cluster.lab import ANSWERED, HEALTH_POLL_S, LEDGER_POLL_S, PHASE_DRAIN, Engine, Lab, Replica
+from bench.cluster.lab import ANSWERED, HEALTH_POLL_S, LEDGER_POLL_S, PHASE_DRAIN, Engine, Lab
 from bench.cluster.ledger import LedgerView
 from bench.cluster.load import Played, capacity, class_summary, key_of_each, key_results, play_against
-from bench.cluster.watch import CapWatch, health_of, scrape, watch_engine, watch_summary
+from bench.cluster.watch import CapWatch, scrape, watch_engine, watch_summary
 from bench.harness.client import HOST, ProtocolError
 from bench.harness.open_loop import Sample, TokenClient, TokenPool
+from bench.harness.replicas import Replica, health_of
 from tailguard.sim.virtual.trace import Arrival, generated
 
 # -- phase 2: load ---------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -66,19 +65,6 @@ async def watch_engine(watch: CapWatch, interval: float, origin: float) -> None:
 
 def watch_summary(watches: Sequence[CapWatch]) -> dict[str, Any]:
     return {w.role: asdict(w) | {"mean_interval_ms": round(w.seconds / max(w.looks, 1) * 1000, 2)} for w in watches}
-
-
-async def health_of(client: TokenClient, port: int) -> tuple[str, str]:
-    """(status, cluster mode) from a replica's /health; ("down", "?") when it does not answer."""
-    request = f"GET /health HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode()
-    with trio.move_on_after(1.0):
-        try:
-            await client.exchange(request)
-            body = json.loads(client.last_piece)
-            return str(body.get("status")), str(body.get("cluster", {}).get("mode", "-"))
-        except (OSError, trio.BrokenResourceError, ProtocolError, ValueError):
-            pass
-    return "down", "?"
 
 
 async def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

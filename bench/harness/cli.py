@@ -69,9 +69,14 @@ def run_and_report(
     return 0
 
 
-def driver_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
-    """The parser of ``python -m bench NAME``: its usage line names the command, its description is the module's first line."""
-    return argparse.ArgumentParser(prog=f"python -m bench {name}", description=(doc or "").splitlines()[0])
+def driver_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``python -m bench NAME`` for the driver ``module`` (``bench.NAME.run``, its ``__name__``).
+
+    The usage line names the command by the driver's folder, so a name in
+    ``--help`` is always the one the registry runs; the description is the
+    module's first line.
+    """
+    return argparse.ArgumentParser(prog=f"python -m bench {module.split('.')[1]}", description=(doc or "").splitlines()[0])
 
 
 def add_json_arg(parser: argparse.ArgumentParser, default: Path) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 import trio
 
 from bench.harness.client import TOKEN_MARKER, ConnectionPool, KeepAliveClient, ProtocolError, Reply, Scan
-from tailguard.sim.virtual.mix import percentile
+from bench.harness.report import write_jsonl
+from bench.harness.stats import percentiles
 from tailguard.sim.virtual.trace import Arrival
 
 
@@ -94,9 +95,8 @@ _STATUS_OUTCOMES = {429: "429", 503: "503", 504: "timeout"}
 
 def write_samples(path: Path, samples: Sequence[Sample]) -> None:
     """Every request's fate as JSONL (real s), for looking into a run after the fact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     keys = ("request_id", "kind", "at", "measured", "outcome", "status", "code", "ttft", "e2e", "router_e2e", "router_ttft", "tokens")
-    path.write_text("".join(json.dumps({k: getattr(s, k) for k in keys}) + "\n" for s in samples))
+    write_jsonl(path, [{k: getattr(s, k) for k in keys} for s in samples])
 
 
 def error_code(body: bytes) -> str:
@@ -297,9 +297,9 @@ def class_stats(
         kind=kind,
         n=len(mine),
         outcomes=outcomes,
-        ttft_ms=_quantiles(ttft, (50, 95, 99)),
-        e2e_ms=_quantiles(e2e, (50, 95, 99)),
-        itl_ms=_quantiles(itl, (50, 99)),
+        ttft_ms=percentiles(ttft, (50, 95, 99)),
+        e2e_ms=percentiles(e2e, (50, 95, 99)),
+        itl_ms=percentiles(itl, (50, 99)),
         goodput_tok_s=sum(s.tokens for s in ok) / (window / scale) if window > 0 else math.nan,
         rejections=rejection_stats(mine, scale, queue_deadline),
         within_deadline=None if on_time is None or not mine else on_time / len(mine),
@@ -327,9 +327,9 @@ def rejection_stats(samples: Sequence[Sample], scale: float, queue_deadline: flo
         router = sorted(s.router_e2e * 1000 for s in group if s.router_e2e is not None)
         found[name] = RejectionStats(
             n=len(group),
-            client_ms=_quantiles(client, (50, 99)) | {"max": client[-1]},
-            router_ms=_quantiles(router, (50, 99)) | {"max": router[-1] if router else math.nan},
-            gpu_ms=_quantiles([v / scale for v in client], (50, 99)),
+            client_ms=percentiles(client, (50, 99)) | {"max": client[-1]},
+            router_ms=percentiles(router, (50, 99)) | {"max": router[-1] if router else math.nan},
+            gpu_ms=percentiles([v / scale for v in client], (50, 99)),
             under_10ms=sum(1 for v in client if v < FAST_REJECTION_MS) / len(client),
         )
     return found
@@ -340,7 +340,3 @@ def _rejection_kind(s: Sample, scale: float, queue_deadline: float | None) -> st
     if s.code != "queue_timeout" or queue_deadline is None or s.e2e is None:
         return kind
     return f"{kind} at arrival" if s.e2e / scale < queue_deadline / 2 else f"{kind} after waiting"
-
-
-def _quantiles(values: Sequence[float], qs: Sequence[int]) -> dict[str, float]:
-    return {f"p{q}": percentile(values, q) for q in qs}

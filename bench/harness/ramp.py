@@ -1,6 +1,6 @@
 """Holding many streams open: when the ramp stops, sampling the peak while they are held, waiting for the router to settle.
 
-``hold`` (HTTP SSE) and ``grpc-overhead`` (gRPC ``ChatStream``) open thousands
+``hold`` (HTTP SSE) and ``grpc_overhead`` (gRPC ``ChatStream``) open thousands
 of streams the same way; this is the one copy of the rules they report by.
 """
 

@@ -1,17 +1,26 @@
-"""Writing results: JSON files, markdown tables, and the code version a result was measured on."""
+"""Writing results and saying what they were measured on: the one JSON writer, markdown tables, the commit and its edits.
+
+Every driver writes through ``write_json`` / ``write_report`` (standard
+JSON: NaN as null, paths as text) and stamps its result with
+``code_version()`` or ``git_commit()``: the commit, and whether any shipped
+code differs from it (every folder pyproject installs, and pyproject itself,
+not only the router's), so a number from an edited simulator is never
+stamped "as committed".
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import subprocess
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from bench.harness.procs import PROJECT_ROOT
-from tailguard.sim.virtual.mix import percentile
+from bench.harness.stats import percentile
 
 
 class LatencyMs(TypedDict):
@@ -34,9 +43,23 @@ def latency_ms(ordered: Sequence[float]) -> LatencyMs:
     )
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` as standard JSON takes it, recursively: NaN as None, a path as its text."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def write_json(path: Path, payload: object) -> None:
+    """The one result writer: ``payload`` (``json_safe``) as indented JSON at ``path``, its folder made."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    path.write_text(json.dumps(json_safe(payload), indent=2) + "\n")
 
 
 def save_json(path: Path, payload: object) -> None:
@@ -45,10 +68,22 @@ def save_json(path: Path, payload: object) -> None:
     print(f"wrote {path}")
 
 
+def write_jsonl(path: Path, rows: Iterable[object]) -> None:
+    """Rows (``json_safe``) as JSON lines at ``path``, its folder made: per-request records too many to indent."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(json_safe(row)) + "\n" for row in rows))
+
+
+def write_text(path: Path, text: str) -> None:
+    """A report's markdown (or any text result) at ``path``, its folder made, ending in one newline."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip("\n") + "\n")
+
+
 def write_report(out: Path, stem: str, payload: object, report: str) -> None:
     """``out/STEM.json`` (the numbers) and ``out/STEM.md`` (the printed report), and say so."""
     write_json(out / f"{stem}.json", payload)
-    (out / f"{stem}.md").write_text(report + "\n")
+    write_text(out / f"{stem}.md", report)
     print(f"wrote {out / f'{stem}.json'} and {out / f'{stem}.md'}")
 
 
@@ -91,25 +126,41 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
 
 
+def shipped_paths() -> list[str]:
+    """What a wheel is built from, relative to the root: every folder pyproject maps a package to, and pyproject itself.
+
+    Read from pyproject, so a folder that moves or joins the wheel is
+    checked without a change here; the shipped config.toml is inside
+    ``server/`` (a link to the root's, which is listed too).
+    """
+    with (PROJECT_ROOT / "pyproject.toml").open("rb") as file:
+        folders = tomllib.load(file)["tool"]["setuptools"]["package-dir"].values()
+    return sorted({*folders, "pyproject.toml", "config.toml"})
+
+
 def _dirty() -> bool:
-    """Whether router/ or server/ have uncommitted changes (what a result's numbers depend on)."""
-    return bool(_git("status", "--porcelain", "--", "router", "server"))
+    """Whether any shipped code has uncommitted changes (what a result's numbers depend on)."""
+    return bool(_git("status", "--porcelain", "--", *shipped_paths()))
+
+
+def _edits() -> str:
+    return "uncommitted changes in " + ", ".join(shipped_paths())
 
 
 def git_commit() -> str:
-    """HEAD of the tree being measured, short, marked when router/ or server/ have uncommitted changes."""
+    """HEAD of the tree being measured, short, marked when shipped code has uncommitted changes."""
     try:
         head, dirty = _git("rev-parse", "--short", "HEAD"), _dirty()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return head + (" + uncommitted changes in router/ or server/" if dirty else "")
+    return head + (f" + {_edits()}" if dirty else "")
 
 
 def code_version() -> str:
-    """The commit of the tailguard code measured (the tree the router starts from), and whether router/ or server/ had edits beyond it."""
+    """The commit of the tailguard code measured (the tree the router starts from), and whether shipped code had edits beyond it."""
     try:
         commit, dirty = _git("rev-parse", "HEAD"), _dirty()
     except (OSError, subprocess.SubprocessError):
         return f"unknown (no git checkout at {PROJECT_ROOT})"
-    state = "with uncommitted changes in router/ or server/" if dirty else "router/ and server/ as committed"
+    state = f"with {_edits()}" if dirty else "shipped code as committed"
     return f"{commit} ({state}), from {PROJECT_ROOT}"

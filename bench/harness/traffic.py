@@ -1,7 +1,7 @@
 """Open-loop arrivals: Poisson schedules, and an HTTP open loop that never waits for a connection.
 
 An open loop sends each request at its due time whatever the earlier ones
-are doing, as real clients do; a closed loop (``overhead.closed_loop``)
+are doing, as real clients do; a closed loop (``router_overhead.run``)
 would slow down with the server and hide its queueing.
 """
 

@@ -1,1 +1,1 @@
-"""``python -m bench half-dead``: a half-dead engine (``/health`` fine, work hung) per health_check, in virtual time."""
+"""``python -m bench health``: a half-dead engine (``/health`` fine, work hung) per health_check, in virtual time."""

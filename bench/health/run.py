@@ -1,4 +1,4 @@
-"""``python -m bench half-dead``: what a half-dead engine (``/health`` fine, completions hung) costs under each health_check, in virtual time.
+"""``python -m bench health``: what a half-dead engine (``/health`` fine, completions hung) costs under each health_check, in virtual time.
 
 Two simulated engines (latency profile, ``--max-tokens`` tokens a request:
 ~1 s of decode) in one pool of two endpoints (``--seats`` each, least
@@ -174,7 +174,7 @@ def render(results: Sequence[SetupResult], options: Options) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("half-dead", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     defaults = Options()
     add("--rate", type=float, default=defaults.rate, help="requests a second (default %(default)s)")

@@ -32,17 +32,15 @@ The peer serves no gRPC, so tailguard's gRPC rows are set beside its HTTP.
 ``--no-peer`` leaves it out (when it is not installed).
 
 Load generators (none of them the bottleneck; their CPU is in every row):
-``bench.overhead.closed_loop``'s lean keep-alive HTTP/1.1 client on raw Trio
-sockets, grpc.aio on its own asyncio thread (``bench.overhead.grpc_streams``), and
-``bench.simcheck.cpu``'s lean SSE client. Router CPU comes from /proc/PID/stat.
+``bench.router_overhead.run``'s lean keep-alive HTTP/1.1 client on raw Trio
+sockets, grpc.aio on its own asyncio thread (``bench.grpc_overhead.run``), and
+``bench.sim_cpu.run``'s lean SSE client. Router CPU comes from /proc/PID/stat.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -55,8 +53,11 @@ import trio
 from bench.harness.cli import add_out_arg, add_seconds_arg, add_seed_arg, add_warmup_arg, comma_separated, driver_parser, run_and_report
 from bench.harness.client import HOST, ConnectionPool, KeepAliveClient, Source
 from bench.harness.clocks import CpuClock, MachineClock
+from bench.harness.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.grpc import AsyncioThread
+from bench.harness.grpc import WARMUP_CALLS, WARMUP_SECONDS, AsyncioThread, GrpcClient, chat_request, grpc_closed_loop, run_result
+from bench.harness.load import ProfileSummary, StreamRun, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
+from bench.harness.peer import find_peer, peer_command, peer_version
 from bench.harness.procs import (
     RESULTS_ROOT,
     free_ports,
@@ -69,12 +70,9 @@ from bench.harness.procs import (
     wait_ready,
 )
 from bench.harness.report import Target, code_version, cores_cell, latency_ms, maybe, md_table, targets_table
+from bench.harness.stats import percentile
 from bench.harness.traffic import OpenTally, http_open_loop, poisson_offsets
 from bench.harness.unique import unique_chat
-from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
-from bench.overhead.grpc_streams import WARMUP_CALLS, WARMUP_SECONDS, GrpcClient, chat_request, grpc_closed_loop, run_result
-from bench.overhead.load import ProfileSummary, StreamRun, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
-from tailguard.sim.virtual.mix import percentile
 
 RESULTS_DIR = RESULTS_ROOT / "overhead"
 
@@ -94,9 +92,6 @@ _CANCEL_GRACE_S = 30.0
 DIRECT, PEER, HTTP, GRPC = "direct HTTP", "vllm-router HTTP", "tailguard HTTP", "tailguard gRPC"
 TAILGUARD, VLLM_ROUTER = "tailguard", "vllm-router"  # the routers' keys in the pids and the cores
 ROUTER_OF = {PEER: VLLM_ROUTER, HTTP: TAILGUARD, GRPC: TAILGUARD}  # the router in each path (direct: none)
-# The cheapest of the peer's policies, so its cost is a floor; its default,
-# cache_aware, also walks a prefix tree per request.
-PEER_POLICY = "round_robin"
 # The paced relay's engine: real time, a step per ~10 ms. The batch pool's
 # endpoint (the other phases send interactive requests only); the peer gets
 # a second process in front of it.
@@ -249,39 +244,6 @@ async def measure(options: Options, aio: AsyncioThread) -> Result:
                 raise
     result.peer = peer_version(options.peer)
     return result
-
-
-def peer_command(exe: Path, port: int, metrics_port: int, engine_port: int) -> list[str]:
-    """vllm-router in front of one engine, on 127.0.0.1 only (its metrics too), its defaults otherwise."""
-    return [
-        str(exe),
-        "--host", HOST,
-        "--port", str(port),
-        "--worker-urls", f"http://{HOST}:{engine_port}",
-        "--policy", PEER_POLICY,
-        "--prometheus-host", HOST,
-        "--prometheus-port", str(metrics_port),
-        "--log-level", "warning",
-    ]  # fmt: skip
-
-
-def find_peer() -> Path | None:
-    """The vllm-router beside this Python (the venv's), else on PATH."""
-    beside = Path(sys.executable).with_name("vllm-router")
-    if beside.exists():
-        return beside
-    found = shutil.which("vllm-router")
-    return Path(found) if found else None
-
-
-def peer_version(peer: Path | None) -> str | None:
-    if peer is None:
-        return None
-    try:
-        version = importlib.metadata.version("vllm-router")
-    except importlib.metadata.PackageNotFoundError:
-        version = "(version unknown)"
-    return f"vllm-router {version} ({peer}), --policy {PEER_POLICY}, its defaults otherwise"
 
 
 async def _phases(
@@ -585,7 +547,6 @@ def _router_cores(cores: dict[str, float], path: str, routers: dict[str, str] = 
     return cores[router] if router is not None else 0.0
 
 
-
 def render(result: Result) -> str:
     """The markdown report: tables, targets, profile summaries, how it was measured."""
     added = {(a.path, a.rate): a for a in result.added}
@@ -704,7 +665,7 @@ def _rel(path: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("overhead", __doc__)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument("--rates", type=comma_separated(float), default="100,400", help="comma-separated open-loop rates, req/s (default %(default)s)")
     add_seconds_arg(parser, 10.0, "each open-loop run")
     add_warmup_arg(parser, 1.0, "unmeasured open loop before each run")

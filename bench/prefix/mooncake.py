@@ -16,12 +16,11 @@ shapes.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from bench.harness.mooncake import TraceRow, read_rows
 from bench.prefix.model import Request, Workload
 from bench.prefix.text import piece
 from bench.prefix.workloads import Spec, fleet_capacity
@@ -31,29 +30,6 @@ TRACE_BLOCK_TOKENS = 512
 SCALE = 8
 BLOCK_TOKENS = TRACE_BLOCK_TOKENS // SCALE
 MAX_PROMPT_TOKENS = 7000  # under tailguard's input cap with the template and an output beside
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    """One line of the trace: ms after its start, lengths in tokens, the prompt's block ids."""
-
-    timestamp_ms: float
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
-
-
-def read_rows(path: Path = SAMPLE, limit: int | None = None) -> list[TraceRow]:
-    """The trace's lines, in order (the first ``limit`` if given)."""
-    rows: list[TraceRow] = []
-    with path.open() as lines:
-        for line in lines:
-            if limit is not None and len(rows) >= limit:
-                break
-            if line.strip():
-                row = json.loads(line)
-                rows.append(TraceRow(float(row["timestamp"]), int(row["input_length"]), int(row["output_length"]), tuple(row["hash_ids"])))
-    return rows
 
 
 def block_text(hash_id: int) -> str:
@@ -96,7 +72,7 @@ def reusable_share(rows: Sequence[TraceRow]) -> float:
 
 def replay(spec: Spec, rows: Sequence[TraceRow] | None = None) -> Workload:
     """The trace's requests at ``spec.load`` of the fleet's capacity for their scaled shapes; all of them measured after the warm-up."""
-    rows = read_rows() if rows is None else rows
+    rows = read_rows(SAMPLE) if rows is None else rows
     built = [prompt_of(row) for row in rows]
     outputs = [max(1, math.ceil(row.output_length / SCALE)) for row in rows]
     capacity = fleet_capacity([(len(text) // 4 + 7, out) for (text, _), out in zip(built, outputs)], spec.kv_cache_tokens)

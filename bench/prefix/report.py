@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from bench.harness.open_loop import Sample, class_stats
 from bench.harness.report import Target, md_table, targets_table
+from bench.harness.stats import percentile
 from bench.prefix.engines import EngineCounters
 from bench.prefix.setups import CACHE_AWARE, CACHE_AWARE_TUNED, HAND, HINTED, LEAST_LOADED, TAILGUARD
-from tailguard.sim.virtual.mix import percentile
 
 
 @dataclass

@@ -30,12 +30,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_trio
+from bench.harness.mooncake import read_rows
 from bench.harness.procs import RESULTS_ROOT
 from bench.harness.report import code_version, write_report
 from bench.prefix.engines import kv_sizing
 from bench.prefix.measure import RunSpec, measure_workload
 from bench.prefix.model import ENGINES, SEATS, Workload
-from bench.prefix.mooncake import SAMPLE, read_rows, replay
+from bench.prefix.mooncake import SAMPLE, replay
 from bench.prefix.report import Result, render, targets
 from bench.prefix.setups import ALL_SETUPS, SETUPS, describe, placement_supported
 from bench.prefix.workloads import Spec, conversations, rag, system_prompts, tenants, unique_prompts
@@ -45,7 +46,7 @@ RESULTS = RESULTS_ROOT / "prefix"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("prefix", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run of ~2 minutes: warm-up 1.5 GPU s, window 3.5 GPU s, 120 trace rows, drain 5 s")
     add("--workload", action="append", choices=WORKLOADS, help="run this workload, repeatable (default: all)")

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import trio
 
-from bench.cluster.lab import KEYS, RedisProcess
 from bench.harness.client import CHAT_PATH, KeepAliveClient, http_request
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import free_ports, start_process, start_tailguard, wait_ready
+from bench.harness.redis import RedisProcess
+from bench.harness.replicas import KeySpec
 from tailguard.router.quotas import hash_key
 
 
@@ -26,7 +27,7 @@ async def main() -> None:
         await redis.start()
         sim = await start_process(n, [sys.executable, "-m", "tailguard.sim", "--engines", f"{e1}:instant,{e2}:instant"], None)
         await wait_ready(e1, sim, "sim")
-        key = KEYS[0]
+        key = KeySpec("web", 1.0, 16)
         sections = [
             "[cluster]", f'redis_url = "{redis.url}"', 'namespace = "repro"', 'replica_id = "only"', "block = 2", "",
             "[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"', f"max_concurrency = {key.max_concurrency}", "",

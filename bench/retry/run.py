@@ -34,7 +34,7 @@ DEFAULTS = Options()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("retry", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run of ~40 s: warm-up 2 s, 8 s counted, drain 10 s")
     add("--seats", type=int, default=DEFAULTS.seats, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")

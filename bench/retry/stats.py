@@ -20,9 +20,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bench.harness.stats import percentile
 from bench.retry.model import REFUSED
 from bench.retry.sdk import Logical
-from tailguard.sim.virtual.mix import percentile
 
 
 def histogram(times: Sequence[float], start: float, end: float, width: float) -> list[int]:

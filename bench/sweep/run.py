@@ -33,8 +33,6 @@ virtual time.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import multiprocessing
 import os
 import sys
@@ -46,6 +44,7 @@ from typing import Any
 
 from bench.harness.cli import add_out_arg, add_seed_arg, add_warmup_arg, driver_parser
 from bench.harness.procs import RESULTS_ROOT
+from bench.harness.report import write_json, write_text
 from bench.sweep.check import (
     QUICK_MIXED_JSON,
     Comparison,
@@ -128,7 +127,7 @@ def _indexed(item: tuple[int, SimPoint]) -> tuple[int, PointResult]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("sweep", __doc__)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument(
         "--seconds",
         type=float,
@@ -235,16 +234,6 @@ def replay_title(real: dict[str, Any]) -> str:
     )
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def payload(args: argparse.Namespace, setups: Sequence[Setup], per_engine: Capacity, results: Sequence[PointResult], checks: Checks, wall: float) -> dict[str, Any]:
     short_tokens, long_tokens = mix_prompt_tokens()
     return {
@@ -271,8 +260,8 @@ def write_outputs(args: argparse.Namespace, splits: Sequence[tuple[int, int]], r
     note = f"{args.engines} engines, {args.seconds:g} s window per point"
     paths = [plot_headline(results, args.out / "short_e2e_p99.png", note)]
     paths += [plot_split(results, f"disaggregated {i}:{b}", args.out / f"split_{i}-{b}.png", note) for i, b in splits]
-    (args.out / "sweep.md").write_text(text)
-    (args.out / "sweep.json").write_text(json.dumps(_json_safe(data), indent=2) + "\n")
+    write_text(args.out / "sweep.md", text)
+    write_json(args.out / "sweep.json", data)
     return [args.out / "sweep.json", args.out / "sweep.md", *paths]
 
 
@@ -302,4 +291,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = write_outputs(args, splits, results, text, payload(args, setups, per_engine, results, checks, wall))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
-

@@ -19,6 +19,7 @@ import trio
 from bench.harness.clocks import CpuClock
 from bench.harness.open_loop import Sample, TokenPool, class_stats, play, token_times, write_samples
 from bench.harness.procs import log_tail, start_process, wait_ready
+from bench.harness.stats import percentile
 from bench.harness.unique import ShapeRequests, run_seed
 from bench.tail.checks import checks, checks12
 from bench.tail.model import (
@@ -39,7 +40,7 @@ from bench.tail.setups import build_plans, build_setups, capacities, engine_para
 from bench.tail.watch import join_access_log, rss_summary, watch_engines, watch_router
 from tailguard.router.admission import effective_max_tokens
 from tailguard.router.config import LimitsConfig
-from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, percentile, pooled_capacity, shapes_by_class, unique_body_for
+from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, pooled_capacity, shapes_by_class, unique_body_for
 from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
 
 

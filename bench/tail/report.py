@@ -8,11 +8,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.harness.open_loop import FAST_REJECTION_MS, ClassStats
-from bench.harness.report import md_table, write_json
+from bench.harness.report import md_table, write_json, write_text
+from bench.harness.stats import percentile
 from bench.tail.checks import Versus, kind_stats, versus
 from bench.tail.model import PROBE_S, SHORT_DEADLINE_S, Options, Probe, Result, SetupResult
 from bench.tail.plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
-from tailguard.sim.virtual.mix import percentile
 
 
 def _prompts(result: Result) -> str:
@@ -207,7 +207,7 @@ def write_outputs(result: Result, options: Options, table: str) -> list[Path]:
             class_json.pop("e2e_sorted_ms")
             class_json.pop("ttft_sorted_ms")
     write_json(paths[0], payload)
-    paths[1].write_text(table)
+    write_text(paths[1], table)
     for load in dict.fromkeys(round(r.load, 2) for r in result.runs):
         runs = [r for r in result.runs if round(r.load, 2) == load]
         curves = {r.setup: {c.kind: c.e2e_sorted_ms for c in r.classes} for r in runs}

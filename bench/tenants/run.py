@@ -41,7 +41,7 @@ DEFAULTS = Options()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("tenants", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     add("--quick", action="store_true", help="smoke run of ~1 minute: window 10 s, backlog 10 s")
     add("--seats", type=int, default=DEFAULTS.seats, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")

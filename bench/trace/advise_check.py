@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness.report import write_json, write_text
 from tailguard.advise.accesslog import write_log
 from tailguard.advise.joint import Judged, Search, search
 from tailguard.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
@@ -268,9 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fresh = {(p.trace, p.engines, p.load) for p in done}
     points = sorted([p for p in kept if (p.trace, p.engines, p.load) not in fresh] + done, key=lambda p: (p.trace, p.engines, p.load))
     text = markdown(points)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "advise-check.md").write_text(text)
-    path.write_text(json.dumps({"points": [_as_json(p) for p in points]}, indent=1) + "\n")
+    write_text(args.out / "advise-check.md", text)
+    write_json(path, {"points": [_as_json(p) for p in points]})
     print(text)
     return 0
 

@@ -20,7 +20,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.prefix.mooncake import TraceRow
+from bench.harness.mooncake import TraceRow
 from tailguard.router.config import Config
 from tailguard.sim.params import PROFILES, EngineParams
 from tailguard.sim.virtual.fleet import Arrival

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tailguard.sim.virtual.fleet import ClassStats
 from tailguard.sim.virtual.rebalancing import Rebalancing
@@ -203,14 +202,3 @@ def rebalancing_table(points: Sequence[PointReport]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
         *rows,
     ]
-
-
-def json_safe(value: Any) -> Any:
-    """NaN as None, recursively, so the JSON is standard."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value

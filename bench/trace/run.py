@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import sys
 import time
@@ -20,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cli import driver_parser
+from bench.harness.report import write_json, write_text
 from tailguard.router.config import Config, LendConfig, load_config
 from tailguard.sim.virtual.fleet import Point, PointResult, run_point
 
 from .load import CONTEXT, Workload, mooncake, sharegpt, thresholds
-from .report import PointReport, checks, headline, json_safe, point_section, rebalancing_table
+from .report import PointReport, checks, headline, point_section, rebalancing_table
 from .samples import MOONCAKE, SHAREGPT, read_mooncake, read_pairs
 from .setups import (
     BASELINES,
@@ -100,7 +101,7 @@ def _report(finished: Iterable[tuple[Job, PointResult]], total: int, into: dict[
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench trace", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument("--traces", default=",".join(TRACES), help="comma-separated, of %(default)s")
     parser.add_argument("--engines", default="2,4", help="fleet sizes (default %(default)s); the hand split is 1:1 at 2, 1:3 at 4")
     parser.add_argument("--loads", default="0.6,0.8,0.9", help="fractions of the fleet's modelled capacity (default %(default)s)")
@@ -251,12 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines += point_section(point, ROUND_ROBIN, HAND_SPLIT)
     text = "\n".join(lines)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.md").write_text(text)
+    write_text(args.out / f"{args.name}.md", text)
     data = {"argv": argv, "wall_s": wall, "points": [point_data(point) for point in points]}
-    (args.out / f"{args.name}.json").write_text(json.dumps(json_safe(data), indent=1, default=str) + "\n")
+    write_json(args.out / f"{args.name}.json", data)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,7 +6,7 @@ import csv
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.prefix.mooncake import TraceRow, read_rows
+from bench.harness.mooncake import TraceRow, read_rows
 
 DATA = Path(__file__).resolve().parent / "data"
 MOONCAKE = DATA / "mooncake_first1200.jsonl"  # the first 1,200 lines of the Mooncake conversation trace, unchanged

@@ -35,7 +35,7 @@ class EventFilter:
     LF line ends) is decoded once and each event parsed where it lies
     (``raw_decode`` at its offset, no copy); anything else, or anything that
     fails there, takes the exact path (:func:`_event_problem`), which alone
-    decides a refusal. ``python -m bench sse-check`` measures the cost per event.
+    decides a refusal. ``python -m bench sse_check`` measures the cost per event.
 
     Without the usage event (``drop_usage``): tailguard asks every stream for
     usage (``stream_options.include_usage``: exact token counts even when

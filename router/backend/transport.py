@@ -6,7 +6,7 @@
 (bytes on a kept-alive connection, no ``httpx.Request``), over TCP or over a
 ``ConnectorTransport``'s connector: an in-process engine, or a test's canned
 answers (``tailguard.sim.canned``), so tests post as production does. Only a
-benchmark that measures the layer above the wire (``bench sse-check``) hands
+benchmark that measures the layer above the wire (``bench sse_check``) hands
 the client an :class:`HttpxTransport` explicitly, as its ``backend_transport``.
 """
 

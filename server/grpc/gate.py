@@ -35,7 +35,7 @@ more calls open than the gate allows keep their excess coming back; while
 the loop picks those up within a quarter of the target they let the gate
 grow, and where it does not (a loop saturated by what it relays) they are
 refused, each with its retry hint. Measured with ``python -m bench
-grpc-overhead --streams-open 0`` (200 streams restarted as they end, an
+grpc_overhead --streams-open 0`` (200 streams restarted as they end, an
 instant engine, a loaded 2-core machine): 9 refusals in its 10 s window,
 5,687 chunks a second relayed (5,319 with the fixed gate, which refused none).
 

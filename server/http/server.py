@@ -5,7 +5,7 @@ router's CPU a request, and its Trio writes were shielded from
 cancellation, so a client that never reads its stream held its request (and
 pool seat) past every deadline and every drain (issue 11). Why llhttp (httptools) and not h11: h11 is pure
 Python, and was most of this server's own CPU in a profile at saturation
-(``python -m bench router-overhead`` under py-spy). Here:
+(``python -m bench router_overhead`` under py-spy). Here:
 
 - requests are parsed by llhttp (C) through ``httptools.HttpRequestParser``;
   the server never parses HTTP itself, it only writes responses: status

@@ -1,4 +1,4 @@
-"""``python -m bench sim-profile``: TTFT and ITL against load for each engine profile.
+"""``python -m bench sim_profile``: TTFT and ITL against load for each engine profile.
 
 Closed-loop clients submit straight to an ``Engine`` under Trio's MockClock,
 so a minute of simulated traffic per row runs in about a second of wall time
@@ -37,6 +37,7 @@ import trio.testing
 from bench.harness.cli import add_json_arg, add_seconds_arg, add_seed_arg, add_warmup_arg, driver_parser, run_trio
 from bench.harness.procs import RESULTS_ROOT
 from bench.harness.report import md_table, save_json
+from bench.harness.stats import percentile
 from tailguard.sim.engine import Engine, Sequence
 from tailguard.sim.params import PROFILES
 
@@ -94,17 +95,6 @@ class Row:
     running_mean: float
     waiting_mean: float
     preemptions: int
-
-
-def percentile(values: Seq[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 class Finishes:
@@ -235,9 +225,9 @@ def _summarize(
     preemptions: int,
 ) -> Row:
     measured = [r for r in records if r.kind == scenario.measured]
-    ttft = [r.ttft * 1000 for r in measured]
-    itl = [r.itl * 1000 for r in measured if not math.isnan(r.itl)]
-    gaps = [g * 1000 for r in measured for g in r.gaps]
+    ttft = sorted(r.ttft * 1000 for r in measured)
+    itl = sorted(r.itl * 1000 for r in measured if not math.isnan(r.itl))
+    gaps = sorted(g * 1000 for r in measured for g in r.gaps)
     return Row(
         profile=scenario.profile,
         clients=scenario.label,
@@ -292,12 +282,6 @@ def render_table(rows: Seq[Row]) -> str:
     )))
 
 
-def _json_safe(value: object) -> object:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
 def payload_of(rows: Seq[Row], warmup: float, seconds: float, seed: int, wall: float) -> dict[str, object]:
     """What the JSON file holds: the run's parameters, the profiles, a row per scenario."""
     return {
@@ -307,12 +291,12 @@ def payload_of(rows: Seq[Row], warmup: float, seconds: float, seed: int, wall: f
         "window_s": seconds,
         "wall_s": round(wall, 2),
         "profiles": {name: asdict(PROFILES[name]) for name in PROFILE_NAMES},
-        "rows": [{k: _json_safe(v) for k, v in asdict(row).items()} for row in rows],
+        "rows": [asdict(row) for row in rows],
     }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("sim-profile", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add_seconds_arg(parser, 60.0, "simulated measurement window per row")
     add_warmup_arg(parser, 10.0, "simulated warm-up before each window; clients start spread over its first half")
     add_seed_arg(parser, 0, "the clients' start offsets")
@@ -339,4 +323,3 @@ def main(argv: Seq[str] | None = None) -> int:
     )
     save_json(args.json, payload_of(rows, args.warmup, args.seconds, args.seed, wall))
     return 0
-

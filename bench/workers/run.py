@@ -45,11 +45,11 @@ from bench.harness import procs
 from bench.harness.cli import add_out_arg, add_seconds_arg, add_warmup_arg, driver_parser, run_and_report
 from bench.harness.client import HOST, Source
 from bench.harness.clocks import MachineClock, cpu_count
+from bench.harness.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, measure_closed_loop
 from bench.harness.config import PoolSpec, tailguard_config
+from bench.harness.peer import find_peer, peer_command, peer_version
 from bench.harness.report import code_version, git_commit
 from bench.harness.unique import unique_chat
-from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, measure_closed_loop
-from bench.overhead.run import find_peer, peer_command, peer_version
 
 RESULTS_DIR = procs.RESULTS_ROOT / "cluster"
 POOL_CAP = 1024  # the instant profile's max_num_seqs: no cap binds at 64 or 128
@@ -353,7 +353,7 @@ def render(result: Result) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("workers", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     add("--concurrency", type=int, nargs="+", default=[64, 128], metavar="N", help="closed-loop concurrencies (default 64 128)")
     add_seconds_arg(parser, 4.0, "time bound of each measured loop, > 0")

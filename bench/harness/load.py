@@ -7,9 +7,9 @@ arrival times whatever the server does, and each latency runs from the
 HTTP side takes an idle keep-alive connection for each request or opens a new
 one (up to a cap), so the client never queues; the gRPC side starts one call
 per arrival on one HTTP/2 channel (gRPC multiplexes, so it never queues
-either). The lean HTTP client is ``bench.overhead.closed_loop``'s, the gRPC
-client and its asyncio thread are ``bench.overhead.grpc_streams``'s, and the SSE
-client is ``bench.simcheck.cpu``'s.
+either). The lean HTTP client is ``bench.router_overhead.run``'s, the gRPC
+client and its asyncio thread are ``bench.grpc_overhead.run``'s, and the SSE
+client is ``bench.sim_cpu.run``'s.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ _PY_SPY_GRACE_S = 30.0  # py-spy's own start-up and writing of the file
 # -- HTTP: Trio, keep-alive pool ---------------------------------------------------------
 
 
-# -- gRPC: grpc.aio on bench.overhead.grpc_streams's asyncio thread ---------------------------------
+# -- gRPC: grpc.aio on bench.grpc_overhead.run's asyncio thread ---------------------------------
 
 
 async def grpc_open_loop(stub: pb_grpc.CompletionsStub, request: pb.ChatRequest, offsets: Sequence[float]) -> OpenTally:

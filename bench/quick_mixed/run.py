@@ -1,4 +1,4 @@
-"""``python -m bench quick-mixed``: short requests' P99 through tailguard vs one shared engine, under a mixed load.
+"""``python -m bench quick_mixed``: short requests' P99 through tailguard vs one shared engine, under a mixed load.
 
 Real time, open loop, the origin's mix: Poisson arrivals, 80% short chat
 questions (max_tokens 64) and 20% ~2,000-token documents (max_tokens 512),
@@ -389,7 +389,7 @@ def render_table(result: Result) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("quick-mixed", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add_seconds_arg(parser, 30.0, "measured arrival window per set-up, real s")
     add_warmup_arg(parser, 12.0, "unmeasured arrivals before the window, real s")
     parser.add_argument("--drain", type=float, default=20.0, help="longest wait for stragglers after the last arrival, real s (default %(default)s)")

@@ -70,12 +70,12 @@ from bench.harness import procs
 from bench.harness.cli import add_out_arg, add_seconds_arg, driver_parser, run_and_report
 from bench.harness.client import EVENT, HOST, KeepAliveClient, LoadCounters, ProtocolError, sse_client
 from bench.harness.clocks import CpuClock, MachineClock
+from bench.harness.closed_loop import MESSAGE
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import code_version
+from bench.harness.stats import percentile
 from bench.harness.unique import unique_chat
-from bench.overhead.closed_loop import MESSAGE
-from tailguard.sim.virtual.mix import percentile
 
 T = TypeVar("T")
 
@@ -107,7 +107,7 @@ CONNECT_TIMEOUT_S = 10.0  # the router's to the engines (default 2)
 HEALTH_CHECK_TIMEOUT_S = 5.0  # (default 1)
 THRESHOLD_WAIT_S = 60.0  # the child's wait for the server's own gc.set_threshold
 THRESHOLD_LOG = "bench.hold: gc thresholds"
-_CHILD_ENTRY = "import sys; from bench.overhead.hold import router_child; sys.exit(router_child(sys.argv[1:]))"
+_CHILD_ENTRY = "import sys; from bench.hold.run import router_child; sys.exit(router_child(sys.argv[1:]))"
 _ERROR_CODE = re.compile(rb'"code":\s*"([a-z_]+)"')  # the OpenAI error body's code, when it came with the head
 
 
@@ -400,7 +400,7 @@ class HealthProbes:
 class HoldRun:
     """Phase 1: many HTTP SSE streams held open at once, then closed.
 
-    Deliberately parallel to ``bench.overhead.grpc_streams.OpenStreams`` (the
+    Deliberately parallel to ``bench.grpc_overhead.run.OpenStreams`` (the
     same measurement over gRPC), filled alike; two records because each
     committed JSON names its fields its own way. What they share (ramp, hold,
     settle) is one copy, in ``harness.ramp``.
@@ -809,7 +809,7 @@ def _ints(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("hold", __doc__)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument("--streams", type=int, default=10_000, help="streams to hold; 0 skips the hold (default %(default)s)")
     add_seconds_arg(parser, 15.0, "how long the streams are held once open")
     parser.add_argument("--step-ms", type=float, default=1000.0, help="the slow engines' step: a token per stream per step (default %(default)s)")

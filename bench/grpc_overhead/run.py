@@ -1,4 +1,4 @@
-"""``python -m bench grpc-overhead``: what tailguard's gRPC path costs, beside calling the engine over HTTP.
+"""``python -m bench grpc_overhead``: what tailguard's gRPC path costs, beside calling the engine over HTTP.
 
 One run, one machine, side by side (the issue's targets: >= 2,500 unary
 calls/s, >= 20,000 relayed chunks/s, 10,000 concurrent open streams in one
@@ -6,13 +6,13 @@ process with RSS under 1 GiB and no thread per stream):
 
 1. Unary: a closed loop of ``Chat`` calls (max_tokens 16, interactive class)
    at concurrency 1 and 64, straight to an ``instant`` engine over HTTP (the
-   lean keep-alive client of ``bench.overhead.closed_loop``), then through
+   lean keep-alive client of ``bench.router_overhead.run``), then through
    tailguard over gRPC (a grpc.aio client). P50/P99, calls/s, and
    tailguard's CPU per call from ``/proc/PID/stat``.
 2. Streaming: 200 concurrent ``ChatStream`` calls (max_tokens 128, so still
    interactive), restarted as they finish, for a fixed window; chunks/s
    received and tailguard's CPU per chunk. Beside it, the engine's own SSE
-   rate to 200 direct streams (``bench.simcheck.cpu``'s lean streaming client).
+   rate to 200 direct streams (``bench.sim_cpu.run``'s lean streaming client).
 3. Open streams: N ``ChatStream`` calls held open at once against slow
    engines (a second simulator process: one step every 4 s), as the batch
    class (max_tokens 256) so the instant engine of phases 1-2 stays in the
@@ -63,13 +63,13 @@ from bench.harness import procs
 from bench.harness.cli import add_json_arg, driver_parser, run_trio
 from bench.harness.client import CALL_TIMEOUT_S, HOST, KeepAliveClient
 from bench.harness.clocks import CpuClock
+from bench.harness.closed_loop import MAX_TOKENS, MESSAGE, RunResult, closed_loop, runs_table
 from bench.harness.config import PoolSpec, tailguard_config
-from bench.harness.grpc import AsyncioThread
+from bench.harness.grpc import WARMUP_CALLS, WARMUP_SECONDS, AsyncioThread, GrpcClient, chat_request, grpc_closed_loop, run_result
+from bench.harness.load import StreamRun, sse_streams
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import Target, cores_cell, maybe, md_table, save_json, targets_table
 from bench.harness.unique import unique_chat
-from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Budget, RunResult, Tally, closed_loop, runs_table
-from bench.overhead.load import StreamRun, sse_streams
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 
 DEFAULT_JSON = procs.RESULTS_ROOT / "grpc_overhead.json"
@@ -83,8 +83,6 @@ TARGET_RSS_MIB = 1024
 # Phase 1: unary closed loops (seconds bound each run; the call count is a second bound).
 UNARY_SECONDS = {1: 4.0, 64: 8.0}
 UNARY_MAX_CALLS = 100_000
-WARMUP_SECONDS = 1.0
-WARMUP_CALLS = 300
 
 # Phase 2: streams.
 STREAMS = 200
@@ -115,59 +113,6 @@ _PY_SPY_SECONDS = 4
 
 
 # -- the asyncio side: a loop on its own thread, for grpc.aio -----------------------------
-
-
-@dataclass
-class GrpcClient:
-    """Channels (one HTTP/2 connection each) and their stubs; lives on the asyncio loop."""
-
-    channels: list[grpc.aio.Channel]
-    stubs: list[pb_grpc.CompletionsStub]
-
-    @staticmethod
-    async def open(address: str, count: int) -> GrpcClient:
-        """Open ``count`` channels and wait until tailguard answers on each."""
-        # A local subchannel pool: several channels to one address get their own connections.
-        channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(count)]
-        stubs = [pb_grpc.CompletionsStub(channel) for channel in channels]
-        for stub in stubs:
-            await stub.GetLimits(pb.GetLimitsRequest(), timeout=CALL_TIMEOUT_S, wait_for_ready=True)
-        return GrpcClient(channels, stubs)
-
-    async def close(self) -> None:
-        for channel in self.channels:
-            await channel.close()
-
-
-def chat_request(max_tokens: int) -> pb.ChatRequest:
-    return pb.ChatRequest(messages=[pb.Message(role="user", content=MESSAGE)], options=pb.Options(max_tokens=max_tokens))
-
-
-async def _unary_worker(stub: pb_grpc.CompletionsStub, request: pb.ChatRequest, budget: Budget, tally: Tally) -> None:
-    """Call ``Chat`` back to back while the budget lasts."""
-    while budget.take():
-        start = time.perf_counter()
-        try:
-            await stub.Chat(request, timeout=CALL_TIMEOUT_S)
-        except grpc.aio.AioRpcError:
-            tally.errors += 1
-            await asyncio.sleep(_ERROR_BACKOFF_S)
-            continue
-        tally.latencies.append(time.perf_counter() - start)
-
-
-async def grpc_closed_loop(client: GrpcClient, request: pb.ChatRequest, concurrency: int, count: int, seconds: float) -> tuple[Tally, float]:
-    """``count`` calls (or ``seconds``) over ``concurrency`` workers spread on the channels; (tally, wall s)."""
-    tally = Tally()
-    start = time.perf_counter()
-    budget = Budget(count, start + seconds)
-    workers = [_unary_worker(client.stubs[i % len(client.stubs)], request, budget, tally) for i in range(concurrency)]
-    try:
-        async with asyncio.timeout(seconds + CALL_TIMEOUT_S):  # a hung call must not hang the run
-            await asyncio.gather(*workers)
-    except TimeoutError:
-        pass
-    return tally, time.perf_counter() - start
 
 
 @dataclass
@@ -276,13 +221,11 @@ async def hold_streams(client: GrpcClient, request: pb.ChatRequest, count: int, 
 # -- results --------------------------------------------------------------------------------
 
 
-
-
 @dataclass
 class OpenStreams:
     """Phase 3: many gRPC streams held open at once, then cancelled.
 
-    Deliberately parallel to ``bench.overhead.hold.HoldRun`` (the same
+    Deliberately parallel to ``bench.hold.run.HoldRun`` (the same
     measurement over HTTP SSE): both are filled field by field from a stream
     tally, CPU clocks and ``harness.ramp``'s samples, so their constructors
     look alike. They stay two records because the committed JSON of each
@@ -446,11 +389,6 @@ async def _phases(
         targets=_targets(unary, streaming, held, options.streams_open),
         py_spy_profiles=profiles,
     )
-
-
-def run_result(target: str, concurrency: int, tally: Tally, wall: float, before: CpuClock, after: CpuClock) -> RunResult:
-    """A RunResult for one gRPC or direct loop; router CPU counted for the gRPC path."""
-    return RunResult.from_tally(target, concurrency, tally, wall, before, after, through_router=target == "grpc")
 
 
 async def direct_unary(port: int, concurrency: int, pids: dict[str, int]) -> RunResult:
@@ -694,7 +632,7 @@ def _yes(flag: bool) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("grpc-overhead", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add_json_arg(parser, DEFAULT_JSON)
     parser.add_argument(
         "--streams-open", type=int, default=TARGET_OPEN_STREAMS, help="streams held open at once in phase 3; 0 skips it (default %(default)s)"

@@ -171,7 +171,7 @@ def render(result: Result) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("cardinality", __doc__)
+    parser = driver_parser(__name__, __doc__)
     add = parser.add_argument
     add("--keys", type=int, default=5000, help="API keys in each generation (default %(default)s)")
     add("--rotations", type=int, default=2, help="reloads that replace every key (default %(default)s)")

@@ -1,4 +1,4 @@
-"""``python -m bench.sweep.trace``: a real trace replayed in virtual time, tailguard beside round robin and a hand split.
+"""``python -m bench.trace.replay``: a real trace replayed in virtual time, tailguard beside round robin and a hand split.
 
 The trace is ``../shared/traces/mooncake_conversation_trace.jsonl`` (Kimi's
 production chat service, released with the Mooncake paper, FAST '25,
@@ -27,10 +27,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.trace.load import CONTEXT as CONTEXT
-from bench.trace.mooncake import TRACE_BLOCK_TOKENS as TRACE_BLOCK_TOKENS, block_text as block_text, prompt_text as prompt_text
+from bench.harness.report import write_json
+from bench.trace.load import CONTEXT
+from bench.trace.mooncake import prompt_text
 from bench.trace.samples import FULL_MOONCAKE as TRACE
-from bench.trace.setups import SHIPPED_CONFIG as SHIPPED_CONFIG, lend_rules as lend_rules, tailguard_split as tailguard_split
+from bench.trace.setups import SHIPPED_CONFIG, lend_rules, tailguard_split
 from tailguard.sim.virtual.fleet import Arrival, Point, run_point, shared, split_direct
 
 
@@ -59,7 +60,7 @@ def arrivals(path: Path, count: int, speed: float, *, reuse: bool = True) -> tup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sweep.trace", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="python -m bench.trace.replay", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--requests", type=int, default=1200, help="the trace's first N requests (default %(default)s)")
     parser.add_argument("--speed", type=float, default=2.0, help="time compression (default %(default)s)")
@@ -89,8 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" {row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f} | {row['e2e_p50_ms']:.0f} / {row['e2e_p99_ms']:.0f} |"
             f" {row['ok'] / window:.2f} | {row['prefix_hit_rate']:.3f} |"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    write_json(args.out, rows)
     return 0
 
 

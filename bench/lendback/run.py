@@ -1,4 +1,4 @@
-"""``python -m bench.sweep.lendback``: where borrowed seats go, measured in virtual time (bench/results/tail/lend-back-stall.md).
+"""``python -m bench lendback``: where borrowed seats go, measured in virtual time (bench/results/tail/lend-back-stall.md).
 
 tail-issue12.md ("What the router would need to do better", item 1): a short
 request seated on a batch engine by lend-back is stalled by that engine's
@@ -13,7 +13,6 @@ varies: run it once per version of that code (``run --label NAME``), then
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import multiprocessing
@@ -22,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.harness.cli import driver_parser
+from bench.harness.report import write_json
 from tailguard.advise.planner import Candidate, Fleet, candidate_setup, fleet_from, shared_setup
 from tailguard.router.config import LendConfig, load_config
 from tailguard.server import SHIPPED_CONFIG
@@ -134,7 +135,7 @@ def run(label: str, seconds: float, seeds: Sequence[int], jobs: int, baselines: 
             rows.append(row)
             print(f"{len(rows)}/{len(work)} {row['scenario']} {row['setup']} seed {row['seed']} ({row['cpu_s']:.0f} s CPU)", file=sys.stderr)
     path = OUT / f"lend-back-stall-{label}.json"
-    path.write_text(json.dumps({"label": label, "seconds": seconds, "seeds": list(seeds), "rows": rows}, indent=1) + "\n")
+    write_json(path, {"label": label, "seconds": seconds, "seeds": list(seeds), "rows": rows})
     return path
 
 
@@ -176,7 +177,7 @@ def report(baseline_path: Path, labelled: Sequence[Path]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sweep.lendback", description=__doc__.splitlines()[0])
+    parser = driver_parser(__name__, __doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     one = sub.add_parser("run", help="every scenario with the router code as it is now; writes lend-back-stall-LABEL.json")
     one.add_argument("--label", required=True)
@@ -194,6 +195,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(report(args.files[0], args.files), end="")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

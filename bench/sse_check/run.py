@@ -1,9 +1,9 @@
-"""``python -m bench sse-check``: what ``BackendResponse.chunks`` costs per relayed SSE event, in process.
+"""``python -m bench sse_check``: what ``BackendResponse.chunks`` costs per relayed SSE event, in process.
 
 A micro-benchmark of the HTTP relay's own work (issue 20, defect 5: every
 framed event checked to be JSON): no sockets, no engine. A backend's stream
 of ``--events`` vLLM-shaped chat chunks (about 220 bytes each, then
-``[DONE]``) is fed through :class:`~tailguard.router.backend.client.BackendResponse`
+``[DONE]``) is fed through :class:`~tailguard.router.backend.BackendResponse`
 from an ``httpx.MockTransport``, once with ``--per-chunk`` events a read
 (1: vLLM at engine pace; 8: several steps a read) and with the usage event
 kept or dropped (``drop_usage``: a caller that did not ask for usage). The
@@ -14,8 +14,6 @@ the relay's cost per event. The best of ``--repeats`` runs is reported
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -23,6 +21,8 @@ from pathlib import Path
 import httpx
 import trio
 
+from bench.harness.cli import driver_parser
+from bench.harness.report import save_json
 from tailguard.router.backend import BackendClient, HttpxTransport
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "sse_check.json"
@@ -106,7 +106,7 @@ async def _measure(events: int, per_chunks: Sequence[int], repeats: int) -> list
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench sse-check", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument("--events", type=int, default=40_000, help="events per stream (default 40,000)")
     parser.add_argument("--per-chunk", type=int, nargs="+", default=[1, 8], help="events per backend read (default 1 8)")
     parser.add_argument("--repeats", type=int, default=7, help="runs of each, the best reported (default 7)")
@@ -120,7 +120,5 @@ def main(argv: Sequence[str]) -> int:
             f"{row['events_per_read']:>11} {row['drop_usage']!s:>10} {row['relay_ns_per_event']:>11} "
             f"{row['httpx_alone_ns_per_event']:>11} {row['relay_cost_ns_per_event']:>10}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"events": args.events, "repeats": args.repeats, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save_json(args.out, {"events": args.events, "repeats": args.repeats, "rows": rows})
     return 0

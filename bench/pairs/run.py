@@ -1,4 +1,4 @@
-"""``python -m bench.overhead.pairs``: ``bench router-overhead`` against two commits' router, in alternating pairs.
+"""``python -m bench pairs``: ``bench router_overhead`` against two commits' router, in alternating pairs.
 
 A change to the request path is judged by what it costs per request, and
 on a shared machine one run of each proves nothing: the runs alternate
@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.harness.cli import driver_parser
 from bench.harness.procs import PROJECT_ROOT
 
 ROUTER = {"router": "router", "server": "server"}  # from the commit measured (pyproject's package-dir)
@@ -54,9 +55,9 @@ def link_tree(tree: Path, into: Path) -> Path:
 
 
 def run_one(link: Path, out: Path, args: Sequence[str]) -> dict[str, object]:
-    """One ``bench router-overhead`` with ``link`` first on PYTHONPATH; its JSON."""
+    """One ``bench router_overhead`` with ``link`` first on PYTHONPATH; its JSON."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(link), os.environ.get("PYTHONPATH", "")]))}
-    command = [sys.executable, "-m", "bench", "router-overhead", *args, "--json", str(out)]
+    command = [sys.executable, "-m", "bench", "router_overhead", *args, "--json", str(out)]
     subprocess.run(command, cwd=PROJECT_ROOT, env=env, check=True)
     result: dict[str, object] = json.loads(out.read_text())
     return result
@@ -84,12 +85,12 @@ def table(pairs: Sequence[tuple[dict[str, object], dict[str, object]]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.overhead.pairs", description=__doc__.split("\n\n")[0])
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument("--before", required=True, help="the commit before the change (any git revision)")
     parser.add_argument("--after", required=True, help="the commit with it")
     parser.add_argument("--pairs", type=int, default=3, help="alternating pairs, before first (default %(default)s)")
     parser.add_argument("--out", type=Path, required=True, help="folder for beforeN.json / afterN.json")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help="after --: bench router-overhead's own options")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help="after --: bench router_overhead's own options")
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error("--pairs must be >= 1")
@@ -104,6 +105,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(pairs))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

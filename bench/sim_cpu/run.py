@@ -1,4 +1,4 @@
-"""``python -m bench sim-cpu``: how much CPU the simulator burns streaming to many clients.
+"""``python -m bench sim_cpu``: how much CPU the simulator burns streaming to many clients.
 
 The target: two engines (latency + throughput) streaming to 128 concurrent
 clients each, at time scale 1, under half a core of the simulator process.
@@ -217,7 +217,7 @@ def render_table(result: Result) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser("sim-cpu", __doc__)
+    parser = driver_parser(__name__, __doc__)
     parser.add_argument("--streams", type=int, default=128, help="concurrent streams per engine (default %(default)s)")
     add_seconds_arg(parser, 20.0, "measurement window")
     add_warmup_arg(parser, 5.0, "load before the window opens")

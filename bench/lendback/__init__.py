@@ -1,0 +1,1 @@
+"""``python -m bench lendback``: where borrowed seats go, measured in virtual time."""

@@ -1,0 +1,1 @@
+"""``python -m bench pairs``: router_overhead against two commits' router, in alternating pairs."""

@@ -1,0 +1,1 @@
+"""``python -m bench quick_mixed``: the first tail run: one shared engine vs tailguard, the origin's mix."""
