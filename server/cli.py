@@ -13,8 +13,7 @@ from typing import get_args
 
 import trio
 
-from tailguard.router.config import Config, LogLevel
-from tailguard.router.config.load import ConfigError, _parse_listen, load_config, render_config
+from tailguard.router.config import Config, ConfigError, LogLevel, load_config, parse_listen, render_config
 
 from . import SHIPPED_CONFIG
 from .app import ListenError, StartupError, serve
@@ -32,7 +31,7 @@ def _default_config() -> Path:
 def _listen(text: str) -> tuple[str, int]:
     """A --http-listen/--grpc-listen value, checked as the config's *_listen keys are."""
     try:
-        return _parse_listen(text)
+        return parse_listen(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"{error}, got {text!r}") from None
 

@@ -34,8 +34,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from tailguard.router.config import LimitsConfig
-from tailguard.router.config.load import ConfigError, _normalise_url, parse_config
+from tailguard.router.config import ConfigError, LimitsConfig, normalise_url, parse_config
 
 __all__ = ["EngineReport", "InitError", "ask_engines", "main", "starting_config", "write_config"]
 
@@ -76,7 +75,7 @@ async def ask_engines(urls: Sequence[str], *, api_key: str | None, timeout: floa
     bases: list[str] = []
     for url in urls:
         try:
-            bases.append(_normalise_url(url))
+            bases.append(normalise_url(url))
         except ValueError as error:
             problems.append(f"--endpoint {url}: {error}")
     if problems:

@@ -11,7 +11,9 @@ from .load import (
     max_model_len_problem as max_model_len_problem,
     parse_config as parse_config,
 )
+from .pools import normalise_url as normalise_url
 from .render import render_config as render_config
+from .sections import parse_listen as parse_listen
 from .tls import TlsFileError as TlsFileError, read_pem as read_pem, server_context as server_context
 from .types import (
     ApiKeyConfig as ApiKeyConfig,

@@ -25,10 +25,9 @@ import tomli
 
 from .caller_limits import limits_document
 from .keys import hash_key, read_auth
-from .pools import check_pool_references, max_model_len_problem, normalise_url as _normalise_url, read_classes, read_pools
+from .pools import check_pool_references, max_model_len_problem, read_classes, read_pools
 from .render import render_config
 from .sections import (
-    parse_listen as _parse_listen,
     read_cluster,
     read_discovery,
     read_estimate,
@@ -43,11 +42,8 @@ from .sections import (
 from .table import Table
 from .types import AuthConfig, Config, PoolConfig, TimeoutsConfig
 
-# The private two are for server/cli.py (check-config's --listen) and server/init_config.py.
 __all__ = [
     "ConfigError",
-    "_normalise_url",
-    "_parse_listen",
     "limits_document",
     "load_config",
     "max_model_len_problem",
