@@ -19,7 +19,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "router-overhead": ("bench.overhead.closed_loop", "closed-loop HTTP latency and CPU per request, direct vs through tailguard"),
     "grpc-overhead": ("bench.overhead.grpc_streams", "the gRPC front end: unary calls, streams, 10,000 open streams"),
     "sse-check": ("bench.overhead.sse_check", "in process: what the HTTP relay's check of every SSE event costs per event"),
-    "sse-decoder": ("bench.overhead.sse_decoder", "the gRPC side's SSE decoder on a 64 MB line cut small, against whole events: linear or not"),
+    "sse-decoder": ("bench.overhead.sse_decoder", "the gRPC side's SSE decoder on a 64 MB line cut small, over merely keeping its bytes: linear or not"),
     "hold": ("bench.overhead.hold", "RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold"),
     "prefix": ("bench.prefix.run", "shared prefixes: tenants, conversations, RAG, Mooncake; placement side by side with vllm-router"),
     "sweep": ("bench.sweep.run", "the policy in virtual time: loads x set-ups x splits"),
