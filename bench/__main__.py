@@ -23,6 +23,7 @@ DRIVERS: dict[str, str] = {
     "pairs": "router_overhead against two commits' router, in alternating pairs",
     "grpc_overhead": "the gRPC front end: unary calls, streams, 10,000 open streams",
     "sse_check": "in process: what the HTTP relay's check of every SSE event costs per event",
+    "sse_decoder": "the gRPC side's SSE decoder on a 64 MB line cut small, over merely keeping its bytes: linear or not",
     "hold": "RSS while holding 10,000 HTTP SSE streams; GC pauses under relay, per GC threshold",
     "prefix": "shared prefixes: tenants, conversations, RAG, Mooncake; placement side by side with vllm-router",
     "sweep": "the policy in virtual time: loads x set-ups x splits",

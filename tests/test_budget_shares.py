@@ -29,7 +29,7 @@ from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import Engine
 from tests.redis_helpers import RedisServer, redis_client, redis_server
 from tests.router_helpers import chat, two_pool_config
-from tests.test_cluster import Carried, cluster_routers, shared_engines
+from tests.test_cluster import CLOCK_MARGIN, Carried, OnRedisClock, cluster_routers, lease_samples, shared_engines
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock
@@ -65,16 +65,17 @@ class Holder:
 async def test_a_dead_replicas_budget_grant_counts_until_what_it_admitted_has_left_the_window(redis: RedisServer) -> None:
     """Seats return at the lease; a budget's grant only once its window is over, or the next minute admits it twice."""
     async with RedisLedger(redis.url, "b1") as ledger:
-        dead, alive = Holder("dead", ledger), Holder("alive", ledger)
+        dead_clock, alive_clock = OnRedisClock(ledger), OnRedisClock(ledger)
+        dead, alive = Holder("dead", dead_clock), Holder("alive", alive_clock)
         assert await dead.need(8) == 8  # then it stops syncing, as after kill -9
         assert await alive.need(CAP) == 2
-        await trio.sleep(TTL * 1.5)  # its lease has lapsed: still counted
-        assert await alive.need(CAP) == 2
-        started = trio.current_time()
-        with trio.fail_after(5 * (TTL + HOLD)):
-            while await alive.need(CAP) < CAP:
-                await trio.sleep(0.05)
-        assert trio.current_time() - started <= TTL + HOLD  # the lease and the window after its last sync, no more
+        leaves = dead_clock.now + TTL + HOLD  # what it admitted has left the window, on Redis's clock
+        async with redis_client(redis.url) as client:
+            assert await client.delete(["b1:alive:dead"]) == 1  # its lease lapses now (Redis would at TTL)
+        samples = await lease_samples(lambda: alive.need(CAP), alive_clock, lambda granted: granted == CAP)
+        assert samples[0][1] == 2 and samples[0][0] < leaves - CLOCK_MARGIN, samples  # its lease lapsed: still counted
+        assert all(granted == 2 for at, granted in samples if at < leaves - CLOCK_MARGIN), samples  # not before the window's end
+        assert [granted for at, granted in samples if at > leaves + CLOCK_MARGIN] in ([], [CAP]), samples  # the first sync after it
         assert await ledger.grants("tokens:k") == {"alive": CAP}
 
 

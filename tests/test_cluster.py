@@ -8,7 +8,7 @@ import functools
 import logging
 import re
 import tomllib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import coredis.exceptions
@@ -45,6 +45,7 @@ from tests.test_config import BASE
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock
+CLOCK_MARGIN = 0.005  # seconds: Redis's clock in a script and its key expiry may differ by a millisecond
 
 
 @pytest.fixture
@@ -93,16 +94,46 @@ async def test_grants_never_add_up_past_the_cap_and_come_back_when_released(redi
         assert sum((await ledger.grants("pool:x")).values()) <= CAP
 
 
+class OnRedisClock:
+    """A replica's store that keeps when Redis answered its last sync, on Redis's own clock: the one leases lapse on.
+
+    A lease is judged by that clock, not by how long this process took to ask
+    (on a loaded machine a sync may come late; it never comes early).
+    """
+
+    def __init__(self, ledger: LedgerStore) -> None:
+        self.ledger = ledger
+        self.now = 0.0
+
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
+        synced = await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
+        self.now = synced.now
+        return synced
+
+
+async def lease_samples(ask: Callable[[], Awaitable[int]], clock: OnRedisClock, until: Callable[[int], bool]) -> list[tuple[float, int]]:
+    """Grants, each with when Redis answered it, asked for again and again (``ask``) until ``until(grant)``."""
+    samples: list[tuple[float, int]] = []
+    with trio.fail_after(10):  # a bound for a broken lease, not a measure of one
+        while not samples or not until(samples[-1][1]):
+            if samples:
+                await trio.sleep(TTL / 20)
+            granted = await ask()
+            samples.append((clock.now, granted))
+    return samples
+
+
 async def test_a_dead_replicas_seats_return_within_the_lease(redis: RedisServer) -> None:
     async with RedisLedger(redis.url, "t2") as ledger:
-        dead, alive = Replica("dead", ledger), Replica("alive", ledger)
+        dead_clock, alive_clock = OnRedisClock(ledger), OnRedisClock(ledger)
+        dead, alive = Replica("dead", dead_clock), Replica("alive", alive_clock)
         assert await dead.need(8) == 8  # then it stops syncing, as after kill -9
-        assert await alive.need(0, waiting=8) == 2
-        started = trio.current_time()
-        with trio.fail_after(5 * TTL):
-            while await alive.need(0, waiting=8) < 8:
-                await trio.sleep(TTL / 10)
-        assert trio.current_time() - started <= 2 * TTL  # within the lease TTL (and one sync)
+        lapses = dead_clock.now + TTL  # its lease's end, on Redis's clock
+        samples = await lease_samples(lambda: alive.need(0, waiting=8), alive_clock, lambda granted: granted == 8)
+        assert all(granted == 2 for at, granted in samples if at < lapses - CLOCK_MARGIN), samples  # not before the lease's end
+        assert [granted for at, granted in samples if at > lapses + CLOCK_MARGIN] in ([], [8]), samples  # the first sync after it
         assert await ledger.grants("pool:x") == {"alive": 8}  # the dead one's entry is gone
 
 
@@ -280,7 +311,8 @@ async def test_two_routers_on_one_ledger_never_send_an_engine_more_than_its_cap(
     assert all(r.health()["cluster"]["mode"] == "ledger" for r in routers)
 
 
-async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degraded() -> None:
+async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degraded(autojump_clock: trio.testing.MockClock) -> None:
+    """On virtual time: nothing answers on the port, so nothing but the router's own timers moves the clock."""
     with trio.socket.socket() as probe:
         await probe.bind(("127.0.0.1", 0))
         dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"  # nothing listens there
@@ -299,9 +331,9 @@ async def test_without_redis_a_replica_serves_on_its_static_share_and_says_degra
         page = Metrics(router).render().decode()
         assert 'tailguard_cluster_mode{mode="fallback"} 1.0' in page and 'tailguard_cluster_grant_seats{resource="pool:interactive"} 0.0' in page
         assert router.statistics().pool("interactive").max_concurrency == 0  # min(grant 0, share) at once
-        await trio.sleep(0.3)
-        assert router.statistics().pool("interactive").max_concurrency == 0  # past the lease, not yet the e2e deadline
-        await trio.sleep(0.6)  # past the end-to-end deadline: nothing admitted before the outage can still run
+        await trio.sleep(0.6)
+        assert router.statistics().pool("interactive").max_concurrency == 0  # twice the lease, not yet the e2e deadline
+        await trio.sleep(0.3)  # past the end-to-end deadline: nothing admitted before the outage can still run
         assert router.statistics().pool("interactive").max_concurrency == 2  # half of 4
         async with trio.open_nursery() as load:
             for i in range(6):
@@ -477,10 +509,15 @@ async def watch_ledger(ledger: RedisLedger, caps: dict[str, int], most: dict[str
         await trio.sleep(0.002)
 
 
-async def ask_as(router: Router, caller: Caller, request_id: str, outcomes: list[str], *, max_tokens: int = 40) -> None:
-    """One request of ``caller``'s key; its outcome ("ok" or "429") is appended."""
+async def ask_as(
+    router: Router, caller: Caller, request_id: str, outcomes: list[str], *, max_tokens: int = 40, held: trio.Event | None = None
+) -> None:
+    """One request of ``caller``'s key; its outcome ("ok" or "429") is appended. With ``held``, once admitted it
+    keeps its seat of the key (open, unread) until ``held`` is set."""
     try:
         async with router.open(chat(request_id, max_tokens=max_tokens, request_id=request_id), caller=caller) as completion:
+            if held is not None:
+                await held.wait()
             await completion.read()
         outcomes.append("ok")
     except CallerOverLimit:
@@ -513,9 +550,14 @@ async def test_a_key_over_its_grant_here_waits_for_the_next_sync_instead_of_429(
 
 
 async def test_idle_replicas_give_a_keys_block_back_and_429_comes_only_when_the_cap_is_full(redis: RedisServer) -> None:
-    """Finding 3 across replicas: key cap 4, b idle with its block; c's 4 callers all run, a 5th anywhere is 429 at once."""
+    """Finding 3 across replicas: key cap 4, b idle with its block; c's 4 callers all run, a 5th anywhere is 429 at once.
+
+    "At once": while c's four hold their seats, which they keep until the 5th
+    has its answer. A 5th that waited for a seat (or for its queue timeout, 30 s
+    here) would get none before the test's bound.
+    """
     key = ApiKeyConfig("webapp", "0" * 64, frozenset(), 4)
-    base = dataclasses.replace(two_pool_config(interactive_cap=8, interactive_timeout=5.0), auth=AuthConfig(keys=(key,)))
+    base = dataclasses.replace(two_pool_config(interactive_cap=8, interactive_timeout=30.0), auth=AuthConfig(keys=(key,)))
     engines, transports = shared_engines()
     a, b, c = cluster_routers(redis, "f3b", base, ["a", "b", "c"], transports, block=2)
     caller = Caller("webapp", frozenset(), 4)
@@ -535,15 +577,15 @@ async def test_idle_replicas_give_a_keys_block_back_and_429_comes_only_when_the_
         assert "c" not in await ledger.grants("key:webapp")  # nothing of the key there: c never synced it
         outcomes.clear()
         nursery.start_soon(watch_ledger, ledger, {"key:webapp": 4}, most)
+        held = trio.Event()
         with trio.fail_after(10):
             async with trio.open_nursery() as load:
                 for i in range(4):
-                    load.start_soon(functools.partial(ask_as, c, caller, f"c{i}", outcomes, max_tokens=100))
-                while engines[INTERACTIVE_URL].statistics().running < 4 and len(outcomes) < 4:  # the cap is full, on c alone
-                    await trio.sleep(0.005)
-                started = trio.current_time()
+                    load.start_soon(functools.partial(ask_as, c, caller, f"c{i}", outcomes, max_tokens=100, held=held))
+                await until(lambda: c.caller_in_flight.get("webapp") == 4)  # the cap is full, on c alone
                 await ask_as(a, caller, "a-over", refused)
-                assert trio.current_time() - started < 1.0  # not the 5 s queue timeout: the cap is really full
+                assert outcomes == []  # c's four still hold their seats
+                held.set()
         nursery.cancel_scope.cancel()
     assert outcomes == ["ok"] * 4 and refused == ["429"]
     assert engines[INTERACTIVE_URL].statistics().max_running_seen == 4

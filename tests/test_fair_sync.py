@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 import trio
 
-from tailguard.router import Router
 from tailguard.router.config import ClusterConfig
+from tailguard.router.dispatch import Router
 from tailguard.router.queueing import FairClock, FairTrade, Served, ServiceStore, Share
-from tailguard.router.quotas import Caller
+from tailguard.router.quotas import NO_TERMS, Caller, Synced, SyncTerms, Want
 from tailguard.server.redis_ledger import RedisLedger
 from tests.redis_helpers import RedisServer, redis_server
 from tests.router_helpers import chat, two_pool_config
@@ -125,11 +126,14 @@ async def test_two_routers_trade_what_they_served_each_caller(redis: RedisServer
     ]
     heavy = Caller("heavy", frozenset(), None)
     async with RedisLedger(redis.url, "fair3") as ledger, trio.open_nursery() as nursery:
+        watched = Watched(ledger)
         for engine in engines.values():
             await nursery.start(engine.run)
         for router in routers:
-            await nursery.start(functools.partial(router.run, ledger=ledger))
-        await trio.sleep(1.5)  # both have traded once: counting starts
+            await nursery.start(functools.partial(router.run, ledger=watched))
+        with trio.fail_after(5):
+            for name in ("a", "b"):
+                await watched.traded[name].wait()  # both have traded once: counting starts
         for i in range(3):
             async with routers[0].open(chat(f"q{i}", max_tokens=8, request_id=f"h{i}"), caller=heavy) as completion:
                 await completion.read()
@@ -153,6 +157,25 @@ class Counted:
         self.sent.append(sum(len(tenants) for tenants in served.values()))
         theirs = await self.store.trade_service(replica, served)
         self.got.append(sum(len(tenants) for tenants in theirs.values()))
+        return theirs
+
+
+class Watched(Counted):
+    """A router's ledger: its syncs pass through, and ``traded[replica]`` is set at that replica's first trade."""
+
+    def __init__(self, ledger: RedisLedger) -> None:
+        super().__init__(ledger)
+        self.ledger = ledger
+        self.traded: defaultdict[str, trio.Event] = defaultdict(trio.Event)
+
+    async def sync(
+        self, replica: str, lease_ttl: float, wants: Sequence[Want], incarnation: str = "", *, terms: SyncTerms = NO_TERMS
+    ) -> Synced:
+        return await self.ledger.sync(replica, lease_ttl, wants, incarnation, terms=terms)
+
+    async def trade_service(self, replica: str, served: Mapping[str, Mapping[str, float]]) -> Served:
+        theirs = await super().trade_service(replica, served)
+        self.traded[replica].set()
         return theirs
 
 
