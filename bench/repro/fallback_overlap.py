@@ -10,7 +10,7 @@ import trio
 
 from bench.repro.replica import Replica
 from tailguard.server.redis_ledger import RedisLedger
-from tests.redis_helpers import RedisServer
+from tests.helpers.redis_server import RedisServer
 
 CAP, TTL = 4, 0.5
 

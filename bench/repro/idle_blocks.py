@@ -11,7 +11,7 @@ import trio
 from tailguard.router.config import ClusterConfig
 from tailguard.router.quotas import AdmissionLedger, Demand
 from tailguard.server.redis_ledger import RedisLedger
-from tests.redis_helpers import redis_server
+from tests.helpers.redis_server import redis_server
 
 CAP = 4  # key:trial max_concurrency
 

@@ -26,7 +26,7 @@ import trio.testing
 from tailguard.router.config import ClusterConfig
 from tailguard.router.quotas import NO_TERMS, AdmissionLedger, BudgetGrants, Budgets, LedgerStore, Synced, SyncTerms, Want
 from tailguard.server.redis_ledger import RedisLedger
-from tests.redis_helpers import redis_client, redis_server
+from tests.helpers.redis_server import redis_client, redis_server
 
 
 class Counting:
