@@ -8,8 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -17,14 +17,7 @@ import pytest
 import trio
 
 from tailguard.server.cli import main
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.helpers.process import ROOT, config_on_free_ports, exited, free_port, serve_process
 
 
 def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,68 +64,14 @@ def test_check_config_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
 
 
-def config_on_free_ports(tmp_path: Path, ports: Sequence[int] | None = None) -> Path:
-    """The shipped config with HTTP, the two engines and gRPC on ``ports`` (free ones by default)."""
-    ports = ports or [free_port() for _ in range(4)]
-    text = (ROOT / "config.toml").read_text()
-    text = text.replace("127.0.0.1:8080", f"127.0.0.1:{ports[0]}").replace(":8001", f":{ports[1]}").replace(":8002", f":{ports[2]}")
-    text = text.replace("127.0.0.1:50051", f"127.0.0.1:{ports[3]}")
-    path = tmp_path / "config.toml"
-    path.write_text(text)
-    return path
-
-
-@asynccontextmanager
-async def serve_process(
-    tmp_path: Path, flags: Sequence[str] = (), http_port: int | None = None
-) -> AsyncIterator[tuple[subprocess.Popen[bytes], httpx.AsyncClient]]:
-    """``tailguard serve --simulate`` on free ports, ready (healthy), killed if the test leaves it up."""
-    ports = [free_port() for _ in range(4)]
-    path = config_on_free_ports(tmp_path, ports)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tailguard.server", "serve", "--simulate", "--config", str(path), "--log-level", "WARNING", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port or ports[0]}", timeout=30) as client:
-            await until_healthy(client, process)
-            yield process, client
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
-
-
-async def until_healthy(client: httpx.AsyncClient, process: subprocess.Popen[bytes], seconds: float = 30) -> None:
-    """Poll ``/health`` until it answers 200; fail at once if the process exits first."""
-    with trio.fail_after(seconds):
-        while True:
-            try:
-                if (await client.get("/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                assert process.poll() is None, f"tailguard exited with {process.returncode}"
-            await trio.sleep(0.1)
-
-
-async def exited(process: subprocess.Popen[bytes], timeout: float = 15) -> int:
-    with trio.fail_after(timeout):
-        while process.poll() is None:
-            await trio.sleep(0.05)
-    return process.returncode
-
-
-async def test_serve_simulate_answers_and_stops_on_sigint(tmp_path: Path) -> None:
-    async with serve_process(tmp_path) as (process, client):
-        body = {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}
-        response = await client.post("/v1/chat/completions", json=body)
-        assert response.status_code == 200 and response.headers["x-tailguard-pool"] == "interactive"
-        assert response.json()["usage"]["completion_tokens"] == 8
-        process.send_signal(signal.SIGINT)
-        assert await exited(process) == 0
+async def test_serve_simulate_answers_and_stops_on_sigint(tailguard_process: tuple[subprocess.Popen[bytes], httpx.AsyncClient]) -> None:
+    process, client = tailguard_process
+    body = {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}
+    response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200 and response.headers["x-tailguard-pool"] == "interactive"
+    assert response.json()["usage"]["completion_tokens"] == 8
+    process.send_signal(signal.SIGINT)
+    assert await exited(process) == 0
 
 
 async def test_grpc_takes_calls_as_soon_as_http_answers_health(tmp_path: Path) -> None:
@@ -161,40 +100,40 @@ async def test_grpc_takes_calls_as_soon_as_http_answers_health(tmp_path: Path) -
         process.wait()
 
 
-async def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path: Path) -> None:
-    async with serve_process(tmp_path) as (process, client):
-        body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 120, "stream": True}
-        streams: list[bytes] = []
+async def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tailguard_process: tuple[subprocess.Popen[bytes], httpx.AsyncClient]) -> None:
+    process, client = tailguard_process
+    body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 120, "stream": True}
+    streams: list[bytes] = []
 
-        async def one_stream(first_bytes: trio.Event) -> None:
-            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                assert response.status_code == 200
-                chunks = []
-                async for chunk in response.aiter_bytes():
-                    chunks.append(chunk)
-                    first_bytes.set()
-                streams.append(b"".join(chunks))
+    async def one_stream(first_bytes: trio.Event) -> None:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            chunks = []
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                first_bytes.set()
+            streams.append(b"".join(chunks))
 
-        async with trio.open_nursery() as nursery:
-            started = [trio.Event() for _ in range(3)]
-            for event in started:
-                nursery.start_soon(one_stream, event)
-            for event in started:
-                await event.wait()
-            process.send_signal(signal.SIGTERM)
-            with trio.fail_after(10):
-                while (health := await client.get("/health")).status_code == 200:
-                    await trio.sleep(0.01)
-            assert health.status_code == 503 and health.json()["draining"] is True
-            refused = await client.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 4})
-            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
-            assert refused.headers["retry-after"] == "1"
-            assert len(streams) < 3, "the streams should still be running while the drain refuses new work"
-        # Every in-flight stream ran to its end: 120 tokens and the [DONE] marker.
-        assert len(streams) == 3
-        for text in streams:
-            assert text.rstrip().endswith(b"data: [DONE]") and b'"finish_reason":"length"' in text
-        assert await exited(process) == 0
+    async with trio.open_nursery() as nursery:
+        started = [trio.Event() for _ in range(3)]
+        for event in started:
+            nursery.start_soon(one_stream, event)
+        for event in started:
+            await event.wait()
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            while (health := await client.get("/health")).status_code == 200:
+                await trio.sleep(0.01)
+        assert health.status_code == 503 and health.json()["draining"] is True
+        refused = await client.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 4})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        assert refused.headers["retry-after"] == "1"
+        assert len(streams) < 3, "the streams should still be running while the drain refuses new work"
+    # Every in-flight stream ran to its end: 120 tokens and the [DONE] marker.
+    assert len(streams) == 3
+    for text in streams:
+        assert text.rstrip().endswith(b"data: [DONE]") and b'"finish_reason":"length"' in text
+    assert await exited(process) == 0
 
 
 # -- a port in use, and the listen flags (issue 14, papercut 1) ------------------------------

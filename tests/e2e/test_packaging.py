@@ -35,7 +35,7 @@ import httpx
 import pytest
 from docker.utils.build import PatternMatcher
 
-from tests.e2e.test_cli import config_on_free_ports, exited, free_port, until_healthy
+from tests.helpers.process import config_on_free_ports, exited, free_port, until_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where each installed package's source lives in the repository.

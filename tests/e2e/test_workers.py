@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from tests.e2e.test_cli import ROOT, exited, free_port
+from tests.helpers.process import ROOT, exited, free_port
 from tests.helpers.redis_server import REDIS
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (.ci/run installs it)")

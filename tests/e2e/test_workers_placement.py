@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_cli import ROOT, exited
 from tests.e2e.test_workers import free_run, requests_served, wait_healthy
+from tests.helpers.process import ROOT, exited
 from tests.helpers.redis_server import REDIS
 from tests.helpers.sockets import QUICK, engines_on_sockets
 

@@ -14,13 +14,9 @@ from typing import Any
 import coredis
 import pytest
 
+from tests.helpers.process import free_port
+
 REDIS = shutil.which("redis-server")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class RedisServer:
@@ -29,7 +25,7 @@ class RedisServer:
     def __init__(self) -> None:
         if REDIS is None:
             pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run installs it)")
-        self.port = _free_port()
+        self.port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
 
     @property

@@ -16,7 +16,7 @@ import pytest
 from tailguard.router.config import Config, ConfigError, MetricsConfig, ServerConfig, parse_config, render_config
 from tailguard.server.reload import restart_needed
 from tests.helpers.router import two_pool_config
-from tests.helpers.sockets import QUICK, engines_on_sockets, tailguard
+from tests.helpers.sockets import Backends, tailguard
 from tests.router.config.test_config import BASE
 
 TOKEN = "scrape-me-0123456789"
@@ -64,41 +64,38 @@ def parse_token_digest() -> str:
     return digest
 
 
-async def test_with_a_token_metrics_answers_only_the_bearer_of_it() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        base = two_pool_config(interactive_urls=[backends.urls[0]], batch_urls=[backends.urls[1]])
-        async with tailguard(configured(base, token=True)) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}):
-                refused = await client.get("/metrics", headers=headers)
-                assert refused.status_code == 401, headers
-                error = refused.json()["error"]
-                assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
-                assert TOKEN not in refused.text and "tailguard_" not in refused.text
-            page = await client.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
-            assert page.status_code == 200 and "tailguard_requests_total" in page.text
-            assert (await client.get("/health")).status_code == 200  # load balancers' probe stays open
+async def test_with_a_token_metrics_answers_only_the_bearer_of_it(two_engines: Backends) -> None:
+    base = two_pool_config(interactive_urls=[two_engines.urls[0]], batch_urls=[two_engines.urls[1]])
+    async with tailguard(configured(base, token=True)) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}):
+            refused = await client.get("/metrics", headers=headers)
+            assert refused.status_code == 401, headers
+            error = refused.json()["error"]
+            assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
+            assert TOKEN not in refused.text and "tailguard_" not in refused.text
+        page = await client.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+        assert page.status_code == 200 and "tailguard_requests_total" in page.text
+        assert (await client.get("/health")).status_code == 200  # load balancers' probe stays open
 
 
-async def test_without_a_token_metrics_stays_open() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        base = two_pool_config(interactive_urls=[backends.urls[0]], batch_urls=[backends.urls[1]])
-        async with tailguard(base) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            assert running.metrics_url is None
-            assert (await client.get("/metrics")).status_code == 200
+async def test_without_a_token_metrics_stays_open(two_engines: Backends) -> None:
+    base = two_pool_config(interactive_urls=[two_engines.urls[0]], batch_urls=[two_engines.urls[1]])
+    async with tailguard(base) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        assert running.metrics_url is None
+        assert (await client.get("/metrics")).status_code == 200
 
 
-async def test_a_metrics_listener_serves_metrics_alone_and_the_api_no_longer_does() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        base = two_pool_config(interactive_urls=[backends.urls[0]], batch_urls=[backends.urls[1]])
-        async with tailguard(configured(base, listener=True)) as running, httpx.AsyncClient() as client:
-            assert running.metrics_url is not None and running.metrics_url != running.http_url
-            api, scrape = running.http_url, running.metrics_url
-            assert (await client.get(f"{api}/metrics")).status_code == 404  # the callers' port has no /metrics
-            answer = await client.post(f"{api}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-            assert answer.status_code == 200
-            page = await client.get(f"{scrape}/metrics")
-            assert page.status_code == 200 and "tailguard_requests_total" in page.text
-            for path in ("/health", "/v1/models"):  # Prometheus's port serves nothing else
-                assert (await client.get(f"{scrape}{path}")).status_code == 404
-            chat = await client.post(f"{scrape}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-            assert chat.status_code == 404
+async def test_a_metrics_listener_serves_metrics_alone_and_the_api_no_longer_does(two_engines: Backends) -> None:
+    base = two_pool_config(interactive_urls=[two_engines.urls[0]], batch_urls=[two_engines.urls[1]])
+    async with tailguard(configured(base, listener=True)) as running, httpx.AsyncClient() as client:
+        assert running.metrics_url is not None and running.metrics_url != running.http_url
+        api, scrape = running.http_url, running.metrics_url
+        assert (await client.get(f"{api}/metrics")).status_code == 404  # the callers' port has no /metrics
+        answer = await client.post(f"{api}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert answer.status_code == 200
+        page = await client.get(f"{scrape}/metrics")
+        assert page.status_code == 200 and "tailguard_requests_total" in page.text
+        for path in ("/health", "/v1/models"):  # Prometheus's port serves nothing else
+            assert (await client.get(f"{scrape}{path}")).status_code == 404
+        chat = await client.post(f"{scrape}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 404

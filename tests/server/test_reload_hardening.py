@@ -23,7 +23,7 @@ from tailguard.router.config import load_config
 from tailguard.server.app import serve
 from tailguard.sim.canned import canned_transport
 from tests.e2e.test_reload import toml
-from tests.helpers.sockets import QUICK, engines_on_sockets, eventually, tailguard
+from tests.helpers.sockets import Backends, eventually, tailguard
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -50,61 +50,60 @@ def live_clients() -> int:
     return sum(isinstance(o, BackendClient) for o in gc.get_objects())
 
 
-async def test_a_thousand_reloads_under_traffic_leave_no_connection_behind(tmp_path: Path) -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        a, b = backends.urls
-        port = int(a.rsplit(":", 1)[1])
-        path = tmp_path / "config.toml"
-        path.write_text(toml([a], [b]))
-        async with tailguard(load_config(path), path) as running:
-            assert running.reloader is not None
-            async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
+async def test_a_thousand_reloads_under_traffic_leave_no_connection_behind(tmp_path: Path, two_engines: Backends) -> None:
+    a, b = two_engines.urls
+    port = int(a.rsplit(":", 1)[1])
+    path = tmp_path / "config.toml"
+    path.write_text(toml([a], [b]))
+    async with tailguard(load_config(path), path) as running:
+        assert running.reloader is not None
+        async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
 
-                async def traffic(count: int) -> list[int]:
-                    statuses: list[int] = []
-
-                    async def one() -> None:
-                        response = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
-                        statuses.append(response.status_code)
-
-                    async with trio.open_nursery() as nursery:
-                        for _ in range(count):
-                            nursery.start_soon(one)
-                    return statuses
-
-                assert set(await traffic(4)) == {200}  # warm: keep-alive connections exist
-                fds, connections, clients = open_fds(), established_to(port), live_clients()
+            async def traffic(count: int) -> list[int]:
                 statuses: list[int] = []
+
+                async def one() -> None:
+                    response = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
+                    statuses.append(response.status_code)
+
                 async with trio.open_nursery() as nursery:
+                    for _ in range(count):
+                        nursery.start_soon(one)
+                return statuses
 
-                    async def load() -> None:
-                        for _ in range(50):  # bounded: ~200 requests spread over the reloads
-                            statuses.extend(await traffic(4))
-                            await trio.sleep(0.01)
+            assert set(await traffic(4)) == {200}  # warm: keep-alive connections exist
+            fds, connections, clients = open_fds(), established_to(port), live_clients()
+            statuses: list[int] = []
+            async with trio.open_nursery() as nursery:
 
-                    nursery.start_soon(load)
-                    verdicts: list[str] = []
+                async def load() -> None:
+                    for _ in range(50):  # bounded: ~200 requests spread over the reloads
+                        statuses.extend(await traffic(4))
+                        await trio.sleep(0.01)
 
-                    async def probe() -> None:
-                        # Health probes run on their own clients: a reload never closes one under them.
-                        for _ in range(60):
-                            await running.router.check_health()
-                            verdicts.append(running.router.health()["status"])
-                            await trio.sleep(0.02)
+                nursery.start_soon(load)
+                verdicts: list[str] = []
 
-                    nursery.start_soon(probe)
-                    for i in range(1000):
-                        path.write_text(toml([a], [b], cap=5 - i % 2))  # a new cap: a new client each time
-                        assert await running.reloader.reload()
-                        if i % 20 == 0:
-                            await trio.lowlevel.checkpoint()
-                assert running.reloader.reloads_ok == 1000
-                assert verdicts and set(verdicts) == {"ready"}, verdicts
-                assert statuses and set(statuses) == {200}, set(statuses)
-                await eventually(lambda: running.router.statistics().backend_clients == 2, timeout=5)
-                await eventually(lambda: established_to(port) <= connections + 4, timeout=5)
-                await eventually(lambda: open_fds() <= fds + 8, timeout=5)
-                assert live_clients() <= clients + 2  # at most the two current ones (start-up objects are frozen out of gc)
+                async def probe() -> None:
+                    # Health probes run on their own clients: a reload never closes one under them.
+                    for _ in range(60):
+                        await running.router.check_health()
+                        verdicts.append(running.router.health()["status"])
+                        await trio.sleep(0.02)
+
+                nursery.start_soon(probe)
+                for i in range(1000):
+                    path.write_text(toml([a], [b], cap=5 - i % 2))  # a new cap: a new client each time
+                    assert await running.reloader.reload()
+                    if i % 20 == 0:
+                        await trio.lowlevel.checkpoint()
+            assert running.reloader.reloads_ok == 1000
+            assert verdicts and set(verdicts) == {"ready"}, verdicts
+            assert statuses and set(statuses) == {200}, set(statuses)
+            await eventually(lambda: running.router.statistics().backend_clients == 2, timeout=5)
+            await eventually(lambda: established_to(port) <= connections + 4, timeout=5)
+            await eventually(lambda: open_fds() <= fds + 8, timeout=5)
+            assert live_clients() <= clients + 2  # at most the two current ones (start-up objects are frozen out of gc)
 
 
 async def test_a_reload_that_cannot_start_its_engines_keeps_serving_the_old_config(

@@ -27,7 +27,7 @@ from tailguard.router.config import ConfigError, load_config, parse_config, rend
 from tailguard.server.app import Running, serve
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tests.helpers.engines import MODEL
-from tests.helpers.sockets import QUICK, engines_on_sockets, eventually
+from tests.helpers.sockets import QUICK, Backends, engines_on_sockets, eventually
 
 CHAT = {"messages": [{"role": "user", "content": "Hello over TLS"}], "max_tokens": 8}
 
@@ -209,8 +209,8 @@ def test_config_refuses_tls_files_that_cannot_serve_naming_the_key(pki: Pki, tmp
 # -- HTTP -----------------------------------------------------------------------------
 
 
-async def test_https_completion_through_the_router(pki: Pki, tmp_path: Path) -> None:
-    async with engines_on_sockets([QUICK]) as backends, running(backends.urls, tls_table("http_tls", pki), tmp_path) as (started, _):
+async def test_https_completion_through_the_router(pki: Pki, tmp_path: Path, one_engine: Backends) -> None:
+    async with running(one_engine.urls, tls_table("http_tls", pki), tmp_path) as (started, _):
         assert started.http_url.startswith("https://127.0.0.1:")
         async with httpx.AsyncClient(base_url=started.http_url, verify=pki.client_context(), timeout=10) as client:
             reply = await client.post("/v1/chat/completions", json=CHAT)
@@ -224,8 +224,8 @@ async def test_https_completion_through_the_router(pki: Pki, tmp_path: Path) -> 
             assert again.status_code == 200
 
 
-async def test_plain_http_to_the_tls_port_is_told_so_and_the_port_keeps_serving(pki: Pki, tmp_path: Path) -> None:
-    async with engines_on_sockets([QUICK]) as backends, running(backends.urls, tls_table("http_tls", pki), tmp_path) as (started, _):
+async def test_plain_http_to_the_tls_port_is_told_so_and_the_port_keeps_serving(pki: Pki, tmp_path: Path, one_engine: Backends) -> None:
+    async with running(one_engine.urls, tls_table("http_tls", pki), tmp_path) as (started, _):
         plain_url = started.http_url.replace("https://", "http://")
         async with httpx.AsyncClient(timeout=10) as plain:
             reply = await plain.post(f"{plain_url}/v1/chat/completions", json=CHAT)
@@ -236,8 +236,8 @@ async def test_plain_http_to_the_tls_port_is_told_so_and_the_port_keeps_serving(
             assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
 
 
-async def test_a_tls_handshake_must_finish_within_the_header_timeout(pki: Pki, tmp_path: Path) -> None:
-    async with engines_on_sockets([QUICK]) as backends, running(backends.urls, tls_table("http_tls", pki), tmp_path, header_timeout=0.3) as (started, _):
+async def test_a_tls_handshake_must_finish_within_the_header_timeout(pki: Pki, tmp_path: Path, one_engine: Backends) -> None:
+    async with running(one_engine.urls, tls_table("http_tls", pki), tmp_path, header_timeout=0.3) as (started, _):
         stream = await trio.open_tcp_stream("127.0.0.1", http_port(started))
         async with stream:
             await stream.send_all(b"\x16\x03\x01")  # a handshake record begun, never finished
@@ -280,8 +280,8 @@ async def test_grpc_over_tls_and_mtls(pki: Pki, tmp_path: Path) -> None:
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-async def test_grpc_over_tls_without_client_certificates(pki: Pki, tmp_path: Path) -> None:
-    async with engines_on_sockets([QUICK]) as backends, running(backends.urls, tls_table("grpc_tls", pki), tmp_path) as (started, _):
+async def test_grpc_over_tls_without_client_certificates(pki: Pki, tmp_path: Path, one_engine: Backends) -> None:
+    async with running(one_engine.urls, tls_table("grpc_tls", pki), tmp_path) as (started, _):
         assert started.grpc_port is not None
         assert await trio.to_thread.run_sync(grpc_chat, started.grpc_port, pki.grpc_credentials(with_cert=False))
 
@@ -336,8 +336,8 @@ async def test_reload_turns_http_tls_off_live_and_keeps_grpc_tls_until_a_restart
         assert await peer_organization(http_port(started), pki.client_context()) == "first"
 
 
-async def test_a_reload_whose_key_no_longer_matches_is_refused_and_the_old_certificate_serves(pki: Pki, tmp_path: Path) -> None:
-    async with engines_on_sockets([QUICK]) as backends, running(backends.urls, tls_table("http_tls", pki), tmp_path) as (started, _):
+async def test_a_reload_whose_key_no_longer_matches_is_refused_and_the_old_certificate_serves(pki: Pki, tmp_path: Path, one_engine: Backends) -> None:
+    async with running(one_engine.urls, tls_table("http_tls", pki), tmp_path) as (started, _):
         assert started.reloader is not None
         pki.key_file.write_bytes(pki.ca.issue_cert("127.0.0.1").private_key_pem.bytes())  # half a rotation
         assert not await started.reloader.reload()

@@ -23,7 +23,7 @@ from tailguard.router.config import Config, EstimateConfig, LimitsConfig, Server
 from tailguard.router.errors import PromptTooLong
 from tailguard.sim.tokens import count_chat_tokens, count_text_tokens
 from tests.helpers.router import two_pool_config
-from tests.helpers.sockets import QUICK, engines_on_sockets, tailguard
+from tests.helpers.sockets import Backends, tailguard
 
 DEFAULT = EstimateConfig()
 CLASSES = two_pool_config().classes
@@ -179,19 +179,18 @@ def test_every_rendered_field_counts() -> None:
     assert estimate >= 5 * 100 + 4 * 5
 
 
-async def test_http_large_inputs_are_refused_or_sent_to_batch() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        config: Config = two_pool_config(interactive_urls=[backends.urls[0]], batch_urls=[backends.urls[1]])
-        config = dataclasses.replace(config, server=ServerConfig(max_body_bytes=1 << 20))
-        async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            for body in (
-                {"messages": [{"role": "user", "content": EMOJI * 32_700}]},
-                {"messages": [{"role": "user", "content": "hi"}], "tools": big_tools(200_000), "max_tokens": 8},
-            ):
-                refused = await client.post("/v1/chat/completions", json=body)
-                assert refused.status_code == 400, refused.text  # as OpenAI and vLLM answer it
-                error = refused.json()["error"]
-                assert set(error) == {"message", "type", "param", "code"} and error["code"] == "context_length_exceeded"
-            thai = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": THAI * 1_900}], "max_tokens": 8})
-            assert thai.status_code == 200 and thai.headers["x-tailguard-class"] == "batch"
-            assert thai.json()["usage"]["prompt_tokens"] == 1_432  # the engine's count: far over interactive's 500
+async def test_http_large_inputs_are_refused_or_sent_to_batch(two_engines: Backends) -> None:
+    config: Config = two_pool_config(interactive_urls=[two_engines.urls[0]], batch_urls=[two_engines.urls[1]])
+    config = dataclasses.replace(config, server=ServerConfig(max_body_bytes=1 << 20))
+    async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        for body in (
+            {"messages": [{"role": "user", "content": EMOJI * 32_700}]},
+            {"messages": [{"role": "user", "content": "hi"}], "tools": big_tools(200_000), "max_tokens": 8},
+        ):
+            refused = await client.post("/v1/chat/completions", json=body)
+            assert refused.status_code == 400, refused.text  # as OpenAI and vLLM answer it
+            error = refused.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["code"] == "context_length_exceeded"
+        thai = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": THAI * 1_900}], "max_tokens": 8})
+        assert thai.status_code == 200 and thai.headers["x-tailguard-class"] == "batch"
+        assert thai.json()["usage"]["prompt_tokens"] == 1_432  # the engine's count: far over interactive's 500

@@ -18,7 +18,7 @@ from tailguard.sim import Engine, SimApp
 from tailguard.sim.http import KEEP_ALIVE_TIMEOUT
 from tailguard.sim.memory import memory_connector
 from tests.helpers.engines import MODEL
-from tests.helpers.sockets import QUICK, engines_on_sockets
+from tests.helpers.sockets import QUICK, Backends
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -32,26 +32,25 @@ async def post(transport: LeanTransport, url: str, *, stream: bool = False) -> t
         await response.aclose()
 
 
-async def test_sequential_and_concurrent_calls_reuse_their_connections() -> None:
-    async with engines_on_sockets([QUICK]) as backends:
-        url = backends.urls[0]
-        transport = LeanTransport(url, connect_timeout=2, max_idle=8)
-        for _ in range(20):
-            status, body = await post(transport, url)
-            assert status == 200 and b'"finish_reason"' in body
-        assert transport.opened == 1  # one keep-alive connection served them all
-        results: list[int] = []
+async def test_sequential_and_concurrent_calls_reuse_their_connections(one_engine: Backends) -> None:
+    url = one_engine.urls[0]
+    transport = LeanTransport(url, connect_timeout=2, max_idle=8)
+    for _ in range(20):
+        status, body = await post(transport, url)
+        assert status == 200 and b'"finish_reason"' in body
+    assert transport.opened == 1  # one keep-alive connection served them all
+    results: list[int] = []
 
-        async def one(stream: bool) -> None:
-            status, body = await post(transport, url, stream=stream)
-            assert body.rstrip().endswith(b"data: [DONE]") if stream else body.startswith(b"{")
-            results.append(status)
+    async def one(stream: bool) -> None:
+        status, body = await post(transport, url, stream=stream)
+        assert body.rstrip().endswith(b"data: [DONE]") if stream else body.startswith(b"{")
+        results.append(status)
 
-        async with trio.open_nursery() as nursery:
-            for i in range(8):
-                nursery.start_soon(one, bool(i % 2))
-        assert results == [200] * 8 and transport.opened <= 8
-        await transport.aclose()
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            nursery.start_soon(one, bool(i % 2))
+    assert results == [200] * 8 and transport.opened <= 8
+    await transport.aclose()
 
 
 async def test_a_connection_the_server_closed_while_idle_is_replaced_once() -> None:
@@ -100,19 +99,18 @@ async def test_refused_and_broken_connections_are_httpx_errors() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_connections_idle_past_the_expiry_are_closed_not_reused() -> None:
-    async with engines_on_sockets([QUICK]) as backends:
-        url = backends.urls[0]
-        transport = LeanTransport(url, connect_timeout=2, max_idle=8, keepalive_expiry=0.05)
-        async with trio.open_nursery() as nursery:
-            for _ in range(4):
-                nursery.start_soon(post, transport, url)
-        assert transport.idle == transport.opened >= 2  # a burst left several connections idle
-        opened = transport.opened
-        await trio.sleep(0.1)  # twice the expiry, in real time: the sockets are real
-        assert (await post(transport, url))[0] == 200
-        assert transport.opened == opened + 1 and transport.idle == 1  # the idle ones were closed; a fresh one served
-        await transport.aclose()
+async def test_connections_idle_past_the_expiry_are_closed_not_reused(one_engine: Backends) -> None:
+    url = one_engine.urls[0]
+    transport = LeanTransport(url, connect_timeout=2, max_idle=8, keepalive_expiry=0.05)
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(post, transport, url)
+    assert transport.idle == transport.opened >= 2  # a burst left several connections idle
+    opened = transport.opened
+    await trio.sleep(0.1)  # twice the expiry, in real time: the sockets are real
+    assert (await post(transport, url))[0] == 200
+    assert transport.opened == opened + 1 and transport.idle == 1  # the idle ones were closed; a fresh one served
+    await transport.aclose()
 
 
 async def _serve_raw(answer: bytes, nursery: trio.Nursery) -> tuple[str, list[int]]:
@@ -334,49 +332,47 @@ async def test_post_writes_the_bytes_an_httpx_request_would_and_refuses_a_header
         nursery.cancel_scope.cancel()
 
 
-async def test_a_connect_timeout_noticed_in_a_stall_of_the_loop_is_tried_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_connect_timeout_noticed_in_a_stall_of_the_loop_is_tried_once_more(monkeypatch: pytest.MonkeyPatch, one_engine: Backends) -> None:
     """Issue 20, defect 1: a connect that 'timed out' while tailguard's own loop was stalled is not the engine's fault.
 
     The first attempt's deadline passes while the loop is blocked (a stall
     of 0.5 s past it); the transport tries once more, and the engine,
     healthy all along, answers.
     """
-    async with engines_on_sockets([QUICK]) as backends:
-        url = backends.urls[0]
-        transport = LeanTransport(url, connect_timeout=0.2, max_idle=8)
-        real = LeanTransport._connect_once
-        attempts: list[str] = []
+    url = one_engine.urls[0]
+    transport = LeanTransport(url, connect_timeout=0.2, max_idle=8)
+    real = LeanTransport._connect_once
+    attempts: list[str] = []
 
-        async def stalled_first(self: LeanTransport, deadline: float) -> object:
-            if not attempts:
-                attempts.append("stalled")
-                time.sleep(deadline - trio.current_time() + 0.5)  # the whole loop stops, past the deadline
-                raise trio.TooSlowError
-            attempts.append("connected")
-            return await real(self, deadline)
-
-        monkeypatch.setattr(LeanTransport, "_connect_once", stalled_first)
-        status, _ = await post(transport, url)
-        assert status == 200 and attempts == ["stalled", "connected"]
-        await transport.aclose()
-
-
-async def test_a_connect_timeout_in_a_loop_on_time_is_the_engines_and_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    async with engines_on_sockets([QUICK]) as backends:
-        url = backends.urls[0]
-        transport = LeanTransport(url, connect_timeout=0.2, max_idle=8)
-        attempts: list[float] = []
-
-        async def never_connects(self: LeanTransport, deadline: float) -> object:
-            attempts.append(deadline)
-            await trio.sleep_until(deadline)  # the loop runs on time: the engine did not answer
+    async def stalled_first(self: LeanTransport, deadline: float) -> object:
+        if not attempts:
+            attempts.append("stalled")
+            time.sleep(deadline - trio.current_time() + 0.5)  # the whole loop stops, past the deadline
             raise trio.TooSlowError
+        attempts.append("connected")
+        return await real(self, deadline)
 
-        monkeypatch.setattr(LeanTransport, "_connect_once", never_connects)
-        with pytest.raises(httpx.ConnectTimeout):
-            await post(transport, url)
-        assert len(attempts) == 1
-        await transport.aclose()
+    monkeypatch.setattr(LeanTransport, "_connect_once", stalled_first)
+    status, _ = await post(transport, url)
+    assert status == 200 and attempts == ["stalled", "connected"]
+    await transport.aclose()
+
+
+async def test_a_connect_timeout_in_a_loop_on_time_is_the_engines_and_not_tried_again(monkeypatch: pytest.MonkeyPatch, one_engine: Backends) -> None:
+    url = one_engine.urls[0]
+    transport = LeanTransport(url, connect_timeout=0.2, max_idle=8)
+    attempts: list[float] = []
+
+    async def never_connects(self: LeanTransport, deadline: float) -> object:
+        attempts.append(deadline)
+        await trio.sleep_until(deadline)  # the loop runs on time: the engine did not answer
+        raise trio.TooSlowError
+
+    monkeypatch.setattr(LeanTransport, "_connect_once", never_connects)
+    with pytest.raises(httpx.ConnectTimeout):
+        await post(transport, url)
+    assert len(attempts) == 1
+    await transport.aclose()
 
 
 @asynccontextmanager

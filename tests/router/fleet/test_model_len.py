@@ -27,7 +27,7 @@ from tailguard.sim.http import Handler
 from tests.e2e.test_reload import toml as reload_toml
 from tests.helpers.engines import MODEL
 from tests.helpers.router import INTERACTIVE_URL, router_over_engines
-from tests.helpers.sockets import QUICK, engines_on_sockets, eventually, tailguard
+from tests.helpers.sockets import QUICK, Backends, engines_on_sockets, eventually, tailguard
 from tests.router.fleet.test_discovery import HOSTS, NAME, dns_server, pods, toml as dns_toml, urls
 from tests.router.fleet.test_rebalance import CAP, SPARE_URL, interactive_load, movable_config
 
@@ -117,43 +117,41 @@ async def test_a_discovered_value_below_the_input_cap_is_refused() -> None:
         )
 
 
-async def test_a_reload_asks_again_and_takes_a_changed_value(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        a, b = backends.urls
-        path = tmp_path / "config.toml"
-        path.write_text(toml([a], [b]))
-        async with tailguard(load_config(path), path) as running:
-            assert running.reloader is not None
-            assert running.router.config.pool("interactive").max_model_len == 32768
-            engine = backends.engines[0]
-            assert engine is not None
-            engine.params = engine.params.replace(max_model_len=16384)  # the engine restarted with --max-model-len 16384
-            assert await running.reloader.reload()  # the file is unchanged: the engine's answer is the change
-            assert running.router.config.pool("interactive").max_model_len == 16384
-            assert any("pools.interactive.max_model_len 32768->16384" in m for m in messages(caplog, logging.INFO))
-            assert await running.reloader.reload()
-            assert any("nothing changed" in m for m in messages(caplog, logging.INFO))
+async def test_a_reload_asks_again_and_takes_a_changed_value(tmp_path: Path, caplog: pytest.LogCaptureFixture, two_engines: Backends) -> None:
+    a, b = two_engines.urls
+    path = tmp_path / "config.toml"
+    path.write_text(toml([a], [b]))
+    async with tailguard(load_config(path), path) as running:
+        assert running.reloader is not None
+        assert running.router.config.pool("interactive").max_model_len == 32768
+        engine = two_engines.engines[0]
+        assert engine is not None
+        engine.params = engine.params.replace(max_model_len=16384)  # the engine restarted with --max-model-len 16384
+        assert await running.reloader.reload()  # the file is unchanged: the engine's answer is the change
+        assert running.router.config.pool("interactive").max_model_len == 16384
+        assert any("pools.interactive.max_model_len 32768->16384" in m for m in messages(caplog, logging.INFO))
+        assert await running.reloader.reload()
+        assert any("nothing changed" in m for m in messages(caplog, logging.INFO))
 
 
-async def test_a_reload_whose_pool_cannot_be_asked_keeps_the_running_config(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        a, b = backends.urls
-        path = tmp_path / "config.toml"
-        path.write_text(toml([a], [b]))
-        async with tailguard(load_config(path), path) as running:
-            assert running.reloader is not None
-            digest = running.router.config.digest
-            gone = f"http://127.0.0.1:{closed_port()}"
-            path.write_text(toml([gone], [b]))
-            assert not await running.reloader.reload()
-            assert running.reloader.reloads_failed == 1
-            assert running.router.config.digest == digest
-            assert [e.url for e in running.router.config.pool("interactive").endpoints] == [a]
-            refused = [m for m in messages(caplog, logging.ERROR) if "config reload refused" in m]
-            assert refused and "pools.interactive.max_model_len is not set and no endpoint of pool interactive reported one" in refused[0]
-            assert gone in refused[0]
-            async with httpx.AsyncClient(base_url=running.http_url, timeout=10) as http:
-                assert (await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8})).status_code == 200
+async def test_a_reload_whose_pool_cannot_be_asked_keeps_the_running_config(tmp_path: Path, caplog: pytest.LogCaptureFixture, two_engines: Backends) -> None:
+    a, b = two_engines.urls
+    path = tmp_path / "config.toml"
+    path.write_text(toml([a], [b]))
+    async with tailguard(load_config(path), path) as running:
+        assert running.reloader is not None
+        digest = running.router.config.digest
+        gone = f"http://127.0.0.1:{closed_port()}"
+        path.write_text(toml([gone], [b]))
+        assert not await running.reloader.reload()
+        assert running.reloader.reloads_failed == 1
+        assert running.router.config.digest == digest
+        assert [e.url for e in running.router.config.pool("interactive").endpoints] == [a]
+        refused = [m for m in messages(caplog, logging.ERROR) if "config reload refused" in m]
+        assert refused and "pools.interactive.max_model_len is not set and no endpoint of pool interactive reported one" in refused[0]
+        assert gone in refused[0]
+        async with httpx.AsyncClient(base_url=running.http_url, timeout=10) as http:
+            assert (await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8})).status_code == 200
 
 
 def quiet_until_told(engine: Engine, reported: list[int | None]) -> Handler:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 import trio
@@ -14,7 +14,7 @@ from tailguard.router.config import ClusterConfig
 from tailguard.router.queueing import FairClock, FairTrade, Served, ServiceStore, Share
 from tailguard.router.quotas import Caller
 from tailguard.server.redis_ledger import RedisLedger
-from tests.helpers.redis_server import RedisServer, redis_server
+from tests.helpers.redis_server import RedisServer
 from tests.helpers.router import chat, two_pool_config
 from tests.router.quotas.test_ledger import shared_engines
 
@@ -78,12 +78,6 @@ async def test_weights_are_traded_as_served_over_the_weight() -> None:
     await a.trade_once()
     await b.trade_once()
     assert b_clock.finish("big") == 200.0
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 async def test_redis_keeps_each_replicas_totals_and_returns_the_others(redis: RedisServer) -> None:

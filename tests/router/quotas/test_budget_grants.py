@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import trio
@@ -27,19 +27,13 @@ from tailguard.router.quotas import (
 )
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import Engine
-from tests.helpers.redis_server import RedisServer, redis_client, redis_server
+from tests.helpers.redis_server import RedisServer, redis_client
 from tests.helpers.router import chat, two_pool_config
 from tests.router.quotas.test_ledger import Carried, cluster_routers, shared_engines
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock
 HOLD = 1.0  # how long a dead replica's grant still counts (a budget's window; 60 s in the router)
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 class Holder:

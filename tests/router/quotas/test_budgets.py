@@ -15,7 +15,7 @@ from tailguard.router.errors import BudgetExceeded, InvalidRequest
 from tailguard.router.quotas import Budgets, Caller, budgets as budgets_module, budgets_of, duration, hash_key
 from tests.helpers.engines import MODEL
 from tests.helpers.router import two_pool_config
-from tests.helpers.sockets import QUICK, engines_on_sockets, tailguard
+from tests.helpers.sockets import QUICK, Backends, engines_on_sockets, tailguard
 from tests.router.config.test_config import BASE
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -137,31 +137,29 @@ async def test_the_openai_sdk_reads_the_headers_and_a_refusal_honours_the_comput
                 await client.close()
 
 
-async def test_the_anonymous_budget_applies_when_auth_is_off() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        base = two_pool_config(interactive_urls=[backends.urls[0]], batch_urls=[backends.urls[1]])
-        config = dataclasses.replace(base, limits=dataclasses.replace(LimitsConfig(), anonymous_requests_per_minute=1))
-        async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            body = {"messages": MESSAGES, "max_tokens": 4}
-            first = await client.post("/v1/chat/completions", json=body)
-            assert first.status_code == 200 and first.headers["x-ratelimit-remaining-requests"] == "0"
-            second = await client.post("/v1/chat/completions", json=body)
-            assert second.status_code == 429 and second.json()["error"]["code"] == "token_budget_exceeded"
-            assert 55 <= int(second.headers["retry-after"]) <= 60
-            assert 54_000 < int(second.headers["retry-after-ms"]) <= 60_000  # to the millisecond, for the openai SDK
-            assert second.headers["x-ratelimit-remaining-requests"] == "0"
-            page = (await client.get("/metrics")).text
-            assert 'tailguard_caller_budget_remaining{budget="requests",caller="anonymous"} 0.0' in page
+async def test_the_anonymous_budget_applies_when_auth_is_off(two_engines: Backends) -> None:
+    base = two_pool_config(interactive_urls=[two_engines.urls[0]], batch_urls=[two_engines.urls[1]])
+    config = dataclasses.replace(base, limits=dataclasses.replace(LimitsConfig(), anonymous_requests_per_minute=1))
+    async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        body = {"messages": MESSAGES, "max_tokens": 4}
+        first = await client.post("/v1/chat/completions", json=body)
+        assert first.status_code == 200 and first.headers["x-ratelimit-remaining-requests"] == "0"
+        second = await client.post("/v1/chat/completions", json=body)
+        assert second.status_code == 429 and second.json()["error"]["code"] == "token_budget_exceeded"
+        assert 55 <= int(second.headers["retry-after"]) <= 60
+        assert 54_000 < int(second.headers["retry-after-ms"]) <= 60_000  # to the millisecond, for the openai SDK
+        assert second.headers["x-ratelimit-remaining-requests"] == "0"
+        page = (await client.get("/metrics")).text
+        assert 'tailguard_caller_budget_remaining{budget="requests",caller="anonymous"} 0.0' in page
 
 
-async def test_a_request_over_the_whole_budget_is_a_400_that_names_it_with_the_headers() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        base = two_pool_config(interactive_urls=[backends.urls[0]], batch_urls=[backends.urls[1]])
-        config = dataclasses.replace(base, limits=dataclasses.replace(LimitsConfig(), anonymous_tokens_per_minute=100))
-        async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            huge = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 500})
-            assert huge.status_code == 400 and "tokens_per_minute" in huge.json()["error"]["message"]
-            assert huge.headers["x-ratelimit-limit-tokens"] == "100" and huge.headers["x-ratelimit-remaining-tokens"] == "100"
+async def test_a_request_over_the_whole_budget_is_a_400_that_names_it_with_the_headers(two_engines: Backends) -> None:
+    base = two_pool_config(interactive_urls=[two_engines.urls[0]], batch_urls=[two_engines.urls[1]])
+    config = dataclasses.replace(base, limits=dataclasses.replace(LimitsConfig(), anonymous_tokens_per_minute=100))
+    async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        huge = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 500})
+        assert huge.status_code == 400 and "tokens_per_minute" in huge.json()["error"]["message"]
+        assert huge.headers["x-ratelimit-limit-tokens"] == "100" and huge.headers["x-ratelimit-remaining-tokens"] == "100"
 
 
 def test_with_cluster_each_replica_keeps_its_static_share_of_a_budget() -> None:

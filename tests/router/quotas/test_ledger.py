@@ -8,7 +8,7 @@ import functools
 import logging
 import re
 import tomllib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import coredis.exceptions
@@ -39,18 +39,12 @@ from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import PROFILES, Engine, SimApp
 from tailguard.sim.canned import sim_canned_transport
 from tests.helpers.engines import MODEL
-from tests.helpers.redis_server import RedisServer, redis_client, redis_server
+from tests.helpers.redis_server import RedisServer, redis_client
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
 from tests.router.config.test_config import BASE
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 def shared_engines() -> tuple[dict[str, Engine], dict[str, ConnectorTransport]]:

@@ -21,7 +21,7 @@ from tailguard.server.http import api as http_api
 from tailguard.sim import SimResponse
 from tests.helpers.engines import MODEL
 from tests.helpers.router import two_pool_config
-from tests.helpers.sockets import QUICK, engines_on_sockets, eventually, tailguard
+from tests.helpers.sockets import QUICK, Backends, engines_on_sockets, eventually, tailguard
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -32,8 +32,8 @@ def config_for(urls: list[str], **kwargs: object) -> Config:
     return dataclasses.replace(config, server=server)  # type: ignore[arg-type]
 
 
-async def test_openai_sdk_sees_routing_headers_streaming_and_not() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends, tailguard(config_for(backends.urls)) as running:
+async def test_openai_sdk_sees_routing_headers_streaming_and_not(two_engines: Backends) -> None:
+    async with tailguard(config_for(two_engines.urls)) as running:
         client = openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0)
         raw = await client.chat.completions.with_raw_response.create(
             model=MODEL, messages=MESSAGES, max_tokens=16, extra_headers={"x-request-id": "req-123"}  # type: ignore[arg-type]
@@ -51,8 +51,8 @@ async def test_openai_sdk_sees_routing_headers_streaming_and_not() -> None:
         clamped = await client.completions.with_raw_response.create(model=MODEL, prompt="Once upon a time", max_tokens=5000)
         assert clamped.headers["x-tailguard-max-tokens"] == "1024" and clamped.headers["x-tailguard-pool"] == "batch"
         assert clamped.parse().usage.completion_tokens == 1024  # type: ignore[union-attr]
-        assert backends.engines[0].statistics().finished_total == 2  # type: ignore[union-attr]
-        assert backends.engines[1].statistics().finished_total == 1  # type: ignore[union-attr]
+        assert two_engines.engines[0].statistics().finished_total == 2  # type: ignore[union-attr]
+        assert two_engines.engines[1].statistics().finished_total == 1  # type: ignore[union-attr]
 
         def sync_calls() -> str:
             with openai.OpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0) as sync:
@@ -66,8 +66,8 @@ async def test_openai_sdk_sees_routing_headers_streaming_and_not() -> None:
         await client.close()
 
 
-async def test_models_health_and_limits() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends, tailguard(config_for(backends.urls)) as running:
+async def test_models_health_and_limits(two_engines: Backends) -> None:
+    async with tailguard(config_for(two_engines.urls)) as running:
         async with httpx.AsyncClient(base_url=running.http_url) as client:
             models = (await client.get("/v1/models")).json()
             assert [m["id"] for m in models["data"]] == [MODEL]
@@ -96,31 +96,29 @@ async def test_models_health_and_limits() -> None:
         (b"x" * (64 * 1024 + 1), 413, "body is over"),
     ],
 )
-async def test_bad_input_gets_a_clear_4xx(body: bytes, status: int, needle: str) -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        async with tailguard(config_for(backends.urls)) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            response = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
-            assert response.status_code == status, response.text
-            error = response.json()["error"]
-            assert needle in error["message"] and set(error) == {"message", "type", "param", "code"}
-            assert running.router.statistics().in_flight == 0
-            assert (await client.get("/v1/chat/completions")).status_code == 405
-            assert (await client.get("/nowhere")).status_code == 404
+async def test_bad_input_gets_a_clear_4xx(body: bytes, status: int, needle: str, two_engines: Backends) -> None:
+    async with tailguard(config_for(two_engines.urls)) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        response = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert needle in error["message"] and set(error) == {"message", "type", "param", "code"}
+        assert running.router.statistics().in_flight == 0
+        assert (await client.get("/v1/chat/completions")).status_code == 405
+        assert (await client.get("/nowhere")).status_code == 404
 
 
-async def test_forced_class_is_forbidden_and_reject_mode_refuses() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        config = config_for(backends.urls, limits=LimitsConfig(over_cap="reject"))
-        async with tailguard(config) as running:
-            client = openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0)
-            with pytest.raises(openai.PermissionDeniedError, match="may not force the class"):
-                await client.chat.completions.create(
-                    model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"}  # type: ignore[arg-type]
-                )
-            with pytest.raises(openai.BadRequestError, match="output cap of 1024") as caught:
-                await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2000)  # type: ignore[arg-type]
-            assert caught.value.code == "max_tokens_too_large"
-            await client.close()
+async def test_forced_class_is_forbidden_and_reject_mode_refuses(two_engines: Backends) -> None:
+    config = config_for(two_engines.urls, limits=LimitsConfig(over_cap="reject"))
+    async with tailguard(config) as running:
+        client = openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.PermissionDeniedError, match="may not force the class"):
+            await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"}  # type: ignore[arg-type]
+            )
+        with pytest.raises(openai.BadRequestError, match="output cap of 1024") as caught:
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2000)  # type: ignore[arg-type]
+        assert caught.value.code == "max_tokens_too_large"
+        await client.close()
 
 
 async def test_queue_full_is_429_and_queue_deadline_503_with_retry_after() -> None:
@@ -187,55 +185,52 @@ async def test_backend_failures_map_to_502_503_and_4xx_passes_through() -> None:
             assert ok.status_code == 200
 
 
-async def test_end_to_end_deadline_is_504_or_a_final_error_event() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        config = config_for(backends.urls, timeouts=TimeoutsConfig(end_to_end_timeout=0.5), batch_timeout=0.2, interactive_timeout=0.2)
-        batch = backends.engines[1]
-        assert batch is not None
-        async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            plain = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1000})
-            assert plain.status_code == 504 and plain.json()["error"]["type"] == "timeout"
-            assert plain.headers["x-should-retry"] == "false"  # the openai SDK would retry a 5xx otherwise
-            streamed = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1000, "stream": True})
-            assert streamed.status_code == 200
-            last = [line for line in streamed.text.splitlines() if line.startswith("data: ")][-1]
-            assert json.loads(last[len("data: ") :])["error"]["code"] == "deadline_exceeded"
-            await eventually(lambda: batch.statistics().aborted_total == 2 and not batch.statistics().running)
-            await eventually(lambda: running.router.statistics().in_flight == 0)
+async def test_end_to_end_deadline_is_504_or_a_final_error_event(two_engines: Backends) -> None:
+    config = config_for(two_engines.urls, timeouts=TimeoutsConfig(end_to_end_timeout=0.5), batch_timeout=0.2, interactive_timeout=0.2)
+    batch = two_engines.engines[1]
+    assert batch is not None
+    async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        plain = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1000})
+        assert plain.status_code == 504 and plain.json()["error"]["type"] == "timeout"
+        assert plain.headers["x-should-retry"] == "false"  # the openai SDK would retry a 5xx otherwise
+        streamed = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1000, "stream": True})
+        assert streamed.status_code == 200
+        last = [line for line in streamed.text.splitlines() if line.startswith("data: ")][-1]
+        assert json.loads(last[len("data: ") :])["error"]["code"] == "deadline_exceeded"
+        await eventually(lambda: batch.statistics().aborted_total == 2 and not batch.statistics().running)
+        await eventually(lambda: running.router.statistics().in_flight == 0)
 
 
-async def test_client_disconnect_mid_stream_aborts_the_generation() -> None:
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        engine = backends.engines[0]
-        assert engine is not None
-        async with tailguard(config_for(backends.urls)) as running, httpx.AsyncClient(base_url=running.http_url) as client:
-            for _ in range(3):
-                body = {"messages": MESSAGES, "max_tokens": 128, "stream": True}
-                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                    async for _ in response.aiter_bytes():
-                        break  # hang up after the first bytes
-            await eventually(lambda: engine.statistics().aborted_total == 3 and not engine.statistics().running)
-            await eventually(lambda: running.router.statistics().in_flight == 0)
-            assert engine.statistics().finished_total == 0
+async def test_client_disconnect_mid_stream_aborts_the_generation(two_engines: Backends) -> None:
+    engine = two_engines.engines[0]
+    assert engine is not None
+    async with tailguard(config_for(two_engines.urls)) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        for _ in range(3):
+            body = {"messages": MESSAGES, "max_tokens": 128, "stream": True}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for _ in response.aiter_bytes():
+                    break  # hang up after the first bytes
+        await eventually(lambda: engine.statistics().aborted_total == 3 and not engine.statistics().running)
+        await eventually(lambda: running.router.statistics().in_flight == 0)
+        assert engine.statistics().finished_total == 0
 
 
-async def test_a_caller_who_leaves_a_non_streaming_request_aborts_the_generation() -> None:
+async def test_a_caller_who_leaves_a_non_streaming_request_aborts_the_generation(two_engines: Backends) -> None:
     """No byte goes to the caller before the end, so only the watch on its socket can notice it left."""
-    async with engines_on_sockets([QUICK, QUICK]) as backends:
-        engine = backends.engines[1]  # 4,000 tokens is the batch class's
-        assert engine is not None
-        async with tailguard(config_for(backends.urls)) as running:
-            url = urlsplit(running.http_url)
-            body = json.dumps({"messages": MESSAGES, "max_tokens": 4000}).encode()
-            head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
-            for _ in range(2):
-                stream = await trio.open_tcp_stream(url.hostname or "127.0.0.1", url.port or 80)
-                await stream.send_all(head.encode() + body)
-                await eventually(lambda: engine.statistics().running == 1)
-                await stream.aclose()
-                await eventually(lambda: not engine.statistics().running)
-            await eventually(lambda: running.router.statistics().in_flight == 0)
-            assert (engine.statistics().aborted_total, engine.statistics().finished_total) == (2, 0)
+    engine = two_engines.engines[1]  # 4,000 tokens is the batch class's
+    assert engine is not None
+    async with tailguard(config_for(two_engines.urls)) as running:
+        url = urlsplit(running.http_url)
+        body = json.dumps({"messages": MESSAGES, "max_tokens": 4000}).encode()
+        head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        for _ in range(2):
+            stream = await trio.open_tcp_stream(url.hostname or "127.0.0.1", url.port or 80)
+            await stream.send_all(head.encode() + body)
+            await eventually(lambda: engine.statistics().running == 1)
+            await stream.aclose()
+            await eventually(lambda: not engine.statistics().running)
+        await eventually(lambda: running.router.statistics().in_flight == 0)
+        assert (engine.statistics().aborted_total, engine.statistics().finished_total) == (2, 0)
 
 
 async def test_a_bug_is_a_logged_500_in_openai_shape_counted_never_an_empty_499(
