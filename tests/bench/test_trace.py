@@ -13,7 +13,7 @@ from bench.trace.load import Thresholds, fits, mooncake, pairs_capacity, sharegp
 from bench.trace.report import checks, class_row, ratio
 from bench.trace.run import main
 from bench.trace.samples import ATTRIBUTION, MOONCAKE, SHAREGPT, read_mooncake, read_pairs
-from bench.trace.setups import DEFAULT_SETUPS, SETUPS, SHIPPED_CONFIG, default_split
+from bench.trace.setups import DEFAULT_SETUPS, SETUPS, SHIPPED_CONFIG, default_split, tailguard_split
 from tailguard.router.config import load_config
 from tailguard.sim.params import PROFILES
 from tailguard.sim.virtual.fleet import ClassStats
@@ -147,3 +147,18 @@ def test_a_tiny_grid_runs_end_to_end(tmp_path: Path) -> None:
     assert sum(c["n"] for c in sharegpt_point["classes"]["rr"]) == 40 == sharegpt_point["requests"]
     assert {c["what"] for c in sharegpt_point["targets"]["tailguard-shared"]} >= {"no worse: completed/s", "better: short TTFT P99"}
     assert set(sharegpt_point["targets"]) == set(DEFAULT_SETUPS) - {"rr", "split"}
+
+
+def test_the_trace_bench_lends_as_the_shipped_config_does() -> None:
+    setup = tailguard_split(1, 3)
+    assert setup.config is not None
+    lend = {pool.name: pool.lend for pool in setup.config.pools}
+    assert lend == {pool.name: pool.lend for pool in load_config(SHIPPED_CONFIG).pools}
+    shipped = lend["interactive"]
+    assert (shipped.to, shipped.when, shipped.prefills, shipped.max_prompt_tokens, shipped.max_imbalance) == (
+        ("batch",),
+        "busier",
+        1,
+        512,
+        0.05,
+    )

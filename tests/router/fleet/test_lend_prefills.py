@@ -9,9 +9,8 @@ import httpx
 import pytest
 import trio
 
-from bench.sweep.trace import SHIPPED_CONFIG, tailguard_split
 from tailguard.router import Router
-from tailguard.router.config import Config, ConfigError, LendConfig, load_config, parse_config, render_config
+from tailguard.router.config import Config, ConfigError, LendConfig, parse_config, render_config
 from tailguard.sim.canned import canned_transport
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from tests.router.config.test_config import BASE
@@ -151,21 +150,6 @@ def test_prefills_is_read_checked_and_rendered() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config(BASE + '\n[pools.interactive.lend]\nto = ["batch"]\nprefills = 0\n')
     assert "prefills" in str(raised.value)
-
-
-def test_the_trace_bench_lends_as_the_shipped_config_does() -> None:
-    setup = tailguard_split(1, 3)
-    assert setup.config is not None
-    lend = {pool.name: pool.lend for pool in setup.config.pools}
-    assert lend == {pool.name: pool.lend for pool in load_config(SHIPPED_CONFIG).pools}
-    shipped = lend["interactive"]
-    assert (shipped.to, shipped.when, shipped.prefills, shipped.max_prompt_tokens, shipped.max_imbalance) == (
-        ("batch",),
-        "busier",
-        1,
-        512,
-        0.05,
-    )
 
 
 async def test_a_whole_answer_borrowed_under_the_bound_is_asked_as_a_stream_and_frees_the_bound_at_its_first_token(

