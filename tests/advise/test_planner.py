@@ -20,7 +20,6 @@ from tailguard.advise.planner import (
     NOT_JSON,
     OUTSIDE,
     REJECTED,
-    SHIPPED_CONFIG,
     Advice,
     Fate,
     advice_json,
@@ -38,6 +37,7 @@ from tailguard.advise.planner import (
 )
 from tailguard.advise.prefixes import Seen, with_prefixes
 from tailguard.router.config import load_config
+from tailguard.server import SHIPPED_CONFIG
 from tailguard.sim.tokens import count_chat_tokens
 from tailguard.sim.virtual.fleet import Arrival
 
@@ -356,7 +356,7 @@ def test_a_logged_prefix_group_replays_as_one_shared_text_and_no_group_as_unique
     assert len({a.text[:1024] for a in first if a.text}) == 1 and len({a.text[:1036] for a in first if a.text}) == len(first)
     assert len({a.text[:512] for a in second if a.text}) == 1 and len({a.text[:524] for a in second if a.text}) == len(second)
     assert first[0].text and second[0].text and first[0].text[:16] != second[0].text[:16]
-    assert len({a.text[:12] for a in unique}) == len(unique) and all(a.prefix_hint is None for a in unique)
+    assert len({a.text[:12] for a in unique if a.text}) == len(unique) and all(a.prefix_hint is None for a in unique)
     assert {a.prefix_hint for a in first} == {"aaaa0000aaaa0000"}  # placed as one key, as the log's key was
     assert (sharing.requests, sharing.grouped, sharing.shared, sharing.groups, sharing.assumed) == (48, 32, 32, 2, 0)
     # No line of a group reported cached_tokens: nothing shared unless assumed (the group still placed as one).
@@ -364,8 +364,8 @@ def test_a_logged_prefix_group_replays_as_one_shared_text_and_no_group_as_unique
     assert with_prefixes(arrivals, silent)[1].shared == 0
     assumed, counted = with_prefixes(arrivals, silent, assume=128)
     assert counted.shared == 32 and counted.assumed == 2 and counted.tokens_p50 == 128
-    assert len({a.text[:512] for a in assumed if a.prefix_hint == "aaaa0000aaaa0000"}) == 1
-    assert len({a.text[:524] for a in assumed if a.prefix_hint == "aaaa0000aaaa0000"}) == 16
+    assert len({a.text[:512] for a in assumed if a.prefix_hint == "aaaa0000aaaa0000" and a.text}) == 1
+    assert len({a.text[:524] for a in assumed if a.prefix_hint == "aaaa0000aaaa0000" and a.text}) == 16
 
 
 def test_modelling_the_cache_predicts_prefix_hits_that_unique_prompts_do_not(tmp_path: Path) -> None:

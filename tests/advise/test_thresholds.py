@@ -11,10 +11,11 @@ import pytest
 
 from tailguard.advise.accesslog import write_log
 from tailguard.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
-from tailguard.advise.planner import SHIPPED_CONFIG, main, read_access_log
+from tailguard.advise.planner import main, read_access_log
 from tailguard.advise.thresholds import MAX_SETS, MAX_SHARE, MIN_SHARE, NO_CLASS, Bounds, file_bounds, nice, propose, shares, with_bounds
 from tailguard.router.admission import classify
 from tailguard.router.config import load_config
+from tailguard.server import SHIPPED_CONFIG
 from tailguard.sim.virtual.fleet import Arrival, Record
 from tests.advise.test_planner import SMALL_POOLS
 
@@ -60,7 +61,7 @@ def test_no_proposal_puts_nearly_everything_in_one_class() -> None:
 
 def test_shares_count_requests_and_tokens() -> None:
     sizes = [(100, 10), (100, 10), (900, 100), (1000, 900)]
-    assert shares(sizes, SHIPPED) == (0.5, pytest.approx(220 / 3120))
+    assert shares(sizes, SHIPPED) == pytest.approx((0.5, 220 / 3120))
     assert shares(sizes, NO_CLASS) == (0.0, 0.0)
     assert (nice(1234), nice(87), nice(0), nice(15_500), nice(12_345, 3)) == (1300, 87, 1, 16_000, 12_400)
 

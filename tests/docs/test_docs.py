@@ -21,6 +21,7 @@ import re
 import shlex
 import tomllib
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -394,10 +395,10 @@ EXPORTED_METRICS = frozenset({
 DASHBOARD_PATH = DOCS / "grafana" / "tailguard.json"
 
 
-def dashboard_metrics(dashboard: dict[str, object]) -> frozenset[str]:
+def dashboard_metrics(dashboard: dict[str, Any]) -> frozenset[str]:
     """The metric names the dashboard's queries use, histogram suffixes stripped."""
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]  # type: ignore[attr-defined, index]
-    exprs += [v["definition"] for v in dashboard["templating"]["list"]]  # type: ignore[index]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dashboard["templating"]["list"]]
     names = {name for expr in exprs for name in re.findall(r"tailguard_[a-z0-9_]+", expr)}
     return frozenset(re.sub(r"_(bucket|sum|count)$", "", name) for name in names)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,8 +69,8 @@ def _value(value: AnyValue) -> object:
     return None if kind is None else getattr(value, kind)
 
 
-def _attributes(pairs: Iterator[KeyValue] | object) -> dict[str, object]:
-    return {pair.key: _value(pair.value) for pair in pairs}  # type: ignore[attr-defined]
+def _attributes(pairs: Iterable[KeyValue]) -> dict[str, object]:
+    return {pair.key: _value(pair.value) for pair in pairs}
 
 
 @contextmanager

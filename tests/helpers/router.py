@@ -16,7 +16,7 @@ import httpx
 import trio
 
 from tailguard.router import Router
-from tailguard.router.admission import RouterRequest
+from tailguard.router.admission import RouterRequest, Routing
 from tailguard.router.backend import ConnectorTransport
 from tailguard.router.config import (
     ClassConfig,
@@ -107,7 +107,7 @@ async def router_over_engines(
     async with trio.open_nursery() as nursery:  # the engines, and the server end of each connection
         for engine in engines.values():
             await nursery.start(engine.run)
-        transports: dict[str, httpx.AsyncBaseTransport] = {
+        transports: dict[str, ConnectorTransport] = {
             url: ConnectorTransport(memory_connector(SimApp(engine, model=MODEL).handle, nursery)) for url, engine in engines.items()
         }
         probing = probe
@@ -116,7 +116,7 @@ async def router_over_engines(
             # The wrap applies from the first probe on (the engine found well first, failing later) ...
             transports = {url: _switch(lambda: probing, transports[url], wrapped[url]) for url in transports}
 
-        def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
+        def transport_for(endpoint: EndpointConfig) -> ConnectorTransport:
             return transports[endpoint.url]
 
         router = Router(config, transport_factory=transport_for, seed=0)
@@ -150,7 +150,7 @@ def chat(text: str = "What is the capital of France?", *, max_tokens: int | None
     )
 
 
-async def run_to_end(router: Router, request: RouterRequest) -> tuple[bytes, object]:
+async def run_to_end(router: Router, request: RouterRequest) -> tuple[bytes, Routing]:
     """Open, read everything, return (body, routing)."""
     with trio.CancelScope(deadline=router.deadline_for(request)):
         async with router.open(request) as completion:

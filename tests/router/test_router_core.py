@@ -25,13 +25,13 @@ LONG_TEXT = "The quarterly report covers revenue, costs and outlook in detail. "
 async def test_short_requests_go_interactive_and_long_go_batch(autojump_clock: trio.testing.MockClock) -> None:
     async with router_over_engines(two_pool_config()) as fleet:
         body, routing = await run_to_end(fleet.router, chat(max_tokens=16))
-        assert routing.request_class == "interactive" and routing.pool == "interactive"  # type: ignore[attr-defined]
-        assert routing.endpoint == INTERACTIVE_URL  # type: ignore[attr-defined]
+        assert routing.request_class == "interactive" and routing.pool == "interactive"
+        assert routing.endpoint == INTERACTIVE_URL
         _, long_routing = await run_to_end(fleet.router, chat(LONG_TEXT, max_tokens=16))
-        assert long_routing.pool == "batch"  # type: ignore[attr-defined]
+        assert long_routing.pool == "batch"
         # A short prompt asking for many tokens is batch too (origin: max_tokens > 128).
         _, wordy = await run_to_end(fleet.router, chat(max_tokens=200))
-        assert wordy.pool == "batch"  # type: ignore[attr-defined]
+        assert wordy.pool == "batch"
         assert fleet.engine(INTERACTIVE_URL).statistics().finished_total == 1
         assert fleet.engine(BATCH_URL).statistics().finished_total == 2
         assert json.loads(body)["usage"]["completion_tokens"] == 16
@@ -40,10 +40,10 @@ async def test_short_requests_go_interactive_and_long_go_batch(autojump_clock: t
 async def test_caps_clamp_default_and_reject(autojump_clock: trio.testing.MockClock) -> None:
     async with router_over_engines(two_pool_config()) as fleet:
         body, routing = await run_to_end(fleet.router, chat(max_tokens=5000))
-        assert routing.max_tokens == 1024 and routing.clamped  # type: ignore[attr-defined]
+        assert routing.max_tokens == 1024 and routing.clamped
         assert json.loads(body)["usage"]["completion_tokens"] == 1024
         _, default = await run_to_end(fleet.router, chat(max_tokens=None))
-        assert default.max_tokens == 256 and not default.clamped and default.pool == "batch"  # type: ignore[attr-defined]
+        assert default.max_tokens == 256 and not default.clamped and default.pool == "batch"
         with pytest.raises(errors.PromptTooLong, match="input cap of 8192"):
             await run_to_end(fleet.router, chat("word " * 40_000))
         assert fleet.router.statistics().in_flight == 0
@@ -65,7 +65,7 @@ async def test_pool_cap_holds_under_a_burst(autojump_clock: trio.testing.MockClo
 
         async def one(i: int) -> None:
             _, routing = await run_to_end(fleet.router, chat(f"question {i}", max_tokens=32))
-            outcomes.append(routing.pool)  # type: ignore[attr-defined]
+            outcomes.append(routing.pool)
 
         async with trio.open_nursery() as nursery:
             for i in range(60):
@@ -134,7 +134,7 @@ async def test_shared_pool_serves_higher_priority_first(autojump_clock: trio.tes
 
         async def one(text: str, max_tokens: int) -> None:
             _, routing = await run_to_end(fleet.router, chat(text, max_tokens=max_tokens))
-            order.append(routing.request_class)  # type: ignore[attr-defined]
+            order.append(routing.request_class)
 
         async with trio.open_nursery() as nursery:
             for i in range(16):  # batch cap is 16: fill it with long ones first
@@ -236,7 +236,7 @@ async def test_unreachable_endpoint_fails_fast_and_only_its_health_check_takes_i
         await endpoint.probe.aclose()
         endpoint.client, endpoint.probe = real, real_probe
         _, routing = await run_to_end(fleet.router, chat())
-        assert routing.pool == "interactive"  # type: ignore[attr-defined]
+        assert routing.pool == "interactive"
 
 
 async def test_reload_moves_an_endpoint_under_live_traffic(autojump_clock: trio.testing.MockClock) -> None:
@@ -251,7 +251,7 @@ async def test_reload_moves_an_endpoint_under_live_traffic(autojump_clock: trio.
                 text, max_tokens = (f"short {i} {j}", 16) if i % 2 else (f"long {i} {j}", 300)
                 try:
                     _, routing = await run_to_end(fleet.router, chat(text, max_tokens=max_tokens))
-                    served_by[routing.pool].add(routing.endpoint)  # type: ignore[attr-defined]
+                    served_by[routing.pool].add(routing.endpoint)
                 except Exception as error:
                     failures.append(error)
 
@@ -344,7 +344,7 @@ async def offer(router: Router, rate: float, seconds: float, *, seed: int = 7, m
         except errors.QueueFull:
             fates.full += 1
         else:
-            fates.served.append(routing.queue_seconds)  # type: ignore[attr-defined]
+            fates.served.append(routing.queue_seconds)
 
     start = trio.current_time()
     async with trio.open_nursery() as nursery:

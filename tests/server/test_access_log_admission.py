@@ -48,6 +48,7 @@ async def test_the_access_line_says_when_the_request_was_admitted_and_what_its_b
     second = records["second"]
     assert second.budget_at is not None and second.admitted_at is not None
     assert second.budget_at < second.admitted_at  # counted in its budget on arrival, seated when the first ended
+    assert second.input_tokens is not None and second.completion_tokens is not None
     assert second.budget_tokens == second.input_tokens + second.completion_tokens  # settled to what it cost
     lines = {r.fields["request_id"]: json.loads(JsonFormatter().format(r)) for r in caplog.records if r.name == access.name}  # type: ignore[attr-defined]
     line = lines["second"]

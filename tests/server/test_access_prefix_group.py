@@ -21,11 +21,11 @@ POLICY = "Refunds are paid within thirty days of a claim, once the receipt is ch
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> dict[str, dict[str, Any]]:
-    return {r.fields["request_id"]: r.fields for r in caplog.records if hasattr(r, "fields")}  # type: ignore[attr-defined]
+    return {r.fields["request_id"]: r.fields for r in caplog.records if hasattr(r, "fields")}
 
 
 async def test_equal_prefixes_log_equal_groups_and_different_ones_differ(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    sent = {
+    sent: dict[str, dict[str, object]] = {
         "manual-a": {"messages": [{"role": "system", "content": MANUAL}, {"role": "user", "content": "Which step is first?"}]},
         "manual-b": {"messages": [{"role": "system", "content": MANUAL}, {"role": "user", "content": "How many steps?"}]},
         "manual-c": {"messages": [{"role": "system", "content": MANUAL}, {"role": "user", "content": "And the last one?"}]},

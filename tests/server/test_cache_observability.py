@@ -157,7 +157,7 @@ async def test_a_hot_prefix_spills_past_the_load_bound_and_is_counted_so(caplog:
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> dict[str, dict[str, Any]]:
-    return {r.fields["request_id"]: r.fields for r in caplog.records if hasattr(r, "fields")}  # type: ignore[attr-defined]
+    return {r.fields["request_id"]: r.fields for r in caplog.records if hasattr(r, "fields")}
 
 
 async def hit_ratio_page(

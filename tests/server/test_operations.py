@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 import trio
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tailguard.router.config import ApiKeyConfig, AuthConfig, Config, MetricsConfig, ServerConfig
@@ -21,7 +22,7 @@ from tests.helpers.engines import MODEL
 from tests.helpers.router import two_pool_config
 from tests.helpers.sockets import QUICK, engines_on_sockets, eventually, tailguard
 
-MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 WEB_KEY, ETL_KEY = "sk-web-0123456789", "sk-etl-9876543210"
 
 
@@ -130,7 +131,7 @@ async def test_access_log_and_timing_headers(caplog: pytest.LogCaptureFixture) -
                         break
             await eventually(lambda: any(getattr(r, "fields", {}).get("request_id") == "gone-1" for r in caplog.records))
         await eventually(lambda: running.router.statistics().in_flight == 0)
-    lines = {r.fields["request_id"]: r.fields for r in caplog.records if hasattr(r, "fields")}  # type: ignore[attr-defined]
+    lines = {r.fields["request_id"]: r.fields for r in caplog.records if hasattr(r, "fields")}
     ok = lines["ok-1"]
     assert (ok["outcome"], ok["status"], ok["caller"], ok["class"], ok["pool"]) == ("ok", 200, "webapp", "interactive", "interactive")
     assert ok["endpoint"] == backends.urls[0] and ok["max_tokens"] == 8 and ok["completion_tokens"] == 8
@@ -154,7 +155,7 @@ async def test_api_keys_401_403_class_override_and_per_key_cap() -> None:
         web = openai.AsyncOpenAI(base_url=url, api_key=WEB_KEY, max_retries=0)
         etl = openai.AsyncOpenAI(base_url=url, api_key=ETL_KEY, max_retries=0)
         with pytest.raises(openai.AuthenticationError) as unknown:
-            await anonymous.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+            await anonymous.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
         assert unknown.value.code == "invalid_api_key" and "sk-unknown" not in str(unknown.value)
         async with httpx.AsyncClient(base_url=running.http_url) as raw:
             missing = await raw.post("/v1/chat/completions", json={"messages": MESSAGES})
@@ -166,9 +167,9 @@ async def test_api_keys_401_403_class_override_and_per_key_cap() -> None:
         models = await web.models.list()
         assert [m.id for m in models.data] == [MODEL]
         with pytest.raises(openai.PermissionDeniedError, match="'webapp' may not force the class 'batch'"):
-            await web.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"})  # type: ignore[arg-type]
+            await web.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"})
         forced = await etl.chat.completions.with_raw_response.create(
-            model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"}  # type: ignore[arg-type]
+            model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"}
         )
         assert forced.headers["x-tailguard-class"] == "batch" and forced.headers["x-tailguard-pool"] == "batch"
 
@@ -177,17 +178,17 @@ async def test_api_keys_401_403_class_override_and_per_key_cap() -> None:
         async with trio.open_nursery() as nursery:
 
             async def hold_a_seat() -> None:
-                stream = await etl.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=120, stream=True)  # type: ignore[arg-type]
+                stream = await etl.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=120, stream=True)
                 async for _ in stream:
                     started.set()
 
             nursery.start_soon(hold_a_seat)
             await started.wait()
             with pytest.raises(openai.RateLimitError) as capped:
-                await etl.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+                await etl.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
             assert capped.value.code == "caller_concurrency_limit" and capped.value.response.headers["retry-after"] == "1"
-            assert (await web.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)).choices  # type: ignore[arg-type]
-        assert (await etl.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)).choices  # type: ignore[arg-type]
+            assert (await web.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)).choices
+        assert (await etl.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)).choices
         for client in (anonymous, web, etl):
             await client.close()
         async with httpx.AsyncClient(base_url=running.http_url) as raw:

@@ -18,8 +18,8 @@ import pytest
 import trio
 import trio.lowlevel
 
-from tailguard.router.backend import BackendClient
-from tailguard.router.config import load_config
+from tailguard.router.backend import BackendClient, ConnectorTransport
+from tailguard.router.config import EndpointConfig, load_config
 from tailguard.server.app import serve
 from tailguard.sim.canned import canned_transport
 from tests.e2e.test_reload import toml
@@ -154,8 +154,8 @@ async def test_applying_a_config_is_all_or_nothing() -> None:
 
     broken = "http://gpu-9:8000"
 
-    def transport_for(endpoint: object) -> httpx.AsyncBaseTransport:
-        if getattr(endpoint, "url", None) == broken:
+    def transport_for(endpoint: EndpointConfig) -> ConnectorTransport:
+        if endpoint.url == broken:
             raise RuntimeError("cannot build a transport for gpu-9")
         return canned_transport(lambda request: httpx.Response(200))
 
@@ -183,7 +183,7 @@ async def test_a_client_that_cannot_be_built_for_a_new_cap_changes_nothing(monke
 
     router = Router(two_pool_config(interactive_cap=4, batch_cap=4), transport_factory=lambda _: canned_transport(lambda r: httpx.Response(200)))
     built = 0
-    real = endpoint.BackendClient
+    real = BackendClient
 
     def fails_second(*args: object, **kwargs: object) -> BackendClient:
         nonlocal built

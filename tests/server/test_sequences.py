@@ -71,9 +71,9 @@ async def test_n_counts_in_the_class_and_over_the_limits_is_refused(autojump_clo
     async with router_over_engines(two_pool_config(interactive_cap=4, batch_cap=16)) as fleet:
         router = fleet.router
         _, one = await run_to_end(router, with_n(1, max_tokens=100))
-        assert one.request_class == "interactive"  # type: ignore[attr-defined]
+        assert one.request_class == "interactive"
         _, four = await run_to_end(router, with_n(4, max_tokens=100))  # 400 tokens of output: not an interactive request
-        assert four.request_class == "batch"  # type: ignore[attr-defined]
+        assert four.request_class == "batch"
         with pytest.raises(errors.InvalidRequest, match="limits.max_n") as over:
             await run_to_end(router, with_n(9))
         assert over.value.param == "n"
@@ -127,8 +127,8 @@ def test_both_front_ends_count_n_alike() -> None:
             for options in (pb.Options(max_tokens=4, n=2), pb.Options(max_tokens=4, extra=struct(n=2))):
                 with pytest.raises(grpc.RpcError) as grpc_refused:
                     stub.Chat(pb.ChatRequest(messages=[pb.Message(role="user", content="hi")], options=options))
-                assert grpc_refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-                assert "one choice a call" in (grpc_refused.value.details() or "")  # type: ignore[attr-defined]
+                assert grpc_refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "one choice a call" in (grpc_refused.value.details() or "")
             reply = stub.Chat(pb.ChatRequest(messages=[pb.Message(role="user", content="hi")], options=pb.Options(max_tokens=4, n=1)))
             assert reply.usage.completion_tokens == 4
 

@@ -143,7 +143,7 @@ async def peer_organization(port: int, context: ssl.SSLContext, alpn: str = "htt
     finally:
         await stream.aclose()
     assert cert is not None
-    return next(value for rdn in cert["subject"] for name, value in rdn if name == "organizationName")
+    return str(next(value for rdn in cert["subject"] for name, value in rdn if name == "organizationName"))
 
 
 def grpc_chat(port: int, credentials: grpc.ChannelCredentials | None) -> str:

@@ -9,6 +9,7 @@ import openai
 import pytest
 import trio
 import trio.testing
+from openai.types.chat import ChatCompletionMessageParam
 
 from tailguard.sim import PROFILES, EngineSpec, serve_engine
 from tailguard.sim.__main__ import build_parser
@@ -215,16 +216,16 @@ async def test_openai_sdk_over_a_real_socket() -> None:
         async with engines_on_sockets([FAST.replace(base_ms=1.0)]) as backends:
             base_url = backends.urls[0] + "/v1"
             client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
-            messages = [{"role": "user", "content": "Tell me a story"}]
-            reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)  # type: ignore[arg-type]
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story"}]
+            reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
             assert reply.usage is not None and reply.usage.completion_tokens == 8
             stream = await client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=8, stream=True  # type: ignore[arg-type]
+                model=MODEL, messages=messages, max_tokens=8, stream=True
             )
             pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
             assert "".join(pieces) == reply.choices[0].message.content
             with pytest.raises(openai.BadRequestError, match="cannot be greater than max_model_len"):
-                await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10_000)  # type: ignore[arg-type]
+                await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10_000)
 
             def sync_calls() -> tuple[str, list[str]]:
                 with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as sync:
@@ -563,6 +564,7 @@ async def test_a_longer_tokenizer_token_counts_a_long_text_before_refusing_it(au
 async def test_empty_stream_options_without_stream_are_accepted(autojump_clock: trio.testing.MockClock) -> None:
     # vLLM's validator tests the value's truth: {} and null pass, as there.
     async with in_process_engine(FAST) as (_, client):
-        for options in ({}, None):
+        choices: tuple[dict[str, object] | None, ...] = ({}, None)
+        for options in choices:
             body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream_options": options}
             assert (await client.post("/v1/chat/completions", json=body)).status_code == 200

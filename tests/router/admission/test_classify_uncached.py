@@ -42,7 +42,7 @@ class Conversation:
         body, routing = await run_to_end(fleet.router, turn(list(self.messages), self.turns))
         self.turns += 1
         self.messages.append({"role": "assistant", "content": json.loads(body)["choices"][0]["message"]["content"]})
-        return routing.request_class, routing.endpoint, routing.prompt_tokens  # type: ignore[attr-defined]
+        return routing.request_class, routing.endpoint, routing.prompt_tokens
 
 
 async def converse(fleet: Fleet, turns: int) -> list[tuple[str, str, int]]:
@@ -73,7 +73,7 @@ async def test_a_home_that_went_down_counts_every_token(autojump_clock: trio.tes
         for endpoint in fleet.router.pool("interactive").endpoints:
             if endpoint.url == first[1][1]:
                 endpoint.healthy = False  # the engine holding its history leaves
-        klass, endpoint, tokens = await conversation.next_turn(fleet)
+        klass, _, tokens = await conversation.next_turn(fleet)
     assert tokens > 500
     assert klass == "batch"
 

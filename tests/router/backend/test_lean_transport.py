@@ -315,10 +315,11 @@ async def test_post_writes_the_bytes_an_httpx_request_would_and_refuses_a_header
         url = await _serve(handle, nursery) + "/base/"  # an endpoint's URL may have a path, with or without its slash
         transport = LeanTransport(url, connect_timeout=2, max_idle=4)
         headers = {"content-type": "application/json", "x-request-id": "r-1"}
-        for send in (
+        sends: tuple[Callable[[], Awaitable[httpx.Response]], ...] = (
             lambda: transport.post("/v1/chat/completions", b"{}", headers),
             lambda: transport.handle_async_request(httpx.Request("POST", url.rstrip("/") + "/v1/chat/completions", content=b"{}", headers=headers)),
-        ):
+        )
+        for send in sends:
             response = await send()
             assert response.status_code == 200 and await response.aread() == b"{}"
             await response.aclose()

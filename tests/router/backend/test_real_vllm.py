@@ -21,7 +21,7 @@ from hypothesis import given, strategies as st
 
 from tailguard.router import Router
 from tailguard.router.admission import RouterRequest
-from tailguard.router.backend import BackendClient, BackendProbe, EventFilter
+from tailguard.router.backend import BackendClient, BackendProbe, ConnectorTransport, EventFilter
 from tailguard.router.config import BackendAccess, Config, ConfigError, EndpointConfig, parse_config
 from tailguard.router.errors import BackendAuthFailed, QueueTimeout
 from tailguard.router.fleet import Endpoint, ModelLenError, ask_model_lens
@@ -67,7 +67,7 @@ async def router_over(handlers: Mapping[str, Handler | SimApp], cfg: Config, *, 
 
     probing = found_well  # endpoints start unknown: a probe must pass first
 
-    def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
+    def transport_for(endpoint: EndpointConfig) -> ConnectorTransport:
         handler = handlers[endpoint.url]
         answer = sim_canned_transport(handler) if isinstance(handler, SimApp) else canned_transport(handler)
 
@@ -282,7 +282,7 @@ async def test_every_stream_asks_for_usage_and_the_caller_gets_it_only_when_aske
 
 def merged_stream(tokens: int, per_event: int) -> bytes:
     """An SSE stream the way vLLM sends one under load: several tokens in one event, then usage, then [DONE]."""
-    events = []
+    events: list[dict[str, object]] = []
     for start in range(0, tokens, per_event):
         text = "x" * min(per_event, tokens - start)
         finish = "length" if start + per_event >= tokens else None

@@ -74,7 +74,7 @@ async def test_an_engine_is_unknown_until_its_first_probe_and_a_request_waits_fo
 
         async def ask() -> None:
             _, routing = await run_to_end(router, chat(request_id="early"))
-            served.append(routing.queue_seconds)  # type: ignore[attr-defined]
+            served.append(routing.queue_seconds)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ask)
@@ -157,7 +157,8 @@ async def test_a_probe_that_times_out_marks_a_silent_engine_down_at_once_and_its
             await router.check_health()  # a second in a row, nothing heard since: they give up
         timeout = router.config.timeouts.health_check_timeout
         assert len(took) == 6 and max(took) < 2 * timeout + 0.5  # tried elsewhere then, not after first_byte_timeout (60 s)
-        assert router.statistics().retries["interactive"] == len(calls)
+        retries = router.statistics().retries
+        assert retries is not None and retries["interactive"] == len(calls)
 
 
 async def test_one_silent_miss_of_an_engine_running_whole_answers_gives_up_no_call(autojump_clock: trio.testing.MockClock) -> None:
@@ -191,7 +192,8 @@ async def test_one_silent_miss_of_an_engine_running_whole_answers_gives_up_no_ca
             await router.check_health()
             assert state(router, SECOND) == "up"
             assert took == []  # all three still running: none was given up
-        assert len(took) == 3 and router.statistics().retries["interactive"] == 0
+        retries = router.statistics().retries
+        assert len(took) == 3 and retries is not None and retries["interactive"] == 0
 
 
 async def test_a_half_dead_engine_costs_no_unary_request_its_deadline_under_the_default_probe(

@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 from tailguard.router import Router
+from tailguard.router.backend import ConnectorTransport
 from tailguard.router.config import Config, EndpointConfig
 from tailguard.router.observe import LoopLag
 from tailguard.sim.canned import canned_transport
@@ -39,13 +40,16 @@ class Engine:
 def config_with(unhealthy: int | None = None, healthy: int | None = None) -> Config:
     config = two_pool_config()
     interactive = config.pools[0]
-    changes = {k: v for k, v in (("unhealthy_threshold", unhealthy), ("healthy_threshold", healthy)) if v is not None}
-    pools = tuple(dataclasses.replace(pool, health_check="http") for pool in (dataclasses.replace(interactive, **changes), *config.pools[1:]))
+    if unhealthy is not None:
+        interactive = dataclasses.replace(interactive, unhealthy_threshold=unhealthy)
+    if healthy is not None:
+        interactive = dataclasses.replace(interactive, healthy_threshold=healthy)
+    pools = tuple(dataclasses.replace(pool, health_check="http") for pool in (interactive, *config.pools[1:]))
     return dataclasses.replace(config, pools=pools)
 
 
 def router_over(engine: Engine, config: Config) -> Router:
-    def transport(_: EndpointConfig) -> httpx.AsyncBaseTransport:
+    def transport(_: EndpointConfig) -> ConnectorTransport:
         return canned_transport(engine.handle)
 
     return Router(config, transport_factory=transport, seed=0)

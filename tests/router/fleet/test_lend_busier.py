@@ -30,7 +30,7 @@ async def endpoints_of_batch_jobs(
 
         async def job(i: int) -> None:
             _, routing = await run_to_end(fleet.router, chat(f"{prompt} {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
-            seated.append(routing.endpoint)  # type: ignore[attr-defined]
+            seated.append(routing.endpoint)
 
         in_flight: dict[str, int] = {}
         async with trio.open_nursery() as nursery:
@@ -192,7 +192,7 @@ async def seat_of_a_job_behind_a_long_prompt(*, streamed: bool) -> str:
             await trio.testing.wait_all_tasks_blocked()
             _, routing = await run_to_end(fleet.router, chat("small job", max_tokens=LONG_OUTPUT, request_id="small"))
             nursery.cancel_scope.cancel()
-    return routing.endpoint  # type: ignore[attr-defined, no-any-return]
+    return routing.endpoint
 
 
 async def test_busier_lends_when_the_borrowers_engine_has_more_prompt_queued_for_prefill(autojump_clock: trio.testing.MockClock) -> None:
@@ -211,7 +211,7 @@ async def test_a_waiting_borrower_is_seated_when_the_ttft_evidence_goes_stale(au
 
         async def job(request_id: str) -> None:
             _, routing = await run_to_end(fleet.router, chat(f"job {request_id}", max_tokens=4000, request_id=request_id))
-            seated_at[request_id] = (routing.endpoint, routing.queue_seconds)  # type: ignore[attr-defined]
+            seated_at[request_id] = (routing.endpoint, routing.queue_seconds)
 
         started = trio.current_time()
         async with trio.open_nursery() as nursery:
@@ -234,7 +234,7 @@ async def test_a_waiting_borrower_is_seated_when_the_lenders_own_peak_is_forgott
 
         async def job(request_id: str, text: str, max_tokens: int) -> None:
             _, routing = await run_to_end(fleet.router, chat(text, max_tokens=max_tokens, request_id=request_id))
-            seated[request_id] = (routing.endpoint, routing.queue_seconds)  # type: ignore[attr-defined]
+            seated[request_id] = (routing.endpoint, routing.queue_seconds)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(job, "hold", "a long job", 10_000)  # batch's one seat, for longer than the peak lasts (~80 s)

@@ -50,7 +50,7 @@ async def test_a_long_borrowed_prompt_is_lent_and_the_next_waits_for_its_first_t
                         if request_id == "long" and not first_token:
                             first_token.append(trio.current_time())
                     routing = completion.routing
-                    seated[request_id] = (routing.endpoint, routing.queue_seconds)  # type: ignore[attr-defined]
+                    seated[request_id] = (routing.endpoint, routing.queue_seconds)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(streamed, "own", "short job")  # batch's one seat
@@ -102,7 +102,7 @@ async def test_a_cancelled_borrowed_request_leaves_no_prefill_counted(autojump_c
                 await run_to_end(fleet.router, chat(LONG_PROMPT, max_tokens=LONG_OUTPUT, request_id="gone"))
             assert (lender.borrowed, lender.borrowed_prefilling, lender.in_flight) == (0, 0, 0)
             _, routing = await run_to_end(fleet.router, chat("next job", max_tokens=LONG_OUTPUT, request_id="next"))
-            assert routing.endpoint == INTERACTIVE_URL and routing.queue_seconds == 0  # type: ignore[attr-defined]
+            assert routing.endpoint == INTERACTIVE_URL and routing.queue_seconds == 0
 
 
 async def test_a_failed_borrowed_request_leaves_no_prefill_counted(autojump_clock: trio.testing.MockClock) -> None:
@@ -203,7 +203,7 @@ async def test_a_lender_without_own_requests_lately_lends_prompts_over_its_lengt
 
         async def job(request_id: str, text: str) -> None:
             _, routing = await run_to_end(fleet.router, chat(text, max_tokens=LONG_OUTPUT, request_id=request_id))
-            seated[request_id] = routing.endpoint  # type: ignore[attr-defined]
+            seated[request_id] = routing.endpoint
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(job, "own-seat", "a job")

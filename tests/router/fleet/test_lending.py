@@ -38,8 +38,8 @@ async def test_idle_interactive_seats_serve_batch_within_max_seats(autojump_cloc
 
         async def batch_request(i: int) -> None:
             _, routing = await run_to_end(fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
-            assert routing.request_class == "batch" and routing.pool == "batch"  # type: ignore[attr-defined]
-            endpoints.append(routing.endpoint)  # type: ignore[attr-defined]
+            assert routing.request_class == "batch" and routing.pool == "batch"
+            endpoints.append(routing.endpoint)
 
         async with trio.open_nursery() as nursery:
             for i in range(5):
@@ -50,7 +50,7 @@ async def test_idle_interactive_seats_serve_batch_within_max_seats(autojump_cloc
             assert (batch.in_flight, batch.queue.waiting, interactive.in_flight) == (2, 1, 2)
             # interactive still seats its own at once: 4 seats, 2 lent
             _, routing = await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id="i0"))
-            assert routing.pool == "interactive" and routing.queue_seconds == 0  # type: ignore[attr-defined]
+            assert routing.pool == "interactive" and routing.queue_seconds == 0
         assert endpoints.count(INTERACTIVE_URL) >= 2 and len(endpoints) == 5
         page = Metrics(fleet.router).render().decode()
         assert f'tailguard_pool_borrowed_total{{lender="interactive",pool="batch"}} {endpoints.count(INTERACTIVE_URL):.1f}' in page
@@ -94,7 +94,7 @@ async def test_a_prompt_over_the_prefill_budget_is_never_lent(autojump_clock: tr
 
         async def one(request_id: str, text: str) -> None:
             _, routing = await run_to_end(fleet.router, chat(text, max_tokens=LONG_OUTPUT, request_id=request_id))
-            endpoints[request_id] = routing.endpoint  # type: ignore[attr-defined]
+            endpoints[request_id] = routing.endpoint
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one, "first", "short job")
@@ -133,7 +133,7 @@ async def test_a_class_limit_keeps_seats_of_a_shared_pool_for_the_other_class(au
             assert (pool.in_flight, pool.queue.waiting) == (2, 3)  # batch holds at most 2 of the 4 seats
             for i in range(2):  # interactive requests queued behind them are seated at once
                 _, routing = await run_to_end(fleet.router, chat("quick?", max_tokens=16, request_id=f"i{i}"))
-                assert routing.queue_seconds == 0  # type: ignore[attr-defined]
+                assert routing.queue_seconds == 0
         assert fleet.engine(BATCH_URL).statistics().max_running_seen <= 4
 
 

@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 from tailguard.router import Router, errors
+from tailguard.router.backend import ConnectorTransport
 from tailguard.router.config import Config, EndpointConfig, OutlierDetectionConfig, PlacementConfig, TimeoutsConfig
 from tailguard.server.metrics import Metrics
 from tailguard.sim.canned import canned_transport
@@ -87,7 +88,7 @@ async def router_over(handlers: dict[str, Handler], config: Config) -> AsyncIter
     calls = dict.fromkeys(handlers, 0)
     probing = True  # the first probe finds every engine well (they fail later): endpoints start unknown
 
-    def transport_for(endpoint: EndpointConfig) -> httpx.AsyncBaseTransport:
+    def transport_for(endpoint: EndpointConfig) -> ConnectorTransport:
         async def handle(request: httpx.Request) -> httpx.Response:
             if probing:
                 return await ok(request)
@@ -233,7 +234,8 @@ async def test_a_reset_before_the_response_head_is_retried_over_real_sockets() -
             try:
                 for i in range(12):
                     assert await settle(router, f"r{i}") is None
-                assert router.statistics().retries["interactive"] >= 1
+                retries = router.statistics().retries
+                assert retries is not None and retries["interactive"] >= 1
                 assert endpoint(router, reset_url).failures_in_a_row >= 1
             finally:
                 await router.aclose()

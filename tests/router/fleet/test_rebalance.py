@@ -39,7 +39,7 @@ async def interactive_load(router: object, seconds: float, concurrency: int, don
         n = 0
         while trio.current_time() < end:
             _, routing = await run_to_end(router, chat(f"q{i}-{n}", max_tokens=64, request_id=f"i{i}-{n}"))  # type: ignore[arg-type]
-            done.append(routing.endpoint)  # type: ignore[attr-defined]
+            done.append(routing.endpoint)
             n += 1
 
     async with trio.open_nursery() as nursery:
@@ -80,7 +80,7 @@ async def test_a_moving_endpoint_finishes_its_old_pools_requests_before_it_joins
 
         async def long_job(i: int) -> None:  # batch work, spread over both batch endpoints
             _, routing = await run_to_end(fleet.router, chat(f"job {i}", max_tokens=1000, request_id=f"b{i}"))
-            long_done.append(routing.endpoint)  # type: ignore[attr-defined]
+            long_done.append(routing.endpoint)
 
         for i in range(2):
             nursery.start_soon(long_job, i)

@@ -40,7 +40,7 @@ async def test_the_engine_moved_out_is_the_one_whose_cache_is_coldest(autojump_c
         await trio.sleep(1.5)  # a look or two: the warmth window has begun
         for i in range(6):  # one tenant's document, asked about again and again: cached on its home
             _, routing = await run_to_end(fleet.router, chat(text + f" Question {i}?", max_tokens=4, request_id=f"b{i}"))
-            assert routing.endpoint == warm  # type: ignore[attr-defined]
+            assert routing.endpoint == warm
         assert fleet.router.endpoint(warm).home_placements == 6 and fleet.router.endpoint(cold).home_placements == 0
         await interactive_load(fleet.router, 30.0, 3 * CAP, [])
         stats = fleet.router.statistics()

@@ -87,11 +87,11 @@ async def test_a_sustained_imbalance_moves_a_share_of_the_engine_after_hold_time
         assert f'tailguard_endpoint_max_concurrency{{endpoint="{BATCH_URL}",pool="batch"}} {CAP - 2:.1f}' in page
         assert f'tailguard_pool_max_concurrency{{pool="interactive"}} {CAP + 2:.1f}' in page
         assert 'tailguard_endpoint_moves_total{from="batch",to="interactive"} 1.0' in page
-        engine, share = engine_members(fleet.router, BATCH_URL)
-        assert share.usable and share.engine is engine
-        engine.healthy = False  # down by the engine's health check: its share is down with it, not probed apart
+        own, share = engine_members(fleet.router, BATCH_URL)
+        assert share.usable and share.engine is own
+        own.healthy = False  # down by the engine's health check: its share is down with it, not probed apart
         assert not share.usable and fleet.router.pool("interactive").healthy
-        engine.healthy, engine.ejected_until = True, trio.current_time() + 10.0  # and out while the engine is ejected
+        own.healthy, own.ejected_until = True, trio.current_time() + 10.0  # and out while the engine is ejected
         assert not share.usable
         nursery.cancel_scope.cancel()
 

@@ -338,7 +338,7 @@ async def test_lowering_max_waiting_keeps_waiters_rejects_arrivals() -> None:
 
 def test_max_waiting_must_not_be_negative() -> None:
     with pytest.raises(ValueError):
-        WaitQueue(lambda: 1, max_waiting=-1)
+        WaitQueue[int, object](lambda _: 1, max_waiting=-1)
 
 
 async def test_release_at_deadline_instant_goes_to_the_waiter(

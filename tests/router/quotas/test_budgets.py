@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tailguard.router.config import ApiKeyConfig, AuthConfig, ClusterConfig, ConfigError, LimitsConfig, parse_config, render_config
 from tailguard.router.errors import BudgetExceeded, InvalidRequest
@@ -18,13 +19,16 @@ from tests.helpers.router import two_pool_config
 from tests.helpers.sockets import QUICK, Backends, engines_on_sockets, tailguard
 from tests.router.config.test_config import BASE
 
-MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 KEY = "sk-budgeted-0123456789"
 
 
 def test_reservations_hold_the_window_and_settling_hands_back_the_rest() -> None:
     budgets = Budgets()
-    reserve = lambda tokens, now: budgets.reserve("k", tokens, tokens_per_minute=1000, requests_per_minute=None, now=now)  # noqa: E731
+
+    def reserve(tokens: int, now: float) -> budgets_module.Grant | None:
+        return budgets.reserve("k", tokens, tokens_per_minute=1000, requests_per_minute=None, now=now)
+
     first = reserve(600, 0.0)
     assert first is not None and first.limits.remaining_tokens == 400
     with pytest.raises(BudgetExceeded) as refused:
@@ -118,18 +122,18 @@ async def test_the_openai_sdk_reads_the_headers_and_a_refusal_honours_the_comput
         async with tailguard(config) as running:
             url = running.http_url + "/v1"
             once = openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0)
-            answer = await once.chat.completions.with_raw_response.create(model=MODEL, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+            answer = await once.chat.completions.with_raw_response.create(model=MODEL, messages=MESSAGES, max_tokens=8)
             assert answer.headers["x-ratelimit-limit-requests"] == "2" and answer.headers["x-ratelimit-remaining-requests"] == "1"
             assert int(answer.headers["x-ratelimit-remaining-tokens"]) < 10_000
-            await once.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+            await once.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
             with pytest.raises(openai.RateLimitError) as refused:
-                await once.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+                await once.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
             assert refused.value.code == "token_budget_exceeded"
             assert refused.value.response.headers["x-ratelimit-remaining-requests"] == "0"
             assert 1 <= int(refused.value.response.headers["retry-after"]) <= 2
             retrying = openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=1)
             start = time.monotonic()
-            assert (await retrying.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)).choices  # type: ignore[arg-type]
+            assert (await retrying.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)).choices
             assert time.monotonic() - start >= 0.5  # it waited as told, once, and then the window held it
             async with httpx.AsyncClient(base_url=running.http_url) as raw:  # a keyless caller is refused before any budget
                 assert (await raw.post("/v1/chat/completions", json={"messages": MESSAGES})).status_code == 401

@@ -261,7 +261,7 @@ async def test_two_routers_on_one_ledger_never_send_an_engine_more_than_its_cap(
 
         async def ask(router: Router, i: int) -> None:
             _, routing = await run_to_end(router, chat(f"q{i}", max_tokens=32, request_id=f"r{i}"))
-            answered.append(routing.pool)  # type: ignore[attr-defined]
+            answered.append(routing.pool)
 
         async with trio.open_nursery() as load:
             for i in range(24):
@@ -329,7 +329,8 @@ def documented_keys(text: str, table: str) -> dict[str, tuple[str, str]]:
     """{key: (value as written, the comment above it)} of ``[table]`` in the shipped file, its
     keys set or commented out (``# key = value``); the table ends at the next header or rule."""
     keys: dict[str, tuple[str, str]] = {}
-    inside, comment = False, []
+    inside = False
+    comment: list[str] = []
     for line in text.splitlines():
         header = _HEADER.match(line)
         if header or line.startswith("# ----"):
@@ -679,7 +680,10 @@ async def test_a_seat_freed_on_a_replica_goes_to_a_more_urgent_waiter_on_another
             # The seat went back to the ledger, not to a's own long requests.
             assert not requests.admitted("L3") and not requests.admitted("L4")
             assert a.statistics().pool("interactive").max_concurrency == 1
-            queued_long = lambda: requests.admitted("L3") or requests.admitted("L4")  # noqa: E731
+
+            def queued_long() -> bool:
+                return requests.admitted("L3") or requests.admitted("L4")
+
             await until(lambda: requests.admitted("S") or queued_long())
             assert requests.admitted("S") and not queued_long(), "a's own long request took the seat"
             # Once the short request has ended and b waits for nothing, a's long ones get their seats back.

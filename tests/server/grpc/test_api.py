@@ -34,7 +34,7 @@ def config(urls: list[str], **kwargs: object) -> Config:
 
 
 def chat(text: str = "What is the capital of France?", **options: object) -> pb.ChatRequest:
-    return pb.ChatRequest(messages=[pb.Message(role="user", content=text)], options=pb.Options(**options))  # type: ignore[arg-type]
+    return pb.ChatRequest(messages=[pb.Message(role="user", content=text)], options=pb.Options(**options))
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def service() -> Service:  # type: ignore[misc]
 
 
 @pytest.fixture
-def stub(service: Service) -> pb_grpc.CompletionsStub:  # type: ignore[misc]
+def stub(service: Service) -> pb_grpc.CompletionsStub:
     with grpc.insecure_channel(service.grpc_target) as channel:
         yield pb_grpc.CompletionsStub(channel)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import pytest
 import trio
@@ -133,6 +133,7 @@ async def test_a_slow_consumer_holds_the_producer_at_the_buffer_and_leaving_canc
             first = [await anext(stream)]
             await asyncio.sleep(0.2)  # the producer fills the buffer meanwhile, then waits
             held = len(emitted)
+            assert isinstance(stream, AsyncGenerator)
             await stream.aclose()  # leaving the iteration cancels the producer
             return [*first, held]
 

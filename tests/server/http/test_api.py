@@ -14,6 +14,7 @@ import openai
 import pytest
 import trio
 import trio.lowlevel
+from openai.types.chat import ChatCompletionMessageParam
 
 from tailguard.router import Router
 from tailguard.router.config import Config, LimitsConfig, ServerConfig, TimeoutsConfig
@@ -23,7 +24,7 @@ from tests.helpers.engines import MODEL
 from tests.helpers.router import two_pool_config
 from tests.helpers.sockets import QUICK, Backends, engines_on_sockets, eventually, tailguard
 
-MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def config_for(urls: list[str], **kwargs: object) -> Config:
@@ -36,7 +37,7 @@ async def test_openai_sdk_sees_routing_headers_streaming_and_not(two_engines: Ba
     async with tailguard(config_for(two_engines.urls)) as running:
         client = openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0)
         raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=MESSAGES, max_tokens=16, extra_headers={"x-request-id": "req-123"}  # type: ignore[arg-type]
+            model=MODEL, messages=MESSAGES, max_tokens=16, extra_headers={"x-request-id": "req-123"}
         )
         reply = raw.parse()
         assert raw.headers["x-request-id"] == "req-123"
@@ -44,7 +45,7 @@ async def test_openai_sdk_sees_routing_headers_streaming_and_not(two_engines: Ba
         assert raw.headers["x-tailguard-max-tokens"] == "16" and float(raw.headers["x-tailguard-queue-ms"]) >= 0
         assert reply.usage is not None and reply.usage.completion_tokens == 16
 
-        stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, stream=True)  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, stream=True)
         pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
         assert "".join(pieces) == reply.choices[0].message.content
 
@@ -113,10 +114,10 @@ async def test_forced_class_is_forbidden_and_reject_mode_refuses(two_engines: Ba
         client = openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.PermissionDeniedError, match="may not force the class"):
             await client.chat.completions.create(
-                model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"}  # type: ignore[arg-type]
+                model=MODEL, messages=MESSAGES, max_tokens=8, extra_headers={"x-tailguard-class": "batch"}
             )
         with pytest.raises(openai.BadRequestError, match="output cap of 1024") as caught:
-            await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2000)  # type: ignore[arg-type]
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2000)
         assert caught.value.code == "max_tokens_too_large"
         await client.close()
 
@@ -131,7 +132,7 @@ async def test_queue_full_is_429_and_queue_deadline_503_with_retry_after() -> No
                 hold = trio.Event()
 
                 async def occupy() -> None:
-                    stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=128, stream=True)  # type: ignore[arg-type]
+                    stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=128, stream=True)
                     async for _ in stream:
                         hold.set()
 
@@ -139,7 +140,7 @@ async def test_queue_full_is_429_and_queue_deadline_503_with_retry_after() -> No
 
                 async def wait_in_queue() -> None:
                     try:
-                        await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+                        await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
                     except openai.APIStatusError as error:
                         outcomes["queued"] = error
 
@@ -149,7 +150,7 @@ async def test_queue_full_is_429_and_queue_deadline_503_with_retry_after() -> No
                 while running.router.statistics().waiting == 0:
                     await trio.sleep(0.005)
                 with pytest.raises(openai.RateLimitError) as full:
-                    await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+                    await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
                 assert full.value.code == "queue_full" and full.value.response.headers["retry-after"] == "1"
             timed_out = outcomes["queued"]
             assert timed_out.status_code == 503 and timed_out.code == "queue_timeout"

@@ -484,7 +484,7 @@ async def test_a_drain_ends_on_time_with_a_caller_that_never_reads() -> None:
             with trio.fail_after(15):
                 async with trio.open_nursery() as nursery:
                     running: Running = await nursery.start(
-                        lambda task_status: serve_tailguard(_config(backends.urls, deadline=60.0), None, http_port=0, task_status=task_status)  # type: ignore[arg-type]
+                        lambda task_status: serve_tailguard(_config(backends.urls, deadline=60.0), None, http_port=0, task_status=task_status)
                     )
                     port = int(running.http_url.rsplit(":", 1)[1])
                     sock = await connect(port, receive_buffer=SMALL_BUFFER)
