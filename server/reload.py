@@ -5,7 +5,7 @@ once, when the process starts (sockets, the HTTP server, worker processes,
 the shared ledger, the log format, whether the gRPC port speaks TLS): a
 reload that changes one applies the rest, keeps the running value, and logs
 a warning naming each such key. README's "Configuration" section lists the
-same keys (tests/test_reload.py compares them).
+same keys (tests/e2e/test_reload.py compares them).
 
 The listeners' TLS files are watched beside the config file: a rotated
 certificate (cert-manager writing a Secret's files) reloads as an edit does,

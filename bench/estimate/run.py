@@ -47,9 +47,9 @@ from bench.estimate.texts import DEFAULT_MAX_CHARS, MAX_CHARS, code_source, make
 from bench.harness.cli import add_out_arg, add_seed_arg, driver_parser, run_and_report
 from bench.harness.procs import PROJECT_ROOT, process_cpu_seconds
 from bench.harness.report import code_version, latency_ms
+from bench.vllm.engines import SERVED_MODEL, RealEngine, start_engine, wait_ready
 from tailguard.router.admission import KINDS, PromptRatios, PromptSize, RouterRequest, size_prompt
 from tailguard.router.config import EstimateConfig
-from tests.real_vllm.engines import SERVED_MODEL, RealEngine, start_engine, wait_ready
 
 RESULTS = PROJECT_ROOT / "bench" / "results" / "estimate"
 ESTIMATE = EstimateConfig()  # the shipped [estimate]

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import shutil
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import IO
 
 import trio
 
 from bench.harness.client import HOST
-from bench.harness.procs import start_process
+from bench.harness.procs import free_ports, start_process
 
 
 class RedisProcess:
     """redis-server on one port, without persistence: killed and started again (empty), or paused, by the benchmark."""
 
-    def __init__(self, nursery: trio.Nursery, port: int, log: IO[bytes]) -> None:
+    def __init__(self, nursery: trio.Nursery, port: int, log: IO[bytes] | None) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -50,3 +52,16 @@ class RedisProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
         self.paused = paused
+
+
+@asynccontextmanager
+async def redis_process(log: IO[bytes] | None = None) -> AsyncIterator[RedisProcess]:
+    """A redis-server started on a free port for one script's run, and killed at its end."""
+    async with trio.open_nursery() as nursery:
+        redis = RedisProcess(nursery, free_ports(1)[0], log)
+        await redis.start()
+        try:
+            yield redis
+        finally:
+            if redis.process is not None:
+                await redis.kill()

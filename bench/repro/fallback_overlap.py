@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import trio
 
+from bench.harness.redis import redis_process
 from bench.repro.replica import Replica
 from tailguard.server.redis_ledger import RedisLedger
-from tests.redis_helpers import RedisServer
 
 CAP, TTL = 4, 0.5
 
 
 async def main() -> None:
-    redis = RedisServer()
-    redis.start()
-    async with RedisLedger(redis.url, "repro", timeout=0.2) as ledger:
+    async with redis_process() as redis, RedisLedger(redis.url, "repro", timeout=0.2) as ledger:
         a, b = (Replica(n, ledger, cap=CAP, lease_ttl=TTL, static_share=0.5) for n in "ab")
         a.waiting = 3
         await a.budget.sync_once()
@@ -27,7 +25,7 @@ async def main() -> None:
         await b.budget.sync_once()
         b.in_use, b.waiting = 1, 0  # b runs 1
         print(f"ledger mode: a granted {a.granted} (in use {a.in_use}), b granted {b.granted} (in use {b.in_use}); cap {CAP}")
-        redis.stop()
+        await redis.kill()
         b.in_use = 0  # b's request ends; a's long ones go on
         for r in (a, b):
             await r.budget.sync_once()

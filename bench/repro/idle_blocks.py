@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import trio
 
+from bench.harness.redis import redis_process
 from tailguard.router.config import ClusterConfig
 from tailguard.router.quotas import AdmissionLedger, Demand
 from tailguard.server.redis_ledger import RedisLedger
-from tests.redis_helpers import redis_server
 
 CAP = 4  # key:trial max_concurrency
 
@@ -23,7 +23,7 @@ def replica(name: str, ledger: RedisLedger, state: dict[str, int]) -> AdmissionL
 
 
 async def main() -> None:
-    with redis_server() as redis:
+    async with redis_process() as redis:
         async with RedisLedger(redis.url, "repro") as ledger:
             states = {n: {"held": 0, "grant": 0} for n in "abcd"}
             budgets = {n: replica(n, ledger, states[n]) for n in "abcd"}

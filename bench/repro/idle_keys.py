@@ -20,13 +20,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import coredis
 import trio
 import trio.testing
 
+from bench.harness.redis import redis_process
 from tailguard.router.config import ClusterConfig
 from tailguard.router.quotas import NO_TERMS, AdmissionLedger, BudgetGrants, Budgets, LedgerStore, Synced, SyncTerms, Want
 from tailguard.server.redis_ledger import RedisLedger
-from tests.redis_helpers import redis_client, redis_server
 
 
 class Counting:
@@ -78,8 +79,9 @@ async def phase(name: str, shared: AdmissionLedger, store: Counting, client: Any
 
 
 async def main(keys: int, syncs: int, clock: trio.testing.MockClock) -> None:
-    with redis_server() as redis:
-        async with RedisLedger(redis.url, "idle", timeout=5.0) as ledger, redis_client(redis.url) as client:
+    async with redis_process() as redis:
+        client: Any = coredis.Redis.from_url(redis.url, decode_responses=True)
+        async with RedisLedger(redis.url, "idle", timeout=5.0) as ledger, client:
             store = Counting(ledger)
             config = ClusterConfig(redis_url="", replica_id="r0", lease_ttl=5.0)
             shared = AdmissionLedger(config, store, list)

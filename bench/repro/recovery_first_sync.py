@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import trio
 
+from bench.harness.redis import redis_process
 from bench.repro.replica import Replica
 from tailguard.server.redis_ledger import RedisLedger
-from tests.redis_helpers import RedisServer
 
 CAP, TTL = 8, 0.5
 
 
 async def main() -> None:
-    redis = RedisServer()
-    redis.start()
-    async with RedisLedger(redis.url, "repro", timeout=0.2) as ledger:
+    async with redis_process() as redis, RedisLedger(redis.url, "repro", timeout=0.2) as ledger:
         replicas = [Replica(n, ledger, cap=CAP, lease_ttl=TTL, static_share=0.25) for n in "abcd"]
         for r in replicas:
             await r.budget.sync_once()
-        redis.stop()
+        await redis.kill()
         for r in replicas:
             await r.budget.sync_once()
         await trio.sleep(TTL + 0.05)
@@ -29,7 +27,7 @@ async def main() -> None:
             await r.budget.sync_once()
             r.in_use, r.waiting = r.granted, 5  # each serves its static share, with a queue
         print("fallback, settled:", {r.budget.replica: r.granted for r in replicas}, "modes", {r.budget.mode for r in replicas})
-        redis.start()
+        await redis.start()
         a = replicas[0]
         await a.budget.sync_once()  # a reconnects first; b, c, d still on their static shares
         print(

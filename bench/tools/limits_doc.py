@@ -4,7 +4,7 @@ Regenerate it with::
 
     python -m bench.tools.limits_doc [config.toml] > docs/limits.md
 
-``tests/test_docs.py`` fails when the committed file differs from the
+``tests/docs/test_docs.py`` fails when the committed file differs from the
 rendering of the shipped ``config.toml``. The facts come from
 ``router.config.caller_limits.limits_of`` (what ``GET /v1/limits`` serves); every
 status, error code, gRPC status and ``Retry-After`` value comes from the
@@ -284,7 +284,7 @@ def _prompt_size(config: Config, doc: Limits) -> list[str]:
     out = [
         "<!-- Generated from config.toml by bench/tools/limits_doc.py; do not edit by hand.",
         f"     Regenerate: {REGENERATE}",
-        "     tests/test_docs.py fails when this file is stale. -->",
+        "     tests/docs/test_docs.py fails when this file is stale. -->",
         "",
         "# Limits: what tailguard accepts, and what it answers",
         "",

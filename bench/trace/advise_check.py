@@ -233,7 +233,8 @@ def _as_json(point: PointCheck) -> dict[str, Any]:
 
 def _from_json(row: dict[str, Any]) -> PointCheck:
     def fig(d: dict[str, Any]) -> Figures:
-        return Figures(**{k: math.nan if v is None else v for k, v in d.items()})  # a NaN ratio was written as null
+        values: dict[str, Any] = {k: math.nan if v is None else v for k, v in d.items()}  # a NaN ratio was written as null
+        return Figures(**values)
 
     fields = {**row, "predicted": fig(row["predicted"]), "measured": fig(row["measured"])}
     return PointCheck(**{**fields, "swept": {k: fig(v) for k, v in row["swept"].items()}})

@@ -71,10 +71,6 @@ def _hand_split(engines: int, split: tuple[int, int], config: Config) -> Setup:
     return dataclasses.replace(split_direct(*split), name=f"hand split {split[0]}:{split[1]}")
 
 
-def _tailguard(engines: int, split: tuple[int, int], config: Config) -> Setup:
-    return routed_like(tailguard_split(*split, lend_rules_of(config)), config)
-
-
 def on_profiles(setup: Setup, profiles: dict[str, str]) -> Setup:
     """``setup`` with each pool's engines (and seats) on the profile ``profiles`` names for it; others as they are."""
     assert setup.config is not None

@@ -2,7 +2,7 @@
 
 The raw rule is an upper bound of the simulator's tokenizer rule
 (``bench/sim/tokens.py``) for any Unicode text, checked by a property test
-(tests/test_estimate.py). With the defaults:
+(tests/router/admission/test_estimate.py). With the defaults:
 
 - a CJK character (the ranges below) is ``1 / cjk_chars_per_token`` token;
 - all other text is one token per ``chars_per_token`` UTF-8 *bytes*: for

@@ -32,7 +32,7 @@ Python, and was most of this server's own CPU in a profile at saturation
 
 RFC 9112 checks, and who does them. llhttp, strict (httptools 0.9 sets a
 lenient flag only through ``set_dangerous_leniencies``, which this module
-never calls; tests/test_http_server_parser.py pins each refusal): the
+never calls; tests/server/http/test_server_parser.py pins each refusal): the
 request line and version syntax, header name tokens and value characters
 (no control bytes but tab, no obs-fold), bare LF, Content-Length syntax and
 overflow, a duplicate Content-Length (even an identical one), Content-Length

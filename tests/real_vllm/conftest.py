@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_vllm.engines import ENGINE_KEY, SERVED_MODEL, RealEngine, start_engine, wait_ready
+from bench.vllm.engines import ENGINE_KEY, SERVED_MODEL, RealEngine, start_engine, wait_ready
 from tests.real_vllm.tailguard_process import Tailguard, run_tailguard
 
 ROOT = Path(__file__).resolve().parents[2]

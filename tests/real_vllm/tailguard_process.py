@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from tests.real_vllm.engines import free_port
+from bench.vllm.engines import free_port
 
 START_TIMEOUT = 30.0
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.real_vllm.engines import ENGINE_KEY, SERVED_MODEL, RealEngine, free_port, wait_ready
+from bench.vllm.engines import ENGINE_KEY, SERVED_MODEL, RealEngine, free_port, wait_ready
 from tests.real_vllm.test_wire import events
 
 BLOCK = 128  # vLLM's KV block on CPU

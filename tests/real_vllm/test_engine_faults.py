@@ -26,8 +26,8 @@ import httpx
 import openai
 import pytest
 
+from bench.vllm.engines import ENGINE_KEY, SERVED_MODEL, RealEngine, wait_ready
 from tests.real_vllm.conftest import TailguardFactory, pool_config
-from tests.real_vllm.engines import ENGINE_KEY, SERVED_MODEL, RealEngine, wait_ready
 from tests.real_vllm.tailguard_process import Tailguard
 
 CHAT = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "Say something about routers."}], "max_tokens": 4}

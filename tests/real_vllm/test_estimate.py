@@ -13,8 +13,8 @@ import re
 
 import httpx
 
+from bench.vllm.engines import SERVED_MODEL, RealEngine
 from tests.real_vllm.conftest import TailguardFactory, pool_config
-from tests.real_vllm.engines import SERVED_MODEL, RealEngine
 
 BIG = "deadbeef" * 1300  # 2,608 tokens by the rule (under the cap of 3,072), ~5,200 by the engine's tokenizer
 

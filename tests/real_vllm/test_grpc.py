@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import httpx
 
+from bench.vllm.engines import SERVED_MODEL, RealEngine
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tests.real_vllm.conftest import TailguardFactory, pool_config
-from tests.real_vllm.engines import SERVED_MODEL, RealEngine
 
 PROMPT = "Tell me about the sea."
 

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
+from bench.vllm.engines import SERVED_MODEL, RealEngine
 from tests.real_vllm.conftest import TailguardFactory, pool_config
-from tests.real_vllm.engines import SERVED_MODEL, RealEngine
 
 CHAT = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "Say something about routers."}], "max_tokens": 8, "temperature": 0}
 VARIES = {"id", "created"}  # fresh per answer, wherever it comes from
