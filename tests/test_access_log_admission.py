@@ -18,7 +18,8 @@ import trio
 
 from tailguard.router.auth import Caller
 from tailguard.router.telemetry import Telemetry
-from tailguard.server.logs import AccessLog, JsonFormatter
+from tailguard.server.log_format import JsonFormatter
+from tailguard.server.logs import AccessLog
 from tests.router_helpers import chat, router_over_engines, two_pool_config
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from bench.budgets.drive import Driven
 from bench.budgets.model import Options, Sent, Trail, phases, replica_name
 from bench.budgets.windows import Event, binned, per_minute, sliding_max, static_share_rate, stepped_sums, within_target
-from tailguard.sim.virtual.mix import percentile
+from tailguard.server.advise.replay.mix import percentile
 
 BIN_S = 10.0
 

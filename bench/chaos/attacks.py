@@ -28,10 +28,10 @@ import trio
 from bench.chaos.client import JSON_CONTENT, Answer, HttpPool, Reply, RequestSpec, judge, probe_bytes, send
 from bench.chaos.lab import Lab, Setup
 from bench.harness.procs import free_ports, process_cpu_seconds, start_process, stop, wait_listening
+from tailguard.server.advise.replay.mix import percentile
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb
 from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2_grpc as pb_grpc
 from tailguard.sim.faults import wants_stream
-from tailguard.sim.virtual.mix import percentile
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

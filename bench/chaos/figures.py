@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.chaos.client import Reply, sse_data
-from tailguard.sim.virtual.mix import percentile
+from tailguard.server.advise.replay.mix import percentile
 
 
 def p50_p99_max_ms(seconds: Sequence[float]) -> list[float]:

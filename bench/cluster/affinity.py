@@ -37,7 +37,7 @@ from bench.harness.client import CHAT_PATH, KeepAliveClient, ProtocolError, http
 from bench.harness.config import PoolSpec
 from bench.harness.open_loop import with_request_id
 from tailguard.router.config_types import PoolConfig
-from tailguard.sim.virtual.mix import long_document, percentile, request_nonce
+from tailguard.server.advise.replay.mix import long_document, percentile, request_nonce
 
 AFFINITY_ENGINES = 4
 NAMESPACE = "bench-affinity"

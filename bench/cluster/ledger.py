@@ -15,8 +15,8 @@ from bench.harness.client import ConnectionPool as OpenPool
 from bench.harness.procs import process_cpu_seconds
 from bench.harness.traffic import http_open_loop, poisson_offsets
 from bench.harness.unique import repeated
+from tailguard.server.advise.replay.mix import percentile
 from tailguard.server.redis_ledger import RedisLedger
-from tailguard.sim.virtual.mix import percentile
 
 
 class LedgerView:

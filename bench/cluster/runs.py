@@ -16,7 +16,7 @@ from bench.cluster.load import Played, capacity, class_summary, key_of_each, key
 from bench.cluster.watch import CapWatch, health_of, scrape, watch_engine, watch_summary
 from bench.harness.client import HOST, ProtocolError
 from bench.harness.open_loop import Sample, TokenClient, TokenPool
-from tailguard.sim.virtual.trace import Arrival, generated
+from tailguard.server.advise.replay.trace import Arrival, generated
 
 # -- phase 2: load ---------------------------------------------------------------------------
 

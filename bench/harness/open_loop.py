@@ -18,8 +18,8 @@ from pathlib import Path
 import trio
 
 from bench.harness.client import TOKEN_MARKER, ConnectionPool, KeepAliveClient, ProtocolError, Reply, Scan
-from tailguard.sim.virtual.mix import percentile
-from tailguard.sim.virtual.trace import Arrival
+from tailguard.server.advise.replay.mix import percentile
+from tailguard.server.advise.replay.trace import Arrival
 
 
 class TokenClient(KeepAliveClient):

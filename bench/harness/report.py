@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from bench.harness.procs import PROJECT_ROOT
-from tailguard.sim.virtual.mix import percentile
+from tailguard.server.advise.replay.mix import percentile
 
 
 class LatencyMs(TypedDict):

@@ -75,7 +75,7 @@ from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import code_version
 from bench.harness.unique import unique_chat
 from bench.overhead.closed_loop import MESSAGE
-from tailguard.sim.virtual.mix import percentile
+from tailguard.server.advise.replay.mix import percentile
 
 T = TypeVar("T")
 

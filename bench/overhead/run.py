@@ -74,7 +74,7 @@ from bench.harness.unique import unique_chat
 from bench.overhead.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, closed_loop, measure_closed_loop
 from bench.overhead.grpc_streams import WARMUP_CALLS, WARMUP_SECONDS, GrpcClient, chat_request, grpc_closed_loop, run_result
 from bench.overhead.load import ProfileSummary, StreamRun, grpc_open_loop, py_spy_speedscope, sse_streams, summarize_speedscope
-from tailguard.sim.virtual.mix import percentile
+from tailguard.server.advise.replay.mix import percentile
 
 RESULTS_DIR = RESULTS_ROOT / "overhead"
 

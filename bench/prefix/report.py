@@ -19,7 +19,7 @@ from bench.harness.open_loop import Sample, class_stats
 from bench.harness.report import Target, md_table, targets_table
 from bench.prefix.engines import EngineCounters
 from bench.prefix.setups import CACHE_AWARE, CACHE_AWARE_TUNED, HAND, HINTED, LEAST_LOADED, TAILGUARD
-from tailguard.sim.virtual.mix import percentile
+from tailguard.server.advise.replay.mix import percentile
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from bench.retry.model import REFUSED
 from bench.retry.sdk import Logical
-from tailguard.sim.virtual.mix import percentile
+from tailguard.server.advise.replay.mix import percentile
 
 
 def histogram(times: Sequence[float], start: float, end: float, width: float) -> list[int]:

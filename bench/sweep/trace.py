@@ -35,7 +35,9 @@ from bench.trace.samples import FULL_MOONCAKE as TRACE
 from bench.trace.setups import SHIPPED_CONFIG as SHIPPED_CONFIG
 from bench.trace.setups import lend_rules as lend_rules
 from bench.trace.setups import tailguard_split as tailguard_split
-from tailguard.sim.virtual.fleet import Arrival, Point, run_point, shared, split_direct
+from tailguard.server.advise.replay.fleet import Arrival
+from tailguard.server.advise.replay.point import Point, run_point
+from tailguard.server.advise.replay.setups import shared, split_direct
 
 
 def arrivals(path: Path, count: int, speed: float, *, reuse: bool = True) -> tuple[Arrival, ...]:

@@ -12,7 +12,7 @@ from bench.harness.report import md_table, write_json
 from bench.tail.checks import Versus, kind_stats, versus
 from bench.tail.model import PROBE_S, SHORT_DEADLINE_S, Options, Probe, Result, SetupResult
 from bench.tail.plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
-from tailguard.sim.virtual.mix import percentile
+from tailguard.server.advise.replay.mix import percentile
 
 
 def _prompts(result: Result) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from tailguard.router.config import load_config
 from tailguard.router.config_types import Config, LendConfig
-from tailguard.sim.virtual.fleet import Point, PointResult, run_point
+from tailguard.server.advise.replay.point import Point, PointResult, run_point
 
 from .load import CONTEXT, Workload, mooncake, sharegpt, thresholds
 from .report import PointReport, checks, headline, json_safe, point_section, rebalancing_table

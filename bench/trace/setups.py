@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tailguard.router.config import load_config
 from tailguard.router.config_types import Config, LendConfig, LimitsConfig, RebalanceConfig
-from tailguard.sim.virtual.fleet import SEATS, Setup, disaggregated, priority, shared, split_direct
+from tailguard.server.advise.replay.setups import SEATS, Setup, disaggregated, priority, shared, split_direct
 
 from .load import CONTEXT, thresholds
 
