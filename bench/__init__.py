@@ -2,7 +2,7 @@
 
 ``duplicates --repo bench`` lists pairs of places to look at. Two are
 deliberate and explained where they stand: the simulated engine's counters in
-``tailguard.sim.Engine`` and ``tailguard.sim.virtual.engine.SweepEngine``, and
+``tailguard.sim.Engine`` and ``tailguard.server.advise.replay.engine.SweepEngine``, and
 the held-streams records ``hold.run.HoldRun`` and
 ``grpc_overhead.run.OpenStreams``. The others it lists are alike in shape
 only: keyword constructors filled from options or tallies (``x=options.x``,

@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["advise"]:
         # Imported only here: the fleet model is not needed to serve.
-        from tailguard.advise.planner import main as advise
+        from .advise.cli import main as advise
 
         return advise(argv[1:])
     if argv[:1] == ["init"]:

@@ -9,7 +9,6 @@ unless ``logging.log_prompts`` is on.
 
 from __future__ import annotations
 
-import json
 import logging
 import logging.handlers
 import queue
@@ -22,40 +21,9 @@ import trio
 
 from tailguard.router.observe import RequestRecord
 
-ACCESS_LOGGER = "tailguard.access"
+from .log_format import ACCESS_LOGGER, JsonFormatter, TextFormatter, iso_time
+
 _PROMPT_LOG_LIMIT = 4000  # characters of prompt text in one access line, when enabled
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and any ``extra`` fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "ts": _iso_time(record.created),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            line.update(fields)
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
-
-
-class TextFormatter(logging.Formatter):
-    """Human lines; ``extra`` fields appended as key=value."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            text += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
-        return text
 
 
 @contextmanager
@@ -153,17 +121,8 @@ def _wall_offset() -> float | None:
 
 def _timestamp(at: float | None, offset: float | None) -> str | None:
     """A trio clock time as the log's own ``ts`` (UTC, milliseconds)."""
-    return None if at is None or offset is None else _iso_time(at + offset)
+    return None if at is None or offset is None else iso_time(at + offset)
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
-
-
-def _iso_time(created: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
-
-
-def _text_value(value: object) -> str:
-    text = "-" if value is None else str(value)
-    return json.dumps(text) if (" " in text or not text) else text

@@ -24,8 +24,8 @@ from bench.harness.open_loop import TokenClient, error_code
 from bench.harness.replicas import Replica, health_of
 from bench.harness.traffic import START_DELAY_S, poisson_offsets
 from bench.harness.unique import run_seed
+from tailguard.server.advise.replay.mix import prompt_tokens, unique_body_for
 from tailguard.sim.server import DEFAULT_MODEL
-from tailguard.sim.virtual.mix import prompt_tokens, unique_body_for
 
 
 @dataclass

@@ -39,7 +39,7 @@ from bench.harness.open_loop import with_request_id
 from bench.harness.replicas import Replica, stop_all
 from bench.harness.stats import percentile
 from tailguard.router.config import PoolConfig
-from tailguard.sim.virtual.mix import long_document, request_nonce
+from tailguard.server.advise.replay.mix import long_document, request_nonce
 
 AFFINITY_ENGINES = 4
 NAMESPACE = "bench-affinity"

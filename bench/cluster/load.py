@@ -15,9 +15,9 @@ from bench.harness.clocks import MachineClock
 from bench.harness.open_loop import Sample, TokenPool, class_stats, play, token_times
 from bench.harness.replicas import KeySpec
 from bench.harness.unique import ShapeRequests, run_seed
+from tailguard.server.advise.replay.mix import origin_mix, pooled_capacity, shapes_by_class
+from tailguard.server.advise.replay.trace import Arrival
 from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.mix import origin_mix, pooled_capacity, shapes_by_class
-from tailguard.sim.virtual.trace import Arrival
 
 
 def capacity(options: Options) -> float:

@@ -17,7 +17,7 @@ from bench.cluster.watch import CapWatch, scrape, watch_engine, watch_summary
 from bench.harness.client import HOST, ProtocolError
 from bench.harness.open_loop import Sample, TokenClient, TokenPool
 from bench.harness.replicas import Replica, health_of
-from tailguard.sim.virtual.trace import Arrival, generated
+from tailguard.server.advise.replay.trace import Arrival, generated
 
 # -- phase 2: load ---------------------------------------------------------------------------
 

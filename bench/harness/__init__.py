@@ -8,5 +8,5 @@
 - ``cli``: ``main()``'s Trio run with Ctrl-C handling.
 
 The traffic mix, traces and percentiles are the product's own
-(``tailguard.sim.virtual``), since ``tailguard advise`` needs them too.
+(``tailguard.server.advise.replay``), since ``tailguard advise`` needs them too.
 """

@@ -20,7 +20,7 @@ import trio
 from bench.harness.client import TOKEN_MARKER, ConnectionPool, KeepAliveClient, ProtocolError, Reply, Scan
 from bench.harness.report import write_jsonl
 from bench.harness.stats import percentiles
-from tailguard.sim.virtual.trace import Arrival
+from tailguard.server.advise.replay.trace import Arrival
 
 
 class TokenClient(KeepAliveClient):

@@ -3,7 +3,7 @@
 Nearest rank, as the reports have always stated their P50 / P99: the value
 of a sample that was measured, never one interpolated between two. The
 product's planner and virtual-time replay keep their own
-(``tailguard.sim.virtual.mix.percentile``): what it ships does not depend
+(``tailguard.server.advise.replay.mix.percentile``): what it ships does not depend
 on the benchmarks, and a change here must not move a shipped answer.
 """
 

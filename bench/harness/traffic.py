@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import trio
 
 from bench.harness.client import CALL_TIMEOUT_S, ConnectionPool, ProtocolError, Source
-from tailguard.sim.virtual.mix import SHORT_SHARE
+from tailguard.server.advise.replay.mix import SHORT_SHARE
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A prefix cache (vLLM's, the simulator's) would serve a prompt sent twice
 from cache, and a benchmark that repeats one body would measure that cache,
-not the policy. Bodies come from ``tailguard.sim.virtual.mix``
+not the policy. Bodies come from ``tailguard.server.advise.replay.mix``
 (``unique_payload`` / ``unique_body_for``: a fixed-width nonce,
 ``mix.request_nonce``, at the start of the first message, and
 ``ignore_eos: true``); encoding an 8 kB body per request would cost the
@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from functools import partial
 
 from bench.harness.client import CHAT_PATH, Source, http_request
-from tailguard.sim.virtual.mix import request_nonce, unique_body_for
-from tailguard.sim.virtual.trace import Arrival
+from tailguard.server.advise.replay.mix import request_nonce, unique_body_for
+from tailguard.server.advise.replay.trace import Arrival
 
 BodyOf = Callable[[int], Mapping[str, object]]  # request number -> its body (the nonce of ``seed`` in it)
 ShapeBody = Callable[..., Mapping[str, object]]  # (prompt, max_tokens, number, *, seed) -> a body, as mix.unique_body_for

@@ -5,7 +5,7 @@ request seated on a batch engine by lend-back is stalled by that engine's
 long prefills. This replays ``bench tail``'s scenarios (32 seats an engine,
 the shipped lending rules: interactive lends prompts <= 512 tokens keeping 4
 seats, batch lends any idle seat back) through the real router core in
-virtual time (``tailguard.sim.virtual.fleet``; set-ups from ``tailguard
+virtual time (``tailguard.server.advise.replay``; set-ups from ``tailguard
 advise``'s candidates), so the endpoint choice in ``router/fleet/pool.py`` is what
 varies: run it once per version of that code (``run --label NAME``), then
 ``report`` the runs side by side. Nothing here registers with ``bench``.
@@ -23,13 +23,16 @@ from pathlib import Path
 
 from bench.harness.cli import driver_parser
 from bench.harness.report import write_json
-from tailguard.advise.planner import Candidate, Fleet, candidate_setup, fleet_from, shared_setup
 from tailguard.router.config import LendConfig, load_config
 from tailguard.server import SHIPPED_CONFIG
+from tailguard.server.advise.candidates import Candidate, candidate_setup, shared_setup
+from tailguard.server.advise.fleet import Fleet, fleet_from
+from tailguard.server.advise.replay.fleet import Arrival
+from tailguard.server.advise.replay.mix import MIXES, pooled_capacity
+from tailguard.server.advise.replay.point import Point, run_point
+from tailguard.server.advise.replay.setups import Setup
+from tailguard.server.advise.replay.trace import generated
 from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.fleet import Arrival, Point, Setup, run_point
-from tailguard.sim.virtual.mix import MIXES, pooled_capacity
-from tailguard.sim.virtual.trace import generated
 
 SEATS = 32  # bench tail --seats 32: every engine's max_num_seqs and its endpoint cap
 PROFILE = {"latency": f"latency@{SEATS}", "throughput": f"throughput@{SEATS}"}

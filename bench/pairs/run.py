@@ -31,7 +31,8 @@ from bench.harness.cli import driver_parser
 from bench.harness.procs import PROJECT_ROOT
 
 ROUTER = {"router": "router", "server": "server"}  # from the commit measured (pyproject's package-dir)
-SHARED = {"sim": "bench/sim", "advise": "bench/advise"}  # from this tree: the client and the engine stay the same
+# From this tree: the engine, and the client's traffic (request bodies from server/advise/replay/mix.py).
+SHARED = {"sim": "bench/sim", "server/advise": "server/advise"}
 
 
 def worktree(rev: str) -> Path:
@@ -44,13 +45,21 @@ def worktree(rev: str) -> Path:
 
 
 def link_tree(tree: Path, into: Path) -> Path:
-    """A PYTHONPATH entry importing ``tree``'s router and server, and this tree's simulator, as tailguard's."""
+    """A PYTHONPATH entry importing ``tree``'s router and server, and this tree's simulator and traffic, as tailguard's.
+
+    Each package is a folder of links to ``tree``'s entries, so that a shared
+    one inside it (server/advise) can be this tree's without touching ``tree``.
+    """
     package = into / "tailguard"
-    package.mkdir(parents=True)
     for name, source in ROUTER.items():
-        (package / name).symlink_to(tree / source)
+        (package / name).mkdir(parents=True)
+        for entry in (tree / source).iterdir():
+            (package / name / entry.name).symlink_to(entry)
     for name, source in SHARED.items():
-        (package / name).symlink_to(PROJECT_ROOT / source)
+        link = package / name
+        if link.is_symlink():
+            link.unlink()  # the commit's own copy
+        link.symlink_to(PROJECT_ROOT / source)
     return into
 
 

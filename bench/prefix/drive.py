@@ -20,8 +20,8 @@ import trio
 from bench.harness.client import CHAT_PATH, Scan, http_request
 from bench.harness.open_loop import Sample, TokenClient, TokenPool, play, send_one
 from bench.prefix.model import Conversation, Request, Workload, body
+from tailguard.server.advise.replay.trace import Arrival
 from tailguard.sim.tokens import count_chat_tokens
-from tailguard.sim.virtual.trace import Arrival
 
 RAW_SHORT_THRESHOLD = 500  # the shipped interactive class's max_prompt_tokens: a longer prompt is batch by raw length
 

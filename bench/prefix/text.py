@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 
+from tailguard.server.advise.replay.mix import long_document, request_nonce
 from tailguard.sim.tokens import count_text_tokens
-from tailguard.sim.virtual.mix import long_document, request_nonce
 
 CHARS_PER_TOKEN = 4
 

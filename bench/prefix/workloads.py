@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from bench.prefix.model import ENGINES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, Conversation, Request, Turn, Workload, engine_params
 from bench.prefix.text import piece, unique
+from tailguard.server.advise.replay.mix import pooled_capacity
 from tailguard.sim.tokens import count_chat_tokens
-from tailguard.sim.virtual.mix import pooled_capacity
 
 MAX_REQUESTS = 4000  # per workload: a bound on every schedule whatever the rate and window
 CAPACITY_SAMPLE = 400  # draws the capacity (and so the rate) is computed from

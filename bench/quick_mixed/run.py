@@ -44,8 +44,7 @@ from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tai
 from bench.harness.report import cores_cell, md_table, save_json
 from bench.harness.traffic import Arrival, schedule
 from bench.harness.unique import UniqueRequests, run_seed
-from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.mix import (
+from tailguard.server.advise.replay.mix import (
     CLASSES,
     LONG_MAX_TOKENS,
     SHORT_MAX_TOKENS,
@@ -57,6 +56,7 @@ from tailguard.sim.virtual.mix import (
     shared_capacity,
     unique_payload,
 )
+from tailguard.sim.params import PROFILES
 
 DEFAULT_JSON = RESULTS_ROOT / "quick_mixed.json"
 TARGET_LOAD = 0.8  # of the single shared engine's capacity

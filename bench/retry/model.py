@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness.procs import RESULTS_ROOT
+from tailguard.server.advise.replay.mix import engine_capacity
 from tailguard.sim.params import PROFILES, EngineParams
-from tailguard.sim.virtual.mix import engine_capacity
 
 RESULTS = RESULTS_ROOT / "retry"
 PROMPT_TOKENS = 64  # every request: a short chat turn (the simulator's token count)

@@ -22,8 +22,8 @@ import trio
 from bench.harness.client import HOST
 from bench.harness.unique import run_seed
 from bench.retry.model import MAX_TOKENS, PROMPT_TOKENS, Options
+from tailguard.server.advise.replay.mix import unique_body_for
 from tailguard.sim.server import DEFAULT_MODEL
-from tailguard.sim.virtual.mix import unique_body_for
 
 REQUEST_ID = "x-request-id"
 RETRY_COUNT = "x-stainless-retry-count"  # the SDK's: how many retries this attempt follows

@@ -231,8 +231,8 @@ class Engine:
     ) -> None:
         """The queue, the batch, the KV cache in use, and the counters ``statistics()`` reports.
 
-        Deliberately repeated: ``tailguard.sim.virtual.engine.SweepEngine``
-        keeps the same state and counters (and ``tailguard.sim.virtual.fleet``
+        Deliberately repeated: ``tailguard.server.advise.replay.engine.SweepEngine``
+        keeps the same state and counters (and ``tailguard.server.advise.replay.point``
         reports them alike) because it runs this engine's schedule in
         aggregate, for sweeps too long to step token by token. It stays a
         second copy so this engine stays the readable reference; ``python -m

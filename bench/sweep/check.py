@@ -1,6 +1,6 @@
 """Checks the sweep leans on: its engine, the shared fleet's capacity, and virtual vs real time.
 
-- The sweep's engine (``tailguard.sim.virtual.engine``) against ``bench.sim.Engine``:
+- The sweep's engine (``tailguard.server.advise.replay.engine``) against ``bench.sim.Engine``:
   the same seeded submissions and hang-ups through both, every first-token
   and finish time compared.
 - Capacity: the analytic figure ``quick_mixed.shared_capacity`` computes, and
@@ -25,14 +25,24 @@ import trio.testing
 
 from bench.harness.procs import RESULTS_ROOT
 from bench.harness.traffic import schedule
+from tailguard.server.advise.replay.clock import Timeline
+from tailguard.server.advise.replay.engine import SweepEngine
+from tailguard.server.advise.replay.fleet import Arrival
+from tailguard.server.advise.replay.mix import (
+    SHORT_SHARE,
+    Capacity,
+    long_document,
+    payloads,
+    prompt_tokens,
+    shared_capacity,
+    unique_payload,
+)
+from tailguard.server.advise.replay.point import MAX_TOKENS, Point, PointResult
+from tailguard.server.advise.replay.setups import Setup, disaggregated, shared, split_direct
 from tailguard.sim.engine import Engine, Sequence as EngineSequence
 from tailguard.sim.params import PROFILES, EngineParams
 from tailguard.sim.prefix_cache import prompt_block_keys
 from tailguard.sim.tokens import chat_prompt_key, count_chat_tokens
-from tailguard.sim.virtual.clock import Timeline
-from tailguard.sim.virtual.engine import SweepEngine
-from tailguard.sim.virtual.fleet import MAX_TOKENS, Arrival, Point, PointResult, Setup, disaggregated, shared, split_direct
-from tailguard.sim.virtual.mix import SHORT_SHARE, Capacity, long_document, payloads, prompt_tokens, shared_capacity, unique_payload
 
 QUICK_MIXED_JSON = RESULTS_ROOT / "quick_mixed.json"
 COMPARED = (("ttft_p50_ms", "TTFT P50"), ("ttft_p99_ms", "TTFT P99"), ("e2e_p50_ms", "E2E P50"), ("e2e_p99_ms", "E2E P99"))

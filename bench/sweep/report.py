@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.harness.report import md_table
 from bench.sweep.check import Comparison, EngineAgreement
-from tailguard.sim.virtual.fleet import ClassStats, PointResult
+from tailguard.server.advise.replay.point import ClassStats, PointResult
 
 OK_SHARE_FLAG = 0.99  # below this share of ok answers a percentile hides failures: say so
 

@@ -17,8 +17,8 @@ max_tokens 512, all streaming), it compares:
 Load is a fraction of the shared fleet's capacity for the mix. Each point is
 an independent simulation (warm-up, then a measured window -- an hour by
 default; traffic goes on until the window's requests end); points run in
-parallel processes. What makes an hour affordable (tailguard.sim.virtual.fleet,
-tailguard.sim.virtual.engine, tailguard.sim.virtual.clock): the engine model steps in
+parallel processes. What makes an hour affordable (tailguard.server.advise.replay.fleet,
+tailguard.server.advise.replay.engine and .clock): the engine model steps in
 aggregate and wakes only when a sequence starts or ends, requests carry no
 bytes (first-token and finish times are the engine's own), and timers do not
 go through Trio cancel scopes. Every routed request still goes through the
@@ -60,8 +60,9 @@ from bench.sweep.check import (
     saturation_run,
 )
 from bench.sweep.report import comparison_table, cost_summary, engine_table, full_table, pivot, plot_headline, plot_split
-from tailguard.sim.virtual.fleet import Point as SimPoint, PointResult, Setup, disaggregated, priority, run_point, shared
-from tailguard.sim.virtual.mix import Capacity
+from tailguard.server.advise.replay.mix import Capacity
+from tailguard.server.advise.replay.point import Point as SimPoint, PointResult, run_point
+from tailguard.server.advise.replay.setups import Setup, disaggregated, priority, shared
 
 DEFAULT_OUT = RESULTS_ROOT / "sweep"
 DEFAULT_LOADS = "0.1,0.3,0.5,0.7,0.8,0.9,1.0,1.1,1.3,1.5"
@@ -200,7 +201,7 @@ def header(args: argparse.Namespace, setups: int, loads: int, per_engine: Capaci
         "of its check (hang-ups and preemptions included)."
         if all(c.agrees for c in checks.engines)
         else "WARNING: the sweep's engine and bench.sim.Engine disagree (see the engine table below); "
-        "tailguard.sim.virtual.engine no longer follows bench/sim/engine.py."
+        "tailguard.server.advise.replay.engine no longer follows bench/sim/engine.py."
     )
     return (
         f"Virtual time (Trio MockClock), {args.engines} engines, {loads} loads x {setups} set-ups; per point "

@@ -40,8 +40,8 @@ from bench.tail.setups import build_plans, build_setups, capacities, engine_para
 from bench.tail.watch import join_access_log, rss_summary, watch_engines, watch_router
 from tailguard.router.admission import effective_max_tokens
 from tailguard.router.config import LimitsConfig
-from tailguard.sim.virtual.mix import CLASSES, MIXES, Shape, pooled_capacity, shapes_by_class, unique_body_for
-from tailguard.sim.virtual.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
+from tailguard.server.advise.replay.mix import CLASSES, MIXES, Shape, pooled_capacity, shapes_by_class, unique_body_for
+from tailguard.server.advise.replay.trace import Arrival, generated, mix_of, phased, read_trace, write_trace
 
 
 async def measure(options: Options, command: list[str]) -> Result:

@@ -34,7 +34,7 @@ Every set-up gets engines of its own, so ``--max-engines`` can run several set-u
 or ``shift`` (``chat`` then the origin's, ``--phase-seconds`` each).
 
 The load is a fraction of the ``shared`` set-up's capacity for the traffic's
-mix, computed from the engine model (``tailguard.sim.virtual.mix.engine_capacity``);
+mix, computed from the engine model (``tailguard.server.advise.replay.mix.engine_capacity``);
 every set-up's own modelled capacity is reported beside it. Latencies are
 GPU time (real divided by ``--time-scale``); tailguard's timeouts are scaled
 by the same factor so its deadlines mean what they say in GPU time.
@@ -51,7 +51,7 @@ from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, dri
 from bench.tail.measure import measure
 from bench.tail.model import DEFAULT_LEND, DEFAULT_SETUPS, RESULTS, SETUP_NAMES, SPLIT_KINDS, LendRule, Options, RebalanceSpec
 from bench.tail.report import render, write_outputs
-from tailguard.sim.virtual.mix import MIXES
+from tailguard.server.advise.replay.mix import MIXES
 
 
 def build_parser() -> argparse.ArgumentParser:

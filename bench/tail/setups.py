@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from bench.harness.config import PoolSpec, classes_tables, server_table
 from bench.harness.procs import free_ports
 from bench.tail.model import BASELINES, END_TO_END_TIMEOUT, QUEUE_TIMEOUTS, SETUP_NAMES, SPLIT_KINDS, LendRule, Options, Setup
+from tailguard.server.advise.replay.mix import pooled_capacity
 from tailguard.sim.params import PROFILES, EngineParams
-from tailguard.sim.virtual.mix import pooled_capacity
 
 
 def engine_params(options: Options, profile: str) -> EngineParams:

@@ -27,7 +27,7 @@ from bench.tenants.probe import EngineLooks, watch_engine
 from bench.tenants.setups import router_config
 from bench.tenants.traffic import max_tokens
 from bench.tenants.usage import Served, TenantRequests, UsagePool
-from tailguard.sim.virtual.trace import Arrival
+from tailguard.server.advise.replay.trace import Arrival
 
 _MAX_PER_LOOP = 10_000  # a closed loop's bound besides its deadline
 _BACKOFF_S = 0.05  # after a refused request, before the loop's next

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness.procs import RESULTS_ROOT
+from tailguard.server.advise.replay.mix import engine_capacity
 from tailguard.sim.params import PROFILES, EngineParams
-from tailguard.sim.virtual.mix import engine_capacity
 
 RESULTS = RESULTS_ROOT / "tenants"
 TENANTS = ("A", "B")  # A bursts or is backlogged; B is the steady one whose latency is measured

@@ -16,7 +16,7 @@ Scenario 2 (``weighted``): weights A:B ``--weights``, each tenant keeping
 ``--backlog`` streams in flight for ``--backlog-seconds``; the tokens served
 to each (prompt + completion, from each stream's usage) against the weights.
 
-The capacity is the engine model's (``tailguard.sim.virtual.mix.engine_capacity``
+The capacity is the engine model's (``tailguard.server.advise.replay.mix.engine_capacity``
 for the one request shape at ``--seats`` seats), divided by the time scale.
 Latencies are GPU time: real divided by ``--time-scale``. Writes
 ``bench/results/tenants/NAME.{json,md}``.

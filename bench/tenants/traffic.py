@@ -8,7 +8,7 @@ from collections.abc import Callable
 from bench.harness.traffic import poisson_offsets
 from bench.harness.unique import run_seed
 from bench.tenants.model import MAX_TOKENS, PROMPT_TOKENS, Options
-from tailguard.sim.virtual.trace import Arrival
+from tailguard.server.advise.replay.trace import Arrival
 
 
 def bursting(offsets: list[float], on: float, off: float) -> list[float]:

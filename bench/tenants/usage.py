@@ -11,7 +11,7 @@ from bench.harness.client import CHAT_PATH, Scan
 from bench.harness.open_loop import TokenClient, TokenPool
 from bench.harness.unique import UniqueRequests, run_seed
 from bench.tenants.model import KEYS, PROMPT_TOKENS
-from tailguard.sim.virtual.mix import unique_body_for
+from tailguard.server.advise.replay.mix import unique_body_for
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ context):
 
 1. the first requests are replayed through the sweep's ``tailguard`` set-up
    and written as the access log tailguard would have written
-   (``accesslog``), the log advise is meant for;
-2. advise reads that log back (``planner.read_access_log``) and searches
+   (``access_log``), the log advise is meant for;
+2. advise reads that log back (``access_log.read_access_log``) and searches
    layouts and class thresholds (``joint``), its pick and predicted figures;
 3. the sweep's set-ups and advise's pick each run on the trace's full
    arrivals in the trace bench's harness (``run_point``), judged by the
@@ -36,12 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.report import write_json, write_text
-from tailguard.advise.accesslog import write_log
-from tailguard.advise.joint import Judged, Search, search
-from tailguard.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
-from tailguard.advise.planner import MAX_SECONDS, advise, candidate_setup, fleet_from, read_access_log, simulate
 from tailguard.router.config import Config, LimitsConfig, load_config
-from tailguard.sim.virtual.fleet import ClassStats, Point, Setup, run_point
+from tailguard.server.advise.access_log import read_access_log, write_log
+from tailguard.server.advise.candidates import candidate_setup
+from tailguard.server.advise.cli import MAX_SECONDS
+from tailguard.server.advise.fleet import fleet_from
+from tailguard.server.advise.joint import Judged, Search, search
+from tailguard.server.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
+from tailguard.server.advise.replay.point import ClassStats, Point, run_point
+from tailguard.server.advise.replay.setups import Setup
+from tailguard.server.advise.simulate import simulate
+from tailguard.server.advise.verdict import advise
 
 from .load import CONTEXT, Workload
 from .report import completed, failed, ratio
@@ -185,11 +190,11 @@ def markdown(points: Sequence[PointCheck]) -> str:
         "",
         "- The log: each trace's first requests (Mooncake 600, ShareGPT 1,500) of `python -m bench trace`'s arrivals at"
         " the point, replayed through its `tailguard` set-up and written as tailguard's JSON access lines"
-        " (`bench/advise/accesslog.py`; no prefix groups, so advise replays Mooncake's prompts unique). advise reads it"
+        " (`server/advise/access_log.py`; no prefix groups, so advise replays Mooncake's prompts unique). advise reads it"
         " back with `read_access_log`, the shipped config's caps raised to the context as the sweep's are.",
-        "- advise searches the layouts x class thresholds (`bench/advise/joint.py`, `thresholds.py`); its pick then runs"
+        "- advise searches the layouts x class thresholds (`server/advise/joint.py`, `thresholds.py`); its pick then runs"
         " on the trace's full arrivals in the sweep's harness beside the sweep's set-ups, every one judged on the"
-        " shipped thresholds' classes against round robin (`bench/advise/judge.py`).",
+        " shipped thresholds' classes against round robin (`server/advise/judge.py`).",
         "- Figures: long E2E P99 / short E2E P99 / short TTFT P99 / completed/s, each x round robin, / failures beyond"
         " round robin's. Predicted: advise's, on the log's window; measured: the pick on the full trace.",
         "- Best swept: the sweep's set-up (hand split, tailguard, its latency-tuned variant, tailguard shared) that"

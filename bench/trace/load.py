@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from bench.harness.mooncake import TraceRow
 from tailguard.router.config import Config
+from tailguard.server.advise.replay.fleet import Arrival
+from tailguard.server.advise.replay.mix import engine_capacity
 from tailguard.sim.params import PROFILES, EngineParams
-from tailguard.sim.virtual.fleet import Arrival
-from tailguard.sim.virtual.mix import engine_capacity
 
 from .mooncake import prompt_text
 

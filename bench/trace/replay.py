@@ -32,7 +32,9 @@ from bench.trace.load import CONTEXT
 from bench.trace.mooncake import prompt_text
 from bench.trace.samples import FULL_MOONCAKE as TRACE
 from bench.trace.setups import SHIPPED_CONFIG, lend_rules, tailguard_split
-from tailguard.sim.virtual.fleet import Arrival, Point, run_point, shared, split_direct
+from tailguard.server.advise.replay.fleet import Arrival
+from tailguard.server.advise.replay.point import Point, run_point
+from tailguard.server.advise.replay.setups import shared, split_direct
 
 
 def arrivals(path: Path, count: int, speed: float, *, reuse: bool = True) -> tuple[Arrival, ...]:

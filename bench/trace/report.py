@@ -12,8 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tailguard.sim.virtual.fleet import ClassStats
-from tailguard.sim.virtual.rebalancing import Rebalancing
+from tailguard.server.advise.replay.point import ClassStats
+from tailguard.server.advise.replay.rebalancing import Rebalancing
 
 E2E_P99_MAX = 1.1
 COMPLETED_MIN = 0.97

@@ -22,7 +22,7 @@ from typing import Any
 from bench.harness.cli import driver_parser
 from bench.harness.report import write_json, write_text
 from tailguard.router.config import Config, LendConfig, load_config
-from tailguard.sim.virtual.fleet import Point, PointResult, run_point
+from tailguard.server.advise.replay.point import Point, PointResult, run_point
 
 from .load import CONTEXT, Workload, mooncake, sharegpt, thresholds
 from .report import PointReport, checks, headline, point_section, rebalancing_table

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tailguard.router.config import Config, LendConfig, LimitsConfig, RebalanceConfig, load_config
-from tailguard.sim.virtual.fleet import SEATS, Setup, disaggregated, priority, shared, split_direct
+from tailguard.server.advise.replay.setups import SEATS, Setup, disaggregated, priority, shared, split_direct
 
 from .load import CONTEXT, thresholds
 

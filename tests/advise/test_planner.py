@@ -13,33 +13,26 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.advise.planner import (
+from tailguard.router.config import load_config
+from tailguard.server import SHIPPED_CONFIG
+from tailguard.server.advise.access_log import (
     BAD_TIME,
     NO_SIZE,
     NOT_ACCESS,
     NOT_JSON,
     OUTSIDE,
     REJECTED,
-    Advice,
-    Fate,
-    advice_json,
-    advise,
     arrivals_from_access_log,
-    arrivals_from_trace,
-    compare,
-    fleet_from,
     read_access_log,
-    report,
-    seen_in_trace,
-    snippet,
-    stats_of,
-    tail_command,
 )
-from tailguard.advise.prefixes import Seen, with_prefixes
-from tailguard.router.config import load_config
-from tailguard.server import SHIPPED_CONFIG
+from tailguard.server.advise.fleet import fleet_from
+from tailguard.server.advise.prefixes import Seen, with_prefixes
+from tailguard.server.advise.replay.fleet import Arrival
+from tailguard.server.advise.report import advice_json, report, snippet
+from tailguard.server.advise.simulate import Fate, stats_of
+from tailguard.server.advise.traffic import arrivals_from_trace, seen_in_trace
+from tailguard.server.advise.verdict import Advice, advise
 from tailguard.sim.tokens import count_chat_tokens
-from tailguard.sim.virtual.fleet import Arrival
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_TRACE = ROOT / "bench" / "results" / "tail" / "example-trace.jsonl"
@@ -157,6 +150,7 @@ def test_cli_prints_the_table_and_the_snippet() -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "Recommended: " in out and "short-only ideal" in out and "shared round robin" in out
+    assert "python -m bench" not in out  # the real-time check is a benchmark's (bench.tail.advise_check), in a checkout only
     toml_text = out.split("```toml\n", 1)[1].split("```", 1)[0]
     pools = tomllib.loads(toml_text)["pools"]
     assert len(pools["interactive"]["endpoints"]) + len(pools["batch"]["endpoints"]) == 4
@@ -264,40 +258,6 @@ def test_stats_count_failed_short_requests_as_slowest() -> None:
     assert stats.short_failed == 2 and math.isinf(stats.short_e2e_p99) and math.isinf(stats.short_ttft_p99)
     assert stats.long_ok == 1 and stats.long_goodput == pytest.approx(1 / 10.0)
     assert stats_of(fates[:98]).short_e2e_p99 == 0.5
-
-
-def test_the_real_time_check_command_names_the_candidates_set_up(example_advice: tuple[Advice, float]) -> None:
-    advice, _ = example_advice
-    by_name = {p.candidate.name: p.candidate for p in advice.predictions}
-    static = tail_command(advice, by_name["1:3 static"], EXAMPLE_TRACE, Path("s"))
-    assert static is not None
-    assert "--engines 4 --split 1:3" in static and "--setup disaggregated" in static and "--lend-rule" not in static
-    assert "--warmup 0 --seconds 13 " in static  # the trace's 3 GPU s at time scale 4, all of it measured
-    lending = tail_command(advice, by_name["2:2 lend 256, keep 128"], EXAMPLE_TRACE, Path("s"))
-    assert lending is not None and "--setup lend --lend-rule reserve=128,seats=256 --no-lend-back" in lending
-    both = tail_command(advice, by_name["2:2 lend any idle, keep 32; batch lends back"], EXAMPLE_TRACE, Path("s"))
-    assert both is not None and "--lend-rule reserve=32 " in both and "--no-lend-back" not in both
-
-
-def test_compare_reads_bench_tail_samples_in_gpu_time(example_advice: tuple[Advice, float], tmp_path: Path) -> None:
-    """Samples are real seconds at the run's time scale; the check divides them back to GPU seconds."""
-    advice, _ = example_advice
-
-    def write(setup: str, e2e: float) -> None:
-        rows = [{"kind": "short", "at": 4.0 * i, "outcome": "ok", "ttft": 0.08, "e2e": e2e} for i in range(10)]
-        rows += [{"kind": "long", "at": 0.0, "outcome": "ok", "ttft": 0.4, "e2e": 40.0}]
-        (tmp_path / f"t-{setup}-load0.7.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-    write("disaggregated", 2.4)
-    write("shared", 4.0)
-    write("short-only", 2.0)
-    check = compare(advice, "1:3 static", tmp_path, 4.0)
-    assert check.candidate.name == "1:3 static"
-    assert check.measured.short_e2e_p99 == pytest.approx(0.6) and check.measured.short_ttft_p99 == pytest.approx(0.02)
-    assert check.measured_ideal.short_e2e_p99 == pytest.approx(0.5) and check.measured_shared.short_e2e_p99 == pytest.approx(1.0)
-    assert check.measured.long_goodput == pytest.approx(1 / 10.0)
-    with pytest.raises(ValueError, match="no candidate"):
-        compare(advice, "9:9 static", tmp_path, 4.0)
 
 
 def test_cli_replays_an_access_log(tmp_path: Path) -> None:

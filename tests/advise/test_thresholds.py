@@ -9,14 +9,25 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.advise.accesslog import write_log
-from tailguard.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
-from tailguard.advise.planner import main, read_access_log
-from tailguard.advise.thresholds import MAX_SETS, MAX_SHARE, MIN_SHARE, NO_CLASS, Bounds, file_bounds, nice, propose, shares, with_bounds
 from tailguard.router.admission import classify
 from tailguard.router.config import load_config
 from tailguard.server import SHIPPED_CONFIG
-from tailguard.sim.virtual.fleet import Arrival, Record
+from tailguard.server.advise.access_log import read_access_log, write_log
+from tailguard.server.advise.cli import main
+from tailguard.server.advise.judge import PREDICTED_E2E_MAX, Figures, best, within
+from tailguard.server.advise.replay.fleet import Arrival, Record
+from tailguard.server.advise.thresholds import (
+    MAX_SETS,
+    MAX_SHARE,
+    MIN_SHARE,
+    NO_CLASS,
+    Bounds,
+    file_bounds,
+    nice,
+    propose,
+    shares,
+    with_bounds,
+)
 from tests.advise.test_planner import SMALL_POOLS
 
 SHIPPED = Bounds("file's", 500, 128)

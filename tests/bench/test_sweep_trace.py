@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from bench.trace.mooncake import TRACE_BLOCK_TOKENS, prompt_text
+from tailguard.server.advise.replay.fleet import prompt_of
 from tailguard.sim.prefix_cache import BLOCK_SIZE, prompt_block_keys
 from tailguard.sim.tokens import count_chat_tokens
-from tailguard.sim.virtual.fleet import prompt_of
 
 
 def _keys(text: str) -> list[bytes]:

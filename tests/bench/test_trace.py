@@ -15,9 +15,9 @@ from bench.trace.run import main
 from bench.trace.samples import ATTRIBUTION, MOONCAKE, SHAREGPT, read_mooncake, read_pairs
 from bench.trace.setups import DEFAULT_SETUPS, SETUPS, SHIPPED_CONFIG, default_split, tailguard_split
 from tailguard.router.config import load_config
+from tailguard.server.advise.replay.mix import SHORT_SHARE, origin_shapes, shared_capacity
+from tailguard.server.advise.replay.point import ClassStats
 from tailguard.sim.params import PROFILES
-from tailguard.sim.virtual.fleet import ClassStats
-from tailguard.sim.virtual.mix import SHORT_SHARE, origin_shapes, shared_capacity
 
 SHIPPED = thresholds(load_config(SHIPPED_CONFIG))
 

@@ -9,7 +9,9 @@ from pathlib import Path
 from bench.trace.run import main
 from bench.trace.setups import rebalancing
 from tailguard.router.config import RebalanceConfig
-from tailguard.sim.virtual.fleet import Arrival, Point, PointResult, Setup, disaggregated, run_point
+from tailguard.server.advise.replay.fleet import Arrival
+from tailguard.server.advise.replay.point import Point, PointResult, run_point
+from tailguard.server.advise.replay.setups import Setup, disaggregated
 
 CAP = 4  # seats the router gives each endpoint: a few long requests fill a pool
 

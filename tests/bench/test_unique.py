@@ -13,9 +13,9 @@ from bench.harness.unique import UniqueRequests, prefixed, run_seed
 from bench.tail.measure import forwarded_body
 from bench.tail.model import MODEL
 from tailguard.router.admission import key_chars, prefix_key
+from tailguard.server.advise.replay.mix import prompt_tokens, unique_body_for, unique_payload
 from tailguard.sim.prefix_cache import block_hashes
 from tailguard.sim.tokens import prompt_token_ids
-from tailguard.sim.virtual.mix import prompt_tokens, unique_body_for, unique_payload
 
 
 def _body(request: bytes) -> dict[str, object]:

@@ -43,7 +43,6 @@ SOURCES = {
     "tailguard.router": ROOT / "router",
     "tailguard.server": ROOT / "server",
     "tailguard.sim": ROOT / "bench" / "sim",
-    "tailguard.advise": ROOT / "bench" / "advise",
 }
 
 
@@ -131,6 +130,16 @@ def test_check_config_runs_from_any_folder_on_the_shipped_config(installed: Path
     assert first.startswith("config file: ") and first.endswith("tailguard/server/config.toml")
     assert str(installed) in first  # the installed copy, not the checkout's
     assert "pool interactive" in result.stdout
+
+
+def test_advise_runs_from_any_folder_on_a_trace(installed: Path, tmp_path: Path) -> None:
+    """The planner and its replay of the router ship in the wheel; it prints no command that needs a checkout."""
+    trace = tmp_path / "trace.jsonl"
+    shutil.copy(ROOT / "bench" / "results" / "tail" / "example-trace.jsonl", trace)
+    result = installed_run(installed, tmp_path, "advise", "--trace", str(trace), "--engines", "2")
+    assert result.returncode == 0, result.stderr
+    assert "Recommended: " in result.stdout and "[pools.batch]" in result.stdout
+    assert "python -m bench" not in result.stdout
 
 
 async def test_serve_simulate_answers_from_a_temporary_folder(installed: Path, tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ import trio
 
 from tailguard.router.observe import Telemetry
 from tailguard.router.quotas import Caller
-from tailguard.server.logs import AccessLog, JsonFormatter
+from tailguard.server.log_format import JsonFormatter
+from tailguard.server.logs import AccessLog
 from tests.helpers.router import chat, router_over_engines, two_pool_config
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tailguard.advise.planner import read_access_log
-from tailguard.advise.prefixes import with_prefixes
-from tailguard.server.logs import JsonFormatter
+from tailguard.server.advise.access_log import read_access_log
+from tailguard.server.advise.prefixes import with_prefixes
+from tailguard.server.log_format import JsonFormatter
 from tests.helpers.router import two_pool_config
 from tests.helpers.sockets import QUICK, engines_on_sockets, eventually, tailguard
 

@@ -19,11 +19,11 @@ import pytest
 import trio
 import trio.testing
 
+from tailguard.server.advise.replay.clock import Timeline
+from tailguard.server.advise.replay.engine import SweepEngine
 from tailguard.sim import Engine, EngineParams
 from tailguard.sim.prefix_cache import prompt_block_keys
 from tailguard.sim.tokens import count_text_tokens
-from tailguard.sim.virtual.clock import Timeline
-from tailguard.sim.virtual.engine import SweepEngine
 
 SEATS = 32
 KV_TOKENS = 24_000

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tailguard.server.advise.replay.mix import body_for, payloads, prompt_tokens, unique_body_for, unique_payload
 from tailguard.sim.prefix_cache import block_hashes
 from tailguard.sim.tokens import prompt_token_ids
-from tailguard.sim.virtual.mix import body_for, payloads, prompt_tokens, unique_body_for, unique_payload
 
 
 def _first_block(body: dict[str, object]) -> bytes:

@@ -19,9 +19,9 @@ import pytest
 import trio
 import trio.testing
 
+from tailguard.server.advise.replay.clock import Timeline
+from tailguard.server.advise.replay.engine import SweepEngine
 from tailguard.sim import Engine, EngineParams
-from tailguard.sim.virtual.clock import Timeline
-from tailguard.sim.virtual.engine import SweepEngine
 
 # Every step is exactly 10 ms (prefill and attention free), so a sample at
 # 5 ms past a multiple of 10 sees one step's batch.

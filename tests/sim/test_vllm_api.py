@@ -15,11 +15,11 @@ import trio
 import trio.testing
 
 from tailguard.router.errors import BackendRejected
+from tailguard.server.advise.replay.clock import Timeline
+from tailguard.server.advise.replay.engine import SweepEngine
+from tailguard.server.advise.replay.fleet import EngineClient
 from tailguard.sim import PROFILES, Engine, SimApp
 from tailguard.sim.__main__ import build_parser
-from tailguard.sim.virtual.clock import Timeline
-from tailguard.sim.virtual.engine import SweepEngine
-from tailguard.sim.virtual.fleet import EngineClient
 from tests.helpers.engines import MODEL, in_process_engine
 
 FAST = PROFILES["latency"].replace(max_model_len=4096, kv_cache_tokens=100_000)

@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..params import EngineParams
-from ..tokens import count_chat_tokens
+from tailguard.sim.params import EngineParams
+from tailguard.sim.tokens import count_chat_tokens
 
 CLASSES = ("short", "long")
 SHORT_SHARE = 0.8

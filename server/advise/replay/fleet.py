@@ -1,4 +1,4 @@
-"""The fleet in virtual time, as ``python -m bench sweep`` and ``tailguard advise`` run it: a fleet, open-loop traffic.
+"""The fleet in virtual time, as ``python -m bench sweep`` and ``tailguard advise`` run it: a set-up's engines and router opened, one request sent.
 
 The router core and the simulated engines run in one process under
 ``trio.testing.MockClock``, with no sockets and no HTTP. Simulated time costs
@@ -24,22 +24,18 @@ the economies changes what is measured:
   sleeps, which cost a cancel scope and an exception each;
 - same-instant submissions queue in arrival order, not in the order Trio
   happens to run their tasks, so results are deterministic;
-- points run in separate processes (one ``trio.run`` each), with the cyclic
-  garbage collector run rarely.
+- points run in separate processes (one ``trio.run`` each, ``point``), with
+  the cyclic garbage collector run rarely.
 """
 
 from __future__ import annotations
 
-import gc
-import importlib
 import itertools
 import math
 import random
-import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -48,131 +44,21 @@ import trio.testing
 
 from tailguard.router import Router
 from tailguard.router.admission import RouterRequest, message_text
-from tailguard.router.config import (
-    ClassConfig,
-    Config,
-    EndpointConfig,
-    EstimateConfig,
-    LimitsConfig,
-    PoolConfig,
-    ServerConfig,
-    TimeoutsConfig,
-)
+from tailguard.router.config import TimeoutsConfig
 from tailguard.router.errors import BackendError, BackendRejected, DeadlineExceeded, Overloaded, QueueFull
+from tailguard.sim.canned import canned_transport
+from tailguard.sim.engine import EngineRequestError
+from tailguard.sim.params import PROFILES
+from tailguard.sim.prefix_cache import BLOCK_SIZE, prompt_block_keys
+from tailguard.sim.tokens import chat_prompt_key, count_chat_tokens
 
-from ..canned import canned_transport
-from ..engine import EngineRequestError
-from ..params import PROFILES
-from ..prefix_cache import BLOCK_SIZE, prompt_block_keys
-from ..server import DEFAULT_MODEL
-from ..tokens import chat_prompt_key, count_chat_tokens
 from .clock import Timeline
 from .engine import SweepEngine, SweepSequence
-from .mix import CLASSES, LONG_MAX_TOKENS, SHORT_MAX_TOKENS, SHORT_SHARE, percentile, unique_body_for, unique_payload
-from .rebalancing import RebalanceLoop, Rebalancing, rebalances
+from .mix import SHORT_SHARE, unique_body_for, unique_payload
+from .rebalancing import RebalanceLoop, rebalances
+from .setups import Setup
 
-MAX_TOKENS = {"short": SHORT_MAX_TOKENS, "long": LONG_MAX_TOKENS}
 E2E_TIMEOUT = TimeoutsConfig().end_to_end_timeout  # 120 s: every set-up's caller gives up here
-INTERACTIVE_QUEUE_TIMEOUT = 3.0  # config.toml
-BATCH_QUEUE_TIMEOUT = 30.0  # config.toml
-INTERACTIVE_MAX_QUEUE = 256  # config.toml
-BATCH_MAX_QUEUE = 512  # config.toml
-SEATS = {name: params.max_num_seqs for name, params in PROFILES.items()}
-OUTCOMES = ("ok", "429", "503", "timeout", "error", "unfinished")
-GC_THRESHOLDS = (50_000, 20, 1_000)  # gen0 allocations, gen1 and gen2 collection ratios
-
-
-# -- set-ups ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Setup:
-    """A fleet of engines and how requests reach them.
-
-    ``direct`` sends each class straight to its engines, round robin by
-    arrival index (no router); otherwise ``config`` puts a Router in front.
-    ``kinds`` are the arrival kinds sent at all (short-only drops "long").
-    """
-
-    name: str
-    engines: tuple[tuple[str, str], ...]  # (url, profile)
-    direct: Mapping[str, tuple[str, ...]] | None = None
-    config: Config | None = None
-    kinds: tuple[str, ...] = CLASSES
-    description: str = ""
-
-
-def _urls(prefix: str, count: int) -> tuple[str, ...]:
-    return tuple(f"http://{prefix}-{i}:8000" for i in range(count))
-
-
-def shared(engines: int, *, name: str = "shared", kinds: tuple[str, ...] = CLASSES) -> Setup:
-    """Round robin straight to throughput engines: one FIFO batch per GPU, what people run today."""
-    urls = _urls("tp", engines)
-    return Setup(
-        name,
-        tuple((url, "throughput") for url in urls),
-        direct={kind: urls for kind in CLASSES},
-        kinds=kinds,
-        description=f"no router, round robin over {engines} throughput engine(s)"
-        + ("" if kinds == CLASSES else f", {'+'.join(kinds)} requests only"),
-    )
-
-
-def _classes(interactive_pool: str, batch_pool: str) -> tuple[ClassConfig, ...]:
-    """The shipped classes: interactive = prompt <= 500 and max_tokens <= 128, batch the rest."""
-    return (
-        ClassConfig("interactive", interactive_pool, INTERACTIVE_QUEUE_TIMEOUT, 0, 500, 128),
-        ClassConfig("batch", batch_pool, BATCH_QUEUE_TIMEOUT, 1),
-    )
-
-
-def _pool(name: str, urls: Sequence[str], profile: str, max_queue: int) -> PoolConfig:
-    seats = SEATS[profile]
-    endpoints = tuple(EndpointConfig(url, seats) for url in urls)
-    return PoolConfig(name, endpoints, seats * len(urls), max_queue, 32768, (DEFAULT_MODEL,), profile)  # type: ignore[arg-type]
-
-
-def _config(pools: tuple[PoolConfig, ...], classes: tuple[ClassConfig, ...]) -> Config:
-    return Config(ServerConfig(), EstimateConfig(), LimitsConfig(), TimeoutsConfig(), pools, classes, digest="sweep")
-
-
-def priority(engines: int) -> Setup:
-    """The origin's fix: one pool of all engines, interactive (prio 0) queued ahead of batch (prio 1)."""
-    urls = _urls("tp", engines)
-    pool = _pool("shared", urls, "throughput", INTERACTIVE_MAX_QUEUE + BATCH_MAX_QUEUE)
-    return Setup(
-        "priority",
-        tuple((url, "throughput") for url in urls),
-        config=_config((pool,), _classes("shared", "shared")),
-        description=f"router, one pool of {engines} throughput engines (cap = seats), short-first priority",
-    )
-
-
-def disaggregated(interactive: int, batch: int, *, name: str | None = None) -> Setup:
-    """tailguard's answer: latency engines for the interactive class, throughput engines for batch."""
-    fast, slow = _urls("lat", interactive), _urls("tp", batch)
-    pools = (
-        _pool("interactive", fast, "latency", INTERACTIVE_MAX_QUEUE),
-        _pool("batch", slow, "throughput", BATCH_MAX_QUEUE),
-    )
-    return Setup(
-        name or f"disaggregated {interactive}:{batch}",
-        tuple((url, "latency") for url in fast) + tuple((url, "throughput") for url in slow),
-        config=_config(pools, _classes("interactive", "batch")),
-        description=f"router, interactive pool of {interactive} latency engine(s), batch pool of {batch} throughput engine(s)",
-    )
-
-
-def split_direct(interactive: int, batch: int) -> Setup:
-    """The disaggregated fleet without the router: each class sent straight to its engines."""
-    fast, slow = _urls("lat", interactive), _urls("tp", batch)
-    return Setup(
-        "split direct",
-        tuple((url, "latency") for url in fast) + tuple((url, "throughput") for url in slow),
-        direct={"short": fast, "long": slow},
-        description="no router: short requests to the latency engine(s), long ones to the throughput engine(s)",
-    )
 
 
 # -- traffic ----------------------------------------------------------------------
@@ -465,218 +351,3 @@ async def send(fleet: Fleet, arrival: Arrival, record: Record) -> None:
             record.outcome = "error"
         return
     record.outcome = "timeout"
-
-
-# -- one point ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Point:
-    """What to run: a set-up under a load, in which window, with which seed."""
-
-    setup: Setup
-    load: float
-    rate: float  # req/s offered (all kinds; kinds not sent are skipped)
-    warmup: float
-    seconds: float
-    seed: int
-    arrivals: tuple[Arrival, ...] | None = None  # a fixed schedule (replays); else Poisson
-
-
-@dataclass
-class ClassStats:
-    kind: str
-    n: int
-    ok: int
-    outcomes: dict[str, int]
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    e2e_p50_ms: float
-    e2e_p99_ms: float
-    goodput_rps: float  # ok requests per simulated second of the window
-    goodput_tokens_per_s: float  # their output tokens per simulated second
-
-
-@dataclass
-class PointResult:
-    setup: str
-    load: float
-    rate: float
-    warmup_s: float
-    window_s: float
-    seed: int
-    arrivals: int  # measured: arrived inside the window
-    requests: int  # sent in all: warm-up, window and the traffic that goes on until the window's requests end
-    simulated_s: float
-    wall_s: float
-    cpu_s: float
-    preemptions: int
-    classes: list[ClassStats] = field(default_factory=list)
-    prefix_cache_queries: int = 0  # prompt tokens looked up, all engines (vllm:prefix_cache_queries)
-    prefix_cache_hits: int = 0  # of them, found cached
-    rebalancing: Rebalancing | None = None  # what rebalancing did, when the set-up rebalances
-
-    def stats(self, kind: str) -> ClassStats | None:
-        return next((c for c in self.classes if c.kind == kind), None)
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        """Cached prompt tokens over prompt tokens looked up (what vLLM's two counters give); NaN if none."""
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else math.nan
-
-
-class _Books:
-    """Records, and how many measured requests are still running."""
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-        self.open_measured = 0
-        self.sent = 0
-
-    def book(self, arrival: Arrival) -> Record:
-        """Count an arrival as it is due, before its task runs: ``play`` must not end while it waits to start."""
-        self.sent += 1
-        record = Record(arrival.kind, arrival.measured, at=arrival.at)
-        if arrival.measured:
-            self.records.append(record)
-            self.open_measured += 1
-        return record
-
-    async def run(self, fleet: Fleet, arrival: Arrival, record: Record) -> None:
-        try:
-            await send(fleet, arrival, record)
-        finally:
-            if arrival.measured:
-                self.open_measured -= 1
-
-
-class _Feed:
-    """Starts each arrival's request at its time, from a Timeline callback (no sleeping task)."""
-
-    def __init__(self, fleet: Fleet, arrivals: Iterable[Arrival], kinds: tuple[str, ...], window_end: float, nursery: trio.Nursery) -> None:
-        self._fleet = fleet
-        self._arrivals = iter(arrivals)
-        self._kinds = kinds
-        self._window_end = window_end
-        self._nursery = nursery
-        self._base = trio.current_time()
-        self.books = _Books()
-        self.fed = trio.Event()
-
-    def next(self) -> None:
-        """Set a timer for the next arrival, or stop once the window has passed and its requests ended."""
-        arrival = next(self._arrivals, None)
-        if arrival is None or (arrival.at >= self._window_end and self.books.open_measured == 0):
-            self.fed.set()
-            return
-        self._fleet.timeline.call_at(self._base + arrival.at, partial(self._due, arrival))
-
-    def _due(self, arrival: Arrival) -> None:
-        if arrival.kind in self._kinds:
-            self._nursery.start_soon(self.books.run, self._fleet, arrival, self.books.book(arrival))
-        self.next()
-
-
-async def play(fleet: Fleet, arrivals: Iterable[Arrival], kinds: tuple[str, ...], window_end: float) -> _Books:
-    """Send arrivals on time until the window has passed and every measured request has ended.
-
-    Traffic keeps flowing after the window (unmeasured), so the window's last
-    requests finish under the same load as its first; a finite schedule (a
-    replay) simply ends, as the real-time run did. Every measured request
-    ends within the caller's deadline, so this ends E2E_TIMEOUT after the window
-    at the latest.
-    """
-    async with trio.open_nursery() as nursery:
-        feed = _Feed(fleet, arrivals, kinds, window_end, nursery)
-        feed.next()
-        await feed.fed.wait()
-        while feed.books.open_measured:
-            await trio.sleep(0.1)
-        nursery.cancel_scope.cancel()
-    return feed.books
-
-
-def summarize(records: Sequence[Record], kind: str, seconds: float) -> ClassStats:
-    mine = [r for r in records if r.kind == kind]
-    ok = [r for r in mine if r.outcome == "ok"]
-    ttft = sorted(r.ttft for r in ok if r.ttft is not None)
-    e2e = sorted(r.e2e for r in ok if r.e2e is not None)
-    outcomes = {name: sum(r.outcome == name for r in mine) for name in OUTCOMES}
-    return ClassStats(
-        kind=kind,
-        n=len(mine),
-        ok=len(ok),
-        outcomes={k: v for k, v in outcomes.items() if v},
-        ttft_p50_ms=percentile(ttft, 50) * 1000,
-        ttft_p99_ms=percentile(ttft, 99) * 1000,
-        e2e_p50_ms=percentile(e2e, 50) * 1000,
-        e2e_p99_ms=percentile(e2e, 99) * 1000,
-        goodput_rps=len(ok) / seconds,
-        goodput_tokens_per_s=len(ok) * MAX_TOKENS[kind] / seconds,
-    )
-
-
-async def _run_point(point: Point, clock: trio.testing.MockClock) -> PointResult:
-    arrivals: Iterable[Arrival] = point.arrivals or poisson(point.rate, point.warmup, point.seconds, point.seed)
-    start = trio.current_time()
-    async with open_fleet(point.setup, point.seed, clock) as fleet:
-        books = await play(fleet, arrivals, point.setup.kinds, point.warmup + point.seconds)
-        engine_stats = [e.statistics() for e in fleet.engines.values()]
-        moved = None if fleet.rebalancing is None else fleet.rebalancing.result()
-    records = books.records
-    return PointResult(
-        setup=point.setup.name,
-        load=point.load,
-        rate=point.rate,
-        warmup_s=point.warmup,
-        window_s=point.seconds,
-        seed=point.seed,
-        arrivals=len(records),
-        requests=books.sent,
-        simulated_s=trio.current_time() - start,
-        wall_s=0.0,
-        cpu_s=0.0,
-        preemptions=sum(s.preemptions for s in engine_stats),
-        classes=[summarize(records, kind, point.seconds) for kind in point.setup.kinds],
-        prefix_cache_queries=sum(s.prefix_cache_queries for s in engine_stats),
-        prefix_cache_hits=sum(s.prefix_cache_hits for s in engine_stats),
-        rebalancing=moved,
-    )
-
-
-def run_point(point: Point) -> PointResult:
-    """Run one point in its own Trio run under a fresh MockClock (a process pool calls this).
-
-    The cyclic garbage collector is set to run rarely: an hour's records are
-    hundreds of thousands of live objects that every full collection would
-    walk again, for the few cycles a run makes.
-    """
-    started, cpu = time.perf_counter(), time.process_time()
-    seed_trio_scheduler(point.seed)
-    thresholds = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        clock = trio.testing.MockClock(autojump_threshold=0)
-        result = trio.run(_run_point, point, clock, clock=clock)
-    finally:
-        gc.set_threshold(*thresholds)
-    result.wall_s = time.perf_counter() - started
-    result.cpu_s = time.process_time() - cpu
-    return result
-
-
-def seed_trio_scheduler(seed: int) -> None:
-    """Seed the private RNG Trio orders same-instant wake-ups by, so that a routed point repeats exactly.
-
-    Trio reverses each batch of runnable tasks at random (so that no task
-    relies on an order); in a benchmark that is noise between runs of one
-    seed: tailguard shared's long E2E P99 on Mooncake moved 1.02x-1.26x
-    round robin's over six runs. A Trio without that RNG is left as it is.
-    """
-    scheduler = getattr(importlib.import_module("trio._core._run"), "_r", None)
-    if isinstance(scheduler, random.Random):
-        scheduler.seed(seed)
-
-
-def is_nan(value: float) -> bool:
-    return isinstance(value, float) and math.isnan(value)

@@ -1,7 +1,7 @@
 """advise's threshold search: every layout under every proposed threshold set, judged by one rule, and the pick.
 
 Each threshold set (``thresholds.propose``) is the file with its interactive
-class's bounds replaced; under it every layout of ``planner.candidates`` is
+class's bounds replaced; under it every layout of ``candidates.candidates`` is
 replayed (under "no interactive class" only the shared pool: a split would
 leave its interactive engines nothing but borrowed work). The arrivals keep
 the classes the log recorded, so each set-up is measured on the same
@@ -20,12 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tailguard.sim.virtual.fleet import Arrival
-
+from .candidates import Candidate, shared_pool
+from .fleet import Fleet
 from .judge import COMPLETED_MIN, PREDICTED_E2E_MAX, Figures, best
-from .planner import Advice, Candidate, Fleet, Prediction, Stats, advise, shared_pool, snippet
 from .prefixes import Seen
+from .replay.fleet import Arrival
+from .report import snippet
+from .simulate import Stats
 from .thresholds import Bounds, class_lines, file_bounds, propose, shares, with_bounds
+from .verdict import Advice, Prediction, advise
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ def _failed(s: Stats) -> int:
 
 
 def figures(stats: Stats, rr: Stats, settings: int) -> Figures:
-    """A prediction's figures against round robin's (``planner``'s shared round robin) on the same arrivals."""
+    """A prediction's figures against round robin's (``candidates.shared_setup``) on the same arrivals."""
 
     def x(value: float, base: float) -> float:
         if math.isnan(value) or math.isnan(base):

@@ -47,9 +47,10 @@ from dataclasses import dataclass
 
 import trio
 
-from ..engine import EngineRequestError
-from ..params import EngineParams
-from ..prefix_cache import PrefixCache
+from tailguard.sim.engine import EngineRequestError
+from tailguard.sim.params import EngineParams
+from tailguard.sim.prefix_cache import PrefixCache
+
 from .clock import Timeline, Timer
 
 LOOKAHEAD_STEPS = 64  # decode-only steps computed ahead per wake: a submit usually cuts the run short anyway

@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from tailguard.sim.tokens import ASSISTANT_PRIMING_TOKENS, PER_MESSAGE_TOKENS
-from tailguard.sim.virtual.fleet import Arrival
-from tailguard.sim.virtual.mix import long_document, percentile, request_nonce
+
+from .replay.fleet import Arrival
+from .replay.mix import long_document, percentile, request_nonce
 
 SHARE_PERCENTILE = 90  # of a group's cached_tokens: the prefix its requests shared
 CHARS_PER_TOKEN = 4  # the simulator's rule for ASCII text

@@ -1,1 +1,0 @@
-"""``tailguard advise``: the capacity planner (installed as ``tailguard.advise``; it runs the simulator, never serves)."""
