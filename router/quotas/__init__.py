@@ -13,10 +13,11 @@ from .auth import (
 from .budget_gate import BudgetGate as BudgetGate
 from .budget_grants import BudgetGrants as BudgetGrants
 from .budgets import WINDOW as WINDOW, Budgets as Budgets, RateLimits as RateLimits, budgets_of as budgets_of, duration as duration
-from .ledger import (
+from .key_seats import KeySeats as KeySeats
+from .ledger import AdmissionLedger as AdmissionLedger
+from .ledger_terms import (
     NO_TERMS as NO_TERMS,
     NO_WAITER as NO_WAITER,
-    AdmissionLedger as AdmissionLedger,
     ClusterStatus as ClusterStatus,
     Demand as Demand,
     LedgerStore as LedgerStore,

@@ -48,7 +48,8 @@ import trio
 from ..errors import BudgetExceeded, QueueFull, QueueTimeout
 from ..queueing import WaitQueue
 from .budgets import WINDOW, Budgets, Grant
-from .ledger import NO_WAITER, AdmissionLedger, Arrivals, Demand
+from .ledger import AdmissionLedger
+from .ledger_terms import NO_WAITER, Arrivals, Demand
 
 __all__ = ["BudgetGrants", "KeyBudget"]
 

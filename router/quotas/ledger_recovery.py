@@ -25,7 +25,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .ledger import Synced
+    from .ledger_terms import Synced
 
 __all__ = ["Recovery"]
 

@@ -35,7 +35,7 @@ from itertools import count
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .ledger import Demand
+    from .ledger_terms import Demand
 
 __all__ = ["DUE_PER_SYNC", "Roster", "Sparse"]
 
