@@ -1,4 +1,4 @@
-"""GPU pools: strict concurrency caps over their endpoints, leases, lending and the wait queue.
+"""GPU pools: strict concurrency caps over their endpoints, leases and the wait queue (lending: lending.py).
 
 A :class:`Pool` hands out :class:`Lease` objects, each one seat on one
 endpoint. A lease is granted only while the pool is under its cap and some
@@ -31,7 +31,6 @@ import math
 import random
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Literal
 
 import trio
 
@@ -40,7 +39,7 @@ from ..errors import BackendAuthFailed, NoBackend
 from ..queueing import NO_SHARE, SKIP, Share, Skip, WaitQueue, WaitQueueStatistics, whole_seconds
 from ..quotas import Yielding
 from .endpoint import Clients as Clients, Closable as Closable, Closer as Closer, Endpoint
-from .lender_latency import RecentPeak
+from .lending import Lending
 from .policies import EndpointPolicy, Placement, PlacementKind, policy_for
 
 
@@ -181,7 +180,7 @@ class Lease:
             self.prefilling = False
             self.endpoint.borrowed_prefilling -= 1
             if self.pool.config.lend.prefills is not None:  # a borrower may be waiting on this bound alone
-                for borrower in self.pool.borrowers:
+                for borrower in self.pool.lending.borrowers:
                     borrower.queue.dispatch()
         elif stream and self.borrower is None and self.pool.config.lend.ttft_budget is not None:
             now = trio.current_time()
@@ -242,10 +241,10 @@ class Lease:
         if timed:
             pool.seat_time.observe(trio.current_time() - self.granted_at)
         pool.yield_freed_seat(self.endpoint)  # [cluster]: to a more urgent request on another replica
-        if self.borrower is None and pool.in_flight == pool.lent:
-            pool.own_seats_ended()
+        if self.borrower is None and pool.in_flight == pool.lending.lent:
+            pool.lending.own_seats_ended()
         pool.queue.dispatch()  # the pool's own requests first
-        for borrower in pool.borrowers:  # then, if a seat is still idle, the pools it lends to
+        for borrower in pool.lending.borrowers:  # then, if a seat is still idle, the pools it lends to
             borrower.queue.dispatch()
         moved_to = self.endpoint.pool_name  # Pool.holds, inlined: this is every request's path
         if moved_to is not None and (moved_to != pool.name or pool.removed):
@@ -271,13 +270,8 @@ class Pool:
         self.endpoints: list[Endpoint] = []
         self.in_flight = 0
         self.seat_time = SeatTime()
-        self.lenders: list[Pool] = []  # pools that lend this one idle seats, in the order asked
-        self.borrowers: list[Pool] = []  # pools this one lends to (``config.lend.to``)
-        self.lent = 0  # seats of this pool serving other pools' requests now
-        self.own_peak = RecentPeak()  # its own requests' seats lately: what lending "busier" keeps free
-        self._borrowers_woken_at = math.inf  # the earliest timed offer of idle seats to the borrowers' waiters
         self.class_in_flight: dict[str, int] = {}  # seats of this pool held per class
-        self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
+        self.lending = Lending(self)  # whom it lends to and borrows from, and under which rules
         self.cap_moved = 0  # seats of endpoints moved in, less those moved out, since the last reload
         self.granted: int | None = None  # this replica's share of the cap ([cluster]); None: all of it
         self.yielding: Yielding | None = None  # [cluster]: a request waits for its seats on another replica
@@ -388,65 +382,10 @@ class Pool:
         """
         exclude = tried if lease.endpoint in tried else [*tried, lease.endpoint]
         if lease.borrower is not None:
-            exclude = [*exclude, *self._closed_to_borrowers()]
+            exclude = [*exclude, *self.lending.closed_to_borrowers()]
         return self.policy.choose(
             self.endpoints, lease.prefix_key, borrowed=lease.borrower is not None, exclude=exclude, need=lease.seats
         )
-
-    def own_idle(self) -> bool:
-        """No request of this pool's own holds a seat, nor held one in the last 30-60 s (``RecentPeak``).
-
-        The stall bounds on lending (``prefills``, ``max_prompt_tokens``)
-        keep the pool's own requests from waiting behind borrowed prompts;
-        with none of them about, nobody waits, and the bounds are off until
-        the next one comes.
-        """
-        return self.in_flight == self.lent and not self.own_peak.peak(trio.current_time())
-
-    def _closed_to_borrowers(self) -> set[Endpoint]:
-        """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there,
-        or the pool's own streams there lately slower to their first byte than ``lend.ttft_budget``.
-
-        The prefill bound keeps the pool's own requests from queueing in vLLM
-        behind borrowed prompts; a pool whose own requests hold no seat and
-        held none lately (``RecentPeak``) has nobody to keep, so it is not
-        bound then, and is again from its next own request on.
-        """
-        lend = self.config.lend
-        now = trio.current_time()
-        bound = None if self.own_idle() else lend.prefills
-        closed = set() if bound is None else {e for e in self.endpoints if e.borrowed_prefilling >= bound}
-        if lend.ttft_budget is not None:
-            slow = {e for e in self.endpoints if e.own_first_token.over(lend.ttft_budget, now)}
-            for endpoint in slow:  # its evidence goes stale with time alone: no seat frees then
-                self.wake_borrowers_at(endpoint.own_first_token.stale_at)
-            closed |= slow
-        return closed
-
-    def own_seats_ended(self) -> None:
-        """The pool's own requests hold no seat now: its stall bounds lift once their peak is forgotten, with no seat freed then."""
-        lend = self.config.lend
-        if lend.to and (lend.prefills is not None or lend.max_prompt_tokens is not None):
-            self.wake_borrowers_at(self.own_peak.forgotten_at())
-
-    def wake_borrowers_at(self, when: float) -> None:
-        """Offer this pool's idle seats to its borrowers' waiters at ``when``: a bound that lifts with time, not with a seat.
-
-        A Trio system task (a sleep, then a dispatch, that cannot fail), as
-        a busy engine's spell ends: a lease has no nursery to leave a timer in.
-        At most one is pending per pool at a time, the earliest asked for.
-        """
-        if not self.borrowers or when >= self._borrowers_woken_at or when <= trio.current_time():
-            return
-        self._borrowers_woken_at = when
-        trio.lowlevel.spawn_system_task(self._wake_borrowers, when, name=f"lend bounds of {self.name} lift")
-
-    async def _wake_borrowers(self, when: float) -> None:
-        await trio.sleep_until(when)
-        if self._borrowers_woken_at == when:
-            self._borrowers_woken_at = math.inf
-        for borrower in self.borrowers:
-            borrower.queue.dispatch()
 
     def _full_drain_rate(self) -> float | None:
         """Seats a second the pool frees when all are taken (Little's law), or None without an estimate.
@@ -469,28 +408,21 @@ class Pool:
         limit here, or over what the lenders with room take), so the queue
         goes on to the next waiter; None when no seat is free at all.
         """
-        for lender in self.lenders:  # a lender lending ``when = "busier"`` whose engine is the less busy one comes first
-            if lender.config.lend.when == "busier" and lender.less_busy_than(self, ticket):
-                lent = self._borrow(lender, ticket)
+        for lender in self.lending.lenders:  # a lender lending ``when = "busier"`` whose engine is the less busy one comes first
+            if lender.config.lend.when == "busier" and lender.lending.less_busy_than(self, ticket):
+                lent = self.lending.borrow(lender, ticket)
                 if isinstance(lent, Lease):
                     return lent
-        own = self._seat(ticket, None)
+        own = self.seat(ticket, None)
         if isinstance(own, Lease):
             return own
         answer: Lease | Skip | None = own
-        for lender in self.lenders:
-            lent = self._borrow(lender, ticket)
+        for lender in self.lending.lenders:
+            lent = self.lending.borrow(lender, ticket)
             if isinstance(lent, Lease):
                 return lent
             answer = answer or lent
         return answer
-
-    def _borrow(self, lender: Pool, ticket: Ticket) -> Lease | Skip | None:
-        """A seat ``lender`` lends ``ticket`` under its rules, counted as borrowed from it."""
-        lent = lender.lend(ticket, self)
-        if isinstance(lent, Lease):
-            self.borrowed_total[lender.name] = self.borrowed_total.get(lender.name, 0) + 1
-        return lent
 
     def least_fill(self) -> float | None:
         """The smallest share of its seats an endpoint with room would hold with one more request: how busy the pool's idlest engine is.
@@ -501,44 +433,7 @@ class Pool:
         """
         return min(((e.in_flight + 1) / e.seats for e in self.endpoints if e.has_room), default=None)
 
-    def less_busy_than(self, borrower: Pool, ticket: Ticket) -> bool:
-        """An endpoint here that would take the borrowed request is less busy, with it and the reserve, than ``borrower``'s least busy with it.
-
-        Busy two ways: the share of its seats taken (decoding sequences slow
-        every step), or the prompt tokens queued for prefill there (a prompt
-        waits behind them; few sequences may hold a long queue of long
-        prompts). The endpoints looked at are those the lending rule would
-        seat it among (open to borrowers, holding the most borrowed seats:
-        router/fleet/policies.py packs them). The reserve here is at least what
-        the pool's own requests took lately beyond what they hold now
-        (``RecentPeak``): lent to a long job, a seat is away for its whole
-        generation. What ``lend`` would refuse anyway is refused first, at
-        no cost.
-        """
-        if self._refusal(ticket, borrower) is not False:
-            return False
-        lend = self.config.lend
-        theirs = borrower.least_fill()
-        if theirs is None:
-            return False
-        own = self.in_flight - self.lent
-        keep = max(lend.reserve, self.own_peak.peak(trio.current_time()) - own)
-        need = ticket.sequences
-        if self.in_flight + need + keep > self.seats:
-            return False
-        closed = self._closed_to_borrowers()
-        candidates = [e for e in self.endpoints if e.room_for(need) and e not in closed]
-        if not candidates:
-            return False
-        most = max(e.borrowed for e in candidates)
-        packed = [e for e in candidates if e.borrowed == most]
-        if min((e.in_flight + need + keep) / e.seats for e in packed) < theirs:
-            return True
-        my_backlog = min(e.prefill_backlog for e in packed)
-        their_backlog = min(e.prefill_backlog for e in borrower.endpoints if e.has_room)
-        return my_backlog + ticket.prompt_tokens < their_backlog
-
-    def _seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
+    def seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
         """Seats on an endpoint of this pool with room (its ``policy`` picks which), within the pool's and the class's caps.
 
         A request of n sequences takes n seats on one endpoint, together:
@@ -555,7 +450,7 @@ class Pool:
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) + need > limit:
             return SKIP
-        exclude = self._closed_to_borrowers() if borrower is not None else ()
+        exclude = self.lending.closed_to_borrowers() if borrower is not None else ()
         placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude, need=need)
         if placement is None:
             return None
@@ -568,71 +463,8 @@ class Pool:
         if borrower is not None:
             endpoint.borrowed += need
         else:
-            self.own_peak.observe(self.in_flight - self.lent, trio.current_time())
+            self.lending.own_peak.observe(self.in_flight - self.lending.lent, trio.current_time())
         return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind, need)
-
-    def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:
-        """An idle seat of this pool for another pool's request, under ``config.lend``'s rules.
-
-        None while any request of this pool's own waits (its class wins the
-        next seat), while the seats lent are at ``max_seats``, or while
-        taking one would leave fewer than ``reserve`` free. SKIP when a seat
-        could be lent but not to this request: a model this pool does not
-        serve, a prompt over the prefill budget, max_tokens over its bound,
-        or more than the engines' context.
-        """
-        refused = self._refusal(ticket, borrower)
-        if refused is not False:
-            return refused
-        lease = self._seat(ticket, borrower)
-        if isinstance(lease, Lease):
-            self.lent += lease.seats
-        return lease
-
-    def _refusal(self, ticket: Ticket, borrower: Pool) -> Skip | None | Literal[False]:
-        """Why ``lend`` would not seat ``ticket`` now: None (no seat for any borrower), SKIP (not for this one), False (nothing)."""
-        lend = self.config.lend
-        if self.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats):
-            return None
-        if self.in_flight + ticket.sequences + lend.reserve > self.seats:
-            return None
-        return False if self.would_lend(ticket, borrower) else SKIP
-
-    def would_lend(self, ticket: Ticket, borrower: Pool) -> bool:
-        """Whether ``config.lend``'s rules let this pool's seats serve ``borrower``'s ``ticket`` at all (room aside):
-        a model it serves, a prompt within the prefill bound (while the pool has own requests to stall,
-        ``own_idle``, and the split is not too uneven, ``outweighed_by``), max_tokens within its bound,
-        the engines' context."""
-        lend = self.config.lend
-        return not (
-            ticket.model not in self.config.models
-            or (
-                lend.max_prompt_tokens is not None
-                and ticket.prompt_tokens > lend.max_prompt_tokens
-                and not self.own_idle()
-                and not self.outweighed_by(borrower)
-            )
-            or (lend.max_output_tokens is not None and ticket.output_tokens > lend.max_output_tokens)
-            or ticket.prompt_tokens + ticket.max_tokens > self.config.max_model_len
-        )
-
-    def outweighed_by(self, borrower: Pool) -> bool:
-        """``borrower``'s least busy endpoint is fuller than this pool's would be by more than ``lend.max_imbalance`` of its seats.
-
-        The prompt bound keeps this pool's own requests fast at the cost of
-        the borrower's; past that imbalance the borrower's requests lose more
-        (every step there runs more sequences) than a long prompt here costs,
-        so the bound yields until the two come back within it. A borrower
-        with no seat free is as uneven as it gets.
-        """
-        margin = self.config.lend.max_imbalance
-        if margin is None:
-            return False
-        mine = self.least_fill()
-        if mine is None:
-            return False
-        theirs = borrower.least_fill()
-        return theirs is None or theirs - mine > margin
 
     def seat_ended(self, lease: Lease) -> None:
         """Book-keeping of a released lease's seats: its class's count, and the lent count."""
@@ -642,7 +474,7 @@ class Pool:
         else:
             self.class_in_flight.pop(lease.request_class, None)
         if lease.borrower is not None:
-            self.lent -= lease.seats
+            self.lending.lent -= lease.seats
 
     async def admit(
         self, priority: int, deadline: float, ticket: Ticket, *, retry_after: float, recheck_in: float | None = None
@@ -698,7 +530,7 @@ class Pool:
         return "; ".join(sorted({reason for reason in reasons if reason is not None}))
 
     def _lender_takes(self, ticket: Ticket) -> bool:
-        return any(lender.healthy and lender.would_lend(ticket, self) for lender in self.lenders)
+        return any(lender.healthy and lender.lending.would_lend(ticket, self) for lender in self.lending.lenders)
 
     async def _first_verdicts(self, deadline: float) -> None:
         """Wait until none of the pool's endpoints is unknown (no probe has judged it yet), or a usable one came, or ``deadline``."""

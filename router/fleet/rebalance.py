@@ -195,7 +195,7 @@ def _best_move(
     # what a borrowed request may stall (prefills, ttft_budget): a share would hand them over unbounded.
     # Measured on the real traces, seat shares of the interactive engine serving batch requests lifted
     # short TTFT P99 from 0.29-0.67x round robin's to 0.89-1.79x (bench/results/trace/trace-seat-shares.md).
-    lends = target in source.borrowers
+    lends = target in source.lending.borrowers
     for endpoint in sorted(movable, key=lambda e: (_shares_with(e, target) is None, warmth.recent(e), e.in_flight, e.url)):
         step = settings.step_seats(_engine_cap(endpoint))
         if step < endpoint.max_concurrency and not lends:

@@ -387,8 +387,8 @@ def _seats_by_pool(split: SeatSplit[Endpoint]) -> str:
 def _link_lenders(config: Config, pools: Mapping[str, Pool]) -> None:
     """Who lends to whom, as the file says now."""
     for pool in pools.values():
-        pool.lenders, pool.borrowers = [], []
+        pool.lending.lenders, pool.lending.borrowers = [], []
     for pool_config in config.pools:
         for name in pool_config.lend.to:
-            pools[pool_config.name].borrowers.append(pools[name])
-            pools[name].lenders.append(pools[pool_config.name])
+            pools[pool_config.name].lending.borrowers.append(pools[name])
+            pools[name].lending.lenders.append(pools[pool_config.name])

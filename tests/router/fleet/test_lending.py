@@ -228,7 +228,7 @@ async def test_the_lenders_own_requests_avoid_borrowed_seats_while_another_endpo
             assert (lent.in_flight, lent.borrowed, clear.in_flight, clear.borrowed) == (2, 1, 4, 0)
             assert fleet.router.statistics().pool("batch").queue.waiting == 0
         assert [e.borrowed for e in by_url.values()] == [0, 0]
-        assert fleet.router.pool("batch").lent == 0
+        assert fleet.router.pool("batch").lending.lent == 0
 
 
 def refusing_once(refused: list[str]) -> Callable[[str, httpx.AsyncBaseTransport], httpx.AsyncBaseTransport]:

@@ -1,0 +1,198 @@
+"""Lending: a pool's idle seats serving another pool's requests, under its ``[pools.X.lend]`` rules.
+
+Apart from :class:`~.pool.Pool` because it is a policy between pools, not a
+pool's own book-keeping: which pools lend to which, when a seat may go
+(a reserve kept, the lender's own requests first, prompts and outputs within
+bounds, the two sides' engines compared when lending "busier"), and when a
+bound that lifts with time alone offers the seats again. A pool holds one
+``Lending`` and seats what it allows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Literal
+
+import trio
+
+from ..queueing import SKIP, Skip
+from .endpoint import Endpoint
+from .lender_latency import RecentPeak
+
+if TYPE_CHECKING:
+    from .pool import Lease, Pool, Ticket
+
+
+class Lending:
+    """One pool's lending: its lenders and borrowers, the seats it lends now, and the rules each lent seat passes."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self.lenders: list[Pool] = []  # pools that lend this one idle seats, in the order asked
+        self.borrowers: list[Pool] = []  # pools this one lends to (``config.lend.to``)
+        self.lent = 0  # seats of this pool serving other pools' requests now
+        self.own_peak = RecentPeak()  # its own requests' seats lately: what lending "busier" keeps free
+        self._borrowers_woken_at = math.inf  # the earliest timed offer of idle seats to the borrowers' waiters
+        self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
+
+    def own_idle(self) -> bool:
+        """No request of this pool's own holds a seat, nor held one in the last 30-60 s (``RecentPeak``).
+
+        The stall bounds on lending (``prefills``, ``max_prompt_tokens``)
+        keep the pool's own requests from waiting behind borrowed prompts;
+        with none of them about, nobody waits, and the bounds are off until
+        the next one comes.
+        """
+        return self._pool.in_flight == self.lent and not self.own_peak.peak(trio.current_time())
+
+    def closed_to_borrowers(self) -> set[Endpoint]:
+        """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there,
+        or the pool's own streams there lately slower to their first byte than ``lend.ttft_budget``.
+
+        The prefill bound keeps the pool's own requests from queueing in vLLM
+        behind borrowed prompts; a pool whose own requests hold no seat and
+        held none lately (``RecentPeak``) has nobody to keep, so it is not
+        bound then, and is again from its next own request on.
+        """
+        lend = self._pool.config.lend
+        now = trio.current_time()
+        bound = None if self.own_idle() else lend.prefills
+        closed = set() if bound is None else {e for e in self._pool.endpoints if e.borrowed_prefilling >= bound}
+        if lend.ttft_budget is not None:
+            slow = {e for e in self._pool.endpoints if e.own_first_token.over(lend.ttft_budget, now)}
+            for endpoint in slow:  # its evidence goes stale with time alone: no seat frees then
+                self.wake_borrowers_at(endpoint.own_first_token.stale_at)
+            closed |= slow
+        return closed
+
+    def own_seats_ended(self) -> None:
+        """The pool's own requests hold no seat now: its stall bounds lift once their peak is forgotten, with no seat freed then."""
+        lend = self._pool.config.lend
+        if lend.to and (lend.prefills is not None or lend.max_prompt_tokens is not None):
+            self.wake_borrowers_at(self.own_peak.forgotten_at())
+
+    def wake_borrowers_at(self, when: float) -> None:
+        """Offer this pool's idle seats to its borrowers' waiters at ``when``: a bound that lifts with time, not with a seat.
+
+        A Trio system task (a sleep, then a dispatch, that cannot fail), as
+        a busy engine's spell ends: a lease has no nursery to leave a timer in.
+        At most one is pending per pool at a time, the earliest asked for.
+        """
+        if not self.borrowers or when >= self._borrowers_woken_at or when <= trio.current_time():
+            return
+        self._borrowers_woken_at = when
+        trio.lowlevel.spawn_system_task(self._wake_borrowers, when, name=f"lend bounds of {self._pool.name} lift")
+
+    async def _wake_borrowers(self, when: float) -> None:
+        await trio.sleep_until(when)
+        if self._borrowers_woken_at == when:
+            self._borrowers_woken_at = math.inf
+        for borrower in self.borrowers:
+            borrower.queue.dispatch()
+
+    def borrow(self, lender: Pool, ticket: Ticket) -> Lease | Skip | None:
+        """A seat ``lender`` lends ``ticket`` under its rules, counted as borrowed from it."""
+        lent = lender.lending.lend(ticket, self._pool)
+        if lent is not None and not isinstance(lent, Skip):
+            self.borrowed_total[lender.name] = self.borrowed_total.get(lender.name, 0) + 1
+        return lent
+
+    def less_busy_than(self, borrower: Pool, ticket: Ticket) -> bool:
+        """An endpoint here that would take the borrowed request is less busy, with it and the reserve, than ``borrower``'s least busy with it.
+
+        Busy two ways: the share of its seats taken (decoding sequences slow
+        every step), or the prompt tokens queued for prefill there (a prompt
+        waits behind them; few sequences may hold a long queue of long
+        prompts). The endpoints looked at are those the lending rule would
+        seat it among (open to borrowers, holding the most borrowed seats:
+        router/fleet/policies.py packs them). The reserve here is at least what
+        the pool's own requests took lately beyond what they hold now
+        (``RecentPeak``): lent to a long job, a seat is away for its whole
+        generation. What ``lend`` would refuse anyway is refused first, at
+        no cost.
+        """
+        if self.refusal(ticket, borrower) is not False:
+            return False
+        lend = self._pool.config.lend
+        theirs = borrower.least_fill()
+        if theirs is None:
+            return False
+        own = self._pool.in_flight - self.lent
+        keep = max(lend.reserve, self.own_peak.peak(trio.current_time()) - own)
+        need = ticket.sequences
+        if self._pool.in_flight + need + keep > self._pool.seats:
+            return False
+        closed = self.closed_to_borrowers()
+        candidates = [e for e in self._pool.endpoints if e.room_for(need) and e not in closed]
+        if not candidates:
+            return False
+        most = max(e.borrowed for e in candidates)
+        packed = [e for e in candidates if e.borrowed == most]
+        if min((e.in_flight + need + keep) / e.seats for e in packed) < theirs:
+            return True
+        my_backlog = min(e.prefill_backlog for e in packed)
+        their_backlog = min(e.prefill_backlog for e in borrower.endpoints if e.has_room)
+        return my_backlog + ticket.prompt_tokens < their_backlog
+
+    def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:
+        """An idle seat of this pool for another pool's request, under ``config.lend``'s rules.
+
+        None while any request of this pool's own waits (its class wins the
+        next seat), while the seats lent are at ``max_seats``, or while
+        taking one would leave fewer than ``reserve`` free. SKIP when a seat
+        could be lent but not to this request: a model this pool does not
+        serve, a prompt over the prefill budget, max_tokens over its bound,
+        or more than the engines' context.
+        """
+        refused = self.refusal(ticket, borrower)
+        if refused is not False:
+            return refused
+        lease = self._pool.seat(ticket, borrower)
+        if lease is not None and not isinstance(lease, Skip):
+            self.lent += lease.seats
+        return lease
+
+    def refusal(self, ticket: Ticket, borrower: Pool) -> Skip | None | Literal[False]:
+        """Why ``lend`` would not seat ``ticket`` now: None (no seat for any borrower), SKIP (not for this one), False (nothing)."""
+        lend = self._pool.config.lend
+        if self._pool.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats):
+            return None
+        if self._pool.in_flight + ticket.sequences + lend.reserve > self._pool.seats:
+            return None
+        return False if self.would_lend(ticket, borrower) else SKIP
+
+    def would_lend(self, ticket: Ticket, borrower: Pool) -> bool:
+        """Whether ``config.lend``'s rules let this pool's seats serve ``borrower``'s ``ticket`` at all (room aside):
+        a model it serves, a prompt within the prefill bound (while the pool has own requests to stall,
+        ``own_idle``, and the split is not too uneven, ``outweighed_by``), max_tokens within its bound,
+        the engines' context."""
+        lend = self._pool.config.lend
+        return not (
+            ticket.model not in self._pool.config.models
+            or (
+                lend.max_prompt_tokens is not None
+                and ticket.prompt_tokens > lend.max_prompt_tokens
+                and not self.own_idle()
+                and not self.outweighed_by(borrower)
+            )
+            or (lend.max_output_tokens is not None and ticket.output_tokens > lend.max_output_tokens)
+            or ticket.prompt_tokens + ticket.max_tokens > self._pool.config.max_model_len
+        )
+
+    def outweighed_by(self, borrower: Pool) -> bool:
+        """``borrower``'s least busy endpoint is fuller than this pool's would be by more than ``lend.max_imbalance`` of its seats.
+
+        The prompt bound keeps this pool's own requests fast at the cost of
+        the borrower's; past that imbalance the borrower's requests lose more
+        (every step there runs more sequences) than a long prompt here costs,
+        so the bound yields until the two come back within it. A borrower
+        with no seat free is as uneven as it gets.
+        """
+        margin = self._pool.config.lend.max_imbalance
+        if margin is None:
+            return False
+        mine = self._pool.least_fill()
+        if mine is None:
+            return False
+        theirs = borrower.least_fill()
+        return theirs is None or theirs - mine > margin
