@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-from .client import (
-    METRICS_BODY_LIMIT as METRICS_BODY_LIMIT,
-    REFUSED as REFUSED,
-    Answer as Answer,
-    BackendClient as BackendClient,
-    BackendProbe as BackendProbe,
-    BackendResponse as BackendResponse,
-    ModelLenUnknown as ModelLenUnknown,
-)
+from .client import METRICS_BODY_LIMIT as METRICS_BODY_LIMIT, BackendClient as BackendClient, BackendResponse as BackendResponse
 from .events import MAX_EVENT_BYTES as MAX_EVENT_BYTES, EventFilter as EventFilter
 from .lean_transport import (
     KEEPALIVE_EXPIRY as KEEPALIVE_EXPIRY,
@@ -22,5 +14,6 @@ from .lean_transport import (
     SleepingStream as SleepingStream,
 )
 from .load import BackendLoad as BackendLoad, parse_vllm_metrics as parse_vllm_metrics, scrape as scrape
+from .probe import REFUSED as REFUSED, Answer as Answer, BackendProbe as BackendProbe, ModelLenUnknown as ModelLenUnknown
 from .transport import HttpxTransport as HttpxTransport
 from .whole_answer import assemblable as assemblable, assemble as assemble, sse_objects as sse_objects

@@ -32,7 +32,7 @@ import math
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Final, Literal, cast
+from typing import Any, cast
 
 import httpx
 
@@ -54,7 +54,7 @@ _END_WINDOW = 256  # bytes of the relayed chunk before the last that may hold th
 # bytes as they come), its own content types.
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 # Statuses that mean the engine refused tailguard's own key (vLLM --api-key answers 401).
-_AUTH_STATUSES = (401, 403)
+AUTH_STATUSES = (401, 403)
 # OpenAI's error types: an engine's 4xx keeps one of these; vLLM's own ("BadRequestError", FastAPI's
 # "Bad Request") become the one OpenAI gives for the status, so SDKs and callers read one vocabulary.
 _OPENAI_ERROR_TYPES = frozenset(
@@ -63,10 +63,8 @@ _OPENAI_ERROR_TYPES = frozenset(
 _OPENAI_TYPE_FOR_STATUS = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}  # else invalid_request_error
 # vLLM names a prompt over the context by these params: the caller gets tailguard's own code for it.
 _CONTEXT_PARAMS = frozenset({"input_tokens", "input_text"})
-_NO_ACCESS = BackendAccess()  # no key, the system's CA roots
+NO_ACCESS = BackendAccess()  # no key, the system's CA roots
 # A probe's answer when the engine's host refused the connection: nothing listens on its port.
-REFUSED: Final = "refused"
-Answer = int | Literal["refused"] | None  # a status, a refused connection, or no answer
 
 
 def tls_context(url: str, access: BackendAccess) -> ssl.SSLContext | None:
@@ -235,11 +233,11 @@ class BackendResponse:
             yield
         except httpx.DecodingError as error:
             raise BadBackendReply(
-                f"the backend sent a body that does not decode ({type(error).__name__})", endpoint=self._url, detail=_describe(error)
+                f"the backend sent a body that does not decode ({type(error).__name__})", endpoint=self._url, detail=describe(error)
             ) from None
         except httpx.TransportError as error:
             raise BackendUnavailable(
-                f"the backend broke the response ({type(error).__name__})", endpoint=self._url, detail=_describe(error)
+                f"the backend broke the response ({type(error).__name__})", endpoint=self._url, detail=describe(error)
             ) from None
 
     async def _read_all(self) -> bytes:
@@ -293,7 +291,7 @@ class BackendClient:
         connect_timeout: float,
         transport: ConnectorTransport | None = None,
         max_body_bytes: int = ServerConfig.max_backend_body_bytes,
-        access: BackendAccess = _NO_ACCESS,
+        access: BackendAccess = NO_ACCESS,
         keep_alive_timeout: float = TimeoutsConfig.backend_keep_alive_timeout,
         backend_transport: BackendTransport | None = None,
     ) -> None:
@@ -336,7 +334,7 @@ class BackendClient:
         except httpx.TransportError as error:
             self.in_flight -= 1
             raise BackendUnavailable(
-                f"the backend could not be reached ({type(error).__name__})", endpoint=self.url, detail=_describe(error)
+                f"the backend could not be reached ({type(error).__name__})", endpoint=self.url, detail=describe(error)
             ) from None
         except BaseException:
             self.in_flight -= 1
@@ -364,129 +362,6 @@ class BackendClient:
         await self._transport.aclose()
 
 
-class ModelLenUnknown(Exception):
-    """An endpoint did not say its ``max_model_len``; the message says why (for the log)."""
-
-
-class BackendProbe:
-    """Health probes and /metrics scrapes of one endpoint, on two connections of their own.
-
-    A busy endpoint's request connections are full of streams, and a probe
-    must wait neither behind them nor behind a slow scrape. It lives as long
-    as its endpoint: a reload that resizes the endpoint's request client never
-    closes it under a probe in flight.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        connect_timeout: float,
-        transport: httpx.AsyncBaseTransport | None = None,
-        access: BackendAccess = _NO_ACCESS,
-    ) -> None:
-        self.url = url
-        timeout = httpx.Timeout(None, connect=connect_timeout, pool=connect_timeout)
-        tls: ssl.SSLContext | bool = tls_context(url, access) or False
-        # tailguard's key goes to /v1/* only: vLLM leaves /health and /metrics open.
-        self._v1_headers = {"accept-encoding": "identity", **access.authorization}
-        self._probe = httpx.AsyncClient(
-            base_url=url, limits=httpx.Limits(max_connections=2), timeout=timeout, transport=transport, verify=tls
-        )
-
-    async def health(self) -> Answer:
-        """What ``GET /health`` (vLLM's readiness probe) answers: 200 when healthy."""
-        return await self.answer("GET", "/health")
-
-    async def completes(self, model: str) -> Answer:
-        """What a one-token completion answers: the probe that catches an engine whose
-        /health is fine but whose scheduler hangs, and one that refuses tailguard's key (401)."""
-        body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-        return await self.answer("POST", "/v1/completions", body)
-
-    async def status(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> int | None:
-        """The status the endpoint answers, or None when it does not (a refused connection included)."""
-        answer = await self.answer(method, path, body)
-        return None if answer == REFUSED else answer
-
-    async def answer(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Answer:
-        """The status the endpoint answers, ``REFUSED`` when its host refused the connection, or None
-        for any other failure; its body is read only up to ``ERROR_BODY_LIMIT`` (a sick engine may
-        answer with a huge one, on every probe)."""
-        if self._probe.is_closed:  # a reload retired the endpoint under this probe
-            return None
-        headers = self._v1_headers if path.startswith("/v1") else {"accept-encoding": "identity"}
-        try:
-            async with self._probe.stream(method, path, json=body, headers=headers) as response:
-                await _read_capped(response, ERROR_BODY_LIMIT)  # read to keep the connection, never more
-                return response.status_code
-        except httpx.ConnectError as error:
-            return REFUSED if _refused(error) else None
-        except httpx.HTTPError:
-            return None
-
-    async def max_model_len(self) -> int:
-        """The context length the engine serves: the smallest ``max_model_len`` in ``GET /v1/models``.
-
-        vLLM puts its ``--max-model-len`` in every served model's object
-        (``{"object": "list", "data": [{"id": ..., "max_model_len": N}]}``;
-        LoRA adapters' objects may leave it out). Unbounded in time: the
-        caller's cancel scope sets the timeout. Raises
-        :exc:`ModelLenUnknown` saying why there is no value (unreachable, a
-        status other than 200, a body that is not that list, or one naming none).
-        """
-        if self._probe.is_closed:
-            raise ModelLenUnknown("its probe was closed (the endpoint left the config)")
-        try:
-            async with self._probe.stream("GET", "/v1/models", headers=self._v1_headers) as response:
-                body = await _read_capped(response, METRICS_BODY_LIMIT)
-                status = response.status_code
-        except httpx.HTTPError as error:
-            raise ModelLenUnknown(_describe(error)) from None
-        if status in _AUTH_STATUSES:
-            raise ModelLenUnknown(f"GET /v1/models answered {status}: the engine refused tailguard's key (the pool's api_key_env)")
-        if status != 200:
-            raise ModelLenUnknown(f"GET /v1/models answered {status}")
-        if body is None:
-            raise ModelLenUnknown(f"GET /v1/models answered more than {METRICS_BODY_LIMIT} bytes")
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise ModelLenUnknown("GET /v1/models answered something other than JSON") from None
-        data = payload.get("data") if isinstance(payload, dict) else None
-        lengths: list[int] = [
-            value
-            for entry in (data if isinstance(data, list) else [])
-            if isinstance(entry, dict) and isinstance(value := entry.get("max_model_len"), int) and not isinstance(value, bool) and value > 0
-        ]
-        if not lengths:
-            raise ModelLenUnknown("GET /v1/models names no max_model_len (not a vLLM engine?)")
-        return min(lengths)
-
-    async def metrics_text(self) -> str | None:
-        """The body of ``GET /metrics`` (Prometheus text), or None if there is none to read.
-
-        None for any non-200, an unreachable endpoint, a broken body, or one
-        over ``METRICS_BODY_LIMIT`` bytes: a backend without /metrics is
-        normal, so nothing here raises. ``health`` shares the probe's two
-        connections and may wait while a scrape holds one. Unbounded in
-        time: the caller's cancel scope sets the timeout.
-        """
-        if self._probe.is_closed:
-            return None
-        try:
-            async with self._probe.stream("GET", "/metrics", headers={"accept": "text/plain"}) as response:
-                if response.status_code != 200:
-                    return None
-                body = await _read_capped(response, METRICS_BODY_LIMIT)
-        except httpx.HTTPError:
-            return None
-        return None if body is None else body.decode("utf-8", "replace")
-
-    async def aclose(self) -> None:
-        await self._probe.aclose()
-
-
 def _not_a_completion(payload: object) -> str | None:
     """Why a non-streaming body is not a completion, or None when it is one."""
     if not isinstance(payload, dict):
@@ -507,7 +382,7 @@ def _event_message(event: bytes) -> str:
     return message
 
 
-async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
+async def read_capped(response: httpx.Response, limit: int) -> bytes | None:
     """Up to ``limit`` bytes of the body, or None once it goes over (reading stops there)."""
     body = bytearray()
     async for chunk in response.aiter_bytes():
@@ -529,7 +404,7 @@ async def _raise_for_status(response: httpx.Response, url: str, redactor: Redact
     except (httpx.TransportError, httpx.DecodingError):
         pass
     message, error_type, code, param = _error_fields(raw, status, redactor)
-    if status in _AUTH_STATUSES:  # tailguard's own key, never the caller's: not theirs to fix
+    if status in AUTH_STATUSES:  # tailguard's own key, never the caller's: not theirs to fix
         raise BackendAuthFailed(
             f"the backend refused tailguard's credentials ({status}: {message}); check the pool's api_key_env", status=status, endpoint=url
         )
@@ -582,7 +457,7 @@ def _error_fields(raw: bytes, status: int, redactor: Redactor) -> tuple[str, str
     )
 
 
-def _refused(error: BaseException) -> bool:
+def refused(error: BaseException) -> bool:
     """Whether a connect error comes from a refused connection (ECONNREFUSED), anywhere in its
     causes: httpcore wraps the OS's error in its own, and anyio's attempts in a group."""
     seen: set[int] = set()
@@ -600,5 +475,5 @@ def _refused(error: BaseException) -> bool:
     return False
 
 
-def _describe(error: httpx.HTTPError) -> str:
+def describe(error: httpx.HTTPError) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
