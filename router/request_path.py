@@ -261,12 +261,7 @@ class RequestPath:
                     if serving is not pool:
                         record.lender = serving.name
                     assembled = not request.stream and assemblable(request.params) and _asked_as_stream(serving, lease)
-                    body, drop_usage = backend_body(request, ticket.model, ticket.max_tokens, stream=request.stream or assembled)
-                    if serving.config.vllm_priority:
-                        body["priority"] = klass.priority
-                    if "caller" in (pool.config.placement.cache_salt, serving.config.placement.cache_salt):
-                        # Either pool asks for isolation: the tenant's prefixes stay its own on a lender's engines too.
-                        body["cache_salt"] = caller_salt(caller.name, request.params.get("cache_salt"))
+                    body, drop_usage = _call_body(request, admitted, serving, caller, stream=request.stream or assembled)
                     hung_at = arrival + config.timeouts.end_to_end_timeout
                     lease.calling(ticket.prompt_tokens, streamed=request.stream or assembled)
                     try:
@@ -432,6 +427,18 @@ class RequestPath:
         pool = self._fleet.pool_of(endpoint)
         if pool is not None:
             pool.queue.dispatch()
+
+
+def _call_body(request: RouterRequest, admitted: Admitted, serving: Pool, caller: Caller, *, stream: bool) -> tuple[dict[str, Any], bool]:
+    """The engine's request body, with what the serving pool adds to it; and whether to drop the usage the caller did not ask for."""
+    klass, pool, ticket = admitted.klass, admitted.pool, admitted.ticket
+    body, drop_usage = backend_body(request, ticket.model, ticket.max_tokens, stream=stream)
+    if serving.config.vllm_priority:
+        body["priority"] = klass.priority
+    if "caller" in (pool.config.placement.cache_salt, serving.config.placement.cache_salt):
+        # Either pool asks for isolation: the tenant's prefixes stay its own on a lender's engines too.
+        body["cache_salt"] = caller_salt(caller.name, request.params.get("cache_salt"))
+    return body, drop_usage
 
 
 def _back_in_line(request: RouterRequest, busy: BackendBusy, queue_deadline: float) -> bool:

@@ -274,6 +274,10 @@ class Upkeep:
                 self._silent.pop(endpoint, None)
             self._judge(endpoint, passed, at_once="its connection was refused" if answer == REFUSED else None)
             return
+        self._timed_out(endpoint, timeout, started, client, heard, completion=completion)
+
+    def _timed_out(self, endpoint: Endpoint, timeout: float, started: float, client: BackendClient, heard: int, *, completion: bool) -> None:
+        """A probe that got no answer within ``timeout``: no verdict, a miss, or a silent miss (see ``_probe``)."""
         loop_lag = self._loop_lag
         if loop_lag.excuses(started, timeout):
             log.warning(

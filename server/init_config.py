@@ -162,6 +162,27 @@ def starting_config(
     return text
 
 
+# The two classes init writes, in match order, both on the one pool.
+_CLASSES = (
+    "# Classes, in match order: a request falls in the first whose thresholds",
+    "# admit it; the last takes the rest. Both use the one pool, and in its queue",
+    "# the earlier class goes first (priority: its place in this file).",
+    "[classes.interactive]",
+    f'pool = "{POOL}"',
+    "# A prompt of at most 500 estimated tokens and max_tokens of at most 128 (a",
+    f"# request that sets none gets {LimitsConfig.default_max_tokens}, limits.default_max_tokens: batch).",
+    "max_prompt_tokens = 500",
+    "max_output_tokens = 128",
+    "# Seconds it may wait for a seat; then 503 with Retry-After (fail fast).",
+    "queue_timeout = 3.0",
+    "",
+    "[classes.batch]",
+    "# Everything else.",
+    f'pool = "{POOL}"',
+    "queue_timeout = 30.0",
+)
+
+
 def _render(reports: Sequence[EngineReport], *, max_concurrency: int, api_key_env: str | None, assumed: bool) -> str:
     models = reports[0].models
     lens = {report.url: report.max_model_len for report in reports if report.max_model_len is not None}
@@ -232,22 +253,7 @@ def _render(reports: Sequence[EngineReport], *, max_concurrency: int, api_key_en
         *(f'    {{ url = "{report.url}", max_concurrency = {max_concurrency} }},' for report in reports),
         "]",
         "",
-        "# Classes, in match order: a request falls in the first whose thresholds",
-        "# admit it; the last takes the rest. Both use the one pool, and in its queue",
-        "# the earlier class goes first (priority: its place in this file).",
-        "[classes.interactive]",
-        f'pool = "{POOL}"',
-        "# A prompt of at most 500 estimated tokens and max_tokens of at most 128 (a",
-        f"# request that sets none gets {LimitsConfig.default_max_tokens}, limits.default_max_tokens: batch).",
-        "max_prompt_tokens = 500",
-        "max_output_tokens = 128",
-        "# Seconds it may wait for a seat; then 503 with Retry-After (fail fast).",
-        "queue_timeout = 3.0",
-        "",
-        "[classes.batch]",
-        "# Everything else.",
-        f'pool = "{POOL}"',
-        "queue_timeout = 30.0",
+        *_CLASSES,
     ]
     return "\n".join(out) + "\n"
 

@@ -118,20 +118,7 @@ class Endpoint:
         # move); the Pool itself is the fleet's to look up (Fleet.pool_of).
         self.pool_name: str | None = None
         self.load: BackendLoad | None = None  # vLLM's own queue, set by backend_load.scrape
-        self.failures_in_a_row = 0
-        # The last requests' verdicts (True: failed), at most the pool's failure_window: the
-        # failure-ratio rule reads them, and placement counts each failure as load.
-        self.outcome_window: collections.deque[bool] = collections.deque()
-        self.recent_failures = 0
-        self.failure_load = 0  # what placement adds for them (0 until the window is big enough to judge)
-        # Half-open, as a circuit breaker: an ejection that ran out lets one request in at a
-        # time until one succeeds; a failure then ejects again at once. A half-dead engine
-        # costs one request per readmission, not a run of them.
-        self.half_open = False
-        self.ejections = 0  # times ejected in all, for /metrics
-        self.ejections_in_a_row = 0  # times ejected lately: the ejection time's multiplier
-        self.ejected_until: float | None = None
-        self.ejection_ended_at = -math.inf
+        self._open_outlier_books()
         self._connect_timeout = connect_timeout
         self._transport = transport
         self._closer = closer
@@ -146,6 +133,23 @@ class Endpoint:
             self.max_model_len = engine.max_model_len
         self._client_closed = False
         self._replaced: set[BackendClient] = set()  # old clients that seats still hold
+
+    def _open_outlier_books(self) -> None:
+        """Outlier detection's books (router/fleet/outlier.py): failures in a row, the recent window, ejections."""
+        self.failures_in_a_row = 0
+        # The last requests' verdicts (True: failed), at most the pool's failure_window: the
+        # failure-ratio rule reads them, and placement counts each failure as load.
+        self.outcome_window: collections.deque[bool] = collections.deque()
+        self.recent_failures = 0
+        self.failure_load = 0  # what placement adds for them (0 until the window is big enough to judge)
+        # Half-open, as a circuit breaker: an ejection that ran out lets one request in at a
+        # time until one succeeds; a failure then ejects again at once. A half-dead engine
+        # costs one request per readmission, not a run of them.
+        self.half_open = False
+        self.ejections = 0  # times ejected in all, for /metrics
+        self.ejections_in_a_row = 0  # times ejected lately: the ejection time's multiplier
+        self.ejected_until: float | None = None
+        self.ejection_ended_at = -math.inf
 
     def _new_client(self, max_concurrency: int, access: BackendAccess) -> BackendClient:
         return BackendClient(
