@@ -17,6 +17,7 @@ import os
 import signal
 import tempfile
 import time
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from bench.harness.cli import driver_parser, run_and_report
 from bench.harness.client import CHAT_PATH, HOST, KeepAliveClient, ProtocolError
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, free_ports, read_status, start_tailguard, wait_ready
+from bench.harness.toml import TomlTable, dumps
 
 RESULTS = RESULTS_ROOT / "cardinality"
 _KEYS_ENV = "TAILGUARD_BENCH_KEYS_FILE"
@@ -51,10 +53,14 @@ class Result:
 
 
 def _keys_file(path: Path, generation: int, count: int) -> None:
-    lines: list[str] = []
-    for i in range(count):
-        lines += ["[[keys]]", f'name = "k{generation}-{i}"', f'key = "secret-{generation}-{i}"', "tokens_per_minute = 100000", ""]
-    path.write_text("\n".join(lines))
+    keys: list[TomlTable] = [{"name": f"k{generation}-{i}", "key": f"secret-{generation}-{i}", "tokens_per_minute": 100000} for i in range(count)]
+    path.write_text(dumps({"keys": keys}))
+
+
+def _config(http: int, grpc: int, e1: int, e2: int, extra: Sequence[str]) -> str:
+    """Two pools of 64 seats, the keys from the file ``_KEYS_ENV`` names; ``extra`` lines are TOML read after ``[auth]``'s key."""
+    sections = tomllib.loads("\n".join(["[auth]", f'keys_file_env = "{_KEYS_ENV}"', *extra]))
+    return tailguard_config(http, grpc, PoolSpec("interactive", [(e1, 64)], 64, 4096), PoolSpec("batch", [(e2, 64)], 64, 4096), sections=sections)
 
 
 def _request(port: int, key: str) -> bytes:
@@ -121,10 +127,7 @@ async def measure(options: argparse.Namespace) -> Result:
     workdir = Path(tempfile.mkdtemp(prefix="tg-cardinality-"))
     keys_path = workdir / "keys.toml"
     _keys_file(keys_path, 0, options.keys)
-    sections = ["[auth]", f'keys_file_env = "{_KEYS_ENV}"', "", *options.extra, ""]
-    config = tailguard_config(
-        http, grpc, PoolSpec("interactive", [(e1, 64)], 64, 4096), PoolSpec("batch", [(e2, 64)], 64, 4096), sections=sections
-    )
+    config = _config(http, grpc, e1, e2, options.extra)
     config_path = workdir / "config.toml"
     config_path.write_text(config)
     os.environ[_KEYS_ENV] = str(keys_path)
