@@ -17,40 +17,24 @@ from typing import IO
 import trio
 
 from bench.budgets.model import KEY_NAME, KEY_SECRET, MAX_QUEUE, NAMESPACE, POOL, Options, replica_name
-from bench.harness.config import PoolSpec, server_table
+from bench.harness.config import PoolSpec, one_class, pools_table, server_table
 from bench.harness.procs import free_ports, start_simulator, start_tailguard, wait_ready
 from bench.harness.redis import RedisProcess
 from bench.harness.replicas import Replica, stop_all
+from bench.harness.toml import TomlTable, dumps, merged
 from tailguard.router.quotas import hash_key
 
 
 def replica_config(o: Options, name: str, http_port: int, grpc_port: int, engine_port: int, redis_url: str) -> str:
     """One replica's config.toml: ``[cluster]`` in the benchmark's namespace, the budgeted key, one pool, one class."""
     pool = PoolSpec(POOL, [(engine_port, o.seats)], o.seats, MAX_QUEUE)
-    return "\n".join(
-        [
-            *server_table(http_port, grpc_port),
-            "[cluster]",
-            f'redis_url = "{redis_url}"',
-            f'namespace = "{NAMESPACE}"',
-            f'replica_id = "{name}"',
-            f"lease_ttl = {o.lease_ttl:g}",
-            f"sync_interval = {o.sync_interval:g}",
-            f"static_share = {o.static_share:g}",
-            "",
-            "[[auth.keys]]",
-            f'name = "{KEY_NAME}"',
-            f'key_sha256 = "{hash_key(KEY_SECRET)}"',
-            f"tokens_per_minute = {o.budget}",
-            "",
-            *pool.toml(),
-            f"[classes.{POOL}]",
-            f'pool = "{POOL}"',
-            f"queue_timeout = {o.queue_timeout:g}",
-            "priority = 0",
-            "",
-        ]
-    )
+    cluster: TomlTable = {
+        "redis_url": redis_url, "namespace": NAMESPACE, "replica_id": name,
+        "lease_ttl": o.lease_ttl, "sync_interval": o.sync_interval, "static_share": o.static_share,
+    }  # fmt: skip
+    key: TomlTable = {"name": KEY_NAME, "key_sha256": hash_key(KEY_SECRET), "tokens_per_minute": o.budget}
+    sections: TomlTable = {"cluster": cluster, "auth": {"keys": [key]}}
+    return dumps(merged(server_table(http_port, grpc_port), sections, pools_table(pool), one_class(POOL, o.queue_timeout)))
 
 
 @dataclass

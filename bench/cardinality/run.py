@@ -17,16 +17,19 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import trio
 
 from bench.harness.cli import driver_parser, run_and_report
 from bench.harness.client import CHAT_PATH, HOST, KeepAliveClient, ProtocolError
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, free_ports, read_status, start_tailguard, wait_ready
+from bench.harness.toml import TomlTable, dumps
 
 RESULTS = RESULTS_ROOT / "cardinality"
 _KEYS_ENV = "TAILGUARD_BENCH_KEYS_FILE"
@@ -51,10 +54,14 @@ class Result:
 
 
 def _keys_file(path: Path, generation: int, count: int) -> None:
-    lines: list[str] = []
-    for i in range(count):
-        lines += ["[[keys]]", f'name = "k{generation}-{i}"', f'key = "secret-{generation}-{i}"', "tokens_per_minute = 100000", ""]
-    path.write_text("\n".join(lines))
+    keys: list[TomlTable] = [{"name": f"k{generation}-{i}", "key": f"secret-{generation}-{i}", "tokens_per_minute": 100000} for i in range(count)]
+    path.write_text(dumps({"keys": keys}))
+
+
+def _config(http: int, grpc: int, e1: int, e2: int, extra: Sequence[str]) -> str:
+    """Two pools of 64 seats, the keys from the file ``_KEYS_ENV`` names; ``extra`` lines are TOML read after ``[auth]``'s key."""
+    sections = tomllib.loads("\n".join(["[auth]", f'keys_file_env = "{_KEYS_ENV}"', *extra]))
+    return tailguard_config(http, grpc, PoolSpec("interactive", [(e1, 64)], 64, 4096), PoolSpec("batch", [(e2, 64)], 64, 4096), sections=sections)
 
 
 def _request(port: int, key: str) -> bytes:
@@ -66,18 +73,11 @@ def _request(port: int, key: str) -> bytes:
     return head.encode() + body
 
 
-async def _get(port: int, path: str, extra_headers: str = "") -> tuple[int, bytes]:
-    """One GET on a fresh connection, the whole body read."""
-    stream = await trio.open_tcp_stream(HOST, port)
-    try:
-        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n{extra_headers}Connection: close\r\n\r\n".encode())
-        data = bytearray()
-        while chunk := await stream.receive_some(1 << 20):
-            data += chunk
-    finally:
-        await stream.aclose()
-    head, _, body = bytes(data).partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
+async def _get(port: int, path: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+    """One GET on a fresh connection (httpx: the client's speed is not measured here), the whole body read."""
+    async with httpx.AsyncClient(timeout=None, trust_env=False) as client:
+        response = await client.get(f"http://{HOST}:{port}{path}", headers={**headers, "connection": "close"})
+    return response.status_code, response.content
 
 
 async def _send_all(port: int, generation: int, count: int, concurrency: int, result: Result) -> None:
@@ -103,7 +103,7 @@ async def _send_all(port: int, generation: int, count: int, concurrency: int, re
                 nursery.start_soon(worker)
 
 
-async def _reloads_ok(port: int, headers: str) -> float:
+async def _reloads_ok(port: int, headers: Mapping[str, str]) -> float:
     _, page = await _get(port, "/metrics", headers)
     for line in page.decode().splitlines():
         if line.startswith('tailguard_config_reloads_total{result="ok"}'):
@@ -121,14 +121,11 @@ async def measure(options: argparse.Namespace) -> Result:
     workdir = Path(tempfile.mkdtemp(prefix="tg-cardinality-"))
     keys_path = workdir / "keys.toml"
     _keys_file(keys_path, 0, options.keys)
-    sections = ["[auth]", f'keys_file_env = "{_KEYS_ENV}"', "", *options.extra, ""]
-    config = tailguard_config(
-        http, grpc, PoolSpec("interactive", [(e1, 64)], 64, 4096), PoolSpec("batch", [(e2, 64)], 64, 4096), sections=sections
-    )
+    config = _config(http, grpc, e1, e2, options.extra)
     config_path = workdir / "config.toml"
     config_path.write_text(config)
     os.environ[_KEYS_ENV] = str(keys_path)
-    headers = "".join(f"{h}\r\n" for h in options.scrape_header)
+    headers = dict((name.strip(), value.strip()) for name, _, value in (h.partition(":") for h in options.scrape_header))
     async with trio.open_nursery() as nursery:
         process = await start_tailguard(nursery, config_path, extra_args=["--simulate", "--no-grpc"])
         await wait_ready(http, process, "tailguard")

@@ -18,10 +18,11 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.chaos.client import HttpPool, RequestSpec
-from bench.harness.config import PoolSpec, classes_tables, server_table, tailguard_config as shared_config
+from bench.harness.config import PoolSpec, classes_tables, pools_table, server_table, tailguard_config as shared_config
 from bench.harness.grpc import AsyncioThread
 from bench.harness.procs import RESULTS_ROOT, free_ports, start_tailguard, stop, wait_ready
 from bench.harness.redis import RedisProcess
+from bench.harness.toml import TomlTable, dumps, merged
 from tailguard.router.config import ServerConfig, TimeoutsConfig
 from tailguard.router.quotas import hash_key
 
@@ -144,9 +145,10 @@ class Key:
     def header(self) -> tuple[str, str]:
         return ("authorization", f"Bearer {self.secret}")
 
-    def toml(self) -> list[str]:
-        budget = [] if self.tokens_per_minute is None else [f"tokens_per_minute = {self.tokens_per_minute}"]
-        return ["[[auth.keys]]", f'name = "{self.name}"', f'key_sha256 = "{hash_key(self.secret)}"', *budget, ""]
+    def table(self) -> TomlTable:
+        """Its entry of ``auth.keys``: the name, the secret's SHA-256, the budget if any."""
+        budget: TomlTable = {} if self.tokens_per_minute is None else {"tokens_per_minute": self.tokens_per_minute}
+        return {"name": self.name, "key_sha256": hash_key(self.secret), **budget}
 
 
 NORMAL_KEY = Key("normal")  # the normal traffic's key, in every phase that turns [auth] on
@@ -325,30 +327,31 @@ def tailguard_config(tg_port: int, grpc_port: int, engines: dict[str, int], setu
     sends the engines' key (``api_key_env``), as a fleet of engines started
     with vLLM's ``--api-key`` needs.
     """
-    key = f'api_key_env = "{ENGINE_KEY_ENV}"'
-    hardened = () if setup.shipped_timeouts else ("first_byte_timeout = 2.0", 'health_check = "completion"')
+    key: TomlTable = {"api_key_env": ENGINE_KEY_ENV}
+    hardened: TomlTable = {} if setup.shipped_timeouts else {"first_byte_timeout": 2.0, "health_check": "completion"}
     interactive = PoolSpec(
-        "interactive", [(engines["a"], setup.a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, INTERACTIVE_QUEUE, extra=(key, *hardened)
+        "interactive", [(engines["a"], setup.a_cap), (engines["b"], SEATS_PER_ENGINE)], 2 * SEATS_PER_ENGINE, INTERACTIVE_QUEUE, extra={**key, **hardened}
     )
-    batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, setup.batch_queue, extra=(key,))
-    sections = [*_timeouts(setup), *_cluster(setup, redis_url), *([line for k in (NORMAL_KEY, *setup.keys) for line in k.toml()] if setup.keys else [])]
+    batch = PoolSpec("batch", [(engines["c"], BATCH_SEATS)], BATCH_SEATS, setup.batch_queue, extra=key)
+    keys: TomlTable = {"auth": {"keys": [k.table() for k in (NORMAL_KEY, *setup.keys)]}} if setup.keys else {}
+    sections = merged(_timeouts(setup), _cluster(setup, redis_url), keys)
     if setup.interactive_pool:
         return shared_config(tg_port, grpc_port, interactive, batch, batch_queue_timeout=BATCH_QUEUE_TIMEOUT_S, sections=sections)
-    lines = [*server_table(tg_port, grpc_port), *sections, *batch.toml()]
-    return "\n".join([*lines, *classes_tables({"interactive": "batch", "batch": "batch"}, {"interactive": "3.0", "batch": f"{BATCH_QUEUE_TIMEOUT_S}"})])
+    classes = classes_tables({"interactive": "batch", "batch": "batch"}, {"interactive": 3.0, "batch": BATCH_QUEUE_TIMEOUT_S})
+    return dumps(merged(server_table(tg_port, grpc_port), sections, pools_table(batch), classes))
 
 
-def _timeouts(setup: Setup) -> list[str]:
-    e2e = [] if setup.shipped_timeouts else [f"end_to_end_timeout = {E2E_TIMEOUT_S}"]
-    return ["[timeouts]", *e2e, "", "[metrics]", "backend_scrape_interval = 1.0", ""]
+def _timeouts(setup: Setup) -> TomlTable:
+    e2e: TomlTable = {} if setup.shipped_timeouts else {"end_to_end_timeout": E2E_TIMEOUT_S}
+    return {"timeouts": e2e, "metrics": {"backend_scrape_interval": 1.0}}
 
 
-def _cluster(setup: Setup, redis_url: str | None) -> list[str]:
+def _cluster(setup: Setup, redis_url: str | None) -> TomlTable:
     if setup.cluster is None:
-        return []
+        return {}
     if redis_url is None:
         raise RuntimeError("a [cluster] setup before the lab's redis-server started")
-    return ["[cluster]", f'redis_url = "{redis_url}"', f'namespace = "{setup.cluster}"', f'replica_id = "{setup.replica}"', ""]
+    return {"cluster": {"redis_url": redis_url, "namespace": setup.cluster, "replica_id": setup.replica}}
 
 
 def proc_stats(pid: int, engine_ports: Sequence[int], own_ports: Sequence[int] = ()) -> ProcStats:

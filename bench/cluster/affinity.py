@@ -77,7 +77,7 @@ async def affinity_run(lab: Lab, requests: int) -> dict[str, Any]:
 
 async def _one_run(lab: Lab, requests: int, placement: str | None, number: int) -> dict[str, Any]:
     o = lab.options
-    extra = [] if placement is None else [f'placement = "{placement}"']
+    extra = {} if placement is None else {"placement": placement}
     engines = [(port, 64) for port in lab.affinity]
     pools = (PoolSpec("interactive", engines, 64 * len(engines), MAX_QUEUE, extra), PoolSpec("batch", [(lab.instant[1], 256)], 256, MAX_QUEUE))
     label = placement or "default"

@@ -14,7 +14,7 @@ from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, free_ports, start_tailguard, wait_ready
 from bench.harness.redis import RedisProcess
 from bench.harness.replicas import KeySpec, Replica
-from tailguard.router.quotas import hash_key
+from bench.harness.toml import TomlValue
 
 RESULTS = RESULTS_ROOT / "cluster"
 
@@ -131,23 +131,15 @@ class Lab:
         runs it at INFO, so its log holds a line per request.
         """
         http_port, grpc_port = free_ports(2)
-        sections: list[str] = []
+        sections: dict[str, TomlValue] = {}
         if namespace is not None:
             o = self.options
-            sections += [
-                "[cluster]",
-                f'redis_url = "{self.redis.url}"',
-                f'namespace = "{namespace}"',
-                f'replica_id = "{name}"',
-                f"lease_ttl = {o.lease_ttl:g}",
-                f"sync_interval = {o.sync_interval:g}",
-                f"static_share = {static_share:g}",
-                f"block = {o.block if block is None else block}",
-                "",
-            ]
-        for key in KEYS:
-            sections += ["[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"']
-            sections += [f"max_concurrency = {key.max_concurrency}", ""] if key_caps and self.options.key_caps else [""]
+            sections["cluster"] = {
+                "redis_url": self.redis.url, "namespace": namespace, "replica_id": name, "lease_ttl": o.lease_ttl,
+                "sync_interval": o.sync_interval, "static_share": static_share, "block": o.block if block is None else block,
+            }  # fmt: skip
+        capped = key_caps and self.options.key_caps
+        sections["auth"] = {"keys": [key.table(capped) for key in KEYS]}
         text = tailguard_config(http_port, grpc_port, *(pools or self.pools(instant)), batch_queue_timeout=BATCH_QUEUE_TIMEOUT, sections=sections)
         config = self.tmp / f"{name}.toml"
         config.write_text(text)

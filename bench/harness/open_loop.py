@@ -17,37 +17,68 @@ from pathlib import Path
 
 import trio
 
-from bench.harness.client import TOKEN_MARKER, ConnectionPool, KeepAliveClient, ProtocolError, Reply, Scan
+from bench.harness.client import TOKEN_MARKER, ConnectionPool, KeepAliveClient, ProtocolError, ReplyReader, Scan
 from bench.harness.report import write_jsonl
 from bench.harness.stats import percentiles
 from tailguard.server.advise.replay.trace import Arrival
 
 
-class TokenClient(KeepAliveClient):
-    """KeepAliveClient that also notes when each token event arrives (for inter-token latency).
+class _PieceReader(ReplyReader):
+    """A ReplyReader that also gathers each piece of body (a chunk, or a whole Content-Length body) as it completes.
 
-    It keeps the last piece of body it read, so an error reply's JSON (one
-    Content-Length body) can say which error it was.
+    A piece's token events are timed when the piece is whole, and the last
+    piece is kept, so an error reply's JSON can say which error it was.
     """
 
-    def __init__(self, port: int) -> None:
-        super().__init__(port)
+    def __init__(self, on_piece: Callable[[bytes], None]) -> None:
+        super().__init__()
+        self.on_piece = on_piece
         self.token_times: list[float] = []
         self.last_piece = b""
+        self._parts: list[bytes] = []
 
-    async def exchange(self, request: bytes, marker: bytes | None = None) -> Reply:
-        self.token_times = []
-        self.last_piece = b""
-        return await super().exchange(request, marker)
+    def start(self, scan: Scan) -> None:
+        super().start(scan)
+        self.token_times, self.last_piece, self._parts = [], b"", []
 
-    async def _read_exactly(self, size: int, scan: Scan | None) -> None:
-        if scan is not None:
-            while len(self._buffer) < size:
-                await self._fill()
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._parts.append(body)
+
+    def on_chunk_complete(self) -> None:
+        self._piece_done()
+
+    def on_message_complete(self) -> None:
+        self._piece_done()
+        super().on_message_complete()
+
+    def _piece_done(self) -> None:
+        if self._parts:
             now = time.perf_counter()
-            self.last_piece = self._buffer[:size]
+            self.last_piece, self._parts = b"".join(self._parts), []
             self.token_times.extend([now] * self.last_piece.count(TOKEN_MARKER))
-        await super()._read_exactly(size, scan)
+            self.on_piece(self.last_piece)
+
+
+class TokenClient(KeepAliveClient):
+    """KeepAliveClient that also notes when each token event arrives (for inter-token latency), and keeps the last piece of body."""
+
+    def reader(self) -> _PieceReader:
+        self._pieces = _PieceReader(self.piece)
+        return self._pieces
+
+    def piece(self, piece: bytes) -> None:
+        """Called with each piece of body as it completes (a chunk, or a whole Content-Length body): a subclass's hook."""
+
+    @property
+    def token_times(self) -> list[float]:
+        """perf_counter() of each token event of the last exchange, as its chunk completed."""
+        return self._pieces.token_times
+
+    @property
+    def last_piece(self) -> bytes:
+        """The last exchange's last piece of body (a chunk, or the whole Content-Length body)."""
+        return self._pieces.last_piece
 
 
 class TokenPool(ConnectionPool):

@@ -12,6 +12,8 @@ import trio
 from bench.harness.client import HOST, ProtocolError
 from bench.harness.open_loop import TokenClient
 from bench.harness.procs import stop
+from bench.harness.toml import TomlTable
+from tailguard.router.quotas import hash_key
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,11 @@ class KeySpec:
     @property
     def secret(self) -> str:
         return f"tg-bench-{self.name}-0123456789"  # a benchmark's own made-up key
+
+    def table(self, capped: bool = True) -> TomlTable:
+        """Its ``auth.keys`` entry: the name, the secret's SHA-256 and (``capped``) its max_concurrency."""
+        cap: TomlTable = {"max_concurrency": self.max_concurrency} if capped else {}
+        return {"name": self.name, "key_sha256": hash_key(self.secret), **cap}
 
 
 @dataclass

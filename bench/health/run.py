@@ -32,6 +32,7 @@ import trio.testing
 
 from bench.harness.cli import add_out_arg, add_seed_arg, driver_parser
 from bench.harness.report import LatencyMs, latency_ms, md_table, write_report
+from bench.harness.toml import TomlTable, dumps
 from tailguard.router import Router
 from tailguard.router.admission import RouterRequest
 from tailguard.router.backend import ConnectorTransport
@@ -73,20 +74,10 @@ class SetupResult:
 
 
 def config_for(health_check: str, options: Options) -> Config:
-    endpoints = ", ".join(f'{{ url = "{url}", max_concurrency = {options.seats} }}' for url in URLS.values())
-    return parse_config(f"""
-[timeouts]
-end_to_end_timeout = {options.deadline}
-[pools.main]
-models = ["{MODEL}"]
-max_model_len = 32768
-placement = "least_loaded"
-health_check = "{health_check}"
-endpoints = [{endpoints}]
-[classes.main]
-pool = "main"
-queue_timeout = 10.0
-""")
+    endpoints: list[TomlTable] = [{"url": url, "max_concurrency": options.seats} for url in URLS.values()]
+    pool: TomlTable = {"models": [MODEL], "max_model_len": 32768, "placement": "least_loaded", "health_check": health_check, "endpoints": endpoints}
+    document: TomlTable = {"timeouts": {"end_to_end_timeout": options.deadline}, "pools": {"main": pool}, "classes": {"main": {"pool": "main", "queue_timeout": 10.0}}}
+    return parse_config(dumps(document))
 
 
 async def run_setup(health_check: str, fault: bool, options: Options) -> SetupResult:

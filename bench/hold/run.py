@@ -75,6 +75,7 @@ from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.ramp import Ramp, higher, hold_peak, settle
 from bench.harness.report import code_version
 from bench.harness.stats import percentile
+from bench.harness.toml import TomlTable
 from bench.harness.unique import unique_chat
 
 T = TypeVar("T")
@@ -445,17 +446,12 @@ def write_config(path: Path, http_port: int, grpc_port: int, instant: int, slow:
     per_endpoint = math.ceil(hold / len(slow)) + 16
     interactive = PoolSpec("interactive", [(instant, INTERACTIVE_CAP)], max_concurrency=INTERACTIVE_CAP, max_queue=2 * INTERACTIVE_CAP)
     batch = PoolSpec("batch", [(port, per_endpoint) for port in slow], max_concurrency=hold, max_queue=hold)
-    # Key lines before any table header belong to [server]: the connection cap above the streams.
-    # Connect and health-check timeouts wide enough that a simulated engine
-    # stalled on this shared machine is not ejected (stalls are reported instead).
-    sections = [
-        f"max_connections = {hold + RELAY_STREAMS + 64}",
-        "",
-        "[timeouts]",
-        f"connect_timeout = {CONNECT_TIMEOUT_S}",
-        f"health_check_timeout = {HEALTH_CHECK_TIMEOUT_S}",
-        "",
-    ]
+    # [server]'s connection cap above the streams. Connect and health-check timeouts wide enough that a
+    # simulated engine stalled on this shared machine is not ejected (stalls are reported instead).
+    sections: TomlTable = {
+        "server": {"max_connections": hold + RELAY_STREAMS + 64},
+        "timeouts": {"connect_timeout": CONNECT_TIMEOUT_S, "health_check_timeout": HEALTH_CHECK_TIMEOUT_S},
+    }
     path.write_text(tailguard_config(http_port, grpc_port, interactive, batch, sections=sections))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
-from bench.harness.client import CHAT_PATH, Scan, http_request
+from bench.harness.client import CHAT_PATH, http_request
 from bench.harness.open_loop import Sample, TokenClient, TokenPool, play, send_one
 from bench.prefix.model import Conversation, Request, Workload, body
 from tailguard.server.advise.replay.trace import Arrival
@@ -33,12 +33,8 @@ class TextClient(TokenClient):
         super().__init__(port)
         self.parts: list[bytes] = []
 
-    async def _read_exactly(self, size: int, scan: Scan | None) -> None:
-        if scan is not None:
-            while len(self._buffer) < size:
-                await self._fill()
-            self.parts.append(self._buffer[:size])
-        await super()._read_exactly(size, scan)
+    def piece(self, piece: bytes) -> None:
+        self.parts.append(piece)
 
     def answer(self) -> str:
         """The streamed answer's text: every ``delta.content`` of the SSE events, in order."""

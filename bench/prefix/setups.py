@@ -40,6 +40,7 @@ import trio
 from bench.harness.client import HOST
 from bench.harness.config import server_table
 from bench.harness.procs import start_process, start_tailguard, stop, wait_ready
+from bench.harness.toml import TomlTable, TomlValue, dumps, merged
 from bench.prefix.model import INPUT_CAP_TOKENS, MAX_MODEL_LEN, MODEL, SEATS
 
 ROUND_ROBIN, CACHE_AWARE, HAND, LEAST_LOADED, TAILGUARD = "round robin", "cache_aware", "hand affinity", "least loaded", "tailguard"
@@ -132,39 +133,23 @@ def pool_config(
     load_bound: float | None = None,
 ) -> str:
     """tailguard over ``engines``: one pool, caps at the engines' seats, a catch-all class (after a "short" one with ``prompt_bound``); GPU-time timeouts."""
-    endpoints = ", ".join(f'{{ url = "http://{HOST}:{port}", max_concurrency = {SEATS} }}' for port in engines)
-    lines = [
-        *server_table(http_port, grpc_port),
-        "[limits]",
-        f"input_cap_tokens = {INPUT_CAP_TOKENS}",
-        "",
-        "[timeouts]",
-        f"end_to_end_timeout = {END_TO_END_TIMEOUT_S * time_scale:g}",
-        "",
-        "[pools.all]",
-        f"max_concurrency = {SEATS * len(engines)}",
-        f"max_queue = {64 * SEATS * len(engines)}",
-        f"max_model_len = {MAX_MODEL_LEN}",
-        f'models = ["{MODEL}"]',
-        *([f'placement = "{placement}"'] if placement else []),
-        f"endpoints = [{endpoints}]",
-        *([f"affinity_load_factor = {load_bound:g}"] if load_bound is not None else []),
-        "",
-        *(
-            [
-                "[classes.short]", 'pool = "all"', f"max_prompt_tokens = {SHORT_CLASS_PROMPT_TOKENS}",
-                f'prompt_bound = "{prompt_bound}"', f"queue_timeout = {QUEUE_TIMEOUT_S * time_scale:g}", "priority = 0", "",
-            ]
-            if prompt_bound
-            else []
-        ),
-        "[classes.all]",
-        'pool = "all"',
-        f"queue_timeout = {QUEUE_TIMEOUT_S * time_scale:g}",
-        "priority = 0",
-        "",
-    ]
-    return "\n".join(lines)
+    pool: dict[str, TomlValue] = {
+        "max_concurrency": SEATS * len(engines), "max_queue": 64 * SEATS * len(engines), "max_model_len": MAX_MODEL_LEN, "models": [MODEL],
+    }  # fmt: skip
+    if placement:
+        pool["placement"] = placement
+    pool["endpoints"] = [{"url": f"http://{HOST}:{port}", "max_concurrency": SEATS} for port in engines]
+    if load_bound is not None:
+        pool["affinity_load_factor"] = load_bound
+    queue_timeout = QUEUE_TIMEOUT_S * time_scale
+    short: dict[str, TomlTable] = {"short": {"max_prompt_tokens": SHORT_CLASS_PROMPT_TOKENS, "prompt_bound": prompt_bound}} if prompt_bound else {}
+    sections: TomlTable = {
+        "limits": {"input_cap_tokens": INPUT_CAP_TOKENS},
+        "timeouts": {"end_to_end_timeout": END_TO_END_TIMEOUT_S * time_scale},
+        "pools": {"all": pool},
+        "classes": {name: {"pool": "all", **bounds, "queue_timeout": queue_timeout, "priority": 0} for name, bounds in (*short.items(), ("all", {}))},
+    }
+    return dumps(merged(server_table(http_port, grpc_port), sections))
 
 
 def peer_command(exe: Path, policy: Sequence[str], port: int, metrics_port: int, engines: Sequence[int]) -> list[str]:

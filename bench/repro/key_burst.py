@@ -16,7 +16,7 @@ from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import free_ports, start_process, start_tailguard, wait_ready
 from bench.harness.redis import RedisProcess
 from bench.harness.replicas import KeySpec
-from tailguard.router.quotas import hash_key
+from bench.harness.toml import TomlTable
 
 
 async def main() -> None:
@@ -28,12 +28,10 @@ async def main() -> None:
         sim = await start_process(n, [sys.executable, "-m", "tailguard.sim", "--engines", f"{e1}:instant,{e2}:instant"], None)
         await wait_ready(e1, sim, "sim")
         key = KeySpec("web", 1.0, 16)
-        sections = [
-            "[cluster]", f'redis_url = "{redis.url}"', 'namespace = "repro"', 'replica_id = "only"', "block = 2", "",
-            "[[auth.keys]]", f'name = "{key.name}"', f'key_sha256 = "{hash_key(key.secret)}"', f"max_concurrency = {key.max_concurrency}", "",
-        ]  # fmt: skip
-        if "--no-cluster" in sys.argv:
-            sections = sections[6:]
+        cluster: TomlTable = {"redis_url": redis.url, "namespace": "repro", "replica_id": "only", "block": 2}
+        sections: TomlTable = {"auth": {"keys": [key.table()]}}
+        if "--no-cluster" not in sys.argv:
+            sections = {"cluster": cluster, **sections}
         pools = PoolSpec("interactive", [(e1, 64)], 64, 64), PoolSpec("batch", [(e2, 64)], 64, 64)
         (tmp / "c.toml").write_text(tailguard_config(hp, gp, *pools, sections=sections))
         tg = await start_tailguard(n, tmp / "c.toml", extra_args=["--no-grpc"])

@@ -25,7 +25,7 @@ def main() -> None:
     redis = subprocess.Popen(redis_args, stdout=subprocess.DEVNULL)
     sim_args = [sys.executable, "-m", "tailguard.sim", "--engines", f"{e1}:instant,{e2}:instant"]
     sim = subprocess.Popen(sim_args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    cluster = [] if "--no-cluster" in sys.argv else ["[cluster]", f'redis_url = "redis://127.0.0.1:{rp}/0"', 'replica_id = "only"', ""]
+    cluster = {} if "--no-cluster" in sys.argv else {"cluster": {"redis_url": f"redis://127.0.0.1:{rp}/0", "replica_id": "only"}}
     pools = PoolSpec("interactive", [(e1, 64)], 64, 64), PoolSpec("batch", [(e2, 64)], 64, 64)
     (tmp / "c.toml").write_text(tailguard_config(hp, gp, *pools, sections=cluster))
     time.sleep(2)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.harness.config import PoolSpec, server_table
+from bench.harness.config import PoolSpec, one_class, pools_table, server_table
+from bench.harness.toml import TomlTable, dumps, merged
 from bench.retry.model import RETRY_AFTER_S, Options
 
 POOL = "interactive"
@@ -11,18 +12,6 @@ POOL = "interactive"
 def router_config(http_port: int, grpc_port: int, engine_port: int, options: Options, *, hint: str) -> str:
     """A config.toml: the pool's seats = the engine's, ``retry_after_hint = HINT`` over ``retry_after``, the class's deadline in real s."""
     pool = PoolSpec(POOL, [(engine_port, options.seats)], options.seats, options.max_queue)
-    return "\n".join(
-        [
-            *server_table(http_port, grpc_port),
-            "[timeouts]",
-            f"retry_after = {RETRY_AFTER_S:g}",
-            f'retry_after_hint = "{hint}"',
-            "",
-            *pool.toml(),
-            f"[classes.{POOL}]",
-            f'pool = "{POOL}"',
-            f"queue_timeout = {options.queue_timeout_gpu * options.time_scale:g}",
-            "priority = 0",
-            "",
-        ]
-    )
+    timeouts: TomlTable = {"timeouts": {"retry_after": RETRY_AFTER_S, "retry_after_hint": hint}}
+    classes = one_class(POOL, options.queue_timeout_gpu * options.time_scale)
+    return dumps(merged(server_table(http_port, grpc_port), timeouts, pools_table(pool), classes))

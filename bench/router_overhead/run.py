@@ -36,6 +36,7 @@ from bench.harness.closed_loop import MAX_TOKENS, MESSAGE, Plan, RunResult, meas
 from bench.harness.config import PoolSpec, tailguard_config
 from bench.harness.procs import RESULTS_ROOT, add_serve_arg, free_ports, log_tail, start_simulator, start_tailguard, stop, wait_ready
 from bench.harness.report import md_table, save_json
+from bench.harness.toml import TomlTable
 from bench.harness.unique import unique_chat
 from tailguard.sim import SimResponse
 from tailguard.sim.http import serve as serve_sim
@@ -85,9 +86,9 @@ async def measure(plan: Plan) -> Result:
     """Start the simulator and tailguard, run every (concurrency, target), tear it all down."""
     sim_port, batch_port, tg_port, grpc_port, otlp_port = free_ports(5)
     # --tracing: tailguard exports OTLP/HTTP to a receiver in this process (its CPU is the client's), which answers 200.
-    sections = [] if plan.tracing is None else [
-        "[tracing]", "enabled = true", f'endpoint = "http://127.0.0.1:{otlp_port}/v1/traces"', f"sample_ratio = {plan.tracing}", ""
-    ]
+    sections: TomlTable = {}
+    if plan.tracing is not None:
+        sections = {"tracing": {"enabled": True, "endpoint": f"http://127.0.0.1:{otlp_port}/v1/traces", "sample_ratio": plan.tracing}}
     payload = {"messages": [{"role": "user", "content": MESSAGE}], "max_tokens": MAX_TOKENS}
     targets = {"direct": sim_port, "tailguard": tg_port}
     runs: list[RunResult] = []

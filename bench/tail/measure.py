@@ -17,24 +17,13 @@ from typing import IO, Any
 import trio
 
 from bench.harness.clocks import CpuClock
+from bench.harness.config import MODEL
 from bench.harness.open_loop import Sample, TokenPool, class_stats, play, token_times, write_samples
 from bench.harness.procs import log_tail, start_process, wait_ready
 from bench.harness.stats import percentile
 from bench.harness.unique import ShapeRequests, run_seed
 from bench.tail.checks import checks, checks12
-from bench.tail.model import (
-    BASELINES,
-    CLASS_OF,
-    MODEL,
-    QUEUE_TIMEOUTS,
-    SHORT_DEADLINE_S,
-    EngineWatch,
-    Options,
-    Probe,
-    Result,
-    Setup,
-    SetupResult,
-)
+from bench.tail.model import BASELINES, CLASS_OF, QUEUE_TIMEOUTS, SHORT_DEADLINE_S, EngineWatch, Options, Probe, Result, Setup, SetupResult
 from bench.tail.router import RunningRouter, running_router, slug
 from bench.tail.setups import build_plans, build_setups, capacities, engine_params, setup_capacity, split_capacity
 from bench.tail.watch import join_access_log, rss_summary, watch_engines, watch_router

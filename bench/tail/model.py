@@ -10,6 +10,7 @@ from pathlib import Path
 from bench.harness.config import PoolSpec
 from bench.harness.open_loop import ClassStats
 from bench.harness.procs import RESULTS_ROOT
+from bench.harness.toml import TomlTable, TomlValue
 
 RESULTS = RESULTS_ROOT / "tail"
 
@@ -32,7 +33,6 @@ BASELINES = ("shared", "short-only")  # what the others are measured against (--
 ENGINE_PROBE_S = 0.5  # real s between two looks at every engine's running and waiting counts
 
 
-MODEL = "sim-llama-3.1-8b"  # the model every generated pool serves (PoolSpec.toml), which tailguard names in its body
 
 
 ADDED_TTFT_GOAL_MS = 10.0  # real ms: short TTFT P99 through tailguard over the same split fed directly, at load 0.8
@@ -112,15 +112,16 @@ class LendRule:
         parts += [f"i{self.max_imbalance:g}"] if self.max_imbalance is not None else []
         return " ".join(parts)
 
-    def toml(self, lender: str, borrower: str, time_scale: float = 1.0) -> list[str]:
-        lines = [f"[pools.{lender}.lend]", f'to = ["{borrower}"]', f"reserve = {self.reserve}", f'when = "{self.when}"']
+    def table(self, lender: str, borrower: str, time_scale: float = 1.0) -> TomlTable:
+        """``[pools.LENDER.lend]`` lending to ``borrower``; the TTFT budget in real s."""
+        lend: dict[str, TomlValue] = {"to": [borrower], "reserve": self.reserve, "when": self.when}
         for key in ("max_seats", "max_prompt_tokens", "max_output_tokens", "prefills", "max_imbalance"):
             value = getattr(self, key)
             if value is not None:
-                lines.append(f"{key} = {value}")
+                lend[key] = value
         if self.ttft_ms is not None:
-            lines.append(f"ttft_budget = {self.ttft_ms / 1000 * time_scale:g}")
-        return [*lines, ""]
+            lend["ttft_budget"] = self.ttft_ms / 1000 * time_scale
+        return {"pools": {lender: {"lend": lend}}}
 
 
 # The default lending rule, chosen by measurement (bench/results/tail/tail-issue12.md): a borrowed
@@ -139,15 +140,9 @@ class RebalanceSpec:
     threshold: float = 0.3
     cooldown: float = 6.0
 
-    def toml(self, scale: float) -> list[str]:
-        return [
-            "[rebalance]",
-            f"interval = {self.interval * scale:g}",
-            f"hold_time = {max(self.hold, self.interval) * scale:g}",
-            f"threshold = {self.threshold:g}",
-            f"cooldown = {self.cooldown * scale:g}",
-            "",
-        ]
+    def table(self, scale: float) -> TomlTable:
+        hold_time = max(self.hold, self.interval) * scale
+        return {"rebalance": {"interval": self.interval * scale, "hold_time": hold_time, "threshold": self.threshold, "cooldown": self.cooldown * scale}}
 
 
 @dataclass(frozen=True)
@@ -197,7 +192,7 @@ class Setup:
     kind: str = ""  # one of SETUP_NAMES (``name`` may add the split and the rule)
     engines: Sequence[tuple[int, str]] = ()  # (port, profile): the simulated GPUs this set-up runs on, its own
     split: tuple[int, int] | None = None
-    tables: Sequence[str] = ()  # more config lines after the pools: lend tables, [rebalance]
+    tables: TomlTable = field(default_factory=dict)  # more config after the pools: lend tables, [rebalance]
     movable: bool = False  # every endpoint ``movable = true``
     scheduling: str = "fcfs"  # the engines' scheduling policy (one simulator process per policy)
 

@@ -6,8 +6,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from bench.harness.config import PoolSpec, classes_tables, server_table
+from bench.harness.config import PoolSpec, classes_tables, pools_table, server_table
 from bench.harness.procs import free_ports
+from bench.harness.toml import TomlTable, dumps, merged
 from bench.tail.model import BASELINES, END_TO_END_TIMEOUT, QUEUE_TIMEOUTS, SETUP_NAMES, SPLIT_KINDS, LendRule, Options, Setup
 from tailguard.server.advise.replay.mix import pooled_capacity
 from tailguard.sim.params import PROFILES, EngineParams
@@ -78,7 +79,7 @@ def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: Len
         )
     if kind == "shared-limit":
         assert limit is not None
-        pool = PoolSpec("all", everything.endpoints, everything.max_concurrency, everything.max_queue, [f"class_max_concurrency = {{ batch = {limit * n} }}"])
+        pool = dataclasses.replace(everything, extra={"class_max_concurrency": {"batch": limit * n}})
         return Setup(
             f"{name} [batch<={limit * n}]", f"priority's pool; batch holds at most {limit * n} of its {cap * n} seats",
             pools=[pool], class_pool={"interactive": "all", "batch": "all"}, kind=kind, engines=throughput,
@@ -86,7 +87,7 @@ def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: Len
     if kind == "vllm-priority":
         # Twice the engine's seats per endpoint: what waits inside vLLM is what its priority scheduler orders
         # (V1 never preempts for a waiter; docs/vllm-priority.md), so at cap = seats the flag would change nothing.
-        pool = PoolSpec("all", [(p, 2 * cap) for p in ports], 2 * cap * n, 512 * n, ["vllm_priority = true"])
+        pool = PoolSpec("all", [(p, 2 * cap) for p in ports], 2 * cap * n, 512 * n, {"vllm_priority": True})
         return Setup(
             name, f"priority's pool at {2 * cap} a engine (twice its seats), class priority sent to vLLM's priority scheduler "
             "(engines --scheduling-policy priority)",
@@ -108,17 +109,17 @@ def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: Len
         PoolSpec("interactive", [(p, seats[fast]) for p in latency_ports], seats[fast] * interactive, 256 * interactive),
         PoolSpec("batch", [(p, seats["throughput"]) for p in batch_ports], seats["throughput"] * batch, 512 * batch),
     ]
-    tables: list[str] = []
+    tables: TomlTable = {}
     what = f"tailguard, interactive pool {interactive} latency engine(s), batch pool {batch} throughput engine(s)"
     if kind in ("lend", "lend-rebalance"):
         assert rule is not None
-        tables += rule.toml("interactive", "batch", options.time_scale)
+        tables = rule.table("interactive", "batch", options.time_scale)
         what += f"; interactive lends to batch ({rule.label()})"
         if options.lend_back:
-            tables += LendRule().toml("batch", "interactive")
+            tables = merged(tables, LendRule().table("batch", "interactive"))
             what += ", batch lends to interactive"
     if kind in ("rebalance", "lend-rebalance"):
-        tables += options.rebalance.toml(options.time_scale)
+        tables = merged(tables, options.rebalance.table(options.time_scale))
         what += "; every endpoint movable, [rebalance]"
     return Setup(
         name, what, pools=pools, class_pool={"interactive": "interactive", "batch": "batch"}, kind=kind, engines=engines,
@@ -136,23 +137,12 @@ def router_config(
     reads the same file). The set-up's own tables (lending, rebalancing)
     follow the pools; ``movable`` marks every endpoint movable.
     """
-    lines = [
-        *server_table(http_port, grpc_port),
-        "[timeouts]",
-        f"end_to_end_timeout = {END_TO_END_TIMEOUT * time_scale:g}",
-        "",
-    ]
-    for pool in setup.pools:
-        table = pool.toml()
-        if fail_fast_fraction is not None:
-            table.insert(-1, f"fail_fast_fraction = {fail_fast_fraction:g}")
-        if setup.movable:
-            table = [line.replace(" }", ", movable = true }") if line.startswith("endpoints = ") else line for line in table]
-        lines += table
-    lines += setup.tables
+    fail_fast: TomlTable = {} if fail_fast_fraction is None else {"fail_fast_fraction": fail_fast_fraction}
+    pools = [dataclasses.replace(pool, extra={**pool.extra, **fail_fast}, movable=setup.movable) for pool in setup.pools]
+    timeouts = {"timeouts": {"end_to_end_timeout": END_TO_END_TIMEOUT * time_scale}}
     relay = {"batch": batch_relay_interval * time_scale} if batch_relay_interval else None
-    lines += classes_tables(setup.class_pool, {name: f"{QUEUE_TIMEOUTS[name] * time_scale:g}" for name in ("interactive", "batch")}, relay)
-    return "\n".join(lines)
+    classes = classes_tables(setup.class_pool, {name: QUEUE_TIMEOUTS[name] * time_scale for name in ("interactive", "batch")}, relay)
+    return dumps(merged(server_table(http_port, grpc_port), timeouts, pools_table(*pools), setup.tables, classes))
 
 
 def capacities(options: Options, mix: dict[str, list[tuple[float, int, int]]]) -> dict[str, float]:

@@ -4,35 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bench.harness.config import PoolSpec, server_table
+from bench.harness.config import PoolSpec, one_class, pools_table, server_table
+from bench.harness.toml import TomlTable, dumps, merged
 from bench.tenants.model import KEYS, Options
 from tailguard.router.quotas import hash_key
 
 POOL = "interactive"
 
 
-def keys_tables(weights: Mapping[str, float]) -> list[str]:
+def keys_tables(weights: Mapping[str, float]) -> TomlTable:
     """``[[auth.keys]]``: one key a tenant, named for it, its SHA-256 and its weight."""
-    lines: list[str] = []
-    for tenant, weight in weights.items():
-        lines += ["[[auth.keys]]", f'name = "{tenant}"', f'key_sha256 = "{hash_key(KEYS[tenant])}"', f"weight = {weight:g}", ""]
-    return lines
+    return {"auth": {"keys": [{"name": tenant, "key_sha256": hash_key(KEYS[tenant]), "weight": weight} for tenant, weight in weights.items()]}}
 
 
 def router_config(
     http_port: int, grpc_port: int, engine_port: int, options: Options, *, order: str, weights: Mapping[str, float], queue_timeout: float
 ) -> str:
     """A config.toml: the pool's seats = the engine's, ``queue_order = ORDER``, the class's ``queue_timeout`` (GPU s) in real s."""
-    pool = PoolSpec(POOL, [(engine_port, options.seats)], options.seats, options.max_queue, [f'queue_order = "{order}"'])
-    return "\n".join(
-        [
-            *server_table(http_port, grpc_port),
-            *keys_tables(weights),
-            *pool.toml(),
-            f"[classes.{POOL}]",
-            f'pool = "{POOL}"',
-            f"queue_timeout = {queue_timeout * options.time_scale:g}",
-            "priority = 0",
-            "",
-        ]
-    )
+    pool = PoolSpec(POOL, [(engine_port, options.seats)], options.seats, options.max_queue, {"queue_order": order})
+    classes = one_class(POOL, queue_timeout * options.time_scale)
+    return dumps(merged(server_table(http_port, grpc_port), keys_tables(weights), pools_table(pool), classes))

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-from bench.harness.client import CHAT_PATH, Scan
+from bench.harness.client import CHAT_PATH
 from bench.harness.open_loop import TokenClient, TokenPool
 from bench.harness.unique import UniqueRequests, run_seed
 from bench.tenants.model import KEYS, PROMPT_TOKENS
@@ -43,9 +43,8 @@ class UsageClient(TokenClient):
         super().__init__(port)
         self._into = into
 
-    async def _read_exactly(self, size: int, scan: Scan | None) -> None:
-        await super()._read_exactly(size, scan)
-        if scan is not None and (found := usage_of(self.last_piece)) is not None:
+    def piece(self, piece: bytes) -> None:
+        if (found := usage_of(piece)) is not None:
             self._into.append(Served(time.perf_counter(), *found))
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.toml import dumps
 from bench.tail.model import LendRule, Options
 from bench.tail.setups import build_setups
 from tailguard.router.config import parse_config
@@ -16,7 +17,7 @@ def test_a_rule_with_the_stall_bound_and_when_reaches_the_config_it_writes() -> 
     rule = LendRule.parse("reserve=4,prefills=1,when=busier")
     assert (rule.reserve, rule.prefills, rule.when, rule.max_prompt_tokens) == (4, 1, "busier", None)
     assert rule.label() == "p- r4 f1 busier"
-    lend = parse_config(BASE + "\n" + "\n".join(rule.toml("interactive", "batch"))).pool("interactive").lend
+    lend = parse_config(BASE + "\n" + dumps(rule.table("interactive", "batch"))).pool("interactive").lend
     assert (lend.to, lend.reserve, lend.prefills, lend.when) == (("batch",), 4, 1, "busier")
 
 

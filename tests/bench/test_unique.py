@@ -9,9 +9,9 @@ import pytest
 
 from bench.cluster.affinity import body, share, tenant_prompt
 from bench.harness.client import CHAT_PATH, http_request
+from bench.harness.config import MODEL
 from bench.harness.unique import UniqueRequests, prefixed, run_seed
 from bench.tail.measure import forwarded_body
-from bench.tail.model import MODEL
 from tailguard.router.admission import key_chars, prefix_key
 from tailguard.server.advise.replay.mix import prompt_tokens, unique_body_for, unique_payload
 from tailguard.sim.prefix_cache import block_hashes
