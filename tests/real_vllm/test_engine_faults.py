@@ -109,22 +109,33 @@ def test_dropped_stream_aborts_the_generation(engines: tuple[RealEngine, RealEng
     engine = engines[0]
     hang_up = threading.Event()
     events = 0
+    outcome: list[object] = []  # what ended the reader early (a status, an exception), for the failure message
 
     def read(tg: Tailguard) -> None:
         nonlocal events
-        with httpx.stream("POST", f"{tg.url}/v1/completions", json=long_completion(3000, stream=True), timeout=30) as response:
-            assert response.status_code == 200
-            for line in response.iter_lines():
-                events += line.startswith("data: ")
-                if hang_up.is_set():
-                    return  # leaving the block closes the connection
+        try:
+            with httpx.stream("POST", f"{tg.url}/v1/completions", json=long_completion(3000, stream=True), timeout=30) as response:
+                if response.status_code != 200:
+                    outcome.append(f"{response.status_code} {response.read()!r}")
+                    return
+                for line in response.iter_lines():
+                    events += line.startswith("data: ")
+                    if hang_up.is_set():
+                        return  # leaving the block closes the connection
+                outcome.append(f"the stream ended by itself after {events} events")
+        except Exception as error:  # the test reads it
+            outcome.append(error)
 
     with tailguard(pool_config([engine.url], max_model_len=4096, output_cap=3000)) as tg:
+        wait_for(lambda: running(engine) == 0, timeout=30.0, what=lambda: "vLLM was still running an earlier request")
+        tg.wait_endpoints("up", 1)
         reader = threading.Thread(target=read, args=(tg,))
         reader.start()
-        wait_for(lambda: running(engine) == 1, timeout=10.0)
+        wait_for(lambda: running(engine) >= 1 or not reader.is_alive(), timeout=10.0, what=lambda: f"after {events} events")
+        assert reader.is_alive(), f"the stream ended before vLLM showed it running: {outcome}"
         hang_up.set()
         reader.join()
+        assert not outcome, outcome
         took = wait_for(lambda: running(engine) == 0, timeout=1.0)
         assert tg.access_lines()[-1]["outcome"] == "cancelled"
     print(f"stream dropped after {events} events: vLLM running 0 after {took:.2f} s")
