@@ -19,7 +19,7 @@ import trio
 from .admission import RouterRequest
 from .config import Config
 from .fleet import Discovery, Endpoint, Fleet, Found, Pool, TransportFactory
-from .observe import LoopLag, RequestRecord
+from .observe import Attainment, ClassAttainment, LoopLag, RequestRecord
 from .quotas import ANONYMOUS, Authenticator, Caller, LedgerStore, Traffic
 from .request_path import Completion, RequestPath
 from .upkeep import Upkeep
@@ -44,6 +44,7 @@ class Router:
         self._traffic = Traffic()
         self._path = RequestPath(fleet, self._traffic)
         self._authenticator = Authenticator(config.auth)
+        self._attainment = Attainment()
         self.loop_lag = LoopLag()  # how late this loop runs: verdicts about engines discount its stalls (read-only outside)
         self.discovery = Discovery(self)
         self._upkeep = Upkeep(fleet, self.loop_lag, self.discovery, lambda: self._path.forget_idle(self.caller_names))
@@ -73,6 +74,7 @@ class Router:
         """
         self._fleet.apply(config)
         self._authenticator = Authenticator(config.auth)
+        self._attainment.forget(klass.name for klass in config.classes)
         self.discovery.wake()  # a reload resolves the pools' DNS names again at once
         self._upkeep.newcomers()  # a new endpoint is unknown, and probed at once
 
@@ -226,6 +228,19 @@ class Router:
             ledger_keys=path.ledger_keys,
             prompt_ratios=path.prompt_ratios(),
         )
+
+    def judge(self, record: RequestRecord) -> None:
+        """Telemetry sink, before the others: whether a finished request met its class's objective (``record.objective_met``)."""
+        klass = next((klass for klass in self._fleet.config.classes if klass.name == record.request_class), None)
+        self._attainment.observe(record, klass)
+
+    def attainment(self) -> tuple[ClassAttainment, ...]:
+        """Each class's share of requests that met its objective, over the last minute and in total."""
+        try:
+            now: float | None = trio.current_time()
+        except RuntimeError:  # read outside the event loop (a scrape in a test's thread): as the last verdict left it
+            now = None
+        return self._attainment.view(self._fleet.config.classes, now)
 
     def room(self) -> int:
         """Requests all pools could hold at once, seated or waiting (``Pool.room``): beyond it a newcomer is refused, or displaces a less urgent waiter."""

@@ -287,7 +287,7 @@ async def _start_services(
     """Metrics, the access log, repeated-id detection and tracing, for both front ends."""
     metrics = Metrics(router)
     access_log = AccessLog(log_prompts=config.logging.log_prompts, enabled=config.logging.access_log)
-    telemetry = Telemetry([metrics.observe, access_log])
+    telemetry = Telemetry([router.judge, metrics.observe, access_log])  # judged first: the others show the verdict
     repeated_ids = RepeatedIds(config.metrics.duplicate_request_id_window)
     # [tracing]: off, the OpenTelemetry SDK is not even imported; a reload switches it live.
     tracing = TracingSwitch(config.tracing, grace=lambda: router.config.timeouts.end_to_end_timeout)

@@ -103,6 +103,9 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "ttft_ms": _ms(record.ttft_seconds),
         "decode_ms": _ms(record.decode_seconds),
         "e2e_ms": _ms(record.e2e_seconds),
+        "tpot_ms": _ms(record.time_per_output_token),  # decode time per output token after the first (streams)
+        "max_gap_ms": _ms(record.max_gap) if record.max_gap else None,  # the longest wait between two relayed chunks
+        "objective_met": record.objective_met,  # its class's objective held for it; null: not judged (docs/objectives.md)
     }
     if record.error is not None:
         fields["error"] = record.error

@@ -89,6 +89,12 @@ class Metrics:
         self.clamped = Counter(
             "tailguard_max_tokens_clamped", "Requests whose max_tokens was lowered to the output cap.", ("class", "pool"), registry=r
         )
+        self.objective = Counter(
+            "tailguard_objective_requests",
+            "Requests judged against their class's objective (docs/objectives.md), by whether they met it (met: true, false).",
+            ("class", "met"),
+            registry=r,
+        )
         self.reloads = Counter("tailguard_config_reloads", "Config reloads by result (ok, failed).", ("result",), registry=r)
         self.repeated_ids = Counter(
             "tailguard_duplicate_request_ids",
@@ -147,6 +153,8 @@ class Metrics:
             self.rejections.labels(record.request_class, record.pool, record.reason).inc()
         if record.clamped:
             self.clamped.labels(record.request_class, record.pool).inc()
+        if record.objective_met is not None:
+            self.objective.labels(record.request_class, "true" if record.objective_met else "false").inc()
         self.placements.count(record)
 
     def _observe_caller(self, record: RequestRecord) -> None:
@@ -277,10 +285,37 @@ class _RouterCollector(Collector):
         yield retries
         yield from _sharing(stats)
         yield from _prompt_ratios(stats)
+        yield from _attainment(self._router)
         clients = _gauge("tailguard_backend_clients", "Open HTTP clients to backends (retired ones still closing included).", ())
         clients.add_metric((), stats.backend_clients)
         yield clients
         yield from self._callers.collect(stats.caller_in_flight, stats.budgets_left)
+
+
+def _attainment(router: Router) -> Iterator[Metric]:
+    """Each class's objective, and the share of its last minute's requests that met it."""
+    klass = ("class",)
+    attainment = _gauge("tailguard_class_attainment", "The share of the class's requests judged in the last 60 s that met its objective.", klass)
+    target = _gauge("tailguard_class_attainment_target", "The share that must meet it: the objective's percentile / 100.", klass)
+    judged = _gauge("tailguard_class_judged", "Requests of the class judged against its objective in the last 60 s.", klass)
+    objective = _gauge(
+        "tailguard_class_objective_seconds", "The class's objective: ttft, itl (per output token) and e2e targets.", ("class", "target")
+    )
+    share = _gauge(
+        "tailguard_class_throughput_share", "The class's share of the output tokens of every class's requests judged in the last 60 s.", klass
+    )
+    for shown in router.attainment():
+        target.add_metric((shown.name,), shown.target)
+        if shown.throughput_share is not None:
+            share.add_metric((shown.name,), shown.throughput_share)
+        judged.add_metric((shown.name,), shown.judged)
+        if shown.attainment is not None:
+            attainment.add_metric((shown.name,), shown.attainment)
+    for config in router.config.classes:
+        for name, seconds in (("ttft", config.objective.ttft), ("itl", config.objective.itl), ("e2e", config.objective.e2e)):
+            if seconds is not None:
+                objective.add_metric((config.name, name), seconds)
+    yield from (attainment, target, judged, share, objective)
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:

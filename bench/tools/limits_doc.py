@@ -389,6 +389,22 @@ def _classes(doc: Limits) -> list[str]:
     )
     out.append("")
     out += _default_max_tokens_note(classes, doc.default_max_tokens, doc.output_cap_tokens)
+    out += ["What each class is promised (its objective; `attainment` in `GET /v1/limits` says how it is doing):", ""]
+    out += _markdown_table(
+        ["class", "first token within", "per output token", "end within", "requests that must meet it", "share of output tokens"],
+        [
+            (
+                f"`{k.name}`",
+                "-" if k.objective.ttft is None else _s(k.objective.ttft),
+                "-" if k.objective.itl is None else _s(k.objective.itl),
+                _s(k.objective.e2e),
+                f"{k.objective.percentile:g}%",
+                f"{k.objective.throughput_share:g}" if k.objective.throughput_share else "-",
+            )
+            for k in classes
+        ],
+    )
+    out.append("")
     return out
 
 

@@ -33,6 +33,7 @@ from .types import (
     LoggingConfig as LoggingConfig,
     LogLevel as LogLevel,
     MetricsConfig as MetricsConfig,
+    ObjectiveConfig as ObjectiveConfig,
     OutlierDetectionConfig as OutlierDetectionConfig,
     PlacementConfig as PlacementConfig,
     PoolConfig as PoolConfig,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .types import Config, OverCapMode
 
-__all__ = ["ClassLimits", "EstimateRule", "Limits", "PoolLimits", "limits_document", "limits_of"]
+__all__ = ["ClassLimits", "EstimateRule", "Limits", "ObjectiveLimits", "PoolLimits", "limits_document", "limits_of"]
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,19 @@ class EstimateRule:
 
 
 @dataclass(frozen=True)
+class ObjectiveLimits:
+    """What the class is promised (docs/objectives.md): seconds, None where it has no such target."""
+
+    ttft: float | None
+    itl: float | None
+    e2e: float
+    percentile: float
+    throughput_share: float
+
+
+@dataclass(frozen=True)
 class ClassLimits:
-    """What decides a request's class, and how long it may wait there."""
+    """What decides a request's class, how long it may wait there, and what the class is promised."""
 
     name: str
     max_prompt_tokens: int | None
@@ -37,6 +48,7 @@ class ClassLimits:
     queue_timeout: float
     priority: int
     pool: str
+    objective: ObjectiveLimits
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,9 @@ def limits_of(config: Config) -> Limits:
                 queue_timeout=klass.queue_timeout,
                 priority=klass.priority,
                 pool=klass.pool,
+                objective=ObjectiveLimits(
+                    klass.objective.ttft, klass.objective.itl, klass.objective.e2e, klass.objective.percentile, klass.objective.throughput_share
+                ),
             )
             for klass in config.classes
         ),

@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import get_args
 from urllib.parse import urlsplit
 
+from .objectives import check_throughput_shares, read_objective
 from .sections import host_port
 from .table import ENV_NAME, Table, describe
 from .types import (
@@ -32,6 +33,8 @@ from .types import (
     SimulateProfile,
 )
 
+# A class's objective e2e left out is timeouts.end_to_end_timeout; this when that key itself was refused.
+_DEFAULT_END_TO_END = 120.0
 # A class's relay_interval above this would show as a stalled stream, not as tokens in bursts.
 _MAX_RELAY_INTERVAL = 1.0
 # A pool's max_queue left out: this many waiting requests per seat. Deeper, and
@@ -473,8 +476,11 @@ def read_classes(
                 "the last class must be a catch-all (no max_prompt_tokens, no max_output_tokens),"
                 " or a request over its thresholds would fit no class",
             )
-    classes = (_read_class(name, table, pool_names, end_to_end, index) for index, (name, table) in enumerate(tables))
-    return tuple(klass for klass in classes if klass is not None)
+    read = (_read_class(name, table, pool_names, end_to_end, index) for index, (name, table) in enumerate(tables))
+    classes = tuple(klass for klass in read if klass is not None)
+    if tables:
+        check_throughput_shares(classes, tables[0][1])
+    return classes
 
 
 def _read_class(
@@ -506,6 +512,12 @@ def _read_class(
     if table.ok("relay_interval") and relay_interval > _MAX_RELAY_INTERVAL:
         table.problem("relay_interval", f"{relay_interval:g} s is over {_MAX_RELAY_INTERVAL:g} s: a stream would stall visibly")
     prompt_bound = table.choice("prompt_bound", _PROMPT_BOUNDS, "all")
+    objective = read_objective(
+        table.table("objective"),
+        interactive=max_prompt is not None or max_output is not None,
+        end_to_end=_DEFAULT_END_TO_END if end_to_end is None else end_to_end,
+        queue_timeout=queue_timeout if table.ok("queue_timeout") else None,
+    )
     if not table.finish():
         return None
     return ClassConfig(
@@ -517,4 +529,5 @@ def _read_class(
         max_output_tokens=max_output,
         relay_interval=relay_interval,
         prompt_bound=prompt_bound,
+        objective=objective,
     )

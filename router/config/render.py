@@ -165,6 +165,14 @@ def _render_classes(config: Config) -> list[str]:
         for klass in config.classes
     ]
     lines += _aligned(rows, indent="  ")
+    lines.append("objectives (what each class is promised; docs/objectives.md)")
+    targets = [("class", "ttft", "itl", "e2e", "percentile", "throughput_share")]
+    targets += [
+        (klass.name, _seconds_or_off(klass.objective.ttft or 0.0), _seconds_or_off(klass.objective.itl or 0.0),
+         _seconds(klass.objective.e2e), f"{klass.objective.percentile:g}", f"{klass.objective.throughput_share:g}")
+        for klass in config.classes
+    ]
+    lines += _aligned(targets, indent="  ")
     return lines
 
 

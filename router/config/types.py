@@ -475,6 +475,26 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class ObjectiveConfig:
+    """What a class is promised (``[classes.NAME.objective]``): attainment measures it (placement does not read it yet).
+
+    A request meets its class's objective when every target stated here held
+    for it: its first token within ``ttft``, its output tokens after the first
+    at ``itl`` seconds each or faster (the mean over its stream), and its end
+    within ``e2e``. The class is on target while at least ``percentile`` per
+    cent of its requests meet it. ``None`` (0 in the file): no such target.
+    ``throughput_share``: the share of the fleet's output tokens a batch class
+    is promised while it has work (0: none promised).
+    """
+
+    ttft: float | None
+    itl: float | None
+    e2e: float
+    percentile: float = 99.0
+    throughput_share: float = 0.0
+
+
+@dataclass(frozen=True)
 class ClassConfig:
     """A request class: which pool, how long it may queue, how urgent it is.
 
@@ -497,6 +517,8 @@ class ClassConfig:
     # "uncached": max_prompt_tokens bounds the tokens expected to need prefill
     # (all of them when the router cannot know); "all": every prompt token.
     prompt_bound: PromptBound = "all"
+    # Left out of the file: router/config/objectives.py's defaults (a class with thresholds: interactive ones).
+    objective: ObjectiveConfig = ObjectiveConfig(ttft=None, itl=None, e2e=120.0)
 
 
 @dataclass(frozen=True)

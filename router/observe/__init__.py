@@ -7,6 +7,12 @@ imports the module itself, then).
 
 from __future__ import annotations
 
+from .attainment import (
+    Attainment as Attainment,
+    ClassAttainment as ClassAttainment,
+    attainment_document as attainment_document,
+    judge as judge,
+)
 from .loop_lag import LoopLag as LoopLag, noticed_late as noticed_late
 from .telemetry import (
     Api as Api,

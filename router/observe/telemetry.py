@@ -131,6 +131,10 @@ class RequestRecord:
     # reservation, settled at its end to what it cost (router/quotas/budgets.py); None without a budget.
     budget_at: float | None = None
     budget_tokens: int | None = None
+    # The longest wait between two relayed chunks of its stream, after the first (seconds; 0 until a second chunk).
+    max_gap: float = 0.0
+    # Whether it met its class's objective (router/observe/attainment.py); None: not judged.
+    objective_met: bool | None = None
     outcome: Outcome | None = None
     reason: str | None = None
     status: int | str | None = None  # the HTTP status or gRPC code the caller saw
@@ -138,6 +142,7 @@ class RequestRecord:
     prompt_text: str | None = field(default=None, repr=False)  # only when log_prompts is on
     trace: Trace | None = field(default=None, repr=False)  # only while [tracing] is on
     _events: int = field(default=0, repr=False)
+    _last_chunk_at: float = field(default=0.0, repr=False)
     _done_seen: bool = field(default=False, repr=False)
 
     # -- filled in by the router and the relay --------------------------------
@@ -151,9 +156,13 @@ class RequestRecord:
             self.completion_tokens = completion_tokens
 
     def saw_chunk(self, chunk: bytes) -> None:
-        """Some relayed SSE bytes: the first marks the first token, each event counts."""
+        """Some relayed SSE bytes: the first marks the first token, each event counts, the gaps between them are timed."""
+        now = trio.current_time()
         if self.first_token_at is None:
-            self.first_token_at = trio.current_time()
+            self.first_token_at = now
+        elif now - self._last_chunk_at > self.max_gap:
+            self.max_gap = now - self._last_chunk_at
+        self._last_chunk_at = now
         self._events += chunk.count(b"data:")
         if b"[DONE]" in chunk:
             self._done_seen = True

@@ -264,7 +264,7 @@ async def serve_grpc(
     """
     async with trio.open_nursery() as calls:
         grpc_server = GrpcServer(
-            router, TrioPortal(calls, host.loop), observers or Observers(Telemetry()), max_calls=max_calls, reuse_port=reuse_port, tls=tls
+            router, TrioPortal(calls, host.loop), observers or Observers(Telemetry([router.judge])), max_calls=max_calls, reuse_port=reuse_port, tls=tls
         )
         port = await host.run(lambda: grpc_server.start(*listen))
         shown = "" if tls is None else " (TLS, client certificates required)" if tls.require_client_auth else " (TLS)"

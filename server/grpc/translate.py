@@ -242,6 +242,13 @@ def limits_message(config: Config) -> pb.Limits:
                 queue_timeout_s=c.queue_timeout,
                 priority=c.priority,
                 pool=c.pool,
+                objective=pb.Objective(
+                    ttft_s=c.objective.ttft,
+                    itl_s=c.objective.itl,
+                    e2e_s=c.objective.e2e,
+                    percentile=c.objective.percentile,
+                    throughput_share=c.objective.throughput_share,
+                ),
             )
             for c in limits.classes
         ],

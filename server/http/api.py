@@ -26,7 +26,7 @@ from tailguard.router import ClientLeft, Completion, Router, Session, Sessions, 
 from tailguard.router.admission import RequestKind
 from tailguard.router.config import limits_document
 from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, InvalidRequest, ModelNotFound, TailguardError
-from tailguard.router.observe import RepeatedIds, Telemetry
+from tailguard.router.observe import RepeatedIds, Telemetry, attainment_document
 from tailguard.router.quotas import check_token, one_authorization
 
 if TYPE_CHECKING:  # imported only while [tracing] is on
@@ -100,7 +100,7 @@ class HttpApi:
         self._created = int(time.time())
         self._sessions = Sessions(
             router,
-            telemetry or Telemetry(),
+            telemetry or Telemetry([router.judge]),
             "http",
             repeated_ids=repeated_ids,
             on_repeat=None if metrics is None else metrics.repeated_request_id,
@@ -183,7 +183,11 @@ class HttpApi:
             data = [self._model(model, max_model_len) for model, max_model_len in self._router.models().items()]
             await _send_json(send, 200, {"object": "list", "data": data}, request_id)
         elif path == "/v1/limits":
-            document = {**limits_document(self._router.config), "assignment": self._router.assignment()}
+            document = {
+                **limits_document(self._router.config),
+                "assignment": self._router.assignment(),
+                "attainment": attainment_document(self._router.attainment()),
+            }
             await _send_json(send, 200, document, request_id)
         else:  # _MODEL_PATH + id
             model = path[len(_MODEL_PATH) :]

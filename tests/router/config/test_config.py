@@ -18,6 +18,7 @@ from tailguard.router.config import (
     EndpointConfig,
     LoggingConfig,
     MetricsConfig,
+    ObjectiveConfig,
     limits_document,
     load_config,
     parse_config,
@@ -127,8 +128,16 @@ def test_shipped_config_parses_with_the_documented_values() -> None:
             priority=0,
             max_prompt_tokens=500,
             max_output_tokens=128,
+            objective=ObjectiveConfig(ttft=0.5, itl=0.05, e2e=30.0, percentile=99.0),
         ),
-        ClassConfig(name="batch", pool="batch", queue_timeout=30.0, priority=1, relay_interval=0.05),
+        ClassConfig(
+            name="batch",
+            pool="batch",
+            queue_timeout=30.0,
+            priority=1,
+            relay_interval=0.05,
+            objective=ObjectiveConfig(ttft=None, itl=None, e2e=120.0, percentile=99.0, throughput_share=0.3),
+        ),
     )
 
 
@@ -709,8 +718,8 @@ def test_render_config_shows_every_pool_endpoint_and_class() -> None:
 def test_render_config_of_the_shipped_file_is_a_readable_page() -> None:
     text = render_config(load_config(SHIPPED))
     # [cluster] (or its absence), server.workers and each pool's queue_order are on it too.
-    assert 30 <= len(text.splitlines()) <= 100
-    for expected in ("127.0.0.1:8080", "127.0.0.1:50051", "8192", "1024 (over the cap: clamp)", "120 s"):
+    assert 30 <= len(text.splitlines()) <= 110
+    for expected in ("objectives (what each class is promised", "127.0.0.1:8080", "127.0.0.1:50051", "8192", "1024 (over the cap: clamp)", "120 s"):
         assert expected in text
 
 
@@ -734,9 +743,11 @@ def test_limits_document_is_json_and_has_no_endpoint_urls() -> None:
     assert document["estimate"] == {"chars_per_token": 4.0, "cjk_chars_per_token": 1.0, "per_message_tokens": 4, "learn": True}
     assert document["classes"] == [
         {"name": "interactive", "max_prompt_tokens": 500, "max_output_tokens": 128,
-         "queue_timeout": 3.0, "priority": 0, "pool": "interactive"},
+         "queue_timeout": 3.0, "priority": 0, "pool": "interactive",
+         "objective": {"ttft": 0.5, "itl": 0.05, "e2e": 30.0, "percentile": 99.0, "throughput_share": 0.0}},
         {"name": "batch", "max_prompt_tokens": None, "max_output_tokens": None,
-         "queue_timeout": 30.0, "priority": 1, "pool": "batch"},
+         "queue_timeout": 30.0, "priority": 1, "pool": "batch",
+         "objective": {"ttft": None, "itl": None, "e2e": 120.0, "percentile": 99.0, "throughput_share": 0.3}},
     ]
     assert document["pools"] == [
         {"name": "interactive", "max_model_len": 32768, "models": ["sim-llama-3.1-8b"]},

@@ -121,6 +121,11 @@ def test_limits_match_the_http_document(service: Service, stub: pb_grpc.Completi
     assert [c.name for c in limits.classes] == [c["name"] for c in document["classes"]]
     assert limits.classes[0].max_output_tokens == 128 and not limits.classes[1].HasField("max_output_tokens")
     assert limits.estimate.learn is document["estimate"]["learn"] is True  # the estimate grows with what the engines' usage taught
+    for over_grpc, over_http in zip(limits.classes, document["classes"], strict=True):  # what each class is promised
+        objective = over_http["objective"]
+        assert (over_grpc.objective.e2e_s, over_grpc.objective.percentile) == (objective["e2e"], objective["percentile"])
+        assert (over_grpc.objective.ttft_s if over_grpc.objective.HasField("ttft_s") else None) == objective["ttft"]
+        assert (over_grpc.objective.itl_s if over_grpc.objective.HasField("itl_s") else None) == objective["itl"]
 
 
 @pytest.mark.parametrize(

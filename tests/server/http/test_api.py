@@ -17,7 +17,7 @@ import trio.lowlevel
 from openai.types.chat import ChatCompletionMessageParam
 
 from tailguard.router import Router
-from tailguard.router.config import Config, LimitsConfig, ServerConfig, TimeoutsConfig
+from tailguard.router.config import Config, LimitsConfig, ObjectiveConfig, ServerConfig, TimeoutsConfig
 from tailguard.server.http import api as http_api
 from tailguard.sim import SimResponse
 from tests.helpers.engines import MODEL
@@ -77,6 +77,51 @@ async def test_models_health_and_limits(two_engines: Backends) -> None:
             limits = (await client.get("/v1/limits")).json()
             text = json.dumps(limits)
             assert "1024" in text and "8192" in text and "127.0.0.1" not in text
+
+
+async def test_each_request_is_judged_against_its_class_objective_on_metrics_the_access_log_and_limits(
+    two_engines: Backends, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lenient interactive objective is met, a batch deadline no long answer can keep is missed: each
+    verdict shows in the access line, the per-class counters, the attainment gauges and /v1/limits."""
+    config = config_for(two_engines.urls)
+    interactive, batch = config.classes
+    config = dataclasses.replace(
+        config,
+        classes=(
+            dataclasses.replace(interactive, objective=ObjectiveConfig(ttft=5.0, itl=1.0, e2e=60.0, percentile=95.0)),
+            dataclasses.replace(batch, objective=ObjectiveConfig(ttft=None, itl=None, e2e=0.001, throughput_share=0.5)),
+        ),
+    )
+    async with tailguard(config) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        with caplog.at_level(logging.INFO):
+            short = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8, "stream": True})
+            long = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 400})
+            assert (short.status_code, long.status_code) == (200, 200)
+            assert (short.headers["x-tailguard-class"], long.headers["x-tailguard-class"]) == ("interactive", "batch")
+            await eventually(lambda: len([r for r in caplog.records if r.name == "tailguard.access"]) == 2)
+        lines = {r.fields["class"]: r.fields for r in caplog.records if r.name == "tailguard.access"}  # type: ignore[attr-defined]
+        assert (lines["interactive"]["objective_met"], lines["batch"]["objective_met"]) == (True, False)
+        assert lines["interactive"]["tpot_ms"] > 0 and lines["interactive"]["max_gap_ms"] > 0
+        metrics = (await client.get("/metrics")).text
+        for sample in (
+            'tailguard_objective_requests_total{class="interactive",met="true"} 1.0',
+            'tailguard_objective_requests_total{class="batch",met="false"} 1.0',
+            'tailguard_class_attainment{class="interactive"} 1.0',
+            'tailguard_class_attainment{class="batch"} 0.0',
+            'tailguard_class_attainment_target{class="interactive"} 0.95',
+            'tailguard_class_objective_seconds{class="interactive",target="ttft"} 5.0',
+            'tailguard_class_objective_seconds{class="batch",target="e2e"} 0.001',
+        ):
+            assert sample in metrics, sample
+        assert 'tailguard_class_objective_seconds{class="batch",target="ttft"}' not in metrics
+        limits = (await client.get("/v1/limits")).json()
+        assert limits["classes"][1]["objective"] == {"ttft": None, "itl": None, "e2e": 0.001, "percentile": 99.0, "throughput_share": 0.5}
+        shown = limits["attainment"]
+        assert (shown["interactive"]["attainment"], shown["interactive"]["on_target"]) == (1.0, True)
+        assert (shown["batch"]["judged"], shown["batch"]["met"], shown["batch"]["on_target"]) == (1, 0, False)
+        tokens = shown["interactive"]["tokens"] + shown["batch"]["tokens"]
+        assert shown["batch"]["throughput_share"] == pytest.approx(shown["batch"]["tokens"] / tokens)
 
 
 @pytest.mark.parametrize(

@@ -130,20 +130,36 @@ class EstimateRule(_message.Message):
     def __init__(self, chars_per_token: _Optional[float] = ..., cjk_chars_per_token: _Optional[float] = ..., per_message_tokens: _Optional[int] = ..., learn: _Optional[bool] = ...) -> None: ...
 
 class ClassLimits(_message.Message):
-    __slots__ = ("name", "max_prompt_tokens", "max_output_tokens", "queue_timeout_s", "priority", "pool")
+    __slots__ = ("name", "max_prompt_tokens", "max_output_tokens", "queue_timeout_s", "priority", "pool", "objective")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     name: str
     max_prompt_tokens: int
     max_output_tokens: int
     queue_timeout_s: float
     priority: int
     pool: str
-    def __init__(self, name: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., queue_timeout_s: _Optional[float] = ..., priority: _Optional[int] = ..., pool: _Optional[str] = ...) -> None: ...
+    objective: Objective
+    def __init__(self, name: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., queue_timeout_s: _Optional[float] = ..., priority: _Optional[int] = ..., pool: _Optional[str] = ..., objective: _Optional[_Union[Objective, _Mapping]] = ...) -> None: ...
+
+class Objective(_message.Message):
+    __slots__ = ("ttft_s", "itl_s", "e2e_s", "percentile", "throughput_share")
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    ITL_S_FIELD_NUMBER: _ClassVar[int]
+    E2E_S_FIELD_NUMBER: _ClassVar[int]
+    PERCENTILE_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_SHARE_FIELD_NUMBER: _ClassVar[int]
+    ttft_s: float
+    itl_s: float
+    e2e_s: float
+    percentile: float
+    throughput_share: float
+    def __init__(self, ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., percentile: _Optional[float] = ..., throughput_share: _Optional[float] = ...) -> None: ...
 
 class PoolLimits(_message.Message):
     __slots__ = ("name", "max_model_len", "models")
