@@ -368,7 +368,8 @@ class RequestPath:
                     headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
                 try:
                     response = await _first_byte(lease.client, endpoint, path, body, headers, stream=stream, timeout=timeout)
-                    lease.first_byte(stream=stream)  # LendConfig.prefills and ttft_budget
+                    lease.first_byte(stream=stream)  # LendConfig.prefills and ttft_budget; the engine's first-byte model
+                    record.first_byte_seconds, record.first_byte_predicted = lease.first_byte_seconds, lease.predicted_first_byte
                     return response
                 except BackendRejected as error:
                     if trace is not None:

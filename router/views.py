@@ -28,6 +28,9 @@ class EndpointStatistics:
     failures_in_a_row: int = 0
     busy_answers: int = 0  # 503s before any byte (the engine's own queue full), ever
     key_refused: bool = False  # the engine refuses tailguard's key now (down until it takes it)
+    # Its engine's learnt time to a stream's first byte: base seconds, and seconds a prompt token queued (0: not built).
+    first_byte_base: float = 0.0
+    first_byte_seconds_per_token: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def endpoint_statistics(endpoint: Endpoint, pool: str) -> EndpointStatistics:
         failures_in_a_row=e.failures_in_a_row,
         busy_answers=e.busy_answers,
         key_refused=e.auth_failure is not None,
+        first_byte_base=e.first_byte_model.base,
+        first_byte_seconds_per_token=e.first_byte_model.seconds_per_token,
     )
 
 

@@ -105,6 +105,9 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         "e2e_ms": _ms(record.e2e_seconds),
         "tpot_ms": _ms(record.time_per_output_token),  # decode time per output token after the first (streams)
         "max_gap_ms": _ms(record.max_gap) if record.max_gap else None,  # the longest wait between two relayed chunks
+        # The call to the engine's first byte (streams), and what the engine's learnt model predicted for it.
+        "first_byte_ms": _ms(record.first_byte_seconds),
+        "first_byte_predicted_ms": _ms(record.first_byte_predicted),
         "objective_met": record.objective_met,  # its class's objective held for it; null: not judged (docs/objectives.md)
     }
     if record.error is not None:

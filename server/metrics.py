@@ -35,6 +35,8 @@ SECONDS_BUCKETS = (
     0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75,
     1.0, 1.5, 2.5, 4.0, 6.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0,
 )  # fmt: skip
+# Actual over predicted: 1 is a perfect prediction; the buckets resolve a few per cent near it, and 8x either way.
+RATIO_BUCKETS = (0.125, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0)
 PER_TOKEN_BUCKETS = (0.002, 0.005, 0.008, 0.012, 0.016, 0.02, 0.025, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 # 0.1 ms (a young collection of a few thousand objects) to 200 ms (a full one over a big heap).
@@ -88,6 +90,13 @@ class Metrics:
         )
         self.clamped = Counter(
             "tailguard_max_tokens_clamped", "Requests whose max_tokens was lowered to the output cap.", ("class", "pool"), registry=r
+        )
+        self.first_byte_prediction = Histogram(
+            "tailguard_first_byte_prediction_ratio",
+            "A stream's time from call to the engine's first byte over what its engine's learnt model predicted (1: exact).",
+            ("pool",),
+            buckets=RATIO_BUCKETS,
+            registry=r,
         )
         self.objective = Counter(
             "tailguard_objective_requests",
@@ -153,6 +162,8 @@ class Metrics:
             self.rejections.labels(record.request_class, record.pool, record.reason).inc()
         if record.clamped:
             self.clamped.labels(record.request_class, record.pool).inc()
+        if record.first_byte_seconds is not None and record.first_byte_predicted:
+            self.first_byte_prediction.labels(record.pool).observe(record.first_byte_seconds / record.first_byte_predicted)
         if record.objective_met is not None:
             self.objective.labels(record.request_class, "true" if record.objective_met else "false").inc()
         self.placements.count(record)
@@ -377,6 +388,10 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
         "tailguard_endpoint_busy", "503s before any byte from the engine: its own queue full (--max-num-queued-reqs).", labels=endpoint
     )
     refused = _gauge("tailguard_endpoint_key_refused", "1 while the engine refuses tailguard's key (api_key_env): down.", endpoint)
+    base = _gauge("tailguard_endpoint_first_byte_base_seconds", "The engine's learnt time to a stream's first byte with nothing queued.", endpoint)
+    per_token = _gauge(
+        "tailguard_endpoint_first_byte_seconds_per_token", "The engine's learnt seconds a queued prompt token adds to a stream's first byte.", endpoint
+    )
     for e in stats.endpoints:
         labels = (e.pool, e.url)
         in_flight.add_metric(labels, e.in_flight)
@@ -387,6 +402,8 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
         failures.add_metric(labels, e.failures_in_a_row)
         busy.add_metric(labels, e.busy_answers)
         refused.add_metric(labels, int(e.key_refused))
+        base.add_metric(labels, e.first_byte_base)
+        per_token.add_metric(labels, e.first_byte_seconds_per_token)
         if e.load is None:
             continue
         scrape_ok.add_metric(labels, int(e.load.ok))
@@ -401,6 +418,7 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
             if value is not None:
                 family.add_metric(labels, value)
     yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, hit_ratio, queried, hit, ejected, ejections, failures, busy, refused)
+    yield from (base, per_token)
 
 
 def _prompt_ratios(stats: RouterStatistics) -> Iterator[Metric]:

@@ -20,6 +20,7 @@ import trio
 from ..backend import BackendClient, BackendLoad, BackendProbe, ConnectorTransport
 from ..config import BackendAccess, EndpointConfig, ServerConfig, TimeoutsConfig
 from ..quotas import Yielding
+from .first_byte_model import FirstByteModel
 from .lender_latency import FirstTokenWatch
 from .seat_split import SeatSplit
 
@@ -96,6 +97,8 @@ class Endpoint:
         # Estimated prompt tokens of its requests still before their first byte: the prefill queued on the engine.
         self.prefill_backlog = 0
         self.own_first_token = FirstTokenWatch()  # its pool's own streams lately (LendConfig.ttft_budget)
+        # Its engine's time to a stream's first byte, learnt from its calls (a share's is its engine's).
+        self.first_byte_model: FirstByteModel = engine.first_byte_model if engine is not None else FirstByteModel()
         # Seats given to it as their prefix key's home, ever: how warm its prefix cache is for its pool
         # (rebalancing moves the coldest; the count of a recent window is the rebalancer's).
         self.home_placements = 0

@@ -134,7 +134,7 @@ class Lease:
 
     __slots__ = (
         "pool", "endpoint", "client", "granted_at", "request_class", "borrower", "prefix_key", "placement", "prefilling",
-        "prefill_tokens", "seats", "_released",
+        "prefill_tokens", "seats", "_released", "called_at", "tokens_to_first_byte", "predicted_first_byte", "first_byte_seconds",
     )
 
     def __init__(
@@ -162,6 +162,12 @@ class Lease:
         self.client.leases += 1
         self.granted_at = trio.current_time()
         self._released = False
+        # A streamed call's prompt tokens to prefill before its first byte (its own and those queued ahead on
+        # the endpoint), the seconds its engine's model predicted for them, and what it took.
+        self.called_at: float | None = None
+        self.tokens_to_first_byte = 0
+        self.predicted_first_byte: float | None = None
+        self.first_byte_seconds: float | None = None
 
     def calling(self, prompt_tokens: int, *, streamed: bool) -> None:
         """The call is about to go out: a streamed one's prompt joins its endpoint's prefill backlog until the first byte.
@@ -171,10 +177,18 @@ class Lease:
         """
         if streamed and not self.prefill_tokens:
             self.prefill_tokens = max(1, prompt_tokens)
-            self.endpoint.prefill_backlog += self.prefill_tokens
+            endpoint = self.endpoint
+            self.tokens_to_first_byte = endpoint.prefill_backlog + self.prefill_tokens
+            self.predicted_first_byte = endpoint.first_byte_model.predict(self.tokens_to_first_byte)
+            self.called_at = trio.current_time()
+            endpoint.prefill_backlog += self.prefill_tokens
 
     def first_byte(self, *, stream: bool) -> None:
-        """The engine's first byte came: a borrowed request's prefill is over, an own stream's wait is measured."""
+        """The engine's first byte came: a borrowed request's prefill is over, an own stream's wait is measured,
+        and the engine's first-byte model learns what this call took."""
+        if self.called_at is not None and self.first_byte_seconds is None:
+            self.first_byte_seconds = trio.current_time() - self.called_at
+            self.endpoint.first_byte_model.learn(self.tokens_to_first_byte, self.first_byte_seconds)
         self._prefill_seen()
         if self.prefilling:  # a borrowed request's prefill is over: the endpoint may take another borrowed request
             self.prefilling = False
@@ -208,6 +222,9 @@ class Lease:
             endpoint.borrowed_prefilling += 1
         if self.prefill_tokens:
             old.prefill_backlog -= self.prefill_tokens
+            self.tokens_to_first_byte = endpoint.prefill_backlog + self.prefill_tokens  # the call goes out afresh there
+            self.predicted_first_byte = endpoint.first_byte_model.predict(self.tokens_to_first_byte)
+            self.called_at = trio.current_time()
             endpoint.prefill_backlog += self.prefill_tokens
         old.seat_freed()
         old.lease_ended(self.client)

@@ -131,6 +131,10 @@ class RequestRecord:
     # reservation, settled at its end to what it cost (router/quotas/budgets.py); None without a budget.
     budget_at: float | None = None
     budget_tokens: int | None = None
+    # A streamed call's seconds from being sent to the engine's first byte, and what its engine's model
+    # predicted from the prompt tokens to prefill before it (router/fleet/first_byte_model.py).
+    first_byte_seconds: float | None = None
+    first_byte_predicted: float | None = None
     # The longest wait between two relayed chunks of its stream, after the first (seconds; 0 until a second chunk).
     max_gap: float = 0.0
     # Whether it met its class's objective (router/observe/attainment.py); None: not judged.
