@@ -35,78 +35,63 @@ def render(result: Result) -> str:
 
 def _open_loop_table(result: Result) -> list[str]:
     added = {(a.path, a.rate): a for a in result.added}
-    lines = [
-        f"## Added latency, open loop (non-streaming chat, max_tokens {result.max_tokens}; {result.arrivals})",
-        "",
-        "| path | rate req/s | arrivals | done | errors / dropped / cut off | conns | P50 ms | P99 ms | added P50 / P99 ms | send lag P50 / P99 ms "
-        "| cores: sim / router / client | machine busy cores | router CPU µs/req |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["path", "rate req/s", "arrivals", "done", "errors / dropped / cut off", "conns", "P50 ms", "P99 ms", "added P50 / P99 ms"]
+    header += ["send lag P50 / P99 ms", "cores: sim / router / client", "machine busy cores", "router CPU µs/req"]
+    rows = []
     for r in result.open_loop:
         a = added.get((r.path, r.rate))
         plus = f"{a.added_p50_ms:+.2f} / {a.added_p99_ms:+.2f}" if a else "-"
-        lines.append(
-            f"| {r.path} | {r.rate:g} | {r.arrivals:,} | {r.completed:,} | {r.errors} / {r.dropped} / {r.unfinished} | {r.connections} | {r.p50_ms:.2f} "
-            f"| {r.p99_ms:.2f} | {plus} | {r.lag_p50_ms:.2f} / {r.lag_p99_ms:.2f} | {_cores(r.cores, r.path)} | {r.machine_busy_cores:.2f} "
-            f"| {maybe(r.router_cpu_us_per_request, ',.0f')} |"
-        )
-    return lines
+        rows.append(
+            (r.path, f"{r.rate:g}", f"{r.arrivals:,}", f"{r.completed:,}", f"{r.errors} / {r.dropped} / {r.unfinished}", r.connections, f"{r.p50_ms:.2f}",
+             f"{r.p99_ms:.2f}", plus, f"{r.lag_p50_ms:.2f} / {r.lag_p99_ms:.2f}", _cores(r.cores, r.path), f"{r.machine_busy_cores:.2f}",
+             maybe(r.router_cpu_us_per_request, ",.0f"))
+        )  # fmt: skip
+    return [f"## Added latency, open loop (non-streaming chat, max_tokens {result.max_tokens}; {result.arrivals})", "", *md_table(header, rows)]
 
 
 def _saturation_table(result: Result) -> list[str]:
-    lines = [
-        "",
-        f"## Saturation, closed loop at concurrency {SATURATION_CONCURRENCY}",
-        "",
-        "| path | requests | errors | req/s | P50 ms | P99 ms | router cores | req/s per router core | router CPU µs/req "
-        "| cores: sim / router / client | machine busy cores |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["path", "requests", "errors", "req/s", "P50 ms", "P99 ms", "router cores", "req/s per router core", "router CPU µs/req"]
+    header += ["cores: sim / router / client", "machine busy cores"]
+    rows = []
     for c in result.saturation:
         tg = router_cores(c.cores, c.target)
         per_core = f"{c.req_per_s / tg:,.0f}" if c.target != DIRECT and tg > 0 else "-"
         cpu = maybe(c.router_cpu_ms_per_request * 1000 if c.router_cpu_ms_per_request is not None else None, ",.0f")
-        lines.append(
-            f"| {c.target} | {c.requests:,} | {c.errors} | {c.req_per_s:,.0f} | {c.p50_ms:.2f} | {c.p99_ms:.2f} | {tg:.2f} | {per_core} | {cpu} | {_cores(c.cores, c.target)} "
-            f"| {maybe(result.machine_busy_cores.get(c.target), '.2f')} |"
-        )
-    return lines
+        rows.append(
+            (c.target, f"{c.requests:,}", c.errors, f"{c.req_per_s:,.0f}", f"{c.p50_ms:.2f}", f"{c.p99_ms:.2f}", f"{tg:.2f}", per_core, cpu,
+             _cores(c.cores, c.target), maybe(result.machine_busy_cores.get(c.target), ".2f"))
+        )  # fmt: skip
+    return ["", f"## Saturation, closed loop at concurrency {SATURATION_CONCURRENCY}", "", *md_table(header, rows)]
 
 
 def _sse_table(result: Result) -> list[str]:
-    lines = [
-        "",
-        f"## SSE relay, streaming chat (max_tokens {result.stream_max_tokens}), streams restarted as they end",
-        "",
-        "| path | streams | window s | events/s | streams done | errors | cores: sim / router / client | machine busy cores | router CPU µs/event |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in result.streams:
-        lines.append(
-            f"| {s.target} | {s.streams} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {_cores(s.cores, s.target)} "
-            f"| {maybe(result.machine_busy_cores.get(f'{s.target} {s.streams}'), '.2f')} | {maybe(s.tailguard_cpu_us_per_chunk, '.1f')} |"
-        )
-    return lines
+    header = ["path", "streams", "window s", "events/s", "streams done", "errors", "cores: sim / router / client", "machine busy cores", "router CPU µs/event"]
+    rows = (
+        (s.target, s.streams, f"{s.window_s:.1f}", f"{s.chunks_per_s:,.0f}", f"{s.streams_done:,}", s.errors, _cores(s.cores, s.target),
+         maybe(result.machine_busy_cores.get(f"{s.target} {s.streams}"), ".2f"), maybe(s.tailguard_cpu_us_per_chunk, ".1f"))
+        for s in result.streams
+    )  # fmt: skip
+    return ["", f"## SSE relay, streaming chat (max_tokens {result.stream_max_tokens}), streams restarted as they end", "", *md_table(header, rows)]
 
 
 def _paced_table(result: Result) -> list[str]:
     if not result.paced:
         return []
-    lines = [
+    header = ["path", "window s", "events/s", "streams done", "errors", "cores: sim / router / client", "machine busy cores", "router CPU µs/event"]
+    rows = (
+        (s.target, f"{s.window_s:.1f}", f"{s.chunks_per_s:,.0f}", f"{s.streams_done:,}", s.errors, _cores(s.cores, s.target, PACED_ROUTER_OF),
+         maybe(result.machine_busy_cores.get(f"{s.target} paced"), ".2f"), maybe(s.tailguard_cpu_us_per_chunk, ".1f"))
+        for s in result.paced
+    )  # fmt: skip
+    return [
         "",
         f"## SSE relay at engine pace: the '{PACED_PROFILE}' engine in real time, {result.paced[0].streams} streams (max_tokens "
         f"{PACED_MAX_TOKENS}: the batch class), a vllm-router of its own",
         "",
-        "| path | window s | events/s | streams done | errors | cores: sim / router / client | machine busy cores | router CPU µs/event |",
-        "|---|---|---|---|---|---|---|---|",
+        *md_table(header, rows),
+        "",
+        "The engine sets the pace, so events/s are the same on every path; what differs is what each event costs the router.",
     ]
-    for s in result.paced:
-        lines.append(
-            f"| {s.target} | {s.window_s:.1f} | {s.chunks_per_s:,.0f} | {s.streams_done:,} | {s.errors} | {_cores(s.cores, s.target, PACED_ROUTER_OF)} "
-            f"| {maybe(result.machine_busy_cores.get(f'{s.target} paced'), '.2f')} | {maybe(s.tailguard_cpu_us_per_chunk, '.1f')} |"
-        )
-    lines += ["", "The engine sets the pace, so events/s are the same on every path; what differs is what each event costs the router."]
-    return lines
 
 
 def _profiles(result: Result) -> list[str]:
