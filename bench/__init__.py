@@ -3,8 +3,8 @@
 ``duplicates --repo bench`` lists pairs of places to look at. Two are
 deliberate and explained where they stand: the simulated engine's counters in
 ``tailguard.sim.Engine`` and ``tailguard.server.advise.replay.engine.SweepEngine``, and
-the held-streams records ``hold.run.HoldRun`` and
-``grpc_overhead.run.OpenStreams``. The others it lists are alike in shape
+the held-streams records ``hold.records.HoldRun`` and
+``grpc_overhead.records.OpenStreams``. The others it lists are alike in shape
 only: keyword constructors filled from options or tallies (``x=options.x``,
 one line a field of a result record), a frozen dataclass of float defaults, and
 ``__main__.DRIVERS``, a table. Each names different fields of a different

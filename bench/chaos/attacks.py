@@ -10,7 +10,6 @@ loses nothing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -22,14 +21,13 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-import grpc
 import trio
 
 from bench.chaos.client import JSON_CONTENT, Answer, HttpPool, Reply, RequestSpec, judge, probe_bytes, send
+from bench.chaos.flood_client import bucket_quantile, flood_calls
 from bench.chaos.lab import Lab, Setup
 from bench.harness.procs import free_ports, process_cpu_seconds, start_process, stop, wait_listening
 from bench.harness.stats import percentile
-from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tailguard.sim.faults import wants_stream
 
 CHAT_PATH = "/v1/chat/completions"
@@ -323,9 +321,6 @@ async def reload_storm(lab: Lab, phase: Phase) -> None:
 
 # The flood's deadline a call: the issue's (32) client; grpc core cancels what it holds unseen at 30 s.
 FLOOD_DEADLINE_S = 20.0
-# Connections the flood's calls share: one, as the issue's client (a connection's streams are what
-# one HTTP/2 limit bounds; more connections only spread the same calls).
-FLOOD_CHANNELS = 1
 
 
 async def grpc_flood(lab: Lab, phase: Phase) -> None:
@@ -359,7 +354,7 @@ async def grpc_flood(lab: Lab, phase: Phase) -> None:
         phase.fault_on()
         for count in lab.options.grpc_calls:
             floor_cpu = sum(process_cpu_seconds(floor.pid))
-            floor_results = await lab.aio.run(partial(_grpc_calls, f"127.0.0.1:{floor_port}", count, deadline, {}))
+            floor_results = await lab.aio.run(partial(flood_calls, f"127.0.0.1:{floor_port}", count, deadline, {}, NORMAL_MAX_TOKENS))
             floor_cpu = sum(process_cpu_seconds(floor.pid)) - floor_cpu
             floor_ms = sorted(call.elapsed * 1000 for call in floor_results if call.code.startswith("RESOURCE_EXHAUSTED"))
             await trio.sleep(0.5)  # the floor's last sockets close before tailguard's round
@@ -416,7 +411,7 @@ async def _grpc_round(lab: Lab, phase: Phase, count: int, deadline: float) -> tu
     async with trio.open_nursery() as watch:
         watch.start_soon(_watch_health, lab, downs)
         details: dict[str, str] = {}
-        results = await lab.aio.run(partial(_grpc_calls, f"127.0.0.1:{lab.grpc_port}", count, deadline, details))
+        results = await lab.aio.run(partial(flood_calls, f"127.0.0.1:{lab.grpc_port}", count, deadline, details, NORMAL_MAX_TOKENS))
         watch.cancel_scope.cancel()
     ended = time.perf_counter()
     cpu = sum(process_cpu_seconds(lab.tailguard.pid)) - cpu_before
@@ -443,7 +438,7 @@ async def _grpc_round(lab: Lab, phase: Phase, count: int, deadline: float) -> tu
             refused_ms.append(call.elapsed * 1000)
             by_reason.setdefault(word or "?", []).append(call.elapsed * 1000)
     no_backend = sum(1 for a in phase.answers if a.group == "normal" and "no_backend" in a.outcome and started <= a.sent_at <= ended)
-    lag_p99 = _bucket_quantile(lag_before, lag_after, 0.99)
+    lag_p99 = bucket_quantile(lag_before, lag_after, 0.99)
     summary: dict[str, Any] = {
         "calls": count,
         "outcomes": dict(sorted(codes.items(), key=lambda kv: -kv[1])),
@@ -490,91 +485,6 @@ async def _watch_health(lab: Lab, downs: set[str]) -> None:
     finally:
         with trio.CancelScope(shield=True):
             await pool.aclose()
-
-
-def _bucket_quantile(before: tuple[dict[float, float], float, float] | None, after: tuple[dict[float, float], float, float] | None, q: float) -> float | None:
-    """The ``q`` quantile (a bucket's upper bound) of the histogram's observations between two scrapes."""
-    if before is None or after is None:
-        return None
-    bounds = sorted(after[0])
-    deltas = [after[0][b] - before[0].get(b, 0.0) for b in bounds]
-    total = deltas[-1] if deltas else 0.0
-    if total <= 0:
-        return None
-    for bound, cumulative in zip(bounds, deltas, strict=True):
-        if cumulative >= q * total:
-            return bound
-    return bounds[-1]
-
-
-@dataclass(frozen=True)
-class _Ended:
-    """How one flood call ended, as its client saw it."""
-
-    kind: str  # "unary" or "stream"
-    code: str  # the status's name, with tailguard's error code after a space when it sent one
-    start: float  # asyncio's clock
-    elapsed: float
-    finished: bool  # an answer with a finish reason
-    seen: bool  # it carries tailguard's marks: a handler had it, so it has its access line
-    wait: float | None  # served: what the client waited beyond tailguard's total (server-timing), in s
-
-
-def _server_total(metadata: Any) -> float | None:
-    """tailguard's ``total;dur=`` (server-timing, trailing metadata) in seconds, if it sent one."""
-    for part in str(dict(metadata or ()).get("server-timing", "")).split(","):
-        name, _, duration = part.strip().partition(";dur=")
-        if name == "total":
-            return float(duration) / 1000
-    return None
-
-
-async def _grpc_calls(address: str, count: int, deadline: float, details: dict[str, str]) -> list[_Ended]:
-    """On the asyncio thread: ``count`` calls at once, 3 streams to 1 unary, on ``FLOOD_CHANNELS`` connections.
-
-    ``details`` gets the first status details seen for each code other than OK.
-    """
-    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(FLOOD_CHANNELS)]
-    stubs = [pb_grpc.CompletionsStub(channel) for channel in channels]
-    request = pb.ChatRequest(
-        messages=[pb.Message(role="user", content="Name a colour, please.")], options=pb.Options(max_tokens=NORMAL_MAX_TOKENS)
-    )
-
-    async def one(i: int) -> _Ended:
-        stub = stubs[i % len(stubs)]
-        start = time.monotonic()
-        finished = False
-        kind = "unary" if i % 4 == 3 else "stream"
-        trailing: Any = ()
-        try:
-            if kind == "unary":
-                unary = stub.Chat(request, timeout=deadline)
-                finished = bool((await unary).finish_reason)
-                trailing = await unary.trailing_metadata()
-            else:
-                stream = stub.ChatStream(request, timeout=deadline)
-                async for chunk in stream:
-                    finished = finished or bool(chunk.finish_reason)
-                trailing = await stream.trailing_metadata()
-            code = "OK"
-        except grpc.aio.AioRpcError as error:
-            code = error.code().name
-            details.setdefault(code, str(error.details())[:200])
-            trailing = error.trailing_metadata() or ()
-            word = dict(trailing).get("x-tailguard-error-code")
-            if code == "RESOURCE_EXHAUSTED" and isinstance(word, str):
-                code = f"{code} {word}"
-        elapsed = time.monotonic() - start
-        total = _server_total(trailing)
-        seen = total is not None or "x-request-id" in dict(trailing) or "x-tailguard-error-code" in dict(trailing)
-        wait = elapsed - total if code == "OK" and total is not None else None
-        return _Ended(kind, code, start, elapsed, finished, seen, wait)
-
-    try:
-        return list(await asyncio.gather(*(one(i) for i in range(count))))
-    finally:
-        for channel in channels:
-            await channel.close()
 
 
 ATTACKS: tuple[Attack, ...] = (

@@ -175,38 +175,14 @@ async def run_phase(lab: Lab, attack: Attack) -> PhaseResult:
             await trio.sleep(lab.options.post)
             done.set()
         watchers.cancel_scope.cancel()
-    settle_start = time.perf_counter()
-    await lab.pool.aclose()  # this client's own keep-alive connections are not tailguard's to count
-    while True:
-        seats, queued, engine = await lab.busy()
-        # Idle keep-alive connections to the engines close after the router's
-        # expiry (5 s); settling waits for that too, as for seats.
-        now = proc_stats(pid, list(lab.engines.values()), (lab.tg_port, lab.grpc_port))
-        fds_back = (now.fds - now.close_wait) - (before.fds - before.close_wait) <= FD_SLACK
-        if (seats == queued == engine == 0 and fds_back) or time.perf_counter() - settle_start > SETTLE_MAX_S:
-            break
-        await trio.sleep(0.1)
-    settle_s = time.perf_counter() - settle_start
+    seats, queued, engine, settle_s = await _settle(lab, pid, before)
     after = await quiet_look(lab)
     counted_after = await lab.tailguard_sum("tailguard_requests_total")
     fault_start = phase.fault_start or started
     fault_end = phase.fault_end or fault_start
     normal = [a for a in phase.answers if a.group == "normal"]
     failed = [a for a in normal if not a.ok]
-    extra = dict(phase.extra)
-    broken = [a for a in phase.answers if not a.terminal][:5]
-    if broken:
-        extra["no_terminal_samples"] = [
-            {"group": a.group, "outcome": a.outcome, "after_s": round(a.elapsed, 2), "sent_s": round(a.sent_at - started, 2), "request": a.detail}
-            for a in broken
-        ]
-    if restarted is not None:
-        extra["tailguard_exited_before_phase"] = restarted
-    if lab.tailguard.returncode is not None:
-        log = _log_since(lab.tg_log, log_from)
-        first = max(0, log.find("Traceback"))
-        extra["tailguard_log_tail"] = log[first : first + 4000] + ("\n[...]\n" + log[-2000:] if len(log) > first + 4000 else "")
-        print(f"--- tailguard exited with {lab.tailguard.returncode}; its log ---\n{extra['tailguard_log_tail']}", file=sys.stderr)
+    extra = _phase_extra(lab, phase, started, restarted, log_from)
     return PhaseResult(
         attack=attack.name,
         description=attack.description,
@@ -231,6 +207,41 @@ async def run_phase(lab: Lab, attack: Attack) -> PhaseResult:
         stale_retries=lab.pool.stale_retries - retries_before,
         extra=extra | _attack_summary(phase.answers),
     )
+
+
+async def _settle(lab: Lab, pid: int, before: ProcStats) -> tuple[float | None, float | None, float | None, float]:
+    """Wait until tailguard's seats, queues and engines are idle and its fds back (or SETTLE_MAX_S): those counts, and the wait."""
+    settle_start = time.perf_counter()
+    await lab.pool.aclose()  # this client's own keep-alive connections are not tailguard's to count
+    while True:
+        seats, queued, engine = await lab.busy()
+        # Idle keep-alive connections to the engines close after the router's
+        # expiry (5 s); settling waits for that too, as for seats.
+        now = proc_stats(pid, list(lab.engines.values()), (lab.tg_port, lab.grpc_port))
+        fds_back = (now.fds - now.close_wait) - (before.fds - before.close_wait) <= FD_SLACK
+        if (seats == queued == engine == 0 and fds_back) or time.perf_counter() - settle_start > SETTLE_MAX_S:
+            break
+        await trio.sleep(0.1)
+    return seats, queued, engine, time.perf_counter() - settle_start
+
+
+def _phase_extra(lab: Lab, phase: Phase, started: float, restarted: int | None, log_from: int) -> dict[str, Any]:
+    """The attack's own extras, plus samples of answers that never ended and, if tailguard died, its log."""
+    extra = dict(phase.extra)
+    broken = [a for a in phase.answers if not a.terminal][:5]
+    if broken:
+        extra["no_terminal_samples"] = [
+            {"group": a.group, "outcome": a.outcome, "after_s": round(a.elapsed, 2), "sent_s": round(a.sent_at - started, 2), "request": a.detail}
+            for a in broken
+        ]
+    if restarted is not None:
+        extra["tailguard_exited_before_phase"] = restarted
+    if lab.tailguard.returncode is not None:
+        log = _log_since(lab.tg_log, log_from)
+        first = max(0, log.find("Traceback"))
+        extra["tailguard_log_tail"] = log[first : first + 4000] + ("\n[...]\n" + log[-2000:] if len(log) > first + 4000 else "")
+        print(f"--- tailguard exited with {lab.tailguard.returncode}; its log ---\n{extra['tailguard_log_tail']}", file=sys.stderr)
+    return extra
 
 
 def _attack_summary(answers: Sequence[Answer]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ Public surface; the modules behind it are small and private in spirit.
 from __future__ import annotations
 
 from .app import DropConnection as DropConnection, SimApp as SimApp, SimResponse as SimResponse
-from .engine import Engine as Engine, EngineRequestError as EngineRequestError, EngineStatistics as EngineStatistics, Sequence as Sequence
+from .engine import Engine as Engine, EngineRequestError as EngineRequestError, EngineStatistics as EngineStatistics
 from .faults import (
     MODES as FAULT_MODES,  # noqa: F401 (public, under the package's name)
     AdminApp as AdminApp,
@@ -21,5 +21,6 @@ from .params import (
     EngineParams as EngineParams,
     VllmDefaults as VllmDefaults,
 )
+from .sequence import Sequence as Sequence
 from .server import DEFAULT_MODEL as DEFAULT_MODEL, EngineSpec as EngineSpec, serve_engine as serve_engine
 from .transport import SimTransport as SimTransport

@@ -53,6 +53,8 @@ _PARAM_HELP = {
     "long prompts in a loop on a small cache)",
 }
 _PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scheduling_policy": SCHEDULING_POLICIES}
+# EngineSpec fields set per engine (or parsed from an option); each of the others is the option of its name, alike for every engine.
+_PER_ENGINE = ("port", "params", "name", "fault")
 
 
 def _parse_bool(text: str) -> bool:
@@ -77,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulated vLLM engines: OpenAI-compatible HTTP servers whose engine "
         "models continuous batching on one GPU (an 8B model on an H100 by default).",
     )
+    _add_engine_options(parser)
+    _add_api_options(parser)
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default %(default)s)")
+    _add_param_options(parser)
+    return parser
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """Where the engines listen, what each one runs, and the fault mode they start in."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=8001, help="port of a single engine (default %(default)s)")
     parser.add_argument(
@@ -109,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also serve /_sim/faults/ENGINE_PORT here, for every engine (reaches a killed engine); 0 picks a port",
     )
+
+
+def _add_api_options(parser: argparse.ArgumentParser) -> None:
+    """The HTTP API's vLLM flags (and the simulator's one extra, --retry-after)."""
     parser.add_argument(
         "--api-key",
         default=os.environ.get("VLLM_API_KEY") or None,
@@ -147,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="close a keep-alive connection idle this many seconds between requests (uvicorn's timeout_keep_alive, "
         "vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE; default %(default)s)",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default %(default)s)")
+
+
+def _add_param_options(parser: argparse.ArgumentParser) -> None:
+    """One option per ``EngineParams`` field, each overriding the profile's value for every engine."""
     group = parser.add_argument_group("engine parameters (override the profile's value for every engine)")
     for field in dataclasses.fields(EngineParams):
         group.add_argument(
@@ -157,7 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
             choices=_PARAM_CHOICES.get(field.name),
             help=_PARAM_HELP[field.name],
         )
-    return parser
 
 
 async def _run(specs: Sequence[EngineSpec], admin_port: int | None) -> None:
@@ -191,23 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         pairs = parse_engines(args.engines) if args.engines else [(args.port, args.profile)]
         fault = Fault.parse(args.fault)
+        alike = {field.name: getattr(args, field.name) for field in dataclasses.fields(EngineSpec) if field.name not in _PER_ENGINE}
         specs = [
-            EngineSpec(
-                port=port,
-                params=PROFILES[profile].replace(**overrides),
-                host=args.host,
-                model=args.model,
-                time_scale=args.time_scale,
-                seed=args.seed,
-                name=f"{profile}@{port}",
-                fault=fault,
-                api_key=args.api_key,
-                retry_after=args.retry_after,
-                keep_alive_timeout=args.keep_alive_timeout,
-                enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-                enable_request_id_headers=args.enable_request_id_headers,
-                max_chars_per_token=args.max_chars_per_token,
-            )
+            EngineSpec(port=port, params=PROFILES[profile].replace(**overrides), name=f"{profile}@{port}", fault=fault, **alike)
             for port, profile in pairs
         ]
     except ValueError as error:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .api_errors import ApiError, RouteError
-from .engine import Engine, EngineQueueFull, Sequence
+from .engine import Engine, EngineQueueFull
 from .logprobs import chat_logprobs, completion_logprobs
 from .metrics import SimMetrics
 from .request import (
@@ -44,6 +44,7 @@ from .request import (
     require_json_media,
     sample,
 )
+from .sequence import Sequence
 from .tokens import TOKEN_JSON, count_chat_tokens, count_text_tokens, detokenize
 
 __all__ = ["ApiError", "BodyStream", "DropConnection", "SimApp", "SimResponse", "TokenStream", "holds_lone_surrogate"]

@@ -32,7 +32,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from .engine import Engine, Sequence as EngineSequence
+from .engine import Engine
+from .sequence import Sequence as EngineSequence
 
 ENGINE_INDEX = "0"  # vLLM's engine label: the engine core's index (one core, no data parallelism)
 # vLLM's own bucket edges (seconds).

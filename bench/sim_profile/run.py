@@ -38,8 +38,9 @@ from bench.harness.cli import add_json_arg, add_seconds_arg, add_seed_arg, add_w
 from bench.harness.procs import RESULTS_ROOT
 from bench.harness.report import md_table, save_json
 from bench.harness.stats import percentile
-from tailguard.sim.engine import Engine, Sequence
+from tailguard.sim.engine import Engine
 from tailguard.sim.params import PROFILES
+from tailguard.sim.sequence import Sequence
 
 DEFAULT_JSON = RESULTS_ROOT / "sim_profile.json"
 LEVELS = (1, 8, 32, 64, 128, 256)

@@ -39,9 +39,10 @@ from tailguard.server.advise.replay.mix import (
 )
 from tailguard.server.advise.replay.point import MAX_TOKENS, Point, PointResult
 from tailguard.server.advise.replay.setups import Setup, disaggregated, shared, split_direct
-from tailguard.sim.engine import Engine, Sequence as EngineSequence
+from tailguard.sim.engine import Engine
 from tailguard.sim.params import PROFILES, EngineParams
 from tailguard.sim.prefix_cache import prompt_block_keys
+from tailguard.sim.sequence import Sequence as EngineSequence
 from tailguard.sim.tokens import chat_prompt_key, count_chat_tokens
 
 QUICK_MIXED_JSON = RESULTS_ROOT / "quick_mixed.json"
