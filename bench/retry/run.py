@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import openai
 
-from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_and_report
+from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_and_report
 from bench.harness.report import code_version
 from bench.harness.short_chat import MAX_TOKENS, PROMPT_TOKENS
 from bench.retry.measure import Result, measure
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
     add_seed_arg(parser, DEFAULTS.seed, "the arrivals, the lengths and the prompts' nonces")
     add_out_arg(parser, RESULTS)
-    add("--name", default=None, help="base name of the outputs (default retry, or retry-quick)")
+    add_name_arg(parser, "retry")
     return parser
 
 
@@ -59,7 +59,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         warmup=base.warmup if args.warmup is None else args.warmup,
         seconds=base.seconds if args.seconds is None else args.seconds,
         drain=base.drain if args.drain is None else args.drain,
-        name=args.name or ("retry-quick" if args.quick else "retry"),
+        name=output_name(args, "retry"),
     )  # fmt: skip
     if min(options.seats, options.max_queue, options.time_scale, options.load, options.seconds, options.queue_timeout_gpu) <= 0:
         parser.error("--seats, --max-queue, --time-scale, --load, --seconds and --queue-timeout must be > 0")

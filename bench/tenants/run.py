@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Sequence
 from functools import partial
 
-from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_and_report
+from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_and_report
 from bench.harness.report import code_version
 from bench.harness.short_chat import MAX_TOKENS, PROMPT_TOKENS
 from bench.tenants.measure import Result, measure
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
     add_seed_arg(parser, DEFAULTS.seed, "the arrivals and the prompts' nonces")
     add_out_arg(parser, RESULTS)
-    add("--name", default=None, help="base name of the outputs (default tenants, or tenants-quick)")
+    add_name_arg(parser, "tenants")
     return parser
 
 
@@ -77,7 +77,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         seconds=args.seconds if args.seconds is not None else base.seconds,
         backlog_seconds=args.backlog_seconds if args.backlog_seconds is not None else base.backlog_seconds,
         backlog=args.backlog, weights=(a, b), seed=args.seed, out=args.out,
-        name=args.name or ("tenants-quick" if args.quick else "tenants"),
+        name=output_name(args, "tenants"),
     )  # fmt: skip
     if min(options.seats, options.time_scale, options.b_load, options.a_burst, options.seconds, a, b) <= 0 or options.burst_on <= 0:
         parser.error("--seats, --time-scale, --b-load, --a-burst, --seconds, --burst-on and --weights must be > 0")
