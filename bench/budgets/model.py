@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.procs import RESULTS_ROOT
+from bench.harness.report import RunRecord
 
 RESULTS = RESULTS_ROOT / "budgets"
 
@@ -98,12 +99,9 @@ Trail = list[tuple[float, str, str]]  # (s, /health status, cluster mode) at eac
 
 
 @dataclass
-class Result:
-    """A run's parameters, numbers (``numbers.summarise``), /health trails and every request: what ``report.render`` writes out."""
+class Result(RunRecord):
+    """A run's numbers (``numbers.summarise``), /health trails and every request: what ``report.render`` writes out."""
 
-    command: list[str]
-    code: str
-    parameters: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
     health: dict[str, Trail] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)

@@ -32,7 +32,16 @@ from bench.budgets.model import RESULTS, Options, Result
 from bench.budgets.numbers import summarise
 from bench.budgets.report import render
 from bench.budgets.setup import fleet
-from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_and_report
+from bench.harness.cli import (
+    add_name_arg,
+    add_out_arg,
+    add_seed_arg,
+    add_time_scale_arg,
+    driver_parser,
+    listed,
+    output_name,
+    run_and_report,
+)
 from bench.harness.report import code_version
 
 
@@ -69,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--budget", type=int, default=100_000, help="the key's tokens_per_minute (default %(default)s)")
     add("--prompt-tokens", type=int, default=200, help="each request's prompt (default %(default)s)")
     add("--max-tokens", type=int, default=800, help="each request's max_tokens, all generated (ignore_eos) (default %(default)s)")
-    add("--spread", default="0.55,0.25,0.15,0.05", help="each replica's share of the arrivals, comma-separated (default %(default)s)")
+    add("--spread", type=listed(float), default="0.55,0.25,0.15,0.05", help="each replica's share of the arrivals, comma-separated (default %(default)s)")
     add("--victim", type=int, default=1, help="index in --spread of the replica killed (default %(default)s)")
     add("--static-share", type=float, default=0.25, help="[cluster] static_share (default %(default)s)")
     add("--lease-ttl", type=float, default=2.0, help="[cluster] lease_ttl, s (default %(default)s)")
@@ -79,16 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_time_scale_arg(parser, 1.0)
     add("--drain", type=float, default=15.0, help="s after the last arrival before the run is cut (default %(default)s)")
     add_seed_arg(parser, 1, "the arrivals and their replicas")
-    add("--name", default=None, help="base name of the outputs (default budgets, or budgets-quick)")
+    add_name_arg(parser, "budgets")
     add_out_arg(parser, RESULTS)
     return parser
 
 
 def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Options:
-    try:
-        spread = tuple(float(x) for x in args.spread.split(",") if x.strip())
-    except ValueError:
-        parser.error("--spread is comma-separated numbers")
+    spread: tuple[float, ...] = args.spread
     duration, kill_at, outage_at, outage_s = (60.0, 20.0, 30.0, 15.0) if args.quick else (args.duration, args.kill_at, args.outage_at, args.outage_s)
     o = Options(
         duration=duration,
@@ -125,6 +131,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options = options_from(args, parser)
     command = ["python -m bench budgets", *(argv or [])]
-    name = args.name or ("budgets-quick" if args.quick else "budgets")
     said = "redis-server, the simulator and the replicas were stopped"
-    return run_and_report(measure, options, command, said=said, render=render, out=options.out, stem=name)
+    return run_and_report(measure, options, command, said=said, render=render, out=options.out, stem=output_name(args, "budgets"))

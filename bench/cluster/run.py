@@ -58,7 +58,17 @@ from bench.cluster.ledger import ledger_cost, ledger_view
 from bench.cluster.load import capacity
 from bench.cluster.report import render
 from bench.cluster.runs import kill_run, load_run, outage_run
-from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, add_warmup_arg, driver_parser, run_trio
+from bench.harness.cli import (
+    add_name_arg,
+    add_out_arg,
+    add_seed_arg,
+    add_time_scale_arg,
+    add_warmup_arg,
+    driver_parser,
+    listed,
+    output_name,
+    run_trio,
+)
 from bench.harness.procs import free_ports, start_process, wait_ready
 from bench.harness.redis import RedisProcess
 from bench.harness.replicas import stop_all
@@ -174,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--replicas", type=int, default=4, help="replicas sharing the caps (default %(default)s)")
     add("--seats", type=int, default=8, help="every capped endpoint's max_concurrency (default %(default)s)")
     add_time_scale_arg(parser, 2.0)
-    add("--loads", default="0.8,1.3", help="fractions of the capped engines' capacity (default %(default)s)")
+    add("--loads", type=listed(float), default="0.8,1.3", help="fractions of the capped engines' capacity (default %(default)s)")
     add("--traffic", default="poisson,bursty", help="arrival processes, comma-separated (default %(default)s)")
     add("--burst-period", type=float, default=6.0, help="bursty: twice the rate for half of this many s, then silence (default %(default)s)")
     add_warmup_arg(parser, 3.0, "unmeasured arrivals first, s")
@@ -192,16 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--phases", default=",".join(PHASES), help="phases to run, comma-separated, of: " + ", ".join(PHASES) + " (default: all)")
     add("--no-key-caps", action="store_true", help="API keys without max_concurrency (experiments; the key check then says nothing)")
     add("--affinity-requests", type=int, default=800, help="affinity: requests over all replicas, one at a time per replica (default %(default)s)")
-    add("--name", default=None, help="base name of the outputs (default cluster, or cluster-quick)")
+    add_name_arg(parser, "cluster")
     add_out_arg(parser, RESULTS)
     return parser
 
 
 def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Options:
-    try:
-        loads = tuple(float(x) for x in args.loads.split(",") if x.strip())
-    except ValueError:
-        parser.error("--loads is comma-separated numbers")
+    loads: tuple[float, ...] = args.loads
     traffics = tuple(t.strip() for t in args.traffic.split(",") if t.strip())
     if not loads or min(loads) <= 0 or any(t not in ("poisson", "bursty") for t in traffics) or not traffics:
         parser.error("--loads > 0; --traffic of poisson, bursty")
@@ -247,7 +254,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result is None:
         return 130
     text = render(result, command)
-    name = args.name or ("cluster-quick" if args.quick else "cluster")
     print(text)
-    write_report(options.out, name, result, text)
+    write_report(options.out, output_name(args, "cluster"), result, text)
     return 0

@@ -79,6 +79,17 @@ def driver_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(prog=f"python -m bench {module.split('.')[1]}", description=(doc or "").splitlines()[0])
 
 
+def add_name_arg(parser: argparse.ArgumentParser, stem: str) -> None:
+    """``--name``: the outputs' base name; by default ``STEM``, or ``STEM-quick`` for a ``--quick`` run (``output_name``)."""
+    parser.add_argument("--name", default=None, help=f"base name of the outputs (default {stem}, or {stem}-quick)")
+
+
+def output_name(args: argparse.Namespace, stem: str) -> str:
+    """The outputs' base name: ``--name``, else ``STEM``, or ``STEM-quick`` after ``--quick``."""
+    name: str = args.name or (f"{stem}-quick" if args.quick else stem)
+    return name
+
+
 def add_json_arg(parser: argparse.ArgumentParser, default: Path) -> None:
     """``--json PATH``: where a driver with one result file writes it."""
     parser.add_argument("--json", type=Path, default=default, help="where to write results (default %(default)s)")
@@ -109,11 +120,22 @@ def add_seed_arg(parser: argparse.ArgumentParser, default: int, of: str) -> None
     parser.add_argument("--seed", type=int, default=default, help=f"seed of {of} (default %(default)s)")
 
 
-def comma_separated(kind: Callable[[str], N]) -> Callable[[str], list[N]]:
-    """An argparse ``type=`` for ``"1,64"``: the numbers sorted, each once (a bad one is argparse's usage error)."""
+def listed(kind: Callable[[str], N]) -> Callable[[str], tuple[N, ...]]:
+    """An argparse ``type=`` for ``"0.55,0.25"``: the numbers in the order given, blanks skipped (a bad one is argparse's usage error)."""
 
-    def parse(text: str) -> list[N]:
-        return sorted({kind(part) for part in text.split(",") if part.strip()})
+    def parse(text: str) -> tuple[N, ...]:
+        return tuple(kind(part) for part in text.split(",") if part.strip())
 
     parse.__name__ = f"comma-separated {getattr(kind, '__name__', 'number')}"
+    return parse
+
+
+def comma_separated(kind: Callable[[str], N]) -> Callable[[str], list[N]]:
+    """An argparse ``type=`` for ``"1,64"``: the numbers sorted, each once (a bad one is argparse's usage error)."""
+    given = listed(kind)
+
+    def parse(text: str) -> list[N]:
+        return sorted(set(given(text)))
+
+    parse.__name__ = given.__name__
     return parse

@@ -164,3 +164,12 @@ def code_version() -> str:
         return f"unknown (no git checkout at {PROJECT_ROOT})"
     state = f"with {_edits()}" if dirty else "shipped code as committed"
     return f"{commit} ({state}), from {PROJECT_ROOT}"
+
+
+@dataclass
+class RunRecord:
+    """What a driver's result opens with, so that every number in it can be traced to its run: the command, the code, the parameters."""
+
+    command: list[str]
+    code: str  # code_version()
+    parameters: dict[str, Any]

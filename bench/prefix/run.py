@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_trio
+from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_trio
 from bench.harness.mooncake import read_rows
 from bench.harness.procs import RESULTS_ROOT
 from bench.harness.report import code_version, write_report
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_time_scale_arg(parser, 3.0, "the simulator's --time-scale (GPU time runs this many times slower)")
     add_seed_arg(parser, 1, "every workload")
     add_out_arg(parser, RESULTS)
-    add("--name", default=None, help="base name of the outputs (default prefix, or prefix-quick)")
+    add_name_arg(parser, "prefix")
     return parser
 
 
@@ -139,5 +139,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     done.load_average["end"] = list(os.getloadavg())
     report = render(done)
     print(report)
-    write_report(args.out, args.name or ("prefix-quick" if quick else "prefix"), asdict(done), report)
+    write_report(args.out, output_name(args, "prefix"), asdict(done), report)
     return 0

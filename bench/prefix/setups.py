@@ -32,6 +32,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -39,7 +40,8 @@ import trio
 
 from bench.harness.client import HOST
 from bench.harness.config import server_table
-from bench.harness.procs import start_process, start_tailguard, stop, wait_ready
+from bench.harness.procs import start_process, start_tailguard
+from bench.harness.serving import ready_process
 from bench.harness.toml import TomlTable, TomlValue, dumps, merged
 from bench.prefix.model import INPUT_CAP_TOKENS, MAX_MODEL_LEN, MODEL, SEATS
 
@@ -161,31 +163,36 @@ def peer_command(exe: Path, policy: Sequence[str], port: int, metrics_port: int,
     ]  # fmt: skip
 
 
+async def start_router(
+    nursery: trio.Nursery,
+    setup: Setup,
+    engines: Sequence[int],
+    router_ports: tuple[int, int],
+    time_scale: float,
+    placement_ok: bool,
+    tmp: Path,
+    log: IO[bytes],
+) -> trio.Process:
+    """The set-up's router process in ``nursery``: vllm-router with the set-up's policy, or tailguard with its pool's config."""
+    port, second = router_ports
+    if setup.name in PEER_POLICIES:
+        exe = vllm_router()
+        if exe is None:
+            raise RuntimeError("vllm-router not found: pip install -e '.[bench]'")
+        return await start_process(nursery, peer_command(exe, PEER_POLICIES[setup.name], port, second, engines), log)
+    placement = "least_loaded" if setup.name == LEAST_LOADED and placement_ok else None
+    config = tmp / f"tailguard-{file_name(setup.name)}.toml"
+    config.write_text(pool_config(port, second, engines, time_scale, placement, PROMPT_BOUNDS.get(setup.name), LOAD_BOUNDS.get(setup.name)))
+    return await start_tailguard(nursery, config, log=log)
+
+
 @asynccontextmanager
 async def running(
     setup: Setup, engines: Sequence[int], router_ports: tuple[int, int], time_scale: float, placement_ok: bool, tmp: Path, log: IO[bytes]
 ) -> AsyncIterator[tuple[int, trio.Process]]:
     """The set-up's router in front of ``engines`` on ``router_ports`` (its own, and its metrics' or gRPC's), ready; stopped on every way out."""
-    port, second = router_ports
-    async with trio.open_nursery() as nursery:
-        if setup.name in PEER_POLICIES:
-            exe = vllm_router()
-            if exe is None:
-                raise RuntimeError("vllm-router not found: pip install -e '.[bench]'")
-            process = await start_process(nursery, peer_command(exe, PEER_POLICIES[setup.name], port, second, engines), log)
-        else:
-            placement = "least_loaded" if setup.name == LEAST_LOADED and placement_ok else None
-            config = tmp / f"tailguard-{file_name(setup.name)}.toml"
-            config.write_text(
-                pool_config(port, second, engines, time_scale, placement, PROMPT_BOUNDS.get(setup.name), LOAD_BOUNDS.get(setup.name))
-            )
-            process = await start_tailguard(nursery, config, log=log)
-        try:
-            await wait_ready(port, process, setup.name)
-            yield port, process
-            if process.returncode is not None:
-                raise RuntimeError(f"{setup.name}: the router exited with {process.returncode} during the run")
-        finally:
-            with trio.CancelScope(shield=True):
-                await stop(process)
-            nursery.cancel_scope.cancel()
+    start = partial(
+        start_router, setup=setup, engines=engines, router_ports=router_ports, time_scale=time_scale, placement_ok=placement_ok, tmp=tmp, log=log
+    )  # fmt: skip
+    async with ready_process(start, router_ports[0], setup.name) as process:
+        yield router_ports[0], process

@@ -21,9 +21,10 @@ from typing import IO
 
 import trio
 
-from bench.harness.procs import free_ports, log_tail, start_simulator, start_tailguard, wait_ready
-from bench.harness.report import Target
+from bench.harness.procs import free_ports, log_tail, start_tailguard, wait_ready
+from bench.harness.report import RunRecord, Target
 from bench.harness.serving import ready_process
+from bench.harness.short_chat import start_engine
 from bench.harness.traffic import poisson_offsets
 from bench.harness.unique import run_seed
 from bench.retry.model import HINTS, RETRY_AFTER_S, Options
@@ -33,24 +34,15 @@ from bench.retry.stats import SetupNumbers, summarise
 
 
 @dataclass
-class Result:
-    """A run's parameters and numbers (``report.render`` writes them out)."""
+class Result(RunRecord):
+    """A run's numbers (``report.render`` writes them out)."""
 
-    command: list[str]
-    code: str
-    parameters: dict[str, object]
     setups: list[SetupNumbers] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
     load_average: dict[str, list[float]] = field(default_factory=dict)  # 1, 5, 15 min, at the start and the end
     window_start: float = 0.0  # the counted window's start, s from each set-up's first arrival: the histogram's first bin
     bin_s: float = 0.25
     wall_s: float = 0.0
-
-
-async def start_engine(nursery: trio.Nursery, port: int, options: Options, log: IO[bytes]) -> trio.Process:
-    """One latency-profile engine with ``options.seats`` seats; cancelling ``nursery`` stops it."""
-    extra = ["--max-num-seqs", str(options.seats), "--seed", str(options.seed)]
-    return await start_simulator(nursery, [(port, "latency")], options.time_scale, log, extra)
 
 
 @asynccontextmanager
@@ -72,7 +64,7 @@ async def measure(options: Options, result: Result, hints: Sequence[str] = HINTS
             with log_path.open("wb") as log:
                 (engine_port,) = free_ports(1)
                 async with trio.open_nursery() as nursery:
-                    engine = await start_engine(nursery, engine_port, options, log)
+                    engine = await start_engine(nursery, engine_port, options.seats, options.time_scale, options.seed, log)
                     await wait_ready(engine_port, engine, "the simulator")
                     for hint in hints:
                         async with tailguard(engine_port, options, hint, Path(tmp), log) as port:

@@ -5,13 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.harness import short_chat
 from bench.harness.procs import RESULTS_ROOT
-from tailguard.server.advise.replay.mix import engine_capacity
-from tailguard.sim.params import PROFILES, EngineParams
 
 RESULTS = RESULTS_ROOT / "retry"
-PROMPT_TOKENS = 64  # every request: a short chat turn (the simulator's token count)
-MAX_TOKENS = (32, 64)  # each request's max_tokens, drawn uniformly (seeded): equal lengths would free seats in lockstep
 HINTS = ("computed", "fixed")  # [timeouts] retry_after_hint of each set-up, in run order
 RETRY_AFTER_S = 1.0  # [timeouts] retry_after: the fixed set-up's every hint, the computed one's floor
 REFUSED = (429, 503)  # the statuses of a queue refusal (queue_full, queue_timeout)
@@ -37,14 +34,9 @@ class Options:
     name: str = "retry"
 
     @property
-    def engine(self) -> EngineParams:
-        return PROFILES["latency"].replace(max_num_seqs=self.seats)
-
-    @property
     def capacity(self) -> float:
-        """Requests per real second the pool sustains with every seat busy (``mix.engine_capacity``, over the time scale)."""
-        mix = [(1.0, PROMPT_TOKENS, m) for m in range(MAX_TOKENS[0], MAX_TOKENS[1] + 1)]
-        return engine_capacity(self.engine, mix) / self.time_scale
+        """Requests per real second the pool sustains with every seat busy (``short_chat.capacity_gpu``, over the time scale)."""
+        return short_chat.capacity_gpu(self.seats) / self.time_scale
 
     @property
     def rate(self) -> float:

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from collections.abc import Sequence
-from dataclasses import asdict
 
 import openai
 
-from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_trio
-from bench.harness.report import code_version, write_report
+from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_and_report
+from bench.harness.report import code_version
+from bench.harness.short_chat import MAX_TOKENS, PROMPT_TOKENS
 from bench.retry.measure import Result, measure
-from bench.retry.model import MAX_TOKENS, PROMPT_TOKENS, RESULTS, RETRY_AFTER_S, Options
+from bench.retry.model import RESULTS, RETRY_AFTER_S, Options
 from bench.retry.report import render, targets
 
 DEFAULTS = Options()
@@ -48,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
     add_seed_arg(parser, DEFAULTS.seed, "the arrivals, the lengths and the prompts' nonces")
     add_out_arg(parser, RESULTS)
-    add("--name", default=None, help="base name of the outputs (default retry, or retry-quick)")
+    add_name_arg(parser, "retry")
     return parser
 
 
@@ -60,7 +59,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         warmup=base.warmup if args.warmup is None else args.warmup,
         seconds=base.seconds if args.seconds is None else args.seconds,
         drain=base.drain if args.drain is None else args.drain,
-        name=args.name or ("retry-quick" if args.quick else "retry"),
+        name=output_name(args, "retry"),
     )  # fmt: skip
     if min(options.seats, options.max_queue, options.time_scale, options.load, options.seconds, options.queue_timeout_gpu) <= 0:
         parser.error("--seats, --max-queue, --time-scale, --load, --seconds and --queue-timeout must be > 0")
@@ -89,18 +88,16 @@ def parameters(options: Options) -> dict[str, object]:
     }
 
 
+def judged(result: Result) -> str:
+    """The report, the targets judged first from the numbers measured."""
+    result.targets = targets(result.setups)
+    return render(result)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     options = options_from(parser.parse_args(argv), parser)
     result = Result(["python", "-m", "bench", "retry", *(argv or [])], code_version(), parameters(options))
     result.window_start, result.bin_s = options.warmup, options.bin_s
-    started = time.perf_counter()
-    done = run_trio(measure, options, result, said="the simulator and tailguard were stopped")
-    if done is None:
-        return 130
-    done.wall_s = time.perf_counter() - started
-    done.targets = targets(done.setups)
-    report = render(done)
-    print(report)
-    write_report(options.out, options.name, asdict(done), report)
-    return 0
+    said = "the simulator and tailguard were stopped"
+    return run_and_report(measure, options, result, said=said, render=judged, out=options.out, stem=options.name)

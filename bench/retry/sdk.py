@@ -11,7 +11,6 @@ request by the ``X-Request-Id`` it sends unchanged on every attempt.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,8 +19,9 @@ import openai
 import trio
 
 from bench.harness.client import HOST
+from bench.harness.short_chat import PROMPT_TOKENS, max_tokens_draws
 from bench.harness.unique import run_seed
-from bench.retry.model import MAX_TOKENS, PROMPT_TOKENS, Options
+from bench.retry.model import Options
 from tailguard.server.advise.replay.mix import unique_body_for
 from tailguard.sim.server import DEFAULT_MODEL
 
@@ -83,9 +83,8 @@ def sdk_client(port: int, options: Options, attempts: Attempts) -> openai.AsyncO
 
 
 def max_tokens_of(seed: int) -> Callable[[], int]:
-    """Seeded draws of max_tokens, uniform over MAX_TOKENS."""
-    rng = random.Random(run_seed(seed, "retry", "max_tokens"))
-    return lambda: rng.randint(*MAX_TOKENS)
+    """Draws of max_tokens, uniform over MAX_TOKENS, seeded apart from the arrivals."""
+    return max_tokens_draws(run_seed(seed, "retry", "max_tokens"))
 
 
 async def send(client: openai.AsyncOpenAI, logical: Logical, label: str, seed: int, max_tokens: int) -> None:

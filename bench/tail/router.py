@@ -8,12 +8,14 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
-from bench.harness.procs import free_ports, start_tailguard, stop, wait_ready
+from bench.harness.procs import free_ports, start_tailguard
+from bench.harness.serving import ready_process
 from bench.tail.model import ROUTER_LOG_LEVEL, Options, Setup
 from bench.tail.setups import router_config
 
@@ -63,14 +65,6 @@ async def running_router(setup: Setup, options: Options, tmp: Path, load: float 
     log_path = tmp / f"tailguard-{slug(setup.name)}-{load:g}.log"  # one each: set-ups may run at once
     with log_path.open("ab") as log:
         log_from = log.tell()
-        async with trio.open_nursery() as nursery:
-            process = await start_tailguard(nursery, config, log=log, extra_args=["--log-level", ROUTER_LOG_LEVEL])
-            try:
-                await wait_ready(http_port, process, "tailguard")
-                yield RunningRouter(http_port, process, log_path, log_from)
-                if process.returncode is not None:
-                    raise RuntimeError(f"tailguard exited with {process.returncode} during the run")
-            finally:
-                with trio.CancelScope(shield=True):
-                    await stop(process)
-                nursery.cancel_scope.cancel()
+        start = partial(start_tailguard, config=config, log=log, extra_args=["--log-level", ROUTER_LOG_LEVEL])
+        async with ready_process(start, http_port, "tailguard") as process:
+            yield RunningRouter(http_port, process, log_path, log_from)

@@ -47,7 +47,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_trio
+from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_trio
 from bench.tail.measure import measure
 from bench.tail.model import DEFAULT_LEND, DEFAULT_SETUPS, RESULTS, SETUP_NAMES, SPLIT_KINDS, LendRule, Options, RebalanceSpec
 from bench.tail.report import render, write_outputs
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--prefix-caching", choices=("true", "false"), default="true",
         help="the simulated engines' prefix cache; every prompt is unique either way, so it has nothing to hit (default %(default)s)")
     add_out_arg(parser, RESULTS)
-    add("--name", default=None, help="base name of the outputs (default tail, or tail-quick)")
+    add_name_arg(parser, "tail")
     add("--samples", type=Path, default=None, help="also write every request's fate (JSONL, one file per set-up and load) to this folder")
     add(
         "--fail-fast-fraction",
@@ -152,7 +152,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         seed=args.seed,
         setups=setups,
         out=args.out,
-        name=args.name or ("tail-quick" if args.quick else "tail"),
+        name=output_name(args, "tail"),
         fail_fast_fraction=args.fail_fast_fraction,
         samples_dir=args.samples,
         splits=[(i, b) for i, b in splits],

@@ -16,8 +16,9 @@ from typing import IO
 
 import trio
 
-from bench.harness.procs import free_ports, log_tail, start_process, wait_ready
-from bench.harness.report import Target
+from bench.harness.procs import free_ports, log_tail, wait_ready
+from bench.harness.report import RunRecord, Target
+from bench.harness.short_chat import start_engine
 from bench.tenants.drive import Played, backlogged, open_loop, tailguard
 from bench.tenants.model import B_FIRST_WEIGHT, BACKLOG_QUEUE_TIMEOUT_GPU_S, QUEUE_TIMEOUT_GPU_S, SETUPS, TENANTS, Options
 from bench.tenants.stats import SetupNumbers, summarise
@@ -34,26 +35,14 @@ WEIGHTS = {"b-first": {"A": 1.0, "B": B_FIRST_WEIGHT}}  # else 1:1
 
 
 @dataclass
-class Result:
-    """A run's parameters and numbers (``report.render`` writes them out)."""
+class Result(RunRecord):
+    """A run's numbers, scenario 1's set-ups and scenario 2 (``report.render`` writes them out)."""
 
-    command: list[str]
-    code: str
-    parameters: dict[str, object]
     setups: list[SetupNumbers] = field(default_factory=list)
     weighted: SetupNumbers | None = None
     targets: list[Target] = field(default_factory=list)
     wall_s: float = 0.0
     seat_turnover_ms: float = math.nan  # GPU ms between seat releases with every seat busy (Options.service_gpu_ms / seats)
-
-
-async def start_engine(nursery: trio.Nursery, port: int, options: Options, log: IO[bytes]) -> trio.Process:
-    """``python -m tailguard.sim``: one latency-profile engine with ``options.seats`` seats; cancelling ``nursery`` stops it."""
-    command = [
-        sys.executable, "-m", "tailguard.sim", "--engines", f"{port}:latency", "--time-scale", f"{options.time_scale:g}",
-        "--max-num-seqs", str(options.seats), "--seed", str(options.seed),
-    ]  # fmt: skip
-    return await start_process(nursery, command, log)
 
 
 async def measure(options: Options, result: Result, setups: tuple[str, ...] = SETUPS, weighted: bool = True) -> Result:
@@ -73,7 +62,7 @@ async def _measure(options: Options, result: Result, setups: tuple[str, ...], we
     (engine_port,) = free_ports(1)
     window = (options.warmup, options.horizon)
     async with trio.open_nursery() as nursery:
-        engine = await start_engine(nursery, engine_port, options, log)
+        engine = await start_engine(nursery, engine_port, options.seats, options.time_scale, options.seed, log)
         await wait_ready(engine_port, engine, "the simulator")
         for name in setups:
             weights = WEIGHTS.get(name, dict.fromkeys(TENANTS, 1.0))

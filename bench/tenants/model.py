@@ -6,15 +6,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.harness import short_chat
 from bench.harness.procs import RESULTS_ROOT
-from tailguard.server.advise.replay.mix import engine_capacity
-from tailguard.sim.params import PROFILES, EngineParams
+from bench.harness.short_chat import MAX_TOKENS, PROMPT_TOKENS
 
 RESULTS = RESULTS_ROOT / "tenants"
 TENANTS = ("A", "B")  # A bursts or is backlogged; B is the steady one whose latency is measured
 KEYS = {"A": "bench-tenants-key-a", "B": "bench-tenants-key-b"}  # sent as Authorization: Bearer KEY; the config holds their SHA-256
-PROMPT_TOKENS = 64  # every request's shape: a short chat turn (the simulator's token count)
-MAX_TOKENS = (32, 64)  # each request's max_tokens, drawn uniformly (seeded): equal lengths would free seats in lockstep
 QUEUE_TIMEOUT_GPU_S = 3.0  # the shipped interactive class's queue_timeout, GPU s (scaled to real in the config)
 SETUPS = ("solo", "fair", "fifo", "b-first")  # scenario 1, in run order
 BACKLOG_QUEUE_TIMEOUT_GPU_S = 10.0  # scenario 2: long enough that no backlogged waiter times out (shares, not deadlines, are measured)
@@ -44,13 +42,9 @@ class Options:
     name: str = "tenants"
 
     @property
-    def engine(self) -> EngineParams:
-        return PROFILES["latency"].replace(max_num_seqs=self.seats)
-
-    @property
     def capacity_gpu(self) -> float:
-        """Requests per GPU second the pool sustains with every seat busy (the engine model, ``mix.engine_capacity``)."""
-        return engine_capacity(self.engine, [(1.0, PROMPT_TOKENS, m) for m in range(MAX_TOKENS[0], MAX_TOKENS[1] + 1)])
+        """Requests per GPU second the pool sustains with every seat busy (the engine model, ``short_chat.capacity_gpu``)."""
+        return short_chat.capacity_gpu(self.seats)
 
     @property
     def capacity(self) -> float:
@@ -60,7 +54,7 @@ class Options:
     @property
     def service_gpu_ms(self) -> float:
         """GPU ms a mean request holds its seat in a full batch (prefill, then its tokens): a seat frees every this / seats."""
-        engine, tokens = self.engine, sum(MAX_TOKENS) / 2
+        engine, tokens = short_chat.latency_engine(self.seats), sum(MAX_TOKENS) / 2
         step = engine.step_ms(self.seats, 0, int(self.seats * (PROMPT_TOKENS + tokens / 2)))
         return PROMPT_TOKENS / engine.prefill_tokens_per_ms + tokens * step
 

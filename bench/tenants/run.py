@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from functools import partial
 
-from bench.harness.cli import add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, run_trio
-from bench.harness.report import code_version, write_report
+from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_and_report
+from bench.harness.report import code_version
+from bench.harness.short_chat import MAX_TOKENS, PROMPT_TOKENS
 from bench.tenants.measure import Result, measure
-from bench.tenants.model import BACKLOG_QUEUE_TIMEOUT_GPU_S, MAX_TOKENS, PROMPT_TOKENS, QUEUE_TIMEOUT_GPU_S, RESULTS, Options
+from bench.tenants.model import BACKLOG_QUEUE_TIMEOUT_GPU_S, QUEUE_TIMEOUT_GPU_S, RESULTS, Options
 from bench.tenants.report import render, targets
 
 DEFAULTS = Options()
@@ -59,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
     add_seed_arg(parser, DEFAULTS.seed, "the arrivals and the prompts' nonces")
     add_out_arg(parser, RESULTS)
-    add("--name", default=None, help="base name of the outputs (default tenants, or tenants-quick)")
+    add_name_arg(parser, "tenants")
     return parser
 
 
@@ -78,7 +77,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         seconds=args.seconds if args.seconds is not None else base.seconds,
         backlog_seconds=args.backlog_seconds if args.backlog_seconds is not None else base.backlog_seconds,
         backlog=args.backlog, weights=(a, b), seed=args.seed, out=args.out,
-        name=args.name or ("tenants-quick" if args.quick else "tenants"),
+        name=output_name(args, "tenants"),
     )  # fmt: skip
     if min(options.seats, options.time_scale, options.b_load, options.a_burst, options.seconds, a, b) <= 0 or options.burst_on <= 0:
         parser.error("--seats, --time-scale, --b-load, --a-burst, --seconds, --burst-on and --weights must be > 0")
@@ -106,19 +105,19 @@ def parameters(options: Options) -> dict[str, object]:
     }
 
 
+def judged(result: Result, weights: tuple[float, float]) -> str:
+    """The report, the targets judged first from the numbers measured."""
+    result.targets = targets(result, weights)
+    return render(result)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     options = options_from(args, parser)
     result = Result(["python", "-m", "bench", "tenants", *(argv or [])], code_version(), parameters(options))
     result.seat_turnover_ms = options.service_gpu_ms / options.seats
-    started = time.perf_counter()
-    done = run_trio(partial(measure, weighted=not args.no_weighted), options, result, said="the simulator and tailguard were stopped")
-    if done is None:
-        return 130
-    done.wall_s = time.perf_counter() - started
-    done.targets = targets(done, options.weights)
-    report = render(done)
-    print(report)
-    write_report(options.out, options.name, asdict(done), report)
-    return 0
+    measured = partial(measure, weighted=not args.no_weighted)
+    report = partial(judged, weights=options.weights)
+    said = "the simulator and tailguard were stopped"
+    return run_and_report(measured, options, result, said=said, render=report, out=options.out, stem=options.name)

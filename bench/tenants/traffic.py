@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
+from bench.harness.short_chat import PROMPT_TOKENS, max_tokens_draws
 from bench.harness.traffic import poisson_offsets
 from bench.harness.unique import run_seed
-from bench.tenants.model import MAX_TOKENS, PROMPT_TOKENS, Options
+from bench.tenants.model import Options
 from tailguard.server.advise.replay.trace import Arrival
 
 
@@ -31,5 +31,4 @@ def arrivals(options: Options, with_a: bool) -> list[Arrival]:
 
 def max_tokens(seed: int, tenant: str) -> Callable[[], int]:
     """A tenant's draws of max_tokens, uniform over MAX_TOKENS (seeded apart from its arrival times)."""
-    rng = random.Random(run_seed(seed, tenant, "max_tokens"))
-    return lambda: rng.randint(*MAX_TOKENS)
+    return max_tokens_draws(run_seed(seed, tenant, "max_tokens"))

@@ -9,8 +9,9 @@ from functools import partial
 
 from bench.harness.client import CHAT_PATH
 from bench.harness.open_loop import TokenClient, TokenPool
+from bench.harness.short_chat import PROMPT_TOKENS
 from bench.harness.unique import UniqueRequests, run_seed
-from bench.tenants.model import KEYS, PROMPT_TOKENS
+from bench.tenants.model import KEYS
 from tailguard.server.advise.replay.mix import unique_body_for
 
 

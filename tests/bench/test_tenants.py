@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from bench.harness.report import Target
+from bench.harness.short_chat import MAX_TOKENS, PROMPT_TOKENS
 from bench.tenants.drive import Played
 from bench.tenants.measure import Result, measure
-from bench.tenants.model import KEYS, MAX_TOKENS, PROMPT_TOKENS, Options, ratio
+from bench.tenants.model import KEYS, Options, ratio
 from bench.tenants.probe import EngineLooks
 from bench.tenants.report import p99_ratio, render, targets, weight_error
 from bench.tenants.setups import router_config
