@@ -100,14 +100,18 @@ def class_row(name: str, stats: ClassStats, rr: ClassStats, split: ClassStats) -
     ]
     return (
         f"| {name} | {stats.kind} | {stats.n} | {stats.ok} | {failures} | {_ms(stats.ttft_p50_ms)} / {_ms(stats.ttft_p99_ms)} |"
-        f" {_ms(stats.e2e_p50_ms)} / {_ms(stats.e2e_p99_ms)} | {stats.goodput_rps:.2f} | " + " | ".join(ratios) + " |"
+        f" {_ms(stats.e2e_p50_ms)} / {_ms(stats.e2e_p99_ms)} | {stats.goodput_rps:.2f} | {_share(stats.attainment)} | " + " | ".join(ratios) + " |"
     )
 
 
+def _share(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.3f}"
+
+
 TABLE_HEAD = (
-    "| set-up | class | n | ok | failed | TTFT P50 / P99 ms | E2E P50 / P99 ms | completed/s |"
+    "| set-up | class | n | ok | failed | TTFT P50 / P99 ms | E2E P50 / P99 ms | completed/s | met objective |"
     " TTFT P99 x RR / x split | E2E P99 x RR / x split | completed/s x RR / x split |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -164,8 +168,9 @@ def point_section(point: PointReport, rr: str, split: str) -> list[str]:
 def headline(points: Sequence[PointReport], rr: str, split: str) -> list[str]:
     """One row per point and candidate: the ratios the targets judge, against round robin."""
     lines = [
-        "| trace | engines | load | set-up | long E2E P99 x RR | short TTFT P99 x RR | short E2E P99 x RR | completed/s x RR | failures beyond RR | targets met |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| trace | engines | load | set-up | long E2E P99 x RR | short TTFT P99 x RR | short E2E P99 x RR | completed/s x RR | failures beyond RR | targets met |"
+        " met objective, short / long (RR's) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for point in points:
         base = {c.kind: c for c in point.classes[rr]}
@@ -182,9 +187,16 @@ def headline(points: Sequence[PointReport], rr: str, split: str) -> list[str]:
             met = f"{sum(c.passed is True for c in found)} / {sum(c.passed is not None for c in found)}"
             lines.append(
                 f"| {point.trace} | {point.engines} | {point.load:g} | {point.names[key]} | {_x(long_e2e)} | {_x(short_ttft)} | {_x(short_e2e)} |"
-                f" {_x(ratio(completed(stats), completed(point.classes[rr])))} | {beyond:.0f} | {met} |"
+                f" {_x(ratio(completed(stats), completed(point.classes[rr])))} | {beyond:.0f} | {met} | {_attained(mine, base)} |"
             )
     return lines
+
+
+def _attained(mine: dict[str, ClassStats], rr: dict[str, ClassStats]) -> str:
+    """Each kind's share that met its objective, round robin's beside it."""
+    return " / ".join(
+        f"{_share(mine[kind].attainment)} ({_share(rr[kind].attainment)})" if kind in mine and kind in rr else "—" for kind in ("short", "long")
+    )
 
 
 def rebalancing_table(points: Sequence[PointReport]) -> list[str]:

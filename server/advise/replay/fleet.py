@@ -113,6 +113,7 @@ class Record:
     ttft: float | None = None
     e2e: float | None = None
     at: float = math.nan  # arrival, seconds after the start of the run
+    tokens: int = 0  # output tokens generated
 
 
 def _timings(sequence: SweepSequence, start: float, record: Record) -> None:
@@ -122,6 +123,7 @@ def _timings(sequence: SweepSequence, start: float, record: Record) -> None:
     if sequence.finished_at is not None:
         record.e2e = sequence.finished_at - start
     record.outcome = "ok" if sequence.finish_reason == "length" else "error"
+    record.tokens = sequence.produced
 
 
 # -- the fleet ----------------------------------------------------------------------

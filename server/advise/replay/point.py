@@ -7,6 +7,7 @@ records into per-class figures.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import math
@@ -18,6 +19,9 @@ from functools import partial
 
 import trio
 import trio.testing
+
+from tailguard.router.config import ObjectiveConfig, load_config
+from tailguard.server import SHIPPED_CONFIG
 
 from .fleet import Arrival, Fleet, Record, open_fleet, poisson, send
 from .mix import LONG_MAX_TOKENS, SHORT_MAX_TOKENS, percentile
@@ -54,6 +58,13 @@ class ClassStats:
     e2e_p99_ms: float
     goodput_rps: float  # ok requests per simulated second of the window
     goodput_tokens_per_s: float  # their output tokens per simulated second
+    # Requests that met their kind's objective (``shipped_objectives``): failures and refusals missed it.
+    attained: int = 0
+
+    @property
+    def attainment(self) -> float:
+        """The share of the class's requests that met its objective (NaN without requests)."""
+        return self.attained / self.n if self.n else math.nan
 
 
 @dataclass
@@ -157,8 +168,28 @@ async def play(fleet: Fleet, arrivals: Iterable[Arrival], kinds: tuple[str, ...]
     return feed.books
 
 
+@functools.cache
+def shipped_objectives() -> dict[str, ObjectiveConfig]:
+    """Each kind of request judged by the shipped config's promise: short ones by its first class's (the
+    interactive one), long ones by its catch-all's. The same for every placement compared."""
+    classes = load_config(SHIPPED_CONFIG).classes
+    return {"short": classes[0].objective, "long": classes[-1].objective}
+
+
+def met(record: Record, objective: ObjectiveConfig) -> bool:
+    """Whether a request met ``objective``: served, and within every target it states (as router/observe/attainment.py judges)."""
+    if record.outcome != "ok" or record.e2e is None or record.e2e > objective.e2e:
+        return False
+    if objective.ttft is not None and (record.ttft is None or record.ttft > objective.ttft):
+        return False
+    if objective.itl is not None and record.ttft is not None and record.tokens >= 2:
+        return (record.e2e - record.ttft) / (record.tokens - 1) <= objective.itl
+    return True
+
+
 def summarize(records: Sequence[Record], kind: str, seconds: float) -> ClassStats:
     mine = [r for r in records if r.kind == kind]
+    objective = shipped_objectives()[kind]
     ok = [r for r in mine if r.outcome == "ok"]
     ttft = sorted(r.ttft for r in ok if r.ttft is not None)
     e2e = sorted(r.e2e for r in ok if r.e2e is not None)
@@ -174,6 +205,7 @@ def summarize(records: Sequence[Record], kind: str, seconds: float) -> ClassStat
         e2e_p99_ms=percentile(e2e, 99) * 1000,
         goodput_rps=len(ok) / seconds,
         goodput_tokens_per_s=len(ok) * MAX_TOKENS[kind] / seconds,
+        attained=sum(met(r, objective) for r in ok),
     )
 
 
