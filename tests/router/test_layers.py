@@ -90,3 +90,15 @@ def test_outside_a_group_its_package_is_imported_not_its_modules() -> None:
                     continue
                 reaching_in.append(f"{path.relative_to(ROOT)}:{line} imports {'.'.join(target)}")
     assert reaching_in == []
+
+
+def test_the_readme_layout_names_every_module_of_the_core() -> None:
+    """README's Layout draws router/'s tree: a module added without a line there fails here."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout") :]
+    missing = [
+        str(path.relative_to(ROOT))
+        for path in sorted(ROUTER.rglob("*.py"))
+        if path.name != "__init__.py" and path.name not in layout
+    ]
+    assert not missing, f"README's Layout does not name: {missing}"
