@@ -10,7 +10,7 @@ from bench.harness.toml import dumps
 from bench.tail.model import LendRule, Options
 from bench.tail.setups import build_setups
 from tailguard.router.config import parse_config
-from tests.router.config.test_config import BASE
+from tests.helpers.config_text import BASE
 
 
 def test_a_rule_with_the_stall_bound_and_when_reaches_the_config_it_writes() -> None:

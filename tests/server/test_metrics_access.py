@@ -15,9 +15,9 @@ import pytest
 
 from tailguard.router.config import Config, ConfigError, MetricsConfig, ServerConfig, parse_config, render_config
 from tailguard.server.reload import restart_needed
+from tests.helpers.config_text import BASE
 from tests.helpers.router import two_pool_config
 from tests.helpers.sockets import Backends, tailguard
-from tests.router.config.test_config import BASE
 
 TOKEN = "scrape-me-0123456789"
 

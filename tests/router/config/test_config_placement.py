@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tailguard.router.config import parse_config, render_config
-from tests.router.config.test_config import BASE, problems_of
+from tests.helpers.config_text import BASE, problems_of
 
 
 def server(lines: str) -> str:

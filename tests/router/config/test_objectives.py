@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tailguard.router.config import ObjectiveConfig, parse_config
-from tests.router.config.test_config import BASE, edit, problems_of
+from tests.helpers.config_text import BASE, edit, problems_of
 
 
 def objectives(text: str) -> dict[str, ObjectiveConfig]:

@@ -9,8 +9,8 @@ import trio
 
 from tailguard.router.config import ConfigError, LendConfig, LimitsConfig, parse_config, render_config
 from tailguard.router.fleet import FirstTokenWatch, RecentPeak
+from tests.helpers.config_text import BASE
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end
-from tests.router.config.test_config import BASE
 from tests.router.fleet.test_lend_prefills import LONG_PROMPT
 from tests.router.fleet.test_lending import LONG_OUTPUT, lending_config
 

@@ -12,8 +12,8 @@ import trio
 from tailguard.router import Router
 from tailguard.router.config import Config, ConfigError, LendConfig, parse_config, render_config
 from tailguard.sim.canned import canned_transport
+from tests.helpers.config_text import BASE
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
-from tests.router.config.test_config import BASE
 from tests.router.fleet.test_lending import BATCH_URLS, LONG_OUTPUT, lending_config, refusing_once
 
 LONG_PROMPT = "word " * 2000  # ~2,500 tokens: four times the old 512-token rule

@@ -16,9 +16,9 @@ from tailguard.router.fleet import rendezvous_order
 from tailguard.router.observe import RequestRecord
 from tailguard.server.metrics import Metrics
 from tailguard.sim.canned import canned_transport
+from tests.helpers.config_text import BASE
 from tests.helpers.engines import MODEL
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
-from tests.router.config.test_config import BASE
 
 LONG_OUTPUT = 400  # over the interactive class's 128: a batch request
 

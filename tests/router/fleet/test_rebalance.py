@@ -9,8 +9,8 @@ import trio
 
 from tailguard.router.config import Config, ConfigError, EndpointConfig, PlacementConfig, RebalanceConfig, parse_config, render_config
 from tailguard.server.metrics import Metrics
+from tests.helpers.config_text import BASE
 from tests.helpers.router import INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
-from tests.router.config.test_config import BASE
 
 SPARE_URL = "http://batch-1:8000"  # the batch pool's second, movable endpoint
 CAP = 4

@@ -13,8 +13,8 @@ from tailguard.router import Router
 from tailguard.router.config import Config, ConfigError, LendConfig, RebalanceConfig, parse_config, render_config
 from tailguard.router.fleet import Endpoint
 from tailguard.server.metrics import Metrics
+from tests.helpers.config_text import BASE
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
-from tests.router.config.test_config import BASE
 from tests.router.fleet.test_rebalance import interactive_load
 
 CAP = 8

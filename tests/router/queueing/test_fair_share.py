@@ -15,8 +15,8 @@ from tailguard.router.config import ConfigError, QueueOrder, parse_config, rende
 from tailguard.router.errors import QueueFull, QueueTimeout
 from tailguard.router.queueing import FairClock, Share
 from tailguard.router.quotas import Caller
+from tests.helpers.config_text import BASE
 from tests.helpers.router import chat, router_over_engines, two_pool_config, with_digest
-from tests.router.config.test_config import BASE
 from tests.router.queueing.test_queue import Slots
 
 A, B = Share("a", tokens=100), Share("b", tokens=100)

@@ -13,8 +13,8 @@ import trio.testing
 from tailguard.router.config import ConfigError, parse_config, render_config
 from tailguard.router.errors import NoBackend, QueueFull, QueueTimeout
 from tailguard.router.queueing import CEILING, RetryHints, whole_seconds
+from tests.helpers.config_text import BASE
 from tests.helpers.router import chat, router_over_engines, run_to_end, two_pool_config
-from tests.router.config.test_config import BASE
 from tests.router.queueing.test_queue import Slots
 
 

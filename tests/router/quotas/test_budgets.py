@@ -14,10 +14,10 @@ from openai.types.chat import ChatCompletionMessageParam
 from tailguard.router.config import ApiKeyConfig, AuthConfig, ClusterConfig, ConfigError, LimitsConfig, parse_config, render_config
 from tailguard.router.errors import BudgetExceeded, InvalidRequest
 from tailguard.router.quotas import Budgets, Caller, budgets as budgets_module, budgets_of, duration, hash_key
+from tests.helpers.config_text import BASE
 from tests.helpers.engines import MODEL
 from tests.helpers.router import two_pool_config
 from tests.helpers.sockets import QUICK, Backends, engines_on_sockets, tailguard
-from tests.router.config.test_config import BASE
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 KEY = "sk-budgeted-0123456789"

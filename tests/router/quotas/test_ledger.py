@@ -38,10 +38,10 @@ from tailguard.server.metrics import Metrics
 from tailguard.server.redis_ledger import RedisLedger
 from tailguard.sim import PROFILES, Engine, SimApp
 from tailguard.sim.canned import sim_canned_transport
+from tests.helpers.config_text import BASE
 from tests.helpers.engines import MODEL
 from tests.helpers.redis_server import RedisServer, redis_client
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, run_to_end, two_pool_config
-from tests.router.config.test_config import BASE
 
 CAP = 10
 TTL = 0.4  # real seconds: Redis expires leases on its own clock
