@@ -41,6 +41,7 @@ from bench.harness.cli import (
     listed,
     output_name,
     run_and_report,
+    same_named,
 )
 from bench.harness.report import code_version
 
@@ -96,26 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
 def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Options:
     spread: tuple[float, ...] = args.spread
     duration, kill_at, outage_at, outage_s = (60.0, 20.0, 30.0, 15.0) if args.quick else (args.duration, args.kill_at, args.outage_at, args.outage_s)
-    o = Options(
+    o = same_named(
+        Options,
+        args,
         duration=duration,
         kill_at=None if args.no_kill else kill_at,
         outage_at=None if args.no_outage else outage_at,
         outage_s=outage_s,
-        load=args.load,
-        budget=args.budget,
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        spread=spread,
-        victim=args.victim,
-        static_share=args.static_share,
-        lease_ttl=args.lease_ttl,
-        sync_interval=args.sync_interval,
-        queue_timeout=args.queue_timeout,
-        seats=args.seats,
-        time_scale=args.time_scale,
         drain=10.0 if args.quick else args.drain,
-        seed=args.seed,
-        out=args.out,
     )
     if len(spread) < 2 or min(spread) <= 0 or not 0 <= o.victim < len(spread):
         parser.error("--spread: two or more positive shares; --victim an index into it")

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import Field, asdict
+from dataclasses import Field, asdict, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -26,6 +26,15 @@ class Timed(Protocol):
 
 
 R = TypeVar("R", bound=Timed)
+
+
+class Dataclass(Protocol):
+    """Any dataclass (the mark ``dataclasses.fields`` reads)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+
+D = TypeVar("D", bound=Dataclass)
 
 
 def interrupted(error: BaseException) -> bool:
@@ -67,6 +76,18 @@ def run_and_report(
     print(report)
     write_report(out, stem, asdict(result), report)
     return 0
+
+
+def same_named(kind: type[D], source: object, **given: Any) -> D:
+    """A ``kind`` whose fields are ``source``'s attributes of the same names (an argparse Namespace, a driver's options), but for those ``given``.
+
+    Where a field is neither given nor on ``source``, its default holds (or
+    the dataclass says which one is missing): the fields that differ from the
+    command line, the quick run's values and the derived ones, stand out
+    among the ones that are only passed on.
+    """
+    taken = {f.name: getattr(source, f.name) for f in fields(kind) if f.init and f.name not in given and hasattr(source, f.name)}
+    return kind(**taken, **given)
 
 
 def driver_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
