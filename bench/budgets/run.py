@@ -35,6 +35,7 @@ from bench.budgets.setup import fleet
 from bench.harness.cli import (
     add_name_arg,
     add_out_arg,
+    add_seats_arg,
     add_seed_arg,
     add_time_scale_arg,
     driver_parser,
@@ -66,9 +67,8 @@ async def measure(o: Options, command: list[str]) -> Result:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = driver_parser(__name__, __doc__, quick="smoke run (~65 s): 60 s of arrivals, kill at 20 s, Redis stopped at 30 s for 15 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke run (~65 s): 60 s of arrivals, kill at 20 s, Redis stopped at 30 s for 15 s")
     add("--duration", type=float, default=240.0, help="s of arrivals (default %(default)s)")
     add("--kill-at", type=float, default=70.0, help="s: kill -9 the --victim replica (default %(default)s)")
     add("--outage-at", type=float, default=120.0, help="s: SIGSTOP redis-server (default %(default)s)")
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lease-ttl", type=float, default=2.0, help="[cluster] lease_ttl, s (default %(default)s)")
     add("--sync-interval", type=float, default=0.05, help="[cluster] sync_interval, s (default %(default)s)")
     add("--queue-timeout", type=float, default=5.0, help="the one class's queue_timeout, s (default %(default)s)")
-    add("--seats", type=int, default=64, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")
+    add_seats_arg(parser, 64)
     add_time_scale_arg(parser, 1.0)
     add("--drain", type=float, default=15.0, help="s after the last arrival before the run is cut (default %(default)s)")
     add_seed_arg(parser, 1, "the arrivals and their replicas")

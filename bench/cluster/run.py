@@ -179,9 +179,8 @@ def _fallback_warnings(tmp: Path, names: Sequence[str]) -> dict[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = driver_parser(__name__, __doc__, quick="smoke run (~3 min): one load, Poisson only, short windows, Redis down 8 s and paused 4 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke run (~3 min): one load, Poisson only, short windows, Redis down 8 s and paused 4 s")
     add("--replicas", type=int, default=4, help="replicas sharing the caps (default %(default)s)")
     add("--seats", type=int, default=8, help="every capped endpoint's max_concurrency (default %(default)s)")
     add_time_scale_arg(parser, 2.0)

@@ -90,14 +90,18 @@ def same_named(kind: type[D], source: object, **given: Any) -> D:
     return kind(**taken, **given)
 
 
-def driver_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
-    """The parser of ``python -m bench NAME`` for the driver ``module`` (``bench.NAME.run``, its ``__name__``).
+def driver_parser(module: str, doc: str | None, quick: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``python -m bench NAME`` for the driver ``module`` (``bench.NAME.run``, its ``__name__``), with ``--quick`` first where given.
 
     The usage line names the command by the driver's folder, so a name in
     ``--help`` is always the one the registry runs; the description is the
-    module's first line.
+    module's first line. ``quick`` is what the driver's smoke run shortens
+    (its ``--quick``'s help).
     """
-    return argparse.ArgumentParser(prog=f"python -m bench {module.split('.')[1]}", description=(doc or "").splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m bench {module.split('.')[1]}", description=(doc or "").splitlines()[0])
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
+    return parser
 
 
 def add_name_arg(parser: argparse.ArgumentParser, stem: str) -> None:
@@ -134,6 +138,16 @@ def add_warmup_arg(parser: argparse.ArgumentParser, default: float, what: str, k
 def add_time_scale_arg(parser: argparse.ArgumentParser, default: float = 1.0, what: str = "the simulator's --time-scale") -> None:
     """``--time-scale``: passed to the simulator (GPU time runs this many times slower)."""
     parser.add_argument("--time-scale", type=float, default=default, help=f"{what} (default %(default)s)")
+
+
+def add_seats_arg(parser: argparse.ArgumentParser, default: int) -> None:
+    """``--seats``: where one simulated engine sits behind one pool of as many seats."""
+    parser.add_argument("--seats", type=int, default=default, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")
+
+
+def add_full_run_arg(parser: argparse.ArgumentParser, flag: str, full: float, what: str) -> None:
+    """A span that ``--quick`` shortens: None unless given, so the quick run's value holds where it was not; the help says the full run's."""
+    parser.add_argument(flag, type=float, default=None, help=f"{what} (default {full:g})")
 
 
 def add_seed_arg(parser: argparse.ArgumentParser, default: int, of: str) -> None:

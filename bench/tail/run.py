@@ -55,9 +55,8 @@ from tailguard.server.advise.replay.mix import MIXES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = driver_parser(__name__, __doc__, quick="smoke check under 2 minutes: load 0.8, warm-up 4 s, window 8 s, drain 12 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke check under 2 minutes: load 0.8, warm-up 4 s, window 8 s, drain 12 s")
     add("--engines", type=int, default=4, help="simulated GPUs per set-up (default %(default)s)")
     add(
         "--split",
