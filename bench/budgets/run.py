@@ -35,12 +35,14 @@ from bench.budgets.setup import fleet
 from bench.harness.cli import (
     add_name_arg,
     add_out_arg,
+    add_seats_arg,
     add_seed_arg,
     add_time_scale_arg,
     driver_parser,
     listed,
     output_name,
     run_and_report,
+    same_named,
 )
 from bench.harness.report import code_version
 
@@ -65,9 +67,8 @@ async def measure(o: Options, command: list[str]) -> Result:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = driver_parser(__name__, __doc__, quick="smoke run (~65 s): 60 s of arrivals, kill at 20 s, Redis stopped at 30 s for 15 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke run (~65 s): 60 s of arrivals, kill at 20 s, Redis stopped at 30 s for 15 s")
     add("--duration", type=float, default=240.0, help="s of arrivals (default %(default)s)")
     add("--kill-at", type=float, default=70.0, help="s: kill -9 the --victim replica (default %(default)s)")
     add("--outage-at", type=float, default=120.0, help="s: SIGSTOP redis-server (default %(default)s)")
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lease-ttl", type=float, default=2.0, help="[cluster] lease_ttl, s (default %(default)s)")
     add("--sync-interval", type=float, default=0.05, help="[cluster] sync_interval, s (default %(default)s)")
     add("--queue-timeout", type=float, default=5.0, help="the one class's queue_timeout, s (default %(default)s)")
-    add("--seats", type=int, default=64, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")
+    add_seats_arg(parser, 64)
     add_time_scale_arg(parser, 1.0)
     add("--drain", type=float, default=15.0, help="s after the last arrival before the run is cut (default %(default)s)")
     add_seed_arg(parser, 1, "the arrivals and their replicas")
@@ -96,26 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
 def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Options:
     spread: tuple[float, ...] = args.spread
     duration, kill_at, outage_at, outage_s = (60.0, 20.0, 30.0, 15.0) if args.quick else (args.duration, args.kill_at, args.outage_at, args.outage_s)
-    o = Options(
+    o = same_named(
+        Options,
+        args,
         duration=duration,
         kill_at=None if args.no_kill else kill_at,
         outage_at=None if args.no_outage else outage_at,
         outage_s=outage_s,
-        load=args.load,
-        budget=args.budget,
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        spread=spread,
-        victim=args.victim,
-        static_share=args.static_share,
-        lease_ttl=args.lease_ttl,
-        sync_interval=args.sync_interval,
-        queue_timeout=args.queue_timeout,
-        seats=args.seats,
-        time_scale=args.time_scale,
         drain=10.0 if args.quick else args.drain,
-        seed=args.seed,
-        out=args.out,
     )
     if len(spread) < 2 or min(spread) <= 0 or not 0 <= o.victim < len(spread):
         parser.error("--spread: two or more positive shares; --victim an index into it")

@@ -359,13 +359,11 @@ def notes(result: Result) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="shorter windows and fewer requests (~6.5 minutes here; the default run takes ~4 minutes before issue 32's rows, "
-        "and those up to ~18 more while the defects they look for are there)",
+    quick = (
+        "shorter windows and fewer requests (~6.5 minutes here; the default run takes ~4 minutes before issue 32's rows, "
+        "and those up to ~18 more while the defects they look for are there)"
     )
+    parser = driver_parser(__name__, __doc__, quick=quick)
     parser.add_argument(
         "--attacks", default="", help=f"comma-separated subset, in run order; default all: {', '.join(a.name for a in ATTACKS)}"
     )

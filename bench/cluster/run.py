@@ -68,6 +68,7 @@ from bench.harness.cli import (
     listed,
     output_name,
     run_trio,
+    same_named,
 )
 from bench.harness.procs import free_ports, start_process, wait_ready
 from bench.harness.redis import RedisProcess
@@ -178,9 +179,8 @@ def _fallback_warnings(tmp: Path, names: Sequence[str]) -> dict[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = driver_parser(__name__, __doc__, quick="smoke run (~3 min): one load, Poisson only, short windows, Redis down 8 s and paused 4 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke run (~3 min): one load, Poisson only, short windows, Redis down 8 s and paused 4 s")
     add("--replicas", type=int, default=4, help="replicas sharing the caps (default %(default)s)")
     add("--seats", type=int, default=8, help="every capped endpoint's max_concurrency (default %(default)s)")
     add_time_scale_arg(parser, 2.0)
@@ -217,32 +217,11 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         parser.error(f"--phases of: {', '.join(PHASES)}")
     if args.replicas < 2 or args.seats < args.replicas:
         parser.error("--replicas >= 2 and --seats >= --replicas (each static share at least one seat)")
-    quick = args.quick
-    return Options(
-        time_scale=args.time_scale,
-        seats=args.seats,
-        replicas=args.replicas,
-        loads=(loads[0],) if quick else loads,
-        traffics=("poisson",) if quick else traffics,
-        burst_period=args.burst_period,
-        warmup=2.0 if quick else args.warmup,
-        window=8.0 if quick else args.window,
-        drain=8.0 if quick else args.drain,
-        lease_ttl=args.lease_ttl,
-        sync_interval=args.sync_interval,
-        block=args.block,
-        outage=8.0 if quick else args.outage,
-        pause=4.0 if quick else args.pause,
-        overhead_rate=args.overhead_rate,
-        overhead_seconds=3.0 if quick else args.overhead_seconds,
-        overhead_rounds=2 if quick else args.overhead_rounds,
-        sample_interval=0.01,
-        seed=args.seed,
-        out=args.out,
-        phases=phases,
-        key_caps=not args.no_key_caps,
-        affinity_requests=max(args.affinity_requests // 4, 1) if quick else args.affinity_requests,
-    )
+    given = {"loads": loads, "traffics": traffics, "sample_interval": 0.01, "phases": phases, "key_caps": not args.no_key_caps}
+    if args.quick:
+        given |= {"loads": (loads[0],), "traffics": ("poisson",), "warmup": 2.0, "window": 8.0, "drain": 8.0, "outage": 8.0, "pause": 4.0}
+        given |= {"overhead_seconds": 3.0, "overhead_rounds": 2, "affinity_requests": max(args.affinity_requests // 4, 1)}
+    return same_named(Options, args, **given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import Field, asdict
+from dataclasses import Field, asdict, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -26,6 +26,15 @@ class Timed(Protocol):
 
 
 R = TypeVar("R", bound=Timed)
+
+
+class Dataclass(Protocol):
+    """Any dataclass (the mark ``dataclasses.fields`` reads)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+
+D = TypeVar("D", bound=Dataclass)
 
 
 def interrupted(error: BaseException) -> bool:
@@ -69,14 +78,30 @@ def run_and_report(
     return 0
 
 
-def driver_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
-    """The parser of ``python -m bench NAME`` for the driver ``module`` (``bench.NAME.run``, its ``__name__``).
+def same_named(kind: type[D], source: object, **given: Any) -> D:
+    """A ``kind`` whose fields are ``source``'s attributes of the same names (an argparse Namespace, a driver's options), but for those ``given``.
+
+    Where a field is neither given nor on ``source``, its default holds (or
+    the dataclass says which one is missing): the fields that differ from the
+    command line, the quick run's values and the derived ones, stand out
+    among the ones that are only passed on.
+    """
+    taken = {f.name: getattr(source, f.name) for f in fields(kind) if f.init and f.name not in given and hasattr(source, f.name)}
+    return kind(**taken, **given)
+
+
+def driver_parser(module: str, doc: str | None, quick: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``python -m bench NAME`` for the driver ``module`` (``bench.NAME.run``, its ``__name__``), with ``--quick`` first where given.
 
     The usage line names the command by the driver's folder, so a name in
     ``--help`` is always the one the registry runs; the description is the
-    module's first line.
+    module's first line. ``quick`` is what the driver's smoke run shortens
+    (its ``--quick``'s help).
     """
-    return argparse.ArgumentParser(prog=f"python -m bench {module.split('.')[1]}", description=(doc or "").splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m bench {module.split('.')[1]}", description=(doc or "").splitlines()[0])
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
+    return parser
 
 
 def add_name_arg(parser: argparse.ArgumentParser, stem: str) -> None:
@@ -113,6 +138,16 @@ def add_warmup_arg(parser: argparse.ArgumentParser, default: float, what: str, k
 def add_time_scale_arg(parser: argparse.ArgumentParser, default: float = 1.0, what: str = "the simulator's --time-scale") -> None:
     """``--time-scale``: passed to the simulator (GPU time runs this many times slower)."""
     parser.add_argument("--time-scale", type=float, default=default, help=f"{what} (default %(default)s)")
+
+
+def add_seats_arg(parser: argparse.ArgumentParser, default: int) -> None:
+    """``--seats``: where one simulated engine sits behind one pool of as many seats."""
+    parser.add_argument("--seats", type=int, default=default, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")
+
+
+def add_full_run_arg(parser: argparse.ArgumentParser, flag: str, full: float, what: str) -> None:
+    """A span that ``--quick`` shortens: None unless given, so the quick run's value holds where it was not; the help says the full run's."""
+    parser.add_argument(flag, type=float, default=None, help=f"{what} (default {full:g})")
 
 
 def add_seed_arg(parser: argparse.ArgumentParser, default: int, of: str) -> None:

@@ -46,9 +46,8 @@ RESULTS = RESULTS_ROOT / "prefix"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = driver_parser(__name__, __doc__, quick="smoke run of ~2 minutes: warm-up 1.5 GPU s, window 3.5 GPU s, 120 trace rows, drain 5 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke run of ~2 minutes: warm-up 1.5 GPU s, window 3.5 GPU s, 120 trace rows, drain 5 s")
     add("--workload", action="append", choices=WORKLOADS, help="run this workload, repeatable (default: all)")
     add("--setup", action="append", choices=ALL_SETUPS, help=f"run this set-up, repeatable (default: {', '.join(SETUPS)})")
     add("--load", type=float, default=0.8, help="fraction of each workload's modelled capacity (default %(default)s)")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import openai
 
-from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_and_report
+from bench.harness import cli
 from bench.harness.report import code_version
 from bench.harness.short_chat import MAX_TOKENS, PROMPT_TOKENS
 from bench.retry.measure import Result, measure
@@ -33,21 +33,20 @@ DEFAULTS = Options()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = cli.driver_parser(__name__, __doc__, quick="smoke run of ~40 s: warm-up 2 s, 8 s counted, drain 10 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke run of ~40 s: warm-up 2 s, 8 s counted, drain 10 s")
-    add("--seats", type=int, default=DEFAULTS.seats, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")
+    cli.add_seats_arg(parser, DEFAULTS.seats)
     add("--max-queue", type=int, default=DEFAULTS.max_queue, help="the pool's max_queue (default %(default)s)")
     add("--queue-timeout", type=float, default=DEFAULTS.queue_timeout_gpu, help="the class's queue_timeout, GPU s (default %(default)s)")
     add("--load", type=float, default=DEFAULTS.load, help="the arrival rate, times the pool's capacity (default %(default)s)")
-    add("--warmup", type=float, default=None, help=f"uncounted real s of arrivals first (default {DEFAULTS.warmup:g})")
-    add("--seconds", type=float, default=None, help=f"counted real s of arrivals (default {DEFAULTS.seconds:g})")
-    add("--drain", type=float, default=None, help=f"longest real s after the last arrival (default {DEFAULTS.drain:g})")
+    cli.add_full_run_arg(parser, "--warmup", DEFAULTS.warmup, "uncounted real s of arrivals first")
+    cli.add_full_run_arg(parser, "--seconds", DEFAULTS.seconds, "counted real s of arrivals")
+    cli.add_full_run_arg(parser, "--drain", DEFAULTS.drain, "longest real s after the last arrival")
     add("--max-retries", type=int, default=DEFAULTS.max_retries, help="the SDK's max_retries (default %(default)s)")
-    add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
-    add_seed_arg(parser, DEFAULTS.seed, "the arrivals, the lengths and the prompts' nonces")
-    add_out_arg(parser, RESULTS)
-    add_name_arg(parser, "retry")
+    cli.add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
+    cli.add_seed_arg(parser, DEFAULTS.seed, "the arrivals, the lengths and the prompts' nonces")
+    cli.add_out_arg(parser, RESULTS)
+    cli.add_name_arg(parser, "retry")
     return parser
 
 
@@ -59,7 +58,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         warmup=base.warmup if args.warmup is None else args.warmup,
         seconds=base.seconds if args.seconds is None else args.seconds,
         drain=base.drain if args.drain is None else args.drain,
-        name=output_name(args, "retry"),
+        name=cli.output_name(args, "retry"),
     )  # fmt: skip
     if min(options.seats, options.max_queue, options.time_scale, options.load, options.seconds, options.queue_timeout_gpu) <= 0:
         parser.error("--seats, --max-queue, --time-scale, --load, --seconds and --queue-timeout must be > 0")
@@ -100,4 +99,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = Result(["python", "-m", "bench", "retry", *(argv or [])], code_version(), parameters(options))
     result.window_start, result.bin_s = options.warmup, options.bin_s
     said = "the simulator and tailguard were stopped"
-    return run_and_report(measure, options, result, said=said, render=judged, out=options.out, stem=options.name)
+    return cli.run_and_report(measure, options, result, said=said, render=judged, out=options.out, stem=options.name)

@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import trio
 
+from bench.harness.cli import same_named
 from bench.harness.clocks import CpuClock
 from bench.harness.config import MODEL
 from bench.harness.open_loop import Sample, TokenPool, class_stats, play, token_times, write_samples
@@ -95,11 +96,11 @@ async def measure(options: Options, command: list[str]) -> Result:
 
 def _new_result(options: Options, command: list[str], mix: dict[str, list[tuple[float, int, int]]], caps: dict[str, float]) -> Result:
     """The run's result before any set-up ran: its parameters, the mix and the capacities."""
-    return Result(
+    return same_named(
+        Result,
+        options,
         command=command,
-        engines=options.engines,
         split=", ".join(f"{i}:{b}" for i, b in (options.splits or [options.split])),
-        time_scale=options.time_scale,
         times_are="GPU time: real divided by time_scale",
         traffic=str(options.trace) if options.trace else options.traffic,
         shared_capacity_req_s=caps["shared"],
@@ -111,18 +112,13 @@ def _new_result(options: Options, command: list[str], mix: dict[str, list[tuple[
         warmup_s=options.warmup,
         window_s=options.seconds,
         drain_s=options.drain,
-        seed=options.seed,
         short_deadline_s=SHORT_DEADLINE_S,
         cpu_count=len(os.sched_getaffinity(0)),
-        fail_fast_fraction=options.fail_fast_fraction,
         load_average={"start": [round(x, 2) for x in os.getloadavg()]},
         mix_name="trace" if options.trace else options.mix,
-        seats=options.seats,
         lend_rules=[rule.label() for rule in options.lend_rules],
         rebalance=asdict(options.rebalance),
-        max_engines=options.max_engines,
         phase_s=options.phase_seconds,
-        prefix_caching=options.prefix_caching,
     )
 
 

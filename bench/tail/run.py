@@ -47,7 +47,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_trio
+from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_trio, same_named
 from bench.tail.measure import measure
 from bench.tail.model import DEFAULT_LEND, DEFAULT_SETUPS, RESULTS, SETUP_NAMES, SPLIT_KINDS, LendRule, Options, RebalanceSpec
 from bench.tail.report import render, write_outputs
@@ -55,9 +55,8 @@ from tailguard.server.advise.replay.mix import MIXES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = driver_parser(__name__, __doc__, quick="smoke check under 2 minutes: load 0.8, warm-up 4 s, window 8 s, drain 12 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke check under 2 minutes: load 0.8, warm-up 4 s, window 8 s, drain 12 s")
     add("--engines", type=int, default=4, help="simulated GPUs per set-up (default %(default)s)")
     add(
         "--split",
@@ -137,37 +136,24 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         parser.error("--seconds must be > 0, --warmup and --drain >= 0")
     if args.fail_fast_fraction is not None and not 0 <= args.fail_fast_fraction <= 1:
         parser.error("--fail-fast-fraction is between 0 and 1")
-    return Options(
-        engines=args.engines,
+    return same_named(
+        Options,
+        args,
         split=(interactive, batch),
         loads=loads,
-        traffic=args.traffic,
-        burst_period=args.burst_period,
-        trace=args.trace,
-        record_trace=args.record_trace,
         warmup=warmup,
         seconds=seconds,
         drain=drain,
-        time_scale=args.time_scale,
-        seed=args.seed,
         setups=setups,
-        out=args.out,
         name=output_name(args, "tail"),
-        fail_fast_fraction=args.fail_fast_fraction,
         samples_dir=args.samples,
         splits=[(i, b) for i, b in splits],
-        mix=args.mix,
-        seats=args.seats,
         lend_rules=rules,
         lend_back=not args.no_lend_back,
-        interactive_profile=args.interactive_profile,
-        batch_relay_interval=args.batch_relay_interval,
         rebalance=RebalanceSpec(hold=args.hold, threshold=args.threshold, cooldown=args.cooldown),
         batch_seats=batch_seats,
-        max_engines=args.max_engines,
         phase_seconds=phase if args.mix == "shift" else 0.0,
         bin_seconds=args.bins,
-        baselines_each_round=args.baselines_each_round,
         prefix_caching=args.prefix_caching == "true",
     )
 

@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Sequence
 from functools import partial
 
-from bench.harness.cli import add_name_arg, add_out_arg, add_seed_arg, add_time_scale_arg, driver_parser, output_name, run_and_report
+from bench.harness import cli
 from bench.harness.report import code_version
 from bench.harness.short_chat import MAX_TOKENS, PROMPT_TOKENS
 from bench.tenants.measure import Result, measure
@@ -40,25 +40,24 @@ DEFAULTS = Options()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = driver_parser(__name__, __doc__)
+    parser = cli.driver_parser(__name__, __doc__, quick="smoke run of ~1 minute: window 10 s, backlog 10 s")
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke run of ~1 minute: window 10 s, backlog 10 s")
-    add("--seats", type=int, default=DEFAULTS.seats, help="the engine's max_num_seqs and the pool's max_concurrency (default %(default)s)")
+    cli.add_seats_arg(parser, DEFAULTS.seats)
     add("--b-load", type=float, default=DEFAULTS.b_load, help="B's rate, a fraction of the capacity (default %(default)s)")
     add("--a-burst", type=float, default=DEFAULTS.a_burst, help="A's rate while bursting, times the capacity (default %(default)s)")
     add("--burst-on", type=float, default=DEFAULTS.burst_on, help="real s of each burst (default %(default)s)")
     add("--burst-off", type=float, default=DEFAULTS.burst_off, help="real s between bursts (default %(default)s)")
-    add("--warmup", type=float, default=None, help=f"unmeasured real s at the start (default {DEFAULTS.warmup:g})")
-    add("--seconds", type=float, default=None, help=f"scenario 1's measured real s (default {DEFAULTS.seconds:g})")
+    cli.add_full_run_arg(parser, "--warmup", DEFAULTS.warmup, "unmeasured real s at the start")
+    cli.add_full_run_arg(parser, "--seconds", DEFAULTS.seconds, "scenario 1's measured real s")
     add("--drain", type=float, default=DEFAULTS.drain, help="longest real s a set-up waits after its last arrival (default %(default)s)")
-    add("--backlog-seconds", type=float, default=None, help=f"scenario 2's measured real s (default {DEFAULTS.backlog_seconds:g})")
+    cli.add_full_run_arg(parser, "--backlog-seconds", DEFAULTS.backlog_seconds, "scenario 2's measured real s")
     add("--backlog", type=int, default=0, help="streams each tenant keeps in flight in scenario 2 (default: twice the seats plus 4)")
     add("--weights", default="3:1", help="A:B weights in scenario 2 (default %(default)s)")
     add("--no-weighted", action="store_true", help="skip scenario 2")
-    add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
-    add_seed_arg(parser, DEFAULTS.seed, "the arrivals and the prompts' nonces")
-    add_out_arg(parser, RESULTS)
-    add_name_arg(parser, "tenants")
+    cli.add_time_scale_arg(parser, DEFAULTS.time_scale, "the simulator's --time-scale (GPU time runs this many times slower)")
+    cli.add_seed_arg(parser, DEFAULTS.seed, "the arrivals and the prompts' nonces")
+    cli.add_out_arg(parser, RESULTS)
+    cli.add_name_arg(parser, "tenants")
     return parser
 
 
@@ -77,7 +76,7 @@ def options_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> O
         seconds=args.seconds if args.seconds is not None else base.seconds,
         backlog_seconds=args.backlog_seconds if args.backlog_seconds is not None else base.backlog_seconds,
         backlog=args.backlog, weights=(a, b), seed=args.seed, out=args.out,
-        name=output_name(args, "tenants"),
+        name=cli.output_name(args, "tenants"),
     )  # fmt: skip
     if min(options.seats, options.time_scale, options.b_load, options.a_burst, options.seconds, a, b) <= 0 or options.burst_on <= 0:
         parser.error("--seats, --time-scale, --b-load, --a-burst, --seconds, --burst-on and --weights must be > 0")
@@ -120,4 +119,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured = partial(measure, weighted=not args.no_weighted)
     report = partial(judged, weights=options.weights)
     said = "the simulator and tailguard were stopped"
-    return run_and_report(measured, options, result, said=said, render=report, out=options.out, stem=options.name)
+    return cli.run_and_report(measured, options, result, said=said, render=report, out=options.out, stem=options.name)
