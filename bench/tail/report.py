@@ -12,7 +12,6 @@ from bench.harness.report import md_table, write_json, write_text
 from bench.harness.stats import percentile
 from bench.tail.checks import Versus, kind_stats, versus
 from bench.tail.model import PROBE_S, SHORT_DEADLINE_S, Options, Probe, Result, SetupResult
-from bench.tail.plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
 
 
 def _prompts(result: Result) -> str:
@@ -199,7 +198,14 @@ def _trio(q: dict[str, float]) -> str:
 
 
 def write_outputs(result: Result, options: Options, table: str) -> list[Path]:
-    """JSON, markdown and the plots; returns their paths."""
+    """JSON, markdown and the plots; returns their paths.
+
+    matplotlib is imported here, when a run has something to plot: the test
+    extra does not install it, and ``--help`` or the tests' imports of the
+    driver must not need it.
+    """
+    from bench.tail.plot import plot_cdfs, plot_p99_vs_load, plot_shift, plot_timelines, plot_tradeoff
+
     paths = [options.out / f"{options.name}.json", options.out / f"{options.name}.md"]  # a name may hold dots
     payload = asdict(result)
     for run_json in payload["runs"]:
