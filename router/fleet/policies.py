@@ -130,10 +130,13 @@ class PrefixAffinity:
 
     A key hotter than one engine's share (more than 1/N of the last
     ``HOT_WINDOW`` keyed first placements over N usable endpoints: a system prompt
-    every request starts with, as in the Mooncake trace) gains nothing
-    from a home: every engine serving it soon caches it, and keeping its
-    home at ``c`` x the mean costs that engine ``c`` x the work. It goes
-    to the least loaded ("hot_key").
+    every request starts with, as in the Mooncake trace) outgrows a home:
+    holding it at ``c`` x the mean costs that engine ``c`` x the work. It
+    gets a set instead ("hot_key"): the first ``ceil(c x share x N)`` (at
+    least 2) engines of its rendezvous order, the least loaded of them
+    within the load bound, the set growing down that order while none is.
+    So a hot prefix lives on a small, stable set that follows its load (all
+    N for a prefix every request has), not scattered over every engine.
 
     Lending composes as a filter before affinity, never after: the lending
     rule (LeastLoaded's) packs borrowed seats onto the endpoints holding
@@ -187,12 +190,14 @@ class PrefixAffinity:
         home_url: str | None = None
         placed_usable = False
         usable = 0
+        weights: list[bytes] = []  # every usable endpoint's weight for the key: a hot key's set is the highest
         ranked: list[_Ranked] = []
         for e in endpoints:  # one pass, each property read once: this is every keyed request's path
             if not e.usable:
                 continue
             usable += 1
             weight = seeded_weight(e.rendezvous_seed, key)  # rendezvous_weight(key, e.url), the URL hashed once
+            weights.append(weight)
             if weight > home_weight:
                 home_weight, home_url = weight, e.url
             placed_usable = placed_usable or e.url == placed
@@ -204,9 +209,9 @@ class PrefixAffinity:
             return None
         if any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
             ranked = _lending_rule(ranked, borrowed=borrowed)
-        if self._hot(key, usable, count=not borrowed and not exclude):
-            least = min(r[3] for r in ranked)
-            endpoint = max((r for r in ranked if r[3] == least), key=_rank)[2]
+        share = self._hot_share(key, usable, count=not borrowed and not exclude)
+        if share:
+            endpoint = self._in_hot_set(ranked, weights, share, need)
             return Placement(endpoint, "borrowed" if borrowed else "hot_key")
         c = self.c if known else 1.0  # a key new here is most likely cached nowhere: keep level
         bound = math.ceil(c * (sum(r[3] for r in ranked) + need) / len(ranked))  # self.bound, loads read once
@@ -222,24 +227,46 @@ class PrefixAffinity:
             return Placement(endpoint, "borrowed")
         return Placement(endpoint, "home" if endpoint.url == home_url else "spilled")
 
-    def _hot(self, key: bytes, endpoints: int, *, count: bool) -> bool:
-        """Whether ``key`` made more than one of ``endpoints`` usable endpoints' share of the window; ``count``: this placement joins it.
+    def _hot_share(self, key: bytes, endpoints: int, *, count: bool) -> float:
+        """``key``'s share of the window when it is more than one of ``endpoints`` usable endpoints' share, else 0;
+        ``count``: this placement joins the window.
 
         Only a request's own first placement counts (not a retry's, not a
         lent seat's), so the window is the traffic, not the attempts.
         """
         counts, recent = self._recent_counts, self._recent
-        hot = len(recent) == self.HOT_WINDOW and endpoints > 1 and counts[key] * endpoints > self.HOT_WINDOW
+        full = len(recent) == self.HOT_WINDOW
+        share = counts[key] / self.HOT_WINDOW if full and endpoints > 1 and counts[key] * endpoints > self.HOT_WINDOW else 0.0
         if not count:
-            return hot
-        if len(recent) == self.HOT_WINDOW:
+            return share
+        if full:
             oldest = recent[0]
             counts[oldest] -= 1
             if not counts[oldest]:
                 del counts[oldest]
         recent.append(key)
         counts[key] += 1
-        return hot
+        return share
+
+    def _in_hot_set(self, ranked: list[_Ranked], weights: list[bytes], share: float, need: int) -> Endpoint:
+        """Where a hot key's request goes: the least loaded endpoint of its set within the load bound.
+
+        Its set is the first ``ceil(c x share x N)`` (at least 2) of the N
+        usable endpoints in the key's rendezvous order: its prefix is cached
+        on as many engines as its load needs, the same ones on every replica,
+        more as its share grows. When none of the set is within the bound
+        (``ceil(c x mean load)``, this request counted, as for any key), the
+        set grows down the rendezvous order: the first endpoint within it.
+        """
+        size = min(len(weights), max(2, math.ceil(self.c * share * len(weights))))
+        cut = sorted(weights, reverse=True)[size - 1]  # the set: weights at least this
+        bound = math.ceil(self.c * (sum(r[3] for r in ranked) + need) / len(ranked))
+        within = [r for r in ranked if r[3] + need <= bound] or ranked
+        members = [r for r in within if r[0] >= cut]
+        if not members:
+            return max(within, key=_rank)[2]
+        least = min(r[3] for r in members)
+        return max((r for r in members if r[3] == least), key=_rank)[2]
 
     def _note(self, key: bytes, spilled_to: str | None) -> None:
         """Remember a key new here: where it spilled, or None for its rendezvous home; the least recently used go first."""

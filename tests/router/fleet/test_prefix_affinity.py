@@ -331,6 +331,37 @@ def test_a_key_hotter_than_one_endpoints_share_goes_to_the_least_loaded() -> Non
     assert max(e.placement_load for e in pool) - min(e.placement_load for e in pool) <= 1  # level
 
 
+def test_a_hot_key_lives_on_a_set_of_engines_as_large_as_its_share_needs() -> None:
+    """A key with ~30% of the traffic over 8 engines: its set is the first ceil(1.1 x 0.3 x 8) = 3 of its rendezvous
+    order, the same on every replica; the rest of the traffic (unique keys) goes on as before. Its set grows down
+    that order when its members are past the load bound, and back when they are not."""
+    pool = endpoints(8)
+    hot = keys(1)[0]
+    order = rendezvous_order(hot, pool)
+    affinity = policy(1.1)
+    others = (k for i in range(10_000) if (k := prefix_key({"prompt": f"unique {i}"})) is not None)
+    used: Counter[str] = Counter()
+    for i in range(4 * PrefixAffinity.HOT_WINDOW):  # 3 of every 10 placements are the hot key's
+        key = hot if i % 10 < 3 else next(others)
+        chosen = affinity.place(pool, key)
+        assert chosen is not None
+        if key is hot and chosen.kind == "hot_key":
+            used[chosen.endpoint.url] += 1
+            cast("FakeEndpoint", chosen.endpoint).in_flight += 1
+        elif key is not hot:
+            cast("FakeEndpoint", chosen.endpoint).in_flight += 1
+        if i % 3 == 2:  # requests end: loads stay low, every engine within the bound
+            for e in pool:
+                cast("FakeEndpoint", e).in_flight = max(0, e.in_flight - 1)
+    assert set(used) == {e.url for e in order[:3]}, used
+    assert min(used.values()) > 0.1 * sum(used.values())  # least loaded within the set: shared among the three
+    # Its set past the bound: the next in its rendezvous order takes it.
+    for e in pool:
+        cast("FakeEndpoint", e).in_flight = 10 if e in order[:3] else 2
+    chosen = affinity.place(pool, hot)
+    assert chosen is not None and (chosen.endpoint, chosen.kind) == (order[3], "hot_key")
+
+
 def test_keys_at_one_endpoints_share_or_less_keep_their_homes() -> None:
     pool = endpoints(4)
     tenants = keys(4)  # four keys, a quarter of the traffic each: one engine's share, not more
