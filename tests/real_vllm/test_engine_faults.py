@@ -145,10 +145,12 @@ def test_caller_timing_out_on_a_whole_answer_aborts_it(engines: tuple[RealEngine
     """A caller that gives up waiting for a whole (non-streaming) answer: vLLM stops within a second too."""
     engine = engines[0]
     with tailguard(pool_config([engine.url], output_cap=3000)) as tg:
+        wait_for(lambda: running(engine) == 0, timeout=30.0, what=lambda: "vLLM was still running an earlier request")
+        tg.wait_endpoints("up", 1)
         [gave_up] = in_threads(
-            # The caller gives up after 6 s: room, on 2 busy cores, for vLLM to show the request running first.
-            [lambda: httpx.post(f"{tg.url}/v1/completions", json=long_completion(3000), timeout=httpx.Timeout(30, read=6.0))],
-            then=lambda: wait_for(lambda: running(engine) == 1, timeout=5.5),
+            # The caller gives up after 8 s: room, on 2 busy cores, for vLLM to show the request running first.
+            [lambda: httpx.post(f"{tg.url}/v1/completions", json=long_completion(3000), timeout=httpx.Timeout(30, read=8.0))],
+            then=lambda: wait_for(lambda: running(engine) >= 1, timeout=7.5),
         )
         assert isinstance(gave_up, httpx.ReadTimeout)
         took = wait_for(lambda: running(engine) == 0, timeout=1.0)
@@ -382,15 +384,18 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_engines_cache(engines: tup
     alone (``least_loaded``, round robin's equal on one-at-a-time traffic) both engines prefill it and cache it."""
     urls = [engine.url for engine in engines]
     found: dict[str, list[tuple[float, float]]] = {}
+    cold: dict[str, int] = {}  # answers whose usage says under 4 blocks were cached: the prefix prefilled afresh
     with tailguard(pool_config(urls)) as tg, httpx.Client(timeout=60) as http:
         for placement in ("prefix_affinity", "least_loaded"):
             tg.reload(pool_config(urls, pool_extra=f'placement = "{placement}"'))
             prefix = shared_prefix(f"{placement}-{time.time_ns()}")
             before = cache_counters(engines)
+            cold[placement] = 0
             for i in range(20):
                 body = {"model": SERVED_MODEL, "prompt": f"{prefix} question {i}:", "max_tokens": 2, "temperature": 0}
                 answer = http.post(f"{tg.url}/v1/completions", json=body)
                 assert answer.status_code == 200, answer.text
+                cold[placement] += (answer.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) < 512
             time.sleep(0.5)  # the last step's counters
             after = cache_counters(engines)
             found[placement] = [(hits - hits0, queries - queries0) for (hits, queries), (hits0, queries0) in zip(after, before, strict=True)]
@@ -401,7 +406,9 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_engines_cache(engines: tup
     assert affinity[0][0] >= 19 * 512  # every request but the first found 4+ blocks of 128 tokens cached
     spread = found["least_loaded"]
     assert all(hits > 0 for hits, _ in spread)  # both engines prefilled and cached the prefix
-    assert sum(hits for hits, _ in spread) < affinity[0][0]  # one more cold prefill, and the cache holds it twice
+    # One more cold prefill, and the cache holds it twice. (Counted per answer: the two runs' prefixes differ in
+    # length, so their totals of cached tokens are not comparable: a prefix ending mid-block caches a block less.)
+    assert (cold["prefix_affinity"], cold["least_loaded"]) == (1, 2), cold
 
 
 # -- 6. an engine core that hangs while vLLM's /health stays 200 -------------------------
@@ -451,7 +458,8 @@ def test_hung_engine_core_is_found_by_the_health_check(engines: tuple[RealEngine
         stopped = time.monotonic()
         hung.hang()
         try:
-            while (elapsed := time.monotonic() - stopped) < HUNG_WINDOW and (down_after is None or elapsed < down_after + 2.5):
+            # Until 2.5 s past the verdict (what "nothing waits on it" needs to see), or HUNG_WINDOW without one.
+            while (elapsed := time.monotonic() - stopped) < (HUNG_WINDOW if down_after is None else down_after + 2.5):
                 thread = threading.Thread(target=ask, args=(f"{kind}-{len(threads)}", elapsed))
                 thread.start()
                 threads.append(thread)
