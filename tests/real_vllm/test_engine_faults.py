@@ -323,23 +323,43 @@ def test_vllm_priority_seats_the_urgent_class_first_in_vllms_queue(
     engine = engines[1]
     # A burst of whole answers can keep vLLM's API server from answering /health for seconds on a busy
     # 2-core host, and an engine sending no byte while a probe times out is taken for a hung one: a probe
-    # timeout longer than that stall keeps this test about priorities.
-    extra = f"vllm_priority = {str(vllm_priority).lower()}"
+    # timeout longer than that stall keeps this test about priorities. The probe is /health alone
+    # ("http"): the engine's core is held stopped while the batch requests are sent, which a completion
+    # probe would rightly call hung.
+    extra = f'vllm_priority = {str(vllm_priority).lower()}\nhealth_check = "http"'
     config = pool_config([engine.url], seats=16, classes_before=URGENT, pool_extra=extra, health_check_timeout=15.0)
+    ended: dict[str, str] = {}  # a request's name: how it ended, and when (seconds into the test)
+    start = time.monotonic()
 
     def call(name: str, max_tokens: int) -> None:
-        answer = http.post(f"{tg.url}/v1/completions", json=long_completion(max_tokens), headers={"x-request-id": name})
+        try:
+            answer = http.post(f"{tg.url}/v1/completions", json=long_completion(max_tokens), headers={"x-request-id": name})
+        except httpx.HTTPError as error:
+            ended[name] = f"{error!r} at {time.monotonic() - start:.1f} s"
+            raise
+        ended[name] = f"{answer.status_code} at {time.monotonic() - start:.1f} s"
         assert answer.status_code == 200, answer.text
 
     def urgent() -> None:
-        """Once all eight are sent (tailguard has the seats): vLLM runs four, four wait there."""
-        wait_for(lambda: tg_sent(tg, 8), timeout=30, what=lambda: f"of 8 sent; its access log: {tg.access_lines()}")
-        time.sleep(0.5)
+        """The eight reach vLLM while its core is stopped (on a fast host the first would otherwise end before
+        the last is sent: CI failed so); resumed, vLLM runs four and four wait there; then the urgent one comes."""
+        try:
+            wait_for(lambda: tg_sent(tg, 8), timeout=30, what=lambda: f"of 8 sent (ended: {ended}); tailguard said: {said(tg)}")
+        finally:
+            engine.resume()
+        wait_for(lambda: running(engine) >= 4 and waiting(engine) >= 4, timeout=30, what=lambda: f"of vLLM's 4 + 4 (ended: {ended})")
+        assert not ended, f"batch requests ended before the urgent one came: {ended}"
         call("high", 16)
 
     # One client for all: httpx.post builds a client, and its TLS context, per call (100s of ms on a busy host).
     with tailguard(config) as tg, httpx.Client(timeout=120) as http:
-        in_threads([functools.partial(call, f"low-{i}", 250) for i in range(8)], then=urgent)
+        wait_for(lambda: running(engine) == 0 and waiting(engine) == 0, timeout=30, what=lambda: "an idle engine")
+        engine.hang()
+        try:
+            results = in_threads([functools.partial(call, f"low-{i}", 320) for i in range(8)], then=urgent)
+        finally:
+            engine.resume()
+        assert not [result for result in results if result is not None], ended
         lines = {name: tg.access(name) for name in ["high", *(f"low-{i}" for i in range(8))]}
     assert lines["high"]["class"] == "urgent" and lines["low-0"]["class"] == "all"
     order = [name for name, _ in sorted(lines.items(), key=lambda item: _wall(item[1]["ts"]))]
@@ -349,6 +369,11 @@ def test_vllm_priority_seats_the_urgent_class_first_in_vllms_queue(
         assert lows_before <= 4  # at most those running when it came
     else:
         assert lows_before >= 5  # the four waiting were seated first, and one of them finished first
+
+
+def said(tg: Tailguard, last: int = 12) -> list[str]:
+    """The last lines tailguard logged, each cut to what a failure message can carry."""
+    return [f"{line.get('msg', '')} {line.get('status', '')} {line.get('request_id', '')}"[:160] for line in tg.log_lines()[-last:]]
 
 
 def tg_sent(tg: Tailguard, count: int) -> bool:
