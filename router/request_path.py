@@ -505,10 +505,14 @@ def _asked_as_stream(serving: Pool, lease: Lease) -> bool:
     """Whether a whole answer is asked of vLLM as a stream (router/backend/whole_answer.py), so that it has a first byte.
 
     The pool asks for it (``stream_upstream``), or the seat is borrowed from a
-    pool bounding borrowed prefills (``lend.prefills``): the bound is released
-    at the first byte, which for a whole answer would be its end.
+    pool bounding borrowed prefills (``lend.prefills``) or lending by its
+    promise (its prefill queue counts the borrowed prompt until the first
+    byte): what holds the bound is released at the first byte, which for a
+    whole answer would be its end.
     """
-    return serving.config.stream_upstream or (lease.borrower is not None and serving.config.lend.prefills is not None)
+    if serving.config.stream_upstream:
+        return True
+    return lease.borrower is not None and (serving.config.lend.prefills is not None or serving.lending.by_promise)
 
 
 async def _first_byte(

@@ -42,25 +42,35 @@ def lend_rules_of(config: Config) -> dict[str, LendConfig]:
 
 
 def routed_like(setup: Setup, config: Config | None = None, *, name: str | None = None) -> Setup:
-    """``setup`` with the input cap at the context and, given ``config``, the interactive class's bounds from it."""
+    """``setup`` with the input cap at the context and, given ``config``, its classes as that file has them:
+    the interactive class's bounds, and each class's queue_timeout and objective (the short class's from the
+    file's first class, the long one's from its catch-all, the last)."""
     assert setup.config is not None
     routed = setup.config
     classes = routed.classes
     if config is not None:
         bounds = thresholds(config)
-        first = dataclasses.replace(classes[0], max_prompt_tokens=bounds.prompt, max_output_tokens=bounds.output)
-        classes = (first, *classes[1:])
+        short, long = config.classes[0], config.classes[-1]
+        first = dataclasses.replace(
+            classes[0], max_prompt_tokens=bounds.prompt, max_output_tokens=bounds.output, queue_timeout=short.queue_timeout, objective=short.objective
+        )
+        rest = [dataclasses.replace(c, queue_timeout=long.queue_timeout, objective=long.objective) for c in classes[1:]]
+        classes = (first, *rest)
     limits = LimitsConfig(input_cap_tokens=CONTEXT - 1, output_cap_tokens=CONTEXT - 1)
     return dataclasses.replace(setup, name=name or setup.name, config=dataclasses.replace(routed, limits=limits, classes=classes))
 
 
-def tailguard_split(interactive: int, batch: int, lend: dict[str, LendConfig] | None = None) -> Setup:
-    """tailguard over the split, its pools lending under ``lend`` (default: the shipped config's rules)."""
+def tailguard_split(interactive: int, batch: int, lend: dict[str, LendConfig] | None = None, config: Config | None = None) -> Setup:
+    """tailguard over the split, its pools lending under ``lend`` (default: the shipped config's rules); given
+    ``config``, its pools' queue bounds and its classes' timeouts and objectives too (``routed_like``)."""
     lend = lend_rules() if lend is None else lend
     setup = disaggregated(interactive, batch, name=f"tailguard {interactive}:{batch}")
     assert setup.config is not None
-    pools = tuple(dataclasses.replace(pool, lend=lend.get(pool.name, LendConfig())) for pool in setup.config.pools)
-    return routed_like(dataclasses.replace(setup, config=dataclasses.replace(setup.config, pools=pools)))
+    queues = {} if config is None else {pool.name: pool.max_queue for pool in config.pools}
+    pools = tuple(
+        dataclasses.replace(pool, lend=lend.get(pool.name, LendConfig()), max_queue=queues.get(pool.name, pool.max_queue)) for pool in setup.config.pools
+    )
+    return routed_like(dataclasses.replace(setup, config=dataclasses.replace(setup.config, pools=pools)), config)
 
 
 def _round_robin(engines: int, split: tuple[int, int], config: Config) -> Setup:
@@ -100,7 +110,7 @@ def placed_as(setup: Setup, config: Config) -> Setup:
 def _tailguard(engines: int, split: tuple[int, int], config: Config) -> Setup:
     """The split's engines tuned as ``config``'s pools say (``simulate_profile``): the shipped file runs vLLM's defaults
     on both; its pools place as the file says."""
-    setup = placed_as(routed_like(tailguard_split(*split, lend_rules_of(config)), config), config)
+    setup = placed_as(tailguard_split(*split, lend_rules_of(config), config), config)
     return on_profiles(setup, {pool.name: pool.simulate_profile for pool in config.pools})
 
 

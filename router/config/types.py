@@ -403,6 +403,11 @@ class LendConfig:
     # fleet (two engines 1:1 cannot absorb what four 1:3 can). None: the bound always binds.
     max_imbalance: float | None = None
 
+    @property
+    def stall_bounds(self) -> bool:
+        """Any of the expert stall bounds is set: they govern lending, as written, instead of the lender's objective."""
+        return any(bound is not None for bound in (self.prefills, self.ttft_budget, self.max_prompt_tokens, self.max_imbalance))
+
 
 @dataclass(frozen=True)
 class PoolConfig:
@@ -476,7 +481,7 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    """What a class is promised (``[classes.NAME.objective]``): attainment measures it (placement does not read it yet).
+    """What a class is promised (``[classes.NAME.objective]``): attainment measures it, and lending keeps the lender's ttft (router/fleet/lending.py).
 
     A request meets its class's objective when every target stated here held
     for it: its first token within ``ttft``, its output tokens after the first

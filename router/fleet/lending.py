@@ -2,10 +2,19 @@
 
 Apart from :class:`~.pool.Pool` because it is a policy between pools, not a
 pool's own book-keeping: which pools lend to which, when a seat may go
-(a reserve kept, the lender's own requests first, prompts and outputs within
-bounds, the two sides' engines compared when lending "busier"), and when a
-bound that lifts with time alone offers the seats again. A pool holds one
+(a reserve kept, the lender's own requests first, the lender's promise kept,
+the two sides' engines compared when lending "busier"), and when a bound
+that lifts with time alone offers the seats again. A pool holds one
 ``Lending`` and seats what it allows.
+
+What a borrowed prompt may cost the lender is decided by what the lender's
+own classes are promised (their ``ttft`` objective): an engine takes a
+borrowed request only while the engine's first-byte model predicts that a
+request of the lender's own, sent after it, still gets its first byte within
+``PROMISE_SHARE`` of the tightest such promise, and while the lender's own
+streams there lately did. The expert stall bounds (``prefills``,
+``ttft_budget``, ``max_prompt_tokens``, ``max_imbalance``), where a file sets
+any, govern instead, as written.
 """
 
 from __future__ import annotations
@@ -22,6 +31,11 @@ from .lender_latency import RecentPeak
 if TYPE_CHECKING:
     from .pool import Lease, Pool, Ticket
 
+# The share of the lender's ttft promise a borrowed prompt may bring its own next request to, predicted:
+# the promise is a percentile (P99), the prediction a mean that is off 0.5-3x on single calls, so a mean
+# well inside it. 0.4 of the shipped 0.5 s is the 0.2 s the shipped ttft_budget held before.
+PROMISE_SHARE = 0.4
+
 
 class Lending:
     """One pool's lending: its lenders and borrowers, the seats it lends now, and the rules each lent seat passes."""
@@ -34,6 +48,19 @@ class Lending:
         self.own_peak = RecentPeak()  # its own requests' seats lately: what lending "busier" keeps free
         self._borrowers_woken_at = math.inf  # the earliest timed offer of idle seats to the borrowers' waiters
         self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
+        # The tightest time to first token the pool's own classes are promised (their objectives; set at each
+        # reload), None when none is: what a borrowed prompt may cost its own requests.
+        self.promise: float | None = None
+
+    @property
+    def by_promise(self) -> bool:
+        """The lender's promise, not the expert stall bounds, decides what a borrowed prompt may cost (none of those is set)."""
+        return self.promise is not None and not self._pool.config.lend.stall_bounds
+
+    @property
+    def watches_first_tokens(self) -> bool:
+        """Its endpoints keep a recent mean of their own streams' time to first byte (``Endpoint.own_first_token``)."""
+        return self._pool.config.lend.ttft_budget is not None or self.by_promise
 
     def own_idle(self) -> bool:
         """No request of this pool's own holds a seat, nor held one in the last 30-60 s (``RecentPeak``).
@@ -45,30 +72,51 @@ class Lending:
         """
         return self._pool.in_flight == self.lent and not self.own_peak.peak(trio.current_time())
 
-    def closed_to_borrowers(self) -> set[Endpoint]:
-        """Endpoints that take no more borrowed requests now: ``lend.prefills`` of them still in prefill there,
-        or the pool's own streams there lately slower to their first byte than ``lend.ttft_budget``.
+    def closed_to_borrowers(self, prompt_tokens: int = 0) -> set[Endpoint]:
+        """Endpoints that take no borrowed request of ``prompt_tokens`` (estimated) now.
 
-        The prefill bound keeps the pool's own requests from queueing in vLLM
-        behind borrowed prompts; a pool whose own requests hold no seat and
-        held none lately (``RecentPeak``) has nobody to keep, so it is not
-        bound then, and is again from its next own request on.
+        By the lender's promise (``by_promise``): those where a request of the
+        pool's own sent after it is predicted to wait past ``PROMISE_SHARE``
+        of the promise for its first byte (the engine's first-byte model, on
+        the prompts queued there and this one), or where the pool's own
+        streams lately did. Under the expert bounds: ``lend.prefills``
+        borrowed requests still in prefill there, or the pool's own streams
+        there lately slower to their first byte than ``lend.ttft_budget``.
+
+        A pool whose own requests hold no seat and held none lately
+        (``RecentPeak``) has nobody to keep, so no bound holds then, until its
+        next own request.
         """
+        if self.by_promise:
+            return self._over_promise(prompt_tokens)
         lend = self._pool.config.lend
         now = trio.current_time()
         bound = None if self.own_idle() else lend.prefills
         closed = set() if bound is None else {e for e in self._pool.endpoints if e.borrowed_prefilling >= bound}
         if lend.ttft_budget is not None:
-            slow = {e for e in self._pool.endpoints if e.own_first_token.over(lend.ttft_budget, now)}
-            for endpoint in slow:  # its evidence goes stale with time alone: no seat frees then
-                self.wake_borrowers_at(endpoint.own_first_token.stale_at)
-            closed |= slow
+            closed |= self._slow_lately(lend.ttft_budget, now)
         return closed
+
+    def _over_promise(self, prompt_tokens: int) -> set[Endpoint]:
+        """``closed_to_borrowers`` by the lender's promise."""
+        if self.promise is None or self.own_idle():
+            return set()
+        budget = PROMISE_SHARE * self.promise
+        now = trio.current_time()
+        closed = {e for e in self._pool.endpoints if e.first_byte_model.predict(e.prefill_backlog + prompt_tokens) > budget}
+        return closed | self._slow_lately(budget, now)
+
+    def _slow_lately(self, budget: float, now: float) -> set[Endpoint]:
+        """Endpoints whose own streams lately waited longer than ``budget`` for their first byte."""
+        slow = {e for e in self._pool.endpoints if e.own_first_token.over(budget, now)}
+        for endpoint in slow:  # its evidence goes stale with time alone: no seat frees then
+            self.wake_borrowers_at(endpoint.own_first_token.stale_at)
+        return slow
 
     def own_seats_ended(self) -> None:
         """The pool's own requests hold no seat now: its stall bounds lift once their peak is forgotten, with no seat freed then."""
         lend = self._pool.config.lend
-        if lend.to and (lend.prefills is not None or lend.max_prompt_tokens is not None):
+        if lend.to and (lend.prefills is not None or lend.max_prompt_tokens is not None or self.by_promise):
             self.wake_borrowers_at(self.own_peak.forgotten_at())
 
     def wake_borrowers_at(self, when: float) -> None:
@@ -122,7 +170,7 @@ class Lending:
         need = ticket.sequences
         if self._pool.in_flight + need + keep > self._pool.seats:
             return False
-        closed = self.closed_to_borrowers()
+        closed = self.closed_to_borrowers(ticket.prompt_tokens)
         candidates = [e for e in self._pool.endpoints if e.room_for(need) and e not in closed]
         if not candidates:
             return False

@@ -190,15 +190,19 @@ class Lease:
             self.first_byte_seconds = trio.current_time() - self.called_at
             self.endpoint.first_byte_model.learn(self.tokens_to_first_byte, self.first_byte_seconds)
         self._prefill_seen()
+        lending = self.pool.lending
+        if stream and self.borrower is None and lending.watches_first_tokens:
+            now = trio.current_time()
+            self.endpoint.own_first_token.observe(now - self.granted_at, now)
         if self.prefilling:  # a borrowed request's prefill is over: the endpoint may take another borrowed request
             self.prefilling = False
             self.endpoint.borrowed_prefilling -= 1
             if self.pool.config.lend.prefills is not None:  # a borrower may be waiting on this bound alone
-                for borrower in self.pool.lending.borrowers:
+                for borrower in lending.borrowers:
                     borrower.queue.dispatch()
-        elif stream and self.borrower is None and self.pool.config.lend.ttft_budget is not None:
-            now = trio.current_time()
-            self.endpoint.own_first_token.observe(now - self.granted_at, now)
+        elif lending.by_promise and self.called_at is not None:  # a shorter prefill queue: a prompt may fit the promise now
+            for borrower in lending.borrowers:
+                borrower.queue.dispatch()
 
     def _prefill_seen(self) -> None:
         """Its prompt leaves its endpoint's prefill backlog (first byte, or the end)."""
@@ -399,7 +403,7 @@ class Pool:
         """
         exclude = tried if lease.endpoint in tried else [*tried, lease.endpoint]
         if lease.borrower is not None:
-            exclude = [*exclude, *self.lending.closed_to_borrowers()]
+            exclude = [*exclude, *self.lending.closed_to_borrowers(lease.prefill_tokens)]
         return self.policy.choose(
             self.endpoints, lease.prefix_key, borrowed=lease.borrower is not None, exclude=exclude, need=lease.seats
         )
@@ -467,10 +471,11 @@ class Pool:
         limit = self.config.class_limit(ticket.request_class)
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) + need > limit:
             return SKIP
-        exclude = self.lending.closed_to_borrowers() if borrower is not None else ()
+        exclude = self.lending.closed_to_borrowers(ticket.prompt_tokens) if borrower is not None else ()
         placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude, need=need)
         if placement is None:
-            return None
+            # Closed to a prompt this long but not to a shorter one: a later, shorter waiter may still have the seat.
+            return SKIP if exclude and self.lending.by_promise and len(self.lending.closed_to_borrowers()) < len(exclude) else None
         endpoint = placement.endpoint
         if placement.kind == "home":
             endpoint.home_placements += 1

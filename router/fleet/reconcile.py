@@ -385,9 +385,11 @@ def _seats_by_pool(split: SeatSplit[Endpoint]) -> str:
 
 
 def _link_lenders(config: Config, pools: Mapping[str, Pool]) -> None:
-    """Who lends to whom, as the file says now."""
+    """Who lends to whom, and what each pool's own classes are promised (what lending may cost them), as the file says now."""
     for pool in pools.values():
         pool.lending.lenders, pool.lending.borrowers = [], []
+        promised = [c.objective.ttft for c in config.classes if c.pool == pool.name and c.objective.ttft is not None]
+        pool.lending.promise = min(promised, default=None)
     for pool_config in config.pools:
         for name in pool_config.lend.to:
             pools[pool_config.name].lending.borrowers.append(pools[name])

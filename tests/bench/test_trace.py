@@ -149,16 +149,18 @@ def test_a_tiny_grid_runs_end_to_end(tmp_path: Path) -> None:
     assert set(sharegpt_point["targets"]) == set(DEFAULT_SETUPS) - {"rr", "split"}
 
 
-def test_the_trace_bench_lends_as_the_shipped_config_does() -> None:
-    setup = tailguard_split(1, 3)
+def test_the_trace_bench_lends_and_queues_as_the_shipped_config_does() -> None:
+    """tailguard in the bench is an install of the file: its lend rules, its pools' queue bounds, its classes'
+    queue timeouts and objectives (the lender's promise comes from the latter)."""
+    shipped_config = load_config(SHIPPED_CONFIG)
+    setup = tailguard_split(1, 3, config=shipped_config)
     assert setup.config is not None
     lend = {pool.name: pool.lend for pool in setup.config.pools}
-    assert lend == {pool.name: pool.lend for pool in load_config(SHIPPED_CONFIG).pools}
+    assert lend == {pool.name: pool.lend for pool in shipped_config.pools}
     shipped = lend["interactive"]
-    assert (shipped.to, shipped.when, shipped.prefills, shipped.max_prompt_tokens, shipped.max_imbalance) == (
-        ("batch",),
-        "busier",
-        1,
-        512,
-        0.05,
-    )
+    assert (shipped.to, shipped.when, shipped.stall_bounds) == (("batch",), "busier", False)  # the promise governs
+    assert {p.name: p.max_queue for p in setup.config.pools} == {p.name: p.max_queue for p in shipped_config.pools}
+    short, long = setup.config.classes
+    assert (short.objective, short.queue_timeout) == (shipped_config.classes[0].objective, shipped_config.classes[0].queue_timeout)
+    assert (long.objective, long.queue_timeout) == (shipped_config.classes[-1].objective, shipped_config.classes[-1].queue_timeout)
+    assert short.objective.ttft is not None
