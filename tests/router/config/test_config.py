@@ -66,7 +66,7 @@ def test_shipped_config_parses_with_the_documented_values() -> None:
     assert interactive.endpoints == (EndpointConfig("http://127.0.0.1:8001", 256),)
     assert batch.endpoints == (EndpointConfig("http://127.0.0.1:8002", 256),)
     assert (interactive.max_concurrency, batch.max_concurrency) == (256, 256)
-    assert (interactive.max_queue, batch.max_queue) == (1024, 512)
+    assert (interactive.max_queue, batch.max_queue) == (1024, 4096)
     assert (interactive.simulate_profile, batch.simulate_profile) == ("throughput", "throughput")
     for pool in config.pools:
         assert pool.max_model_len == 32768
@@ -85,7 +85,7 @@ def test_shipped_config_parses_with_the_documented_values() -> None:
         ClassConfig(
             name="batch",
             pool="batch",
-            queue_timeout=30.0,
+            queue_timeout=90.0,
             priority=1,
             relay_interval=0.05,
             objective=ObjectiveConfig(ttft=None, itl=None, e2e=120.0, percentile=99.0, throughput_share=0.3),
@@ -698,7 +698,7 @@ def test_limits_document_is_json_and_has_no_endpoint_urls() -> None:
          "queue_timeout": 3.0, "priority": 0, "pool": "interactive",
          "objective": {"ttft": 0.5, "itl": 0.05, "e2e": 30.0, "percentile": 99.0, "throughput_share": 0.0}},
         {"name": "batch", "max_prompt_tokens": None, "max_output_tokens": None,
-         "queue_timeout": 30.0, "priority": 1, "pool": "batch",
+         "queue_timeout": 90.0, "priority": 1, "pool": "batch",
          "objective": {"ttft": None, "itl": None, "e2e": 120.0, "percentile": 99.0, "throughput_share": 0.3}},
     ]
     assert document["pools"] == [
