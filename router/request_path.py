@@ -293,6 +293,8 @@ class RequestPath:
                     return
                 finally:
                     record.finish_tokens()  # what it generated, if no usage said
+                    if lease.borrower is None and served:
+                        _paced(lease, record)
                     # Its tenant's fair share, settled: the max_tokens it did not generate are handed back.
                     pool.queue.fair.settle(pool.share_of(ticket), record.completion_tokens or 0, ticket.output_tokens)
                     lease.release(timed=served)
@@ -499,6 +501,13 @@ def backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream:
     return body, drop_usage
 
 
+
+
+def _paced(lease: Lease, record: RequestRecord) -> None:
+    """A stream of the pool's own that ended: its mean seconds a token after the first, for lending by promise."""
+    tokens = record.completion_tokens or 0
+    if record.stream and record.first_token_at is not None and tokens > 1:
+        lease.pool.lending.own_stream_ended(lease.endpoint, (trio.current_time() - record.first_token_at) / (tokens - 1))
 
 
 def _asked_as_stream(serving: Pool, lease: Lease) -> bool:

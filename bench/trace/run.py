@@ -22,6 +22,7 @@ from typing import Any
 from bench.harness.cli import driver_parser
 from bench.harness.report import write_json, write_text
 from tailguard.router.config import Config, LendConfig, load_config
+from tailguard.server.advise.replay.mix import MIXES
 from tailguard.server.advise.replay.point import Point, PointResult, run_point
 
 from .load import CONTEXT, Workload, mooncake, sharegpt, thresholds
@@ -40,8 +41,9 @@ from .setups import (
     default_split,
 )
 
-TRACES = ("mooncake", "sharegpt")
-DEFAULT_REQUESTS = {"mooncake": 1200, "sharegpt": 10_000}  # the default grid: ~2.5 min on one core
+# The two real traces, then the synthetic mixes bench tail runs in real time (server/advise/replay/mix.py).
+TRACES = ("mooncake", "sharegpt", *MIXES)
+DEFAULT_REQUESTS = {"mooncake": 1200, "sharegpt": 10_000, **{mix: 3000 for mix in MIXES}}  # the default grid: ~2.5 min on one core
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "trace"
 
 
@@ -65,7 +67,13 @@ def workload(job: Job) -> Workload:
     classes = thresholds(load_config(job.config))
     if job.trace == "mooncake":
         return mooncake(read_mooncake(job.path, job.requests), job.engines, job.load, classes, reuse=not job.unique)
-    return sharegpt(read_pairs(job.path), job.requests, job.engines, job.load, classes, seed=job.seed)
+    pairs = mix_pairs(job.trace) if job.trace in MIXES else read_pairs(job.path)
+    return sharegpt(pairs, job.requests, job.engines, job.load, classes, seed=job.seed)
+
+
+def mix_pairs(name: str) -> list[tuple[int, int]]:
+    """A mix's shapes as (prompt, output) pairs drawn uniformly: each repeated in proportion to its share (per 1,000)."""
+    return [(prompt, output) for _, share, prompt, output in MIXES[name]() for _ in range(round(share * 1000))]
 
 
 def run_job(job: Job) -> tuple[Job, PointResult]:
@@ -102,7 +110,7 @@ def _report(finished: Iterable[tuple[Job, PointResult]], total: int, into: dict[
 
 def build_parser() -> argparse.ArgumentParser:
     parser = driver_parser(__name__, __doc__)
-    parser.add_argument("--traces", default=",".join(TRACES), help="comma-separated, of %(default)s")
+    parser.add_argument("--traces", default="mooncake,sharegpt", help=f"comma-separated, of {','.join(TRACES)} (default %(default)s)")
     parser.add_argument("--engines", default="2,4", help="fleet sizes (default %(default)s); the hand split is 1:1 at 2, 1:3 at 4")
     parser.add_argument("--loads", default="0.6,0.8,0.9", help="fractions of the fleet's modelled capacity (default %(default)s)")
     parser.add_argument(
@@ -126,7 +134,7 @@ def parse_jobs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> lis
     unknown = [name for name in (*traces, *setups) if name not in (*TRACES, *SETUPS)]
     if unknown or args.jobs < 1 or (args.requests is not None and args.requests < 2):
         parser.error(f"unknown {', '.join(unknown)}" if unknown else "--jobs must be positive and --requests at least 2")
-    paths = {"mooncake": args.trace, "sharegpt": args.pairs}
+    paths = {"mooncake": args.trace, "sharegpt": args.pairs, **{mix: args.pairs for mix in MIXES}}  # a mix reads no file
     return [
         Job(trace, paths[trace], args.requests or DEFAULT_REQUESTS[trace], int(engines), float(load), setup, args.unique_prompts, args.seed, args.config)
         for trace in traces
@@ -205,6 +213,8 @@ def header(args: argparse.Namespace, argv: Sequence[str], wall: float) -> list[s
         + ("unique filler." if args.unique_prompts else "built from `hash_ids`, so the engines' prefix cache sees the trace's reuse."),
         "- ShareGPT: first-turn lengths of the V3 unfiltered cleaned split (anon8231489123/ShareGPT_Vicuna_unfiltered; lengths only,"
         " bench/trace/data/README.md), Poisson arrivals at the load, pairs drawn uniformly (seeded), unique prompts.",
+        "- origin, chat: `bench tail`'s mixes (server/advise/replay/mix.py: the origin's 80% one-line questions and 20% documents;"
+        " chat's 90% 300-token turns and four long shapes), Poisson arrivals at the load, shapes drawn by their shares (seeded), unique prompts.",
         f"- Load: a fraction of the fleet's capacity from the engine model (throughput profile, KV cache bounding the seats) for the"
         f" sample's own lengths. The model prefills every prompt token: it ignores the prefix cache, so with Mooncake's real reuse"
         f" the real load is lower than nominal. Requests over the {CONTEXT:,}-token context are left out of every set-up.",

@@ -97,6 +97,8 @@ class Endpoint:
         # Estimated prompt tokens of its requests still before their first byte: the prefill queued on the engine.
         self.prefill_backlog = 0
         self.own_first_token = FirstTokenWatch()  # its pool's own streams lately (LendConfig.ttft_budget)
+        # The same recent mean of its pool's own streams' seconds a token after the first (lending by promise).
+        self.own_token_gap = FirstTokenWatch()
         # Its engine's time to a stream's first byte, learnt from its calls (a share's is its engine's).
         self.first_byte_model: FirstByteModel = engine.first_byte_model if engine is not None else FirstByteModel()
         # Seats given to it as their prefix key's home, ever: how warm its prefix cache is for its pool

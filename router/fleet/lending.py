@@ -51,6 +51,8 @@ class Lending:
         # The tightest time to first token the pool's own classes are promised (their objectives; set at each
         # reload), None when none is: what a borrowed prompt may cost its own requests.
         self.promise: float | None = None
+        # And the tightest seconds a token after the first (their itl objectives), None when none is.
+        self.token_promise: float | None = None
 
     @property
     def by_promise(self) -> bool:
@@ -104,7 +106,15 @@ class Lending:
         budget = PROMISE_SHARE * self.promise
         now = trio.current_time()
         closed = {e for e in self._pool.endpoints if e.first_byte_model.predict(e.prefill_backlog + prompt_tokens) > budget}
+        if self.token_promise is not None:  # every sequence lent slows each step its own streams' tokens wait for
+            gap = PROMISE_SHARE * self.token_promise
+            closed |= {e for e in self._pool.endpoints if e.own_token_gap.over(gap, now)}
         return closed | self._slow_lately(budget, now)
+
+    def own_stream_ended(self, endpoint: Endpoint, seconds_a_token: float) -> None:
+        """One of the pool's own streams on ``endpoint`` ended, its tokens after the first ``seconds_a_token`` apart on average."""
+        if self.by_promise and self.token_promise is not None:
+            endpoint.own_token_gap.observe(seconds_a_token, trio.current_time())
 
     def _slow_lately(self, budget: float, now: float) -> set[Endpoint]:
         """Endpoints whose own streams lately waited longer than ``budget`` for their first byte."""

@@ -390,6 +390,8 @@ def _link_lenders(config: Config, pools: Mapping[str, Pool]) -> None:
         pool.lending.lenders, pool.lending.borrowers = [], []
         promised = [c.objective.ttft for c in config.classes if c.pool == pool.name and c.objective.ttft is not None]
         pool.lending.promise = min(promised, default=None)
+        paced = [c.objective.itl for c in config.classes if c.pool == pool.name and c.objective.itl is not None]
+        pool.lending.token_promise = min(paced, default=None)
     for pool_config in config.pools:
         for name in pool_config.lend.to:
             pools[pool_config.name].lending.borrowers.append(pools[name])

@@ -158,7 +158,7 @@ def test_the_trace_bench_lends_and_queues_as_the_shipped_config_does() -> None:
     lend = {pool.name: pool.lend for pool in setup.config.pools}
     assert lend == {pool.name: pool.lend for pool in shipped_config.pools}
     shipped = lend["interactive"]
-    assert (shipped.to, shipped.when, shipped.stall_bounds) == (("batch",), "busier", False)  # the promise governs
+    assert (shipped.to, shipped.when, shipped.prefills, shipped.max_prompt_tokens, shipped.max_imbalance) == (("batch",), "busier", 1, 512, 0.05)
     assert {p.name: p.max_queue for p in setup.config.pools} == {p.name: p.max_queue for p in shipped_config.pools}
     short, long = setup.config.classes
     assert (short.objective, short.queue_timeout) == (shipped_config.classes[0].objective, shipped_config.classes[0].queue_timeout)

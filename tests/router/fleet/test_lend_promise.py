@@ -23,7 +23,7 @@ def promised(lend: LendConfig) -> Config:
     """Interactive (4 seats, promised ``PROMISE`` s to a first token) lends to batch (1 seat) under ``lend``."""
     config = lending_config(batch_cap=1, lend=lend)
     interactive, batch = config.classes
-    objective = ObjectiveConfig(ttft=PROMISE, itl=None, e2e=30.0)
+    objective = ObjectiveConfig(ttft=PROMISE, itl=0.05, e2e=30.0)
     return with_digest(config, "lend-promise", classes=(dataclasses.replace(interactive, objective=objective), batch))
 
 
@@ -84,3 +84,14 @@ def test_the_promise_is_the_tightest_ttft_of_the_pools_own_classes() -> None:
     router = Router(config)
     assert router.pool("interactive").lending.promise == 0.25
     assert router.pool("batch").lending.promise is None  # the catch-all is promised its deadline alone
+
+
+async def test_the_lenders_own_streams_pace_is_watched(autojump_clock: trio.testing.MockClock) -> None:
+    """An own stream that ended leaves its mean seconds a token after the first on its endpoint: what lending by the
+    itl promise reads."""
+    async with router_over_engines(promised(LendConfig(to=("batch",)))) as fleet:
+        lender = fleet.router.endpoint(INTERACTIVE_URL)
+        async with fleet.router.open(chat("quick?", max_tokens=32, stream=True, request_id="own")) as completion:
+            async for _ in completion.chunks():
+                pass
+        assert lender.own_token_gap.observed_at == trio.current_time() and 0 < lender.own_token_gap.mean < 1
