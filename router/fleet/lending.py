@@ -108,7 +108,10 @@ class Lending:
         closed = {e for e in self._pool.endpoints if e.first_byte_model.predict(e.prefill_backlog + prompt_tokens) > budget}
         if self.token_promise is not None:  # every sequence lent slows each step its own streams' tokens wait for
             gap = PROMISE_SHARE * self.token_promise
-            closed |= {e for e in self._pool.endpoints if e.own_token_gap.over(gap, now)}
+            slowed = {e for e in self._pool.endpoints if e.own_token_gap.over(gap, now)}
+            for endpoint in slowed:  # as _slow_lately: stale evidence frees no seat, so a timer offers the seats then
+                self.wake_borrowers_at(endpoint.own_token_gap.stale_at)
+            closed |= slowed
         return closed | self._slow_lately(budget, now)
 
     def own_stream_ended(self, endpoint: Endpoint, seconds_a_token: float) -> None:
