@@ -95,3 +95,31 @@ async def test_the_lenders_own_streams_pace_is_watched(autojump_clock: trio.test
             async for _ in completion.chunks():
                 pass
         assert lender.own_token_gap.observed_at == trio.current_time() and 0 < lender.own_token_gap.mean < 1
+
+
+async def test_a_lender_closed_for_its_pace_lends_again_when_that_evidence_goes_stale(autojump_clock: trio.testing.MockClock) -> None:
+    """Its own streams were slow a token (over 0.4 x the itl promise): nothing is lent until that evidence is old
+    (``FirstTokenWatch.STALE_AFTER``), and then at once, with no seat freed to trigger it."""
+    async with router_over_engines(promised(LendConfig(to=("batch",)))) as fleet:
+        await run_to_end(fleet.router, chat("quick?", max_tokens=8, request_id="warm"))  # own traffic lately
+        lender = fleet.router.endpoint(INTERACTIVE_URL)
+        lender.own_token_gap.observe(1.0, trio.current_time())  # a second a token: far over 0.4 x 0.05 s
+        stale_at = lender.own_token_gap.stale_at
+        seated: dict[str, tuple[str, float]] = {}
+        ended: dict[str, float] = {}
+
+        async def streamed(request_id: str, max_tokens: int) -> None:
+            async with fleet.router.open(chat(SHORT_PROMPT, max_tokens=max_tokens, stream=True, request_id=request_id)) as completion:
+                seated[request_id] = (completion.routing.endpoint, trio.current_time())
+                async for _ in completion.chunks():
+                    pass
+            ended[request_id] = trio.current_time()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(streamed, "own", 10 * LONG_OUTPUT)  # batch's one seat, for longer than the evidence lasts
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(streamed, "next", LONG_OUTPUT)  # a batch request too
+            await trio.testing.wait_all_tasks_blocked()
+            assert "next" not in seated  # the lender is closed for its pace, batch's seat is taken
+        endpoint, at = seated["next"]
+        assert endpoint == INTERACTIVE_URL and abs(at - stale_at) < 0.01 and ended["own"] > at
