@@ -269,6 +269,10 @@ class _Routed:
             sequence: SweepSequence = completion.response.sequence  # type: ignore[attr-defined]
             await sequence.wait_finished()
             _timings(sequence, start, record)
+            # What a relay reading the stream would have noted, for the router's own measures at the end
+            # (the lender's pace watch): no chunk passes here.
+            seen = completion.record
+            seen.first_token_at, seen.completion_tokens = sequence.first_token_at, sequence.produced
 
     async def aclose(self) -> None:
         await self._router.aclose()
