@@ -369,7 +369,8 @@ class RequestPath:
                 if trace is not None:
                     headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
                 try:
-                    response = await _first_byte(lease.client, endpoint, path, body, headers, stream=stream, timeout=timeout)
+                    wait = _first_byte_wait(timeout, lease.predicted_first_byte)
+                    response = await _first_byte(lease.client, endpoint, path, body, headers, stream=stream, timeout=wait)
                     lease.first_byte(stream=stream)  # LendConfig.prefills and ttft_budget; the engine's first-byte model
                     record.first_byte_seconds, record.first_byte_predicted = lease.first_byte_seconds, lease.predicted_first_byte
                     return response
@@ -522,6 +523,17 @@ def _asked_as_stream(serving: Pool, lease: Lease) -> bool:
     if serving.config.stream_upstream:
         return True
     return lease.borrower is not None and (serving.config.lend.prefills is not None or serving.lending.by_promise)
+
+
+# A streamed call is taken for hung past the pool's first_byte_timeout, or past this many times what its
+# engine's first-byte model predicts for the prompts queued ahead of it, whichever is later: an engine
+# working through a long prefill queue (30k-token prompts under overload) is slow, not hung.
+FIRST_BYTE_SLACK = 2.0
+
+
+def _first_byte_wait(timeout: float, predicted: float | None) -> float:
+    """How long a call may wait for its first byte: ``timeout``, stretched to ``FIRST_BYTE_SLACK`` x ``predicted``."""
+    return timeout if predicted is None else max(timeout, FIRST_BYTE_SLACK * predicted)
 
 
 async def _first_byte(
