@@ -505,10 +505,10 @@ def backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream:
 
 
 def _paced(lease: Lease, record: RequestRecord) -> None:
-    """A stream of the pool's own that ended: its mean seconds a token after the first, for lending by promise."""
-    tokens = record.completion_tokens or 0
-    if record.stream and record.first_token_at is not None and tokens > 1:
-        lease.pool.lending.own_stream_ended(lease.endpoint, (trio.current_time() - record.first_token_at) / (tokens - 1))
+    """A stream of the pool's own that ended: its pace, where its pool lends by promise."""
+    lending = lease.pool.lending
+    if lending.watches_pace and (pace := record.seconds_a_token(trio.current_time())) is not None:
+        lending.own_stream_ended(lease.endpoint, pace)
 
 
 def _asked_as_stream(serving: Pool, lease: Lease) -> bool:

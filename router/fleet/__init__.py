@@ -6,7 +6,7 @@ from .credentials import ask_key as ask_key, key_refused as key_refused, key_unp
 from .discovery import Discovery as Discovery, Found as Found
 from .endpoint import Endpoint as Endpoint, url_seed as url_seed
 from .health import HealthStreaks as HealthStreaks
-from .lender_latency import FirstTokenWatch as FirstTokenWatch, RecentPeak as RecentPeak
+from .lender_latency import RecentMean as RecentMean, RecentPeak as RecentPeak
 from .model_len import ModelLenError as ModelLenError, ask_model_lens as ask_model_lens, ask_timeout as ask_timeout
 from .outlier import record_success as record_success, report_failure as report_failure
 from .policies import (

@@ -21,7 +21,7 @@ from ..backend import BackendClient, BackendLoad, BackendProbe, ConnectorTranspo
 from ..config import BackendAccess, EndpointConfig, ServerConfig, TimeoutsConfig
 from ..quotas import Yielding
 from .first_byte_model import FirstByteModel
-from .lender_latency import FirstTokenWatch
+from .lender_latency import RecentMean
 from .seat_split import SeatSplit
 
 
@@ -96,9 +96,9 @@ class Endpoint:
         self.borrowed_prefilling = 0
         # Estimated prompt tokens of its requests still before their first byte: the prefill queued on the engine.
         self.prefill_backlog = 0
-        self.own_first_token = FirstTokenWatch()  # its pool's own streams lately (LendConfig.ttft_budget)
+        self.own_first_token = RecentMean()  # its pool's own streams lately (LendConfig.ttft_budget)
         # The same recent mean of its pool's own streams' seconds a token after the first (lending by promise).
-        self.own_token_gap = FirstTokenWatch()
+        self.own_token_gap = RecentMean()
         # Its engine's time to a stream's first byte, learnt from its calls (a share's is its engine's).
         self.first_byte_model: FirstByteModel = engine.first_byte_model if engine is not None else FirstByteModel()
         # Seats given to it as their prefix key's home, ever: how warm its prefix cache is for its pool

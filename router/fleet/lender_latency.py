@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 
-class FirstTokenWatch:
-    """A recent mean of one endpoint's grant-to-first-byte seconds for its pool's own streamed requests.
+class RecentMean:
+    """A recent mean of a figure of one endpoint's own streams: its grant-to-first-byte seconds
+    (``Endpoint.own_first_token``), or its seconds a token after the first (``Endpoint.own_token_gap``).
 
     Weighted 1/4, so a few slow answers in a row raise it past a budget
     and a few fast ones bring it back; evidence older than ``STALE_AFTER``
@@ -31,7 +32,7 @@ class FirstTokenWatch:
         self.observed_at = -math.inf
 
     def observe(self, seconds: float, now: float) -> None:
-        """One own streamed request's first byte came ``seconds`` after its seat's grant."""
+        """One own stream's figure: ``seconds``."""
         if now >= self.stale_at:
             self.mean = seconds
         else:

@@ -60,6 +60,11 @@ class Lending:
         return self.promise is not None and not self._pool.config.lend.stall_bounds
 
     @property
+    def watches_pace(self) -> bool:
+        """Its endpoints keep a recent mean of their own streams' seconds a token (``Endpoint.own_token_gap``)."""
+        return self.by_promise and self.token_promise is not None
+
+    @property
     def watches_first_tokens(self) -> bool:
         """Its endpoints keep a recent mean of their own streams' time to first byte (``Endpoint.own_first_token``)."""
         return self._pool.config.lend.ttft_budget is not None or self.by_promise
@@ -115,9 +120,9 @@ class Lending:
         return closed | self._slow_lately(budget, now)
 
     def own_stream_ended(self, endpoint: Endpoint, seconds_a_token: float) -> None:
-        """One of the pool's own streams on ``endpoint`` ended, its tokens after the first ``seconds_a_token`` apart on average."""
-        if self.by_promise and self.token_promise is not None:
-            endpoint.own_token_gap.observe(seconds_a_token, trio.current_time())
+        """One of the pool's own streams on ``endpoint`` ended, its tokens after the first ``seconds_a_token`` apart on average
+        (called where ``watches_pace``)."""
+        endpoint.own_token_gap.observe(seconds_a_token, trio.current_time())
 
     def _slow_lately(self, budget: float, now: float) -> set[Endpoint]:
         """Endpoints whose own streams lately waited longer than ``budget`` for their first byte."""

@@ -219,11 +219,14 @@ class RequestRecord:
 
     @property
     def time_per_output_token(self) -> float | None:
-        decode = self.decode_seconds
+        return None if self.finished_at is None else self.seconds_a_token(self.finished_at)
+
+    def seconds_a_token(self, until: float) -> float | None:
+        """A stream's mean seconds a token after the first, its tokens counted ``until`` then (None: not a stream, or under 2 tokens)."""
         tokens = self.completion_tokens
-        if decode is None or tokens is None or tokens < 2:
+        if not (self.stream or self.upstream_stream) or self.first_token_at is None or tokens is None or tokens < 2:
             return None
-        return decode / (tokens - 1)
+        return (until - self.first_token_at) / (tokens - 1)
 
     def finish_tokens(self) -> None:
         """Settle the completion token count from the stream's events if no usage came."""

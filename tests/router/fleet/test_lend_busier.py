@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from tailguard.router.config import ConfigError, LendConfig, LimitsConfig, parse_config, render_config
-from tailguard.router.fleet import FirstTokenWatch, RecentPeak
+from tailguard.router.fleet import RecentMean, RecentPeak
 from tests.helpers.config_text import BASE
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end
 from tests.router.fleet.test_lend_prefills import LONG_PROMPT
@@ -220,7 +220,7 @@ async def test_a_waiting_borrower_is_seated_when_the_ttft_evidence_goes_stale(au
                 await trio.testing.wait_all_tasks_blocked()
             assert fleet.router.statistics().pool("batch").queue.waiting == 1
     lender, waited = seated_at["second"]
-    assert lender == INTERACTIVE_URL and waited <= FirstTokenWatch.STALE_AFTER  # seated when the evidence went stale...
+    assert lender == INTERACTIVE_URL and waited <= RecentMean.STALE_AFTER  # seated when the evidence went stale...
     assert seated_at["first"][0] == BATCH_URL and started + waited < started + 30  # ...long before batch's seat freed
 
 

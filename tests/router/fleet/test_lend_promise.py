@@ -99,7 +99,7 @@ async def test_the_lenders_own_streams_pace_is_watched(autojump_clock: trio.test
 
 async def test_a_lender_closed_for_its_pace_lends_again_when_that_evidence_goes_stale(autojump_clock: trio.testing.MockClock) -> None:
     """Its own streams were slow a token (over 0.4 x the itl promise): nothing is lent until that evidence is old
-    (``FirstTokenWatch.STALE_AFTER``), and then at once, with no seat freed to trigger it."""
+    (``RecentMean.STALE_AFTER``), and then at once, with no seat freed to trigger it."""
     async with router_over_engines(promised(LendConfig(to=("batch",)))) as fleet:
         await run_to_end(fleet.router, chat("quick?", max_tokens=8, request_id="warm"))  # own traffic lately
         lender = fleet.router.endpoint(INTERACTIVE_URL)
