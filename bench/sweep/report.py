@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.harness.plots import write_figure
 from bench.harness.report import md_table
 from bench.sweep.check import Comparison, EngineAgreement
 from tailguard.server.advise.replay.point import ClassStats, PointResult
@@ -136,19 +137,7 @@ def _panel(axes: object, results: Sequence[PointResult], setups: Sequence[str], 
 
 
 def _figure(path: Path, panels: Sequence[Callable[[object], None]], suptitle: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
-    for draw, ax in zip(panels, axes[0]):
-        draw(ax)
-    figure.suptitle(suptitle + "\n(circled: more than 1% of that class's requests failed; the percentile covers the ok ones)", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return write_figure(path, panels, suptitle + "\n(circled: more than 1% of that class's requests failed; the percentile covers the ok ones)")
 
 
 def plot_headline(results: Sequence[PointResult], path: Path, note: str) -> Path:

@@ -21,6 +21,7 @@ from typing import Any
 
 from bench.harness.cli import driver_parser
 from bench.harness.report import write_json, write_text
+from bench.trace.plot import plot_attainment
 from tailguard.router.config import Config, LendConfig, load_config
 from tailguard.server.advise.replay.mix import MIXES
 from tailguard.server.advise.replay.point import Point, PointResult, run_point
@@ -265,5 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_text(args.out / f"{args.name}.md", text)
     data = {"argv": argv, "wall_s": wall, "points": [point_data(point) for point in points]}
     write_json(args.out / f"{args.name}.json", data)
+    figure = plot_attainment(points, args.out / f"{args.name}-attainment.png", f"virtual time, {args.config.name}, seed {args.seed}")
+    if figure is not None:
+        print(f"attainment against load: {figure}", file=sys.stderr)
     return 0
 

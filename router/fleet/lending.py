@@ -45,6 +45,7 @@ class Lending:
         self.lenders: list[Pool] = []  # pools that lend this one idle seats, in the order asked
         self.borrowers: list[Pool] = []  # pools this one lends to (``config.lend.to``)
         self.lent = 0  # seats of this pool serving other pools' requests now
+        self.borrowed = 0  # seats of lenders serving this pool's requests now
         self.own_peak = RecentPeak()  # its own requests' seats lately: what lending "busier" keeps free
         self._borrowers_woken_at = math.inf  # the earliest timed offer of idle seats to the borrowers' waiters
         self.borrowed_total: dict[str, int] = {}  # this pool's requests seated by each lender, ever
@@ -161,6 +162,7 @@ class Lending:
         lent = lender.lending.lend(ticket, self._pool)
         if lent is not None and not isinstance(lent, Skip):
             self.borrowed_total[lender.name] = self.borrowed_total.get(lender.name, 0) + 1
+            self.borrowed += lent.seats
         return lent
 
     def less_busy_than(self, borrower: Pool, ticket: Ticket) -> bool:

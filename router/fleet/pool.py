@@ -413,9 +413,15 @@ class Pool:
 
         Over its cap after a reload lowered it, the pool frees the seats in
         use at that pace, not only the new cap's, hence the larger of the two.
+        Its requests seated on lenders free seats for its queue too (a lender
+        lends the seat again while it lends at all): without them, a pool that
+        borrows half its service refused at arrival requests the lenders
+        would have served in time (bench trace, ShareGPT 2 engines at 3x:
+        3,632 long requests refused while the served ones ended by 73 s of
+        their 120 s).
         """
         hold = self.seat_time.mean
-        seats = max(self.seats, self.in_flight)
+        seats = max(self.seats, self.in_flight) + self.lending.borrowed
         return None if hold is None or seats == 0 else seats / hold
 
     def _drain_rate(self) -> float | None:
@@ -497,6 +503,7 @@ class Pool:
             self.class_in_flight.pop(lease.request_class, None)
         if lease.borrower is not None:
             self.lending.lent -= lease.seats
+            lease.borrower.lending.borrowed -= lease.seats
 
     async def admit(
         self, priority: int, deadline: float, ticket: Ticket, *, retry_after: float, recheck_in: float | None = None

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.trace.load import Thresholds, fits, mooncake, pairs_capacity, sharegpt, thresholds
-from bench.trace.report import checks, class_row, ratio
+from bench.trace.plot import attainment_series, plot_attainment
+from bench.trace.report import PointReport, checks, class_row, ratio
 from bench.trace.run import main
 from bench.trace.samples import ATTRIBUTION, MOONCAKE, SHAREGPT, read_mooncake, read_pairs
 from bench.trace.setups import DEFAULT_SETUPS, SETUPS, SHIPPED_CONFIG, default_split, tailguard_split
@@ -133,6 +134,24 @@ def test_the_targets_are_judged_on_the_ratios_to_round_robin() -> None:
     assert math.isnan(ratio(1.0, math.nan)) and math.isnan(ratio(1.0, 0.0))
     row = class_row("x", bad[1], rr[1], good[1])
     assert "timeout 10" in row and "1.11 / 1.01" in row
+
+
+def _point(load: float, engines: int, **attained: tuple[int, int]) -> PointReport:
+    """A point whose set-ups' long class sent ``n`` requests of which ``met`` met the objective (``setup=(met, n)``)."""
+    classes = {setup: [_stats("short", 0, 0, math.nan, math.nan, 0.0), dataclasses.replace(_stats("long", n, n, 1, 1, 1.0), attained=met)]
+               for setup, (met, n) in attained.items()}
+    return PointReport("mooncake", engines, load, 1.0, 1.0, 10, 0, 0, {s: s for s in attained}, classes, {s: 0.0 for s in attained})
+
+
+def test_attainment_against_load_counts_every_request_sent_in_load_order(tmp_path: Path) -> None:
+    """The plot's series: met over sent (a refusal met nothing), in load order, per fleet size; a class with no
+    requests is no point; nothing is drawn from a single load."""
+    points = [_point(1.5, 2, rr=(40, 100), tailguard=(90, 100)), _point(0.6, 2, rr=(99, 100), tailguard=(100, 100)), _point(0.6, 4, rr=(7, 10))]
+    assert attainment_series(points, "mooncake", 2, "long", "tailguard") == ([0.6, 1.5], [1.0, 0.9])
+    assert attainment_series(points, "mooncake", 2, "long", "rr") == ([0.6, 1.5], [0.99, 0.4])
+    assert attainment_series(points, "mooncake", 4, "long", "rr") == ([0.6], [0.7])
+    assert attainment_series(points, "mooncake", 2, "short", "rr") == ([], [])
+    assert plot_attainment([points[2]], tmp_path / "none.png", "one load") is None and not (tmp_path / "none.png").exists()
 
 
 def test_a_tiny_grid_runs_end_to_end(tmp_path: Path) -> None:

@@ -61,6 +61,35 @@ async def test_idle_interactive_seats_serve_batch_within_max_seats(autojump_cloc
         assert stats.pool("interactive").in_flight == stats.pool("batch").in_flight == 0
 
 
+async def test_seats_borrowed_from_a_lender_count_in_the_borrowers_drain_rate(autojump_clock: trio.testing.MockClock) -> None:
+    """A borrower's requests seated on a lender free seats for its queue too: its drain rate (what fail-fast and
+    Retry-After read) counts them, so a pool that borrows half its service does not refuse at arrival what the
+    lender would serve in time. The count is back to zero when they end."""
+    config = lending_config(lend=LendConfig(to=("batch",), max_seats=2, reserve=1))
+    async with router_over_engines(config) as fleet:
+        batch = fleet.router.pool("batch")
+
+        checked = 0
+
+        async def batch_requests(round_: int) -> None:
+            nonlocal checked
+            async with trio.open_nursery() as nursery:
+                for i in range(5):
+                    nursery.start_soon(run_to_end, fleet.router, chat(f"job {round_}-{i}", max_tokens=LONG_OUTPUT, request_id=f"b{round_}-{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+                stats = fleet.router.statistics().pool("batch")
+                # batch's own 2 seats and 2 borrowed taken, the fifth waits: 4 seats serve its queue
+                assert (stats.in_flight, batch.lending.borrowed, stats.queue.waiting) == (2, 2, 1)
+                if stats.seat_seconds is not None:  # once enough seats were held and freed to tell
+                    assert stats.drain_rate == pytest.approx((2 + 2) / stats.seat_seconds)
+                    checked += 1
+
+        for round_ in range(30):
+            await batch_requests(round_)
+            assert batch.lending.borrowed == 0
+        assert checked > 10
+
+
 async def test_the_reserve_is_never_lent_and_the_lenders_own_requests_win_the_next_seat(autojump_clock: trio.testing.MockClock) -> None:
     config = lending_config(interactive_cap=3, lend=LendConfig(to=("batch",), reserve=1))
     async with router_over_engines(config) as fleet:
