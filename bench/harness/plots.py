@@ -27,7 +27,7 @@ def write_figure(path: Path, panels: Sequence[Callable[[object], None]], suptitl
     for ax in flat[len(panels) :]:
         ax.set_visible(False)
     figure.suptitle(suptitle, fontsize=10)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.06 / rows))  # the title's band above the panels
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)

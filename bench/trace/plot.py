@@ -33,8 +33,9 @@ def attainment_series(points: Sequence[PointReport], trace: str, engines: int, k
 
 
 def _panel(points: Sequence[PointReport], trace: str, engines: int, kind: str) -> Callable[[object], None]:
-    setups = list(dict.fromkeys(key for p in points if p.trace == trace and p.engines == engines for key in p.classes))
-    names = {key: name for p in points for key, name in p.names.items()}
+    group = [p for p in points if p.trace == trace and p.engines == engines]
+    setups = list(dict.fromkeys(key for p in group for key in p.classes))
+    names = {key: name for p in group for key, name in p.names.items()}  # "hand split 1:1" at 2 engines, "1:3" at 4
 
     def draw(axes: object) -> None:
         for setup in setups:
