@@ -342,7 +342,8 @@ class RequestPath:
         or refuses tailguard's key did no work and says nothing of its
         siblings: the request goes on to each other endpoint with room, in
         turn, within its deadline (with none left, BackendBusy sends it back
-        to the queue: ``_served``). A 4xx is never retried (the request's
+        to the queue: ``_served``; so does an engine failure after a busy
+        refusal, when no endpoint is left to try). A 4xx is never retried (the request's
         fault). Each attempt goes to vLLM under a fresh id (vLLM takes
         ``X-Request-Id`` as its own request id, which two callers could
         share); ``record.upstream_id`` keeps the last, and the caller's id goes
@@ -395,6 +396,15 @@ class RequestPath:
                             retried = True
                             retry_to = pool.retry_endpoint(lease, tried)
                     if retry_to is None:
+                        waiting_on = _busy_sibling(pool, endpoint) if _retryable(error) else None
+                        if waiting_on is not None:
+                            # No endpoint left to try, but one only said it was busy (it did no work, and says
+                            # nothing of its health): back to the queue until it has room (``_served``), as a
+                            # busy refusal alone does, not 502.
+                            raise BackendBusy(
+                                f"{error.log_text}; {waiting_on.url} is busy", retry_after=max(waiting_on.busy_until - trio.current_time(), 0.1),
+                                endpoint=endpoint.url,
+                            ) from error
                         raise
                     log.info("request %s: %s; trying again on %s", request.request_id, error.log_text, retry_to.endpoint.url)
                     self._traffic.retries[pool.name] += 1
@@ -443,6 +453,12 @@ def _call_body(request: RouterRequest, admitted: Admitted, serving: Pool, caller
         # Either pool asks for isolation: the tenant's prefixes stay its own on a lender's engines too.
         body["cache_salt"] = caller_salt(caller.name, request.params.get("cache_salt"))
     return body, drop_usage
+
+
+def _busy_sibling(pool: Pool, failed: Endpoint) -> Endpoint | None:
+    """An endpoint of ``pool`` other than ``failed`` in a busy spell (vLLM's own queue full), if any."""
+    now = trio.current_time()
+    return next((e for e in pool.endpoints if e is not failed and e.busy_until > now), None)
 
 
 def _back_in_line(request: RouterRequest, busy: BackendBusy, queue_deadline: float) -> bool:

@@ -354,6 +354,36 @@ async def test_busy_everywhere_waits_in_tailguards_queue_until_its_deadline(auto
     assert error.retry_after is not None
 
 
+async def test_a_request_moved_off_a_busy_engine_whose_next_engine_fails_waits_for_the_busy_one(autojump_clock: trio.testing.MockClock) -> None:
+    """vLLM's queue full on one engine, the sibling it moved to failing (an answered 500): the request goes back to
+    tailguard's queue until the busy engine has room, as a busy refusal alone does, not 502 for every endpoint
+    tried (the busy one did no work and said nothing of its health)."""
+    calls = 0
+
+    async def busy_every_other(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls % 2:
+            return await busy("1")(request)
+        body = {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]}
+        return httpx.Response(200, json=body)
+
+    failed = 0
+
+    async def failing(request: httpx.Request) -> httpx.Response:
+        nonlocal failed
+        failed += 1
+        return httpx.Response(500, json={"error": {"message": "engine error", "type": "InternalServerError", "code": 500}})
+
+    async with router_over({A: busy_every_other, B: failing}, config((A, B))) as router:
+        for i in range(6):
+            answer = json.loads(await complete(router, chat(f"question {i}", max_tokens=2, request_id=f"r{i}")))
+            assert answer["choices"][0]["message"]["content"] == "hi"
+            autojump_clock.jump(2.0)  # the next one finds the busy spell over
+        assert calls >= 6  # the busy refusals were met (odd calls), and each request was served there after one
+        assert failed <= 12  # the failing engine is not asked again and again while the busy one's spell lasts (7 here)
+
+
 async def test_a_busy_spell_holds_back_the_queue_until_it_ends(autojump_clock: trio.testing.MockClock) -> None:
     """With no sibling, requests wait in tailguard's queue (in priority order) while vLLM's is full, not in vLLM's:
     the one vLLM refused too, seated again when the engine's Retry-After ran out."""
