@@ -150,6 +150,37 @@ def test_dropped_stream_aborts_the_generation(engines: tuple[RealEngine, RealEng
     print(f"stream dropped after {events} events: vLLM running 0 after {took:.2f} s, {spent:.0f} tokens generated in all")
 
 
+def test_caller_timing_out_on_a_whole_answer_aborts_it(engines: tuple[RealEngine, RealEngine], tailguard: TailguardFactory) -> None:
+    """A caller that gives up waiting for a whole (non-streaming) answer: tailguard's abort reaches vLLM, which
+    drops the request instead of generating its 3,000 tokens.
+
+    The request reaches vLLM while its core is stopped, so the caller gives up (after 2 s) before any answer
+    whatever the host's speed (this one generates the 3,000 tokens in 9-12 s, and an 8 s patience here once
+    saw the whole answer arrive), and vLLM's API server, with nothing generating, hears the hang-up at
+    once. Resumed, the core takes the request and its abort together: a one-token request sent after them
+    ends with nothing left running there, and the long one generated (almost) nothing. (A stream dropped
+    while vLLM generates it is the test above.)"""
+    engine = engines[0]
+    with tailguard(pool_config([engine.url], output_cap=3000)) as tg:
+        wait_for(lambda: running(engine) == 0, timeout=30.0, what=lambda: "vLLM was still running an earlier request")
+        tg.wait_endpoints("up", 1)
+        generated = engine.metrics().get("vllm:generation_tokens_total", 0.0)
+        engine.hang()
+        try:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{tg.url}/v1/completions", json=long_completion(3000), timeout=httpx.Timeout(30, read=2.0))
+            wait_for(lambda: bool(tg.access_lines()), timeout=5.0, what=lambda: "tailguard's access line")
+            assert tg.access_lines()[-1]["outcome"] == "cancelled"
+        finally:
+            engine.resume()
+        after = httpx.post(f"{engine.url}/v1/completions", json=long_completion(1), headers=engine.headers(), timeout=60)
+        assert after.status_code == 200, after.text
+        assert running(engine) == 0 and waiting(engine) == 0
+        spent = engine.metrics().get("vllm:generation_tokens_total", 0.0) - generated
+    assert spent < 100, f"vLLM generated {spent:.0f} tokens: the given-up request ran on"
+    print(f"whole answer given up: vLLM generated {spent:.0f} tokens in all, then ran nothing")
+
+
 # -- 2. tailguard's key for the engines -------------------------------------------
 
 
