@@ -289,20 +289,17 @@ def fill(engine: RealEngine, hold: float = 30.0) -> Iterator[None]:
     engine.hang()
     try:
         client = _filler(engine)
-        try:
 
-            def release() -> None:  # the hang-up first: the core, resumed, finds the filler aborted
-                client.shutdown(socket.SHUT_RDWR)
-                engine.resume()
-
-            timer = threading.Timer(hold, release)
-            timer.start()
-            try:
-                yield
-            finally:
-                timer.cancel()
-        finally:
+        def release() -> None:  # the hang-up first: the core, resumed, finds the filler aborted
+            client.shutdown(socket.SHUT_RDWR)
             engine.resume()
+
+        timer = threading.Timer(hold, release)
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
             client.close()
     finally:
         engine.resume()
