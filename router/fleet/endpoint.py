@@ -96,6 +96,9 @@ class Endpoint:
         self.borrowed_prefilling = 0
         # Estimated prompt tokens of its requests still before their first byte: the prefill queued on the engine.
         self.prefill_backlog = 0
+        # Tokens of context its requests in flight attend to (prompt and max_tokens, each sequence): what a step costs
+        # beyond the sequences it runs (``fill``).
+        self.context_tokens = 0
         self.own_first_token = RecentMean()  # its pool's own streams lately (LendConfig.ttft_budget)
         # The same recent mean of its pool's own streams' seconds a token after the first (lending by promise).
         self.own_token_gap = RecentMean()
@@ -379,6 +382,18 @@ class Endpoint:
         """Verdicts in the window now."""
         return len(self.outcome_window)
 
+    def fill(self, more_seats: int = 0, more_tokens: int = 0) -> float:
+        """How busy its engine is, with ``more_seats`` seats holding ``more_tokens`` of context more: a share of its seats.
+
+        A vLLM step costs per sequence and per token of context the
+        sequences attend to, so twenty long documents load an engine more
+        than twenty one-line questions: the larger of the seats taken and
+        the context held, ``CONTEXT_TOKENS_A_SEAT`` tokens to a seat.
+        Requests of short context count as seats, as they always did.
+        """
+        seats = self.in_flight + more_seats
+        return max(seats, (self.context_tokens + more_tokens) / CONTEXT_TOKENS_A_SEAT) / self.seats
+
     @property
     def placement_load(self) -> int:
         """What placement compares: requests in flight, and each recent failure as one more.
@@ -407,3 +422,9 @@ def url_seed(url: str) -> hashlib.blake2b:
     Here, not beside the policies that weigh it (router/fleet/policies.py), so that they import endpoints and not the reverse.
     """
     return hashlib.blake2b(url.encode(), digest_size=8)
+
+
+# Tokens of context that cost a step as much as one more sequence in it: the simulator's calibration of an 8B model
+# on an H100 (0.033 ms a sequence, 0.00005 ms a token of context: docs/simulator.md), the one ratio tailguard has
+# measured; an engine's own ratio differs by model and GPU, and only shifts how much a long context weighs.
+CONTEXT_TOKENS_A_SEAT = 660.0

@@ -168,12 +168,17 @@ class Lending:
     def less_busy_than(self, borrower: Pool, ticket: Ticket) -> bool:
         """An endpoint here that would take the borrowed request is less busy, with it and the reserve, than ``borrower``'s least busy with it.
 
-        Busy two ways: the share of its seats taken (decoding sequences slow
-        every step), or the prompt tokens queued for prefill there (a prompt
-        waits behind them; few sequences may hold a long queue of long
-        prompts). The endpoints looked at are those the lending rule would
-        seat it among (open to borrowers, holding the most borrowed seats:
-        router/fleet/policies.py packs them). The reserve here is at least what
+        Busy two ways: its fill (``Endpoint.fill``: the seats taken, each
+        weighted by the context it attends to, since every sequence and
+        every token of context slows each step), and the prompt tokens
+        queued for prefill there (a prompt waits behind them; few sequences
+        may hold a long queue of long prompts). A borrower whose classes
+        are promised a first token needs both: a cheaper step and no longer
+        a prefill queue (a short chat turn sent to an engine prefilling
+        documents would lose its first token to them); any other borrower
+        either. The endpoints looked at are those the lending rule would
+        seat it among (open to borrowers; holding the most borrowed seats
+        where the pool keeps lent seats apart, ``Pool.isolates_lent``). The reserve here is at least what
         the pool's own requests took lately beyond what they hold now
         (``RecentPeak``): lent to a long job, a seat is away for its whole
         generation. What ``lend`` would refuse anyway is refused first, at
@@ -182,7 +187,8 @@ class Lending:
         if self.refusal(ticket, borrower) is not False:
             return False
         lend = self._pool.config.lend
-        theirs = borrower.least_fill()
+        tokens = ticket.prompt_tokens + ticket.max_tokens
+        theirs = borrower.least_fill(tokens)
         if theirs is None:
             return False
         own = self._pool.in_flight - self.lent
@@ -194,13 +200,15 @@ class Lending:
         candidates = [e for e in self._pool.endpoints if e.room_for(need) and e not in closed]
         if not candidates:
             return False
-        most = max(e.borrowed for e in candidates)
-        packed = [e for e in candidates if e.borrowed == most]
-        if min((e.in_flight + need + keep) / e.seats for e in packed) < theirs:
-            return True
-        my_backlog = min(e.prefill_backlog for e in packed)
+        if self._pool.isolates_lent:
+            most = max(e.borrowed for e in candidates)
+            candidates = [e for e in candidates if e.borrowed == most]
+        cheaper = min(e.fill(need + keep, need * tokens) for e in candidates) < theirs
+        my_backlog = min(e.prefill_backlog for e in candidates)
         their_backlog = min(e.prefill_backlog for e in borrower.endpoints if e.has_room)
-        return my_backlog + ticket.prompt_tokens < their_backlog
+        if borrower.lending.promise is not None:  # promised a first token: no later to it, as well as a cheaper step
+            return cheaper and my_backlog <= their_backlog
+        return cheaper or my_backlog + ticket.prompt_tokens < their_backlog
 
     def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:
         """An idle seat of this pool for another pool's request, under ``config.lend``'s rules.

@@ -43,7 +43,14 @@ class EndpointPolicy(Protocol):
     """How a pool picks an endpoint for a seat."""
 
     def choose(
-        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = (), need: int = 1
+        self,
+        endpoints: Sequence[Endpoint],
+        key: bytes | None,
+        *,
+        borrowed: bool,
+        exclude: Collection[Endpoint] = (),
+        need: int = 1,
+        isolate: bool = True,
     ) -> Placement | None:
         """Where the seat goes among ``endpoints`` (the pool's) with room, none of ``exclude``; or None.
 
@@ -79,13 +86,22 @@ class LeastLoaded:
         self._rng = rng
 
     def choose(
-        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = (), need: int = 1
+        self,
+        endpoints: Sequence[Endpoint],
+        key: bytes | None,
+        *,
+        borrowed: bool,
+        exclude: Collection[Endpoint] = (),
+        need: int = 1,
+        isolate: bool = True,
     ) -> Placement | None:
-        endpoint = self.pick(with_room(endpoints, exclude, need), borrowed=borrowed)
+        endpoint = self.pick(with_room(endpoints, exclude, need), borrowed=borrowed, isolate=isolate)
         return None if endpoint is None else Placement(endpoint, "borrowed" if borrowed else "least_loaded")
 
-    def pick(self, candidates: Sequence[Endpoint], *, borrowed: bool) -> Endpoint | None:
-        """The endpoint of ``candidates`` (all with room) the seat goes to, or None."""
+    def pick(self, candidates: Sequence[Endpoint], *, borrowed: bool, isolate: bool = True) -> Endpoint | None:
+        """The endpoint of ``candidates`` (all with room) the seat goes to, or None (``isolate`` False: by load alone)."""
+        if not isolate:
+            return self._least_loaded(candidates)
         if borrowed:
             most = max((e.borrowed for e in candidates), default=0)
             return self._least_loaded([e for e in candidates if e.borrowed == most])
@@ -168,15 +184,29 @@ class PrefixAffinity:
         self._recent_counts: Counter[bytes] = Counter()
 
     def choose(
-        self, endpoints: Sequence[Endpoint], key: bytes | None, *, borrowed: bool, exclude: Collection[Endpoint] = (), need: int = 1
+        self,
+        endpoints: Sequence[Endpoint],
+        key: bytes | None,
+        *,
+        borrowed: bool,
+        exclude: Collection[Endpoint] = (),
+        need: int = 1,
+        isolate: bool = True,
     ) -> Placement | None:
         if key is None:
-            endpoint = self._fallback.pick(with_room(endpoints, exclude, need), borrowed=borrowed)
+            endpoint = self._fallback.pick(with_room(endpoints, exclude, need), borrowed=borrowed, isolate=isolate)
             return None if endpoint is None else Placement(endpoint, "borrowed" if borrowed else "no_key")
-        return self.place(endpoints, key, exclude, borrowed=borrowed, need=need)
+        return self.place(endpoints, key, exclude, borrowed=borrowed, need=need, isolate=isolate)
 
     def place(
-        self, endpoints: Sequence[Endpoint], key: bytes, exclude: Collection[Endpoint] = (), *, borrowed: bool = False, need: int = 1
+        self,
+        endpoints: Sequence[Endpoint],
+        key: bytes,
+        exclude: Collection[Endpoint] = (),
+        *,
+        borrowed: bool = False,
+        need: int = 1,
+        isolate: bool = True,
     ) -> Placement | None:
         """The key's home if it has room, the lending rule allows it and it is within the load bound, else the first such in rendezvous order; or None.
 
@@ -207,7 +237,7 @@ class PrefixAffinity:
             home_url = placed  # while its endpoint is away the rendezvous order decides; it comes back with it
         if not ranked:
             return None
-        if any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
+        if isolate and any(r[2].borrowed for r in ranked):  # the lending rule; none lent (the usual case): no filter
             ranked = _lending_rule(ranked, borrowed=borrowed)
         share = self._hot_share(key, usable, count=not borrowed and not exclude)
         if share:
@@ -289,6 +319,7 @@ def _lending_rule(ranked: list[_Ranked], *, borrowed: bool) -> list[_Ranked]:
         most = max(r[2].borrowed for r in ranked)
         return [r for r in ranked if r[2].borrowed == most]
     return [r for r in ranked if not r[2].borrowed] or ranked
+
 
 
 def policy_for(placement: PlacementConfig, rng: random.Random) -> EndpointPolicy:

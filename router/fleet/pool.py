@@ -134,7 +134,7 @@ class Lease:
 
     __slots__ = (
         "pool", "endpoint", "client", "granted_at", "request_class", "borrower", "prefix_key", "placement", "prefilling",
-        "prefill_tokens", "seats", "_released", "called_at", "tokens_to_first_byte", "predicted_first_byte", "first_byte_seconds",
+        "prefill_tokens", "seats", "_released", "called_at", "tokens_to_first_byte", "predicted_first_byte", "first_byte_seconds", "context_tokens",
     )
 
     def __init__(
@@ -162,6 +162,7 @@ class Lease:
         self.client.leases += 1
         self.granted_at = trio.current_time()
         self._released = False
+        self.context_tokens = 0  # in its endpoint's context_tokens while it holds the seat
         # A streamed call's prompt tokens to prefill before its first byte (its own and those queued ahead on
         # the endpoint), the seconds its engine's model predicted for them, and what it took.
         self.called_at: float | None = None
@@ -218,6 +219,8 @@ class Lease:
         seats = self.seats
         old.in_flight -= seats
         endpoint.in_flight += seats
+        old.context_tokens -= self.context_tokens
+        endpoint.context_tokens += self.context_tokens
         if self.borrower is not None:
             old.borrowed -= seats
             endpoint.borrowed += seats
@@ -251,6 +254,7 @@ class Lease:
         pool.in_flight -= seats
         pool.seat_ended(self)
         self.endpoint.in_flight -= seats
+        self.endpoint.context_tokens -= self.context_tokens
         if self.borrower is not None:
             self.endpoint.borrowed -= seats
         if self.prefilling:
@@ -451,14 +455,28 @@ class Pool:
             answer = answer or lent
         return answer
 
-    def least_fill(self) -> float | None:
-        """The smallest share of its seats an endpoint with room would hold with one more request: how busy the pool's idlest engine is.
+    def least_fill(self, tokens: int = 0) -> float | None:
+        """How busy the pool's idlest engine with room would be with one more request of ``tokens`` of context (``Endpoint.fill``).
 
-        A vLLM step costs more with every sequence it runs, so a pool with a
-        seat free may still be slower than a sibling's idle engine; None when
-        no endpoint has room.
+        A vLLM step costs more with every sequence it runs and every token
+        they attend to, so a pool with a seat free may still be slower than
+        a sibling's idle engine; None when no endpoint has room.
         """
-        return min(((e.in_flight + 1) / e.seats for e in self.endpoints if e.has_room), default=None)
+        return min((e.fill(1, tokens) for e in self.endpoints if e.has_room), default=None)
+
+    @property
+    def isolates_lent(self) -> bool:
+        """Whether seats lent from here are kept apart from the pool's own requests (packed onto few engines).
+
+        A class promised a first token (``ttft``) loses it beside a borrowed
+        long prefill, so its pool packs what it lends and keeps its own
+        requests off those engines. A pool promised only an end (batch)
+        places own and borrowed alike by load: a short borrowed request
+        costs its long ones a step's share, as any of their own would, and
+        keeping its own off the engines it lends from would crowd them onto
+        the rest (origin's mix, 4 engines: long E2E P99 2.9x round robin).
+        """
+        return self.lending.promise is not None
 
     def seat(self, ticket: Ticket, borrower: Pool | None) -> Lease | Skip | None:
         """Seats on an endpoint of this pool with room (its ``policy`` picks which), within the pool's and the class's caps.
@@ -478,7 +496,7 @@ class Pool:
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) + need > limit:
             return SKIP
         exclude = self.lending.closed_to_borrowers(ticket.prompt_tokens) if borrower is not None else ()
-        placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude, need=need)
+        placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude, need=need, isolate=self.isolates_lent)
         if placement is None:
             # Closed to a prompt this long but not to a shorter one: a later, shorter waiter may still have the seat.
             return SKIP if exclude and self.lending.by_promise and len(self.lending.closed_to_borrowers()) < len(exclude) else None
@@ -488,11 +506,15 @@ class Pool:
         self.in_flight += need
         self.class_in_flight[ticket.request_class] = self.class_in_flight.get(ticket.request_class, 0) + need
         endpoint.in_flight += need
+        context = need * (ticket.prompt_tokens + ticket.max_tokens)
+        endpoint.context_tokens += context
         if borrower is not None:
             endpoint.borrowed += need
         else:
             self.lending.own_peak.observe(self.in_flight - self.lending.lent, trio.current_time())
-        return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind, need)
+        lease = Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind, need)
+        lease.context_tokens = context
+        return lease
 
     def seat_ended(self, lease: Lease) -> None:
         """Book-keeping of a released lease's seats: its class's count, and the lent count."""

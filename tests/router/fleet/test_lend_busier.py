@@ -7,12 +7,16 @@ import dataclasses
 import pytest
 import trio
 
-from tailguard.router.config import ConfigError, LendConfig, LimitsConfig, parse_config, render_config
+from tailguard.router.config import Config, ConfigError, LendConfig, LimitsConfig, ObjectiveConfig, parse_config, render_config
 from tailguard.router.fleet import RecentMean, RecentPeak
 from tests.helpers.config_text import BASE
-from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end
+from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
 from tests.router.fleet.test_lend_prefills import LONG_PROMPT
 from tests.router.fleet.test_lending import LONG_OUTPUT, lending_config
+
+# Over the 200-token prompt bound, yet with LONG_OUTPUT under the context of one seat (Endpoint.fill counts
+# CONTEXT_TOKENS_A_SEAT tokens as a seat): these tests weigh seats and queued prefill, not long contexts.
+MID_PROMPT = "word " * 200  # ~250 tokens
 
 
 async def endpoints_of_batch_jobs(
@@ -135,12 +139,12 @@ def test_ttft_budget_is_read_checked_and_rendered() -> None:
 async def test_the_prompt_bound_yields_while_the_borrower_is_fuller_by_over_max_imbalance(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # Both engines have 4 seats and long prompts: the third job would make batch 3/4 full against the
+    # Both engines have 4 seats and prompts over the bound: the third job would make batch 3/4 full against the
     # lender's 1/4, an imbalance of 1/2 over the 1/4 allowed, so it is lent; the fourth (3/4 against 2/4) is not.
     bounded = LendConfig(to=("batch",), when="busier", max_prompt_tokens=200)
-    _, held = await endpoints_of_batch_jobs(bounded, 4, prompt=LONG_PROMPT, warm=True)
+    _, held = await endpoints_of_batch_jobs(bounded, 4, prompt=MID_PROMPT, warm=True)
     assert held == {INTERACTIVE_URL: 0, BATCH_URL: 4}
-    _, yielded = await endpoints_of_batch_jobs(dataclasses.replace(bounded, max_imbalance=0.25), 4, prompt=LONG_PROMPT, warm=True)
+    _, yielded = await endpoints_of_batch_jobs(dataclasses.replace(bounded, max_imbalance=0.25), 4, prompt=MID_PROMPT, warm=True)
     assert yielded == {INTERACTIVE_URL: 1, BATCH_URL: 3}
     _, short = await endpoints_of_batch_jobs(dataclasses.replace(bounded, max_imbalance=0.25), 4, warm=True)
     assert short == {INTERACTIVE_URL: 1, BATCH_URL: 3}  # short prompts: "busier" alone, the reserve of 1 its own peak
@@ -183,11 +187,11 @@ async def test_busier_keeps_free_what_the_lenders_own_requests_held_lately(autoj
 
 
 async def seat_of_a_job_behind_a_long_prompt(*, streamed: bool) -> str:
-    """Batch's engine is prefilling a long prompt (streamed or not); where a small batch job goes under "busier" with reserve 2 of 4."""
+    """Batch's engine is prefilling a prompt (streamed or not); where a small batch job goes under "busier" with reserve 2 of 4."""
     config = lending_config(interactive_cap=4, batch_cap=4, lend=LendConfig(to=("batch",), reserve=2, when="busier"))
     async with router_over_engines(config) as fleet:
         async with trio.open_nursery() as nursery:
-            long_job = chat(LONG_PROMPT, max_tokens=LONG_OUTPUT, stream=streamed, request_id="long")
+            long_job = chat(MID_PROMPT, max_tokens=LONG_OUTPUT, stream=streamed, request_id="long")
             nursery.start_soon(run_to_end, fleet.router, long_job)
             await trio.testing.wait_all_tasks_blocked()
             _, routing = await run_to_end(fleet.router, chat("small job", max_tokens=LONG_OUTPUT, request_id="small"))
@@ -244,3 +248,49 @@ async def test_a_waiting_borrower_is_seated_when_the_lenders_own_peak_is_forgott
             assert fleet.router.statistics().pool("batch").queue.waiting == 1
     endpoint, waited = seated["long-prompt"]
     assert endpoint == INTERACTIVE_URL and waited <= 2 * RecentPeak.WINDOW
+
+
+def lend_back_busier() -> Config:
+    """Interactive (4 seats, its class promised a first token) borrows batch's engine (4 seats) whenever that one is the less busy."""
+    base = two_pool_config(
+        interactive_cap=4, batch_cap=4, interactive_timeout=60.0, batch_timeout=60.0, limits=LimitsConfig(output_cap_tokens=10_000)
+    )
+    interactive_pool, batch_pool = base.pools
+    interactive, batch = base.classes
+    promised = dataclasses.replace(interactive, objective=ObjectiveConfig(ttft=1.0, itl=0.1, e2e=30.0))
+    lends_back = dataclasses.replace(batch_pool, lend=LendConfig(to=("interactive",), when="busier"))
+    return with_digest(base, "lend-back-busier", pools=(interactive_pool, lends_back), classes=(promised, batch))
+
+
+async def where_a_short_request_goes(batch_prompt: str, batch_max_tokens: int, *, batch_streamed: bool = False) -> str:
+    """One batch job runs on batch's engine and two short requests on interactive's; where a third short one is seated."""
+    async with router_over_engines(lend_back_busier()) as fleet:
+        async with trio.open_nursery() as nursery:
+            job = chat(batch_prompt, max_tokens=batch_max_tokens, stream=batch_streamed, request_id="job")
+            nursery.start_soon(run_to_end, fleet.router, job)
+            await trio.testing.wait_all_tasks_blocked()
+            for i in range(2):
+                nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=64, request_id=f"i{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            assert fleet.router.endpoint(BATCH_URL).in_flight == 1 and fleet.router.endpoint(INTERACTIVE_URL).in_flight == 2
+            _, routing = await run_to_end(fleet.router, chat("quick?", max_tokens=64, request_id="short"))
+            nursery.cancel_scope.cancel()
+    return routing.endpoint
+
+
+async def test_a_short_request_borrows_the_less_busy_engine_counting_the_context_its_requests_hold(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Batch's engine at 2/4 with it against interactive's 3/4: lent.
+    assert await where_a_short_request_goes("job", LONG_OUTPUT) == BATCH_URL
+    # One job of ~5,000 tokens of context costs a step what ~8 short sequences do: batch's engine is the busier, though
+    # by seats it holds one (before: lent by seats alone).
+    assert await where_a_short_request_goes("job", 5_000) == INTERACTIVE_URL
+
+
+async def test_a_request_promised_a_first_token_borrows_only_an_engine_with_no_longer_prefill_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Batch's engine is the cheaper step (2/4 against 3/4) but is prefilling a ~250-token prompt that interactive's
+    # is not: the short request's first token would wait behind it, so it stays home (before: lent for the step).
+    assert await where_a_short_request_goes(MID_PROMPT, LONG_OUTPUT, batch_streamed=True) == INTERACTIVE_URL

@@ -14,7 +14,7 @@ from tailguard.router.config import Config, ConfigError, LendConfig, parse_confi
 from tailguard.sim.canned import canned_transport
 from tests.helpers.config_text import BASE
 from tests.helpers.router import BATCH_URL, INTERACTIVE_URL, chat, router_over_engines, run_to_end, two_pool_config, with_digest
-from tests.router.fleet.test_lending import BATCH_URLS, LONG_OUTPUT, lending_config, refusing_once
+from tests.router.fleet.test_lending import BATCH_URLS, LONG_OUTPUT, lending_config, refusing_once, with_batch_promised
 
 LONG_PROMPT = "word " * 2000  # ~2,500 tokens: four times the old 512-token rule
 
@@ -69,7 +69,7 @@ async def test_a_long_borrowed_prompt_is_lent_and_the_next_waits_for_its_first_t
 
 
 async def test_a_borrowed_request_goes_to_another_endpoint_while_one_is_prefilling(autojump_clock: trio.testing.MockClock) -> None:
-    async with router_over_engines(lend_back(prefills=1)) as fleet:
+    async with router_over_engines(with_batch_promised(lend_back(prefills=1))) as fleet:
         await own_request_ran(fleet.router, "batch")
         endpoints = [fleet.router.endpoint(url) for url in BATCH_URLS]
         async with trio.open_nursery() as nursery:
@@ -81,7 +81,8 @@ async def test_a_borrowed_request_goes_to_another_endpoint_while_one_is_prefilli
 
 
 async def test_without_the_key_borrowed_prefills_are_unbounded_as_before(autojump_clock: trio.testing.MockClock) -> None:
-    async with router_over_engines(lend_back(prefills=None)) as fleet:
+    # A lender that packs what it lends (its class promised a first token) puts both on one engine, both prefilling.
+    async with router_over_engines(with_batch_promised(lend_back(prefills=None))) as fleet:
         endpoints = [fleet.router.endpoint(url) for url in BATCH_URLS]
         async with trio.open_nursery() as nursery:
             for i in range(3):

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from tailguard.router.admission import prefix_key_of
-from tailguard.router.config import Config, ConfigError, LendConfig, parse_config
+from tailguard.router.config import Config, ConfigError, LendConfig, ObjectiveConfig, parse_config
 from tailguard.router.fleet import rendezvous_order
 from tailguard.router.observe import RequestRecord
 from tailguard.server.metrics import Metrics
@@ -223,8 +223,15 @@ def lend_back_config() -> Config:
     return with_digest(base, "lend-back", pools=(interactive, dataclasses.replace(batch, lend=LendConfig(to=("interactive",)))))
 
 
-async def test_borrowed_seats_pack_onto_one_endpoint(autojump_clock: trio.testing.MockClock) -> None:
-    async with router_over_engines(lend_back_config()) as fleet:
+def with_batch_promised(config: Config) -> Config:
+    """``config`` with its batch class promised a first token: the batch pool then keeps what it lends apart (``Pool.isolates_lent``)."""
+    interactive, batch = config.classes
+    promised = dataclasses.replace(batch, objective=ObjectiveConfig(ttft=1.0, itl=0.1, e2e=120.0))
+    return with_digest(config, f"{config.digest}-batch-promised", classes=(interactive, promised))
+
+
+async def test_a_lender_promised_a_first_token_packs_borrowed_seats_onto_one_endpoint(autojump_clock: trio.testing.MockClock) -> None:
+    async with router_over_engines(with_batch_promised(lend_back_config())) as fleet:
         endpoints = [fleet.router.endpoint(url) for url in BATCH_URLS]
         async with trio.open_nursery() as nursery:
             for i in range(4):  # the first takes interactive's one seat, the other three borrow batch seats
@@ -236,10 +243,22 @@ async def test_borrowed_seats_pack_onto_one_endpoint(autojump_clock: trio.testin
         assert [e.borrowed for e in endpoints] == [0, 0]
 
 
-async def test_the_lenders_own_requests_avoid_borrowed_seats_while_another_endpoint_has_room(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+async def test_a_lender_promised_only_an_end_places_borrowed_seats_by_load(autojump_clock: trio.testing.MockClock) -> None:
+    # The shipped batch class has no ttft: nothing of its own to keep apart, so lent seats spread like its own.
     async with router_over_engines(lend_back_config()) as fleet:
+        endpoints = [fleet.router.endpoint(url) for url in BATCH_URLS]
+        assert not fleet.router.pool("batch").isolates_lent
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(run_to_end, fleet.router, chat(f"quick {i}?", max_tokens=64, request_id=f"i{i}"))
+                await trio.testing.wait_all_tasks_blocked()
+            assert sorted((e.borrowed, e.in_flight) for e in endpoints) == [(1, 1), (2, 2)]
+        assert [e.borrowed for e in endpoints] == [0, 0]
+
+
+async def own_and_borrowed_after_three_jobs(config: Config) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Interactive's own seat and one borrowed batch seat, then three batch jobs: (in flight, borrowed) of the lent endpoint and the other."""
+    async with router_over_engines(config) as fleet:
         by_url = {url: fleet.router.endpoint(url) for url in BATCH_URLS}
         async with trio.open_nursery() as nursery:
             for i in range(2):  # interactive's own seat, then one borrowed on a batch endpoint
@@ -247,17 +266,24 @@ async def test_the_lenders_own_requests_avoid_borrowed_seats_while_another_endpo
                 await trio.testing.wait_all_tasks_blocked()
             lent = next(e for e in by_url.values() if e.borrowed)
             clear = next(e for e in by_url.values() if e is not lent)
-            for i in range(3):  # batch's own: to the other endpoint, though the lent one is less loaded (1 < 2)
+            for i in range(3):
                 nursery.start_soon(run_to_end, fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
                 await trio.testing.wait_all_tasks_blocked()
-            assert (lent.in_flight, clear.in_flight) == (1, 3)
-            for i in range(3, 5):  # the fourth fills the clear one; the fifth has nowhere else: it joins the borrowed seat
-                nursery.start_soon(run_to_end, fleet.router, chat(f"job {i}", max_tokens=LONG_OUTPUT, request_id=f"b{i}"))
-                await trio.testing.wait_all_tasks_blocked()
-            assert (lent.in_flight, lent.borrowed, clear.in_flight, clear.borrowed) == (2, 1, 4, 0)
+            seen = (lent.in_flight, lent.borrowed), (clear.in_flight, clear.borrowed)
             assert fleet.router.statistics().pool("batch").queue.waiting == 0
+            nursery.cancel_scope.cancel()
         assert [e.borrowed for e in by_url.values()] == [0, 0]
         assert fleet.router.pool("batch").lending.lent == 0
+    return seen
+
+
+async def test_a_promised_lenders_own_requests_avoid_borrowed_seats_while_another_endpoint_has_room(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Batch's own go to the other endpoint, though the lent one is less loaded (1 < 2).
+    assert await own_and_borrowed_after_three_jobs(with_batch_promised(lend_back_config())) == ((1, 1), (3, 0))
+    # Promised only an end, they go by load: 2 and 2.
+    assert await own_and_borrowed_after_three_jobs(lend_back_config()) == ((2, 1), (2, 0))
 
 
 def refusing_once(refused: list[str]) -> Callable[[str, httpx.AsyncBaseTransport], httpx.AsyncBaseTransport]:
