@@ -213,8 +213,11 @@ class Lending:
     def lend(self, ticket: Ticket, borrower: Pool) -> Lease | Skip | None:
         """An idle seat of this pool for another pool's request, under ``config.lend``'s rules.
 
-        None while any request of this pool's own waits (its class wins the
-        next seat), while the seats lent are at ``max_seats``, or while
+        None while a request of this pool's own as urgent or more waits (its
+        class wins the next seat; a borrower's more urgent request, a lower
+        ``priority`` number, comes before a less urgent own one: under
+        overload the batch pool's queued long jobs do not keep short
+        requests off its engines), while the seats lent are at ``max_seats``, or while
         taking one would leave fewer than ``reserve`` free. SKIP when a seat
         could be lent but not to this request: a model this pool does not
         serve, a prompt over the prefill budget, max_tokens over its bound,
@@ -231,7 +234,8 @@ class Lending:
     def refusal(self, ticket: Ticket, borrower: Pool) -> Skip | None | Literal[False]:
         """Why ``lend`` would not seat ``ticket`` now: None (no seat for any borrower), SKIP (not for this one), False (nothing)."""
         lend = self._pool.config.lend
-        if self._pool.queue.waiting or (lend.max_seats is not None and self.lent >= lend.max_seats):
+        own_first = self._pool.queue.most_urgent()
+        if (own_first is not None and own_first <= ticket.priority) or (lend.max_seats is not None and self.lent >= lend.max_seats):
             return None
         if self._pool.in_flight + ticket.sequences + lend.reserve > self._pool.seats:
             return None

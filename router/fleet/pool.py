@@ -268,7 +268,13 @@ class Lease:
         pool.yield_freed_seat(self.endpoint)  # [cluster]: to a more urgent request on another replica
         if self.borrower is None and pool.in_flight == pool.lending.lent:
             pool.lending.own_seats_ended()
-        pool.queue.dispatch()  # the pool's own requests first
+        own_first = pool.queue.most_urgent()
+        if own_first is not None:  # a borrower's more urgent request (a lower priority number) before the pool's own
+            for borrower in pool.lending.borrowers:
+                theirs = borrower.queue.most_urgent()
+                if theirs is not None and theirs < own_first:
+                    borrower.queue.dispatch()
+        pool.queue.dispatch()  # the pool's own requests next
         for borrower in pool.lending.borrowers:  # then, if a seat is still idle, the pools it lends to
             borrower.queue.dispatch()
         moved_to = self.endpoint.pool_name  # Pool.holds, inlined: this is every request's path

@@ -387,3 +387,29 @@ async def test_a_borrowed_conversation_keeps_to_its_home_among_the_lenders_engin
                         async with fleet.router.open(request, record=record) as completion:
                             await completion.read()
                     assert (record.endpoint, record.placement, record.lender) == (home, "borrowed", "batch")
+
+
+async def test_a_lenders_freed_seat_goes_to_a_more_urgent_borrower_before_its_own_waiter(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # One seat each; batch lends back. A short request waits for interactive's seat and a batch job for batch's:
+    # when batch's seat frees, the short request (priority 0) takes it before batch's own job (priority 1).
+    base = two_pool_config(interactive_cap=1, batch_cap=1, interactive_timeout=60.0, batch_timeout=60.0)
+    interactive, batch = base.pools
+    config = with_digest(base, "lend-back-urgent", pools=(interactive, dataclasses.replace(batch, lend=LendConfig(to=("interactive",)))))
+    document = "word " * 600  # ~750 tokens: over the interactive class's prompt bound, a batch job
+    seated: dict[str, tuple[str, float]] = {}
+    async with router_over_engines(config) as fleet:
+
+        async def send(request_id: str, prompt: str, max_tokens: int) -> None:
+            _, routing = await run_to_end(fleet.router, chat(prompt, max_tokens=max_tokens, request_id=request_id))
+            seated[request_id] = (routing.endpoint, routing.queue_seconds)
+
+        async with trio.open_nursery() as nursery:
+            for request_id, prompt, max_tokens in (("short-running", "quick?", 128), ("job-running", document, 4), ("job-waiting", document, 4), ("short-waiting", "quick again?", 8)):
+                nursery.start_soon(send, request_id, prompt, max_tokens)
+                await trio.testing.wait_all_tasks_blocked()
+            waiting = fleet.router.statistics()
+            assert waiting.pool("interactive").queue.waiting == 1 and waiting.pool("batch").queue.waiting == 1
+    assert seated["short-waiting"][0] == BATCH_URL  # lent the freed seat (before: batch's own job took it)
+    assert seated["job-waiting"][0] == BATCH_URL and seated["job-waiting"][1] > seated["short-waiting"][1]
