@@ -75,6 +75,7 @@ class Router:
         self._fleet.apply(config)
         self._authenticator = Authenticator(config.auth)
         self._attainment.forget(klass.name for klass in config.classes)
+        self._path.service.forget({klass.name for klass in config.classes})
         self.discovery.wake()  # a reload resolves the pools' DNS names again at once
         self._upkeep.newcomers()  # a new endpoint is unknown, and probed at once
 
@@ -230,9 +231,11 @@ class Router:
         )
 
     def judge(self, record: RequestRecord) -> None:
-        """Telemetry sink, before the others: whether a finished request met its class's objective (``record.objective_met``)."""
+        """Telemetry sink, before the others: whether a finished request met its class's objective (``record.objective_met``),
+        and how long it held its seat (the class's service time, which its queue deadline reads)."""
         klass = next((klass for klass in self._fleet.config.classes if klass.name == record.request_class), None)
         self._attainment.observe(record, klass)
+        self._path.service.observe(record, klass)
 
     def attainment(self) -> tuple[ClassAttainment, ...]:
         """Each class's share of requests that met its objective, over the last minute and in total."""

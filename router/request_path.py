@@ -37,7 +37,7 @@ from .errors import (
 )
 from .fleet import Endpoint, Fleet, Lease, Placement, Pool, Rerouted, key_refused, record_success, report_failure
 from .ids import IdSource
-from .observe import RequestRecord
+from .observe import RequestRecord, ServiceTime
 from .quotas import BudgetGate, Caller, RateLimits, Traffic
 
 log = logging.getLogger("tailguard.router")
@@ -138,6 +138,7 @@ class RequestPath:
         self._memory = ConversationMemory()  # where answered chats are warm, for classes that bound uncached tokens
         self._budgets = BudgetGate()  # each key's tokens and requests of the last minute, here or fleet-wide
         self._ratios = PromptRatios()  # each model's real/estimated prompt tokens by kind of text, from the engines' usage
+        self.service = ServiceTime()  # each class's seated-to-end seconds per token asked, from the requests served
 
     def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
         """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
@@ -162,7 +163,9 @@ class RequestPath:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
         admitted = decide(request, caller, config, fleet.pools, record, arrival, self._memory, self._ratios)
         klass, ticket = admitted.klass, admitted.ticket
-        queue_deadline = min(arrival + klass.queue_timeout, self.deadline_for(request, arrival))
+        # Waiting past its deadline less the service it needs would only fail it after its engine did the work.
+        end_by = min(arrival + klass.objective.e2e, self.deadline_for(request, arrival))
+        queue_deadline = min(arrival + klass.queue_timeout, end_by - self.service.predict(klass.name, ticket.max_tokens))
         grant = await self._budgets.reserve(
             caller, ticket.prompt_tokens + ticket.output_tokens, record, config, fleet.budget, priority=klass.priority, deadline=queue_deadline
         )

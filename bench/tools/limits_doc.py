@@ -159,7 +159,7 @@ def _known_errors(doc: Limits) -> dict[str, tuple[str, str]]:
             retry,
         ),
         "QueueTimeout": (
-            f"no seat freed within the class's queue deadline ({deadlines}), or none expected within it "
+            f"no seat freed within the class's queue deadline ({deadlines}; sooner for a request whose predicted service would end past the class's e2e objective), or none expected within it "
             "(refused at arrival under sustained overload)",
             retry,
         ),

@@ -14,6 +14,7 @@ from .attainment import (
     judge as judge,
 )
 from .loop_lag import LoopLag as LoopLag, noticed_late as noticed_late
+from .service_time import ServiceTime as ServiceTime
 from .telemetry import (
     Api as Api,
     RepeatedIds as RepeatedIds,

@@ -26,7 +26,7 @@ from tailguard.sim.server import DEFAULT_MODEL
 from .mix import CLASSES
 
 INTERACTIVE_QUEUE_TIMEOUT = 3.0  # config.toml
-BATCH_QUEUE_TIMEOUT = 90.0  # config.toml
+BATCH_QUEUE_TIMEOUT = 110.0  # config.toml
 INTERACTIVE_MAX_QUEUE = 256  # config.toml
 BATCH_MAX_QUEUE = 4096  # config.toml
 SEATS = {name: params.max_num_seqs for name, params in PROFILES.items()}

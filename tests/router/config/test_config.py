@@ -85,7 +85,7 @@ def test_shipped_config_parses_with_the_documented_values() -> None:
         ClassConfig(
             name="batch",
             pool="batch",
-            queue_timeout=90.0,
+            queue_timeout=110.0,
             priority=1,
             relay_interval=0.05,
             objective=ObjectiveConfig(ttft=None, itl=None, e2e=120.0, percentile=99.0, throughput_share=0.3),
@@ -698,7 +698,7 @@ def test_limits_document_is_json_and_has_no_endpoint_urls() -> None:
          "queue_timeout": 3.0, "priority": 0, "pool": "interactive",
          "objective": {"ttft": 0.5, "itl": 0.05, "e2e": 30.0, "percentile": 99.0, "throughput_share": 0.0}},
         {"name": "batch", "max_prompt_tokens": None, "max_output_tokens": None,
-         "queue_timeout": 90.0, "priority": 1, "pool": "batch",
+         "queue_timeout": 110.0, "priority": 1, "pool": "batch",
          "objective": {"ttft": None, "itl": None, "e2e": 120.0, "percentile": 99.0, "throughput_share": 0.3}},
     ]
     assert document["pools"] == [
