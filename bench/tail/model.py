@@ -41,7 +41,7 @@ ADDED_TTFT_GOAL_MS = 10.0  # real ms: short TTFT P99 through tailguard over the 
 SHORT_DEADLINE_S = 3.0  # GPU s: the interactive class's queue_timeout in the shipped config
 
 
-QUEUE_TIMEOUTS = {"interactive": 3.0, "batch": 30.0}  # GPU s, as shipped
+QUEUE_TIMEOUTS = {"interactive": 3.0, "batch": 110.0}  # GPU s, as shipped
 
 
 CLASS_OF = {"short": "interactive", "long": "batch"}  # reporting class -> tailguard class
@@ -129,6 +129,9 @@ class LendRule:
 # (prefill at 25 tokens/ms); a 2,021-token document adds 81 ms, and a few of those in a short
 # request's life were enough to double its P99 on 2 engines.
 DEFAULT_LEND = LendRule(max_prompt_tokens=512, reserve=4)
+# What the batch pool lends back to interactive requests, as config.toml's [pools.batch.lend]: unbounded,
+# whenever its engine is the less busy one for the request (bench/results/trace/issue35/cost-busier.md).
+LEND_BACK = LendRule(when="busier")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from bench.harness.config import PoolSpec, classes_tables, pools_table, server_table
 from bench.harness.procs import free_ports
 from bench.harness.toml import TomlTable, dumps, merged
-from bench.tail.model import BASELINES, END_TO_END_TIMEOUT, QUEUE_TIMEOUTS, SETUP_NAMES, SPLIT_KINDS, LendRule, Options, Setup
+from bench.tail.model import BASELINES, END_TO_END_TIMEOUT, LEND_BACK, QUEUE_TIMEOUTS, SETUP_NAMES, SPLIT_KINDS, LendRule, Options, Setup
 from tailguard.server.advise.replay.mix import pooled_capacity
 from tailguard.sim.params import PROFILES, EngineParams
 
@@ -116,8 +116,8 @@ def _setup(options: Options, kind: str, split: tuple[int, int] | None, rule: Len
         tables = rule.table("interactive", "batch", options.time_scale)
         what += f"; interactive lends to batch ({rule.label()})"
         if options.lend_back:
-            tables = merged(tables, LendRule().table("batch", "interactive"))
-            what += ", batch lends to interactive"
+            tables = merged(tables, LEND_BACK.table("batch", "interactive"))
+            what += ", batch lends to interactive whenever its engine is the less busy (as config.toml)"
     if kind in ("rebalance", "lend-rebalance"):
         tables = merged(tables, options.rebalance.table(options.time_scale))
         what += "; every endpoint movable, [rebalance]"
