@@ -165,7 +165,9 @@ class RequestPath:
         klass, ticket = admitted.klass, admitted.ticket
         # Waiting past its deadline less the service it needs would only fail it after its engine did the work.
         end_by = min(arrival + klass.objective.e2e, self.deadline_for(request, arrival))
-        queue_deadline = min(arrival + klass.queue_timeout, end_by - self.service.predict(klass.name, ticket.max_tokens))
+        service = self.service.predict(klass.name, ticket.max_tokens)
+        record.service_predicted = service or None
+        queue_deadline = min(arrival + klass.queue_timeout, end_by - service)
         grant = await self._budgets.reserve(
             caller, ticket.prompt_tokens + ticket.output_tokens, record, config, fleet.budget, priority=klass.priority, deadline=queue_deadline
         )

@@ -108,6 +108,9 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         # The call to the engine's first byte (streams), and what the engine's learnt model predicted for it.
         "first_byte_ms": _ms(record.first_byte_seconds),
         "first_byte_predicted_ms": _ms(record.first_byte_predicted),
+        # Seat to end (served whole), and what its class's service time predicted at admission (its queue deadline's share).
+        "service_ms": _ms(record.service_seconds),
+        "service_predicted_ms": _ms(record.service_predicted),
         "objective_met": record.objective_met,  # its class's objective held for it; null: not judged (docs/objectives.md)
     }
     if record.error is not None:

@@ -98,6 +98,13 @@ class Metrics:
             buckets=RATIO_BUCKETS,
             registry=r,
         )
+        self.service_prediction = Histogram(
+            "tailguard_service_prediction_ratio",
+            "A served request's seconds from its seat to its end over what its class's service time predicted at admission (1: exact).",
+            ("class",),
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
         self.objective = Counter(
             "tailguard_objective_requests",
             "Requests judged against their class's objective (docs/objectives.md), by whether they met it (met: true, false).",
@@ -164,6 +171,8 @@ class Metrics:
             self.clamped.labels(record.request_class, record.pool).inc()
         if record.first_byte_seconds is not None and record.first_byte_predicted:
             self.first_byte_prediction.labels(record.pool).observe(record.first_byte_seconds / record.first_byte_predicted)
+        if record.service_predicted and (served := record.service_seconds) is not None:
+            self.service_prediction.labels(record.request_class).observe(served / record.service_predicted)
         if record.objective_met is not None:
             self.objective.labels(record.request_class, "true" if record.objective_met else "false").inc()
         self.placements.count(record)

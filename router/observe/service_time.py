@@ -30,12 +30,10 @@ class ServiceTime:
 
     def observe(self, record: RequestRecord, klass: ClassConfig | None) -> None:
         """Learn from a finished request of ``klass``: only one served whole (a failure or a cut says nothing of its length)."""
-        if klass is None or record.outcome != "ok" or not record.max_tokens:
+        served = record.service_seconds
+        if klass is None or served is None or served < 0 or not record.max_tokens:
             return
-        seated, ended = record.left_queue_at, record.finished_at
-        if seated is None or ended is None or ended < seated:
-            return
-        sample = (ended - seated) / record.max_tokens
+        sample = served / record.max_tokens
         mean = self._per_token.get(klass.name)
         self._per_token[klass.name] = sample if mean is None else mean + WEIGHT * (sample - mean)
 

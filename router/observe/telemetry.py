@@ -135,6 +135,9 @@ class RequestRecord:
     # predicted from the prompt tokens to prefill before it (router/fleet/first_byte_model.py).
     first_byte_seconds: float | None = None
     first_byte_predicted: float | None = None
+    # The seconds from its seat to its end that its class's service time predicted at admission (None: nothing
+    # learnt yet; router/observe/service_time.py): its queue deadline's share kept for running.
+    service_predicted: float | None = None
     # The longest wait between two relayed chunks of its stream, after the first (seconds; 0 until a second chunk).
     max_gap: float = 0.0
     # Whether it met its class's objective (router/observe/attainment.py); None: not judged.
@@ -220,6 +223,13 @@ class RequestRecord:
     @property
     def time_per_output_token(self) -> float | None:
         return None if self.finished_at is None else self.seconds_a_token(self.finished_at)
+
+    @property
+    def service_seconds(self) -> float | None:
+        """Seconds from its seat to its end, for a request served whole (None otherwise)."""
+        if self.outcome != "ok" or self.left_queue_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.left_queue_at
 
     def seconds_a_token(self, until: float) -> float | None:
         """A stream's mean seconds a token after the first, its tokens counted ``until`` then (None: not a stream, or under 2 tokens)."""

@@ -364,3 +364,21 @@ async def test_a_class_with_a_relay_interval_gets_its_stream_in_fewer_bigger_sen
         # One read of the engine per interval at most (the first event goes at once): the frames are bounded by the
         # time the stream took, whatever the machine's speed; unpaced, it is one frame per event (300 and more).
         assert frames <= seconds / interval + 3 < 300
+
+
+async def test_the_service_a_class_is_predicted_to_need_is_checked_on_metrics_and_the_access_log(
+    two_engines: Backends, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first batch request teaches its class's service time; the second is predicted from it, and the
+    prediction is shown beside what happened (its queue deadline keeps that much for running)."""
+    async with tailguard(config_for(two_engines.urls)) as running, httpx.AsyncClient(base_url=running.http_url) as client:
+        with caplog.at_level(logging.INFO):
+            for i in range(2):
+                answer = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 200})
+                assert (answer.status_code, answer.headers["x-tailguard-class"]) == (200, "batch")
+                await eventually(lambda: len([r for r in caplog.records if r.name == "tailguard.access"]) == i + 1)
+        first, second = (r.fields for r in caplog.records if r.name == "tailguard.access")  # type: ignore[attr-defined]
+        assert first["service_predicted_ms"] is None and first["service_ms"] > 0  # nothing learnt before it
+        assert second["service_predicted_ms"] == pytest.approx(first["service_ms"], rel=0.01)  # its per-token mean, same max_tokens
+        metrics = (await client.get("/metrics")).text
+        assert 'tailguard_service_prediction_ratio_count{class="batch"} 1.0' in metrics
