@@ -87,6 +87,7 @@ class Completion:
         details = usage.get("prompt_tokens_details")
         self.record.cached_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         self.record.saw_answer(_count(usage.get("completion_tokens")))
+        self.record.saw_engine_metrics(self.payload.get("metrics"))
         return body
 
     async def _assemble(self, kind: str) -> bytes:

@@ -111,6 +111,10 @@ def access_fields(record: RequestRecord, *, log_prompts: bool = False) -> dict[s
         # Seat to end (served whole), and what its class's service time predicted at admission (its queue deadline's share).
         "service_ms": _ms(record.service_seconds),
         "service_predicted_ms": _ms(record.service_predicted),
+        # What the engine reported itself (vLLM's --enable-per-request-metrics; null where it sends none).
+        "engine_queue_ms": _ms(record.engine_queue),
+        "engine_ttft_ms": _ms(record.engine_ttft),
+        "engine_itl_ms": _ms(record.engine_itl),
         "objective_met": record.objective_met,  # its class's objective held for it; null: not judged (docs/objectives.md)
     }
     if record.error is not None:

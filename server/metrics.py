@@ -105,6 +105,14 @@ class Metrics:
             buckets=RATIO_BUCKETS,
             registry=r,
         )
+        self.engine_queue = Histogram(
+            "tailguard_engine_queue_seconds",
+            "Seconds a request waited in its engine's own queue, as the engine reported it (vLLM's --enable-per-request-metrics): "
+            "above 0, tailguard seats more there than the engine runs at once.",
+            ("pool",),
+            buckets=(0.0, 0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 60.0),
+            registry=r,
+        )
         self.objective = Counter(
             "tailguard_objective_requests",
             "Requests judged against their class's objective (docs/objectives.md), by whether they met it (met: true, false).",
@@ -173,6 +181,8 @@ class Metrics:
             self.first_byte_prediction.labels(record.pool).observe(record.first_byte_seconds / record.first_byte_predicted)
         if record.service_predicted and (served := record.service_seconds) is not None:
             self.service_prediction.labels(record.request_class).observe(served / record.service_predicted)
+        if record.engine_queue is not None:
+            self.engine_queue.labels(record.pool).observe(record.engine_queue)
         if record.objective_met is not None:
             self.objective.labels(record.request_class, "true" if record.objective_met else "false").inc()
         self.placements.count(record)

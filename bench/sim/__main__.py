@@ -143,6 +143,12 @@ def _add_api_options(parser: argparse.ArgumentParser) -> None:
         help="vLLM's flag: usage carries prompt_tokens_details (cached_tokens, 0 included) in every answer",
     )
     parser.add_argument(
+        "--enable-per-request-metrics",
+        action="store_true",
+        help="vLLM's flag: each answer of one sequence carries a metrics object (queue, first token, decode times; "
+        "a stream's on its usage chunk)",
+    )
+    parser.add_argument(
         "--max-chars-per-token",
         type=int,
         default=CHARS_PER_TOKEN,

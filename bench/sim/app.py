@@ -121,6 +121,7 @@ class _Answer:
     fingerprint: str
     prompt_tokens_details: bool  # vLLM's --enable-prompt-tokens-details
     cache_block: int | None  # the prefix cache's block size (None: no prefix caching)
+    per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics
 
 
 class _Choice:
@@ -261,8 +262,33 @@ class TokenStream:
         if self._include_usage:
             usage = _usage(self._sequences, self._answer, chat=self._chat, stream=True)
             fields = {"choices": [], "usage": usage, "system_fingerprint": self._answer.fingerprint}
+            if self._answer.per_request_metrics and len(self._sequences) == 1:  # vLLM leaves them out for n > 1
+                fields["metrics"] = _timing(self._sequences[0])
             out += f"data: {self._head},{json.dumps(fields, separators=(',', ':'))[1:]}\n\n".encode()
         return out + b"data: [DONE]\n\n"
+
+
+_TIMING_FIELDS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second")
+
+
+def _timing(sequence: Sequence) -> dict[str, float]:
+    """vLLM's per-request metrics (``build_per_request_timing_metrics``) from the sequence's engine times, in ms:
+    queued to scheduled, scheduled to first token, first to last token; a field whose times are unknown is left out
+    (a stream's usage event drops nulls; a whole answer shows them, and ``speculative_decoding``, as null)."""
+    ms: dict[str, float] = {}
+    scheduled, first, last = sequence.scheduled_at, sequence.first_token_at, sequence.last_token_at
+    tokens = len(sequence.token_ids)
+    if scheduled is not None and first is not None:
+        ms["time_to_first_token_ms"] = (first - scheduled) * 1000
+    if first is not None and last is not None:
+        ms["generation_time_ms"] = (last - first) * 1000
+    if scheduled is not None:
+        ms["queue_time_ms"] = (scheduled - sequence.arrival) * 1000
+    if first is not None and last is not None and tokens > 1:
+        ms["mean_itl_ms"] = (last - first) / (tokens - 1) * 1000
+    if scheduled is not None and last is not None and last > scheduled:
+        ms["tokens_per_second"] = tokens / (last - scheduled)
+    return ms
 
 
 def _usage(sequences: list[Sequence], answer: _Answer, *, chat: bool, stream: bool) -> dict[str, Any]:
@@ -303,8 +329,9 @@ class SimApp:
     ``Authorization: Bearer <key>`` (401 ``{"error": "Unauthorized"}``
     otherwise), while ``/health``, ``/metrics`` and ``/tokenize`` stay open,
     as vLLM's AuthenticationMiddleware leaves every path outside ``/v1``.
-    ``enable_prompt_tokens_details`` and ``enable_request_id_headers`` are
-    vLLM's flags of those names (both off by default, as in vLLM).
+    ``enable_prompt_tokens_details``, ``enable_request_id_headers`` and
+    ``enable_per_request_metrics`` are vLLM's flags of those names (all off
+    by default, as in vLLM).
     ``max_chars_per_token`` is the tokenizer's longest token in characters:
     vLLM refuses a text over ``max_model_len`` times it before tokenizing
     (``input_text``); 4 is the simulator's own rule, a real tokenizer's is
@@ -325,6 +352,7 @@ class SimApp:
         retry_after: int | None = None,
         enable_prompt_tokens_details: bool = False,
         enable_request_id_headers: bool = False,
+        enable_per_request_metrics: bool = False,
         max_chars_per_token: int = CHARS_PER_TOKEN,
     ) -> None:
         if api_key == "":
@@ -344,7 +372,7 @@ class SimApp:
         config_hash = hashlib.sha256(f"{model}|{engine.params!r}".encode()).hexdigest()[:8]
         params = engine.params
         block = params.block_size if params.prefix_caching else None
-        self._answer = _Answer(model, f"vllm-{VLLM_VERSION}-{config_hash}", enable_prompt_tokens_details, block)
+        self._answer = _Answer(model, f"vllm-{VLLM_VERSION}-{config_hash}", enable_prompt_tokens_details, block, enable_per_request_metrics)
         self._ids = itertools.count()
         self._created = int(time.time())
         # The W3C traceparent of the latest completion requests that sent one, as
@@ -471,7 +499,10 @@ class SimApp:
         }
         if chat:
             body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
-        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        timing: dict[str, Any] | None = None
+        if self._answer.per_request_metrics and len(sequences) == 1:  # pydantic's model_dump: every field, nulls too
+            timing = dict.fromkeys(_TIMING_FIELDS) | _timing(sequences[0]) | {"speculative_decoding": None}
+        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=timing)
         return body
 
     def _models(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ class EngineSpec:
     retry_after: int | None = None  # a Retry-After (seconds) on the 503 of a full queue: the simulator's extra (vLLM sends none)
     enable_prompt_tokens_details: bool = False  # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details
     enable_request_id_headers: bool = False  # vLLM's --enable-request-id-headers: X-Request-Id on responses
+    enable_per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics: a "metrics" object on each answer
     max_chars_per_token: int = CHARS_PER_TOKEN  # the tokenizer's longest token: a text over max_model_len x this is refused untokenized
     keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT  # idle keep-alive connections close after this (uvicorn's 5 s)
 
@@ -71,6 +72,7 @@ async def serve_engine(
         retry_after=spec.retry_after,
         enable_prompt_tokens_details=spec.enable_prompt_tokens_details,
         enable_request_id_headers=spec.enable_request_id_headers,
+        enable_per_request_metrics=spec.enable_per_request_metrics,
         max_chars_per_token=spec.max_chars_per_token,
     )
     if switch is None:

@@ -14,6 +14,7 @@ queueing or to generation? -- is answered by ``queue_seconds`` against
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -51,6 +52,10 @@ _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 # vLLM's usage.prompt_tokens_details.cached_tokens (with --enable-prompt-tokens-details, and only when nonzero).
 _CACHED_USAGE = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+# vLLM's per-request metrics (--enable-per-request-metrics), on a stream's usage chunk: milliseconds.
+_ENGINE_QUEUE = re.compile(rb'"queue_time_ms"\s*:\s*([0-9.eE+-]+)')
+_ENGINE_TTFT = re.compile(rb'"time_to_first_token_ms"\s*:\s*([0-9.eE+-]+)')
+_ENGINE_ITL = re.compile(rb'"mean_itl_ms"\s*:\s*([0-9.eE+-]+)')
 
 
 # A caller's request id goes into headers, logs and the backend's request.
@@ -138,6 +143,11 @@ class RequestRecord:
     # The seconds from its seat to its end that its class's service time predicted at admission (None: nothing
     # learnt yet; router/observe/service_time.py): its queue deadline's share kept for running.
     service_predicted: float | None = None
+    # What the engine itself reported (vLLM's --enable-per-request-metrics; None where it sends none), seconds:
+    # in its own queue, scheduled to its first token, and its mean gap between tokens.
+    engine_queue: float | None = None
+    engine_ttft: float | None = None
+    engine_itl: float | None = None
     # The longest wait between two relayed chunks of its stream, after the first (seconds; 0 until a second chunk).
     max_gap: float = 0.0
     # Whether it met its class's objective (router/observe/attainment.py); None: not judged.
@@ -182,6 +192,17 @@ class RequestRecord:
             cached = _CACHED_USAGE.search(chunk)
             if cached is not None:
                 self.cached_tokens = int(cached.group(1))
+            if b'"metrics"' in chunk:
+                self.engine_queue, self.engine_ttft, self.engine_itl = (
+                    _seconds(pattern.search(chunk)) for pattern in (_ENGINE_QUEUE, _ENGINE_TTFT, _ENGINE_ITL)
+                )
+
+    def saw_engine_metrics(self, metrics: object) -> None:
+        """A whole answer's ``metrics`` object (vLLM's per-request metrics), where the engine sends one."""
+        if isinstance(metrics, dict):
+            self.engine_queue, self.engine_ttft, self.engine_itl = (
+                _ms_value(metrics.get(key)) for key in ("queue_time_ms", "time_to_first_token_ms", "mean_itl_ms")
+            )
 
     # -- derived timings -----------------------------------------------------
 
@@ -333,3 +354,20 @@ class RepeatedIds:
             if at >= horizon:
                 return
             del seen[oldest]
+
+
+def _seconds(match: re.Match[bytes] | None) -> float | None:
+    """A matched number of milliseconds, in seconds (None: absent or not a number)."""
+    if match is None:
+        return None
+    try:
+        return _ms_value(float(match.group(1)))
+    except ValueError:
+        return None
+
+
+def _ms_value(value: object) -> float | None:
+    """A finite, non-negative number of milliseconds, in seconds; None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value) / 1000

@@ -93,6 +93,7 @@ async def router_over_engines(
     wrap: Callable[[str, httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None,
     *,
     probe: bool = True,
+    per_request_metrics: bool = False,
 ) -> AsyncIterator[Fleet]:
     """A Router whose endpoints are in-process engines (latency profile unless given), each probed once
     (``probe=False``: none is, and every endpoint is unknown: it takes no request until a probe passes).
@@ -100,6 +101,7 @@ async def router_over_engines(
     ``wrap(url, transport)`` puts a test's transport in front of an engine's
     (to see or refuse its calls): the router's transport seam, not a swap.
     It applies once the first probe passed, unless ``probe`` is False.
+    ``per_request_metrics``: the engines run as vLLM's ``--enable-per-request-metrics``.
     """
     params = params or {}
     urls = {e.url for p in config.pools for e in p.endpoints} | set(extra_urls)
@@ -108,7 +110,8 @@ async def router_over_engines(
         for engine in engines.values():
             await nursery.start(engine.run)
         transports: dict[str, ConnectorTransport] = {
-            url: ConnectorTransport(memory_connector(SimApp(engine, model=MODEL).handle, nursery)) for url, engine in engines.items()
+            url: ConnectorTransport(memory_connector(SimApp(engine, model=MODEL, enable_per_request_metrics=per_request_metrics).handle, nursery))
+            for url, engine in engines.items()
         }
         probing = probe
         if wrap is not None:

@@ -55,7 +55,7 @@ def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-logs")
 
 
-ENGINE_FLAGS = ("--max-num-seqs", "4", "--enable-prompt-tokens-details", "--scheduling-policy", "priority")
+ENGINE_FLAGS = ("--max-num-seqs", "4", "--enable-prompt-tokens-details", "--enable-per-request-metrics", "--scheduling-policy", "priority")
 BUSY_FLAGS = ("--max-num-seqs", "1", "--max-num-queued-reqs", "1")
 
 

@@ -44,7 +44,7 @@ def sim(engine_logs: Path) -> Iterator[RealEngine]:
         sys.executable, "-m", "tailguard.sim", "--port", str(port), "--profile", "latency", "--model", SERVED_MODEL,
         "--api-key", ENGINE_KEY, "--max-num-seqs", "4", "--max-model-len", "4096", "--block-size", str(BLOCK),
         "--max-chars-per-token", str(LONGEST_TOKEN),
-        "--enable-prompt-tokens-details", "--scheduling-policy", "priority",
+        "--enable-prompt-tokens-details", "--enable-per-request-metrics", "--scheduling-policy", "priority",
     ]  # fmt: skip
     log_path = engine_logs / f"sim-{port}.log"
     with log_path.open("wb") as log:

@@ -13,7 +13,7 @@ from bench.vllm.engines import SERVED_MODEL, RealEngine
 from tests.real_vllm.conftest import TailguardFactory, pool_config
 
 CHAT = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "Say something about routers."}], "max_tokens": 8, "temperature": 0}
-VARIES = {"id", "created"}  # fresh per answer, wherever it comes from
+VARIES = {"id", "created", "metrics"}  # fresh per answer, wherever it comes from (metrics: the engine's own timings)
 
 
 def shape(value: Any) -> Any:
@@ -144,6 +144,22 @@ def test_stream_upstream_keeps_ttft_and_vllms_nulls(engines: tuple[RealEngine, R
     assert shape(ours) == shape(direct)
     assert ours["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
     assert line["ttft_ms"] is not None and line["ttft_ms"] > 0
+
+
+def test_access_log_carries_vllms_own_timings(engines: tuple[RealEngine, RealEngine], tailguard: TailguardFactory) -> None:
+    """vLLM's --enable-per-request-metrics: its queue, first-token and token-gap times in the access line, whole and streamed
+    (the stream's ride on the usage event tailguard asks for, though this caller did not)."""
+    engine = engines[0]
+    with tailguard(pool_config([engine.url])) as tg:
+        whole = httpx.post(f"{tg.url}/v1/chat/completions", json=CHAT, headers={"x-request-id": "timed-1"}, timeout=60)
+        streamed = httpx.post(f"{tg.url}/v1/chat/completions", json={**CHAT, "stream": True}, headers={"x-request-id": "timed-2"}, timeout=60)
+        assert whole.status_code == streamed.status_code == 200
+        assert whole.json()["metrics"]["time_to_first_token_ms"] > 0  # relayed as vLLM sent it
+        lines = tg.access("timed-1"), tg.access("timed-2")
+    for line in lines:
+        assert line["engine_queue_ms"] is not None and line["engine_queue_ms"] >= 0
+        assert line["engine_ttft_ms"] > 0 and line["engine_itl_ms"] > 0
+        assert line["engine_ttft_ms"] <= line["e2e_ms"]
 
 
 def test_access_log_carries_vllms_prompt_tokens(engines: tuple[RealEngine, RealEngine], tailguard: TailguardFactory) -> None:

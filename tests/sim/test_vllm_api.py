@@ -293,3 +293,26 @@ async def test_error_messages_are_scrubbed_of_paths_as_vllm_scrubs_them(autojump
         response = await app.handle("POST", "/v1/completions", {"content-type": "application/json"}, body)
         nursery.cancel_scope.cancel()
     assert json.loads(response.body)["error"]["message"] == "The model `nope` does not exist. Valid aliases: <path>"
+
+
+async def test_per_request_metrics_ride_on_an_answer_as_vllm_sends_them(autojump_clock: trio.testing.MockClock) -> None:
+    """--enable-per-request-metrics: a whole answer's ``metrics`` and a stream's usage chunk carry the engine's own
+    times (ms); without the flag a whole answer says ``"metrics": null`` and a stream none; n > 1 has none."""
+    streamed = {**CHAT, "max_tokens": 8, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    async with in_process_engine(FAST, per_request_metrics=True) as (_, client):
+        whole = (await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 8, "ignore_eos": True})).json()
+        stream = events((await client.post("/v1/chat/completions", json=streamed)).text)
+        several = (await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 8, "n": 2})).json()
+    metrics = whole["metrics"]
+    timings = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
+    assert set(metrics) == timings | {"speculative_decoding"} and metrics["speculative_decoding"] is None
+    assert set(stream[-1]["metrics"]) == timings  # a stream's usage event drops nulls
+    assert metrics["time_to_first_token_ms"] > 0 and metrics["queue_time_ms"] >= 0
+    assert metrics["mean_itl_ms"] == pytest.approx(metrics["generation_time_ms"] / 7)  # 8 tokens: 7 gaps
+    assert "metrics" in stream[-1] and stream[-1]["usage"]["completion_tokens"] == 8
+    assert all("metrics" not in event for event in stream[:-1])
+    assert several["metrics"] is None
+    async with in_process_engine(FAST) as (_, client):
+        plain = (await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 8})).json()
+        plain_stream = events((await client.post("/v1/chat/completions", json=streamed)).text)
+    assert plain["metrics"] is None and all("metrics" not in event for event in plain_stream)
