@@ -42,6 +42,8 @@ _VLLM_WHOLE_ONLY = {
 }
 _VLLM_WHOLE_ONLY_CHOICE = {"chat": ("routed_experts",), "completion": ("prompt_logprobs", "prompt_token_ids", "routed_experts")}
 _VLLM_WHOLE_ONLY_MESSAGE = ("refusal", "annotations", "audio", "function_call", "reasoning")
+# vLLM's per-request metrics (--enable-per-request-metrics): a stream's usage event drops the nulls, its whole answer keeps them.
+_VLLM_METRICS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second", "speculative_decoding")
 
 
 def assemblable(params: Mapping[str, Any]) -> bool:
@@ -128,6 +130,10 @@ def _add_vllm_whole_only(kind: str, body: dict[str, Any]) -> None:
         if kind == "chat":
             for key in _VLLM_WHOLE_ONLY_MESSAGE:
                 choice["message"].setdefault(key, None)
+    metrics = body.get("metrics")
+    if isinstance(metrics, dict):
+        for key in _VLLM_METRICS:
+            metrics.setdefault(key, None)
     usage = body.get("usage")
     if isinstance(usage, dict):
         usage.setdefault("completion_tokens_details", None)

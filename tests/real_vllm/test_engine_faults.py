@@ -578,7 +578,8 @@ def test_hung_engine_core_is_found_by_the_health_check(engines: tuple[RealEngine
         assert all(seconds < FIRST_BYTE for _, seconds, _ in results.values())  # moved when it was found, not timed out
         late = [seconds for sent, seconds, _ in results.values() if sent > down_after + 1.0]
         assert late and max(late) < 2.0  # once it is down, nothing waits on it
-        assert probes_per_second == ([0.5, 0.5] if kind == "completion" else [0.0, 0.0])
+        # A probe every 2 s: 1 to 3 in the 4 s window, by where its edges fall ("auto": none on an idle pool).
+        assert all(0.25 <= probes <= 0.75 for probes in probes_per_second) if kind == "completion" else probes_per_second == [0.0, 0.0]
 
 
 # -- 7. tailguard init against a real engine ---------------------------------------------

@@ -52,6 +52,19 @@ def test_a_completion_stream_folds_into_text_and_logprobs() -> None:
     assert choice["logprobs"]["tokens"] == ["Hel", "lo"] and choice["logprobs"]["text_offset"] == [0, 3]
 
 
+def test_vllms_per_request_metrics_keep_their_whole_answer_nulls() -> None:
+    # --enable-per-request-metrics: the stream's usage event drops nulls; vLLM's whole answer (model_dump) keeps them.
+    head = {"id": "chatcmpl-2", "object": "chat.completion.chunk", "created": 7, "model": MODEL, "system_fingerprint": "vllm-0.32.0-abc"}
+    timings = {"time_to_first_token_ms": 4.5, "generation_time_ms": 9.0, "queue_time_ms": 0.2, "mean_itl_ms": 3.0, "tokens_per_second": 300.0}
+    stream = sse(
+        {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}]},
+        {**head, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}, "metrics": timings},
+    )
+    assert assemble("chat", sse_objects([stream]))["metrics"] == {**timings, "speculative_decoding": None}
+    plain = sse({**head, "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]})
+    assert assemble("chat", sse_objects([plain]))["metrics"] is None  # an engine without the flag: null, as its whole answer
+
+
 def test_what_a_stream_cannot_reproduce_is_sent_as_asked() -> None:
     assert assemblable({"temperature": 0.3, "n": 2, "logprobs": True, "best_of": 1})
     for params in ({"prompt_logprobs": 1}, {"echo": True}, {"use_beam_search": True}, {"best_of": 3}):
