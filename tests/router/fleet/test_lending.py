@@ -314,11 +314,13 @@ async def test_a_retry_carries_the_borrowed_count_to_the_new_endpoint(autojump_c
             assert len(refused) == 1
             first, second = (fleet.router.endpoint(url) for url in sorted(BATCH_URLS, key=lambda u: u != refused[0]))
             assert (first.borrowed, first.in_flight, second.borrowed, second.in_flight) == (0, 0, 1, 1)
-            # the pool's own request now avoids the endpoint the borrowed seat moved to
+            assert first.context_tokens == 0 and second.context_tokens > 64  # the context moved with the seat
+            # the pool's own request goes by load: to the endpoint the borrowed seat left
             nursery.start_soon(run_to_end, fleet.router, chat("job", max_tokens=LONG_OUTPUT, request_id="b"))
             await trio.testing.wait_all_tasks_blocked()
             assert (first.in_flight, second.in_flight) == (1, 1)
         assert (first.borrowed, second.borrowed, first.in_flight, second.in_flight) == (0, 0, 0, 0)
+        assert (first.context_tokens, second.context_tokens) == (0, 0)
 
 
 async def test_a_pool_with_no_usable_endpoint_borrows_before_it_answers_no_backend(autojump_clock: trio.testing.MockClock) -> None:
