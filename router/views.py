@@ -31,6 +31,9 @@ class EndpointStatistics:
     # Its engine's learnt time to a stream's first byte: base seconds, and seconds a prompt token queued (0: not built).
     first_byte_base: float = 0.0
     first_byte_seconds_per_token: float = 0.0
+    # Tokens of context its requests in flight hold (prompt and max_tokens), and the fill placement compares (Endpoint.fill).
+    context_tokens: int = 0
+    fill: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ def endpoint_statistics(endpoint: Endpoint, pool: str) -> EndpointStatistics:
         key_refused=e.auth_failure is not None,
         first_byte_base=e.first_byte_model.base,
         first_byte_seconds_per_token=e.first_byte_model.seconds_per_token,
+        context_tokens=e.context_tokens,
+        fill=e.fill() if e.seats else 0.0,
     )
 
 

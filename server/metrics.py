@@ -411,9 +411,19 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
     per_token = _gauge(
         "tailguard_endpoint_first_byte_seconds_per_token", "The engine's learnt seconds a queued prompt token adds to a stream's first byte.", endpoint
     )
+    context = _gauge(
+        "tailguard_endpoint_context_tokens", "Tokens of context tailguard's requests running on the endpoint hold (prompt and max_tokens).", endpoint
+    )
+    fill = _gauge(
+        "tailguard_endpoint_fill",
+        "How busy placement takes the engine to be: the larger of its seats taken and its context at 660 tokens a seat, over its cap.",
+        endpoint,
+    )
     for e in stats.endpoints:
         labels = (e.pool, e.url)
         in_flight.add_metric(labels, e.in_flight)
+        context.add_metric(labels, e.context_tokens)
+        fill.add_metric(labels, e.fill)
         cap.add_metric(labels, e.max_concurrency)
         healthy.add_metric(labels, int(e.healthy))
         ejected.add_metric(labels, int(e.ejected))
@@ -437,7 +447,7 @@ def _endpoints(stats: RouterStatistics) -> Iterator[Metric]:
             if value is not None:
                 family.add_metric(labels, value)
     yield from (in_flight, cap, healthy, running, waiting, kv, scrape_ok, hit_ratio, queried, hit, ejected, ejections, failures, busy, refused)
-    yield from (base, per_token)
+    yield from (base, per_token, context, fill)
 
 
 def _prompt_ratios(stats: RouterStatistics) -> Iterator[Metric]:
