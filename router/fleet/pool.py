@@ -146,9 +146,11 @@ class Lease:
         prefix_key: bytes | None = None,
         placement: PlacementKind = "least_loaded",
         seats: int = 1,
+        context_tokens: int = 0,
     ) -> None:
         self.pool = pool
         self.seats = seats
+        self.context_tokens = context_tokens  # in its endpoint's context_tokens while it holds the seat
         self.endpoint = endpoint
         self.request_class = request_class
         self.borrower = borrower
@@ -162,7 +164,6 @@ class Lease:
         self.client.leases += 1
         self.granted_at = trio.current_time()
         self._released = False
-        self.context_tokens = 0  # in its endpoint's context_tokens while it holds the seat
         # A streamed call's prompt tokens to prefill before its first byte (its own and those queued ahead on
         # the endpoint), the seconds its engine's model predicted for them, and what it took.
         self.called_at: float | None = None
@@ -518,9 +519,7 @@ class Pool:
             endpoint.borrowed += need
         else:
             self.lending.own_peak.observe(self.in_flight - self.lending.lent, trio.current_time())
-        lease = Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind, need)
-        lease.context_tokens = context
-        return lease
+        return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind, need, context)
 
     def seat_ended(self, lease: Lease) -> None:
         """Book-keeping of a released lease's seats: its class's count, and the lent count."""
