@@ -188,12 +188,12 @@ class Lending:
             return False
         lend = self._pool.config.lend
         tokens = ticket.prompt_tokens + ticket.max_tokens
-        theirs = borrower.least_fill(tokens)
+        need = ticket.sequences
+        theirs = borrower.least_fill(tokens, need)  # both sides with all its sequences: n of them weigh n seats either way
         if theirs is None:
             return False
         own = self._pool.in_flight - self.lent
         keep = max(lend.reserve, self.own_peak.peak(trio.current_time()) - own)
-        need = ticket.sequences
         if self._pool.in_flight + need + keep > self._pool.seats:
             return False
         closed = self.closed_to_borrowers(ticket.prompt_tokens)
@@ -205,7 +205,7 @@ class Lending:
             candidates = [e for e in candidates if e.borrowed == most]
         cheaper = min(e.fill(need + keep, need * tokens) for e in candidates) < theirs
         my_backlog = min(e.prefill_backlog for e in candidates)
-        their_backlog = min(e.prefill_backlog for e in borrower.endpoints if e.has_room)
+        their_backlog = min(e.prefill_backlog for e in borrower.endpoints if e.room_for(need))
         if borrower.lending.promise is not None:  # promised a first token: no later to it, as well as a cheaper step
             return cheaper and my_backlog <= their_backlog
         return cheaper or my_backlog + ticket.prompt_tokens < their_backlog

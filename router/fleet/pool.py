@@ -462,14 +462,15 @@ class Pool:
             answer = answer or lent
         return answer
 
-    def least_fill(self, tokens: int = 0) -> float | None:
-        """How busy the pool's idlest engine with room would be with one more request of ``tokens`` of context (``Endpoint.fill``).
+    def least_fill(self, tokens: int = 0, sequences: int = 1) -> float | None:
+        """How busy the pool's idlest engine with room would be with one more request of ``sequences`` sequences of ``tokens`` context each (``Endpoint.fill``).
 
         A vLLM step costs more with every sequence it runs and every token
         they attend to, so a pool with a seat free may still be slower than
-        a sibling's idle engine; None when no endpoint has room.
+        a sibling's idle engine; None when no endpoint has room for all
+        the sequences (they are seated together, as ``seat`` seats them).
         """
-        return min((e.fill(1, tokens) for e in self.endpoints if e.has_room), default=None)
+        return min((e.fill(sequences, sequences * tokens) for e in self.endpoints if e.room_for(sequences)), default=None)
 
     @property
     def isolates_lent(self) -> bool:

@@ -294,3 +294,15 @@ async def test_a_request_promised_a_first_token_borrows_only_an_engine_with_no_l
     # Batch's engine is the cheaper step (2/4 against 3/4) but is prefilling a ~250-token prompt that interactive's
     # is not: the short request's first token would wait behind it, so it stays home (before: lent for the step).
     assert await where_a_short_request_goes(MID_PROMPT, LONG_OUTPUT, batch_streamed=True) == INTERACTIVE_URL
+
+
+async def test_a_request_of_several_sequences_weighs_them_all_on_the_borrowers_side_too(autojump_clock: trio.testing.MockClock) -> None:
+    # Interactive's engine holds one short request (1/4), batch's none. Two sequences would make it 3/4 at home against
+    # 2/4 on batch's: lent (and classed interactive still). Before, the borrower's side counted one seat (2/4, a tie): kept home.
+    async with router_over_engines(lend_back_busier()) as fleet:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_to_end, fleet.router, chat("quick?", max_tokens=64, request_id="i0"))
+            await trio.testing.wait_all_tasks_blocked()
+            _, routing = await run_to_end(fleet.router, chat("three ways?", max_tokens=64, request_id="n2", params={"n": 2}))
+            nursery.cancel_scope.cancel()
+    assert routing.request_class == "interactive" and routing.endpoint == BATCH_URL
