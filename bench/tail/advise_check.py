@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tailguard.router.config import ConfigError, LendConfig, load_config
 from tailguard.server.advise.candidates import Candidate
-from tailguard.server.advise.cli import DEFAULT_SECONDS, MAX_SECONDS, default_config
+from tailguard.server.advise.cli import default_config
 from tailguard.server.advise.fleet import fleet_from
 from tailguard.server.advise.report import report
 from tailguard.server.advise.simulate import Fate, Stats, stats_of
@@ -33,6 +33,9 @@ from tailguard.server.advise.traffic import arrivals_from_trace, seen_in_trace
 from tailguard.server.advise.verdict import Advice, advise
 
 TAIL_TIME_SCALE = 4.0  # bench tail's default --time-scale
+# Of the trace replayed: the printed bench tail run lasts that x its --time-scale in real time, so
+# this check keeps a short default where tailguard advise replays the whole trace.
+DEFAULT_SECONDS, MAX_SECONDS = 120.0, 3600.0
 TAIL_DRAIN_GPU_S = 120.0  # the caller's deadline: no request outlasts it, so bench tail's drain never cuts one
 
 

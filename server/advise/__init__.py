@@ -24,10 +24,14 @@ second, from the trace's start to the last one's end, also as a fraction of
 whose short E2E P99 is within 1.25x the ideal's and short TTFT P99 within
 2x; if none is, the candidate that misses those bounds by the least.
 
-An access log is replayed with a first line saying how much of it was used:
-lines read, used, and skipped for each reason (not JSON, not an access line,
-a rejected request, no size, an unparseable time, outside the window), so an
-operator can tell advice on their traffic from advice on a tenth of it.
+The whole trace or access log is replayed (``--seconds`` bounds it; at most
+a day of arrivals and 50,000 requests, and a longer one is cut and says so),
+with a first line saying how much of it was used: lines read and used, the
+seconds of arrivals, and lines skipped for each reason (not JSON, not an
+access line, a rejected request, no size, an unparseable time, after the
+window), so an operator can tell advice on their traffic from advice on a
+tenth of it. Under 50 requests to replay there is no recommendation (``cli``
+says why).
 
 The engines cache prefixes: requests the log (``prefix_group``,
 ``cached_tokens``) says shared a prefix replay with a shared text, placed as

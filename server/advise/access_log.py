@@ -2,7 +2,8 @@
 
 Read (``read_access_log``): every access line's arrival (its ``ts`` less
 its ``e2e_ms``), shape and prefix fields, and what the log held besides, so
-advice says how much of the log it rests on. Written (``write_log``): a
+advice says how much of the log it rests on (``LogUsage``: lines and seconds
+of arrivals used, of how many). Written (``write_log``): a
 replay's requests as tailguard's own ``JsonFormatter`` writes them under the
 ``tailguard.access`` logger, with the fields ``server.logs.access_fields``
 names (``ts`` when the request ended, ``e2e_ms``, ``ttft_ms``, the class the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,36 +36,58 @@ NOT_ACCESS = "not an access line"
 REJECTED = "an error outcome no split would serve (rejected: the caller's mistake)"
 NO_SIZE = "no prompt estimate or max_tokens (refused before they were read)"
 BAD_TIME = "an unparseable time (ts or e2e_ms)"
-OUTSIDE = "outside the window (--seconds after the first arrival)"
+OUTSIDE = "after the replayed window (--seconds, or advise's maximum, from the first arrival)"
 OVER_MAX = f"past the replay's {MAX_ARRIVALS} requests"
 _WHY_ORDER = (NOT_JSON, NOT_ACCESS, REJECTED, NO_SIZE, BAD_TIME, OUTSIDE, OVER_MAX)
 
 
 @dataclass(frozen=True)
 class LogUsage:
-    """How much of an access log was replayed, and why the rest was not: advice resting on a
+    """How much of an access log (or a trace) was replayed, and why the rest was not: advice resting on a
     tenth of the log, or on none of the short requests, must say so.
 
     ``skipped`` is (why, lines, detail) for each reason that skipped any, in
     ``_WHY_ORDER``; the detail of the error outcomes is their reasons and counts.
+    ``span`` is the seconds of arrivals replayed (first to last), ``whole``
+    those of every line with a time, so a cut window reads as one.
     """
 
     lines: int  # read (blank ones not counted)
     used: int
     skipped: tuple[tuple[str, int, str], ...]
+    span: float = 0.0
+    whole: float = 0.0
+    noun: str = "lines"  # what ``lines`` counts: an access log's lines, a trace's rows
+
+    @property
+    def cut(self) -> bool:
+        """Lines that would have been replayed were left past the window or the request bound."""
+        return any(why in (OUTSIDE, OVER_MAX) for why, _, _ in self.skipped)
 
     def summary(self, source: str) -> str:
-        head = f"{source}: {self.lines} lines read, {self.used} used"
+        seconds = f"{_seconds(self.span)} of {_seconds(self.whole)} s" if self.cut else f"{_seconds(self.span)} s"
+        head = f"{source}: used {self.used:,} of {self.lines:,} {self.noun}, {seconds} of arrivals"
         if not self.skipped:
             return head + ", none skipped"
-        parts = [f"{n} {why}" + (f" [{detail}]" if detail else "") for why, n, detail in self.skipped]
-        return f"{head}; {sum(n for _, n, _ in self.skipped)} skipped: " + "; ".join(parts)
+        parts = [f"{n:,} {why}" + (f" [{detail}]" if detail else "") for why, n, detail in self.skipped]
+        return f"{head}; {sum(n for _, n, _ in self.skipped):,} skipped: " + "; ".join(parts)
 
     def as_json(self) -> dict[str, Any]:
-        return {"lines": self.lines, "used": self.used, "skipped": [{"why": why, "lines": n, "detail": d} for why, n, d in self.skipped]}
+        return {
+            "lines": self.lines,
+            "used": self.used,
+            "span_s": self.span,
+            "whole_s": self.whole,
+            "skipped": [{"why": why, "lines": n, "detail": d} for why, n, d in self.skipped],
+        }
 
 
-def read_access_log(path: Path, short_class: str, seconds: float) -> tuple[list[Arrival], list[Seen], LogUsage]:
+def _seconds(value: float) -> str:
+    """Whole seconds with thousands separators; a tenth where that is all there is (a trace of GPU seconds)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def read_access_log(path: Path, short_class: str, seconds: float = math.inf) -> tuple[list[Arrival], list[Seen], LogUsage]:
     """tailguard's JSON access lines: each request's arrival (its line's time less its E2E), shape and
     prefix (its ``prefix_group`` and ``cached_tokens``), and what the log held besides.
 
@@ -71,7 +95,8 @@ def read_access_log(path: Path, short_class: str, seconds: float) -> tuple[list[
     ``rejected`` (a request refused for being busy, slow or failed upstream is
     demand a better split may serve; a malformed or unauthorized one is not).
     A request is short when its class was ``short_class``. Time starts at the
-    first arrival; ``seconds`` of arrivals are kept, at most ``MAX_ARRIVALS``.
+    first arrival; ``seconds`` of arrivals are kept (default: all of them), at
+    most ``MAX_ARRIVALS``.
     """
     found: list[tuple[float, str, int, int, Seen]] = []
     skipped: dict[str, int] = {}
@@ -122,11 +147,13 @@ def read_access_log(path: Path, short_class: str, seconds: float) -> tuple[list[
     skipped[OUTSIDE], skipped[OVER_MAX] = len(found) - len(window), len(window) - len(kept)
     arrivals = [Arrival(i, at - origin, kind, True, prompt, out) for i, (at, kind, prompt, out, _) in enumerate(kept)]
     details = {why: ", ".join(f"{reason} {n}" for reason, n in sorted(by.items(), key=lambda item: (-item[1], item[0]))) for why, by in reasons.items()}
-    usage = LogUsage(lines, len(kept), tuple((why, skipped[why], details.get(why, "")) for why in _WHY_ORDER if skipped.get(why)))
+    whole, span = (found[-1][0] - origin if found else 0.0), (kept[-1][0] - origin if kept else 0.0)
+    why = tuple((why, skipped[why], details.get(why, "")) for why in _WHY_ORDER if skipped.get(why))
+    usage = LogUsage(lines, len(kept), why, span, whole)
     return arrivals, [row[4] for row in kept], usage
 
 
-def arrivals_from_access_log(path: Path, short_class: str, seconds: float) -> list[Arrival]:
+def arrivals_from_access_log(path: Path, short_class: str, seconds: float = math.inf) -> list[Arrival]:
     """``read_access_log``'s arrivals alone."""
     return read_access_log(path, short_class, seconds)[0]
 

@@ -4,6 +4,16 @@ The command line (``tailguard advise`` dispatches here): a trace or an
 access log in; the report, the class thresholds (with an access log) and on
 request the JSON of it all out. The package's docstring says what is
 predicted and how.
+
+The whole input is replayed unless ``--seconds`` bounds it, at most
+``MAX_SECONDS`` of arrivals from the first and ``MAX_ARRIVALS`` requests (a
+longer log is cut, and the report's first line says so): the first line
+always says how much was used, so advice on 17 of 326 lines cannot pass for
+advice on the log. Under ``MIN_REQUESTS`` requests to replay there is no
+recommendation (exit status 2): a P99 over a few dozen requests is the
+luck of one or two of them, and it turned over completely when the window
+grew. The bound is on requests, not seconds: a trace's 3 GPU seconds of
+239 requests is plenty, a quiet hour of 20 is not.
 """
 
 from __future__ import annotations
@@ -20,12 +30,13 @@ from tailguard.server import SHIPPED_CONFIG
 from .access_log import LogUsage, read_access_log
 from .fleet import fleet_from
 from .joint import search, search_json, section
+from .replay.trace import MAX_ARRIVALS
 from .report import advice_json, report
-from .traffic import arrivals_from_trace, seen_in_trace
-from .verdict import advise
+from .traffic import read_trace_window
+from .verdict import advise, replayable
 
-DEFAULT_SECONDS = 120.0  # of arrivals replayed, by default
-MAX_SECONDS = 3600.0
+MAX_SECONDS = 24 * 3600.0  # of arrivals replayed: a day's cycle (virtual time costs nothing idle; requests cost, bounded apart)
+MIN_REQUESTS = 50  # to replay, for a recommendation
 
 
 def default_config() -> Path:
@@ -41,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--config", type=Path, default=None, help="the pools, endpoints and caps (default: ./config.toml, else the shipped one)")
     add("--engines", type=int, default=None, help="engines to split (default: the endpoints of the config's two pools)")
-    add("--seconds", type=float, default=DEFAULT_SECONDS, help=f"replay at most this many seconds of arrivals (default %(default)g, at most {MAX_SECONDS:g})")
+    add("--seconds", type=float, default=None, help=f"replay at most this many seconds of arrivals from the first (default: the whole input, up to {MAX_SECONDS:g})")
     add("--jobs", type=int, default=1, help="processes to simulate candidates in (default %(default)s)")
     add("--json", type=Path, default=None, help="also write every prediction as JSON here")
     add("--no-prefix-cache", action="store_true", help="replay every prompt unique, ignoring the log's prefix_group and cached_tokens (for comparison)")
@@ -53,47 +64,75 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 0 < args.seconds <= MAX_SECONDS or args.jobs < 1 or args.assume_shared_tokens < 0:
+    if args.seconds is not None and not 0 < args.seconds <= MAX_SECONDS or args.jobs < 1 or args.assume_shared_tokens < 0:
         parser.error(f"--seconds must be in (0, {MAX_SECONDS:g}], --jobs positive, --assume-shared-tokens not negative")
+    window = MAX_SECONDS if args.seconds is None else args.seconds
     path: Path = args.config or default_config()
     try:
         config = load_config(path)
     except ConfigError as error:
         print(f"tailguard: {path}: invalid config\n{error}", file=sys.stderr)
         return 2
-    usage: LogUsage | None = None
     try:
         fleet = fleet_from(config, args.engines)
         if args.trace is not None:
-            arrivals, source = arrivals_from_trace(args.trace, args.seconds), str(args.trace)
-            seen = seen_in_trace(args.trace, args.seconds)
+            source = str(args.trace)
+            arrivals, seen, usage = read_trace_window(args.trace, window)
         else:
-            arrivals, seen, usage = read_access_log(args.access_log, fleet.short_class, args.seconds)
             source = str(args.access_log)
-            print(usage.summary(source), file=sys.stderr if len(arrivals) < 2 else sys.stdout)
-        if len(arrivals) < 2:
-            raise ValueError(f"{source}: fewer than two requests to replay")
+            arrivals, seen, usage = read_access_log(args.access_log, fleet.short_class, window)
+        heading = _heading(usage, source, args.seconds is None)
+        count = len(replayable(fleet, arrivals)[0])
+        if count < MIN_REQUESTS:
+            print(heading, file=sys.stderr)
+            print(_too_few(source, count, len(arrivals), args.seconds), file=sys.stderr)
+            return 2
+        print(heading)
         modelled = None if args.no_prefix_cache else seen
         result = advise(
-            fleet, arrivals, seen=modelled, assume_tokens=args.assume_shared_tokens, jobs=args.jobs, seconds=args.seconds, source=source
+            fleet, arrivals, seen=modelled, assume_tokens=args.assume_shared_tokens, jobs=args.jobs, seconds=window, source=source
         )
     except (OSError, ValueError) as error:
         print(f"tailguard advise: {error}", file=sys.stderr)
         return 2
-    print(("\n" if usage is not None else "") + report(result), end="")
+    print("\n" + report(result), end="")
     thresholds = None
-    if usage is not None and not args.keep_thresholds:
-        thresholds = search(fleet, arrivals, seen=modelled, assume_tokens=args.assume_shared_tokens, jobs=args.jobs, seconds=args.seconds, file_advice=result)
+    if args.access_log is not None and not args.keep_thresholds:
+        thresholds = search(fleet, arrivals, seen=modelled, assume_tokens=args.assume_shared_tokens, jobs=args.jobs, seconds=window, file_advice=result)
         print("\n" + section(thresholds), end="")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         document = advice_json(result)
-        if usage is not None:
-            document["access_log"] = usage.as_json()
+        document["access_log" if args.access_log is not None else "trace"] = usage.as_json()
         if thresholds is not None:
             document["thresholds"] = search_json(thresholds)
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0
+
+
+def _heading(usage: LogUsage, source: str, whole: bool) -> str:
+    """How much of the input the advice rests on; where the input outran advise's own bounds (not --seconds), that it was cut."""
+    line = usage.summary(source)
+    if usage.cut and whole:
+        line += (
+            f"\nCut: advise replays at most {MAX_SECONDS:,.0f} s of arrivals from the first and {MAX_ARRIVALS:,} requests;"
+            " the rest of this input was not replayed (--seconds chooses a shorter window)."
+        )
+    return line
+
+
+def _too_few(source: str, count: int, read: int, seconds: float | None) -> str:
+    """The refusal: how many requests there were, how many a recommendation needs, and where more come from."""
+    dropped = f" ({read - count} of the {read} read are over the router's caps)" if read > count else ""
+    more = (
+        f"replay a longer window (a larger --seconds than {seconds:g}, or none: the whole input)"
+        if seconds is not None
+        else "give it a longer log or trace"
+    )
+    return (
+        f"tailguard advise: {source}: {count} requests to replay{dropped}; a recommendation needs at least {MIN_REQUESTS}"
+        f" (a P99 over fewer is the luck of one or two requests): no recommendation. To get one, {more}."
+    )
 
 
 if __name__ == "__main__":

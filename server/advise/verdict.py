@@ -86,6 +86,11 @@ def recommend(predictions: Sequence[Prediction]) -> tuple[Prediction, bool]:
     return min(predictions, key=lambda p: (p.miss, -p.stats.long_goodput, p.candidate.lends)), False
 
 
+def replayable(fleet: Fleet, arrivals: Sequence[Arrival]) -> tuple[list[Arrival], list[int]]:
+    """The arrivals every candidate replays (``traffic.fit``: those the router's caps take), and their places in ``arrivals``."""
+    return fit(arrivals, candidate_config(fleet, Candidate(1, fleet.engines - 1, "static")))
+
+
 def advise(
     fleet: Fleet,
     arrivals: Sequence[Arrival],
@@ -105,7 +110,7 @@ def advise(
     ``layouts`` gives the candidates (default ``candidates``).
     """
     started = time.perf_counter()
-    kept, places = fit(arrivals, candidate_config(fleet, Candidate(1, fleet.engines - 1, "static")))
+    kept, places = replayable(fleet, arrivals)
     dropped, sharing = len(arrivals) - len(kept), None
     if seen is not None:
         kept, sharing = with_prefixes(kept, [seen[i] for i in places], assume_tokens)

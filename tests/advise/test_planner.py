@@ -243,12 +243,13 @@ def test_an_access_log_says_how_much_of_it_was_used_and_why_not_the_rest(tmp_pat
     ]
     assert usage.used + sum(n for _, n, _ in usage.skipped) == usage.lines
     summary = usage.summary("tailguard.log")
-    assert summary.startswith("tailguard.log: 11 lines read, 3 used; 8 skipped: 1 not JSON; 1 not an access line; 3 an error outcome")
-    assert "[unauthenticated 2, model_not_found 1]" in summary and "1 outside the window" in summary
+    # The window cut one line: the seconds used read against the log's, from the first arrival (0.9 s) to the last (59.9 s).
+    assert summary.startswith("tailguard.log: used 3 of 11 lines, 2.0 of 59 s of arrivals; 8 skipped: 1 not JSON; 1 not an access line; 3 an error outcome")
+    assert "[unauthenticated 2, model_not_found 1]" in summary and "1 after the replayed window" in summary
     assert json.loads(json.dumps(usage.as_json()))["skipped"][2] == {"why": REJECTED, "lines": 3, "detail": "unauthenticated 2, model_not_found 1"}
     clean = tmp_path / "clean.log"
     clean.write_text(line("2025-01-01T00:00:01.000Z", 20) + "\n")
-    assert read_access_log(clean, "interactive", 30.0)[2].summary("clean.log") == "clean.log: 1 lines read, 1 used, none skipped"
+    assert read_access_log(clean, "interactive", 30.0)[2].summary("clean.log") == "clean.log: used 1 of 1 lines, 0.0 s of arrivals, none skipped"
 
 
 def test_stats_count_failed_short_requests_as_slowest() -> None:
@@ -281,15 +282,16 @@ def test_cli_replays_an_access_log(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "239 requests over 3.0 s" in done.stdout and "Recommended: 1:3 static" in done.stdout
-    assert done.stdout.startswith(f"{log}: 239 lines read, 239 used, none skipped\n")  # how much of the log the advice rests on
+    assert done.stdout.startswith(f"{log}: used 239 of 239 lines, 3.0 s of arrivals, none skipped\n")  # how much of the log the advice rests on
     assert "[pools.batch]" in done.stdout
 
 
-def _grouped_log(path: Path) -> Path:
-    """An access log of 48 requests over 12 s, a quarter long: two prefix groups (warm ones found 256 and 128 tokens cached) and unique ones."""
+def _grouped_log(path: Path, requests: int = 48) -> Path:
+    """An access log of ``requests`` requests, 4 a second, a quarter long: two prefix groups (warm ones found 256
+    and 128 tokens cached) and unique ones."""
     start = 1_735_689_600.0  # 2025-01-01T00:00:00Z
     lines = []
-    for i in range(48):
+    for i in range(requests):
         group, cached = [("aaaa0000aaaa0000", 256), ("bbbb1111bbbb1111", 128), (None, None)][i % 3]
         fields = {
             "class": "interactive" if i % 4 else "batch",
@@ -352,11 +354,11 @@ def test_modelling_the_cache_predicts_prefix_hits_that_unique_prompts_do_not(tmp
 def test_cli_no_prefix_cache_replays_unique_prompts(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text(SMALL_POOLS)
-    log = _grouped_log(tmp_path / "tailguard.log")
+    log = _grouped_log(tmp_path / "tailguard.log", 60)  # advise recommends on 50 requests or more
     args = [sys.executable, "-m", "tailguard.server", "advise", "--access-log", str(log), "--config", str(config), "--keep-thresholds"]
     runs = [subprocess.run([*args, *more], cwd=ROOT, capture_output=True, text=True, timeout=120) for more in ([], ["--no-prefix-cache"])]
     assert all(done.returncode == 0 for done in runs), [done.stderr for done in runs]
-    assert "32 of 48 replayed requests in 2 prefix groups" in runs[0].stdout
+    assert "40 of 60 replayed requests in 2 prefix groups" in runs[0].stdout
     assert "Prefix cache: not modelled (--no-prefix-cache)" in runs[1].stdout
 
 

@@ -131,7 +131,7 @@ def test_the_report_and_the_snippet_carry_the_recommended_thresholds(tmp_path: P
     config = tmp_path / "config.toml"
     config.write_text(SMALL_POOLS)  # two engines, the batch one of 8 seats
     log = tmp_path / "tailguard.log"
-    write_log(log, _arrivals(48), None, "interactive", "batch")
+    write_log(log, _arrivals(60), None, "interactive", "batch")  # advise recommends on 50 requests or more
     assert main(["--access-log", str(log), "--config", str(config), "--json", str(tmp_path / "advice.json")]) == 0
     out = capsys.readouterr().out
     found = json.loads((tmp_path / "advice.json").read_text())["thresholds"]
