@@ -6,10 +6,13 @@ says instead how long the queue ahead takes to drain at the pool's measured
 rate (the estimate fail-fast already makes), clamped to [floor, 60] s, and
 spreads the clients out: each hint is that wait times a uniform draw in
 [1, 1.5), so the retries of one burst arrive over half the wait again, never
-sooner than a seat is expected. Where nothing is measured yet (a pool's
-first releases) the hint is the configured floor as it is. ``Retry-After`` is whole seconds on
-HTTP (rounded up, at least 1); gRPC's ``grpc-retry-pushback-ms`` carries the
-same value to the millisecond.
+sooner than a seat is expected. Where nothing is measured yet (a fresh pool,
+before its first releases) the hint is the configured floor, spread the same
+way: a floor sent as it is brought a fresh pool's whole first burst back in
+one instant (``python -m bench retry``: the openai SDK retried them together).
+``Retry-After`` is whole seconds on HTTP (rounded up, at least 1); gRPC's
+``grpc-retry-pushback-ms`` carries the same value to the millisecond, and so
+does HTTP's ``retry-after-ms``.
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ class RetryHints:
         self.computed = True  # False ([timeouts] retry_after_hint = "fixed"): every hint is the floor, as before
 
     def for_queue(self, ahead: int, drain_rate: float | None, floor: float) -> float:
-        """After a queue refusal: ``ahead`` + 1 seats freed at ``drain_rate`` a second, spread; the floor when the rate is unknown."""
-        if drain_rate is None or drain_rate <= 0 or not self.computed:
-            return floor
+        """After a queue refusal: ``ahead`` + 1 seats freed at ``drain_rate`` a second, spread; the floor, spread, when the rate is unknown."""
+        if drain_rate is None or drain_rate <= 0:
+            return self.spread(floor, floor)
         return self.spread((ahead + 1) / drain_rate, floor)
 
     def spread(self, wait: float, floor: float) -> float:
