@@ -23,9 +23,10 @@ from .observe import Attainment, ClassAttainment, LoopLag, RequestRecord
 from .quotas import ANONYMOUS, Authenticator, Caller, LedgerStore, Traffic
 from .request_path import Completion, RequestPath
 from .upkeep import Upkeep
+from .utility import UtilityAnswer, UtilityCalls
 from .views import EndpointStatistics, RouterStatistics, assignment, endpoint_statistics, health, models, statistics
 
-__all__ = ["Completion", "EndpointStatistics", "Router", "RouterStatistics", "TransportFactory"]
+__all__ = ["Completion", "EndpointStatistics", "Router", "RouterStatistics", "TransportFactory", "UtilityAnswer"]
 
 
 class Router:
@@ -43,6 +44,7 @@ class Router:
         self._fleet = fleet = Fleet(config, transport_factory or (lambda _: None), random.Random(seed), model_lens or {})
         self._traffic = Traffic()
         self._path = RequestPath(fleet, self._traffic)
+        self._utility = UtilityCalls(fleet)
         self._authenticator = Authenticator(config.auth)
         self._attainment = Attainment()
         self.loop_lag = LoopLag()  # how late this loop runs: verdicts about engines discount its stalls (read-only outside)
@@ -146,6 +148,10 @@ class Router:
         (made by the front end) receives the decisions and timestamps.
         """
         return self._path.open(request, arrival, caller, record)
+
+    async def utility(self, path: str, payload: Mapping[str, object], headers: Mapping[str, str]) -> UtilityAnswer:
+        """A call that generates nothing (tokenize, detokenize, count tokens), relayed without a seat (router/utility.py)."""
+        return await self._utility.call(path, payload, headers)
 
     # -- background work --------------------------------------------------
 

@@ -23,7 +23,18 @@ from typing import Any
 
 import trio
 
-from .admission import Admitted, ConversationMemory, KindRatio, PromptRatios, RouterRequest, Routing, caller_salt, decide
+from .admission import (
+    MAX_TOKENS_FIELD,
+    MESSAGE_KINDS,
+    Admitted,
+    ConversationMemory,
+    KindRatio,
+    PromptRatios,
+    RouterRequest,
+    Routing,
+    caller_salt,
+    decide,
+)
 from .backend import BackendClient, BackendResponse, assemblable, assemble, sse_objects
 from .errors import (
     BackendAuthFailed,
@@ -42,7 +53,10 @@ from .quotas import BudgetGate, Caller, RateLimits, Traffic
 
 log = logging.getLogger("tailguard.router")
 
-_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+# The kinds whose stream takes ``stream_options`` (OpenAI's chunks; the usage event tailguard asks for) and
+# whose whole answer tailguard can put together from a stream (router/backend/whole_answer.py).
+_CHUNKED = frozenset({"chat", "completion"})
 
 # Body fields a caller may send but the router decides (docs/request-path.md).
 # ``model``, ``messages``/``prompt``, ``max_tokens`` and ``stream`` are written
@@ -83,10 +97,11 @@ class Completion:
         usage = self.payload.get("usage")
         if not isinstance(usage, dict):
             usage = {}
-        self.record.input_tokens = _count(usage.get("prompt_tokens"))
-        details = usage.get("prompt_tokens_details")
+        # OpenAI's usage names, or Anthropic's and the Responses API's (input_tokens, output_tokens).
+        self.record.input_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+        details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
         self.record.cached_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
-        self.record.saw_answer(_count(usage.get("completion_tokens")))
+        self.record.saw_answer(_count(usage.get("completion_tokens", usage.get("output_tokens"))))
         self.record.saw_engine_metrics(self.payload.get("metrics"))
         return body
 
@@ -266,7 +281,9 @@ class RequestPath:
                     serving = lease.pool  # a lender's, when the seat is borrowed
                     if serving is not pool:
                         record.lender = serving.name
-                    assembled = not request.stream and assemblable(request.params) and _asked_as_stream(serving, lease)
+                    assembled = (
+                        not request.stream and request.kind in _CHUNKED and assemblable(request.params) and _asked_as_stream(serving, lease)
+                    )
                     body, drop_usage = _call_body(request, admitted, serving, caller, stream=request.stream or assembled)
                     hung_at = arrival + config.timeouts.end_to_end_timeout
                     lease.calling(ticket.prompt_tokens, streamed=request.stream or assembled)
@@ -374,7 +391,7 @@ class RequestPath:
                 # The caller's own id rides beside it, for whatever logs headers on the way (vLLM ignores it).
                 headers = {"x-request-id": record.upstream_id, "x-tailguard-request-id": request.request_id}
                 if trace is not None:
-                    headers.update(trace.call(endpoint.url, request.kind, body["model"], body["max_tokens"]))
+                    headers.update(trace.call(endpoint.url, request.kind, body["model"], body[MAX_TOKENS_FIELD[request.kind]]))
                 try:
                     wait = _first_byte_wait(timeout, lease.predicted_first_byte)
                     response = await _first_byte(lease.client, endpoint, path, body, headers, stream=stream, timeout=wait)
@@ -506,14 +523,15 @@ def backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream:
     """
     body: dict[str, Any] = {name: value for name, value in request.params.items() if name not in ROUTER_OWNED}
     body["model"] = model
-    if request.kind == "chat":
+    if request.kind in MESSAGE_KINDS:
         body["messages"] = list(request.messages or ())
-    else:
+    elif request.kind == "completion":
         body["prompt"] = request.prompt
-    body["max_tokens"] = max_tokens
+    # (A Responses request's input and instructions, a Messages request's system, are in its params.)
+    body[MAX_TOKENS_FIELD[request.kind]] = max_tokens
     body["stream"] = stream
     drop_usage = False
-    if stream:
+    if stream and request.kind in _CHUNKED:  # the other APIs' streams end with their usage already
         options = request.params.get("stream_options")
         options = dict(options) if isinstance(options, Mapping) else {}
         if options.get("include_usage") is not True:

@@ -2,7 +2,10 @@
 
 HTTP bodies have OpenAI's shape, ``{"error": {"message", "type", "param",
 "code"}}``, so the official SDK raises the matching exception class and
-honours ``Retry-After``. gRPC gets the status the table names, with the same
+honours ``Retry-After``; on Anthropic's routes (``/v1/messages``) they have
+Anthropic's, ``{"type": "error", "error": {"type", "message"}}``, with the
+statuses it uses (529 for an overloaded service), so the anthropic SDK
+retries what it should. gRPC gets the status the table names, with the same
 retry hint in trailing metadata (``retry-after`` seconds and gRPC's own
 ``grpc-retry-pushback-ms``), and the error's code as ``x-tailguard-error-code``
 (``error_code``: the word an HTTP caller reads in ``error.code``), because one
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import grpc
 
@@ -25,6 +29,10 @@ from tailguard.router.queueing import whole_seconds
 
 # Statuses the openai SDK retries on its own unless told not to.
 _SDK_RETRIES = frozenset({408, 409, 429})
+
+
+# Which API's error shape an HTTP route answers in: OpenAI's (every route but Anthropic's) or Anthropic's.
+Dialect = Literal["openai", "anthropic"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class HttpError:
     retry_after: float | None
     retryable: bool = False
     allow: tuple[str, ...] = ()  # a 405's methods the path does take (its Allow header)
+    dialect: Dialect = "openai"
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"content-type", b"application/json")]
@@ -57,34 +66,40 @@ class HttpError:
         return json.dumps(self.body).encode()
 
     def sse_event(self) -> bytes:
-        """The error as the last event of a stream that already began."""
+        """The error as the last event of a stream that already began (Anthropic's names its event)."""
+        if self.dialect == "anthropic":
+            return b"event: error\ndata: " + self.encoded() + b"\n\n"
         return b"data: " + self.encoded() + b"\n\n"
 
 
-def _body(message: str, error_type: str, param: str | None, code: str | None) -> dict[str, object]:
+def _body(message: str, error_type: str, param: str | None, code: str | None, dialect: Dialect = "openai") -> dict[str, object]:
+    if dialect == "anthropic":  # the anthropic SDK reads error.type and error.message
+        return {"type": "error", "error": {"type": error_type, "message": message}}
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
-def http_error(error: errors.TailguardError) -> HttpError:
-    """The HTTP rendering of a router error."""
-    error_type, code = error_spec.openai_type_and_code(error)
-    return HttpError(
-        error_spec.http_status(error),
-        _body(error.message, error_type, error.param, code),
-        error_spec.retry_after(error),
-        error_spec.spec_for(error).retryable,
-    )
+def http_error(error: errors.TailguardError, dialect: Dialect = "openai") -> HttpError:
+    """The HTTP rendering of a router error, in the route's API's shape (the status too: Anthropic's overloaded is 529)."""
+    spec = error_spec.spec_for(error)
+    if dialect == "anthropic":
+        status, error_type = error_spec.anthropic_status_and_type(error)
+        body = _body(error.message, error_type, None, None, dialect)
+    else:
+        error_type, code = error_spec.openai_type_and_code(error)
+        status, body = error_spec.http_status(error), _body(error.message, error_type, error.param, code)
+    return HttpError(status, body, error_spec.retry_after(error), spec.retryable, dialect=dialect)
 
 
-def no_route(method: str, path: str) -> HttpError:
-    """404 for a path no route serves, worded and shaped as OpenAI's own answer."""
-    return HttpError(404, _body(f"Invalid URL ({method} {path})", "invalid_request_error", None, None), None)
+def no_route(method: str, path: str, dialect: Dialect = "openai") -> HttpError:
+    """404 for a path no route serves, worded and shaped as OpenAI's (or Anthropic's) own answer."""
+    error_type = "not_found_error" if dialect == "anthropic" else "invalid_request_error"
+    return HttpError(404, _body(f"Invalid URL ({method} {path})", error_type, None, None, dialect), None, dialect=dialect)
 
 
-def wrong_method(method: str, path: str, allow: tuple[str, ...]) -> HttpError:
+def wrong_method(method: str, path: str, allow: tuple[str, ...], dialect: Dialect = "openai") -> HttpError:
     """405 for a known path asked with a method it does not take; ``Allow`` names the ones it does."""
     message = f"Invalid method for URL ({method} {path}): use {' or '.join(allow)}"
-    return HttpError(405, _body(message, "invalid_request_error", None, None), None, allow=allow)
+    return HttpError(405, _body(message, "invalid_request_error", None, None, dialect), None, allow=allow, dialect=dialect)
 
 
 # -- gRPC -------------------------------------------------------------------

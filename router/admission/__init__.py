@@ -23,6 +23,8 @@ from .prefix_memory import (
 from .prompt_ratios import KindRatio as KindRatio, PromptRatios as PromptRatios
 from .request import (
     MAX_JSON_DEPTH as MAX_JSON_DEPTH,
+    MAX_TOKENS_FIELD as MAX_TOKENS_FIELD,
+    MESSAGE_KINDS as MESSAGE_KINDS,
     RequestKind as RequestKind,
     RouterRequest as RouterRequest,
     Routing as Routing,

@@ -65,7 +65,7 @@ def decide(
     output_tokens = max_tokens * sequences  # each of the n choices may generate max_tokens
     history = uncached = None
     if memory is not None and any(k.prompt_bound == "uncached" for k in config.classes):
-        history = history_digests(request.messages)
+        history = history_digests(request.conversation())
         warm = memory.warm(history) if history is not None else None
         if warm is not None:
             uncached = partial(expected_uncached, request, prompt_tokens, warm, pools)

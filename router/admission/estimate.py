@@ -161,8 +161,9 @@ def estimate_prompt_tokens(request: RouterRequest, estimate: EstimateConfig) -> 
 def size_prompt(request: RouterRequest, estimate: EstimateConfig) -> PromptSize:
     """The request's raw estimate, chat template overhead, tools and schemas included, split by kind."""
     tally = _Tally(estimate)
-    if request.kind == "chat":
-        messages = request.messages or ()
+    conversation = request.conversation()
+    if conversation is not None:
+        messages = conversation
         overhead = estimate.per_message_tokens * (len(messages) + 1)
         tally.tokens += overhead
         tally.parts[TEMPLATE] += overhead

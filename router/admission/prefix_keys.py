@@ -58,7 +58,7 @@ def prefix_group(key: bytes | None) -> str | None:
 
 def prefix_key_of(request: RouterRequest, blocks: int = DEFAULT_BLOCKS) -> bytes | None:
     """The key of a translated request (either front end): its hints in ``params``, its session, its prompt's first ``blocks`` blocks."""
-    return _key(request.params, request.session, request.messages, request.prompt, key_chars(blocks))
+    return _key(request.params, request.session, request.conversation(), request.prompt, key_chars(blocks))
 
 
 def _key(hints: Mapping[str, object], session: str | None, messages: object, prompt: object, chars: int) -> bytes | None:

@@ -16,7 +16,14 @@ from typing import Any, Literal
 from ..errors import InvalidRequest
 from ..observe import is_valid_request_id
 
-RequestKind = Literal["chat", "completion"]
+# What a request asks of an engine, named by the API it came in on: OpenAI's chat and (legacy) completions,
+# OpenAI's Responses API and Anthropic's Messages API. Each generates tokens on a seat; only chat and
+# completion have a gRPC method and a whole answer tailguard can put together from a stream.
+RequestKind = Literal["chat", "completion", "responses", "messages"]
+# Kinds whose prompt is chat messages (role and content): Anthropic's are shaped as OpenAI's.
+MESSAGE_KINDS: frozenset[str] = frozenset({"chat", "messages"})
+# The field each kind names its output bound by (the router's max_tokens).
+MAX_TOKENS_FIELD: dict[str, str] = {"chat": "max_tokens", "completion": "max_tokens", "responses": "max_output_tokens", "messages": "max_tokens"}
 
 # Far above any real context window, far below what breaks JSON integers.
 MAX_TOKENS_CEILING = 1 << 31
@@ -73,10 +80,12 @@ class RouterRequest:
     session: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind == "chat":
+        if self.kind in MESSAGE_KINDS:
             _check_messages(self.messages)
-        else:
+        elif self.kind == "completion":
             _check_prompt(self.prompt)
+        elif self.prompt is not None or self.messages is not None:
+            raise InvalidRequest(f"a {self.kind} request carries its input in its params")
         if self.max_tokens is not None:
             if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
                 raise InvalidRequest("max_tokens must be an integer", param="max_tokens")
@@ -93,10 +102,36 @@ class RouterRequest:
             raise InvalidRequest("the request id must be 1 to 128 printable ASCII characters without spaces", param="x-request-id")
         _check_forwardable(self)
 
+    def conversation(self) -> list[Mapping[str, Any]] | None:
+        """The prompt as chat messages in the order the engine's template reads them (None for a completion's prompt).
+
+        Anthropic's ``system`` and the Responses API's ``instructions`` come
+        first, as a system message; a Responses ``input`` string is one user
+        message, its list of items the messages (a tool's output item has no
+        ``content``: its other fields are still counted). Size estimates,
+        prefix keys and conversation memory read every kind through this.
+        """
+        if self.kind == "chat":
+            return list(self.messages or ())
+        if self.kind == "completion":
+            return None
+        params = self.params
+        lead = params.get("system") if self.kind == "messages" else params.get("instructions")
+        turns: list[Mapping[str, Any]] = [{"role": "system", "content": lead}] if isinstance(lead, (str, list)) and lead else []
+        if self.kind == "messages":
+            return turns + list(self.messages or ())
+        given = params.get("input")
+        if isinstance(given, str):
+            return [*turns, {"role": "user", "content": given}]
+        if isinstance(given, list):
+            return turns + [item for item in given if isinstance(item, Mapping)]
+        return turns
+
     def texts(self) -> list[str]:
         """The prompt's texts, for size estimation (chat: one per message)."""
-        if self.kind == "chat":
-            return [message_text(m) for m in self.messages or ()]
+        conversation = self.conversation()
+        if conversation is not None:
+            return [message_text(m) for m in conversation]
         prompt = self.prompt
         if isinstance(prompt, str):
             return [prompt]

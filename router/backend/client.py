@@ -318,6 +318,37 @@ class BackendClient:
         """What this client posts through (tests read its counters)."""
         return self._transport
 
+    async def exchange(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, str, bytes]:
+        """POST a small request and read its whole answer, whatever its status: (status, content type, body).
+
+        For routes relayed as the engine answers them (a tokenizer's count,
+        its 4xx included), read up to ``max_body_bytes``. Raises
+        BackendUnavailable when the engine cannot be reached or breaks the
+        answer, BadBackendReply when the answer is over the cap.
+        """
+        self.in_flight += 1
+        try:
+            try:
+                response = await self._transport.post(path, body, {**self._headers, **headers})
+            except httpx.TransportError as error:
+                raise BackendUnavailable(
+                    f"the backend could not be reached ({type(error).__name__})", endpoint=self.url, detail=describe(error)
+                ) from None
+            try:
+                try:
+                    content = await read_capped(response, self.max_body_bytes)
+                except httpx.TransportError as error:
+                    raise BackendUnavailable(
+                        f"the backend broke the response ({type(error).__name__})", endpoint=self.url, detail=describe(error)
+                    ) from None
+            finally:
+                await response.aclose()
+            if content is None:
+                raise BadBackendReply(f"the backend sent a body over {self.max_body_bytes} bytes (server.max_backend_body_bytes)", endpoint=self.url)
+            return response.status_code, response.headers.get("content-type", "application/json"), content
+        finally:
+            self.in_flight -= 1
+
     async def open(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], *, stream: bool) -> BackendResponse:
         """Send the request and return its open 2xx response; the caller must ``aclose`` it.
 
@@ -363,11 +394,20 @@ class BackendClient:
 
 
 def _not_a_completion(payload: object) -> str | None:
-    """Why a non-streaming body is not a completion, or None when it is one."""
+    """Why a non-streaming body is not a completion, or None when it is one.
+
+    A completion as each API shapes it: OpenAI's choices, each finished; an
+    Anthropic message (``"type": "message"``) with its ``stop_reason``; a
+    Responses API response (``"object": "response"``) that did not fail.
+    """
     if not isinstance(payload, dict):
         return "not a JSON object"
-    if "error" in payload:
+    if "error" in payload and payload.get("object") != "response":  # a response always has the key (null unless it failed)
         return "it holds an error"
+    if payload.get("type") == "message":
+        return None if "stop_reason" in payload and isinstance(payload.get("content"), list) else "a message without content or stop_reason"
+    if payload.get("object") == "response":
+        return "the response failed" if payload.get("status") == "failed" else None
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices:
         return "no choices"

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import re
 
-_ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*"error"\s*:.*)')
+# OpenAI's and vLLM's error event (``{"error": {...}}``), Anthropic's and the Responses API's
+# (``{"type": "error", ...}``), and a Responses stream's failed response.
+_ERROR_EVENT = re.compile(rb'(?:^|\n)data:\s*(\{\s*(?:"error"\s*:|"type"\s*:\s*"(?:error|response\.failed)").*)')
 _EVENT_END = re.compile(rb"\r?\n\r?\n")  # an SSE event ends with a blank line
 _DONE = b"[DONE]"
 _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
+# The last event of the other APIs' streams: Anthropic's message_stop, the Responses API's completed (or
+# incomplete: cut at max_output_tokens) response. None has a [DONE].
+_TERMINAL = re.compile(rb'"type"\s*:\s*"(?:message_stop|response\.completed|response\.incomplete)"')
 _JSON = json.JSONDecoder()  # stateless; its raw_decode parses an event where it lies in a chunk
 # An unfinished event kept back at most (a backend that never ends one is refused
 # past it); the gRPC front end's SSE decoder refuses an event over the same size.
@@ -183,7 +188,7 @@ def stream_ended(end: bytes) -> bool:
     data = [value for event in _EVENT_END.split(end) if (value := _event_data(event)) is not None]
     if data and data[-1] == _DONE:
         return True
-    return any(_FINISH_REASON.search(value) is not None for value in data)
+    return any(_FINISH_REASON.search(value) is not None or _TERMINAL.search(value) is not None for value in data)
 
 
 def _event_problem(event: bytes) -> str | None:
@@ -230,7 +235,7 @@ def _with_fingerprint(event: bytes, fingerprint: object) -> bytes:
 
 
 def first_error_event(data: bytes) -> bytes | None:
-    """The first ``data: {"error": ...}`` line in ``data``, if it has one."""
+    """The first error event's data line in ``data`` (``{"error": ...}``, or ``{"type": "error", ...}``), if it has one."""
     if b'"error"' not in data:
         return None
     match = _ERROR_EVENT.search(data)

@@ -48,8 +48,9 @@ UNKNOWN = "none"  # label value for a class or pool not yet decided
 
 # One SSE event per engine step carrying output; vLLM emits one per token
 # unless it batches several tokens into one step's delta.
-_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_PROMPT_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+# A stream's usage: OpenAI's names, and Anthropic's and the Responses API's (message_delta, response.completed).
+_USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+_PROMPT_USAGE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
 # vLLM's usage.prompt_tokens_details.cached_tokens (with --enable-prompt-tokens-details, and only when nonzero).
 _CACHED_USAGE = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 # vLLM's per-request metrics (--enable-per-request-metrics), on a stream's usage chunk: milliseconds.
@@ -183,10 +184,11 @@ class RequestRecord:
         self._events += chunk.count(b"data:")
         if b"[DONE]" in chunk:
             self._done_seen = True
-        match = _USAGE.search(chunk)
+        match = _last(_USAGE, chunk)
         if match is not None:  # a usage chunk (stream_options.include_usage) is exact
+            # The last in the chunk: Anthropic's stream opens with a usage of 0 output tokens and ends with the count.
             self.completion_tokens = int(match.group(1))
-            prompt = _PROMPT_USAGE.search(chunk)
+            prompt = _last(_PROMPT_USAGE, chunk)
             if prompt is not None:
                 self.input_tokens = int(prompt.group(1))
             cached = _CACHED_USAGE.search(chunk)
@@ -371,3 +373,11 @@ def _ms_value(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None
     return float(value) / 1000
+
+
+def _last(pattern: re.Pattern[bytes], chunk: bytes) -> re.Match[bytes] | None:
+    """The last match of ``pattern`` in ``chunk`` (None: none)."""
+    match = None
+    for match in pattern.finditer(chunk):  # noqa: B007 -- the loop keeps the last
+        pass
+    return match

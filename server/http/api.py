@@ -32,7 +32,7 @@ from tailguard.router.quotas import check_token, one_authorization
 if TYPE_CHECKING:  # imported only while [tracing] is on
     from tailguard.router.observe.tracing import Tracing
 
-from ..errors_map import HttpError, http_error, no_route, wrong_method
+from ..errors_map import Dialect, HttpError, http_error, no_route, wrong_method
 from ..logs import AccessLog
 from ..metrics import CONTENT_TYPE, Metrics
 from ..timing import server_timing
@@ -45,15 +45,26 @@ log = logging.getLogger("tailguard.http")
 _CLASS_HEADER = "x-tailguard-class"
 _REPEATED = "\x00repeated"  # a header value no client can send (NUL): the header came more than once
 
-_COMPLETION_PATHS: dict[str, RequestKind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+# The routes that generate: each takes a seat in its class's pool, with the caps, queues, fair shares and budgets of chat.
+_COMPLETION_PATHS: dict[str, RequestKind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+# Routes passed through to an engine serving the request's model, without a seat: they generate nothing
+# (a tokenizer's answer), so they neither wait behind generations nor count as one (router/utility.py).
+_UTILITY_PATHS = frozenset({"/v1/messages/count_tokens", "/tokenize", "/detokenize"})
 # Every route and the methods it takes; a path not here is a 404, a method not listed a 405.
 _ROUTES: dict[str, tuple[str, ...]] = {
-    **{path: ("POST",) for path in _COMPLETION_PATHS},
-    "/health": ("GET",),
-    "/metrics": ("GET",),  # when the app has metrics
+    **{path: ("POST",) for path in (*_COMPLETION_PATHS, *_UTILITY_PATHS)},
+    "/health": ("GET", "HEAD"),
+    "/metrics": ("GET", "HEAD"),  # when the app has metrics; HEAD: the server sends GET's head alone
     "/v1/models": ("GET",),
     "/v1/limits": ("GET",),
 }
+# Anthropic's routes answer errors in Anthropic's shape (server/errors_map.py), every other route in OpenAI's.
+_ANTHROPIC_PREFIX = "/v1/messages"
 # Which routes a listener has: all, the API's without /metrics, or /metrics alone ([server] metrics_listen).
 Serves = Literal["all", "api", "metrics"]
 _MODEL_PATH = "/v1/models/"  # + a model id, which may itself hold slashes ("org/name")
@@ -137,25 +148,34 @@ class HttpApi:
             await self._completion(kind, path, headers, receive, send)
             return
         request_id, refused = self._sessions.request_id(headers.get("x-request-id"))
+        dialect = _dialect(path)
         try:
-            await self._other(path, method, headers, request_id, refused, send)
-        except Exception as error:  # a bug: a 500 in OpenAI's shape, never an empty one
+            await self._other(path, method, headers, request_id, refused, receive, send)
+        except Exception as error:  # a bug: a 500 in the route's shape, never an empty one
             log.error("%s %s failed unexpectedly (request %s)", method, path, request_id, exc_info=error)
-            await _send_error(send, http_error(InternalError(f"tailguard failed unexpectedly ({type(error).__name__})")), request_id)
+            failed = InternalError(f"tailguard failed unexpectedly ({type(error).__name__})")
+            await _send_error(send, http_error(failed, dialect), request_id)
 
     async def _other(
-        self, path: str, method: str, headers: dict[str, str], request_id: str, refused: TailguardError | None, send: Send
+        self, path: str, method: str, headers: dict[str, str], request_id: str, refused: TailguardError | None, receive: Receive, send: Send
     ) -> None:
         """Every route but the completions: small answers, no session."""
+        dialect = _dialect(path)
         if refused is not None:
-            await _send_error(send, http_error(refused), request_id)
+            await _send_error(send, http_error(refused, dialect), request_id)
             return
         allowed = self._methods(path)
         if allowed is None:
-            await _send_error(send, no_route(method, path), request_id)
+            await _send_error(send, no_route(method, path, dialect), request_id)
             return
         if method not in allowed:
-            await _send_error(send, wrong_method(method, path, allowed), request_id)
+            await _send_error(send, wrong_method(method, path, allowed, dialect), request_id)
+            return
+        if path in _UTILITY_PATHS and path in self._routes_served():
+            try:
+                await self._utility(path, headers, request_id, receive, send)
+            except TailguardError as error:
+                await _send_error(send, http_error(error, dialect), request_id)
             return
         if path == "/health":
             health = self._router.health()
@@ -167,7 +187,7 @@ class HttpApi:
                 if token is not None:
                     check_token(headers.get("authorization"), token)
             except TailguardError as error:
-                await _send_error(send, http_error(error), request_id)
+                await _send_error(send, http_error(error, dialect), request_id)
                 return
             body = self._metrics.render()
             headers_out = [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]
@@ -177,7 +197,7 @@ class HttpApi:
         try:
             self._router.authenticate(headers.get("authorization"))
         except TailguardError as error:
-            await _send_error(send, http_error(error), request_id)
+            await _send_error(send, http_error(error, dialect), request_id)
             return
         if path == "/v1/models":
             data = [self._model(model, max_model_len) for model, max_model_len in self._router.models().items()]
@@ -198,6 +218,29 @@ class HttpApi:
                 missing = ModelNotFound(f"The model {model!r} does not exist; GET /v1/models lists the models served", param="model")
                 await _send_error(send, http_error(missing), request_id)
 
+    def _routes_served(self) -> frozenset[str]:
+        """The utility routes this listener has (none on the metrics-only one)."""
+        return frozenset() if self.serves == "metrics" else _UTILITY_PATHS
+
+    async def _utility(self, path: str, headers: dict[str, str], request_id: str, receive: Receive, send: Send) -> None:
+        """A tokenizer's route, relayed to an engine serving the model without a seat (router/utility.py); its answer as it came."""
+        self._router.authenticate(headers.get("authorization"))
+        body = await self._read_body(headers, receive)
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):
+            raise InvalidRequest("the request body is not valid JSON") from None
+        if not isinstance(payload, dict):
+            raise InvalidRequest("the request body must be a JSON object")
+        answer = await self._router.utility(path, payload, {"x-request-id": request_id})
+        headers_out = [
+            (b"content-type", answer.content_type.encode("latin-1")),
+            (b"content-length", str(len(answer.body)).encode()),
+            (b"x-request-id", request_id.encode("latin-1")),
+        ]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers_out})
+        await send({"type": "http.response.body", "body": answer.body})
+
     def _methods(self, path: str) -> tuple[str, ...] | None:
         """The methods ``path`` takes, or None when no route serves it."""
         if path == "/metrics" and (self._metrics is None or self.serves == "api"):
@@ -216,7 +259,7 @@ class HttpApi:
 
     async def _completion(self, kind: RequestKind, path: str, headers: dict[str, str], receive: Receive, send: Send) -> None:
         session = self._sessions.start(headers.get("x-request-id"), carrier=headers, route=f"POST {path}")
-        exchange = _ApiExchange(send, session)
+        exchange = _ApiExchange(send, session, _dialect(path))
         watch: Watch | None = None
         try:
             async with session:
@@ -264,6 +307,11 @@ class HttpApi:
                 return b"".join(chunks)
 
 
+def _dialect(path: str) -> Dialect:
+    """Anthropic's shape of errors on its routes, OpenAI's everywhere else."""
+    return "anthropic" if path.startswith(_ANTHROPIC_PREFIX) else "openai"
+
+
 def _session(headers: dict[str, str], name: str) -> str | None:
     """The session header's value ([server] session_header, "" for none), a placement hint."""
     return headers.get(name) if name else None
@@ -272,11 +320,12 @@ def _session(headers: dict[str, str], name: str) -> str | None:
 class _ApiExchange:
     """One response in progress: whether its head went out, and whether it is complete."""
 
-    __slots__ = ("_send", "_session", "started", "finished")
+    __slots__ = ("_send", "_session", "_dialect", "started", "finished")
 
-    def __init__(self, send: Send, session: Session) -> None:
+    def __init__(self, send: Send, session: Session, dialect: Dialect) -> None:
         self._send = send
         self._session = session
+        self._dialect = dialect  # the shape of tailguard's own errors on this route
         self.started = False
         self.finished = False
 
@@ -311,9 +360,9 @@ class _ApiExchange:
         if self.finished or self._session.client_gone:
             return
         if self.started:
-            await self._body(b"" if isinstance(error, BackendStreamError) else http_error(error).sse_event(), more=False)
+            await self._body(b"" if isinstance(error, BackendStreamError) else http_error(error, self._dialect).sse_event(), more=False)
             return
-        rendered = http_error(error)
+        rendered = http_error(error, self._dialect)
         limits = [(name.encode(), value.encode()) for name, value in self._session.record.rate_limits]  # a budgeted key's, refused too
         await self._start(rendered.status, [*rendered.headers(), (b"x-request-id", self._session.request_id.encode()), *limits])
         await self._body(rendered.encoded(), more=False)

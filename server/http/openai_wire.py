@@ -1,4 +1,4 @@
-"""OpenAI JSON <-> the router's request: translation only, no policy."""
+"""OpenAI's and Anthropic's JSON <-> the router's request: translation only, no policy."""
 
 from __future__ import annotations
 
@@ -6,11 +6,25 @@ import json
 import sys
 from typing import Any
 
-from tailguard.router.admission import MAX_JSON_DEPTH, RequestKind, RouterRequest
+from tailguard.router.admission import MAX_JSON_DEPTH, MAX_TOKENS_FIELD, MESSAGE_KINDS, RequestKind, RouterRequest
 from tailguard.router.errors import InvalidRequest
 
-# Fields the router interprets; every other field passes through to vLLM untouched.
-_ROUTER_FIELDS = frozenset({"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stream"})
+# Fields the router interprets, by kind; every other field passes through to vLLM untouched (a Responses
+# request's ``input`` and ``instructions`` and a Messages request's ``system`` too: the router reads them
+# for the prompt's size and key, and forwards them as sent).
+_ROUTER_FIELDS: dict[str, frozenset[str]] = {
+    "chat": frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"}),
+    "completion": frozenset({"model", "prompt", "max_tokens", "stream"}),
+    "messages": frozenset({"model", "messages", "max_tokens", "stream"}),
+    "responses": frozenset({"model", "max_output_tokens", "stream"}),
+}
+# What each kind must carry: its prompt, and for Anthropic's Messages API its max_tokens (required there).
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "chat": ("messages",),
+    "completion": ("prompt",),
+    "messages": ("messages", "max_tokens"),
+    "responses": ("input",),
+}
 
 
 def parse_completion_body(
@@ -47,10 +61,11 @@ def parse_completion_body(
         ) from None
     if not isinstance(payload, dict):
         raise InvalidRequest("the request body must be a JSON object")
-    if kind == "chat" and "messages" not in payload:
-        raise InvalidRequest("messages is required", param="messages")
-    if kind == "completion" and "prompt" not in payload:
-        raise InvalidRequest("prompt is required", param="prompt")
+    for name in _REQUIRED[kind]:
+        if payload.get(name) is None:
+            raise InvalidRequest(f"{name} is required", param=name)
+    if kind == "responses" and not isinstance(payload["input"], (str, list)):
+        raise InvalidRequest("input must be a string or a list of input items", param="input")
     stream = payload.get("stream", False)
     if stream is None:
         stream = False
@@ -58,12 +73,13 @@ def parse_completion_body(
         raise InvalidRequest("stream must be a boolean", param="stream")
     max_tokens = _max_tokens(kind, payload)
     model = payload.get("model")
-    params: dict[str, Any] = {k: v for k, v in payload.items() if k not in _ROUTER_FIELDS}
+    owned = _ROUTER_FIELDS[kind]
+    params: dict[str, Any] = {k: v for k, v in payload.items() if k not in owned}
     return RouterRequest(
         kind=kind,
         request_id=request_id,
         model=model,
-        messages=payload.get("messages") if kind == "chat" else None,
+        messages=payload.get("messages") if kind in MESSAGE_KINDS else None,
         prompt=payload.get("prompt") if kind == "completion" else None,
         max_tokens=max_tokens,
         stream=stream,
@@ -75,7 +91,8 @@ def parse_completion_body(
 
 
 def _max_tokens(kind: RequestKind, payload: dict[str, Any]) -> int | None:
-    key = "max_completion_tokens" if kind == "chat" and payload.get("max_completion_tokens") is not None else "max_tokens"
+    """The output bound as the kind names it (a chat's ``max_completion_tokens`` before its older ``max_tokens``)."""
+    key = "max_completion_tokens" if kind == "chat" and payload.get("max_completion_tokens") is not None else MAX_TOKENS_FIELD[kind]
     value = payload.get(key)
     if value is None:
         return None

@@ -87,8 +87,8 @@ def test_the_sdk_raises_not_found_for_a_route_tailguard_does_not_serve(sdk: open
     [
         ("GET", "/v1/chat/completions", "POST"),
         ("PUT", "/v1/completions", "POST"),
-        ("POST", "/health", "GET"),
-        ("POST", "/metrics", "GET"),
+        ("POST", "/health", "GET, HEAD"),
+        ("POST", "/metrics", "GET, HEAD"),
         ("DELETE", "/v1/models", "GET"),
         ("POST", f"/v1/models/{MODEL}", "GET"),
         ("POST", "/v1/limits", "GET"),
@@ -98,7 +98,7 @@ def test_a_known_path_with_the_wrong_method_is_405_with_allow(client: httpx.Clie
     response = client.request(method, path)
     error = assert_openai_error(response, 405)
     assert response.headers["allow"] == allow
-    assert f"use {allow}" in str(error["message"])
+    assert f"use {allow.replace(', ', ' or ')}" in str(error["message"])
 
 
 def test_a_model_is_retrieved_as_openais_model_object(client: httpx.Client, sdk: openai.OpenAI) -> None:
@@ -136,3 +136,14 @@ def test_two_authorization_headers_are_refused_as_ambiguous(service: FrontEnds, 
     if method == "POST":
         record = service.record(f"two-keys-{path}-{second[-4:]}")
         assert (record.outcome, record.reason, record.status) == ("rejected", "unauthenticated", 401)
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/health"])
+def test_head_answers_the_head_a_get_would_without_its_body(client: httpx.Client, path: str) -> None:
+    """Monitoring probes and curl -I ask with HEAD: before, /metrics answered 405."""
+    got = client.get(path)
+    head = client.head(path)
+    assert head.status_code == got.status_code == 200
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert int(head.headers["content-length"]) > 0

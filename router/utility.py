@@ -1,0 +1,78 @@
+"""Calls that generate nothing, relayed to an engine serving their model: tokenize, detokenize, count tokens.
+
+They cost an engine a tokenizer's pass, not a step, so they take no seat:
+they never wait behind generations and never count as one against a pool's
+caps. What bounds them is a limit of their own on calls open at once
+(``MAX_OPEN``: a flood is refused 429 ``server_busy`` at once, as the gRPC
+gate refuses) and the pool's ``first_byte_timeout`` for the answer. The
+engine is the least busy usable endpoint of the first pool that serves the
+model; its answer, 4xx included, is relayed as it came.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import trio
+
+from .errors import BackendTimeout, InvalidRequest, ModelNotFound, NoBackend, ServerBusy
+from .fleet import Fleet
+
+# Utility calls open at once, per process: far above what tokenizing clients send, far below what would
+# keep the event loop from generations.
+MAX_OPEN = 64
+
+
+@dataclass(frozen=True)
+class UtilityAnswer:
+    """An engine's answer to a utility call, relayed as it came."""
+
+    status: int
+    content_type: str
+    body: bytes
+    endpoint: str
+
+
+class UtilityCalls:
+    """Relays utility calls within ``MAX_OPEN`` at once."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+        self._open = 0
+
+    @property
+    def open(self) -> int:
+        """Utility calls open now."""
+        return self._open
+
+    async def call(self, path: str, payload: Mapping[str, object], headers: Mapping[str, str]) -> UtilityAnswer:
+        """Send ``payload`` to ``path`` on an engine serving its ``model`` (any served model where it names none).
+
+        Raises ModelNotFound (no pool serves it), NoBackend (none of their
+        endpoints is usable), ServerBusy (``MAX_OPEN`` calls open), or a
+        BackendError when the engine fails.
+        """
+        model = payload.get("model")
+        if model is not None and not isinstance(model, str):
+            raise InvalidRequest("model must be a string", param="model")
+        pools = [pool for pool in self._fleet.pools.values() if model is None or model in pool.config.models]
+        if not pools:
+            raise ModelNotFound(f"The model {model!r} does not exist; GET /v1/models lists the models served", param="model")
+        candidates = [(endpoint, pool) for pool in pools for endpoint in pool.endpoints if endpoint.usable and endpoint.client is not None]
+        if not candidates:
+            raise NoBackend(f"no engine serving {model or 'any model'} is available", retry_after=self._fleet.config.timeouts.retry_after)
+        if self._open >= MAX_OPEN:
+            raise ServerBusy(f"{MAX_OPEN} tokenizer calls are open; retry shortly", retry_after=1.0)
+        endpoint, pool = min(candidates, key=lambda pair: pair[0].in_flight)
+        client = endpoint.client
+        assert client is not None
+        self._open += 1
+        try:
+            with trio.move_on_after(pool.config.first_byte_timeout):
+                status, content_type, body = await client.exchange(path, json.dumps(payload).encode(), headers)
+                return UtilityAnswer(status, content_type, body, endpoint.url)
+            raise BackendTimeout(f"the backend sent no answer within {pool.config.first_byte_timeout:g} s", endpoint=endpoint.url)
+        finally:
+            self._open -= 1
