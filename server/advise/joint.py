@@ -27,7 +27,7 @@ from .prefixes import Seen
 from .replay.fleet import Arrival
 from .report import snippet
 from .simulate import Stats
-from .thresholds import Bounds, class_lines, file_bounds, propose, shares, with_bounds
+from .thresholds import Bounds, file_bounds, propose, shares, with_bounds
 from .verdict import Advice, Prediction, advise
 
 
@@ -162,10 +162,8 @@ def section(result: Search) -> str:
     )
     if not result.safe:
         verdict += " No set-up is no worse than round robin by every bound: this one misses them by the least."
-    fleet = result.fleet_of(pick.bounds)
-    lines = snippet(fleet, pick.prediction.candidate).rstrip("\n").split("\n")
-    lines += ["", *class_lines(result.fleet.short_class, pick.bounds)]
-    return "\n\n".join([head, "\n".join(rows), verdict, "```toml\n" + "\n".join(lines) + "\n```"]) + "\n"
+    text = snippet(result.fleet_of(pick.bounds), pick.prediction.candidate, pick.bounds)
+    return "\n\n".join([head, "\n".join(rows), verdict, "```toml\n" + text + "```"]) + "\n"
 
 
 def search_json(result: Search) -> dict[str, Any]:

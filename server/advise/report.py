@@ -12,6 +12,7 @@ from tailguard.router.config import LendConfig
 
 from .candidates import Candidate, engine_url
 from .fleet import Fleet, PoolPlan
+from .thresholds import Bounds, threshold_keys
 from .verdict import E2E_BOUND, TTFT_BOUND, Advice, Prediction
 
 
@@ -76,59 +77,71 @@ def _profile_note(name: str, plan: PoolPlan) -> str:
     return f"# {name}: vLLM --max-num-seqs {p.max_num_seqs} --max-num-batched-tokens {p.max_num_batched_tokens} (the {plan.profile!r} profile)"
 
 
-def snippet(fleet: Fleet, candidate: Candidate) -> str:
-    """The config.toml lines that make ``candidate``: both pools' endpoints and caps, and the lend table.
+MERGE = "# Merge into your config.toml: set the keys below in the tables of the same names; keys not shown stay as they are."
 
-    The file's endpoint URLs are used in order (its interactive pool's
-    first); engines beyond them get placeholder URLs to fill in.
+
+def snippet(fleet: Fleet, candidate: Candidate, thresholds: Bounds | None = None) -> str:
+    """The config.toml lines that make ``candidate``: both pools' endpoints and caps, the lend tables, the classes'
+    pools where they change, and with ``thresholds`` the first class's bounds.
+
+    Each table appears once (TOML refuses a table declared twice, and so the
+    pasted file): a class the shared pool routes and whose bounds change has
+    one table with both. The file's endpoint URLs are used in order (its
+    interactive pool's first); engines beyond them get placeholder URLs to
+    fill in.
     """
     urls = list(fleet.urls[: fleet.engines]) + [engine_url(i) for i in range(len(fleet.urls), fleet.engines)]
-    if candidate.shared:
-        return _shared_snippet(fleet, urls)
-    out = [
-        f"# tailguard advise: {candidate.interactive} engine(s) interactive, {candidate.batch} batch; {candidate.rule}.",
-        "# Keys not shown stay as they are in your config.",
-        _profile_note("interactive engines", fleet.interactive),
-        _profile_note("batch engines", fleet.batch),
-    ]
-    parts = (
-        (fleet.interactive, urls[: candidate.interactive], candidate.lend),
-        (fleet.batch, urls[candidate.interactive :], candidate.lend_back),
-    )
-    for plan, mine, lend in parts:  # both lend tables, empty ones too: the file may lend where this does not
-        out += [
-            f"[pools.{plan.config.name}]",
-            f"max_concurrency = {plan.seats * len(mine)}",
-            f"max_queue = {plan.queue * len(mine)}",
-            "endpoints = [",
-            *(f'    {{ url = "{url}", max_concurrency = {plan.seats} }},' for url in mine),
-            "]",
-            "",
-        ]
-        out += [f"[pools.{plan.config.name}.lend]", *_lend_lines(lend), ""]
+    out = _shared_pool(fleet, urls) if candidate.shared else _split_pools(fleet, candidate, urls)
+    classes: dict[str, list[str]] = {k.name: [f'pool = "{fleet.batch.config.name}"'] for k in fleet.base.classes} if candidate.shared else {}
+    if thresholds is not None and thresholds.none:
+        classes.pop(fleet.short_class, None)
+        out.append(
+            f"# No interactive class: remove [classes.{fleet.short_class}] and its sub-tables (every request is then the catch-all class's)."
+        )
+    elif thresholds is not None:
+        classes.setdefault(fleet.short_class, []).extend(threshold_keys(thresholds))
+        classes = {k.name: classes[k.name] for k in fleet.base.classes if k.name in classes}  # in the file's order: the first class matches first
+    for name, keys in classes.items():
+        out += [f"[classes.{name}]", *keys, ""]
     return "\n".join(out).rstrip() + "\n"
 
 
-def _shared_snippet(fleet: Fleet, urls: Sequence[str]) -> str:
-    """The config.toml lines of the shared pool: every engine in the batch pool, every class routed to it."""
-    plan, name = fleet.batch, fleet.batch.config.name
-    out = [
-        f"# tailguard advise: all {fleet.engines} engines in one pool, every class in it, the interactive class queued first.",
-        "# Keys not shown stay as they are in your config; remove the other pool's table.",
-        _profile_note("every engine", plan),
-        f"[pools.{name}]",
+def _pools(plan: PoolPlan, urls: Sequence[str], lend: LendConfig) -> list[str]:
+    """One pool's table with its endpoints and caps, and its lend table (an empty one too: the file may lend where this does not)."""
+    return [
+        f"[pools.{plan.config.name}]",
         f"max_concurrency = {plan.seats * len(urls)}",
         f"max_queue = {plan.queue * len(urls)}",
         "endpoints = [",
         *(f'    {{ url = "{url}", max_concurrency = {plan.seats} }},' for url in urls),
         "]",
         "",
-        f"[pools.{name}.lend]",
-        "to = []",
+        f"[pools.{plan.config.name}.lend]",
+        *_lend_lines(lend),
         "",
     ]
-    out += [line for k in fleet.base.classes for line in (f"[classes.{k.name}]", f'pool = "{name}"', "")]
-    return "\n".join(out).rstrip() + "\n"
+
+
+def _split_pools(fleet: Fleet, candidate: Candidate, urls: Sequence[str]) -> list[str]:
+    return [
+        f"# tailguard advise: {candidate.interactive} engine(s) interactive, {candidate.batch} batch; {candidate.rule}.",
+        MERGE,
+        _profile_note("interactive engines", fleet.interactive),
+        _profile_note("batch engines", fleet.batch),
+        *_pools(fleet.interactive, urls[: candidate.interactive], candidate.lend),
+        *_pools(fleet.batch, urls[candidate.interactive :], candidate.lend_back),
+    ]
+
+
+def _shared_pool(fleet: Fleet, urls: Sequence[str]) -> list[str]:
+    """The shared pool: every engine in the batch pool (the caller routes every class to it)."""
+    return [
+        f"# tailguard advise: all {fleet.engines} engines in one pool, every class in it, the interactive class queued first.",
+        MERGE,
+        "# Then remove the other pool's table (and its sub-tables).",
+        _profile_note("every engine", fleet.batch),
+        *_pools(fleet.batch, urls, LendConfig()),
+    ]
 
 
 def report(advice: Advice) -> str:

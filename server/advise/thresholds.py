@@ -158,11 +158,9 @@ def with_bounds(config: Config, bounds: Bounds) -> Config:
     return dataclasses.replace(config, classes=(dataclasses.replace(first, max_prompt_tokens=prompt, max_output_tokens=output), *rest))
 
 
-def class_lines(name: str, bounds: Bounds) -> list[str]:
-    """The config.toml lines that set these thresholds on class ``name``."""
+def threshold_keys(bounds: Bounds) -> list[str]:
+    """The config.toml keys that set these thresholds in the first class's table (none for ``NO_CLASS``: that class goes)."""
     if bounds.none:
-        return [f"# no interactive class: remove [classes.{name}] (every request is then the catch-all class's)"]
-    lines = [f"[classes.{name}]"]
-    lines += [f"max_prompt_tokens = {bounds.prompt}"] if bounds.prompt is not None else []
-    lines += [f"max_output_tokens = {bounds.output}"] if bounds.output is not None else []
-    return lines
+        return []
+    lines = [f"max_prompt_tokens = {bounds.prompt}"] if bounds.prompt is not None else []
+    return lines + ([f"max_output_tokens = {bounds.output}"] if bounds.output is not None else [])

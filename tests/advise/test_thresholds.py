@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,8 @@ def test_the_report_and_the_snippet_carry_the_recommended_thresholds(tmp_path: P
     text = Bounds(**pick).text()
     assert f"Recommended thresholds: {text}" in out
     if not pick["none"]:
-        assert f"[classes.interactive]\nmax_prompt_tokens = {pick['prompt']}\nmax_output_tokens = {pick['output']}\n```" in out
+        interactive = tomllib.loads(out.rsplit("```toml\n", 1)[1].split("```", 1)[0])["classes"]["interactive"]
+        assert (interactive["max_prompt_tokens"], interactive["max_output_tokens"]) == (pick["prompt"], pick["output"])
         assert "of the requests" in out and "of their tokens short" in out
     assert main(["--access-log", str(log), "--config", str(config), "--keep-thresholds"]) == 0
     assert "Class thresholds" not in capsys.readouterr().out
