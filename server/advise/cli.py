@@ -14,6 +14,9 @@ recommendation (exit status 2): a P99 over a few dozen requests is the
 luck of one or two of them, and it turned over completely when the window
 grew. The bound is on requests, not seconds: a trace's 3 GPU seconds of
 239 requests is plenty, a quiet hour of 20 is not.
+
+A long input takes minutes of replays, so progress goes to stderr
+(``ProgressLine``): stdout stays the report, whole, for a file or a pipe.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from tailguard.router.config import ConfigError, load_config
 from tailguard.server import SHIPPED_CONFIG
@@ -32,11 +36,36 @@ from .fleet import fleet_from
 from .joint import search, search_json, section
 from .replay.trace import MAX_ARRIVALS
 from .report import advice_json, report
+from .simulate import Progress
 from .traffic import read_trace_window
 from .verdict import advise, replayable
 
 MAX_SECONDS = 24 * 3600.0  # of arrivals replayed: a day's cycle (virtual time costs nothing idle; requests cost, bounded apart)
 MIN_REQUESTS = 50  # to replay, for a recommendation
+
+
+class ProgressLine:
+    """Which replays advise is in, on ``stream`` (stderr): on a terminal one line rewritten after each set-up,
+    elsewhere (a log file, CI) one line as each stage starts, so a redirected stderr stays readable."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._terminal = stream.isatty()
+        self._width = 0  # of the line now on the terminal, to blank it out
+
+    def stage(self, label: str) -> Progress:
+        """What hears of ``label``'s set-ups replayed (``simulate.run_all``)."""
+
+        def show(done: int, total: int) -> None:
+            if self._terminal:
+                text = f"tailguard advise: {label}: replayed {done} of {total} set-ups"
+                self._stream.write("\r" + text.ljust(self._width) + ("\n" if done == total else ""))
+                self._width = 0 if done == total else len(text)
+            elif done == 0:
+                self._stream.write(f"tailguard advise: {label}: replaying {total} set-ups ...\n")
+            self._stream.flush()
+
+        return show
 
 
 def default_config() -> Path:
@@ -89,16 +118,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(heading)
         modelled = None if args.no_prefix_cache else seen
+        progress = ProgressLine(sys.stderr)
+        searching = args.access_log is not None and not args.keep_thresholds
         result = advise(
-            fleet, arrivals, seen=modelled, assume_tokens=args.assume_shared_tokens, jobs=args.jobs, seconds=window, source=source
+            fleet,
+            arrivals,
+            seen=modelled,
+            assume_tokens=args.assume_shared_tokens,
+            jobs=args.jobs,
+            seconds=window,
+            source=source,
+            progress=progress.stage("layouts under the file's thresholds" if searching else "layouts"),
         )
     except (OSError, ValueError) as error:
         print(f"tailguard advise: {error}", file=sys.stderr)
         return 2
     print("\n" + report(result), end="")
     thresholds = None
-    if args.access_log is not None and not args.keep_thresholds:
-        thresholds = search(fleet, arrivals, seen=modelled, assume_tokens=args.assume_shared_tokens, jobs=args.jobs, seconds=window, file_advice=result)
+    if searching:
+        thresholds = search(
+            fleet,
+            arrivals,
+            seen=modelled,
+            assume_tokens=args.assume_shared_tokens,
+            jobs=args.jobs,
+            seconds=window,
+            file_advice=result,
+            progress=progress.stage,
+        )
         print("\n" + section(thresholds), end="")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from .judge import COMPLETED_MIN, PREDICTED_E2E_MAX, Figures, best
 from .prefixes import Seen
 from .replay.fleet import Arrival
 from .report import snippet
-from .simulate import Stats
+from .simulate import Progress, Stats
 from .thresholds import Bounds, file_bounds, propose, shares, with_bounds
 from .verdict import Advice, Prediction, advise
 
@@ -94,23 +94,27 @@ def search(
     seconds: float = math.nan,
     file_advice: Advice | None = None,
     e2e_max: float = PREDICTED_E2E_MAX,
+    progress: Callable[[str], Progress] | None = None,
 ) -> Search:
     """Each proposed threshold set's layout search on ``arrivals`` (``file_advice``: the file's set's, already run);
-    safe: E2E P99s at most ``e2e_max`` x round robin's."""
+    safe: E2E P99s at most ``e2e_max`` x round robin's. ``progress`` gives, for a set's label, what hears of
+    its set-ups replayed."""
     started = time.perf_counter()
     sizes = [(a.prompt_tokens or 0, a.max_tokens or 0) for a in arrivals]
     own = file_bounds(fleet.base)
     found: list[Judged] = []
     runs = 0
     sets: list[tuple[Bounds, float, float]] = []
-    for bounds in propose(sizes, own):
+    proposed = propose(sizes, own)
+    for number, bounds in enumerate(proposed, 1):
         sets.append((bounds, *shares(sizes, bounds)))
         if bounds == own and file_advice is not None:
             advice = file_advice
         else:
             mine = dataclasses.replace(fleet, base=with_bounds(fleet.base, bounds))
             layouts = (lambda f: [shared_pool(f)]) if bounds.none else None
-            advice = advise(mine, arrivals, seen=seen, assume_tokens=assume_tokens, jobs=jobs, seconds=seconds, layouts=layouts)
+            heard = progress(f"thresholds {number} of {len(proposed)} ({bounds.text()})") if progress is not None else None
+            advice = advise(mine, arrivals, seen=seen, assume_tokens=assume_tokens, jobs=jobs, seconds=seconds, layouts=layouts, progress=heard)
         runs += len(advice.predictions) + 1 + (advice.ideal.short_n > 0)
         found += [Judged(bounds, p, figures(p.stats, advice.shared, settings_of(bounds, own, p.candidate))) for p in advice.predictions]
     index, safe = best([j.figures for j in found], e2e_max)

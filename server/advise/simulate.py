@@ -3,7 +3,8 @@
 One Trio run under a MockClock per set-up (``simulate``), seeded so advice
 repeats; ``run_all`` runs set-ups in forked processes. ``stats_of`` turns
 fates, simulated or measured, into short E2E and TTFT P99 (a failed short
-request counts as infinitely slow) and long goodput.
+request counts as infinitely slow) and long goodput. A run of many set-ups
+can take minutes, so ``run_all`` reports each one done (``Progress``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import gc
 import math
 import multiprocessing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -24,6 +25,8 @@ from .replay.point import GC_THRESHOLDS, play, seed_trio_scheduler
 from .replay.setups import Setup
 
 SEED = 1
+
+Progress = Callable[[int, int], None]  # (set-ups replayed, of how many): called before the first and after each
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,20 @@ def _run_one(item: tuple[Setup, Sequence[Arrival]]) -> Stats:
     return dataclasses.replace(stats_of(fates_of(run.records)), prefix_queries=run.prefix_queries, prefix_hits=run.prefix_hits)
 
 
-def run_all(setups: Sequence[Setup], arrivals: Sequence[Arrival], jobs: int) -> list[Stats]:
-    """Each set-up's stats, in ``jobs`` processes (forked) when more than one."""
+def run_all(setups: Sequence[Setup], arrivals: Sequence[Arrival], jobs: int, progress: Progress | None = None) -> list[Stats]:
+    """Each set-up's stats, in ``jobs`` processes (forked) when more than one; ``progress`` hears of each as it ends."""
     shorts = [dataclasses.replace(a, index=i) for i, a in enumerate(a for a in arrivals if a.kind == "short")]
     items = [(s, shorts if s.kinds == ("short",) else arrivals) for s in setups]
+    report = progress or (lambda done, total: None)
+    found: list[Stats] = []
+    report(0, len(items))
     if jobs <= 1:
-        return [_run_one(item) for item in items]
+        for item in items:
+            found.append(_run_one(item))
+            report(len(found), len(items))
+        return found
     with multiprocessing.get_context("fork").Pool(min(jobs, len(items))) as pool:
-        return pool.map(_run_one, items, chunksize=1)
+        for stats in pool.imap(_run_one, items, chunksize=1):  # in order, each as soon as it and those before it are done
+            found.append(stats)
+            report(len(found), len(items))
+    return found

@@ -18,7 +18,7 @@ from .candidates import Candidate, candidate_config, candidate_setup, candidates
 from .fleet import Fleet
 from .prefixes import Seen, Sharing, with_prefixes
 from .replay.fleet import Arrival
-from .simulate import Stats, empty_stats, run_all
+from .simulate import Progress, Stats, empty_stats, run_all
 from .traffic import fit
 
 E2E_BOUND = 1.25  # short E2E P99 at most this times the ideal's
@@ -101,13 +101,15 @@ def advise(
     seconds: float = math.nan,
     source: str = "",
     layouts: Callable[[Fleet], list[Candidate]] | None = None,
+    progress: Progress | None = None,
 ) -> Advice:
     """Simulate the baselines and every candidate on ``arrivals``; pick one.
 
     ``seen`` (one per arrival: its prefix group and cached tokens) has the
     replay share prefixes as the log says they were shared (``prefixes``),
     ``assume_tokens`` per group that reported none; without it every prompt is unique.
-    ``layouts`` gives the candidates (default ``candidates``).
+    ``layouts`` gives the candidates (default ``candidates``); ``progress``
+    hears of each set-up replayed (``simulate.run_all``).
     """
     started = time.perf_counter()
     kept, places = replayable(fleet, arrivals)
@@ -119,7 +121,7 @@ def advise(
     if not any(a.kind == "short" for a in kept):  # nothing to protect: the candidates differ by long goodput alone
         setups.pop()
     setups += [candidate_setup(fleet, c) for c in found]
-    shared, *results = run_all(setups, kept, jobs)
+    shared, *results = run_all(setups, kept, jobs, progress)
     ideal, rest = (results[0], results[1:]) if len(setups) == len(found) + 2 else (empty_stats(), results)
     predictions = [
         Prediction(

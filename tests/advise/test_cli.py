@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 
 from tailguard.server.advise.access_log import write_log
-from tailguard.server.advise.cli import MAX_SECONDS, MIN_REQUESTS, main
+from tailguard.server.advise.cli import MAX_SECONDS, MIN_REQUESTS, ProgressLine, main
 from tailguard.server.advise.replay.fleet import Arrival
 from tests.advise.test_planner import SMALL_POOLS
 
@@ -80,3 +81,40 @@ def test_a_log_longer_than_advise_replays_is_cut_and_says_so(tmp_path: Path, con
     whole = f"{MAX_SECONDS + 100:,.0f}"
     assert out.startswith(f"{log}: used 60 of 61 lines, 295 of {whole} s of arrivals; 1 skipped: 1 after the replayed window")
     assert f"Cut: advise replays at most {MAX_SECONDS:,.0f} s" in out
+
+
+def test_progress_goes_to_stderr_and_the_report_alone_to_stdout(tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not a terminal (a pipe, a file, CI): one line as each stage of replays starts."""
+    log = _log(tmp_path / "tailguard.log", _sparse(60, 5.0))
+    assert main(["--access-log", str(log), "--config", str(config), "--json", str(tmp_path / "advice.json")]) == 0
+    captured = capsys.readouterr()
+    sets = [row["thresholds"] for row in json.loads((tmp_path / "advice.json").read_text())["thresholds"]["sets"]]
+    # The file's set is the layout search; each further set replays its layouts and the baselines, "none" the shared pool alone.
+    expected = ["tailguard advise: layouts under the file's thresholds: replaying 9 set-ups ..."]
+    expected += [f"tailguard advise: thresholds {i} of {len(sets)} (" for i in range(2, len(sets) + 1)]
+    lines = captured.err.splitlines()
+    assert len(sets) >= 3 and len(lines) == len(expected)
+    assert lines[0] == expected[0] and all(line.startswith(start) for line, start in zip(lines[1:], expected[1:]))
+    assert lines[-1].endswith("(no interactive class): replaying 3 set-ups ...")
+    assert captured.out.startswith(f"{log}: used 60 of 60 lines") and "replaying" not in captured.out
+
+
+def test_on_a_terminal_progress_is_one_line_rewritten_after_each_set_up() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    line = ProgressLine(stream)
+    for stage, total in (("layouts", 3), ("thresholds 2 of 2 (no interactive class)", 1)):
+        show = line.stage(stage)
+        for done in range(total + 1):
+            show(done, total)
+    text = stream.getvalue()
+    shown = text.split("\r")[1:]
+    assert [s.rstrip() for s in shown] == [
+        *(f"tailguard advise: layouts: replayed {done} of 3 set-ups" for done in range(4)),
+        "tailguard advise: thresholds 2 of 2 (no interactive class): replayed 0 of 1 set-ups",
+        "tailguard advise: thresholds 2 of 2 (no interactive class): replayed 1 of 1 set-ups",
+    ]
+    assert text.count("\n") == 2 and shown[3].endswith("\n")  # a finished stage keeps its line; the next starts below it
