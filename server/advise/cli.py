@@ -74,14 +74,35 @@ def default_config() -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tailguard advise", description=__doc__.splitlines()[0])
+    """The options; the help is plain text (a terminal shows it, not a markdown viewer), its numbers the constants'."""
+    parser = argparse.ArgumentParser(
+        prog="tailguard advise",
+        description=(
+            "Predict how many GPUs go to which pool, and whether to lend, by replaying a trace\n"
+            "or tailguard's own access log in virtual time over every split and lending rule."
+        ),
+        epilog=(
+            "The whole input is replayed, from its first arrival, unless --seconds bounds it.\n"
+            f"advise replays at most {MAX_SECONDS:,.0f} s of arrivals (a day) and {MAX_ARRIVALS:,} requests;\n"
+            "a longer input is cut, and the report says so. The report's first line says how\n"
+            "many lines and seconds of arrivals were used.\n"
+            "\n"
+            f"With fewer than {MIN_REQUESTS} requests to replay advise recommends nothing and exits with\n"
+            "status 2, as it does for an input or config it cannot read: a P99 over fewer\n"
+            "requests is the luck of one or two of them.\n"
+            "\n"
+            "The report goes to stdout (every layout's predictions, the recommendation, and a\n"
+            "config snippet to merge into config.toml); progress on stderr."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", type=Path, help="a bench tail --record-trace JSONL (at in GPU s, prompt_tokens, max_tokens, class)")
     source.add_argument("--access-log", type=Path, help="tailguard's own JSON log; its tailguard.access lines are replayed")
     add = parser.add_argument
     add("--config", type=Path, default=None, help="the pools, endpoints and caps (default: ./config.toml, else the shipped one)")
     add("--engines", type=int, default=None, help="engines to split (default: the endpoints of the config's two pools)")
-    add("--seconds", type=float, default=None, help=f"replay at most this many seconds of arrivals from the first (default: the whole input, up to {MAX_SECONDS:g})")
+    add("--seconds", type=float, default=None, help=f"replay at most this many seconds of arrivals from the first (default: the whole input, up to {MAX_SECONDS:,.0f} s)")
     add("--jobs", type=int, default=1, help="processes to simulate candidates in (default %(default)s)")
     add("--json", type=Path, default=None, help="also write every prediction as JSON here")
     add("--no-prefix-cache", action="store_true", help="replay every prompt unique, ignoring the log's prefix_group and cached_tokens (for comparison)")

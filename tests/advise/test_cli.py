@@ -118,3 +118,17 @@ def test_on_a_terminal_progress_is_one_line_rewritten_after_each_set_up() -> Non
         "tailguard advise: thresholds 2 of 2 (no interactive class): replayed 1 of 1 set-ups",
     ]
     assert text.count("\n") == 2 and shown[3].endswith("\n")  # a finished stage keeps its line; the next starts below it
+
+
+def test_help_is_plain_text_and_states_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help is read in a terminal: no docstring markup (``double backticks``), markdown or unfilled %(...)s."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for marker in ("`", "**", "](", "%(", "\\", "# "):
+        assert marker not in text, marker
+    flat = " ".join(text.split())  # argparse wraps the options' help
+    assert "default: the whole input" in flat and f"{MAX_SECONDS:,.0f} s" in flat
+    assert f"fewer than {MIN_REQUESTS} requests to replay" in flat and "exits with status 2" in flat
+    assert "progress on stderr" in flat
