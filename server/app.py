@@ -31,7 +31,7 @@ from .logs import AccessLog
 from .metrics import Metrics
 from .redis_ledger import RedisLedger
 from .reload import ConfigReloader, Prepare
-from .simulate import SimulatedFleet, SimulateError, lone_os_error
+from .simulate import SimulatedFleet, SimulateError, lone_os_error, wait_for_engines
 from .trace_switch import TracingSwitch
 from .workers import WorkerRole
 
@@ -139,7 +139,9 @@ async def serve(
     With ``grpc`` the gRPC front end runs too (grpc.aio, on an asyncio loop
     of its own thread: ``server/grpc/bridge.py``). As one of several
     ``worker`` processes (``server/workers.py``) it shares the ports with the
-    others and also serves on a port of its own. ``http_port``/``grpc_port`` override the configured ports (0
+    others and also serves on a port of its own; with ``simulate``, worker 0
+    starts the engines and the others wait for them (bounded) before asking
+    them anything. ``http_port``/``grpc_port`` override the configured ports (0
     picks a free one). Signals are handled only on the main thread.
     ``prepare`` is what the caller did to the file's config (command-line
     overrides, a worker's share): reloads do it to the new file too.
@@ -156,9 +158,12 @@ async def serve(
         RedisLedger(config.cluster.redis_url, config.cluster.namespace) if config.cluster is not None else contextlib.nullcontext()
     )
     async with ledger_context as ledger, trio.open_nursery() as nursery:
-        fleet = await _start_fleet(nursery, config) if simulate else None
+        fleet = await _start_fleet(nursery, config) if simulate and _runs_engines(worker) else None
+        engines_elsewhere = simulate and fleet is None
+        if engines_elsewhere:
+            await _wait_for_engines(config)
         router, config = await _start_router(nursery, config, ledger)
-        services = await _start_services(nursery, router, config, fleet, tls)
+        services = await _start_services(nursery, router, config, fleet, tls, engines_elsewhere)
         reloader = await _start_reloads(nursery, services, config, config_path, prepare, drain, shutdown)
         metrics_listen = config.server.metrics_listen
         app = HttpApi(
@@ -226,6 +231,23 @@ async def _start_fleet(nursery: trio.Nursery, config: Config) -> SimulatedFleet:
     return fleet
 
 
+# How long a worker waits for the engines worker 0 simulates: worker 0's own start
+# (an interpreter, its imports, the engines) with room to spare on a loaded host.
+_ENGINES_WAIT = 30.0
+
+
+def _runs_engines(worker: WorkerRole | None) -> bool:
+    """Under ``--simulate``: whether this process starts the engines (alone, or worker 0) or another worker does."""
+    return worker is None or worker.index == 0
+
+
+async def _wait_for_engines(config: Config) -> None:
+    """A worker other than 0 under ``--simulate``: wait for worker 0's engines before asking them anything."""
+    missing = await wait_for_engines(config, _ENGINES_WAIT)
+    if missing:  # asked anyway: the pools that need an answer say what is missing
+        log.warning("--simulate: worker 0's engines at %s do not listen after %g s", ", ".join(missing), _ENGINES_WAIT)
+
+
 async def _start_router(nursery: trio.Nursery, config: Config, ledger: RedisLedger | None) -> tuple[Router, Config]:
     """The router, its endpoints checked and its upkeep running; and the config with the engines' context lengths."""
     try:  # pools without max_model_len ask their engines (at once, bounded)
@@ -256,11 +278,14 @@ class _Services:
     telemetry: Telemetry
     repeated_ids: RepeatedIds
     tracing: TracingSwitch
+    engines_elsewhere: bool = False  # --simulate, and another worker runs the engines
 
     async def resolve(self, new: Config) -> Config:
-        """A reloaded file's pools without max_model_len ask their engines (simulated ones started first)."""
+        """A reloaded file's pools without max_model_len ask their engines (simulated ones started, or waited for, first)."""
         if self.fleet is not None:
             await self.fleet.ensure(new)
+        if self.engines_elsewhere:  # worker 0 reloads the same file at the same time and starts the new ones
+            await _wait_for_engines(new)
         found = await ask_model_lens(new)
         self.router.note_model_lens(found.reported)
         return found.config
@@ -282,7 +307,7 @@ class _Services:
 
 
 async def _start_services(
-    nursery: trio.Nursery, router: Router, config: Config, fleet: SimulatedFleet | None, tls: ListenersTls
+    nursery: trio.Nursery, router: Router, config: Config, fleet: SimulatedFleet | None, tls: ListenersTls, engines_elsewhere: bool
 ) -> _Services:
     """Metrics, the access log, repeated-id detection and tracing, for both front ends."""
     metrics = Metrics(router)
@@ -292,7 +317,7 @@ async def _start_services(
     # [tracing]: off, the OpenTelemetry SDK is not even imported; a reload switches it live.
     tracing = TracingSwitch(config.tracing, grace=lambda: router.config.timeouts.end_to_end_timeout)
     await nursery.start(tracing.run)
-    return _Services(router, fleet, tls, metrics, access_log, telemetry, repeated_ids, tracing)
+    return _Services(router, fleet, tls, metrics, access_log, telemetry, repeated_ids, tracing, engines_elsewhere)
 
 
 async def _start_reloads(

@@ -5,6 +5,11 @@ interactive pool, throughput for the batch pool). Only loopback endpoints can
 be simulated; endpoints added by a reload get an engine too, and an endpoint
 a reload removes has its engine stopped (its port closed), so reload cycles
 leave no listener behind.
+
+Under ``--workers`` worker 0 runs the engines and every other worker waits
+for them (:func:`wait_for_engines`) before it asks them anything: a pool
+without ``max_model_len`` asks its engines at start, and a worker that asked
+before worker 0 had started them could not start at all.
 """
 
 from __future__ import annotations
@@ -114,6 +119,33 @@ def lone_os_error(error: BaseException) -> OSError | None:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error if isinstance(error, OSError) else None
+
+
+async def wait_for_engines(config: Config, timeout: float) -> list[str]:
+    """Wait until every loopback endpoint of ``config`` accepts connections; the URLs that still do not after ``timeout`` s.
+
+    For a worker whose engines another worker starts: the answer is the
+    listener's, not a guess at how long that takes. An endpoint that is not
+    loopback with a port is left out (the worker that simulates refuses it).
+    """
+    waiting: dict[str, tuple[str, int]] = {}
+    for pool in config.pools:
+        for endpoint in pool.endpoints:
+            parts = urlsplit(endpoint.url)
+            if parts.hostname in _LOOPBACK and parts.port is not None:
+                waiting[endpoint.url] = ("127.0.0.1" if parts.hostname == "localhost" else parts.hostname, parts.port)
+    with trio.move_on_after(timeout):
+        while waiting:
+            for url, (host, port) in list(waiting.items()):
+                try:
+                    stream = await trio.open_tcp_stream(host, port)
+                except OSError:
+                    continue
+                await stream.aclose()
+                del waiting[url]
+            if waiting:
+                await trio.sleep(0.02)  # worker 0 binds them within a second or two of starting
+    return list(waiting)
 
 
 class _Running:

@@ -13,6 +13,12 @@ crash loop does not spin), forwards SIGHUP (each worker reloads the file on
 its own, atomically), and on SIGTERM or SIGINT forwards it and waits for the
 workers to drain (a second one is forwarded too: stop at once).
 
+With ``--simulate`` worker 0 runs the simulated engines; every worker is
+given the flag, and the others wait for worker 0's engines to listen before
+they ask them anything (``server/app.py``): a pool without ``max_model_len``
+asks its engines at start, and a worker that asked before worker 0 had them
+up exited with status 2, stopping them all.
+
 Metrics are per process: worker ``i`` also serves the whole HTTP API on its
 own port, ``http_port + 1 + i``, so Prometheus scrapes each worker there
 (the shared port answers from whichever worker the kernel picked).
@@ -178,8 +184,6 @@ class _Supervisor:
         """Start worker ``index``; start it again whenever it dies, until the supervisor stops."""
         while not self._stopping:
             command = [sys.executable, "-m", "tailguard.server", "serve", "--config", str(self._config_path), *self._extra]
-            if index > 0:
-                command = [arg for arg in command if arg != "--simulate"]  # one process runs the simulated engines
             env = {**self._env, WORKER_ENV: f"{index}/{self._count}"}
             process = await trio.lowlevel.open_process(command, env=env)
             self._processes[index] = process
