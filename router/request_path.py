@@ -53,7 +53,14 @@ from .quotas import BudgetGate, Caller, RateLimits, Traffic
 
 log = logging.getLogger("tailguard.router")
 
-_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "embeddings": "/v1/embeddings",
+    "rerank": "/v1/rerank",  # vLLM serves /rerank and /v2/rerank alike: one path for all three
+}
 # The kinds whose stream takes ``stream_options`` (OpenAI's chunks; the usage event tailguard asks for) and
 # whose whole answer tailguard can put together from a stream (router/backend/whole_answer.py).
 _CHUNKED = frozenset({"chat", "completion"})
@@ -391,7 +398,7 @@ class RequestPath:
                 # The caller's own id rides beside it, for whatever logs headers on the way (vLLM ignores it).
                 headers = {"x-request-id": record.upstream_id, "x-tailguard-request-id": request.request_id}
                 if trace is not None:
-                    headers.update(trace.call(endpoint.url, request.kind, body["model"], body[MAX_TOKENS_FIELD[request.kind]]))
+                    headers.update(trace.call(endpoint.url, request.kind, body["model"], body.get(MAX_TOKENS_FIELD.get(request.kind, ""), 0)))
                 try:
                     wait = _first_byte_wait(timeout, lease.predicted_first_byte)
                     response = await _first_byte(lease.client, endpoint, path, body, headers, stream=stream, timeout=wait)
@@ -527,8 +534,12 @@ def backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream:
         body["messages"] = list(request.messages or ())
     elif request.kind == "completion":
         body["prompt"] = request.prompt
-    # (A Responses request's input and instructions, a Messages request's system, are in its params.)
-    body[MAX_TOKENS_FIELD[request.kind]] = max_tokens
+    # (A Responses request's input and instructions, a Messages request's system, a pooling request's
+    # input, query and documents, are in its params.)
+    field = MAX_TOKENS_FIELD.get(request.kind)
+    if field is None:  # embeddings and rerank: no output bound, no stream
+        return body, False
+    body[field] = max_tokens
     body["stream"] = stream
     drop_usage = False
     if stream and request.kind in _CHUNKED:  # the other APIs' streams end with their usage already

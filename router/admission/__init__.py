@@ -25,6 +25,7 @@ from .request import (
     MAX_JSON_DEPTH as MAX_JSON_DEPTH,
     MAX_TOKENS_FIELD as MAX_TOKENS_FIELD,
     MESSAGE_KINDS as MESSAGE_KINDS,
+    POOLING as POOLING,
     RequestKind as RequestKind,
     RouterRequest as RouterRequest,
     Routing as Routing,

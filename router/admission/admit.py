@@ -12,18 +12,18 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple
 
-from ..config import ClassConfig, Config
+from ..config import ClassConfig, Config, EstimateConfig
 from ..errors import Forbidden, InvalidRequest, ModelNotFound
 from ..fleet import Pool, Ticket, rendezvous_order
 from ..observe import RequestRecord
 from ..queueing import Share
 from ..quotas import Caller
-from .estimate import PromptSize, size_prompt
+from .estimate import PromptSize, estimate_text_tokens, size_prompt
 from .limits import check_context, check_prompt, check_sequences, effective_max_tokens
 from .prefix_keys import prefix_group, prefix_key_of
 from .prefix_memory import ConversationMemory, HistoryDigests, Warm, history_digests, uncached_tokens
 from .prompt_ratios import PromptRatios
-from .request import RouterRequest
+from .request import POOLING, RouterRequest
 
 
 class Admitted(NamedTuple):
@@ -58,8 +58,14 @@ def decide(
     size = size_prompt(request, config.estimate)
     prompt_tokens = size.tokens if ratios is None else ratios.corrected(size, models_for(request, pools), config.estimate)
     record.prompt_tokens = prompt_tokens
-    check_prompt(prompt_tokens, config.limits)
-    max_tokens, clamped = effective_max_tokens(request.max_tokens, config.limits)
+    pooling = request.kind in POOLING
+    if pooling:
+        # Each input is a prompt of its own to the engine: the cap bounds the largest (the body cap, the batch).
+        check_prompt(largest_input(request, config.estimate), config.limits)
+        max_tokens, clamped = 1, False  # no decode: one output position a request
+    else:
+        check_prompt(prompt_tokens, config.limits)
+        max_tokens, clamped = effective_max_tokens(request.max_tokens, config.limits)
     record.max_tokens, record.clamped = max_tokens, clamped
     sequences = check_sequences(request.sequences, config.limits)
     output_tokens = max_tokens * sequences  # each of the n choices may generate max_tokens
@@ -73,8 +79,17 @@ def decide(
         if request.forced_class not in caller.may_force_classes:
             raise Forbidden(f"the caller {caller.name!r} may not force the class {request.forced_class!r}", param="class")
         klass = forced(request.forced_class, config.classes)
+        if request.kind not in klass.kinds:
+            raise InvalidRequest(f"the class {klass.name!r} does not take {request.kind} requests", param="class")
     else:
-        klass = classify(prompt_tokens, output_tokens, config.classes, uncached)
+        classes = [k for k in config.classes if request.kind in k.kinds]
+        if not classes:
+            raise ModelNotFound(
+                f"no class here takes {request.kind} requests: a class with kinds = [\"{request.kind}\"] whose pool serves "
+                "the model would (docs/pools.md, \"Embeddings and rerank\")",
+                param="model",
+            )
+        klass = classify(prompt_tokens, output_tokens, classes, uncached)
     pool = pools[klass.pool]
     record.request_class, record.pool = klass.name, pool.name
     model = request.model or pool.config.models[0]
@@ -84,7 +99,8 @@ def decide(
             f"{pool.name!r}, which serves {', '.join(pool.config.models)})",
             param="model",
         )
-    check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
+    if not pooling:  # a pooling request's inputs are each checked against the context by the engine
+        check_context(prompt_tokens, max_tokens, pool.config.max_model_len, pool.name)
     check_seatable(sequences, pool, klass)
     record.model = model
     if uncached is not None and klass.prompt_bound == "uncached":
@@ -94,6 +110,12 @@ def decide(
     share = Share(caller.name, caller.weight, prompt_tokens + output_tokens)  # what it may cost: settled at its end
     ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share, sequences)
     return Admitted(klass, pool, ticket, history, size)
+
+
+def largest_input(request: RouterRequest, estimate: EstimateConfig) -> int:
+    """The estimated tokens of a pooling request's largest input (a rerank's query beside its longest document)."""
+    texts = max((sum(estimate_text_tokens(text, estimate) for text in texts) for texts in request.pooled_inputs()), default=0)
+    return max(texts, request.largest_input_ids())
 
 
 def models_for(request: RouterRequest, pools: Mapping[str, Pool]) -> tuple[str, ...]:

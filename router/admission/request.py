@@ -19,11 +19,15 @@ from ..observe import is_valid_request_id
 # What a request asks of an engine, named by the API it came in on: OpenAI's chat and (legacy) completions,
 # OpenAI's Responses API and Anthropic's Messages API. Each generates tokens on a seat; only chat and
 # completion have a gRPC method and a whole answer tailguard can put together from a stream.
-RequestKind = Literal["chat", "completion", "responses", "messages"]
+RequestKind = Literal["chat", "completion", "responses", "messages", "embeddings", "rerank"]
 # Kinds whose prompt is chat messages (role and content): Anthropic's are shaped as OpenAI's.
 MESSAGE_KINDS: frozenset[str] = frozenset({"chat", "messages"})
-# The field each kind names its output bound by (the router's max_tokens).
+# The field each generating kind names its output bound by (the router's max_tokens); pooling kinds have none.
 MAX_TOKENS_FIELD: dict[str, str] = {"chat": "max_tokens", "completion": "max_tokens", "responses": "max_output_tokens", "messages": "max_tokens"}
+# Kinds that only prefill (an embedding model's or a reranker's): one output position a request, no decode.
+POOLING: frozenset[str] = frozenset({"embeddings", "rerank"})
+# The most inputs one pooling request may carry (an embeddings batch, a rerank's documents): OpenAI's bound.
+MAX_POOLING_INPUTS = 2048
 
 # Far above any real context window, far below what breaks JSON integers.
 MAX_TOKENS_CEILING = 1 << 31
@@ -86,6 +90,8 @@ class RouterRequest:
             _check_prompt(self.prompt)
         elif self.prompt is not None or self.messages is not None:
             raise InvalidRequest(f"a {self.kind} request carries its input in its params")
+        elif self.kind in POOLING:
+            _check_pooling(self.kind, self.params)
         if self.max_tokens is not None:
             if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
                 raise InvalidRequest("max_tokens must be an integer", param="max_tokens")
@@ -113,7 +119,7 @@ class RouterRequest:
         """
         if self.kind == "chat":
             return list(self.messages or ())
-        if self.kind == "completion":
+        if self.kind == "completion" or self.kind in POOLING:
             return None
         params = self.params
         lead = params.get("system") if self.kind == "messages" else params.get("instructions")
@@ -127,11 +133,27 @@ class RouterRequest:
             return turns + [item for item in given if isinstance(item, Mapping)]
         return turns
 
+    def pooled_inputs(self) -> list[list[str]]:
+        """A pooling request's inputs, each as the texts one engine pass reads (a rerank's query beside each document)."""
+        params = self.params
+        if self.kind == "embeddings":
+            given = params.get("input")
+            texts = [given] if isinstance(given, str) else given if isinstance(given, list) else []
+            return [[text] for text in texts if isinstance(text, str)]
+        if self.kind == "rerank":
+            query = params.get("query")
+            lead = [query] if isinstance(query, str) else []
+            documents = params.get("documents")
+            return [[*lead, _document_text(document)] for document in (documents if isinstance(documents, list) else [])]
+        return []
+
     def texts(self) -> list[str]:
         """The prompt's texts, for size estimation (chat: one per message)."""
         conversation = self.conversation()
         if conversation is not None:
             return [message_text(m) for m in conversation]
+        if self.kind in POOLING:
+            return [text for texts in self.pooled_inputs() for text in texts]
         prompt = self.prompt
         if isinstance(prompt, str):
             return [prompt]
@@ -154,11 +176,22 @@ class RouterRequest:
         return max(_whole(params.get("n")), _whole(params.get("best_of")))
 
     def prompt_token_ids(self) -> int:
-        """How many token ids the prompt gives directly (a list of ints), else 0."""
-        prompt = self.prompt
-        if self.kind == "completion" and isinstance(prompt, Sequence) and not isinstance(prompt, str):
-            if prompt and isinstance(prompt[0], int):
+        """How many token ids the prompt gives directly (a list of ints; an embeddings batch of them), else 0."""
+        prompt = self.prompt if self.kind == "completion" else self.params.get("input") if self.kind == "embeddings" else None
+        if isinstance(prompt, Sequence) and not isinstance(prompt, str) and prompt:
+            if isinstance(prompt[0], int):
                 return len(prompt)
+            if self.kind == "embeddings" and isinstance(prompt[0], list):
+                return sum(len(ids) for ids in prompt if isinstance(ids, list))
+        return 0
+
+    def largest_input_ids(self) -> int:
+        """The longest input of an embeddings batch given as token ids (0: none is)."""
+        given = self.params.get("input") if self.kind == "embeddings" else None
+        if isinstance(given, list) and given:
+            if isinstance(given[0], int):
+                return len(given)
+            return max((len(ids) for ids in given if isinstance(ids, list)), default=0)
         return 0
 
 
@@ -235,6 +268,35 @@ def _check_sequences(params: Mapping[str, Any]) -> None:
             raise InvalidRequest(f"{name} must be an integer", param=name)
         if not 1 <= value < MAX_TOKENS_CEILING:
             raise InvalidRequest(f"{name} must be at least 1, got {value}", param=name)
+
+
+def _document_text(document: object) -> str:
+    """A rerank document's text: a string, or an object's ``text``."""
+    if isinstance(document, str):
+        return document
+    if isinstance(document, Mapping) and isinstance(document.get("text"), str):
+        return str(document["text"])
+    return ""
+
+
+def _check_pooling(kind: str, params: Mapping[str, Any]) -> None:
+    """An embeddings ``input`` (text, texts, token ids, lists of them) or a rerank's ``query`` and ``documents``, within MAX_POOLING_INPUTS."""
+    if kind == "embeddings":
+        given = params.get("input")
+        if isinstance(given, str):
+            return
+        if not isinstance(given, list) or not given:
+            raise InvalidRequest("input must be a string, a list of strings, or (lists of) token ids", param="input")
+        if len(given) > MAX_POOLING_INPUTS:
+            raise InvalidRequest(f"input holds {len(given)} items, more than the {MAX_POOLING_INPUTS} one request may; send several", param="input")
+        return
+    if not isinstance(params.get("query"), str):
+        raise InvalidRequest("query must be a string", param="query")
+    documents = params.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise InvalidRequest("documents must be a non-empty list", param="documents")
+    if len(documents) > MAX_POOLING_INPUTS:
+        raise InvalidRequest(f"documents holds {len(documents)} items, more than the {MAX_POOLING_INPUTS} one request may; send several", param="documents")
 
 
 def _check_prompt(prompt: object) -> None:

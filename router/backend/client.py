@@ -398,7 +398,8 @@ def _not_a_completion(payload: object) -> str | None:
 
     A completion as each API shapes it: OpenAI's choices, each finished; an
     Anthropic message (``"type": "message"``) with its ``stop_reason``; a
-    Responses API response (``"object": "response"``) that did not fail.
+    Responses API response (``"object": "response"``) that did not fail;
+    embeddings' ``data`` and a rerank's ``results``.
     """
     if not isinstance(payload, dict):
         return "not a JSON object"
@@ -408,6 +409,10 @@ def _not_a_completion(payload: object) -> str | None:
         return None if "stop_reason" in payload and isinstance(payload.get("content"), list) else "a message without content or stop_reason"
     if payload.get("object") == "response":
         return "the response failed" if payload.get("status") == "failed" else None
+    if "choices" not in payload and isinstance(payload.get("data"), list):  # embeddings
+        return None
+    if "choices" not in payload and isinstance(payload.get("results"), list):  # rerank
+        return None
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices:
         return "no choices"

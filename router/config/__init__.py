@@ -16,6 +16,9 @@ from .render import render_config as render_config
 from .sections import parse_listen as parse_listen
 from .tls import TlsFileError as TlsFileError, read_pem as read_pem, server_context as server_context
 from .types import (
+    GENERATION_KINDS as GENERATION_KINDS,
+    POOLING_KINDS as POOLING_KINDS,
+    REQUEST_KINDS as REQUEST_KINDS,
     ApiKeyConfig as ApiKeyConfig,
     AuthConfig as AuthConfig,
     BackendAccess as BackendAccess,

@@ -14,6 +14,8 @@ from .objectives import check_throughput_shares, read_objective
 from .sections import host_port
 from .table import ENV_NAME, Table, describe
 from .types import (
+    GENERATION_KINDS,
+    REQUEST_KINDS,
     BackendAccess,
     CacheSaltMode,
     ClassConfig,
@@ -459,23 +461,42 @@ def read_classes(
     pool_names: Collection[str],
     end_to_end: float | None,
 ) -> tuple[ClassConfig, ...]:
-    """The classes in file order (the match order), checked to cover every request."""
-    catch_all: str | None = None
-    for index, (_name, table) in enumerate(tables):
+    """The classes in file order (the match order), checked to cover every request of every kind they take.
+
+    Per request kind, the classes that take it match in file order, and the
+    last of them must be a catch-all: the generating kinds always need one;
+    a pooling kind (embeddings, rerank) needs one once any class takes it
+    (else its requests are answered 404: no class serves them). A class
+    every kind of which a catch-all before it takes is unreachable.
+    """
+    catch_all: dict[str, str] = {}  # kind -> the catch-all class that takes it
+    last: dict[str, Table] = {}  # kind -> the last class that takes it
+    for _name, table in tables:
         key = table.path
+        kinds = _kinds(table)
         is_catch_all = not table.has("max_prompt_tokens") and not table.has("max_output_tokens")
-        if catch_all is not None:
+        if kinds and all(kind in catch_all for kind in kinds):
+            before = catch_all[sorted(kinds)[0]]
+            table.report(key, f"unreachable: {before} before it has no thresholds and takes every request")
+            continue
+        for kind in kinds:
+            last[kind] = table
+            if is_catch_all:
+                catch_all.setdefault(kind, key)
+    uncovered: dict[str, list[str]] = {}  # the last class of each kind with no catch-all -> those kinds
+    for kind in sorted(last.keys() | GENERATION_KINDS):
+        if kind not in catch_all and kind in last:
+            uncovered.setdefault(last[kind].path, []).append(kind)
+    for table in {id(t): t for t in last.values()}.values():
+        kinds_left = uncovered.get(table.path)
+        if kinds_left:
+            which = "a request" if set(kinds_left) >= GENERATION_KINDS else f"a {' or '.join(kinds_left)} request"
             table.report(
-                key, f"unreachable: {catch_all} before it has no thresholds and takes every request"
+                table.path,
+                f"the last class must be a catch-all (no max_prompt_tokens, no max_output_tokens), or {which} over its thresholds would fit no class",
             )
-        elif is_catch_all:
-            catch_all = key
-        elif index == len(tables) - 1:
-            table.report(
-                key,
-                "the last class must be a catch-all (no max_prompt_tokens, no max_output_tokens),"
-                " or a request over its thresholds would fit no class",
-            )
+    if tables and not GENERATION_KINDS <= last.keys():
+        tables[-1][1].report(tables[-1][1].path, "no class takes chat, completion, responses and messages requests: one must be a catch-all for them")
     read = (_read_class(name, table, pool_names, end_to_end, index) for index, (name, table) in enumerate(tables))
     classes = tuple(klass for klass in read if klass is not None)
     if tables:
@@ -512,6 +533,7 @@ def _read_class(
     if table.ok("relay_interval") and relay_interval > _MAX_RELAY_INTERVAL:
         table.problem("relay_interval", f"{relay_interval:g} s is over {_MAX_RELAY_INTERVAL:g} s: a stream would stall visibly")
     prompt_bound = table.choice("prompt_bound", _PROMPT_BOUNDS, "all")
+    kinds = _kinds(table, report=True)
     objective = read_objective(
         table.table("objective"),
         interactive=max_prompt is not None or max_output is not None,
@@ -530,4 +552,22 @@ def _read_class(
         relay_interval=relay_interval,
         prompt_bound=prompt_bound,
         objective=objective,
+        kinds=kinds,
     )
+
+
+def _kinds(table: Table, *, report: bool = False) -> frozenset[str]:
+    """The request kinds a class takes (``kinds``; left out, the generating ones); ``report``: say what is wrong with the key."""
+    if not table.has("kinds"):
+        return GENERATION_KINDS
+    given = table.array("kinds", "a list of request kinds") if report else table.peek("kinds")
+    if not isinstance(given, list) or not given:
+        if report and table.ok("kinds"):
+            table.problem("kinds", f"must be a non-empty list of {', '.join(REQUEST_KINDS)}")
+        return frozenset()
+    unknown = [describe(kind) for kind in given if kind not in REQUEST_KINDS]
+    if unknown:
+        if report:
+            table.problem("kinds", f"{', '.join(unknown)} is not a request kind (kinds: {', '.join(REQUEST_KINDS)})")
+        return frozenset()
+    return frozenset(str(kind) for kind in given)

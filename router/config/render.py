@@ -7,6 +7,8 @@ from urllib.parse import urlsplit
 
 from .sections import host_port
 from .types import (
+    GENERATION_KINDS,
+    REQUEST_KINDS,
     AuthConfig,
     BackendAccess,
     ClusterConfig,
@@ -154,12 +156,19 @@ def _render_moves(config: Config) -> list[str]:
     return lines
 
 
+def _kinds(kinds: frozenset[str]) -> str:
+    """A class's request kinds, "generation" for the default four."""
+    if kinds == GENERATION_KINDS:
+        return "generation"
+    return ",".join(kind for kind in REQUEST_KINDS if kind in kinds)
+
+
 def _render_classes(config: Config) -> list[str]:
     """The classes as one table, in match order."""
     lines = ["classes (the first that admits a request wins)"]
-    rows = [("name", "max_prompt_tokens", "max_output_tokens", "pool", "queue_timeout", "priority", "relay_interval", "prompt_bound")]
+    rows = [("name", "kinds", "max_prompt_tokens", "max_output_tokens", "pool", "queue_timeout", "priority", "relay_interval", "prompt_bound")]
     rows += [
-        (klass.name, _threshold(klass.max_prompt_tokens), _threshold(klass.max_output_tokens),
+        (klass.name, _kinds(klass.kinds), _threshold(klass.max_prompt_tokens), _threshold(klass.max_output_tokens),
          klass.pool, _seconds(klass.queue_timeout), str(klass.priority), _seconds_or_off(klass.relay_interval),
          klass.prompt_bound)
         for klass in config.classes

@@ -50,6 +50,10 @@ class Table:
     def has(self, name: str) -> bool:
         return name in self._data
 
+    def peek(self, name: str) -> object:
+        """The raw value of ``name`` (None: absent), read without checking it: for cross checks before the key's own reader."""
+        return self._data.get(name)
+
     def names(self) -> list[str]:
         """The keys present, in file order."""
         return list(self._data)

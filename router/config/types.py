@@ -349,6 +349,13 @@ PlacementMode = Literal["prefix_affinity", "least_loaded"]
 # What a class's max_prompt_tokens bounds: every prompt token, or those the engine is expected to prefill
 # (a warm conversation's history on its home engine is cached: router/admission/prefix_memory.py).
 PromptBound = Literal["all", "uncached"]
+
+# What a request asks of an engine, by the route it came in on: four APIs that generate tokens, and the
+# pooling routes (embeddings, rerank) that only prefill. A class takes the kinds its ``kinds`` names;
+# left out, the generating ones.
+GENERATION_KINDS: frozenset[str] = frozenset({"chat", "completion", "responses", "messages"})
+POOLING_KINDS: frozenset[str] = frozenset({"embeddings", "rerank"})
+REQUEST_KINDS: tuple[str, ...] = ("chat", "completion", "responses", "messages", "embeddings", "rerank")
 CacheSaltMode = Literal["none", "caller"]
 
 
@@ -524,6 +531,9 @@ class ClassConfig:
     prompt_bound: PromptBound = "all"
     # Left out of the file: router/config/objectives.py's defaults (a class with thresholds: interactive ones).
     objective: ObjectiveConfig = ObjectiveConfig(ttft=None, itl=None, e2e=120.0)
+    # The request kinds it takes (REQUEST_KINDS): embeddings and rerank have no decode, so they get a class
+    # of their own rather than waiting behind generations or counting as long jobs.
+    kinds: frozenset[str] = GENERATION_KINDS
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,16 @@ from .bridge import TrioPortal
 from .gate import Backlog, CallGate, GateStatistics, follow_grpc
 from .gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from .sse import DONE, SseDecoder
-from .translate import chunk_message, limits_message, parse_json, request_fields, response_message, routing_message
+from .translate import (
+    chunk_message,
+    embed_fields,
+    embed_message,
+    limits_message,
+    parse_json,
+    request_fields,
+    response_message,
+    routing_message,
+)
 
 log = logging.getLogger("tailguard.grpc")
 
@@ -81,6 +90,8 @@ class _Call:
     @property
     def route(self) -> str:
         """The call's full method name, as its span is named."""
+        if self.kind == "embeddings":
+            return "tailguard.v1.Completions/Embed"
         return f"tailguard.v1.Completions/{'Chat' if self.kind == 'chat' else 'Complete'}{'Stream' if self.stream else ''}"
 
 
@@ -107,14 +118,19 @@ class _TrioSide:
         telemetry = self._sessions.telemetry
         telemetry.finish(telemetry.start(request_id, "grpc"), error)
 
-    async def unary(self, call: _Call) -> tuple[pb.CompletionResponse, tuple[tuple[str, str], ...], str]:
+    async def unary(self, call: _Call) -> tuple[Any, tuple[tuple[str, str], ...], str]:
+        """A whole answer (pb.CompletionResponse, or pb.EmbedResponse for Embed), its routing metadata and server-timing."""
         session = self._sessions.start(call.supplied_id, carrier=call.trace_context, route=call.route)
         call.request_id = session.request_id
         async with session:
             request, caller = self._admit(call, session)
             async with self._limits_told(call, session), session.completion(request, caller) as completion:
                 await completion.read()  # checked and parsed once, by the core
-                response = response_message(request.kind, completion.payload, completion.routing)
+                response: Any
+                if request.kind == "embeddings":
+                    response = embed_message(completion.payload, completion.routing)
+                else:
+                    response = response_message(request.kind, completion.payload, completion.routing)
                 metadata = session.routing_facts(completion.routing)
             return response, metadata, checked_header("server-timing", server_timing(session.record, total=True))
         raise AssertionError("the session ended without an answer")  # pragma: no cover
@@ -159,6 +175,10 @@ class _TrioSide:
     def _admit(call: _Call, session: Session) -> tuple[RouterRequest, Caller]:
         """The caller and the translated request with its deadline, or the error that stops them."""
         caller = session.authenticate(call.authorization)
+        if call.kind == "embeddings":
+            fields = embed_fields(call.message, session.request_id)
+            deadline = None if call.remaining is None else session.record.arrival + call.remaining
+            return RouterRequest(kind="embeddings", deadline=deadline, session=call.session, **fields), caller
         # Built once, complete: a RouterRequest checks itself on every construction.
         common = request_fields(call.message.options, session.request_id)
         if call.stream:
@@ -215,6 +235,14 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
         call = await self._admit("chat", request, context, stream=False)
         try:
             return await self._unary(call, context)
+        finally:
+            self._close()
+
+    async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+        call = await self._admit("embeddings", request, context, stream=False)
+        try:
+            response: pb.EmbedResponse = await self._unary(call, context)
+            return response
         finally:
             self._close()
 
@@ -333,7 +361,7 @@ class CompletionsService(pb_grpc.CompletionsServicer):  # type: ignore[misc]  # 
             await _abort(context, error)
         return limits_message(self._router.config)
 
-    async def _unary(self, call: _Call, context: grpc.aio.ServicerContext) -> pb.CompletionResponse:
+    async def _unary(self, call: _Call, context: grpc.aio.ServicerContext) -> Any:
         try:
             response, metadata, timing = await self._portal.call(self._trio.unary, call)
         except TailguardError as error:
@@ -393,7 +421,8 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
 def _call(kind: RequestKind, message: Any, context: grpc.aio.ServicerContext, *, stream: bool, session_header: str) -> _Call:
     """What the Trio side needs of one call (asyncio side: metadata and deadline are read here)."""
     metadata = _metadata(context)
-    supplied = message.options.request_id or metadata.get("x-request-id") or ""
+    given = message.request_id if kind == "embeddings" else message.options.request_id  # an EmbedRequest has no options
+    supplied = given or metadata.get("x-request-id") or ""
     trace_context = {key: metadata[key] for key in _TRACE_CONTEXT if key in metadata} or None
     session = metadata.get(session_header) if session_header else None
     return _Call(
@@ -432,6 +461,7 @@ def add_completions(service: CompletionsService, server: grpc.aio.Server) -> Non
         "Complete": unary(service.Complete, _lenient(pb.CompletionRequest), pb.CompletionResponse.SerializeToString),
         "CompleteStream": streaming(service.CompleteStream, _lenient(pb.CompletionRequest), pb.CompletionChunk.SerializeToString),
         "GetLimits": unary(service.GetLimits, _lenient(pb.GetLimitsRequest), pb.Limits.SerializeToString),
+        "Embed": unary(service.Embed, _lenient(pb.EmbedRequest), pb.EmbedResponse.SerializeToString),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
     server.add_registered_method_handlers(SERVICE_NAME, methods)

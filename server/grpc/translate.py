@@ -18,7 +18,7 @@ from tailguard.router.errors import BackendStreamError, BadBackendReply, Invalid
 
 from .gen.tailguard.v1 import tailguard_pb2 as pb
 
-__all__ = ["chunk_message", "limits_message", "parse_json", "request_fields", "response_message", "routing_message"]
+__all__ = ["chunk_message", "embed_fields", "embed_message", "limits_message", "parse_json", "request_fields", "response_message", "routing_message"]
 
 _INT32_MAX = 2**31 - 1
 _EXACT_INTEGERS = 2**53  # a double beyond it is no integer to speak of
@@ -216,6 +216,33 @@ def request_fields(options: pb.Options, request_id: str) -> dict[str, Any]:
         "forced_class": options.request_class or None,
     }
 
+
+
+def embed_fields(message: pb.EmbedRequest, request_id: str) -> dict[str, Any]:
+    """The RouterRequest fields of an Embed call: its texts as vLLM's ``input``, as floats (the reply's vectors)."""
+    params: dict[str, Any] = {}
+    if message.HasField("extra"):
+        params.update({key: _value(value, f"extra{_step(key)}") for key, value in message.extra.fields.items()})
+    params["input"] = list(message.input)
+    params["encoding_format"] = "float"
+    return {"request_id": request_id, "params": params, "forced_class": message.request_class or None, "model": message.model or None}
+
+
+def embed_message(payload: Any, routing: Routing) -> pb.EmbedResponse:
+    """vLLM's embeddings answer as protobuf; anything else is the backend's fault."""
+    body = _object(payload, "the body")
+    data = body.get("data")
+    if not isinstance(data, list):
+        raise BadBackendReply("the backend's reply is not embeddings: data is not a list")
+    embeddings = []
+    for position, item in enumerate(data):
+        entry = _object(item, f"data[{position}]")
+        vector = entry.get("embedding")
+        if not isinstance(vector, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
+            raise BadBackendReply(f"the backend's reply is not embeddings: data[{position}].embedding is not a list of numbers")
+        index = entry.get("index", position)
+        embeddings.append(pb.Embedding(index=_count(index), embedding=vector))
+    return pb.EmbedResponse(model=_text(body.get("model"), "model"), data=embeddings, usage=_usage(body.get("usage")), routing=routing_message(routing))
 
 
 def limits_message(config: Config) -> pb.Limits:

@@ -45,12 +45,17 @@ log = logging.getLogger("tailguard.http")
 _CLASS_HEADER = "x-tailguard-class"
 _REPEATED = "\x00repeated"  # a header value no client can send (NUL): the header came more than once
 
-# The routes that generate: each takes a seat in its class's pool, with the caps, queues, fair shares and budgets of chat.
+# The routes that take a seat in their class's pool, with the caps, queues, fair shares and budgets of chat:
+# those that generate, and the pooling ones (embeddings, rerank: classed by ``kinds``, no decode).
 _COMPLETION_PATHS: dict[str, RequestKind] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/responses": "responses",
     "/v1/messages": "messages",
+    "/v1/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
+    "/v2/rerank": "rerank",
 }
 # Routes passed through to an engine serving the request's model, without a seat: they generate nothing
 # (a tokenizer's answer), so they neither wait behind generations nor count as one (router/utility.py).

@@ -17,6 +17,8 @@ _ROUTER_FIELDS: dict[str, frozenset[str]] = {
     "completion": frozenset({"model", "prompt", "max_tokens", "stream"}),
     "messages": frozenset({"model", "messages", "max_tokens", "stream"}),
     "responses": frozenset({"model", "max_output_tokens", "stream"}),
+    "embeddings": frozenset({"model"}),
+    "rerank": frozenset({"model"}),
 }
 # What each kind must carry: its prompt, and for Anthropic's Messages API its max_tokens (required there).
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -24,6 +26,8 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "completion": ("prompt",),
     "messages": ("messages", "max_tokens"),
     "responses": ("input",),
+    "embeddings": ("input",),
+    "rerank": ("query", "documents"),
 }
 
 
@@ -66,12 +70,12 @@ def parse_completion_body(
             raise InvalidRequest(f"{name} is required", param=name)
     if kind == "responses" and not isinstance(payload["input"], (str, list)):
         raise InvalidRequest("input must be a string or a list of input items", param="input")
-    stream = payload.get("stream", False)
+    stream = payload.get("stream", False) if kind in MAX_TOKENS_FIELD else False  # a pooling answer is one body
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", param="stream")
-    max_tokens = _max_tokens(kind, payload)
+    max_tokens = _max_tokens(kind, payload) if kind in MAX_TOKENS_FIELD else None
     model = payload.get("model")
     owned = _ROUTER_FIELDS[kind]
     params: dict[str, Any] = {k: v for k, v in payload.items() if k not in owned}

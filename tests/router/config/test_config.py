@@ -662,8 +662,8 @@ def test_render_config_shows_every_pool_endpoint_and_class() -> None:
             assert re.search(rf"{re.escape(endpoint.url)}\s+max_concurrency {endpoint.max_concurrency}\b", text)
     for klass in config.classes:
         assert re.search(rf"^  {klass.name}\s", text, re.MULTILINE)
-    assert re.search(r"^  interactive\s+<= 500\s+<= 128\s+interactive\s+3 s\s+0\s+off\s+all$", text, re.MULTILINE)
-    assert re.search(r"^  batch\s+any\s+any\s+batch\s+30 s\s+1\s+off\s+all$", text, re.MULTILINE)
+    assert re.search(r"^  interactive\s+generation\s+<= 500\s+<= 128\s+interactive\s+3 s\s+0\s+off\s+all$", text, re.MULTILINE)
+    assert re.search(r"^  batch\s+generation\s+any\s+any\s+batch\s+30 s\s+1\s+off\s+all$", text, re.MULTILINE)
     assert config.digest in text
 
 

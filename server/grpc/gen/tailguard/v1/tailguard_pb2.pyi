@@ -190,3 +190,37 @@ class Limits(_message.Message):
     classes: _containers.RepeatedCompositeFieldContainer[ClassLimits]
     pools: _containers.RepeatedCompositeFieldContainer[PoolLimits]
     def __init__(self, input_cap_tokens: _Optional[int] = ..., default_max_tokens: _Optional[int] = ..., output_cap_tokens: _Optional[int] = ..., over_cap: _Optional[str] = ..., estimate: _Optional[_Union[EstimateRule, _Mapping]] = ..., end_to_end_timeout_s: _Optional[float] = ..., classes: _Optional[_Iterable[_Union[ClassLimits, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolLimits, _Mapping]]] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("model", "input", "request_id", "request_class", "extra")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    input: _containers.RepeatedScalarFieldContainer[str]
+    request_id: str
+    request_class: str
+    extra: _struct_pb2.Struct
+    def __init__(self, model: _Optional[str] = ..., input: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., request_class: _Optional[str] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("index", "embedding")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    embedding: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("model", "data", "usage", "routing")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    data: _containers.RepeatedCompositeFieldContainer[Embedding]
+    usage: Usage
+    routing: Routing
+    def __init__(self, model: _Optional[str] = ..., data: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., routing: _Optional[_Union[Routing, _Mapping]] = ...) -> None: ...

@@ -60,6 +60,11 @@ class CompletionsStub:
                 request_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.SerializeToString,
                 response_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/tailguard.v1.Completions/Embed',
+                request_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class CompletionsServicer:
@@ -101,6 +106,14 @@ class CompletionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeddings of texts by an embedding model: classed, capped and queued as
+        HTTP's /v1/embeddings is (a class whose `kinds` takes "embeddings").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompletionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +141,11 @@ def add_CompletionsServicer_to_server(servicer, server):
                     servicer.GetLimits,
                     request_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.FromString,
                     response_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.EmbedRequest.FromString,
+                    response_serializer=tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +284,33 @@ class Completions:
             '/tailguard.v1.Completions/GetLimits',
             tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.GetLimitsRequest.SerializeToString,
             tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.Limits.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tailguard.v1.Completions/Embed',
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.EmbedRequest.SerializeToString,
+            tailguard_dot_server_dot_grpc_dot_gen_dot_tailguard_dot_v1_dot_tailguard__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,126 @@
+"""The request kinds beyond chat: the Responses and Messages APIs, embeddings and rerank, as the core reads them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from tailguard.router import Router
+from tailguard.router.admission import RouterRequest, decide, size_prompt
+from tailguard.router.config import Config, EstimateConfig, parse_config
+from tailguard.router.errors import InvalidRequest, ModelNotFound, PromptTooLong
+from tailguard.router.observe import RequestRecord
+from tailguard.router.quotas import ANONYMOUS
+from tailguard.router.request_path import backend_body
+from tailguard.server.http.openai_wire import parse_completion_body
+from tests.helpers.config_text import BASE, edit, problems_of
+
+ESTIMATE = EstimateConfig()
+# BASE, with a third pool serving an embedding model and a class that takes the pooling kinds.
+WITH_EMBEDDINGS = BASE + """
+[pools.embed]
+max_concurrency = 32
+max_model_len = 32768
+models = ["e"]
+endpoints = [{ url = "http://127.0.0.1:8009", max_concurrency = 32 }]
+
+[classes.embeddings]
+kinds = ["embeddings", "rerank"]
+pool = "embed"
+queue_timeout = 2.0
+priority = 0
+"""
+
+
+def parsed(kind: str, payload: dict[str, object]) -> RouterRequest:
+    return parse_completion_body(kind, json.dumps(payload).encode(), request_id="r")  # type: ignore[arg-type]
+
+
+def test_a_messages_request_needs_max_tokens_and_keeps_system_for_the_engine() -> None:
+    with pytest.raises(InvalidRequest) as missing:
+        parsed("messages", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert missing.value.param == "max_tokens"
+    request = parsed("messages", {"model": "m", "system": "Be brief.", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]})
+    assert request.max_tokens == 50 and request.params["system"] == "Be brief."
+    body, drop_usage = backend_body(request, "m", 40, stream=True)
+    assert body["max_tokens"] == 40 and body["system"] == "Be brief." and body["stream"] is True
+    assert "stream_options" not in body and not drop_usage  # Anthropic's stream carries its usage already
+
+
+def test_a_responses_request_is_bounded_by_max_output_tokens_and_its_input_forwarded_as_sent() -> None:
+    with pytest.raises(InvalidRequest) as missing:
+        parsed("responses", {"model": "m"})
+    assert missing.value.param == "input"
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "hello there"}]}]
+    request = parsed("responses", {"model": "m", "input": items, "instructions": "Be brief.", "max_output_tokens": 64, "stream": True})
+    assert request.max_tokens == 64 and request.stream
+    body, _ = backend_body(request, "m", 32, stream=True)
+    assert body["max_output_tokens"] == 32 and "max_tokens" not in body and "stream_options" not in body
+    assert body["input"] == items and body["instructions"] == "Be brief."
+
+
+def test_the_system_prompt_and_instructions_count_in_the_prompts_size() -> None:
+    long_system = "You are a careful assistant. " * 200
+    bare = parsed("messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    with_system = parsed("messages", {"model": "m", "max_tokens": 5, "system": long_system, "messages": [{"role": "user", "content": "hi"}]})
+    assert size_prompt(with_system, ESTIMATE).tokens > size_prompt(bare, ESTIMATE).tokens + 1000
+    as_text = parsed("responses", {"model": "m", "input": long_system})
+    as_items = parsed("responses", {"model": "m", "input": "hi", "instructions": long_system})
+    assert size_prompt(as_text, ESTIMATE).tokens > 1000 and size_prompt(as_items, ESTIMATE).tokens > 1000
+
+
+def test_pooling_requests_have_no_output_bound_or_stream_on_the_wire() -> None:
+    embeddings = parsed("embeddings", {"model": "e", "input": ["a", "b"], "encoding_format": "float"})
+    body, _ = backend_body(embeddings, "e", 1, stream=False)
+    assert body == {"model": "e", "input": ["a", "b"], "encoding_format": "float"}
+    rerank = parsed("rerank", {"model": "e", "query": "q", "documents": ["x", {"text": "y"}], "top_n": 1})
+    assert rerank.pooled_inputs() == [["q", "x"], ["q", "y"]]
+    with pytest.raises(InvalidRequest) as empty:
+        parsed("rerank", {"model": "e", "query": "q", "documents": []})
+    assert empty.value.param == "documents"
+    with pytest.raises(InvalidRequest) as too_many:
+        parsed("embeddings", {"model": "e", "input": ["x"] * 2049})
+    assert too_many.value.param == "input"
+
+
+def decided(config: Config, request: RouterRequest) -> tuple[str, int]:
+    """The class and max_tokens admission decides (no engine is asked)."""
+    router = Router(config)
+    record = RequestRecord(request.request_id, "http", 0.0)
+    admitted = decide(request, ANONYMOUS, config, router.pools, record, 0.0)
+    return admitted.klass.name, admitted.ticket.max_tokens
+
+
+async def test_embeddings_and_rerank_take_their_own_class_and_generations_never_do() -> None:
+    config = parse_config(WITH_EMBEDDINGS)
+    assert decided(config, parsed("embeddings", {"model": "e", "input": "x " * 3000})) == ("embeddings", 1)
+    assert decided(config, parsed("rerank", {"model": "e", "query": "q", "documents": ["d"]}))[0] == "embeddings"
+    # A short chat stays interactive; a long one batch: the embeddings class is no catch-all for them.
+    assert decided(config, parsed("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}))[0] == "interactive"
+    assert decided(config, parsed("responses", {"model": "m", "input": "hi", "max_output_tokens": 4000}))[0] == "batch"
+    await trio.lowlevel.checkpoint()
+
+
+async def test_without_a_class_for_embeddings_they_are_not_found_and_each_input_is_capped() -> None:
+    with pytest.raises(ModelNotFound) as none:
+        decided(parse_config(BASE), parsed("embeddings", {"model": "m", "input": "x"}))
+    assert "kinds" in none.value.message
+    config = parse_config(WITH_EMBEDDINGS)
+    # Many inputs under the cap pass (the body bounds the batch); one over the cap is refused.
+    assert decided(config, parsed("embeddings", {"model": "e", "input": ["word " * 100] * 500}))[0] == "embeddings"
+    with pytest.raises(PromptTooLong):
+        decided(config, parsed("embeddings", {"model": "e", "input": ["short", "word " * 40_000]}))
+    await trio.lowlevel.checkpoint()
+
+
+def test_kinds_is_checked_and_each_kind_needs_a_catch_all() -> None:
+    (problem,) = problems_of(WITH_EMBEDDINGS.replace('kinds = ["embeddings", "rerank"]', 'kinds = ["embedings"]'))
+    assert problem.startswith("classes.embeddings.kinds: ") and "not a request kind" in problem
+    (problem,) = problems_of(WITH_EMBEDDINGS.replace('pool = "embed"\n', 'pool = "embed"\nmax_prompt_tokens = 100\n'))
+    assert problem.startswith("classes.embeddings: ") and "embeddings or rerank request" in problem
+    # A class for embeddings alone after the generation catch-all is reachable: it is the only one that takes them.
+    assert [k.name for k in parse_config(WITH_EMBEDDINGS).classes] == ["interactive", "batch", "embeddings"]
+    (problem,) = problems_of(edit('[classes.batch]\npool = "batch"', '[classes.batch]\nkinds = ["chat"]\npool = "batch"'))
+    assert "catch-all" in problem
