@@ -61,7 +61,7 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None 
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("POST", "/nope"), ("GET", "/nope"), ("POST", "/v1/embeddings"), ("DELETE", "/v1/files/x"), ("POST", "/v1/chat/completions/extra")],
+    [("POST", "/nope"), ("GET", "/nope"), ("POST", "/v1/audio/speech"), ("DELETE", "/v1/files/x"), ("POST", "/v1/chat/completions/extra")],
 )
 def test_an_unknown_path_is_404_in_openais_shape(client: httpx.Client, method: str, path: str) -> None:
     response = client.request(method, path, json={"input": "x"})
@@ -72,14 +72,20 @@ def test_an_unknown_path_is_404_in_openais_shape(client: httpx.Client, method: s
 
 def test_an_unknown_path_is_404_without_a_key_too(service: FrontEnds) -> None:
     """A route that does not exist needs no key to say so (a known one does: 401)."""
-    assert_openai_error(httpx.post(service.http_url + "/v1/embeddings", json={}, timeout=10), 404)
+    assert_openai_error(httpx.post(service.http_url + "/v1/audio/speech", json={}, timeout=10), 404)
     assert httpx.get(service.http_url + f"/v1/models/{MODEL}", timeout=10).status_code == 401
 
 
 def test_the_sdk_raises_not_found_for_a_route_tailguard_does_not_serve(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
-        sdk.embeddings.create(model=MODEL, input="hello")
+        sdk.audio.speech.create(model=MODEL, voice="alloy", input="hello")
     assert raised.value.status_code == 404
+
+
+def test_embeddings_without_a_class_that_takes_them_are_not_found_and_say_how(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as raised:
+        sdk.embeddings.create(model=MODEL, input="hello")
+    assert "kinds" in str(raised.value)
 
 
 @pytest.mark.parametrize(
