@@ -6,6 +6,11 @@ at scrape time by a collector, so they are never stale and cost nothing
 between scrapes. Buckets resolve both 20 ms (an interactive TTFT) and 60 s
 (a long generation). The garbage collector's pauses are timed by a
 ``gc.callbacks`` hook that lives as long as the :class:`Metrics` object.
+The process's own series (``process_cpu_seconds_total``,
+``process_resident_memory_bytes``, ``process_open_fds``, ...: the ones
+every Prometheus client exports, which the default registry would carry but
+this one does not) come from prometheus_client's ``ProcessCollector`` on the
+same registry, so each ``--workers`` process shows its own on its own port.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -139,6 +144,7 @@ class Metrics:
         r.register(self.placements)
         self.gc_pauses = GcPauses()
         r.register(self.gc_pauses)
+        ProcessCollector(registry=r)  # this process's CPU, memory, fds and start time (Linux /proc; nothing elsewhere)
         gc.callbacks.append(self.gc_pauses.on_gc)
         # The hook must not keep this object alive, nor outlive it: it is
         # removed by close(), or when this object is garbage.

@@ -81,8 +81,10 @@ async def test_two_workers_share_the_port_and_the_caps_restart_and_stop_on_signa
             for _ in range(40):  # new connections: the kernel spreads them over both listeners
                 async with httpx.AsyncClient(timeout=30) as fresh:
                     assert (await fresh.post(f"http://127.0.0.1:{http}/v1/chat/completions", json=body)).status_code == 200
-            served = [requests_served((await client.get(url + "/metrics")).text) for url in own]
+            pages = [(await client.get(url + "/metrics")).text for url in own]
+            served = [requests_served(page) for page in pages]
             assert sum(served) == 40 and min(served) > 0, served  # both workers served some
+            assert all(re.search(r"^process_cpu_seconds_total \S+$", page, re.M) for page in pages)  # each its own process's
 
             path.write_text(text.replace("max_queue = 1024", "max_queue = 200"))
             process.send_signal(signal.SIGHUP)  # each worker reloads the file
