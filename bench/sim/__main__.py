@@ -21,9 +21,11 @@ from functools import partial
 
 import trio
 
+from .app import RUNNERS
 from .faults import MODES, AdminApp, Fault, FaultSwitch
 from .http import KEEP_ALIVE_TIMEOUT, serve
 from .params import PROFILES, SCHEDULING_POLICIES, EngineParams
+from .pooling import DEFAULT_EMBEDDING_SIZE
 from .request import CHARS_PER_TOKEN
 from .server import DEFAULT_MODEL, EngineSpec, parse_engines, serve_engine
 
@@ -162,6 +164,33 @@ def _add_api_options(parser: argparse.ArgumentParser) -> None:
         "only names the completion (cmpl-ID)",
     )
     parser.add_argument(
+        "--enable-responses-api-store",
+        action="store_true",
+        default=os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "") not in ("", "0", "false", "False"),
+        help="vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1 (read from the environment too): /v1/responses keeps responses "
+        "asked to store, for GET /v1/responses/ID, previous_response_id, background and cancel (default: off, as in vLLM)",
+    )
+    parser.add_argument(
+        "--runner",
+        choices=("auto", *RUNNERS),
+        default="auto",
+        help="vLLM --runner: generate (chat, completions, responses, messages), or pooling (embeddings, rerank, score, "
+        "and no generation routes); auto: pooling with --convert embed, else generate (default %(default)s)",
+    )
+    parser.add_argument(
+        "--convert",
+        choices=("auto", "embed"),
+        default="auto",
+        help="vLLM --convert: embed serves the model as an embedding model (vLLM's --runner pooling --convert embed; "
+        "the only conversion the simulator serves, and what auto means with --runner pooling) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--embedding-size",
+        type=int,
+        default=DEFAULT_EMBEDDING_SIZE,
+        help="dimensions of a pooling engine's vectors (a model's hidden size in vLLM; default %(default)s, an 8B Llama's)",
+    )
+    parser.add_argument(
         "--keep-alive-timeout",
         type=float,
         default=KEEP_ALIVE_TIMEOUT,
@@ -211,6 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--retry-after must not be negative, got {args.retry_after}")
     if args.keep_alive_timeout < 0:
         parser.error(f"--keep-alive-timeout must not be negative, got {args.keep_alive_timeout}")
+    if args.runner == "auto":  # vLLM's _get_runner_type: a conversion asked for makes a pooling model
+        args.runner = "pooling" if args.convert == "embed" else "generate"
+    if args.convert == "embed" and args.runner != "pooling":
+        parser.error("--convert embed makes a pooling model: it does not go with --runner generate")
+    if args.embedding_size < 1:
+        parser.error(f"--embedding-size must be at least 1, got {args.embedding_size}")
     try:
         pairs = parse_engines(args.engines) if args.engines else [(args.port, args.profile)]
         fault = Fault.parse(args.fault)

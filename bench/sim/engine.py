@@ -225,8 +225,14 @@ class Engine:
         priority: int = 0,
         cache_salt: str | None = None,
         choice: int = 0,
+        prefill_only: bool = False,
     ) -> Sequence:
         """Queue a request; returns its sequence. ``max_tokens=None`` fills the context.
+
+        ``prefill_only`` is a pooling request (vLLM's ``--runner pooling``):
+        its prompt, up to ``max_model_len`` tokens, is prefilled as any other,
+        and the sequence ends "stop" when its prefill completes, with no
+        token (``max_tokens`` is ignored).
 
         ``choice`` is the sequence's index among a request's ``n`` (vLLM runs
         each choice as a sequence of its own): the same prompt, its own output.
@@ -246,11 +252,15 @@ class Engine:
         limit = self.params.max_model_len
         if prompt_tokens < 1:
             raise EngineRequestError("the prompt must contain at least one token")
-        if max_tokens is None:
+        if prefill_only:
+            if prompt_tokens > limit:
+                raise EngineRequestError(f"the prompt's {prompt_tokens} tokens exceed max_model_len={limit}")
+            max_tokens = 1
+        elif max_tokens is None:
             max_tokens = limit - prompt_tokens
         if max_tokens < 1:
             raise EngineRequestError(f"max_tokens must be at least 1, got {max_tokens}")
-        if prompt_tokens + max_tokens > limit:
+        if prompt_tokens + max_tokens > limit and not prefill_only:
             raise EngineRequestError(  # vLLM's renderer's words (2026), for counted token ids
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{max_tokens} output tokens and your prompt contains {prompt_tokens} input tokens, "
@@ -270,6 +280,7 @@ class Engine:
             priority=priority,
             arrival=trio.current_time(),
             arrival_seq=next(self._arrivals),
+            prefill_only=prefill_only,
         )
         if self._cache is not None:
             sequence._block_keys = prompt_block_keys(prompt_key, prompt_tokens, cache_salt, self._cache.block_size)
@@ -462,6 +473,9 @@ class Engine:
             if self._cache is not None:  # its prompt blocks computed in full are cached now
                 self._cache_computed(sequence)
             if sequence._computed < sequence._prefill_target:
+                continue
+            if sequence.prefill_only:  # a pooling request ends with its prefill
+                self._finish(sequence, "stop")
                 continue
             sequence.token_ids.append(sequence._rng.randrange(VOCABULARY_SIZE))
             self._generation_tokens_total += 1

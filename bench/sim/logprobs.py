@@ -69,3 +69,22 @@ def chat_logprobs(token_ids: Sequence[int], first_position: int, top: int) -> di
 def _chat_entry(token: int, value: float) -> dict[str, Any]:
     text = TOKEN_TEXT[token]
     return {"token": text, "logprob": value, "bytes": list(text.encode())}
+
+
+def responses_logprobs(token_ids: Sequence[int], first_position: int, top: int, *, stream: bool = False) -> list[dict[str, Any]]:
+    """A Responses API ``output_text``'s ``logprobs`` for these tokens: ``{"token", "bytes", "logprob", "top_logprobs"}``
+    each, ``top`` entries the sampled token first; a stream's ``output_text.delta`` leaves ``bytes`` out, as vLLM does."""
+    entries = []
+    for n, token in enumerate(token_ids):
+        position = first_position + n
+        value = token_logprob(token, position)
+        ranked = [(token, value), *_alternatives(token, position, max(0, top - 1))][:top]
+        entries.append({**_responses_entry(token, value, stream), "top_logprobs": [_responses_entry(t, v, stream) for t, v in ranked]})
+    return entries
+
+
+def _responses_entry(token: int, value: float, stream: bool) -> dict[str, Any]:
+    text = TOKEN_TEXT[token]
+    if stream:
+        return {"token": text, "logprob": value}
+    return {"token": text, "bytes": list(text.encode()), "logprob": value}

@@ -75,7 +75,7 @@ class CompletionRequest:
     logprobs: int | None  # sample logprobs to return (chat: top_logprobs when logprobs is true)
 
 
-class _Fields:
+class Fields:
     """pydantic's lax field validation of a JSON object: values coerced as it does, errors collected in field order."""
 
     def __init__(self, data: Mapping[str, Any], prefix: str = "body") -> None:
@@ -165,7 +165,7 @@ class _Fields:
         self._fail(name, "string_type", "Input should be a valid string", value)
         return None
 
-    def nested(self, name: str) -> _Fields | None:
+    def nested(self, name: str) -> Fields | None:
         """A nested object (``stream_options``): its own fields, errors reported under its name."""
         value = self.data.get(name)
         if value is None:
@@ -173,7 +173,7 @@ class _Fields:
         if not isinstance(value, dict):
             self._fail(name, "model_attributes_type", "Input should be a valid dictionary or object to extract fields from", value)
             return None
-        nested = _Fields(value, f"{self.prefix}.{name}")
+        nested = Fields(value, f"{self.prefix}.{name}")
         nested.errors = self.errors
         return nested
 
@@ -183,7 +183,7 @@ def parse(chat: bool, content_type: str | None, body: bytes) -> CompletionReques
     require_json_media(content_type)
     data = load_json_object(body)
     _before_validators(chat, data)
-    fields = _Fields(data)
+    fields = Fields(data)
     model = fields.text("model")
     if chat:
         request = _chat_fields(fields, data, model)
@@ -232,6 +232,11 @@ def _before_validators(chat: bool, data: Mapping[str, Any]) -> None:
             raise vllm_error("`logprobs` must be an integer.", param="logprobs", value=logprobs)
         if logprobs is not None and logprobs < 0 and logprobs != -1:
             raise vllm_error("`logprobs` must be a positive value or -1.", param="logprobs", value=logprobs)
+    check_cache_salt(data)
+
+
+def check_cache_salt(data: Mapping[str, Any]) -> None:
+    """The request models' ``check_cache_salt_support``: a non-empty string of at most 128 characters, none of ``@/\\``, NUL."""
     salt = data.get("cache_salt")
     if salt is not None:
         if not isinstance(salt, str) or not salt:
@@ -254,7 +259,7 @@ def _check_chat_logprobs(data: Mapping[str, Any]) -> None:
             raise vllm_error("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
 
 
-def _completion_fields(fields: _Fields, data: Mapping[str, Any], model: str | None) -> CompletionRequest | None:
+def _completion_fields(fields: Fields, data: Mapping[str, Any], model: str | None) -> CompletionRequest | None:
     prompt = data.get("prompt")
     shape = _prompt_shape(prompt, fields)
     fields.boolean("echo")
@@ -290,7 +295,7 @@ def _completion_fields(fields: _Fields, data: Mapping[str, Any], model: str | No
     )
 
 
-def _chat_fields(fields: _Fields, data: Mapping[str, Any], model: str | None) -> CompletionRequest | None:
+def _chat_fields(fields: Fields, data: Mapping[str, Any], model: str | None) -> CompletionRequest | None:
     if "messages" not in data:
         fields.errors.append(FieldError("missing", "body.messages", "Field required", data))
         contents: list[str] | None = None
@@ -308,19 +313,9 @@ def _chat_fields(fields: _Fields, data: Mapping[str, Any], model: str | None) ->
     salt = fields.text("cache_salt")
     if contents is None or fields.errors:
         return None
-    encoding_error = unencodable(contents)
-    if encoding_error is not None:  # refused by the renderer, after the model and queue checks: nothing to count
-        contents = ["?"]
-    chars = sum(len(text) for text in contents) + CHARS_PER_TOKEN * (PER_MESSAGE_TOKENS * len(contents) + ASSISTANT_PRIMING_TOKENS)
     return CompletionRequest(
-        chat=True,
+        **chat_prompt(contents),
         model=model,
-        prompt_tokens=count_chat_tokens(contents) if contents else 0,
-        prompt_key=chat_prompt_key(contents),
-        prompt_chars=chars,
-        encoding_error=encoding_error,
-        exact=False,
-        empty_conversation=not contents,
         max_tokens=max_completion if max_completion is not None else max_tokens,
         max_tokens_param="max_completion_tokens" if max_completion is not None else "max_tokens",
         n=1 if n is None else n,  # null reads as 1 in a chat request
@@ -332,7 +327,28 @@ def _chat_fields(fields: _Fields, data: Mapping[str, Any], model: str | None) ->
     )
 
 
-def _sampling(fields: _Fields) -> dict[str, Any]:
+def chat_prompt(contents: list[str]) -> dict[str, Any]:
+    """The prompt fields of a ``CompletionRequest`` for a chat of these message texts (``chat`` included).
+
+    Text UTF-8 cannot encode is refused by the renderer, after the model and
+    queue checks: it is kept as its encoding error, with nothing to count.
+    """
+    encoding_error = unencodable(contents)
+    if encoding_error is not None:
+        contents = ["?"]
+    chars = sum(len(text) for text in contents) + CHARS_PER_TOKEN * (PER_MESSAGE_TOKENS * len(contents) + ASSISTANT_PRIMING_TOKENS)
+    return {
+        "chat": True,
+        "prompt_tokens": count_chat_tokens(contents) if contents else 0,
+        "prompt_key": chat_prompt_key(contents),
+        "prompt_chars": chars,
+        "encoding_error": encoding_error,
+        "exact": False,
+        "empty_conversation": not contents,
+    }
+
+
+def _sampling(fields: Fields) -> dict[str, Any]:
     """The fields both APIs share, from ``presence_penalty`` to ``min_tokens``, checked in vLLM's order (its
     errors come in the order of the model's fields): the request's values, defaults for nulls."""
     presence = fields.number("presence_penalty")
@@ -371,7 +387,7 @@ def _or(value: float | None, default: float) -> float:
 PromptShape = tuple[int, str, int | None, str | None, bool]  # tokens, key, characters, encoding error, exact
 
 
-def _prompt_shape(prompt: object, fields: _Fields) -> PromptShape | None:
+def _prompt_shape(prompt: object, fields: Fields) -> PromptShape | None:
     """A completion's prompt: one text, or one list of token ids (vLLM's union's other branches are batches)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -415,9 +431,14 @@ def message_contents(messages: object) -> list[str]:
 
 
 def check_model(request: CompletionRequest, served: str) -> None:
-    """vLLM's ``_check_model``: an unknown name is a 404 naming the served ones (no name is the served model)."""
-    if request.model is not None and request.model != served:
-        raise ApiError(404, f"The model `{request.model}` does not exist. Valid aliases: {served}.", param="model")
+    """vLLM's ``_check_model``: an unknown name is a 404 naming the served ones (no name, or "", is the served model)."""
+    check_model_name(request.model, served)
+
+
+def check_model_name(model: str | None, served: str) -> None:
+    """``check_model`` of a bare name (the routes whose requests are not completions)."""
+    if model and model != served:
+        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {served}.", param="model")
 
 
 def render(request: CompletionRequest, max_model_len: int, max_chars_per_token: int = CHARS_PER_TOKEN) -> int:
@@ -443,20 +464,37 @@ def render(request: CompletionRequest, max_model_len: int, max_chars_per_token: 
         )
     if request.empty_conversation:
         raise ApiError(400, "Cannot apply chat template to an empty conversation. Provide at least one message.")
+    check_input_length(
+        request.prompt_chars, request.prompt_tokens, limit, max_chars_per_token, exact=request.exact, encoding_error=request.encoding_error
+    )
+    room = limit - request.prompt_tokens
+    return room if requested is None else min(room, requested)
+
+
+def check_input_length(
+    chars: int | None, tokens: int, limit: int, max_chars_per_token: int, *, exact: bool, encoding_error: str | None = None
+) -> None:
+    """The renderer's length checks of a prompt of ``chars`` characters (None: token ids) and ``tokens`` tokens.
+
+    A text over ``limit`` x ``max_chars_per_token`` characters is refused
+    before it is tokenized (``input_text``); text UTF-8 cannot encode
+    (``encoding_error``) is refused as it is encoded; a prompt over ``limit``
+    tokens is refused (``input_tokens``: text is tokenized only one token past
+    the bound, so unless the count is ``exact`` it reads "at least").
+    """
     bound = limit * max_chars_per_token
-    if request.prompt_chars is not None and request.prompt_chars > bound:
+    if chars is not None and chars > bound:
         raise vllm_error(
             f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-            f"{request.prompt_chars} characters (more than {bound} characters, which is the upper bound for "
+            f"{chars} characters (more than {bound} characters, which is the upper bound for "
             f"{limit} input tokens). Please reduce the length of the input prompt.",
             param="input_text",
-            value=request.prompt_chars,
+            value=chars,
         )
-    if request.encoding_error is not None:
-        raise ApiError(400, request.encoding_error)
-    tokens = request.prompt_tokens
+    if encoding_error is not None:
+        raise ApiError(400, encoding_error)
     if tokens > limit:
-        counted = tokens if request.exact else limit + 1
+        counted = tokens if exact else limit + 1
         qualifier = "at least " if counted == limit + 1 else ""
         raise vllm_error(
             f"This model's maximum context length is {limit} tokens. However, your prompt contains {qualifier}{counted} "
@@ -464,8 +502,6 @@ def render(request: CompletionRequest, max_model_len: int, max_chars_per_token: 
             param="input_tokens",
             value=counted,
         )
-    room = limit - tokens
-    return room if requested is None else min(room, requested)
 
 
 def unencodable(texts: list[Any]) -> str | None:

@@ -35,6 +35,7 @@ class Sequence:
         "preemptions",
         "priority",
         "cached_tokens",
+        "prefill_only",
         "_rng",
         "_prefill_target",
         "_computed",
@@ -57,6 +58,7 @@ class Sequence:
         priority: int = 0,
         arrival: float,
         arrival_seq: int,
+        prefill_only: bool = False,
     ) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
@@ -74,6 +76,8 @@ class Sequence:
         self.priority = priority  # vLLM's request priority: lower runs first (priority policy only)
         # Prompt tokens found in the prefix cache at first admission (vLLM's num_cached_tokens).
         self.cached_tokens = 0
+        # A pooling request (an embedding, a rerank's text): its prompt is prefilled, and it ends then, with no token.
+        self.prefill_only = prefill_only
         self._block_keys: list[bytes] = []  # the prompt's full blocks' chained keys (prefix caching only)
         self._blocks_held = 0  # how many leading keys this sequence pins in the cache
         self._rng = rng

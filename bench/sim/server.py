@@ -12,6 +12,7 @@ from .engine import Engine
 from .faults import Fault, FaultInjector, FaultSwitch
 from .http import KEEP_ALIVE_TIMEOUT, serve
 from .params import PROFILES, EngineParams
+from .pooling import DEFAULT_EMBEDDING_SIZE
 from .request import CHARS_PER_TOKEN
 
 DEFAULT_MODEL = "sim-llama-3.1-8b"
@@ -36,6 +37,9 @@ class EngineSpec:
     enable_per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics: a "metrics" object on each answer
     max_chars_per_token: int = CHARS_PER_TOKEN  # the tokenizer's longest token: a text over max_model_len x this is refused untokenized
     keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT  # idle keep-alive connections close after this (uvicorn's 5 s)
+    enable_responses_api_store: bool = False  # vLLM's VLLM_ENABLE_RESPONSES_API_STORE: /v1/responses keeps responses
+    runner: str = "generate"  # vLLM's --runner: "pooling" serves embeddings, rerank and score instead of generation
+    embedding_size: int = DEFAULT_EMBEDDING_SIZE  # a pooling engine's vectors' dimensions (a model's hidden size)
 
 
 def parse_engines(text: str) -> list[tuple[int, str]]:
@@ -74,6 +78,9 @@ async def serve_engine(
         enable_request_id_headers=spec.enable_request_id_headers,
         enable_per_request_metrics=spec.enable_per_request_metrics,
         max_chars_per_token=spec.max_chars_per_token,
+        enable_responses_api_store=spec.enable_responses_api_store,
+        runner=spec.runner,
+        embedding_size=spec.embedding_size,
     )
     if switch is None:
         switch = FaultSwitch(spec.fault, seed=spec.seed)

@@ -144,3 +144,22 @@ def prompt_token_array(prompt_key: str, count: int) -> array[int]:
         whole = zlib.crc32(hashlib.blake2b(prompt_key.encode("utf-8", "surrogatepass"), digest_size=16).digest())
         ids.extend(zlib.crc32(i.to_bytes(4, "little"), whole) for i in range(len(ids), count))
     return ids
+
+
+def token_text(token_id: int) -> str:
+    """What one token id decodes to: an output token's word, or a prompt chunk's text (``prompt_token_ids``' ids of
+    ASCII text decode to it); any other id (a chunk of other text, a padding id, an id of no token) to ""."""
+    if 0 <= token_id < VOCABULARY_SIZE:
+        return TOKEN_TEXT[token_id]
+    length, value = token_id >> 32, token_id & 0xFFFFFFFF
+    if length == 0:
+        length = 4
+    elif length > 3:
+        return ""
+    raw = value.to_bytes(4, sys.byteorder)
+    raw = raw[:length] if sys.byteorder == "little" else raw[4 - length :]
+    return raw.decode("ascii") if _printable(raw) else ""
+
+
+def _printable(raw: bytes) -> bool:
+    return all(32 <= byte < 127 or byte in (9, 10, 13) for byte in raw)
