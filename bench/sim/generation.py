@@ -133,13 +133,16 @@ class SequenceStream:
     Subclasses say what the events are (``tokens``, ``closing``; ``opening``
     is sent before the first token, at once). A chunk is never empty (an
     empty chunk would end a chunked body). ``aclose`` aborts a sequence
-    still in the engine: a client that stops reading frees its seat and cache.
+    still in the engine: a client that stops reading frees its seat and cache
+    -- unless the stream is ``detached`` from it (a background response runs
+    on without its reader).
     """
 
-    def __init__(self, engine: Engine, sequence: Sequence, opening: bytes = b"") -> None:
+    def __init__(self, engine: Engine, sequence: Sequence, opening: bytes = b"", *, detached: bool = False) -> None:
         self.engine = engine
         self.sequence = sequence
         self._opening = opening
+        self._detached = detached
         self._seen = 0
         self._done = False
 
@@ -175,9 +178,10 @@ class SequenceStream:
         raise NotImplementedError
 
     async def aclose(self) -> None:
-        """Stop reading: a sequence still in the engine is aborted at once."""
+        """Stop reading: a sequence still in the engine is aborted at once (unless the stream is detached from it)."""
         self._done = True
-        self.engine.abort(self.sequence)
+        if not self._detached:
+            self.engine.abort(self.sequence)
 
 
 def sse(event: str, data: bytes) -> bytes:

@@ -31,8 +31,11 @@ vLLM keeps responses only when started with
 a response asked ``store`` (the default) is kept once it has ended, a later
 one may continue it (``previous_response_id``: its conversation and output
 come before the new input), and ``background`` answers at once with status
-"queued" while the engine runs it; ``cancel`` aborts a queued one and refuses
-one that ended ("Cannot cancel a synchronous response.").
+"queued" while the engine runs it (streamed, its events as any stream's, and
+a reader that leaves does not stop it); ``cancel`` aborts a queued one and
+refuses one that ended ("Cannot cancel a synchronous response."). ``GET``
+returns the response as kept ("queued" until its sequence ends, as vLLM
+keeps it); its ``stream=true`` replay of a background stream is not served.
 """
 
 from __future__ import annotations
@@ -287,13 +290,16 @@ class Responses:
         conversation = [*([request.instructions] if request.instructions is not None else []), *history, *request.inputs]
 
         def keep_final(final: dict[str, Any]) -> None:
-            if keep and self._store is not None:
-                self._store[response_id] = _Stored(final, conversation, sequence)
+            store = self._store
+            if keep and store is not None and not (response_id in store and store[response_id].body["status"] == "cancelled"):
+                store[response_id] = _Stored(final, conversation, sequence)
 
-        if request.background and self._store is not None:  # answered at once; the engine runs it on its own
+        if request.background and self._store is not None:  # the engine runs it on its own, its reader or none
             queued = shaper.response("queued")
             self._store[response_id] = _Stored(queued, conversation, sequence, final=lambda: shaper.final(sequence))
-            return SimResponse.json(200, queued)
+            if not request.stream:
+                return SimResponse.json(200, queued)
+            return SimResponse.sse(ResponseStream(generation, sequence, shaper, keep_final, detached=True))
         if request.stream:
             return SimResponse.sse(ResponseStream(generation, sequence, shaper, keep_final))
         await generation.finish([sequence])
@@ -426,12 +432,15 @@ class _Shaper:
 class ResponseStream(SequenceStream):
     """vLLM's event stream of one response (the module's docstring lists it); ``keep`` gets the final response."""
 
-    def __init__(self, generation: Generation, sequence: Sequence, shaper: _Shaper, keep: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self, generation: Generation, sequence: Sequence, shaper: _Shaper, keep: Callable[[dict[str, Any]], None], *, detached: bool = False
+    ) -> None:
         self._shaper = shaper
         self._keep = keep
         self._number = 0
         start = shaper.response("in_progress")
-        super().__init__(generation.engine, sequence, self._event("response.created", {"response": start}) + self._event("response.in_progress", {"response": start}))
+        opening = self._event("response.created", {"response": start}) + self._event("response.in_progress", {"response": start})
+        super().__init__(generation.engine, sequence, opening, detached=detached)
 
     def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
         fields["sequence_number"] = self._number

@@ -57,6 +57,7 @@ def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 ENGINE_FLAGS = ("--max-num-seqs", "4", "--enable-prompt-tokens-details", "--enable-per-request-metrics", "--scheduling-policy", "priority")
 BUSY_FLAGS = ("--max-num-seqs", "1", "--max-num-queued-reqs", "1")
+POOLING_FLAGS = ("--runner", "pooling", "--convert", "embed")  # the tiny Llama served as an embedding model
 
 
 @pytest.fixture(scope="session")
@@ -65,10 +66,16 @@ def engine_starts(request: pytest.FixtureRequest, vllm_python: str, model_dir: P
 
     An engine starts in ~25-45 s, mostly CPU: started side by side, the session
     waits for the slowest once, not for each in turn. Which ones: ``engines``
-    (a on core 0, b on core 1) and ``busy`` (core 1), as the collected tests ask.
+    (a on core 0, b on core 1), ``busy`` (core 1) and ``pooling_engine``
+    (core 0), as the collected tests ask.
     """
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-    specs = {"a": (ENGINE_FLAGS, 0, "engines"), "b": (ENGINE_FLAGS, 1, "engines"), "busy": (BUSY_FLAGS, 1, "busy_engine")}
+    specs = {
+        "a": (ENGINE_FLAGS, 0, "engines"),
+        "b": (ENGINE_FLAGS, 1, "engines"),
+        "busy": (BUSY_FLAGS, 1, "busy_engine"),
+        "pooling": (POOLING_FLAGS, 0, "pooling_engine"),
+    }
     started = {
         name: start_engine(vllm_python, model_dir, engine_logs, name, flags=flags, core=core)
         for name, (flags, core, fixture) in specs.items()
@@ -87,6 +94,15 @@ def engines(engine_starts: dict[str, RealEngine]) -> tuple[RealEngine, RealEngin
     pair = engine_starts["a"], engine_starts["b"]
     wait_ready(pair)
     return pair
+
+
+@pytest.fixture(scope="session")
+def pooling_engine(engine_starts: dict[str, RealEngine]) -> RealEngine:
+    """The tiny model as an embedding model (vLLM's --runner pooling --convert embed: embeddings, rerank, score; no
+    generation), with the engines' key."""
+    engine = engine_starts["pooling"]
+    wait_ready([engine])
+    return engine
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ docs/simulator.md.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.vllm.engines import ENGINE_KEY, SERVED_MODEL, RealEngine, free_port, wait_ready
+from bench.vllm.engines import SERVED_MODEL, RealEngine, free_port
+from tests.real_vllm.sim_process import start_sim
 from tests.real_vllm.test_wire import events
 
 BLOCK = 128  # vLLM's KV block on CPU
@@ -39,22 +38,9 @@ ROUTER_METRICS = (
 @pytest.fixture(scope="module")
 def sim(engine_logs: Path) -> Iterator[RealEngine]:
     """The simulator started as an engine like engines[1]: same name, key, seats, context, block, flags."""
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "tailguard.sim", "--port", str(port), "--profile", "latency", "--model", SERVED_MODEL,
-        "--api-key", ENGINE_KEY, "--max-num-seqs", "4", "--max-model-len", "4096", "--block-size", str(BLOCK),
-        "--max-chars-per-token", str(LONGEST_TOKEN),
-        "--enable-prompt-tokens-details", "--enable-per-request-metrics", "--scheduling-policy", "priority",
-    ]  # fmt: skip
-    log_path = engine_logs / f"sim-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    engine = RealEngine("sim", port, process, log_path, (), ENGINE_KEY)
-    try:
-        wait_ready([engine], timeout=30)
-        yield engine
-    finally:
-        engine.stop()
+    engine = start_sim(engine_logs, "sim", ("--enable-prompt-tokens-details", "--enable-per-request-metrics", "--scheduling-policy", "priority"))
+    yield engine
+    engine.stop()
 
 
 def shape(value: Any, key: str = "") -> Any:

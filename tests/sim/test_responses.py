@@ -132,6 +132,13 @@ async def test_the_store_keeps_continues_queues_and_cancels_responses(autojump_c
         assert cancelled["status"] == "cancelled" and (await client.get(f"/v1/responses/{long['id']}")).json()["status"] == "cancelled"
         stats = engine.statistics()
         assert (stats.running, stats.aborted_total) == (0, 1)
+        # a background stream: the usual events, and its reader leaving does not stop it
+        body = {"input": "x", "max_output_tokens": 50, "background": True, "stream": True}
+        async with client.stream("POST", "/v1/responses", json=body) as reply:
+            first = named_events((await reply.aiter_bytes().__anext__()).decode())
+        await trio.sleep(1)
+        kept = (await client.get(f"/v1/responses/{first[0][1]['response']['id']}")).json()
+        assert (kept["status"], kept["usage"]["output_tokens"], engine.statistics().aborted_total) == ("incomplete", 50, 1)
 
 
 @pytest.mark.parametrize(
