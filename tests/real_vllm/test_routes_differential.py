@@ -25,6 +25,7 @@ import pytest
 from bench.vllm.engines import SERVED_MODEL, RealEngine
 from tests.real_vllm.sim_process import start_sim
 from tests.real_vllm.test_differential import post, shape
+from tests.real_vllm.test_engine_faults import fill
 from tests.sim.apps import named_events
 
 EMBEDDING_SIZE = 256  # the tiny model's hidden size: what its embeddings have
@@ -293,3 +294,32 @@ POOLING_REFUSALS = {
 def test_pooling_refusals_are_vllms(pooling_engine: RealEngine, sim_pooling: RealEngine, name: str) -> None:
     path, body = POOLING_REFUSALS[name]
     assert_same_refusal(post(pooling_engine, path, body), post(sim_pooling, path, body))
+
+
+BUSY_REQUESTS = {
+    "responses": ("/v1/responses", RESPONSE),
+    "responses_stream": ("/v1/responses", {**RESPONSE, "stream": True}),
+    "messages": ("/v1/messages", MESSAGE),
+    "messages_stream": ("/v1/messages", {**MESSAGE, "stream": True}),
+    "count_tokens": ("/v1/messages/count_tokens", {"model": SERVED_MODEL, "messages": MESSAGE["messages"]}),
+}
+
+
+def test_a_full_queue_refuses_the_new_routes_as_vllm_does(busy_engine: RealEngine, engine_logs: Path) -> None:
+    """vLLM's queue-full 503 (--max-num-queued-reqs 1, one request in): the Responses API's in the OpenAI shape, the
+    Messages API's and count_tokens' in Anthropic's (``"type": "Service Unavailable"``); no Retry-After."""
+    busy_sim = start_sim(engine_logs, "busy", ("--max-num-seqs", "1", "--max-num-queued-reqs", "1"))
+    try:
+        answers: dict[str, dict[str, httpx.Response]] = {}
+        for engine in (busy_engine, busy_sim):
+            with fill(engine):
+                answers[engine.name] = {
+                    name: httpx.post(f"{engine.url}{path}", json=body, headers=engine.headers(), timeout=20)
+                    for name, (path, body) in BUSY_REQUESTS.items()
+                }
+    finally:
+        busy_sim.stop()
+    for name in BUSY_REQUESTS:
+        real, simulated = answers[busy_engine.name][name], answers[busy_sim.name][name]
+        assert real.status_code == 503 and "retry-after" not in real.headers and "retry-after" not in simulated.headers, name
+        assert_same_refusal(real, simulated)
