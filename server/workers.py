@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import logging
 import math
 import os
@@ -94,6 +95,10 @@ def worker_config(config: Config, role: WorkerRole) -> Config:
 
 def supervise(config: Config, config_path: Path, workers: int, extra_args: Sequence[str]) -> int:
     """Run ``workers`` worker processes until a signal ends them; returns the exit status."""
+    # What start-up made (every module the CLI imported) is left out of every later
+    # collection, the interpreter's last one at exit too: collecting it was most of
+    # the time an idle supervisor took to exit (workers freeze theirs in app.py).
+    gc.freeze()
     return trio.run(_supervise, config, config_path.resolve(), workers, list(extra_args))
 
 
@@ -154,6 +159,7 @@ class _Supervisor:
         self._grace = grace  # a drain's longest time, and then some: past it, workers are killed
         self._processes: dict[int, trio.Process] = {}
         self._stopping = False
+        self._none_left = trio.Event()  # set once stopping and the last worker has exited
         self.exit_status = 0
         self._nursery: trio.Nursery | None = None
 
@@ -192,6 +198,8 @@ class _Supervisor:
                 status = await process.wait()
             finally:
                 self._processes.pop(index, None)
+                if self._stopping and not self._processes:
+                    self._none_left.set()
             if self._stopping:
                 log.info("workers: worker %d exited (%d)", index, status)
                 return
@@ -208,10 +216,11 @@ class _Supervisor:
     async def _stop(self, scope: trio.CancelScope) -> None:
         """Wait for every worker to drain and exit; kill the ones still there after the grace."""
         with trio.move_on_after(self._grace):
-            # Each worker's watcher is already in its Process.wait(); a second waiter
-            # on the same process would contend for its pidfd, so poll their register.
-            while self._processes:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            # Each worker's watcher is already in its Process.wait() (a second waiter on
+            # the same process would contend for its pidfd); the last one to see its
+            # worker exit says so, at once rather than at a poll's next tick.
+            if self._processes:
+                await self._none_left.wait()
         for index, process in list(self._processes.items()):
             log.warning("workers: worker %d did not stop within %g s; killing it", index, self._grace)
             process.kill()

@@ -66,7 +66,6 @@ from typing import Any, NoReturn
 import grpc
 import trio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2 as reflection_v1alpha_pb2
 
 from tailguard.router import Router
@@ -76,6 +75,7 @@ from tailguard.router.observe import Telemetry
 from .bridge import AsyncioHost, TrioPortal
 from .gate import Backlog
 from .gen.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
+from .health import Health
 from .service import MAX_CONCURRENT_CALLS as MAX_CONCURRENT_CALLS, SERVICE_NAME, CompletionsService, Observers as Observers, add_completions
 
 log = logging.getLogger("tailguard.grpc")
@@ -206,7 +206,7 @@ class GrpcServer:
         self._server: grpc.aio.Server | None = None
         self._service: CompletionsService | None = None
         self._follow: asyncio.Task[NoReturn] | None = None
-        self._health = HealthServicer()
+        self._health = Health()
 
     async def start(self, host: str, port: int) -> int:
         servers_before = Backlog.server_ids()
@@ -237,7 +237,11 @@ class GrpcServer:
             self._service.set_room(room)
 
     async def stop(self, grace: float) -> None:
-        """Refuse new calls, let in-flight ones finish up to ``grace`` s, then cancel them."""
+        """Refuse new calls, let in-flight ones finish up to ``grace`` s, then cancel them.
+
+        Health watchers are told NOT_SERVING and their streams end first
+        (server/grpc/health.py): an idle server stops at once.
+        """
         await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
