@@ -44,7 +44,7 @@ class Router:
         self._fleet = fleet = Fleet(config, transport_factory or (lambda _: None), random.Random(seed), model_lens or {})
         self._traffic = Traffic()
         self._path = RequestPath(fleet, self._traffic)
-        self._utility = UtilityCalls(fleet)
+        self._utility = UtilityCalls(fleet, self._path.homes)
         self._authenticator = Authenticator(config.auth)
         self._attainment = Attainment()
         self.loop_lag = LoopLag()  # how late this loop runs: verdicts about engines discount its stalls (read-only outside)
@@ -152,6 +152,10 @@ class Router:
     async def utility(self, path: str, payload: Mapping[str, object], headers: Mapping[str, str]) -> UtilityAnswer:
         """A call that generates nothing (tokenize, detokenize, count tokens), relayed without a seat (router/utility.py)."""
         return await self._utility.call(path, payload, headers)
+
+    async def at_response_home(self, response_id: str, method: str, path: str, body: bytes | None) -> UtilityAnswer:
+        """A stored Responses API response's lookup or cancellation, on the engine that keeps it (router/utility.py)."""
+        return await self._utility.at_home(response_id, method, path, body)
 
     # -- background work --------------------------------------------------
 

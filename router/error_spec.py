@@ -97,6 +97,7 @@ SPECS: tuple[ErrorSpec, ...] = (
     _row(errors.PromptTooLong, "rejected", "input_cap", 400, _INVALID, CONTEXT_LENGTH_EXCEEDED, "INVALID_ARGUMENT", anthropic=_A_INVALID),
     _row(errors.MaxTokensTooLarge, "rejected", "max_tokens_cap", 400, _INVALID, "max_tokens_too_large", "INVALID_ARGUMENT", anthropic=_A_INVALID),
     _row(errors.ModelNotFound, "rejected", "model_not_found", 404, _INVALID, "model_not_found", "NOT_FOUND", anthropic="not_found_error"),
+    _row(errors.ResponseNotFound, "rejected", "response_not_found", 404, _INVALID, "response_not_found", "NOT_FOUND", anthropic="not_found_error"),
     _row(errors.Unauthenticated, "rejected", "unauthenticated", 401, "authentication_error", "invalid_api_key", "UNAUTHENTICATED", anthropic="authentication_error"),
     _row(errors.Forbidden, "rejected", "forbidden", 403, "permission_error", "forbidden", "PERMISSION_DENIED", anthropic="permission_error"),
     _row(errors.BodyTooLarge, "rejected", "body_too_large", 413, _INVALID, "body_too_large", "RESOURCE_EXHAUSTED", anthropic="request_too_large"),

@@ -11,6 +11,7 @@ read it (``server/errors_map.py`` renders it on each wire).
     │   ├── PromptTooLong            estimated prompt over the input cap (or the model's context)
     │   ├── MaxTokensTooLarge        max_tokens over the output cap in "reject" mode
     │   ├── ModelNotFound            no pool serves the requested model
+    │   ├── ResponseNotFound         no engine known here keeps the Responses API response asked for
     │   ├── Unauthenticated          missing or unknown API key
     │   ├── Forbidden                the key may not do this (e.g. force a class)
     │   └── BodyTooLarge             the request body is over the front end's byte cap
@@ -78,6 +79,10 @@ class MaxTokensTooLarge(RequestRejected):
 
 class ModelNotFound(RequestRejected):
     """No pool serves the model the request names."""
+
+
+class ResponseNotFound(RequestRejected):
+    """A stored Responses API response this process does not know the engine of (router/fleet/response_homes.py)."""
 
 
 class Unauthenticated(RequestRejected):

@@ -46,7 +46,7 @@ from .errors import (
     BadBackendReply,
     Draining,
 )
-from .fleet import Endpoint, Fleet, Lease, Placement, Pool, Rerouted, key_refused, record_success, report_failure
+from .fleet import Endpoint, Fleet, Lease, Placement, Pool, Rerouted, ResponseHomes, key_refused, record_success, report_failure
 from .ids import IdSource
 from .observe import RequestRecord, ServiceTime
 from .quotas import BudgetGate, Caller, RateLimits, Traffic
@@ -109,6 +109,8 @@ class Completion:
         details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
         self.record.cached_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         self.record.saw_answer(_count(usage.get("completion_tokens", usage.get("output_tokens"))))
+        if self.record.kind == "responses" and isinstance(self.payload.get("id"), str):
+            self.record.response_id = self.payload["id"]
         self.record.saw_engine_metrics(self.payload.get("metrics"))
         return body
 
@@ -162,6 +164,7 @@ class RequestPath:
         self._budgets = BudgetGate()  # each key's tokens and requests of the last minute, here or fleet-wide
         self._ratios = PromptRatios()  # each model's real/estimated prompt tokens by kind of text, from the engines' usage
         self.service = ServiceTime()  # each class's seated-to-end seconds per token asked, from the requests served
+        self.homes = ResponseHomes()  # the engine keeping each Responses API response relayed lately
 
     def deadline_for(self, request: RouterRequest, arrival: float | None = None) -> float:
         """The request's end-to-end deadline: the configured one or the caller's, if sooner."""
@@ -184,7 +187,7 @@ class RequestPath:
         traffic.requests_total += 1
         if traffic.draining:
             raise Draining("tailguard is shutting down; retry on another instance", retry_after=config.timeouts.retry_after)
-        admitted = decide(request, caller, config, fleet.pools, record, arrival, self._memory, self._ratios)
+        admitted = decide(request, caller, config, fleet.pools, record, arrival, self._memory, self._ratios, self.homes)
         klass, ticket = admitted.klass, admitted.ticket
         # Waiting past its deadline less the service it needs would only fail it after its engine did the work.
         end_by = min(arrival + klass.objective.e2e, self.deadline_for(request, arrival))
@@ -295,7 +298,9 @@ class RequestPath:
                     hung_at = arrival + config.timeouts.end_to_end_timeout
                     lease.calling(ticket.prompt_tokens, streamed=request.stream or assembled)
                     try:
-                        response = await self._start_call(serving, lease, request, body, record, hung_at, stream=request.stream or assembled)
+                        response = await self._start_call(
+                            serving, lease, request, body, record, hung_at, stream=request.stream or assembled, pinned=ticket.pinned is not None
+                        )
                     except BackendBusy as busy:
                         if not _back_in_line(request, busy, queue_deadline):
                             raise
@@ -313,6 +318,8 @@ class RequestPath:
                             report_failure(serving, lease.endpoint, error)
                             raise
                         record_success(serving, lease.endpoint)
+                        if record.response_id is not None:  # its next turn, retrieval or cancellation must come here
+                            self.homes.remember(record.response_id, lease.endpoint.url)
                         if record.input_tokens is not None:  # the engine's count of this very prompt: the estimate's truth
                             self._ratios.learn(ticket.model, size, record.input_tokens, fleet.config.estimate)
                         if history is not None:  # its next turn may count only what the warm engine must prefill
@@ -355,12 +362,21 @@ class RequestPath:
                     recheck_in=config.timeouts.health_check_interval,
                 )
             except Rerouted:
-                admitted = decide(request, caller, fleet.config, fleet.pools, record, arrival, self._memory, self._ratios)
+                admitted = decide(request, caller, fleet.config, fleet.pools, record, arrival, self._memory, self._ratios, self.homes)
                 continue
             return admitted, lease
 
     async def _start_call(
-        self, pool: Pool, lease: Lease, request: RouterRequest, body: dict[str, Any], record: RequestRecord, hung_at: float, *, stream: bool
+        self,
+        pool: Pool,
+        lease: Lease,
+        request: RouterRequest,
+        body: dict[str, Any],
+        record: RequestRecord,
+        hung_at: float,
+        *,
+        stream: bool,
+        pinned: bool = False,
     ) -> BackendResponse:
         """Send the request and wait for its first byte, trying elsewhere if that fails.
 
@@ -374,7 +390,8 @@ class RequestPath:
         turn, within its deadline (with none left, BackendBusy sends it back
         to the queue: ``_served``; so does an engine failure after a busy
         refusal, when no endpoint is left to try). A 4xx is never retried (the request's
-        fault). Each attempt goes to vLLM under a fresh id (vLLM takes
+        fault), and a ``pinned`` request never moves (the state it continues
+        lives on that engine alone: a busy one sends it back to the queue). Each attempt goes to vLLM under a fresh id (vLLM takes
         ``X-Request-Id`` as its own request id, which two callers could
         share); ``record.upstream_id`` keeps the last, and the caller's id goes
         as ``x-tailguard-request-id``. With tracing, each
@@ -414,6 +431,10 @@ class RequestPath:
                     if trace is not None:
                         trace.call_failed(error)
                     retry_to = None
+                    if pinned:  # nowhere else holds what it continues
+                        if not isinstance(error, (BackendBusy, BackendAuthFailed)):
+                            report_failure(pool, endpoint, error)
+                        raise
                     if isinstance(error, BackendBusy):
                         self._busy(endpoint, error)
                         retry_to = pool.retry_endpoint(lease, tried)

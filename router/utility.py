@@ -1,4 +1,4 @@
-"""Calls that generate nothing, relayed to an engine serving their model: tokenize, detokenize, count tokens.
+"""Calls that generate nothing, relayed to an engine: tokenize, detokenize, count tokens, a stored response's lookup.
 
 They cost an engine a tokenizer's pass, not a step, so they take no seat:
 they never wait behind generations and never count as one against a pool's
@@ -6,7 +6,9 @@ caps. What bounds them is a limit of their own on calls open at once
 (``MAX_OPEN``: a flood is refused 429 ``server_busy`` at once, as the gRPC
 gate refuses) and the pool's ``first_byte_timeout`` for the answer. The
 engine is the least busy usable endpoint of the first pool that serves the
-model; its answer, 4xx included, is relayed as it came.
+model; its answer, 4xx included, is relayed as it came. A stored Responses
+API response is looked up, or cancelled, on the engine that keeps it
+(router/fleet/response_homes.py).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 
 import trio
 
-from .errors import BackendTimeout, InvalidRequest, ModelNotFound, NoBackend, ServerBusy
-from .fleet import Fleet
+from .errors import BackendTimeout, BackendUnavailable, InvalidRequest, ModelNotFound, NoBackend, ResponseNotFound, ServerBusy
+from .fleet import Fleet, ResponseHomes
 
 # Utility calls open at once, per process: far above what tokenizing clients send, far below what would
 # keep the event loop from generations.
@@ -38,8 +40,9 @@ class UtilityAnswer:
 class UtilityCalls:
     """Relays utility calls within ``MAX_OPEN`` at once."""
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, homes: ResponseHomes) -> None:
         self._fleet = fleet
+        self._homes = homes
         self._open = 0
 
     @property
@@ -76,3 +79,31 @@ class UtilityCalls:
             raise BackendTimeout(f"the backend sent no answer within {pool.config.first_byte_timeout:g} s", endpoint=endpoint.url)
         finally:
             self._open -= 1
+
+    async def at_home(self, response_id: str, method: str, path: str, body: bytes | None) -> UtilityAnswer:
+        """``method path`` on the engine that keeps ``response_id``: its answer as it came.
+
+        Raises ResponseNotFound when this process does not know that engine
+        (not relayed here, forgotten, or the endpoint is gone), ServerBusy
+        past ``MAX_OPEN``, BackendUnavailable when the engine does not answer.
+        """
+        url = self._homes.home(response_id)
+        endpoint = None if url is None else next((e for pool in self._fleet.pools.values() for e in pool.endpoints if e.url == url), None)
+        if endpoint is None:
+            raise ResponseNotFound(
+                f"no engine known here keeps the response {response_id!r}: tailguard routes a stored response's lookup "
+                "to the engine that made it, when this process relayed it",
+                param="response_id",
+            )
+        if self._open >= MAX_OPEN:
+            raise ServerBusy(f"{MAX_OPEN} tokenizer calls are open; retry shortly", retry_after=1.0)
+        self._open += 1
+        try:
+            limit = self._fleet.config.server.max_backend_body_bytes
+            answer = await endpoint.probe.relay(method, path, body, limit)
+        finally:
+            self._open -= 1
+        if answer is None:
+            raise BackendUnavailable("the engine keeping the response did not answer", endpoint=endpoint.url)
+        status, content_type, content = answer
+        return UtilityAnswer(status, content_type, content, endpoint.url)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from ..config import ClassConfig, Config, EstimateConfig
 from ..errors import Forbidden, InvalidRequest, ModelNotFound
-from ..fleet import Pool, Ticket, rendezvous_order
+from ..fleet import Pool, ResponseHomes, Ticket, rendezvous_order
 from ..observe import RequestRecord
 from ..queueing import Share
 from ..quotas import Caller
@@ -45,6 +45,7 @@ def decide(
     arrival: float,
     memory: ConversationMemory | None = None,
     ratios: PromptRatios | None = None,
+    homes: ResponseHomes | None = None,
 ) -> Admitted:
     """The request's class, its pool and its ticket, or the RequestRejected error that refuses it.
 
@@ -108,8 +109,26 @@ def decide(
     key = prefix_key_of(request, pool.config.placement.blocks)
     record.prefix_group = prefix_group(key)
     share = Share(caller.name, caller.weight, prompt_tokens + output_tokens)  # what it may cost: settled at its end
-    ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share, sequences)
+    pinned = pinned_endpoint(request, pool, homes)
+    ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share, sequences, pinned)
     return Admitted(klass, pool, ticket, history, size)
+
+
+def pinned_endpoint(request: RouterRequest, pool: Pool, homes: ResponseHomes | None) -> str | None:
+    """The endpoint a Responses API turn must run on: the one keeping its ``previous_response_id`` (router/fleet/response_homes.py).
+
+    Only where the request's pool or a pool lending to it has that endpoint;
+    else (a reload moved it, another replica served the first turn) it is
+    placed as any request is, and the engine answers for the id itself.
+    """
+    previous = request.params.get("previous_response_id") if request.kind == "responses" else None
+    if homes is None or not isinstance(previous, str):
+        return None
+    url = homes.home(previous)
+    if url is None:
+        return None
+    reachable = (pool, *pool.lending.lenders)
+    return url if any(endpoint.url == url for candidate in reachable for endpoint in candidate.endpoints) else None
 
 
 def largest_input(request: RouterRequest, estimate: EstimateConfig) -> int:

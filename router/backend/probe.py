@@ -81,6 +81,22 @@ class BackendProbe:
         except httpx.HTTPError:
             return None
 
+    async def relay(self, method: str, path: str, body: bytes | None, limit: int) -> tuple[int, str, bytes] | None:
+        """A small call answered whole, whatever its status: (status, content type, body); None when the engine
+        does not answer, or answers more than ``limit`` bytes. On the probe's connections: a stored response's
+        lookup or cancellation must not wait behind the request client's streams."""
+        if self._probe.is_closed:
+            return None
+        headers = {**(self._v1_headers if path.startswith("/v1") else {"accept-encoding": "identity"}), "content-type": "application/json"}
+        try:
+            async with self._probe.stream(method, path, content=body, headers=headers) as response:
+                content = await read_capped(response, limit)
+                if content is None:
+                    return None
+                return response.status_code, response.headers.get("content-type", "application/json"), content
+        except httpx.HTTPError:
+            return None
+
     async def max_model_len(self) -> int:
         """The context length the engine serves: the smallest ``max_model_len`` in ``GET /v1/models``.
 

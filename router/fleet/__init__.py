@@ -19,3 +19,4 @@ from .policies import (
 )
 from .pool import Lease as Lease, Pool as Pool, PoolStatistics as PoolStatistics, Rerouted as Rerouted, Ticket as Ticket
 from .reconcile import Fleet as Fleet, TransportFactory as TransportFactory
+from .response_homes import ResponseHomes as ResponseHomes

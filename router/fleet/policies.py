@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 # tried); "no_key": affinity, but the request has no key; "hot_key": affinity, but its key is more of the recent traffic
 # than one endpoint's share (its prefix is cached on every engine soon: placed by load); "borrowed": a seat
 # lent by another pool; "least_loaded": the pool places by load alone (``placement = "least_loaded"``).
-PlacementKind = Literal["home", "spilled", "no_key", "hot_key", "borrowed", "least_loaded"]
-PLACEMENT_KINDS: tuple[PlacementKind, ...] = ("home", "spilled", "no_key", "hot_key", "borrowed", "least_loaded")
+# "pinned": the one endpoint that keeps the state the request continues (router/fleet/response_homes.py).
+PlacementKind = Literal["home", "spilled", "no_key", "hot_key", "borrowed", "least_loaded", "pinned"]
+PLACEMENT_KINDS: tuple[PlacementKind, ...] = ("home", "spilled", "no_key", "hot_key", "borrowed", "least_loaded", "pinned")
 
 
 class Placement(NamedTuple):

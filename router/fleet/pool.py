@@ -68,6 +68,8 @@ class Ticket:
     share: Share = NO_SHARE
     # The sequences the engine runs for it (``n``): the seats it takes, together, on one endpoint.
     sequences: int = 1
+    # The one endpoint it may run on (a Responses API turn continuing a response that engine keeps), or None.
+    pinned: str | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -504,7 +506,12 @@ class Pool:
         if limit is not None and self.class_in_flight.get(ticket.request_class, 0) + need > limit:
             return SKIP
         exclude = self.lending.closed_to_borrowers(ticket.prompt_tokens) if borrower is not None else ()
-        placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude, need=need, isolate=self.isolates_lent)
+        if ticket.pinned is not None:
+            placement = self._pinned(ticket.pinned, need)
+            if placement is None or isinstance(placement, Skip):
+                return placement
+        else:
+            placement = self.policy.choose(self.endpoints, ticket.prefix_key, borrowed=borrower is not None, exclude=exclude, need=need, isolate=self.isolates_lent)
         if placement is None:
             # Closed to a prompt this long but not to a shorter one: a later, shorter waiter may still have the seat.
             return SKIP if exclude and self.lending.by_promise and len(self.lending.closed_to_borrowers()) < len(exclude) else None
@@ -521,6 +528,13 @@ class Pool:
         else:
             self.lending.own_peak.observe(self.in_flight - self.lending.lent, trio.current_time())
         return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind, need, context)
+
+    def _pinned(self, url: str, need: int) -> Placement | Skip | None:
+        """The pinned endpoint when it is this pool's and has room; None while it is full, SKIP when it is not here."""
+        endpoint = next((e for e in self.endpoints if e.url == url), None)
+        if endpoint is None:
+            return SKIP
+        return Placement(endpoint, "pinned") if endpoint.room_for(need) else None
 
     def seat_ended(self, lease: Lease) -> None:
         """Book-keeping of a released lease's seats: its class's count, and the lent count."""

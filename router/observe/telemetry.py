@@ -48,6 +48,8 @@ UNKNOWN = "none"  # label value for a class or pool not yet decided
 
 # One SSE event per engine step carrying output; vLLM emits one per token
 # unless it batches several tokens into one step's delta.
+# A Responses API stream's response id: its first event's response object (response.created) holds it first.
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,200})"')
 # A stream's usage: OpenAI's names, and Anthropic's and the Responses API's (message_delta, response.completed).
 _USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _PROMPT_USAGE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
@@ -121,6 +123,8 @@ class RequestRecord:
     uncached_tokens: int | None = None
     # A short digest of its prefix key (router/admission/prefix_keys.py): equal for requests that shared a prefix or hint; no text.
     prefix_group: str | None = None
+    # A Responses API answer's id (router/fleet/response_homes.py: the engine that made it keeps it).
+    response_id: str | None = None
     requested_max_tokens: int | None = None
     max_tokens: int | None = None  # effective, as sent to the backend
     clamped: bool = False
@@ -174,14 +178,22 @@ class RequestRecord:
             self.completion_tokens = completion_tokens
 
     def saw_chunk(self, chunk: bytes) -> None:
-        """Some relayed SSE bytes: the first marks the first token, each event counts, the gaps between them are timed."""
+        """Some relayed SSE bytes: the first marks the first token (a Responses stream's first output event), each event
+        counts, the gaps between them are timed."""
         now = trio.current_time()
         if self.first_token_at is None:
-            self.first_token_at = now
+            # A Responses API stream opens with response.created and response.in_progress before the prefill:
+            # its first token is its first output event.
+            if self.kind != "responses" or b'"response.output_' in chunk:
+                self.first_token_at = now
         elif now - self._last_chunk_at > self.max_gap:
             self.max_gap = now - self._last_chunk_at
         self._last_chunk_at = now
         self._events += chunk.count(b"data:")
+        if self.response_id is None and self.kind == "responses":  # the stream's response.created event names it
+            named = _RESPONSE_ID.search(chunk)
+            if named is not None:
+                self.response_id = named.group(1).decode()
         if b"[DONE]" in chunk:
             self._done_seen = True
         match = _last(_USAGE, chunk)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
@@ -25,6 +26,7 @@ import trio
 from tailguard.router import ClientLeft, Completion, Router, Session, Sessions, checked_header
 from tailguard.router.admission import RequestKind
 from tailguard.router.config import limits_document
+from tailguard.router.dispatch import UtilityAnswer
 from tailguard.router.errors import BackendStreamError, BodyTooLarge, InternalError, InvalidRequest, ModelNotFound, TailguardError
 from tailguard.router.observe import RepeatedIds, Telemetry, attainment_document
 from tailguard.router.quotas import check_token, one_authorization
@@ -70,6 +72,9 @@ _ROUTES: dict[str, tuple[str, ...]] = {
 }
 # Anthropic's routes answer errors in Anthropic's shape (server/errors_map.py), every other route in OpenAI's.
 _ANTHROPIC_PREFIX = "/v1/messages"
+# A stored Responses API response: GET /v1/responses/{id} and POST /v1/responses/{id}/cancel, on the engine keeping it.
+_RESPONSE_PATH = "/v1/responses/"
+_RESPONSE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
 # Which routes a listener has: all, the API's without /metrics, or /metrics alone ([server] metrics_listen).
 Serves = Literal["all", "api", "metrics"]
 _MODEL_PATH = "/v1/models/"  # + a model id, which may itself hold slashes ("org/name")
@@ -155,14 +160,22 @@ class HttpApi:
         request_id, refused = self._sessions.request_id(headers.get("x-request-id"))
         dialect = _dialect(path)
         try:
-            await self._other(path, method, headers, request_id, refused, receive, send)
+            await self._other(path, method, scope.get("query_string", b""), headers, request_id, refused, receive, send)
         except Exception as error:  # a bug: a 500 in the route's shape, never an empty one
             log.error("%s %s failed unexpectedly (request %s)", method, path, request_id, exc_info=error)
             failed = InternalError(f"tailguard failed unexpectedly ({type(error).__name__})")
             await _send_error(send, http_error(failed, dialect), request_id)
 
     async def _other(
-        self, path: str, method: str, headers: dict[str, str], request_id: str, refused: TailguardError | None, receive: Receive, send: Send
+        self,
+        path: str,
+        method: str,
+        query: bytes,
+        headers: dict[str, str],
+        request_id: str,
+        refused: TailguardError | None,
+        receive: Receive,
+        send: Send,
     ) -> None:
         """Every route but the completions: small answers, no session."""
         dialect = _dialect(path)
@@ -181,6 +194,12 @@ class HttpApi:
                 await self._utility(path, headers, request_id, receive, send)
             except TailguardError as error:
                 await _send_error(send, http_error(error, dialect), request_id)
+            return
+        if path.startswith(_RESPONSE_PATH):
+            try:
+                await self._stored_response(path, method, query, headers, request_id, receive, send)
+            except TailguardError as error:
+                await _send_error(send, http_error(error), request_id)
             return
         if path == "/health":
             health = self._router.health()
@@ -227,6 +246,17 @@ class HttpApi:
         """The utility routes this listener has (none on the metrics-only one)."""
         return frozenset() if self.serves == "metrics" else _UTILITY_PATHS
 
+    async def _stored_response(
+        self, path: str, method: str, query: bytes, headers: dict[str, str], request_id: str, receive: Receive, send: Send
+    ) -> None:
+        """A stored response's lookup (GET, its query kept) or cancellation (POST .../cancel), on the engine that keeps it."""
+        self._router.authenticate(headers.get("authorization"))
+        response_id = path[len(_RESPONSE_PATH) :].removesuffix("/cancel")
+        body = await self._read_body(headers, receive) if method == "POST" else None
+        target = path + ("?" + query.decode("latin-1") if query else "")
+        answer = await self._router.at_response_home(response_id, method, target, body)
+        await _send_answer(send, answer, request_id)
+
     async def _utility(self, path: str, headers: dict[str, str], request_id: str, receive: Receive, send: Send) -> None:
         """A tokenizer's route, relayed to an engine serving the model without a seat (router/utility.py); its answer as it came."""
         self._router.authenticate(headers.get("authorization"))
@@ -238,13 +268,7 @@ class HttpApi:
         if not isinstance(payload, dict):
             raise InvalidRequest("the request body must be a JSON object")
         answer = await self._router.utility(path, payload, {"x-request-id": request_id})
-        headers_out = [
-            (b"content-type", answer.content_type.encode("latin-1")),
-            (b"content-length", str(len(answer.body)).encode()),
-            (b"x-request-id", request_id.encode("latin-1")),
-        ]
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers_out})
-        await send({"type": "http.response.body", "body": answer.body})
+        await _send_answer(send, answer, request_id)
 
     def _methods(self, path: str) -> tuple[str, ...] | None:
         """The methods ``path`` takes, or None when no route serves it."""
@@ -254,6 +278,11 @@ class HttpApi:
             return None
         if path.startswith(_MODEL_PATH):
             return ("GET",)
+        if path.startswith(_RESPONSE_PATH) and self.serves != "metrics":
+            response_id = path[len(_RESPONSE_PATH) :]
+            if response_id.endswith("/cancel") and _RESPONSE_ID.fullmatch(response_id.removesuffix("/cancel")):
+                return ("POST",)
+            return ("GET",) if _RESPONSE_ID.fullmatch(response_id) else None
         return _ROUTES.get(path)
 
     def _model(self, model: str, max_model_len: int) -> dict[str, object]:
@@ -402,6 +431,17 @@ async def _watch_disconnect(receive: Receive, session: Session, exchange: _ApiEx
             if not exchange.finished:  # a server may also say so once a response is complete
                 session.left(stalled=bool(message.get("tailguard.stalled")))
             return
+
+
+async def _send_answer(send: Send, answer: UtilityAnswer, request_id: str) -> None:
+    """An engine's answer relayed as it came (status, content type, body), with the request id."""
+    headers = [
+        (b"content-type", answer.content_type.encode("latin-1")),
+        (b"content-length", str(len(answer.body)).encode()),
+        (b"x-request-id", request_id.encode("latin-1")),
+    ]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
 
 
 async def _send_json(send: Send, status: int, payload: object, request_id: str) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import trio
+import trio.testing
 
 from tailguard.router import error_spec, errors
 from tailguard.router.backend.events import first_error_event, stream_ended
@@ -87,3 +89,14 @@ async def test_usage_is_read_from_the_last_count_in_a_read(stream: bytes, prompt
     record = RequestRecord("r", "http", 0.0)
     record.saw_chunk(stream)
     assert (record.input_tokens, record.completion_tokens) == (prompt, output)
+
+
+async def test_a_responses_streams_first_token_is_its_first_output_event_not_its_opening(autojump_clock: trio.testing.MockClock) -> None:
+    """vLLM sends response.created and response.in_progress before the prefill: they are no first token."""
+    record = RequestRecord("r", "http", trio.current_time())
+    record.kind = "responses"
+    record.saw_chunk(RESPONSES_STREAM[: RESPONSES_STREAM.index(b"event: response.output_text.delta")])
+    assert record.first_token_at is None and record.response_id == "resp_1"
+    await trio.sleep(0.5)
+    record.saw_chunk(RESPONSES_STREAM[RESPONSES_STREAM.index(b"event: response.output_text.delta") :])
+    assert record.first_token_at == record.arrival + 0.5

@@ -205,7 +205,8 @@ CASES: dict[str, tuple[str, Call]] = {
 }
 GRPC_ONLY = {"server_busy"}  # the HTTP front end has no cap on calls of its own
 # Its Retry-After is exact: the SDK's one retry, after it, is admitted. tests/router/quotas/test_budgets.py drives it through the SDK.
-ELSEWHERE = {"token_budget_exceeded"}
+# response_not_found: a stored response's lookup, driven through the SDK by tests/server/http/test_sdk_routes.py.
+ELSEWHERE = {"token_budget_exceeded", "response_not_found"}
 LAST = {"draining": "draining"}  # needs the router to stop admitting: run after the others
 
 

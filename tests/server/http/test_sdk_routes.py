@@ -33,9 +33,16 @@ def pooling_engine() -> Faulty:
     return backend
 
 
+def storing_engine() -> Faulty:
+    """A simulated generating engine that keeps Responses API responses (VLLM_ENABLE_RESPONSES_API_STORE=1)."""
+    backend = Faulty()
+    backend.app = SimApp(backend.engine, model=MODEL, enable_responses_api_store=True)
+    return backend
+
+
 def make_config(urls: list[str]) -> Config:
-    """The two generation pools on the first engine; an embeddings pool and class on the second."""
-    base = two_pool_config(interactive_urls=[urls[0]], batch_urls=[urls[0]], limits=LimitsConfig(output_cap_tokens=OUTPUT_CAP))
+    """The interactive pool on two storing engines, batch on the first; an embeddings pool and class on the third."""
+    base = two_pool_config(interactive_urls=[urls[0], urls[2]], batch_urls=[urls[0]], limits=LimitsConfig(output_cap_tokens=OUTPUT_CAP))
     embed = PoolConfig("embed", (EndpointConfig(urls[1], 16),), 16, 64, 32768, (EMBED_MODEL,), "throughput")
     klass = ClassConfig("embeddings", "embed", 2.0, 0, kinds=frozenset({"embeddings", "rerank"}))
     return dataclasses.replace(base, pools=(*base.pools, embed), classes=(*base.classes, klass), digest="sdk-routes")
@@ -43,7 +50,7 @@ def make_config(urls: list[str]) -> Config:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[FrontEnds]:
-    with front_ends([Faulty(), pooling_engine()], make_config) as running:
+    with front_ends([storing_engine(), pooling_engine(), storing_engine()], make_config) as running:
         yield running
 
 
@@ -142,3 +149,24 @@ def test_tokenize_and_detokenize_are_relayed_to_an_engine_of_the_model(service: 
     assert text.status_code == 200 and isinstance(text.json()["prompt"], str)
     unknown = httpx.post(service.http_url + "/tokenize", json={"model": "no-such-model", "prompt": "x"}, timeout=10)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_conversation_continues_on_the_engine_that_keeps_its_responses(service: FrontEnds, sdk: openai.OpenAI) -> None:
+    """vLLM keeps a stored response in the memory of the engine that made it: every later turn, lookup and
+    cancellation must reach that engine (any other answers 404). Ten turns of different texts, which
+    placement alone would spread over both interactive engines."""
+    first = sdk.responses.with_raw_response.create(model=MODEL, input="Remember the number seven.", max_output_tokens=8)
+    home = service.record(first.headers["x-request-id"]).endpoint
+    previous = first.parse().id
+    for turn in range(10):
+        raw = sdk.responses.with_raw_response.create(
+            model=MODEL, input=f"Turn {turn}: {'and then ' * turn}what was it?", max_output_tokens=8, previous_response_id=previous
+        )
+        record = service.record(raw.headers["x-request-id"])
+        assert (record.endpoint, record.placement) == (home, "pinned")
+        previous = raw.parse().id
+    stored = sdk.responses.retrieve(previous)
+    assert stored.id == previous and stored.status in ("completed", "incomplete")
+    with pytest.raises(openai.NotFoundError) as unknown:
+        sdk.responses.retrieve("resp_never_made_here")
+    assert unknown.value.code == "response_not_found"
