@@ -315,7 +315,10 @@ async def _start_services(
     telemetry = Telemetry([router.judge, metrics.observe, access_log])  # judged first: the others show the verdict
     repeated_ids = RepeatedIds(config.metrics.duplicate_request_id_window)
     # [tracing]: off, the OpenTelemetry SDK is not even imported; a reload switches it live.
-    tracing = TracingSwitch(config.tracing, grace=lambda: router.config.timeouts.end_to_end_timeout)
+    try:
+        tracing = TracingSwitch(config.tracing, grace=lambda: router.config.timeouts.end_to_end_timeout)
+    except ConfigError as error:  # on, without the `tracing` extra's exporter installed
+        raise StartupError("; ".join(error.problems)) from None
     await nursery.start(tracing.run)
     return _Services(router, fleet, tls, metrics, access_log, telemetry, repeated_ids, tracing, engines_elsewhere)
 

@@ -2,7 +2,9 @@
 
 The OpenTelemetry SDK is imported the first time ``[tracing]`` is enabled,
 never before: with tracing off (the default) the process does not load it,
-and a request pays one call that returns None.
+and a request pays one call that returns None. Enabled, it needs the OTLP
+exporter, the ``tracing`` extra: without it a start fails and a reload is
+refused (a :exc:`ConfigError` naming ``pip install 'tailguard[tracing]'``).
 
 A reload that changes ``[tracing]`` starts a new tracer for the requests that
 arrive from then on; the old one keeps the spans of the requests still in
@@ -44,7 +46,10 @@ class TracingSwitch:
         return self._current
 
     def apply(self, config: TracingConfig) -> None:
-        """Trace new requests as ``config`` says (a new tracer if any key changed)."""
+        """Trace new requests as ``config`` says (a new tracer if any key changed).
+
+        Raises ConfigError, changing nothing, if ``config`` enables tracing without the exporter installed.
+        """
         if config == self.config:
             return
         old, self._current = self._current, _start(config)

@@ -1,5 +1,6 @@
 """Regenerate the gRPC Python code from ``proto/`` with grpcio-tools.
 
+    pip install -e '.[codegen]'               # grpcio-tools: a developer's tool, not a dependency
     python -m bench.tools.protogen            # rewrites server/grpc/gen/
 
 The generated modules live next to their one user (``server/grpc/api.py``)
@@ -16,8 +17,6 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from grpc_tools import protoc
-
 ROOT = Path(__file__).resolve().parent.parent.parent
 PROTO_ROOT = ROOT / "proto"
 # tailguard's contract, and the v1 reflection service grpcio-reflection lacks (server/grpc/api.py).
@@ -26,8 +25,19 @@ PACKAGE_PREFIX = "tailguard/server/grpc/gen"  # the installed name: what the mod
 COMMITTED = ROOT / "server" / "grpc" / "gen"  # where that package's source lives in the repository
 
 
+INSTALL_CODEGEN = "pip install -e '.[codegen]'"  # what brings grpcio-tools
+
+
 def generate(out_dir: Path) -> list[Path]:
-    """Write the generated modules under ``out_dir/tailguard/server/grpc/gen``; returns them."""
+    """Write the generated modules under ``out_dir/tailguard/server/grpc/gen``; returns them.
+
+    Without grpcio-tools (the ``codegen`` extra) raises SystemExit with the
+    line that says how to install it.
+    """
+    try:
+        from grpc_tools import protoc
+    except ImportError as error:
+        raise SystemExit(f"bench.tools.protogen needs grpcio-tools ({error}), the codegen extra: {INSTALL_CODEGEN}") from None
     include = resources.files("grpc_tools") / "_proto"
     args = [
         "grpc_tools.protoc",

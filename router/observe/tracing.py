@@ -53,12 +53,14 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from ..config import TracingConfig
+from ..config import ConfigError, TracingConfig
 from ..error_spec import outcome_and_reason
 from ..errors import TailguardError
 from .telemetry import UNKNOWN, RequestRecord
 
-__all__ = ["RequestTrace", "Tracing"]
+__all__ = ["INSTALL_TRACING", "RequestTrace", "Tracing"]
+
+INSTALL_TRACING = "pip install 'tailguard[tracing]'"  # what brings the OTLP exporter
 
 log = logging.getLogger("tailguard.tracing")
 
@@ -118,8 +120,20 @@ class Tracing:
 
 def _exporter(config: TracingConfig) -> SpanExporter:
     """OTLP/HTTP (protobuf) to ``config.endpoint``; without headers in the file the
-    exporter reads ``OTEL_EXPORTER_OTLP_TRACES_HEADERS``."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    exporter reads ``OTEL_EXPORTER_OTLP_TRACES_HEADERS``.
+
+    The exporter is the ``tracing`` extra, not a dependency of every install
+    (it brings ``requests`` and the OTLP protobufs): raises :exc:`ConfigError`
+    naming the extra when it is not installed, so that a start fails in one
+    line and a reload is refused, the running config kept.
+    """
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as error:
+        raise ConfigError(
+            [f"tracing.enabled: the OTLP exporter is not installed ({error}); install it with: {INSTALL_TRACING}"],
+            source="[tracing]",
+        ) from None
 
     return OTLPSpanExporter(endpoint=config.endpoint, headers=dict(config.headers) or None, timeout=_EXPORT_TIMEOUT)
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
-from bench.tools.protogen import COMMITTED, PACKAGE_PREFIX, generate
+import pytest
+
+from bench.tools.protogen import COMMITTED, INSTALL_CODEGEN, PACKAGE_PREFIX, generate
 
 # Lines that only stamp the generator's version: a newer grpcio-tools may
 # change them without the contract changing.
@@ -29,3 +32,10 @@ def test_generated_code_is_not_stale(tmp_path: Path) -> None:
         )
     committed_files = {p.relative_to(COMMITTED) for p in COMMITTED.rglob("*_pb2*.py*")}
     assert committed_files == {p.relative_to(package) for p in fresh}
+
+
+def test_without_grpcio_tools_it_says_to_install_the_codegen_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "grpc_tools", None)  # as where the extra is not installed
+    with pytest.raises(SystemExit) as missing:
+        generate(tmp_path)
+    assert INSTALL_CODEGEN == "pip install -e '.[codegen]'" and str(missing.value).endswith(f"the codegen extra: {INSTALL_CODEGEN}")
