@@ -1,7 +1,8 @@
 """``--simulate``: a simulated vLLM engine behind every endpoint of the config.
 
 Each endpoint's engine takes its pool's ``simulate_profile`` (latency for the
-interactive pool, throughput for the batch pool). Only loopback endpoints can
+interactive pool, throughput for the batch pool); a pool only classes of
+embeddings and rerank go to runs pooling engines (``pooling_pool``). Only loopback endpoints can
 be simulated; endpoints added by a reload get an engine too, and an endpoint
 a reload removes has its engine stopped (its port closed), so reload cycles
 leave no listener behind.
@@ -19,7 +20,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from tailguard.router.config import Config
+from tailguard.router.config import POOLING_KINDS, Config
 from tailguard.sim import PROFILES, EngineSpec, serve_engine
 
 log = logging.getLogger("tailguard.simulate")
@@ -37,6 +38,16 @@ class SimulateError(ValueError):
     def __init__(self, message: str, url: str, *, address: str | None = None, reason: str = "") -> None:
         super().__init__(message)
         self.url, self.address, self.reason = url, address, reason
+
+
+def pooling_pool(config: Config, pool: str) -> bool:
+    """Whether a pool serves an embedding model: some class routes to it and every such class takes only pooling kinds.
+
+    Its engines are simulated as vLLM's ``--runner pooling`` (embeddings and
+    rerank, no generation), as a real deployment runs an embedding model there.
+    """
+    classes = [klass for klass in config.classes if klass.pool == pool]
+    return bool(classes) and all(klass.kinds <= POOLING_KINDS for klass in classes)
 
 
 class SimulatedFleet:
@@ -63,13 +74,15 @@ class SimulatedFleet:
                 host = parts.hostname or ""
                 if host not in _LOOPBACK or parts.port is None:
                     raise SimulateError(f"--simulate needs loopback endpoints with a port; {endpoint.url} is not one", endpoint.url)
+                runner = "pooling" if pooling_pool(config, pool.name) else "generate"
                 spec = EngineSpec(
                     port=parts.port,
                     params=PROFILES[pool.simulate_profile],
                     host="127.0.0.1" if host == "localhost" else host,
                     model=pool.models[0],
                     time_scale=self._time_scale,
-                    name=f"{pool.simulate_profile}@{parts.port}",
+                    name=f"{pool.simulate_profile}@{parts.port}" if runner == "generate" else f"pooling@{parts.port}",
+                    runner=runner,
                 )
                 specs.append((endpoint.url, spec))
         started: list[_Running] = []

@@ -12,11 +12,13 @@ import dataclasses
 from collections.abc import Iterator
 
 import anthropic
+import grpc
 import httpx
 import openai
 import pytest
 
 from tailguard.router.config import ClassConfig, Config, EndpointConfig, LimitsConfig, PoolConfig
+from tailguard.server.grpc.gen.tailguard.v1 import tailguard_pb2 as pb, tailguard_pb2_grpc as pb_grpc
 from tailguard.sim import SimApp
 from tests.helpers.engines import MODEL
 from tests.helpers.front_ends import Faulty, FrontEnds, front_ends
@@ -170,3 +172,16 @@ def test_a_conversation_continues_on_the_engine_that_keeps_its_responses(service
     with pytest.raises(openai.NotFoundError) as unknown:
         sdk.responses.retrieve("resp_never_made_here")
     assert unknown.value.code == "response_not_found"
+
+
+def test_grpc_embed_goes_through_the_embeddings_class(service: FrontEnds) -> None:
+    with grpc.insecure_channel(service.grpc_target) as channel:
+        stub = pb_grpc.CompletionsStub(channel)
+        reply, call = stub.Embed.with_call(pb.EmbedRequest(model=EMBED_MODEL, input=["first text", "second text"]), timeout=10)
+        assert [item.index for item in reply.data] == [0, 1] and all(len(item.embedding) == 16 for item in reply.data)
+        assert reply.routing.request_class == "embeddings" and reply.routing.pool == "embed"
+        assert reply.usage.prompt_tokens > 0
+        assert dict(call.initial_metadata())["x-tailguard-class"] == "embeddings"
+        with pytest.raises(grpc.RpcError) as empty:
+            stub.Embed(pb.EmbedRequest(model=EMBED_MODEL), timeout=10)
+        assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
