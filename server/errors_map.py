@@ -31,8 +31,9 @@ from tailguard.router.queueing import whole_seconds
 _SDK_RETRIES = frozenset({408, 409, 429})
 
 
-# Which API's error shape an HTTP route answers in: OpenAI's (every route but Anthropic's) or Anthropic's.
-Dialect = Literal["openai", "anthropic"]
+# Which API's error shape an HTTP route answers in: OpenAI's (every route but Anthropic's), Anthropic's, or
+# OpenAI's with the Responses API's stream event (``event: error``).
+Dialect = Literal["openai", "anthropic", "responses"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,13 @@ class HttpError:
         """The error as the last event of a stream that already began (Anthropic's names its event)."""
         if self.dialect == "anthropic":
             return b"event: error\ndata: " + self.encoded() + b"\n\n"
+        if self.dialect == "responses":
+            # The Responses API's error event (type, code, message, param) with OpenAI's error object beside it,
+            # which the openai SDK raises as an APIError while iterating, as it does on chat streams.
+            error = self.body["error"]
+            assert isinstance(error, dict)
+            event = {"type": "error", "code": error["code"], "message": error["message"], "param": error["param"], "error": error}
+            return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
         return b"data: " + self.encoded() + b"\n\n"
 
 

@@ -342,8 +342,10 @@ class HttpApi:
 
 
 def _dialect(path: str) -> Dialect:
-    """Anthropic's shape of errors on its routes, OpenAI's everywhere else."""
-    return "anthropic" if path.startswith(_ANTHROPIC_PREFIX) else "openai"
+    """Anthropic's shape of errors on its routes, OpenAI's everywhere else (a Responses stream's last event named ``error``)."""
+    if path.startswith(_ANTHROPIC_PREFIX):
+        return "anthropic"
+    return "responses" if path == "/v1/responses" else "openai"
 
 
 def _session(headers: dict[str, str], name: str) -> str | None:
