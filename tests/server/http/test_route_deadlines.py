@@ -64,8 +64,8 @@ async def test_the_sdks_raise_the_error_event_of_a_cut_stream(two_engines: Backe
                 pass
         claude = anthropic.AsyncAnthropic(base_url=running.http_url, api_key="unused", max_retries=0)
         with pytest.raises(anthropic.APIStatusError) as raised:
-            async with claude.messages.stream(model=MODEL, max_tokens=1000, messages=[{"role": "user", "content": "Write at length."}]) as stream:
-                async for _ in stream:
+            async with claude.messages.stream(model=MODEL, max_tokens=1000, messages=[{"role": "user", "content": "Write at length."}]) as events:
+                async for _ in events:
                     pass
         assert "timeout_error" in str(raised.value.body)
         await client.close()
