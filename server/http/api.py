@@ -151,6 +151,10 @@ class HttpApi:
             headers["authorization"] = one_authorization(
                 [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"]
             ) or ""
+        elif "x-api-key" in headers and path.startswith(_ANTHROPIC_PREFIX):
+            # Anthropic's clients send the key as x-api-key (Claude-Code-style harnesses, curl from its docs): the same key.
+            keys = [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"x-api-key"]
+            headers["authorization"] = one_authorization([f"Bearer {key}" for key in keys]) or ""
         kind = self._completion_paths.get(path)
         if kind is not None and method == "POST":
             if _CLASS_HEADER in headers and sum(k.lower() == b"x-tailguard-class" for k, _ in scope["headers"]) > 1:

@@ -14,6 +14,7 @@ import hashlib
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -63,3 +64,14 @@ def test_without_the_key_each_route_answers_401_in_its_shape(service: FrontEnds)
         sdk.embeddings.create(model=EMBED_MODEL, input="hi")
     claude.close()
     sdk.close()
+
+
+def test_anthropics_x_api_key_header_is_the_key_on_its_routes(service: FrontEnds) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    counted = httpx.post(service.http_url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": KEY}, timeout=10)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    wrong = httpx.post(service.http_url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": "sk-wrong"}, timeout=10)
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    # Only on Anthropic's routes: OpenAI's take the Authorization header alone.
+    elsewhere = httpx.post(service.http_url + "/tokenize", json={"model": MODEL, "prompt": "hi"}, headers={"x-api-key": KEY}, timeout=10)
+    assert elsewhere.status_code == 401
