@@ -244,7 +244,8 @@ def image_source_tree(context: Path, image: Path) -> Path:
                 is_file = not (context / source).is_dir()
                 docker_copy(context, source, base / Path(source).name if is_file and destination.endswith("/") else base)
         elif instruction == "RUN" and "pip install" in arguments:
-            assert re.search(r"\bpip install \.(\s|$)", arguments), f"RUN {arguments}: expected `pip install .`"
+            # The checkout itself, with the tracing extra at most (the image can turn [tracing] on).
+            assert re.search(r"\bpip install (\.|'\.\[tracing\]')(\s|$)", arguments), f"RUN {arguments}: expected `pip install .`"
             installed_from = image / workdir.relative_to("/")
     assert installed_from is not None, "the Dockerfile runs no `pip install .`"
     return installed_from
