@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from functools import partial
 
 import pytest
@@ -11,6 +12,7 @@ import trio
 import trio.testing
 from hypothesis import given, settings, strategies as st
 
+from tailguard.router.admission import RouterRequest
 from tailguard.router.config import ConfigError, QueueOrder, parse_config, render_config
 from tailguard.router.errors import QueueFull, QueueTimeout
 from tailguard.router.queueing import FairClock, Share
@@ -152,7 +154,16 @@ async def test_a_full_queue_displaces_the_waiter_furthest_past_its_share(autojum
     assert outcomes == {"a1": "full", "a2": "full", "a0": "served", "b": "served"}
 
 
-async def seating_order(queue_order: QueueOrder, heavy_requests: int) -> list[str]:
+def quick_chat(request_id: str) -> RouterRequest:
+    return chat("quick?", max_tokens=8, request_id=request_id)
+
+
+def quick_message(request_id: str) -> RouterRequest:
+    """An Anthropic Messages API request (the simulator answers it as vLLM's /v1/messages does)."""
+    return RouterRequest(kind="messages", request_id=request_id, messages=[{"role": "user", "content": "quick?"}], max_tokens=8)
+
+
+async def seating_order(queue_order: QueueOrder, heavy_requests: int, request_for: Callable[[str], RouterRequest] = quick_chat) -> list[str]:
     """The order a one-seat pool's requests got their seat: ``heavy_requests`` of one caller, then one of another."""
     base = two_pool_config(interactive_cap=1, interactive_timeout=60.0)
     interactive, batch = base.pools
@@ -162,7 +173,7 @@ async def seating_order(queue_order: QueueOrder, heavy_requests: int) -> list[st
     async with router_over_engines(config) as fleet:
 
         async def ask(caller: Caller, request_id: str) -> None:
-            request = chat("quick?", max_tokens=8, request_id=request_id)
+            request = request_for(request_id)
             with trio.CancelScope(deadline=fleet.router.deadline_for(request)):
                 async with fleet.router.open(request, caller=caller) as completion:
                     order.append(request_id)
@@ -179,6 +190,10 @@ async def seating_order(queue_order: QueueOrder, heavy_requests: int) -> list[st
 async def test_the_router_queues_each_caller_in_its_share(autojump_clock: trio.testing.MockClock) -> None:
     # First come, first served would put light last.
     assert await seating_order("fair", 4) == ["heavy0", "light", "heavy1", "heavy2", "heavy3"]
+
+
+async def test_messages_api_requests_queue_in_their_callers_share_as_chats_do(autojump_clock: trio.testing.MockClock) -> None:
+    assert await seating_order("fair", 4, quick_message) == ["heavy0", "light", "heavy1", "heavy2", "heavy3"]
 
 
 def test_weight_is_read_checked_and_rendered() -> None:
