@@ -18,7 +18,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 import trio
@@ -194,16 +194,11 @@ class HttpApi:
             await _send_error(send, wrong_method(method, path, allowed, dialect), request_id)
             return
         if path in _UTILITY_PATHS and path in self._routes_served():
-            try:
-                await self._utility(path, headers, request_id, receive, send)
-            except TailguardError as error:
-                await _send_error(send, http_error(error, dialect), request_id)
+            await self._relayed(path.rsplit("/", 1)[-1], request_id, dialect, send, self._utility(path, headers, request_id, receive))
             return
         if path.startswith(_RESPONSE_PATH):
-            try:
-                await self._stored_response(path, method, query, headers, request_id, receive, send)
-            except TailguardError as error:
-                await _send_error(send, http_error(error), request_id)
+            call = self._stored_response(path, method, query, headers, receive)
+            await self._relayed("response_lookup", request_id, dialect, send, call)
             return
         if path == "/health":
             health = self._router.health()
@@ -250,18 +245,30 @@ class HttpApi:
         """The utility routes this listener has (none on the metrics-only one)."""
         return frozenset() if self.serves == "metrics" else _UTILITY_PATHS
 
-    async def _stored_response(
-        self, path: str, method: str, query: bytes, headers: dict[str, str], request_id: str, receive: Receive, send: Send
-    ) -> None:
+    async def _relayed(self, kind: str, request_id: str, dialect: Dialect, send: Send, call: Awaitable[UtilityAnswer]) -> None:
+        """A call relayed without a seat: its answer as the engine gave it, or the error; an access-log line either way."""
+        telemetry = self._sessions.telemetry
+        record = telemetry.start(request_id, "http")
+        record.kind = kind
+        try:
+            answer = await call
+        except TailguardError as error:
+            telemetry.finish(record, error, status=http_error(error, dialect).status)
+            await _send_error(send, http_error(error, dialect), request_id)
+            return
+        record.endpoint = answer.endpoint
+        telemetry.finish(record, None, status=answer.status)
+        await _send_answer(send, answer, request_id)
+
+    async def _stored_response(self, path: str, method: str, query: bytes, headers: dict[str, str], receive: Receive) -> UtilityAnswer:
         """A stored response's lookup (GET, its query kept) or cancellation (POST .../cancel), on the engine that keeps it."""
         self._router.authenticate(headers.get("authorization"))
         response_id = path[len(_RESPONSE_PATH) :].removesuffix("/cancel")
         body = await self._read_body(headers, receive) if method == "POST" else None
         target = path + ("?" + query.decode("latin-1") if query else "")
-        answer = await self._router.at_response_home(response_id, method, target, body)
-        await _send_answer(send, answer, request_id)
+        return await self._router.at_response_home(response_id, method, target, body)
 
-    async def _utility(self, path: str, headers: dict[str, str], request_id: str, receive: Receive, send: Send) -> None:
+    async def _utility(self, path: str, headers: dict[str, str], request_id: str, receive: Receive) -> UtilityAnswer:
         """A tokenizer's route, relayed to an engine serving the model without a seat (router/utility.py); its answer as it came."""
         self._router.authenticate(headers.get("authorization"))
         body = await self._read_body(headers, receive)
@@ -271,8 +278,7 @@ class HttpApi:
             raise InvalidRequest("the request body is not valid JSON") from None
         if not isinstance(payload, dict):
             raise InvalidRequest("the request body must be a JSON object")
-        answer = await self._router.utility(path, payload, {"x-request-id": request_id})
-        await _send_answer(send, answer, request_id)
+        return await self._router.utility(path, payload, {"x-request-id": request_id})
 
     def _methods(self, path: str) -> tuple[str, ...] | None:
         """The methods ``path`` takes, or None when no route serves it."""

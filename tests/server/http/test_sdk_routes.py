@@ -147,6 +147,8 @@ def test_tokenize_and_detokenize_are_relayed_to_an_engine_of_the_model(service: 
     assert tokens.status_code == 200, tokens.text
     ids = tokens.json()["tokens"]
     assert ids and tokens.json()["count"] == len(ids)
+    logged = service.record(tokens.headers["x-request-id"])  # an access-log line, though it took no seat
+    assert (logged.kind, logged.status, logged.outcome) == ("tokenize", 200, "ok") and logged.endpoint is not None
     text = httpx.post(service.http_url + "/detokenize", json={"model": MODEL, "tokens": ids}, timeout=10)
     assert text.status_code == 200 and isinstance(text.json()["prompt"], str)
     unknown = httpx.post(service.http_url + "/tokenize", json={"model": "no-such-model", "prompt": "x"}, timeout=10)
