@@ -108,7 +108,7 @@ class RouterRequest:
             raise InvalidRequest("the request id must be 1 to 128 printable ASCII characters without spaces", param="x-request-id")
         _check_forwardable(self)
 
-    def conversation(self) -> list[Mapping[str, Any]] | None:
+    def conversation(self) -> Sequence[Mapping[str, Any]] | None:
         """The prompt as chat messages in the order the engine's template reads them (None for a completion's prompt).
 
         Anthropic's ``system`` and the Responses API's ``instructions`` come
@@ -118,14 +118,14 @@ class RouterRequest:
         prefix keys and conversation memory read every kind through this.
         """
         if self.kind == "chat":
-            return list(self.messages or ())
+            return self.messages or ()  # no copy: a chat's own messages, on every request's path
         if self.kind == "completion" or self.kind in POOLING:
             return None
         params = self.params
         lead = params.get("system") if self.kind == "messages" else params.get("instructions")
         turns: list[Mapping[str, Any]] = [{"role": "system", "content": lead}] if isinstance(lead, (str, list)) and lead else []
         if self.kind == "messages":
-            return turns + list(self.messages or ())
+            return [*turns, *(self.messages or ())] if turns else (self.messages or ())
         given = params.get("input")
         if isinstance(given, str):
             return [*turns, {"role": "user", "content": given}]
