@@ -19,6 +19,7 @@ import math
 from collections.abc import AsyncIterator, Callable, Container, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -64,6 +65,9 @@ _PATHS = {
 # The kinds whose stream takes ``stream_options`` (OpenAI's chunks; the usage event tailguard asks for) and
 # whose whole answer tailguard can put together from a stream (router/backend/whole_answer.py).
 _CHUNKED = frozenset({"chat", "completion"})
+# Kinds whose stream's first bytes come before the prefill (the Responses API's response.created and
+# response.in_progress): their first token is their first output event (router/observe/telemetry.py).
+_OPENS_EARLY = frozenset({"responses"})
 
 # Body fields a caller may send but the router decides (docs/request-path.md).
 # ``model``, ``messages``/``prompt``, ``max_tokens`` and ``stream`` are written
@@ -89,6 +93,9 @@ class Completion:
     drop_usage: bool = False
     # "chat" / "completion": a whole answer asked of vLLM as a stream, put together by ``read``.
     assemble_as: str | None = None
+    # Called once at the stream's first token where its first byte is not one (a Responses stream opens before
+    # the prefill): what the seat learns at a first byte (prefill over, the first-byte model) waits for it.
+    on_first_token: Callable[[], None] | None = None
     _assembled: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     async def read(self) -> bytes:
@@ -150,7 +157,15 @@ class Completion:
         event is then parsed once, there. The request's record sees each
         chunk on the way (no generator of its own: one layer less a chunk).
         """
-        return self.response.chunks(self.record.saw_chunk, self.relay_interval, drop_usage=self.drop_usage, check=check)
+        on_chunk = self.record.saw_chunk if self.on_first_token is None else self._saw_chunk_until_first_token
+        return self.response.chunks(on_chunk, self.relay_interval, drop_usage=self.drop_usage, check=check)
+
+    def _saw_chunk_until_first_token(self, chunk: bytes) -> None:
+        record = self.record
+        record.saw_chunk(chunk)
+        if record.first_token_at is not None and self.on_first_token is not None:
+            first_token, self.on_first_token = self.on_first_token, None
+            first_token()
 
 
 class RequestPath:
@@ -310,9 +325,11 @@ class RequestPath:
                         record.endpoint, record.placement = lease.endpoint.url, lease.placement  # a retry may have moved it
                         routing = routing_of(record)
                         try:
+                            deferred = request.stream and request.kind in _OPENS_EARLY
                             yield Completion(
                                 routing, response, request.stream, record, klass.relay_interval, drop_usage,
                                 assemble_as=request.kind if assembled else None,
+                                on_first_token=partial(_first_token, lease, record, stream=True) if deferred else None,
                             )
                         except BackendError as error:  # the body broke or was not a completion
                             report_failure(serving, lease.endpoint, error)
@@ -419,8 +436,8 @@ class RequestPath:
                 try:
                     wait = _first_byte_wait(timeout, lease.predicted_first_byte)
                     response = await _first_byte(lease.client, endpoint, path, body, headers, stream=stream, timeout=wait)
-                    lease.first_byte(stream=stream)  # LendConfig.prefills and ttft_budget; the engine's first-byte model
-                    record.first_byte_seconds, record.first_byte_predicted = lease.first_byte_seconds, lease.predicted_first_byte
+                    if not (stream and request.kind in _OPENS_EARLY):  # else at its first token (Completion.on_first_token)
+                        _first_token(lease, record, stream=stream)
                     return response
                 except BackendRejected as error:
                     if trace is not None:
@@ -574,6 +591,13 @@ def backend_body(request: RouterRequest, model: str, max_tokens: int, *, stream:
     return body, drop_usage
 
 
+
+
+def _first_token(lease: Lease, record: RequestRecord, *, stream: bool) -> None:
+    """What a seat learns at its answer's first token: a borrowed prompt's prefill is over (LendConfig.prefills,
+    ttft_budget), the engine's first-byte model learns the wait, and the record keeps it beside the prediction."""
+    lease.first_byte(stream=stream)
+    record.first_byte_seconds, record.first_byte_predicted = lease.first_byte_seconds, lease.predicted_first_byte
 
 
 def _paced(lease: Lease, record: RequestRecord) -> None:

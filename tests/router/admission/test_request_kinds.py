@@ -6,6 +6,7 @@ import json
 
 import pytest
 import trio
+import trio.testing
 
 from tailguard.router import Router
 from tailguard.router.admission import RouterRequest, decide, size_prompt
@@ -16,6 +17,7 @@ from tailguard.router.quotas import ANONYMOUS
 from tailguard.router.request_path import backend_body
 from tailguard.server.http.openai_wire import parse_completion_body
 from tests.helpers.config_text import BASE, edit, problems_of
+from tests.helpers.router import INTERACTIVE_URL, router_over_engines, two_pool_config
 
 ESTIMATE = EstimateConfig()
 # BASE, with a third pool serving an embedding model and a class that takes the pooling kinds.
@@ -124,3 +126,20 @@ def test_kinds_is_checked_and_each_kind_needs_a_catch_all() -> None:
     assert [k.name for k in parse_config(WITH_EMBEDDINGS).classes] == ["interactive", "batch", "embeddings"]
     (problem,) = problems_of(edit('[classes.batch]\npool = "batch"', '[classes.batch]\nkinds = ["chat"]\npool = "batch"'))
     assert "catch-all" in problem
+
+
+async def test_a_responses_streams_prefill_ends_at_its_first_output_event_not_its_first_byte(autojump_clock: trio.testing.MockClock) -> None:
+    """vLLM sends response.created before the prefill: the seat's prefill backlog and first-byte model wait for output."""
+    request = RouterRequest(kind="responses", request_id="r1", max_tokens=8, stream=True, params={"input": "hello " * 200})
+    async with router_over_engines(two_pool_config()) as fleet:
+        endpoint = fleet.router.endpoint(INTERACTIVE_URL)
+        backlogs: list[tuple[bytes, int]] = []
+        with trio.CancelScope(deadline=fleet.router.deadline_for(request)):
+            async with fleet.router.open(request) as completion:
+                async for chunk in completion.chunks():
+                    backlogs.append((chunk, endpoint.prefill_backlog))
+                record = completion.record
+    opening, during = backlogs[0]
+    assert b"response.created" in opening and b"response.output_text.delta" not in opening
+    assert during > 0  # the prompt still in prefill while the caller holds response.created
+    assert backlogs[-1][1] == 0 and record.first_byte_seconds is not None and record.first_byte_seconds > 0
