@@ -530,11 +530,15 @@ class Pool:
         return Lease(self, endpoint, ticket.request_class, borrower, ticket.prefix_key, placement.kind, need, context)
 
     def _pinned(self, url: str, need: int) -> Placement | Skip | None:
-        """The pinned endpoint when it is this pool's and has room; None while it is full, SKIP when it is not here."""
+        """The pinned endpoint when it is this pool's and has room; SKIP when it is not here, or full while a sibling
+        has room (the requests behind it in the queue may take that room: no head-of-line wait for one engine);
+        None while none has room."""
         endpoint = next((e for e in self.endpoints if e.url == url), None)
         if endpoint is None:
             return SKIP
-        return Placement(endpoint, "pinned") if endpoint.room_for(need) else None
+        if endpoint.room_for(need):
+            return Placement(endpoint, "pinned")
+        return SKIP if any(e.room_for(need) for e in self.endpoints) else None
 
     def seat_ended(self, lease: Lease) -> None:
         """Book-keeping of a released lease's seats: its class's count, and the lent count."""

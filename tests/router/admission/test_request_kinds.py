@@ -143,3 +143,52 @@ async def test_a_responses_streams_prefill_ends_at_its_first_output_event_not_it
     assert b"response.created" in opening and b"response.output_text.delta" not in opening
     assert during > 0  # the prompt still in prefill while the caller holds response.created
     assert backlogs[-1][1] == 0 and record.first_byte_seconds is not None and record.first_byte_seconds > 0
+
+
+async def test_a_turn_waiting_for_its_pinned_engine_lets_the_requests_behind_it_take_a_sibling(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A continued Responses turn waits for the one engine that keeps its response; a chat queued behind it
+    takes the other engine's freed seat at once instead of waiting behind it (before: the pool's queue stalled)."""
+    urls = ["http://interactive-a:8000", "http://interactive-b:8000"]
+    config = two_pool_config(interactive_cap=1, interactive_urls=urls, interactive_timeout=60.0)
+    async with router_over_engines(config) as fleet:
+        router = fleet.router
+        first_turn = RouterRequest(kind="responses", request_id="t1", max_tokens=4, params={"input": "hi"})
+        async with router.open(first_turn) as completion:
+            await completion.read()
+            home, response_id = completion.routing.endpoint, completion.payload["id"]
+        seated: dict[str, str] = {}
+        events = {name: trio.Event() for name in ("x", "y", "t2", "c")}
+
+        async def hold(request: RouterRequest) -> None:
+            async with router.open(request) as held:
+                seated[request.request_id] = held.routing.endpoint
+                events[request.request_id].set()
+                await trio.sleep_forever()
+
+        def chat_request(request_id: str, max_tokens: int) -> RouterRequest:
+            return RouterRequest(kind="chat", request_id=request_id, messages=[{"role": "user", "content": "go"}], max_tokens=max_tokens, stream=True)
+
+        scopes = {name: trio.CancelScope() for name in ("x", "y")}
+
+        async def held_until_cancelled(name: str) -> None:
+            with scopes[name]:
+                await hold(chat_request(name, 120))
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for name in scopes:
+                    nursery.start_soon(held_until_cancelled, name)
+                    await events[name].wait()
+                assert set(seated.values()) == set(urls)  # both engines busy
+                turn = RouterRequest(kind="responses", request_id="t2", max_tokens=4, stream=True, params={"input": "again", "previous_response_id": response_id})
+                nursery.start_soon(hold, turn)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(hold, chat_request("c", 4))
+                await trio.testing.wait_all_tasks_blocked()
+                other = next(name for name in scopes if seated[name] != home)
+                scopes[other].cancel()  # the sibling of the pinned engine frees its seat
+                await events["c"].wait()
+                assert seated["c"] == seated[other] and not events["t2"].is_set()
+                nursery.cancel_scope.cancel()
