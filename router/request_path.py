@@ -449,7 +449,11 @@ class RequestPath:
                         trace.call_failed(error)
                     retry_to = None
                     if pinned:  # nowhere else holds what it continues
-                        if not isinstance(error, (BackendBusy, BackendAuthFailed)):
+                        if isinstance(error, BackendBusy):
+                            self._busy(endpoint, error)  # its queue waits out the engine's busy spell, not a tight loop
+                        elif isinstance(error, BackendAuthFailed):
+                            key_refused(endpoint, error.status)
+                        else:
                             report_failure(pool, endpoint, error)
                         raise
                     if isinstance(error, BackendBusy):

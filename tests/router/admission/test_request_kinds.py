@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -11,11 +12,12 @@ import trio.testing
 from tailguard.router import Router
 from tailguard.router.admission import RouterRequest, decide, size_prompt
 from tailguard.router.config import Config, EstimateConfig, parse_config
-from tailguard.router.errors import InvalidRequest, ModelNotFound, PromptTooLong
+from tailguard.router.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong
 from tailguard.router.observe import RequestRecord
 from tailguard.router.quotas import ANONYMOUS
 from tailguard.router.request_path import backend_body
 from tailguard.server.http.openai_wire import parse_completion_body
+from tailguard.sim.canned import canned_transport
 from tests.helpers.config_text import BASE, edit, problems_of
 from tests.helpers.router import INTERACTIVE_URL, router_over_engines, two_pool_config
 
@@ -192,3 +194,34 @@ async def test_a_turn_waiting_for_its_pinned_engine_lets_the_requests_behind_it_
                 await events["c"].wait()
                 assert seated["c"] == seated[other] and not events["t2"].is_set()
                 nursery.cancel_scope.cancel()
+
+
+async def test_a_pinned_turn_whose_engine_is_busy_waits_out_the_busy_spell(autojump_clock: trio.testing.MockClock) -> None:
+    """The engine keeping the response answers 503 (its own queue full): the turn waits for the busy spell to end
+    between tries, then its queue deadline refuses it 503 (before: re-seated on the same engine in a tight loop)."""
+    attempts = {"busy": False, "count": 0}
+
+    def wrap(url: str, transport: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+        async def handle(request: httpx.Request) -> httpx.Response:
+            if attempts["busy"] and request.url.path == "/v1/responses":
+                attempts["count"] += 1
+                if attempts["count"] > 50:
+                    raise RuntimeError("the busy engine was asked in a tight loop")
+                body = {"error": {"message": "queue full", "type": "ServiceUnavailable", "code": 503}}
+                return httpx.Response(503, json=body, headers={"retry-after": "2"})
+            return await transport.handle_async_request(request)
+
+        return canned_transport(handle)
+
+    urls = ["http://interactive-a:8000", "http://interactive-b:8000"]
+    async with router_over_engines(two_pool_config(interactive_urls=urls, interactive_timeout=3.0), wrap=wrap) as fleet:
+        first = RouterRequest(kind="responses", request_id="t1", max_tokens=4, params={"input": "hi"})
+        async with fleet.router.open(first) as completion:
+            await completion.read()
+            response_id = completion.payload["id"]
+        attempts["busy"] = True
+        turn = RouterRequest(kind="responses", request_id="t2", max_tokens=4, params={"input": "again", "previous_response_id": response_id})
+        with pytest.raises(Overloaded):
+            async with fleet.router.open(turn) as completion:
+                await completion.read()
+    assert 1 <= attempts["count"] <= 3  # one try a busy spell (2 s) within its 3 s queue deadline
