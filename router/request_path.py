@@ -49,7 +49,7 @@ from .errors import (
 )
 from .fleet import Endpoint, Fleet, Lease, Placement, Pool, Rerouted, ResponseHomes, key_refused, record_success, report_failure
 from .ids import IdSource
-from .observe import RequestRecord, ServiceTime
+from .observe import RequestRecord, ServiceTime, anthropic_prompt_tokens
 from .quotas import BudgetGate, Caller, RateLimits, Traffic
 
 log = logging.getLogger("tailguard.router")
@@ -112,9 +112,12 @@ class Completion:
         if not isinstance(usage, dict):
             usage = {}
         # OpenAI's usage names, or Anthropic's and the Responses API's (input_tokens, output_tokens).
-        self.record.input_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
-        details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
-        self.record.cached_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        if self.record.kind == "messages":  # vLLM's Anthropic input_tokens leaves the cached part out
+            self.record.input_tokens, self.record.cached_tokens = anthropic_prompt_tokens(usage)
+        else:
+            self.record.input_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+            details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+            self.record.cached_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         self.record.saw_answer(_count(usage.get("completion_tokens", usage.get("output_tokens"))))
         if self.record.kind == "responses" and isinstance(self.payload.get("id"), str):
             self.record.response_id = self.payload["id"]

@@ -20,6 +20,7 @@ from .telemetry import (
     RepeatedIds as RepeatedIds,
     RequestRecord as RequestRecord,
     Telemetry as Telemetry,
+    anthropic_prompt_tokens as anthropic_prompt_tokens,
     is_valid_request_id as is_valid_request_id,
     outcome_of as outcome_of,
 )

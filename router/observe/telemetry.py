@@ -13,11 +13,12 @@ queueing or to generation? -- is answered by ``queue_seconds`` against
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -52,6 +53,8 @@ UNKNOWN = "none"  # label value for a class or pool not yet decided
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,200})"')
 # A stream's usage: OpenAI's names, and Anthropic's and the Responses API's (message_delta, response.completed).
 _USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+# Events a stream opens with that carry no token, by kind (for a count without usage: ``finish_tokens``).
+_OPENING_EVENTS = {"chat": 1, "messages": 2, "responses": 4}
 _PROMPT_USAGE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
 # vLLM's usage.prompt_tokens_details.cached_tokens (with --enable-prompt-tokens-details, and only when nonzero).
 _CACHED_USAGE = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
@@ -196,9 +199,14 @@ class RequestRecord:
                 self.response_id = named.group(1).decode()
         if b"[DONE]" in chunk:
             self._done_seen = True
+        if b'_tokens"' not in chunk:  # no usage here: most reads (one literal search, not the patterns below)
+            return
+        if self.kind == "messages":
+            self._saw_anthropic_usage(chunk)
+            return
         match = _last(_USAGE, chunk)
         if match is not None:  # a usage chunk (stream_options.include_usage) is exact
-            # The last in the chunk: Anthropic's stream opens with a usage of 0 output tokens and ends with the count.
+            # The last in the chunk: a Responses stream's final event holds the count.
             self.completion_tokens = int(match.group(1))
             prompt = _last(_PROMPT_USAGE, chunk)
             if prompt is not None:
@@ -210,6 +218,27 @@ class RequestRecord:
                 self.engine_queue, self.engine_ttft, self.engine_itl = (
                     _seconds(pattern.search(chunk)) for pattern in (_ENGINE_QUEUE, _ENGINE_TTFT, _ENGINE_ITL)
                 )
+
+    def _saw_anthropic_usage(self, chunk: bytes) -> None:
+        """An Anthropic stream's usage: message_start's prompt, message_delta's final counts.
+
+        message_start says 0 output tokens (a cut stream's count then comes
+        from its events, ``finish_tokens``); vLLM's ``input_tokens`` leaves out
+        the prompt's cached part (``cache_read_input_tokens``) and what it
+        cached anew (``cache_creation_input_tokens``): the prompt is their sum.
+        """
+        for event in chunk.split(b"\n\n"):
+            is_delta = b'"message_delta"' in event
+            if not is_delta and b'"message_start"' not in event:
+                continue
+            usage = _event_usage(event)
+            if usage is None:
+                continue
+            prompt, cached = anthropic_prompt_tokens(usage)
+            if prompt is not None:
+                self.input_tokens, self.cached_tokens = prompt, cached
+            if is_delta:
+                self.completion_tokens = _whole_count(usage.get("output_tokens"))
 
     def saw_engine_metrics(self, metrics: object) -> None:
         """A whole answer's ``metrics`` object (vLLM's per-request metrics), where the engine sends one."""
@@ -276,8 +305,10 @@ class RequestRecord:
     def finish_tokens(self) -> None:
         """Settle the completion token count from the stream's events if no usage came."""
         if self.completion_tokens is None and self.stream and self._events:
-            # The role-only first chunk of a chat stream and the [DONE] marker carry no token.
-            overhead = int(self._done_seen) + int(self.kind == "chat")
+            # The role-only first chunk of a chat stream and the [DONE] marker carry no token, nor the events
+            # other APIs open with (Anthropic's message_start and content_block_start; the Responses API's
+            # created, in_progress, output_item.added and content_part.added).
+            overhead = int(self._done_seen) + _OPENING_EVENTS.get(self.kind, 0)
             self.completion_tokens = max(0, self._events - overhead)
 
 
@@ -385,6 +416,37 @@ def _ms_value(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None
     return float(value) / 1000
+
+
+def anthropic_prompt_tokens(usage: Mapping[str, object]) -> tuple[int | None, int | None]:
+    """The prompt's tokens and its cached ones from an Anthropic usage: vLLM's ``input_tokens`` is the uncached
+    part, beside ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` (with prompt token details on)."""
+    uncached = _whole_count(usage.get("input_tokens"))
+    if uncached is None:
+        return None, None
+    read = _whole_count(usage.get("cache_read_input_tokens"))
+    created = _whole_count(usage.get("cache_creation_input_tokens"))
+    return uncached + (read or 0) + (created or 0), read
+
+
+def _whole_count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _event_usage(event: bytes) -> Mapping[str, object] | None:
+    """The ``usage`` object of one SSE event's data (Anthropic's message_start holds it in its message)."""
+    data = next((line[5:] for line in event.split(b"\n") if line.startswith(b"data:")), None)
+    if data is None:
+        return None
+    try:
+        payload = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(payload, dict):
+        return None
+    holder = payload.get("message") if payload.get("type") == "message_start" else payload
+    usage = holder.get("usage") if isinstance(holder, dict) else None
+    return usage if isinstance(usage, dict) else None
 
 
 def _last(pattern: re.Pattern[bytes], chunk: bytes) -> re.Match[bytes] | None:

@@ -100,3 +100,23 @@ async def test_a_responses_streams_first_token_is_its_first_output_event_not_its
     await trio.sleep(0.5)
     record.saw_chunk(RESPONSES_STREAM[RESPONSES_STREAM.index(b"event: response.output_text.delta") :])
     assert record.first_token_at == record.arrival + 0.5
+
+
+async def test_an_anthropic_prompts_cached_part_counts_and_a_cut_stream_counts_its_events() -> None:
+    """vLLM's Anthropic input_tokens is the prompt's uncached part: the prompt is it plus the cache reads and writes.
+    message_start's output count is 0: a stream cut before message_delta counts its token events instead."""
+    cached = MESSAGE_STREAM.replace(
+        b'"usage":{"input_tokens":12,"output_tokens":7}',
+        b'"usage":{"input_tokens":12,"output_tokens":7,"cache_read_input_tokens":400,"cache_creation_input_tokens":16}',
+    )
+    record = RequestRecord("r", "http", trio.current_time())
+    record.kind, record.stream = "messages", True
+    record.saw_chunk(cached)
+    assert (record.input_tokens, record.cached_tokens, record.completion_tokens) == (428, 400, 7)
+    delta = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}\n\n'
+    cut = RequestRecord("c", "http", trio.current_time())
+    cut.kind, cut.stream = "messages", True
+    opening = MESSAGE_STREAM[: MESSAGE_STREAM.index(b"event: content_block_delta")]
+    cut.saw_chunk(opening + b'event: content_block_start\ndata: {"type":"content_block_start","index":0}\n\n' + delta * 3)
+    cut.finish_tokens()
+    assert cut.completion_tokens == 3 and cut.input_tokens == 12
