@@ -56,7 +56,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..config import EstimateConfig
-from .request import RouterRequest
+from .request import POOLING, RouterRequest
 
 __all__ = ["KINDS", "PromptSize", "estimate_prompt_tokens", "estimate_text_tokens", "size_prompt"]
 
@@ -174,9 +174,10 @@ def size_prompt(request: RouterRequest, estimate: EstimateConfig) -> PromptSize:
             tally.text(text)
         tally.exact = request.prompt_token_ids()
         tally.tokens += tally.exact
-    for key, value in request.params.items():
-        if key in _PROMPT_PARAMS and value is not None:
-            tally.value(value)
+    if request.kind not in POOLING:  # a rerank's documents are its inputs, counted above: once
+        for key, value in request.params.items():
+            if key in _PROMPT_PARAMS and value is not None:
+                tally.value(value)
     tally.flush()
     return PromptSize(max(1, tally.tokens), tuple(tally.parts), tally.exact, tally.measurable)
 
@@ -258,19 +259,43 @@ class _Tally:
                 if isinstance(value, str):
                     self.text(value)
                 elif isinstance(value, list):
-                    # Text parts only: an image or audio part's tokens depend on the
-                    # model's processor, which the router cannot know.
                     for part in value:
-                        text = part.get("text") if isinstance(part, Mapping) else None
-                        if isinstance(text, str):
-                            self.text(text)
-                        else:  # tokens the estimate cannot see: the engine's usage teaches nothing
-                            self.measurable = False
+                        self.part(part)
             elif key == "role":
                 if value not in _PLAIN_ROLES:
                     self.value(value)
             elif value is not None:
                 self.value(value)
+
+    def part(self, part: object) -> None:
+        """One content part: its text; an Anthropic tool_result's content and a tool_use's input (an agent's
+        file reads and edits ride there), a text document's data. An image or audio part's tokens depend on
+        the model's processor, which the router cannot know: the estimate leaves them out."""
+        if not isinstance(part, Mapping):
+            self.measurable = False
+            return
+        text = part.get("text")
+        if isinstance(text, str):
+            self.text(text)
+            return
+        kind = part.get("type")
+        if kind == "tool_result":
+            content = part.get("content")
+            if isinstance(content, str):
+                self.text(content)
+            elif isinstance(content, list):
+                for inner in content:
+                    self.part(inner)
+            return
+        if kind == "tool_use":
+            self.value(part.get("name"))
+            self.value(part.get("input"))
+            return
+        source = part.get("source")
+        if kind == "document" and isinstance(source, Mapping) and source.get("type") == "text" and isinstance(source.get("data"), str):
+            self.text(source["data"])
+            return
+        self.measurable = False  # tokens the estimate cannot see: the engine's usage teaches nothing
 
     def value(self, value: object) -> None:
         """A string as text; anything else as the JSON text a template's ``tojson`` prints."""

@@ -225,3 +225,22 @@ async def test_a_pinned_turn_whose_engine_is_busy_waits_out_the_busy_spell(autoj
             async with fleet.router.open(turn) as completion:
                 await completion.read()
     assert 1 <= attempts["count"] <= 3  # one try a busy spell (2 s) within its 3 s queue deadline
+
+
+def test_an_agents_tool_results_and_calls_count_in_the_prompts_size() -> None:
+    """Claude-Code-style turns carry files in tool_result blocks and edits in tool_use input: they are the prompt."""
+    file_text = "def handler(event):\\n    return event\\n" * 2000
+    as_text = parsed("messages", {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": file_text}]})
+    as_tool_result = parsed("messages", {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a.py", "note": file_text}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": file_text}]}]},
+    ]})
+    text_tokens = size_prompt(as_text, ESTIMATE).tokens
+    assert size_prompt(as_tool_result, ESTIMATE).tokens > 1.8 * text_tokens  # the result and the call's input, each about the file
+
+
+def test_a_rerank_counts_each_document_once() -> None:
+    document = "word " * 2000
+    rerank = parsed("rerank", {"model": "e", "query": "q", "documents": [document]})
+    embeddings = parsed("embeddings", {"model": "e", "input": ["q", document]})
+    assert size_prompt(rerank, ESTIMATE).tokens == size_prompt(embeddings, ESTIMATE).tokens
