@@ -25,6 +25,9 @@ from .fleet import Fleet, ResponseHomes
 # Utility calls open at once, per process: far above what tokenizing clients send, far below what would
 # keep the event loop from generations.
 MAX_OPEN = 64
+# Seconds a stored response's lookup or cancellation may take: it runs on the engine's probe connections,
+# which its health checks need.
+LOOKUP_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,9 @@ class UtilityCalls:
         self._open += 1
         try:
             limit = self._fleet.config.server.max_backend_body_bytes
-            answer = await endpoint.probe.relay(method, path, body, limit)
+            answer = None
+            with trio.move_on_after(LOOKUP_TIMEOUT):  # an engine answers a lookup from memory: never holds the probe's connections
+                answer = await endpoint.probe.relay(method, path, body, limit)
         finally:
             self._open -= 1
         if answer is None:

@@ -92,6 +92,10 @@ def decide(
             )
         klass = classify(prompt_tokens, output_tokens, classes, uncached)
     pool = pools[klass.pool]
+    home = response_home(request, pools, homes)
+    pinned = None
+    if home is not None:  # its class's queue timeout and priority, in the pool of the engine keeping its response
+        pool, pinned = home
     record.request_class, record.pool = klass.name, pool.name
     model = request.model or pool.config.models[0]
     if model not in pool.config.models:
@@ -109,26 +113,24 @@ def decide(
     key = prefix_key_of(request, pool.config.placement.blocks)
     record.prefix_group = prefix_group(key)
     share = Share(caller.name, caller.weight, prompt_tokens + output_tokens)  # what it may cost: settled at its end
-    pinned = pinned_endpoint(request, pool, homes)
     ticket = Ticket(klass.name, model, prompt_tokens, max_tokens, klass.priority, arrival, key, share, sequences, pinned)
     return Admitted(klass, pool, ticket, history, size)
 
 
-def pinned_endpoint(request: RouterRequest, pool: Pool, homes: ResponseHomes | None) -> str | None:
-    """The endpoint a Responses API turn must run on: the one keeping its ``previous_response_id`` (router/fleet/response_homes.py).
-
-    Only where the request's pool or a pool lending to it has that endpoint;
-    else (a reload moved it, another replica served the first turn) it is
-    placed as any request is, and the engine answers for the id itself.
-    """
+def response_home(request: RouterRequest, pools: Mapping[str, Pool], homes: ResponseHomes | None) -> tuple[Pool, str] | None:
+    """The pool and endpoint a Responses API turn must run on: those keeping its ``previous_response_id``
+    (router/fleet/response_homes.py), whatever pool its class names: a turn classed long after a short first
+    one, or a first turn a lender served, still continues where its response is, seated as that pool's own
+    (no lending rule stands between it and the only engine that can answer it). None where this process does
+    not know the id or its engine is in no pool now (it is placed as any request; the engine answers for the id)."""
     previous = request.params.get("previous_response_id") if request.kind == "responses" else None
     if homes is None or not isinstance(previous, str):
         return None
     url = homes.home(previous)
     if url is None:
         return None
-    reachable = (pool, *pool.lending.lenders)
-    return url if any(endpoint.url == url for candidate in reachable for endpoint in candidate.endpoints) else None
+    pool = next((pool for pool in pools.values() if any(endpoint.url == url for endpoint in pool.endpoints)), None)
+    return None if pool is None else (pool, url)
 
 
 def largest_input(request: RouterRequest, estimate: EstimateConfig) -> int:

@@ -263,6 +263,9 @@ class HttpApi:
     async def _stored_response(self, path: str, method: str, query: bytes, headers: dict[str, str], receive: Receive) -> UtilityAnswer:
         """A stored response's lookup (GET, its query kept) or cancellation (POST .../cancel), on the engine that keeps it."""
         self._router.authenticate(headers.get("authorization"))
+        if re.search(rb"(?:^|&)stream=(?:true|1)(?:&|$)", query, re.IGNORECASE):
+            # A background response's replay as a stream: tailguard relays no background response (openai_wire.py).
+            raise InvalidRequest("a stored response is looked up whole here; ask without stream", param="stream")
         response_id = path[len(_RESPONSE_PATH) :].removesuffix("/cancel")
         body = await self._read_body(headers, receive) if method == "POST" else None
         target = path + ("?" + query.decode("latin-1") if query else "")

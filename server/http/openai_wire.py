@@ -70,6 +70,13 @@ def parse_completion_body(
             raise InvalidRequest(f"{name} is required", param=name)
     if kind == "responses" and not isinstance(payload["input"], (str, list)):
         raise InvalidRequest("input must be a string or a list of input items", param="input")
+    if kind == "responses" and payload.get("background") is True:
+        # vLLM answers "queued" at once and generates afterwards, outside the seat, the caps and the caller's reach.
+        raise InvalidRequest(
+            "background responses are not relayed: vLLM would generate them after answering, outside tailguard's seats "
+            "and caps; send the request without background (stream it to follow it)",
+            param="background",
+        )
     stream = payload.get("stream", False) if kind in MAX_TOKENS_FIELD else False  # a pooling answer is one body
     if stream is None:
         stream = False

@@ -94,6 +94,7 @@ async def router_over_engines(
     *,
     probe: bool = True,
     per_request_metrics: bool = False,
+    responses_store: bool = False,
 ) -> AsyncIterator[Fleet]:
     """A Router whose endpoints are in-process engines (latency profile unless given), each probed once
     (``probe=False``: none is, and every endpoint is unknown: it takes no request until a probe passes).
@@ -110,7 +111,7 @@ async def router_over_engines(
         for engine in engines.values():
             await nursery.start(engine.run)
         transports: dict[str, ConnectorTransport] = {
-            url: ConnectorTransport(memory_connector(SimApp(engine, model=MODEL, enable_per_request_metrics=per_request_metrics).handle, nursery))
+            url: ConnectorTransport(memory_connector(SimApp(engine, model=MODEL, enable_per_request_metrics=per_request_metrics, enable_responses_api_store=responses_store).handle, nursery))
             for url, engine in engines.items()
         }
         probing = probe

@@ -244,3 +244,26 @@ def test_a_rerank_counts_each_document_once() -> None:
     rerank = parsed("rerank", {"model": "e", "query": "q", "documents": [document]})
     embeddings = parsed("embeddings", {"model": "e", "input": ["q", document]})
     assert size_prompt(rerank, ESTIMATE).tokens == size_prompt(embeddings, ESTIMATE).tokens
+
+
+async def test_a_turn_classed_long_still_continues_on_the_engine_keeping_its_response(autojump_clock: trio.testing.MockClock) -> None:
+    """Turn 1 is short (interactive); turn 2 brings a document (batch by size): it runs where turn 1's response
+    is kept, as that pool's own, not on a batch engine that would answer 404 (before: placed in the batch pool)."""
+    async with router_over_engines(two_pool_config(), responses_store=True) as fleet:
+        first = RouterRequest(kind="responses", request_id="t1", max_tokens=16, params={"input": "hi"})
+        async with fleet.router.open(first) as completion:
+            await completion.read()
+            response_id, home = completion.payload["id"], completion.routing.endpoint
+        document = "Here is the contract text to summarise. " * 120
+        turn = RouterRequest(kind="responses", request_id="t2", max_tokens=64, params={"input": document, "previous_response_id": response_id})
+        async with fleet.router.open(turn) as completion:
+            await completion.read()
+            assert completion.payload["status"] in ("completed", "incomplete")
+            assert (completion.routing.request_class, completion.routing.endpoint, completion.record.placement) == ("batch", home, "pinned")
+
+
+def test_a_background_response_is_refused_it_would_run_outside_any_seat() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parsed("responses", {"model": "m", "input": "hi", "background": True})
+    assert refused.value.param == "background"
+    assert parsed("responses", {"model": "m", "input": "hi", "background": False}).params["background"] is False

@@ -174,6 +174,9 @@ def test_a_conversation_continues_on_the_engine_that_keeps_its_responses(service
     with pytest.raises(openai.NotFoundError) as unknown:
         sdk.responses.retrieve("resp_never_made_here")
     assert unknown.value.code == "response_not_found"
+    # A streamed replay would hold the engine's probe connections for a background generation: refused.
+    replay = httpx.get(f"{service.http_url}/v1/responses/{previous}?stream=true", timeout=10)
+    assert replay.status_code == 400 and replay.json()["error"]["param"] == "stream"
 
 
 def test_grpc_embed_goes_through_the_embeddings_class(service: FrontEnds) -> None:
