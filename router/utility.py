@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import trio
 
+from .config import GENERATION_KINDS
 from .errors import BackendTimeout, BackendUnavailable, InvalidRequest, ModelNotFound, NoBackend, ResponseNotFound, ServerBusy
 from .fleet import Fleet, ResponseHomes
 
@@ -63,7 +64,12 @@ class UtilityCalls:
         model = payload.get("model")
         if model is not None and not isinstance(model, str):
             raise InvalidRequest("model must be a string", param="model")
-        pools = [pool for pool in self._fleet.pools.values() if model is None or model in pool.config.models]
+        config = self._fleet.config
+        if model is None:  # the generating models' engines (an embedding model's tokenizer is not what a bare call means)
+            generating = {klass.pool for klass in config.classes if klass.kinds & GENERATION_KINDS}
+            pools = [pool for pool in self._fleet.pools.values() if pool.name in generating]
+        else:
+            pools = [pool for pool in self._fleet.pools.values() if model in pool.config.models]
         if not pools:
             raise ModelNotFound(f"The model {model!r} does not exist; GET /v1/models lists the models served", param="model")
         candidates = [(endpoint, pool) for pool in pools for endpoint in pool.endpoints if endpoint.usable and endpoint.client is not None]

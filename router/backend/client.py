@@ -345,6 +345,8 @@ class BackendClient:
                 await response.aclose()
             if content is None:
                 raise BadBackendReply(f"the backend sent a body over {self.max_body_bytes} bytes (server.max_backend_body_bytes)", endpoint=self.url)
+            if self._redactor:  # the pool's key, out of whatever the engine says back (as every relayed byte)
+                content = self._redactor.data(content)
             return response.status_code, response.headers.get("content-type", "application/json"), content
         finally:
             self.in_flight -= 1
