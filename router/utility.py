@@ -14,7 +14,8 @@ API response is looked up, or cancelled, on the engine that keeps it
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import trio
@@ -75,19 +76,14 @@ class UtilityCalls:
         candidates = [(endpoint, pool) for pool in pools for endpoint in pool.endpoints if endpoint.usable and endpoint.client is not None]
         if not candidates:
             raise NoBackend(f"no engine serving {model or 'any model'} is available", retry_after=self._fleet.config.timeouts.retry_after)
-        if self._open >= MAX_OPEN:
-            raise ServerBusy(f"{MAX_OPEN} tokenizer calls are open; retry shortly", retry_after=1.0)
         endpoint, pool = min(candidates, key=lambda pair: pair[0].in_flight)
         client = endpoint.client
         assert client is not None
-        self._open += 1
-        try:
+        with self._one_more():
             with trio.move_on_after(pool.config.first_byte_timeout):
                 status, content_type, body = await client.exchange(path, json.dumps(payload).encode(), headers)
                 return UtilityAnswer(status, content_type, body, endpoint.url)
             raise BackendTimeout(f"the backend sent no answer within {pool.config.first_byte_timeout:g} s", endpoint=endpoint.url)
-        finally:
-            self._open -= 1
 
     async def at_home(self, response_id: str, method: str, path: str, body: bytes | None) -> UtilityAnswer:
         """``method path`` on the engine that keeps ``response_id``: its answer as it came.
@@ -104,17 +100,23 @@ class UtilityCalls:
                 "to the engine that made it, when this process relayed it",
                 param="response_id",
             )
-        if self._open >= MAX_OPEN:
-            raise ServerBusy(f"{MAX_OPEN} tokenizer calls are open; retry shortly", retry_after=1.0)
-        self._open += 1
-        try:
+        with self._one_more():
             limit = self._fleet.config.server.max_backend_body_bytes
             answer = None
             with trio.move_on_after(LOOKUP_TIMEOUT):  # an engine answers a lookup from memory: never holds the probe's connections
                 answer = await endpoint.probe.relay(method, path, body, limit)
-        finally:
-            self._open -= 1
         if answer is None:
             raise BackendUnavailable("the engine keeping the response did not answer", endpoint=endpoint.url)
         status, content_type, content = answer
         return UtilityAnswer(status, content_type, content, endpoint.url)
+
+    @contextmanager
+    def _one_more(self) -> Iterator[None]:
+        """One more call open, within ``MAX_OPEN`` (ServerBusy past it), however it ends."""
+        if self._open >= MAX_OPEN:
+            raise ServerBusy(f"{MAX_OPEN} tokenizer calls are open; retry shortly", retry_after=1.0)
+        self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1

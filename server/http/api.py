@@ -193,7 +193,7 @@ class HttpApi:
         if method not in allowed:
             await _send_error(send, wrong_method(method, path, allowed, dialect), request_id)
             return
-        if path in _UTILITY_PATHS and path in self._routes_served():
+        if path in _UTILITY_PATHS:  # served here: _methods answered 404 on the metrics-only listener
             await self._relayed(path.rsplit("/", 1)[-1], request_id, dialect, send, self._utility(path, headers, request_id, receive))
             return
         if path.startswith(_RESPONSE_PATH):
@@ -240,10 +240,6 @@ class HttpApi:
             else:
                 missing = ModelNotFound(f"The model {model!r} does not exist; GET /v1/models lists the models served", param="model")
                 await _send_error(send, http_error(missing), request_id)
-
-    def _routes_served(self) -> frozenset[str]:
-        """The utility routes this listener has (none on the metrics-only one)."""
-        return frozenset() if self.serves == "metrics" else _UTILITY_PATHS
 
     async def _relayed(self, kind: str, request_id: str, dialect: Dialect, send: Send, call: Awaitable[UtilityAnswer]) -> None:
         """A call relayed without a seat: its answer as the engine gave it, or the error; an access-log line either way."""
